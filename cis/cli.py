@@ -1,0 +1,63 @@
+"""The ``cis`` command line.
+
+Each subcommand lives in its own module under ``cis/commands/`` with two
+functions, ``add_parser(subparsers)`` and ``run(args) -> int``. A module that
+needs torch (train, export) imports it inside ``run``, so ``cis serve`` starts
+on a node that has no torch installed.
+
+User mistakes raise :class:`cis.errors.CisError`; ``main`` prints its one line
+to stderr and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from typing import Any, Sequence
+
+from cis.errors import CisError
+
+COMMANDS = [
+    "spec",
+    "rates",
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cis", description="Collaborative inference systems: train, export, serve, simulate.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMANDS:
+        importlib.import_module(f"cis.commands.{name}").add_parser(sub)
+    return parser
+
+
+def print_result(args: argparse.Namespace, result: Any, human: str) -> None:
+    """Print the human summary, or with --json the machine-readable result."""
+    if getattr(args, "json", False):
+        json.dump(result, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        print(human)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except CisError as exc:
+        print(f"cis {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # e.g. `cis rates --json | head`
+        sys.stderr.close()
+        return 0
+    except KeyboardInterrupt:
+        print(f"cis {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

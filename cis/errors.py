@@ -1,0 +1,13 @@
+"""The one exception type for user mistakes.
+
+A ``CisError`` carries a single line that says what was wrong, where, and what
+was expected; the CLI prints it and exits with status 2 instead of a traceback.
+"""
+
+
+class CisError(Exception):
+    """A user-facing error: bad input, missing file, invalid spec."""
+
+
+class SpecError(CisError):
+    """The CIS spec (TOML) is invalid."""

@@ -1,0 +1,288 @@
+"""The exit policy: the one piece of code that decides where a request is served.
+
+Three users share it: the offline CIS evaluation in training, the runtime node
+and the simulator. It holds
+
+- the confidence measures (max softmax, normalised entropy, margin);
+- :class:`ExitPolicy`, per-node thresholds on a confidence measure, applied per sample;
+- :class:`TokenBucket`, the transfer cap (mu_max) enforced in time;
+- :func:`route`, the flow of a set of requests through the tree, either by
+  quota (each node serves the most confident share its serving rate allows,
+  splitting the boundary sample fractionally; the paper's Table 1 evaluation)
+  or by thresholds (what the runtime does);
+- :func:`calibrate_thresholds`, which turns the quota flow on validation data
+  into per-node thresholds.
+
+Confidence at a node is always computed at that node's own largest exit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Callable, Mapping
+
+import numpy as np
+
+from cis.errors import CisError
+from cis.rates import Rates, compute_rates
+from cis.spec import CONFIDENCE_MEASURES, CisSpec
+
+
+# ---------------------------------------------------------------- confidence
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    z = np.asarray(logits, dtype=np.float64)
+    z = z - z.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def confidence(logits: np.ndarray, measure: str = "max_softmax") -> np.ndarray:
+    """Per-sample confidence in [0, 1] from logits of shape (N, C); higher is surer.
+
+    - ``max_softmax``: the largest class probability;
+    - ``entropy``: 1 - H(p) / log C (normalised entropy turned into a confidence);
+    - ``margin``: the gap between the two largest probabilities.
+    """
+    p = softmax(logits)
+    if measure == "max_softmax":
+        return p.max(axis=-1)
+    if measure == "entropy":
+        h = -(p * np.log(np.clip(p, 1e-12, 1.0))).sum(axis=-1)
+        return 1.0 - h / math.log(p.shape[-1])
+    if measure == "margin":
+        top2 = np.partition(p, -2, axis=-1)[..., -2:]
+        return top2[..., 1] - top2[..., 0]
+    raise CisError(f"confidence measure {measure!r}: unknown; expected one of {', '.join(CONFIDENCE_MEASURES)}")
+
+
+# ---------------------------------------------------------------- policy
+
+
+@dataclass
+class ExitPolicy:
+    """Per-node thresholds on one confidence measure.
+
+    A node serves a sample when its confidence at the node's exit is at least the
+    node's threshold; the root's threshold is -inf (it serves everything).
+    """
+
+    measure: str
+    thresholds: dict[str, float]
+
+    def decide(self, node_id: str, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Return (serve mask, confidence) for a batch of logits at ``node_id``."""
+        conf = confidence(logits, self.measure)
+        return conf >= self.thresholds[node_id], conf
+
+    def to_json(self) -> dict:
+        return {"measure": self.measure, "thresholds": {k: _finite_or_str(v) for k, v in self.thresholds.items()}}
+
+    @classmethod
+    def from_json(cls, data: Mapping) -> "ExitPolicy":
+        return cls(data["measure"], {k: float(v) for k, v in data["thresholds"].items()})
+
+
+def _finite_or_str(v: float) -> float | str:
+    return v if math.isfinite(v) else ("inf" if v > 0 else "-inf")
+
+
+class TokenBucket:
+    """A token bucket that caps a node's forwarding at ``rate`` requests/s.
+
+    ``burst`` tokens may be spent at once; a forward that finds no token is
+    served locally instead (the paper's lambda_t <= mu_max). ``rate = inf``
+    never limits; ``rate = 0`` never forwards.
+    """
+
+    def __init__(self, rate: float, burst: float | None = None, now: float = 0.0):
+        self.rate = float(rate)
+        self.burst = float(burst if burst is not None else max(1.0, self.rate * 0.1))
+        self.tokens = self.burst
+        self.stamp = now
+
+    def take(self, now: float, n: float = 1.0) -> bool:
+        if math.isinf(self.rate):
+            return True
+        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
+        self.stamp = now
+        if self.tokens >= n:
+            self.tokens -= n
+            return True
+        return False
+
+
+# ---------------------------------------------------------------- routing
+
+
+@dataclass
+class Routing:
+    """Where each request was served. Pieces of one request may be served at
+    different nodes when the quota flow splits a boundary sample; ``weight``
+    sums to 1 per request."""
+
+    sample: np.ndarray  # (M,) request index
+    node: np.ndarray  # (M,) index into spec.ids
+    exit: np.ndarray  # (M,) exit that served it
+    weight: np.ndarray  # (M,) fraction of the request
+    node_ids: list[str]
+    num_requests: int
+    boundary: dict[str, float] = field(default_factory=dict)  # per node: (last served + first forwarded) / 2
+
+    def accuracy(self, correct: Mapping[int, np.ndarray]) -> float:
+        """CIS accuracy: each request counted once, at the exit that served it."""
+        table = np.stack([np.asarray(correct[e], dtype=np.float64) for e in sorted(correct)])
+        hits = table[self.exit - min(correct), self.sample]
+        return float((hits * self.weight).sum() / max(self.num_requests, 1))
+
+    def exit_shares(self, num_exits: int) -> dict[int, float]:
+        return {e: float(self.weight[self.exit == e].sum() / max(self.num_requests, 1)) for e in range(1, num_exits + 1)}
+
+    def node_shares(self) -> dict[str, float]:
+        return {nid: float(self.weight[self.node == k].sum() / max(self.num_requests, 1)) for k, nid in enumerate(self.node_ids)}
+
+
+def assign_entries(spec: CisSpec, num_requests: int, seed: int = 0) -> dict[str, np.ndarray]:
+    """Split requests among the nodes with local arrivals, in proportion to their arrival rates."""
+    sources = [n for n in spec.nodes if n.arrival_rate > 0]
+    if not sources:
+        raise CisError(f"spec {spec.name!r}: no node has an arrival_rate > 0; expected requests to arrive somewhere")
+    rates = np.array([n.arrival_rate for n in sources])
+    order = np.random.default_rng(seed).permutation(num_requests)
+    cuts = np.round(np.cumsum(rates / rates.sum()) * num_requests).astype(int)
+    starts = np.concatenate([[0], cuts[:-1]])
+    return {n.id: np.sort(order[a:b]) for n, a, b in zip(sources, starts, cuts)}
+
+
+Decider = Callable[[str, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+"""(node id, sample indices, their weights, their confidences) -> weight served here."""
+
+
+def route(
+    spec: CisSpec,
+    conf: Mapping[int, np.ndarray],
+    entries: Mapping[str, np.ndarray],
+    decide: Decider,
+) -> Routing:
+    """Flow requests up the tree; each node keeps what ``decide`` serves and forwards the rest."""
+    ids = spec.ids
+    pending: dict[str, list[tuple[np.ndarray, np.ndarray]]] = {i: [] for i in ids}
+    for nid, idx in entries.items():
+        pending[nid].append((np.asarray(idx, dtype=np.int64), np.ones(len(idx))))
+    out_s, out_n, out_e, out_w = [], [], [], []
+    boundary: dict[str, float] = {}
+    for node in spec.bottom_up():
+        parts = pending[node.id]
+        idx = np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, dtype=np.int64)
+        w = np.concatenate([p[1] for p in parts]) if parts else np.zeros(0)
+        c = np.asarray(conf[node.exit])[idx]
+        if node.parent is None:
+            served = w.copy()
+        else:
+            served = decide(node.id, idx, w, c)
+            if len(idx):
+                boundary[node.id] = _boundary(c, served, w)
+        keep = served > 0
+        out_s.append(idx[keep]), out_n.append(np.full(keep.sum(), ids.index(node.id))), out_e.append(np.full(keep.sum(), node.exit)), out_w.append(served[keep])
+        rest = w - served
+        fwd = rest > 1e-12
+        if node.parent is not None and fwd.any():
+            pending[node.parent].append((idx[fwd], rest[fwd]))
+    total = sum(len(v) for v in entries.values())
+    return Routing(
+        np.concatenate(out_s), np.concatenate(out_n), np.concatenate(out_e), np.concatenate(out_w), ids, total, boundary
+    )
+
+
+def _boundary(conf: np.ndarray, served: np.ndarray, weight: np.ndarray) -> float:
+    """A threshold between the least confident served and the most confident forwarded sample."""
+    full = served >= weight - 1e-12
+    fwd = served < weight - 1e-12
+    if not fwd.any():
+        return -math.inf
+    if not full.any():
+        return math.inf
+    lo, hi = conf[fwd].max(), conf[full].min()
+    return float((lo + hi) / 2) if hi >= lo else float(hi)
+
+
+def quota_decider(spec: CisSpec, rates: Rates | None = None) -> Decider:
+    """Serve the most confident share f_i of what reaches each node (boundary sample split)."""
+    rates = rates or compute_rates(spec)
+
+    def decide(node_id: str, idx: np.ndarray, w: np.ndarray, c: np.ndarray) -> np.ndarray:
+        quota = rates.served_fraction(node_id) * w.sum()
+        order = np.argsort(-c, kind="stable")
+        before = np.concatenate([[0.0], np.cumsum(w[order])[:-1]])
+        take = np.clip(quota - before, 0.0, w[order])
+        served = np.empty_like(w)
+        served[order] = take
+        return served
+
+    return decide
+
+
+def threshold_decider(policy: ExitPolicy) -> Decider:
+    """Serve what clears the node's threshold (the runtime's rule, without the time-based cap)."""
+
+    def decide(node_id: str, idx: np.ndarray, w: np.ndarray, c: np.ndarray) -> np.ndarray:
+        return np.where(c >= policy.thresholds[node_id], w, 0.0)
+
+    return decide
+
+
+def exit_confidences(logits: Mapping[int, np.ndarray], measure: str) -> dict[int, np.ndarray]:
+    return {e: confidence(l, measure) for e, l in logits.items()}
+
+
+def exit_correct(logits: Mapping[int, np.ndarray], labels: np.ndarray) -> dict[int, np.ndarray]:
+    return {e: (np.asarray(l).argmax(axis=-1) == labels) for e, l in logits.items()}
+
+
+def calibrate_thresholds(spec: CisSpec, conf: Mapping[int, np.ndarray], seed: int = 0, measure: str | None = None) -> ExitPolicy:
+    """Per-node thresholds that make each node serve its target share on this (validation) data."""
+    n = len(next(iter(conf.values())))
+    routing = route(spec, conf, assign_entries(spec, n, seed), quota_decider(spec))
+    thresholds = {node.id: routing.boundary.get(node.id, math.inf) for node in spec.nodes}
+    thresholds[spec.root.id] = -math.inf
+    return ExitPolicy(measure or spec.confidence, thresholds)
+
+
+@dataclass
+class CisEvaluation:
+    accuracy: float
+    exit_shares: dict[int, float]
+    node_shares: dict[str, float]
+    exit_accuracy: dict[int, float]
+
+    def to_json(self) -> dict:
+        return {
+            "cis_accuracy": self.accuracy,
+            "served_share_per_exit": {str(k): v for k, v in self.exit_shares.items()},
+            "served_share_per_node": self.node_shares,
+            "exit_accuracy": {str(k): v for k, v in self.exit_accuracy.items()},
+        }
+
+
+def evaluate_cis(
+    spec: CisSpec,
+    logits: Mapping[int, np.ndarray],
+    labels: np.ndarray,
+    policy: ExitPolicy | None = None,
+    measure: str | None = None,
+    seed: int = 0,
+) -> CisEvaluation:
+    """CIS accuracy of per-exit logits under a spec: by quota (Table 1), or by a policy's thresholds."""
+    measure = measure or (policy.measure if policy else spec.confidence)
+    conf = exit_confidences(logits, measure)
+    correct = exit_correct(logits, labels)
+    decide = threshold_decider(policy) if policy else quota_decider(spec)
+    routing = route(spec, conf, assign_entries(spec, len(labels), seed), decide)
+    return CisEvaluation(
+        accuracy=routing.accuracy(correct),
+        exit_shares=routing.exit_shares(spec.num_exits),
+        node_shares=routing.node_shares(),
+        exit_accuracy={e: float(c.mean()) for e, c in correct.items()},
+    )

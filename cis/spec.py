@@ -1,0 +1,287 @@
+"""The CIS spec: one TOML file that describes the collaborative inference system.
+
+A spec is a tree of nodes. Each node has its largest exit ``exit`` (E_i), a local
+``arrival_rate`` (lambda_a, requests/s), a ``max_transfer_rate`` to its parent
+(mu_max, requests/s), and optionally a ``link`` to its parent (bandwidth in
+bytes/s, latency in s), a relative compute ``speed`` and a ZeroMQ ``address``.
+The ``[cis]`` table holds the number of exits, the class count and the
+confidence measure. Every stage of the project (training weights, serving
+thresholds, simulated load) reads the same spec.
+
+Example::
+
+    [cis]
+    exits = 3
+    classes = 10
+    confidence = "max_softmax"
+
+    [[nodes]]
+    id = "root"
+    exit = 3
+
+    [[nodes]]
+    id = "leaf0"
+    parent = "root"
+    exit = 1
+    arrival_rate = 10.0
+    max_transfer_rate = 4.0
+    link = { bandwidth = 1.25e6, latency = 0.01 }
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+import tomli_w
+
+from cis.errors import SpecError
+
+CONFIDENCE_MEASURES = ("max_softmax", "entropy", "margin")
+
+_CIS_KEYS = {"exits", "classes", "confidence", "name"}
+_NODE_KEYS = {"id", "parent", "exit", "arrival_rate", "max_transfer_rate", "link", "speed", "address", "workers", "queue_limit"}
+_LINK_KEYS = {"bandwidth", "latency"}
+
+
+@dataclass(frozen=True)
+class Link:
+    """The link from a node to its parent."""
+
+    bandwidth: float = 1.25e7  # bytes/s (100 Mbit/s)
+    latency: float = 0.001  # seconds, one way
+
+
+@dataclass(frozen=True)
+class Node:
+    """One node of the CIS."""
+
+    id: str
+    exit: int
+    parent: str | None = None
+    arrival_rate: float = 0.0
+    max_transfer_rate: float = 0.0
+    link: Link = field(default_factory=Link)
+    speed: float = 1.0
+    address: str | None = None
+    workers: int = 1
+    queue_limit: int | None = None
+
+
+@dataclass(frozen=True)
+class CisSpec:
+    """A validated CIS description. Build it with :func:`load_spec` or :func:`parse_spec`."""
+
+    nodes: tuple[Node, ...]
+    num_exits: int
+    num_classes: int = 10
+    confidence: str = "max_softmax"
+    name: str = "cis"
+
+    def node(self, node_id: str) -> Node:
+        for n in self.nodes:
+            if n.id == node_id:
+                return n
+        raise SpecError(f"spec {self.name!r}: no node with id {node_id!r} (nodes: {', '.join(self.ids)})")
+
+    @property
+    def ids(self) -> list[str]:
+        return [n.id for n in self.nodes]
+
+    @property
+    def root(self) -> Node:
+        return next(n for n in self.nodes if n.parent is None)
+
+    def children(self, node_id: str) -> list[Node]:
+        return [n for n in self.nodes if n.parent == node_id]
+
+    @property
+    def leaves(self) -> list[Node]:
+        parents = {n.parent for n in self.nodes}
+        return [n for n in self.nodes if n.id not in parents]
+
+    def bottom_up(self) -> list[Node]:
+        """Nodes ordered so that every child comes before its parent."""
+        depth = {n.id: self.depth(n.id) for n in self.nodes}
+        return sorted(self.nodes, key=lambda n: -depth[n.id])
+
+    def depth(self, node_id: str) -> int:
+        d, n = 0, self.node(node_id)
+        while n.parent is not None:
+            n, d = self.node(n.parent), d + 1
+        return d
+
+    def path_to_root(self, node_id: str) -> list[Node]:
+        """The node itself, then its parent, and so on up to the root."""
+        out = [self.node(node_id)]
+        while out[-1].parent is not None:
+            out.append(self.node(out[-1].parent))
+        return out
+
+    def replace_nodes(self, nodes: Iterable[Node]) -> "CisSpec":
+        """A new validated spec with the same [cis] table and other nodes."""
+        return validate(CisSpec(tuple(nodes), self.num_exits, self.num_classes, self.confidence, self.name))
+
+
+def _where(source: str, node_id: str | None = None) -> str:
+    return f"{source}: node {node_id!r}" if node_id is not None else source
+
+
+def _number(value: Any, what: str, where: str, minimum: float = 0.0, integer: bool = False) -> float:
+    ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok_type or (not integer and not math.isfinite(value)):
+        kind = "an integer" if integer else "a finite number"
+        raise SpecError(f"{where}: field {what!r} is {value!r}; expected {kind} >= {minimum:g}")
+    if value < minimum:
+        raise SpecError(f"{where}: field {what!r} is {value!r}; expected a value >= {minimum:g}")
+    return int(value) if integer else float(value)
+
+
+def _unknown_keys(table: dict, allowed: set[str], where: str) -> None:
+    unknown = sorted(set(table) - allowed)
+    if unknown:
+        raise SpecError(f"{where}: unknown key {unknown[0]!r}; expected one of {', '.join(sorted(allowed))}")
+
+
+def parse_spec(data: dict, source: str = "<spec>") -> CisSpec:
+    """Build and validate a spec from the parsed TOML tables."""
+    if not isinstance(data, dict):
+        raise SpecError(f"{source}: expected a TOML document with a [cis] table and [[nodes]]")
+    _unknown_keys(data, {"cis", "nodes"}, source)
+    cis_table = data.get("cis")
+    if not isinstance(cis_table, dict):
+        raise SpecError(f"{source}: missing [cis] table (with exits, classes, confidence)")
+    _unknown_keys(cis_table, _CIS_KEYS, f"{source}: [cis]")
+    if "exits" not in cis_table:
+        raise SpecError(f"{source}: [cis] has no 'exits'; expected the number of exits (an integer >= 1)")
+    num_exits = int(_number(cis_table["exits"], "exits", f"{source}: [cis]", 1, integer=True))
+    num_classes = int(_number(cis_table.get("classes", 10), "classes", f"{source}: [cis]", 2, integer=True))
+    confidence = cis_table.get("confidence", "max_softmax")
+    if confidence not in CONFIDENCE_MEASURES:
+        raise SpecError(f"{source}: [cis] confidence is {confidence!r}; expected one of {', '.join(CONFIDENCE_MEASURES)}")
+    raw_nodes = data.get("nodes")
+    if not isinstance(raw_nodes, list) or not raw_nodes:
+        raise SpecError(f"{source}: no [[nodes]]; expected at least one node")
+    nodes = [_parse_node(raw, i, source) for i, raw in enumerate(raw_nodes)]
+    spec = CisSpec(tuple(nodes), num_exits, num_classes, confidence, str(cis_table.get("name", Path(source).stem)))
+    return validate(spec, source)
+
+
+def _parse_node(raw: Any, index: int, source: str) -> Node:
+    if not isinstance(raw, dict):
+        raise SpecError(f"{source}: nodes[{index}] is not a table")
+    node_id = raw.get("id")
+    if not isinstance(node_id, str) or not node_id:
+        raise SpecError(f"{source}: nodes[{index}] has no 'id'; expected a non-empty string")
+    where = _where(source, node_id)
+    _unknown_keys(raw, _NODE_KEYS, where)
+    if "exit" not in raw:
+        raise SpecError(f"{where}: missing 'exit'; expected the node's largest exit (an integer >= 1)")
+    parent = raw.get("parent")
+    if parent is not None and not isinstance(parent, str):
+        raise SpecError(f"{where}: field 'parent' is {parent!r}; expected a node id (string)")
+    link_raw = raw.get("link", {})
+    if not isinstance(link_raw, dict):
+        raise SpecError(f"{where}: field 'link' is {link_raw!r}; expected a table with bandwidth and latency")
+    _unknown_keys(link_raw, _LINK_KEYS, f"{where}: link")
+    link = Link(
+        bandwidth=_number(link_raw.get("bandwidth", Link.bandwidth), "link.bandwidth", where, 1e-9),
+        latency=_number(link_raw.get("latency", Link.latency), "link.latency", where),
+    )
+    address = raw.get("address")
+    if address is not None and not isinstance(address, str):
+        raise SpecError(f"{where}: field 'address' is {address!r}; expected a ZeroMQ endpoint such as 'tcp://127.0.0.1:5555'")
+    queue_limit = raw.get("queue_limit")
+    return Node(
+        id=node_id,
+        exit=int(_number(raw["exit"], "exit", where, 1, integer=True)),
+        parent=parent,
+        arrival_rate=_number(raw.get("arrival_rate", 0.0), "arrival_rate", where),
+        max_transfer_rate=_number(raw.get("max_transfer_rate", 0.0), "max_transfer_rate", where),
+        link=link,
+        speed=_number(raw.get("speed", 1.0), "speed", where, 1e-9),
+        address=address,
+        workers=int(_number(raw.get("workers", 1), "workers", where, 1, integer=True)),
+        queue_limit=None if queue_limit is None else int(_number(queue_limit, "queue_limit", where, 1, integer=True)),
+    )
+
+
+def validate(spec: CisSpec, source: str | None = None) -> CisSpec:
+    """Check the structure of a spec; raise :class:`SpecError` with one clear line."""
+    source = source or spec.name
+    seen: set[str] = set()
+    for n in spec.nodes:
+        if n.id in seen:
+            raise SpecError(f"{_where(source, n.id)}: duplicate id; every node needs a unique id")
+        seen.add(n.id)
+    for n in spec.nodes:
+        where = _where(source, n.id)
+        if not 1 <= n.exit <= spec.num_exits:
+            raise SpecError(f"{where}: field 'exit' is {n.exit}; expected 1..{spec.num_exits} (the [cis] exits)")
+        if n.parent is not None and n.parent not in seen:
+            raise SpecError(f"{where}: unknown parent {n.parent!r}; expected one of {', '.join(sorted(seen - {n.id}))}")
+        if n.parent == n.id:
+            raise SpecError(f"{where}: node is its own parent")
+    roots = [n.id for n in spec.nodes if n.parent is None]
+    parent_of = {n.id: n.parent for n in spec.nodes}
+    for n in spec.nodes:  # walk up; a walk longer than the node count is a cycle
+        cur, steps = n.id, 0
+        while cur is not None:
+            cur, steps = parent_of[cur], steps + 1
+            if steps > len(spec.nodes):
+                raise SpecError(f"{_where(source, n.id)}: parent links form a cycle; expected a tree with one root")
+    if len(roots) != 1:
+        raise SpecError(f"{source}: {len(roots)} roots ({', '.join(roots)}); expected exactly one node without a parent")
+    by_id = {n.id: n for n in spec.nodes}
+    for n in spec.nodes:
+        if n.parent is not None and by_id[n.parent].exit <= n.exit:
+            p = by_id[n.parent]
+            raise SpecError(
+                f"{_where(source, p.id)}: exit {p.exit} is not larger than child {n.id!r}'s exit {n.exit}; "
+                "expected a parent's largest exit to exceed every child's"
+            )
+    return spec
+
+
+def load_spec(path: str | Path) -> CisSpec:
+    """Read and validate a spec file."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpecError(f"{path}: spec file not found; expected a TOML file (make one with 'cis spec new')")
+    try:
+        data = tomllib.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise SpecError(f"{path}: not valid TOML ({exc})") from None
+    return parse_spec(data, str(path))
+
+
+def spec_to_dict(spec: CisSpec) -> dict:
+    """The TOML tables of a spec (defaults written out, so the file documents itself)."""
+    nodes = []
+    for n in spec.nodes:
+        d: dict[str, Any] = {"id": n.id}
+        if n.parent is not None:
+            d["parent"] = n.parent
+        d.update(exit=n.exit, arrival_rate=n.arrival_rate, max_transfer_rate=n.max_transfer_rate, speed=n.speed, workers=n.workers)
+        if n.queue_limit is not None:
+            d["queue_limit"] = n.queue_limit
+        if n.address is not None:
+            d["address"] = n.address
+        if n.parent is not None:
+            d["link"] = {"bandwidth": n.link.bandwidth, "latency": n.link.latency}
+        nodes.append(d)
+    return {
+        "cis": {"name": spec.name, "exits": spec.num_exits, "classes": spec.num_classes, "confidence": spec.confidence},
+        "nodes": nodes,
+    }
+
+
+def dumps_spec(spec: CisSpec) -> str:
+    return tomli_w.dumps(spec_to_dict(spec))
+
+
+def write_spec(spec: CisSpec, path: str | Path) -> None:
+    Path(path).write_text(dumps_spec(spec))

@@ -1,0 +1,183 @@
+"""The bundle: what ``cis export`` writes and ``cis serve`` / ``cis simulate`` read.
+
+A bundle is a folder::
+
+    manifest.json                 schema version, model, stages, nodes, policy, profiles, file hashes
+    stages/stage1.onnx ...        one static graph per stage (TensorRT engines beside them, optional)
+    profiles/confidence.npz       per validation sample and exit: confidence and correctness
+    profiles/latency.json         seconds per stage at batch sizes 1, 8, 32 on the exporting machine
+
+Every file listed in the manifest's ``files`` table carries its sha256; loading
+verifies each one before use and refuses a tampered or missing file. This
+module needs no torch: nodes and the simulator read bundles with numpy only.
+See docs/bundle.md for the manifest fields.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cis.errors import CisError
+from cis.policy import ExitPolicy
+from cis.spec import CisSpec, parse_spec
+
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+CONFIDENCE_PROFILE = "profiles/confidence.npz"
+LATENCY_PROFILE = "profiles/latency.json"
+
+
+class BundleError(CisError):
+    """A bundle is missing, malformed or tampered with."""
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    name: str
+    shape: tuple[int | None, ...]  # None is the dynamic batch dimension
+    dtype: str  # numpy dtype name: float32, float16, int8, int64 ...
+
+    @classmethod
+    def from_json(cls, d: dict) -> "TensorInfo":
+        return cls(d["name"], tuple(d["shape"]), d["dtype"])
+
+    def to_json(self) -> dict:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+    def bytes_per_sample(self) -> int:
+        return int(np.prod([s for s in self.shape[1:]], dtype=np.int64)) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class StageInfo:
+    index: int  # 1-based
+    exit: int
+    file: str
+    inputs: tuple[TensorInfo, ...]
+    outputs: tuple[TensorInfo, ...]  # "logits" plus the carry tensors
+    flops: int
+    params: int
+    engine: str | None = None  # TensorRT engine file, when built
+
+    @classmethod
+    def from_json(cls, d: dict) -> "StageInfo":
+        return cls(
+            d["index"],
+            d["exit"],
+            d["file"],
+            tuple(TensorInfo.from_json(t) for t in d["inputs"]),
+            tuple(TensorInfo.from_json(t) for t in d["outputs"]),
+            int(d.get("flops", 0)),
+            int(d.get("params", 0)),
+            d.get("engine"),
+        )
+
+    @property
+    def carry_outputs(self) -> tuple[TensorInfo, ...]:
+        return tuple(t for t in self.outputs if t.name != "logits")
+
+    def carry_bytes_per_sample(self) -> int:
+        """Bytes per request that a node forwards after this stage."""
+        return sum(t.bytes_per_sample() for t in self.carry_outputs)
+
+
+class Bundle:
+    """A verified bundle. Build it with :func:`load_bundle`."""
+
+    def __init__(self, root: Path, manifest: dict):
+        self.root = root
+        self.manifest = manifest
+        self.stages = [StageInfo.from_json(s) for s in manifest["stages"]]
+        self.spec: CisSpec | None = parse_spec(manifest["spec"], f"{root}/{MANIFEST}: spec") if manifest.get("spec") else None
+        self.policy = ExitPolicy.from_json(manifest["policy"]) if manifest.get("policy") else None
+
+    @property
+    def num_exits(self) -> int:
+        return len(self.stages)
+
+    @property
+    def feature_dtype(self) -> str:
+        return self.manifest.get("feature_dtype", "fp32")
+
+    def stage(self, index: int) -> StageInfo:
+        return self.stages[index - 1]
+
+    def path(self, relative: str) -> Path:
+        return self.root / relative
+
+    def stages_for_node(self, node_id: str) -> list[int]:
+        nodes = self.manifest.get("nodes", {})
+        if node_id not in nodes:
+            raise BundleError(f"{self.root}: bundle has no node {node_id!r}; expected one of {', '.join(nodes)}")
+        return list(nodes[node_id]["stages"])
+
+    def confidence_profile(self) -> tuple[np.ndarray, np.ndarray]:
+        """(confidence, correct), each (N, E): per validation sample, at every exit."""
+        with np.load(self.path(CONFIDENCE_PROFILE)) as z:
+            return z["confidence"].astype(np.float64), z["correct"].astype(bool)
+
+    def latency_profile(self) -> dict[int, dict[int, float]]:
+        """Seconds per call of each stage, by batch size: {stage: {batch: seconds}}."""
+        raw = json.loads(self.path(LATENCY_PROFILE).read_text())
+        return {int(k): {int(b): float(s) for b, s in v.items()} for k, v in raw["stages"].items()}
+
+
+def load_bundle(path: str | Path, verify: bool = True) -> Bundle:
+    """Read a bundle's manifest and check every listed file's sha256."""
+    root = Path(path)
+    mpath = root / MANIFEST
+    if not mpath.is_file():
+        raise BundleError(f"{root}: no {MANIFEST}; expected a bundle folder written by 'cis export'")
+    try:
+        manifest = json.loads(mpath.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BundleError(f"{mpath}: not valid JSON ({exc})") from None
+    version = manifest.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise BundleError(f"{mpath}: schema_version is {version!r}; expected {SCHEMA_VERSION}")
+    for key in ("stages", "files"):
+        if key not in manifest:
+            raise BundleError(f"{mpath}: missing {key!r}")
+    if verify:
+        for rel, digest in manifest["files"].items():
+            f = root / rel
+            if not f.is_file():
+                raise BundleError(f"{f}: listed in the manifest but missing")
+            actual = sha256_file(f)
+            if actual != digest:
+                raise BundleError(f"{f}: sha256 is {actual[:16]}..., manifest says {digest[:16]}...; the file was changed after export")
+    return Bundle(root, manifest)
+
+
+def write_manifest(root: str | Path, manifest: dict[str, Any]) -> Path:
+    """Fill in the schema version and the sha256 of every file under ``root`` and write manifest.json."""
+    root = Path(root)
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
+    manifest = {"schema_version": SCHEMA_VERSION, **manifest, "files": {str(p.relative_to(root)): sha256_file(p) for p in files}}
+    out = root / MANIFEST
+    out.write_text(json.dumps(manifest, indent=2, default=str))
+    return out
+
+
+def write_profiles(root: str | Path, confidence: np.ndarray, correct: np.ndarray, latency: dict[int, dict[int, float]]) -> None:
+    """Write the confidence profile (N, E) and the latency profile {stage: {batch: seconds}}."""
+    root = Path(root)
+    (root / "profiles").mkdir(parents=True, exist_ok=True)
+    np.savez_compressed(root / CONFIDENCE_PROFILE, confidence=confidence.astype(np.float32), correct=correct.astype(bool))
+    (root / LATENCY_PROFILE).write_text(
+        json.dumps({"stages": {str(k): {str(b): s for b, s in v.items()} for k, v in latency.items()}}, indent=2)
+    )

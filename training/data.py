@@ -79,6 +79,8 @@ class Dataset:
 
 @dataclass
 class DataSplits:
+    """Train, validation (held out of the training set) and test sets of one dataset."""
+
     train: Dataset
     val: Dataset
     test: Dataset
@@ -262,7 +264,7 @@ def _unpickle(path: Path) -> dict[str, object]:
     try:
         with open(path, "rb") as f:
             obj = _NumpyOnlyUnpickler(f, encoding="bytes").load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError, KeyError, ImportError) as exc:
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, LookupError, ImportError) as exc:
         raise CisError(f"CIFAR batch {path}: cannot be read ({exc}), expected a CIFAR python pickle") from None
     if not isinstance(obj, dict):
         raise CisError(f"CIFAR batch {path}: holds a {type(obj).__name__}, expected a dict")
@@ -304,7 +306,9 @@ def _read_cifar_pickles(name: str, folder: Path) -> tuple[np.ndarray, np.ndarray
         names_key = "label_names" if name == "cifar10" else "fine_label_names"
         names = _unpickle(folder / meta_file).get(names_key)
         if not isinstance(names, list) or len(names) != num_classes:
-            raise CisError(f"CIFAR meta {folder / meta_file}: entry {names_key!r} malformed, expected {num_classes} names")
+            raise CisError(
+                f"CIFAR meta {folder / meta_file}: entry {names_key!r} malformed, expected {num_classes} names"
+            )
         classes = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
     return train_x, train_y, test_x, test_y, classes
 
@@ -317,7 +321,9 @@ def _class_files(split_dir: Path, classes: list[str]) -> list[tuple[Path, int]]:
     for label, cls in enumerate(classes):
         cls_dir = split_dir / cls
         if not cls_dir.is_dir():
-            raise CisError(f"image folder {split_dir}: class folder {cls!r} not found, expected the same classes as train/")
+            raise CisError(
+                f"image folder {split_dir}: class folder {cls!r} not found, expected the same classes as train/"
+            )
         images = sorted(p for p in cls_dir.iterdir() if p.suffix.lower() in _IMAGE_SUFFIXES)
         if not images:
             raise CisError(f"image folder {cls_dir}: no images, expected *.png or *.jpg files")

@@ -1,0 +1,56 @@
+"""Measured per-exit costs of an early-exit model (FLOPs and parameters).
+
+FLOPs are counted by ``torch.utils.flop_counter.FlopCounterMode`` while the model
+really runs ``forward(x, upto=e)`` on one sample, so they follow the code rather
+than a hand formula. The counter counts matrix multiplications and convolutions
+(2 FLOPs per multiply-add); BatchNorm, activations and pooling are not counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from cis.errors import CisError
+from training.models import EarlyExitNet
+
+
+def exit_costs(model: EarlyExitNet, input_shape: Sequence[int] | None = None) -> list[dict[str, Any]]:
+    """One dict per exit e = 1..E.
+
+    - ``flops``: forward FLOPs of ``forward(x, upto=e)`` for one sample, i.e.
+      stages 1..e including the heads of exits 1..e-1 (what a request served at
+      exit e has cost in a CIS);
+    - ``params``: parameters of stages 1..e (what a node whose largest exit is e holds);
+    - ``exit_params``: parameters exit e's loss touches (stage bodies 1..e and head e).
+
+    ``input_shape`` is (C, H, W) of one sample, default ``model.input_shape``.
+    """
+    shape = tuple(model.input_shape if input_shape is None else input_shape)
+    if len(shape) != 3 or not all(isinstance(d, int) and d > 0 for d in shape):
+        raise CisError(f"exit_costs input_shape {shape}: expected (C, H, W) positive integers")
+    param = next(model.parameters())
+    x = torch.zeros((1, *shape), dtype=param.dtype, device=param.device)
+    was_training = model.training
+    model.eval()
+    costs = []
+    try:
+        with torch.no_grad():
+            for e in range(1, model.num_exits + 1):
+                counter = FlopCounterMode(display=False)
+                with counter:
+                    model(x, upto=e)
+                costs.append(
+                    {
+                        "exit": e,
+                        "flops": int(counter.get_total_flops()),
+                        "params": sum(p.numel() for s in model.stages()[:e] for p in s.parameters()),
+                        "exit_params": sum(p.numel() for p in model.exit_params(e)),
+                    }
+                )
+    finally:
+        model.train(was_training)
+    return costs

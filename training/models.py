@@ -1,0 +1,280 @@
+"""Early-exit networks, cut into stages at their exits.
+
+Every model here is an :class:`EarlyExitNet`: a list of stages, where stage k is
+the blocks between exit k-1 and exit k followed by exit head k (adaptive average
+pool + linear). ``stage_k(carry) -> (logits_k, carry_out)``; stage 1's carry is
+the input image, every later stage's carry is the previous stage's feature map.
+``forward(x, upto=e)`` runs stages 1..e and nothing beyond, so the federated
+trainer, the offline evaluation and the exporter all use one code path.
+
+Architectures (``build_model`` rebuilds them from ``model.config()``):
+
+- ``resnet18``: ResNet-18 for 32x32 inputs (3x3 stem, no max-pool), BasicBlocks
+  [2, 2, 2, 2] = 8 residual blocks. ``exits`` are 1-based residual-block indices
+  after which an exit sits; the last must be 8. Defaults follow the authors'
+  code: (1, 4, 8) for CIFAR-10 and (4, 6, 8) for CIFAR-100, which their code
+  calls "after conv layers 3, 9, 17" and "9, 13, 17" (counting the stem conv).
+- ``digits-cnn``: a small CNN for 8x8 digits with 3 blocks (two 3x3 convs each;
+  the 2nd and 3rd halve the resolution) and exits after each by default.
+
+``width`` scales every channel count (base channels 64 * width for ResNet-18,
+16 * width for the digits CNN, never below 4).
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from cis.errors import CisError
+
+CIFAR10_EXITS = (1, 4, 8)
+CIFAR100_EXITS = (4, 6, 8)
+DIGITS_EXITS = (1, 2, 3)
+_MIN_CHANNELS = 4
+
+
+class ExitHead(nn.Module):
+    """Adaptive average pool + linear classifier."""
+
+    def __init__(self, channels: int, num_classes: int) -> None:
+        super().__init__()
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(channels, num_classes)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+class Stage(nn.Module):
+    """The blocks between two exits (``body``) and the exit head at its end (``head``)."""
+
+    def __init__(self, body: nn.Sequential, head: ExitHead) -> None:
+        super().__init__()
+        self.body = body
+        self.head = head
+
+    def forward(self, carry: Tensor) -> tuple[Tensor, Tensor]:
+        """Returns (logits of this exit, features for the next stage)."""
+        features = self.body(carry)
+        return self.head(features), features
+
+
+class EarlyExitNet(nn.Module):
+    """A model made of stages 1..E; the common interface of every early-exit model."""
+
+    def __init__(self, stages: Sequence[Stage], config: dict[str, Any]) -> None:
+        super().__init__()
+        self.stage_list = nn.ModuleList(stages)
+        self._config = config
+
+    @property
+    def num_exits(self) -> int:
+        return len(self.stage_list)
+
+    @property
+    def input_shape(self) -> tuple[int, int, int]:
+        """(C, H, W) of one input sample."""
+        size = self._config["input_size"]
+        return (self._config["in_channels"], size, size)
+
+    def stages(self) -> list[Stage]:
+        """Stage k (index k-1) maps its carry to (logits_k, carry for stage k+1)."""
+        return list(self.stage_list)
+
+    def forward(self, x: Tensor, upto: int | None = None) -> list[Tensor]:
+        """Logits of exits 1..upto (default: all); stages after ``upto`` are not run."""
+        upto = self.num_exits if upto is None else self._check_exit(upto, "upto")
+        logits: list[Tensor] = []
+        carry = x
+        for stage in self.stage_list[:upto]:
+            out, carry = stage(carry)
+            logits.append(out)
+        return logits
+
+    def config(self) -> dict[str, Any]:
+        """JSON-serialisable description; ``build_model(model.config())`` rebuilds the model."""
+        return {**self._config, "exits": list(self._config["exits"])}
+
+    def exit_params(self, e: int) -> list[nn.Parameter]:
+        """The parameters exit e's loss depends on: the bodies of stages 1..e and head e."""
+        self._check_exit(e, "exit")
+        params = [p for stage in self.stage_list[:e] for p in stage.body.parameters()]
+        return params + list(self.stage_list[e - 1].head.parameters())
+
+    def _check_exit(self, e: int, what: str) -> int:
+        if not _is_int(e) or not 1 <= e <= self.num_exits:
+            raise CisError(f"{self._config['arch']} {what} {e!r}: expected an exit in 1..{self.num_exits}")
+        return int(e)
+
+
+def _channels(base: int, width: float) -> int:
+    return max(_MIN_CHANNELS, round(base * width))
+
+
+def _group_into_stages(
+    blocks: list[nn.Module], channels: list[int], exits: Sequence[int], num_classes: int
+) -> list[Stage]:
+    """Cut a block list after each exit; ``channels[b]`` is block b's output channel count."""
+    stages, start = [], 0
+    for e in exits:
+        stages.append(Stage(nn.Sequential(*blocks[start:e]), ExitHead(channels[e - 1], num_classes)))
+        start = e
+    return stages
+
+
+class BasicBlock(nn.Module):
+    """ResNet basic block: two 3x3 convs with BatchNorm and an identity (or 1x1) shortcut."""
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(in_channels, out_channels, 3, stride, 1, bias=False)
+        self.bn1 = nn.BatchNorm2d(out_channels)
+        self.conv2 = nn.Conv2d(out_channels, out_channels, 3, 1, 1, bias=False)
+        self.bn2 = nn.BatchNorm2d(out_channels)
+        self.shortcut = nn.Sequential()
+        if stride != 1 or in_channels != out_channels:
+            self.shortcut = nn.Sequential(
+                nn.Conv2d(in_channels, out_channels, 1, stride, bias=False), nn.BatchNorm2d(out_channels)
+            )
+
+    def forward(self, x: Tensor) -> Tensor:
+        out = torch.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return torch.relu(out + self.shortcut(x))
+
+
+def _conv_bn_relu(in_channels: int, out_channels: int, stride: int) -> list[nn.Module]:
+    return [nn.Conv2d(in_channels, out_channels, 3, stride, 1, bias=False), nn.BatchNorm2d(out_channels), nn.ReLU()]
+
+
+class ResNet18EE(EarlyExitNet):
+    """Early-exit ResNet-18 for 32x32 images; the stem belongs to stage 1."""
+
+    arch = "resnet18"
+    num_blocks = 8
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        exits: Sequence[int] = CIFAR10_EXITS,
+        width: float = 1.0,
+        in_channels: int = 3,
+        input_size: int = 32,
+    ) -> None:
+        config = _validated(self.arch, self.num_blocks, num_classes, exits, width, in_channels, input_size)
+        base = _channels(64, width)
+        stem = nn.Sequential(*_conv_bn_relu(in_channels, base, 1))
+        blocks: list[nn.Module] = []
+        channels: list[int] = []
+        c_in = base
+        for layer in range(4):
+            c_out = base * 2**layer
+            for i in range(2):
+                blocks.append(BasicBlock(c_in, c_out, 2 if layer > 0 and i == 0 else 1))
+                channels.append(c_out)
+                c_in = c_out
+        blocks[0] = nn.Sequential(stem, blocks[0])
+        super().__init__(_group_into_stages(blocks, channels, exits, num_classes), config)
+
+
+class DigitsCNN(EarlyExitNet):
+    """Small early-exit CNN for 8x8 digits: three conv blocks at 8x8, 4x4 and 2x2."""
+
+    arch = "digits-cnn"
+    num_blocks = 3
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        exits: Sequence[int] = DIGITS_EXITS,
+        width: float = 1.0,
+        in_channels: int = 1,
+        input_size: int = 8,
+    ) -> None:
+        config = _validated(self.arch, self.num_blocks, num_classes, exits, width, in_channels, input_size)
+        channels = [_channels(16 * 2**b, width) for b in range(self.num_blocks)]
+        blocks: list[nn.Module] = []
+        c_in = in_channels
+        for b, c_out in enumerate(channels):
+            stride = 1 if b == 0 else 2
+            blocks.append(nn.Sequential(*_conv_bn_relu(c_in, c_out, stride), *_conv_bn_relu(c_out, c_out, 1)))
+            c_in = c_out
+        super().__init__(_group_into_stages(blocks, channels, exits, num_classes), config)
+
+
+ARCHS: dict[str, type[EarlyExitNet]] = {ResNet18EE.arch: ResNet18EE, DigitsCNN.arch: DigitsCNN}
+_CONFIG_FIELDS = ("arch", "exits", "width", "num_classes", "in_channels", "input_size")
+
+
+def _is_int(v: object) -> bool:
+    """True for Python and numpy integers (an exit sampled with numpy is fine), False for bools."""
+    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
+
+
+def _validated(
+    arch: str, num_blocks: int, num_classes: int, exits: Sequence[int], width: float, in_channels: int, input_size: int
+) -> dict[str, Any]:
+    where = f"model config ({arch})"
+    try:
+        exits = list(exits)
+    except TypeError:
+        exits = None  # type: ignore[assignment]
+    if (
+        exits is None
+        or not exits
+        or not all(_is_int(e) for e in exits)
+        or any(b <= a for a, b in zip(exits, exits[1:]))
+        or exits[0] < 1
+        or exits[-1] != num_blocks
+    ):
+        raise CisError(
+            f"{where}: field 'exits' is {exits!r}, "
+            f"expected increasing block indices in 1..{num_blocks} ending at {num_blocks}"
+        )
+    if isinstance(width, bool) or not isinstance(width, (int, float)) or not width > 0:
+        raise CisError(f"{where}: field 'width' is {width!r}, expected a positive number")
+    for field, value, low in (
+        ("num_classes", num_classes, 2),
+        ("in_channels", in_channels, 1),
+        ("input_size", input_size, 1),
+    ):
+        if not _is_int(value) or value < low:
+            raise CisError(f"{where}: field {field!r} is {value!r}, expected an integer >= {low}")
+    return {
+        "arch": arch,
+        "exits": [int(e) for e in exits],
+        "width": float(width),
+        "num_classes": int(num_classes),
+        "in_channels": int(in_channels),
+        "input_size": int(input_size),
+    }
+
+
+def build_model(config: dict[str, Any]) -> EarlyExitNet:
+    """Rebuild a model from ``model.config()``; missing fields take the architecture's defaults."""
+    if not isinstance(config, dict):
+        raise CisError(f"model config: got {type(config).__name__}, expected a dict with an 'arch' field")
+    arch = config.get("arch")
+    if arch not in ARCHS:
+        raise CisError(f"model config: field 'arch' is {arch!r}, expected one of {sorted(ARCHS)}")
+    unknown = sorted(set(config) - set(_CONFIG_FIELDS))
+    if unknown:
+        raise CisError(f"model config ({arch}): unknown fields {unknown}, expected only {list(_CONFIG_FIELDS)}")
+    return ARCHS[arch](**{k: v for k, v in config.items() if k != "arch"})
+
+
+def default_model_config(dataset: str, width: float = 1.0) -> dict[str, Any]:
+    """The model used for a dataset name (``digits``, ``cifar10``, ``cifar100``) with the paper's exits."""
+    if dataset == "digits":
+        return _validated(DigitsCNN.arch, DigitsCNN.num_blocks, 10, DIGITS_EXITS, width, 1, 8)
+    if dataset == "cifar10":
+        return _validated(ResNet18EE.arch, ResNet18EE.num_blocks, 10, CIFAR10_EXITS, width, 3, 32)
+    if dataset == "cifar100":
+        return _validated(ResNet18EE.arch, ResNet18EE.num_blocks, 100, CIFAR100_EXITS, width, 3, 32)
+    raise CisError(f"model for dataset {dataset!r}: unknown dataset, expected 'digits', 'cifar10' or 'cifar100'")

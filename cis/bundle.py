@@ -50,13 +50,28 @@ class TensorInfo:
     name: str
     shape: tuple[int | None, ...]  # None is the dynamic batch dimension
     dtype: str  # numpy dtype name: float32, float16, int8, int64 ...
+    # int8 carries: real value = (q - zero_point) * scale, calibrated on validation data at export
+    scale: float | None = None
+    zero_point: int | None = None
 
     @classmethod
     def from_json(cls, d: dict) -> "TensorInfo":
-        return cls(d["name"], tuple(d["shape"]), d["dtype"])
+        scale = d.get("scale")
+        zero_point = d.get("zero_point")
+        return cls(
+            d["name"],
+            tuple(d["shape"]),
+            d["dtype"],
+            None if scale is None else float(scale),
+            None if zero_point is None else int(zero_point),
+        )
 
     def to_json(self) -> dict:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        out: dict[str, Any] = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        if self.scale is not None:
+            out["scale"] = self.scale
+            out["zero_point"] = int(self.zero_point or 0)
+        return out
 
     def bytes_per_sample(self) -> int:
         return int(np.prod([s for s in self.shape[1:]], dtype=np.int64)) * np.dtype(self.dtype).itemsize

@@ -1,0 +1,12 @@
+"""Cut a trained model into per-tier stages and write a bundle (needs torch and onnx).
+
+    from export import export_bundle
+    report = export_bundle("runs/digits", "bundles/digits", feature_dtype="int8")
+
+See docs/export.md for the steps and docs/bundle.md for what the bundle holds.
+"""
+
+from export.bundle_writer import export_bundle
+from export.stages import ExportStage, StagePlan, describe_stages
+
+__all__ = ["export_bundle", "ExportStage", "StagePlan", "describe_stages"]

@@ -1,0 +1,181 @@
+"""Export one stage of a :class:`~export.stages.StagePlan` to a static ONNX graph.
+
+Two torch exporters exist in torch 2.x; both give the same clean graphs for the
+models here (Conv/Relu/pooling/Gemm, BatchNorm folded, no If or Loop):
+
+- ``torchscript`` (``torch.onnx.export(..., dynamo=False)``): fast (well under
+  a second per stage) and honours opset 17; deprecated upstream but present in
+  torch 2.13. The default while it exists.
+- ``dynamo`` (``torch.export`` + onnxscript): the upstream default since torch
+  2.9; needs opset 18 or newer (it refuses to down-convert) and takes a few
+  seconds per stage.
+
+``auto`` picks torchscript when the installed torch still has it. Either way
+the batch dimension of every input and output is dynamic (named ``batch``)
+and every other dimension is static; :func:`check_graph` proves it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import warnings
+
+import onnx
+import torch
+
+from cis.bundle import TensorInfo
+from cis.errors import CisError
+from export.stages import ExportStage
+
+EXPORTERS = ("auto", "torchscript", "dynamo")
+MIN_OPSET = 17
+DYNAMO_MIN_OPSET = 18
+BATCH = "batch"
+CONTROL_FLOW = {"If", "Loop", "Scan", "SequenceMap"}
+
+_ONNX_TO_NUMPY = {
+    onnx.TensorProto.FLOAT: "float32",
+    onnx.TensorProto.FLOAT16: "float16",
+    onnx.TensorProto.DOUBLE: "float64",
+    onnx.TensorProto.INT8: "int8",
+    onnx.TensorProto.UINT8: "uint8",
+    onnx.TensorProto.INT32: "int32",
+    onnx.TensorProto.INT64: "int64",
+    onnx.TensorProto.BOOL: "bool",
+}
+
+
+class ExportError(CisError):
+    """The torch-to-ONNX conversion failed or produced a graph we cannot serve."""
+
+
+def resolve_exporter(exporter: str, opset: int) -> tuple[str, int]:
+    """The exporter to use and the opset it will write."""
+    if exporter not in EXPORTERS:
+        raise CisError(f"exporter {exporter!r}: unknown; expected one of {', '.join(EXPORTERS)}")
+    if isinstance(opset, bool) or not isinstance(opset, int) or opset < MIN_OPSET:
+        raise CisError(f"opset {opset!r}: expected an integer >= {MIN_OPSET}")
+    if exporter == "auto":
+        exporter = "torchscript" if _has_torchscript_exporter() else "dynamo"
+    if exporter == "dynamo":
+        opset = max(opset, DYNAMO_MIN_OPSET)
+    return exporter, opset
+
+
+def _has_torchscript_exporter() -> bool:
+    try:
+        import torch.onnx.utils  # noqa: F401  (the legacy exporter's home)
+    except ImportError:
+        return False
+    return hasattr(torch.onnx, "export")
+
+
+@contextlib.contextmanager
+def _quiet():
+    """The exporters print progress and deprecation chatter; keep stdout clean for --json."""
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        import logging
+
+        loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._export", "onnxscript")]
+        levels = [lg.level for lg in loggers]
+        for lg in loggers:
+            lg.setLevel(logging.ERROR)
+        try:
+            yield
+        finally:
+            for lg, lv in zip(loggers, levels):
+                lg.setLevel(lv)
+
+
+def export_stage(stage: ExportStage, example: tuple[torch.Tensor, ...], opset: int = MIN_OPSET, exporter: str = "auto") -> onnx.ModelProto:
+    """Trace ``stage.module`` on ``example`` and return its ONNX model (checked)."""
+    exporter, opset = resolve_exporter(exporter, opset)
+    module = stage.module.eval()
+    names_in, names_out = list(stage.inputs), list(stage.outputs)
+    try:
+        with _quiet(), torch.no_grad():
+            if exporter == "torchscript":
+                buf = io.BytesIO()
+                axes = {n: {0: BATCH} for n in names_in + names_out}
+                torch.onnx.export(
+                    module,
+                    example,
+                    buf,
+                    input_names=names_in,
+                    output_names=names_out,
+                    dynamic_axes=axes,
+                    opset_version=opset,
+                    do_constant_folding=True,
+                    dynamo=False,
+                )
+                model = onnx.load_from_string(buf.getvalue())
+            else:
+                batch = torch.export.Dim(BATCH, min=1, max=65536)
+                program = torch.onnx.export(
+                    module,
+                    example,
+                    input_names=names_in,
+                    output_names=names_out,
+                    dynamic_shapes=tuple({0: batch} for _ in names_in),
+                    opset_version=opset,
+                    dynamo=True,
+                    verbose=False,
+                    optimize=True,
+                )
+                model = program.model_proto
+    except ExportError:
+        raise
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ExportError(f"stage {stage.index}: {exporter} ONNX export failed ({type(exc).__name__}: {first})") from None
+    model.producer_name = "cis export"
+    check_graph(model, stage, opset)
+    return model
+
+
+def check_graph(model: onnx.ModelProto, stage: ExportStage, opset: int | None = None) -> None:
+    """Static graph, named inputs/outputs as planned, a dynamic batch dimension and nothing else dynamic."""
+    where = f"stage {stage.index}"
+    try:
+        onnx.checker.check_model(model)
+    except onnx.checker.ValidationError as exc:
+        raise ExportError(f"{where}: the ONNX graph is invalid ({str(exc).splitlines()[0]})") from None
+    flow = sorted({n.op_type for n in model.graph.node if n.op_type in CONTROL_FLOW or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute)})
+    if flow:
+        raise ExportError(f"{where}: the graph has data-dependent control flow ({', '.join(flow)}); expected a static graph")
+    version = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    if version < MIN_OPSET:
+        raise ExportError(f"{where}: opset {version}; expected >= {MIN_OPSET}")
+    got_in = [i.name for i in model.graph.input]
+    got_out = [o.name for o in model.graph.output]
+    if got_in != list(stage.inputs) or got_out != list(stage.outputs):
+        raise ExportError(f"{where}: graph reads {got_in} and returns {got_out}; expected {list(stage.inputs)} -> {list(stage.outputs)}")
+    for vi in list(model.graph.input) + list(model.graph.output):
+        dims = vi.type.tensor_type.shape.dim
+        if not dims or not dims[0].dim_param or dims[0].dim_value:
+            raise ExportError(f"{where}: tensor {vi.name!r} has no dynamic batch dimension")
+        rest = [d for d in dims[1:] if not d.dim_value]
+        if rest:
+            raise ExportError(f"{where}: tensor {vi.name!r} has dynamic dimensions beyond the batch; expected static shapes")
+
+
+def tensor_infos(values) -> tuple[TensorInfo, ...]:
+    """Manifest entries (name, shape with None for the batch, numpy dtype) of graph inputs or outputs."""
+    out = []
+    for vi in values:
+        tt = vi.type.tensor_type
+        shape = tuple(None if (d.dim_param or not d.dim_value) else int(d.dim_value) for d in tt.shape.dim)
+        out.append(TensorInfo(vi.name, shape, _ONNX_TO_NUMPY.get(tt.elem_type, str(tt.elem_type))))
+    return tuple(out)
+
+
+def graph_bytes(model: onnx.ModelProto) -> bytes:
+    return model.SerializeToString()
+
+
+def thread_count() -> int:
+    """onnxruntime threads for verification and profiling: the machine's cores, at most 4."""
+    return max(1, min(4, os.cpu_count() or 1))

@@ -1,0 +1,67 @@
+"""The two profiles a bundle carries for the simulator.
+
+- confidence profile: per validation sample and exit, the confidence (the
+  spec's measure, on the logits the bundle's graphs produce) and whether the
+  exit's prediction is correct;
+- latency profile: onnxruntime seconds per call of each stage at batch sizes
+  1, 8 and 32 on the exporting machine (median over repeats).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Mapping, Sequence
+
+import numpy as np
+
+from cis.bundle import TensorInfo
+from cis.policy import confidence
+from cis.stages import StageRunner
+
+LATENCY_BATCHES = (1, 8, 32)
+
+
+def confidence_profile(logits: Mapping[int, np.ndarray], labels: np.ndarray, measure: str) -> tuple[np.ndarray, np.ndarray]:
+    """(confidence, correct), each (N, E), exits in order."""
+    exits = sorted(logits)
+    conf = np.stack([confidence(logits[e], measure) for e in exits], axis=1)
+    correct = np.stack([np.asarray(logits[e]).argmax(-1) == labels for e in exits], axis=1)
+    return conf, correct
+
+
+def random_feeds(inputs: Sequence[TensorInfo], batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Inputs of the right names, shapes and dtypes (values do not matter for timing)."""
+    feeds = {}
+    for t in inputs:
+        shape = (batch, *[d for d in t.shape[1:]])
+        dt = np.dtype(t.dtype)
+        if dt.kind == "i":
+            feeds[t.name] = rng.integers(-128, 128, size=shape).astype(dt)
+        else:
+            feeds[t.name] = rng.standard_normal(shape).astype(dt)
+    return feeds
+
+
+def median_seconds(fn, repeats: int, warmup: int = 2) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(max(1, repeats)):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def latency_profile(
+    runners: Sequence[StageRunner], batches: Sequence[int] = LATENCY_BATCHES, repeats: int = 20, seed: int = 0
+) -> dict[int, dict[int, float]]:
+    """{stage: {batch: median seconds per call}} with onnxruntime."""
+    rng = np.random.default_rng(seed)
+    out: dict[int, dict[int, float]] = {}
+    for runner in runners:
+        out[runner.index] = {}
+        for b in batches:
+            feeds = random_feeds(runner.info.inputs, b, rng)
+            out[runner.index][b] = median_seconds(lambda: runner.run(feeds), repeats)
+    return out

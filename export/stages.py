@@ -1,0 +1,161 @@
+"""The stage description: how the exporter learns where to cut a model.
+
+The exporter never looks inside a model. It asks for a :class:`StagePlan`:
+
+- ``stages``: one :class:`ExportStage` per exit, in order. Each holds a torch
+  module whose ``forward(*inputs)`` takes the tensors named ``inputs`` and
+  returns a tuple whose first element is the exit's logits and whose others are
+  the tensors named ``carry`` (the last stage has no carry);
+- ``inputs``: the per-sample shape of every tensor stage 1 reads (the request);
+- ``reference``: the full model, ``reference(feeds) -> [logits of exits 1..E]``,
+  which the chained stages must reproduce.
+
+Stage k's inputs are names out of stage k-1's carry (or out of ``inputs`` for
+k = 1), so a method can forward any state: features (early-exit CNNs), token
+tensors and a CLS history (ReeFL), a patience counter (FLAME), or the raw input
+(nested models, whose every stage starts again from the image).
+
+A model provides its plan with a method ``export_stages() -> StagePlan``;
+:class:`training.models.EarlyExitNet` gets the default below: stage 1 reads
+``input``, stage k forwards its feature map as ``features_k``. A stage's input
+and output names must differ (one ONNX graph names every tensor once), hence
+the numbering; the runtime matches stage k's carry outputs to stage k+1's
+inputs by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+import torch
+from torch import Tensor, nn
+
+from cis.errors import CisError
+
+INPUT = "input"
+LOGITS = "logits"
+FEATURES = "features"
+
+
+@dataclass
+class ExportStage:
+    """Stage ``index`` (1-based), serving exit ``exit``."""
+
+    index: int
+    exit: int
+    module: nn.Module  # forward(*inputs) -> (logits, *carry)
+    inputs: tuple[str, ...]
+    carry: tuple[str, ...]  # empty for the last stage
+
+    @property
+    def outputs(self) -> tuple[str, ...]:
+        return (LOGITS, *self.carry)
+
+
+@dataclass
+class StagePlan:
+    stages: list[ExportStage]
+    inputs: dict[str, tuple[int, ...]]  # stage 1's tensors: name -> per-sample shape
+    reference: Callable[[Mapping[str, Tensor]], Sequence[Tensor]]
+    input_dtypes: dict[str, torch.dtype] = field(default_factory=dict)  # default float32
+
+    @property
+    def num_exits(self) -> int:
+        return len(self.stages)
+
+    def example_inputs(self, batch: int, generator: torch.Generator | None = None) -> dict[str, Tensor]:
+        return {
+            name: torch.randn((batch, *shape), generator=generator).to(self.input_dtypes.get(name, torch.float32))
+            for name, shape in self.inputs.items()
+        }
+
+    def validate(self) -> "StagePlan":
+        """Check that every stage reads only what the request or the previous stage provides."""
+        available = set(self.inputs)
+        for k, st in enumerate(self.stages, start=1):
+            if st.index != k:
+                raise CisError(f"stage plan: stage {k} says index {st.index}; expected stages numbered 1..E in order")
+            unknown = [n for n in st.inputs if n not in available]
+            if unknown:
+                raise CisError(f"stage plan: stage {k} reads {unknown[0]!r}, which stage {k - 1 or 'input'} does not provide ({sorted(available)})")
+            clash = sorted(set(st.inputs) & set(st.carry))
+            if clash:
+                raise CisError(f"stage plan: stage {k} reads and returns {clash[0]!r}; expected distinct names (e.g. numbered per stage)")
+            if LOGITS in st.carry:
+                raise CisError(f"stage plan: stage {k} names a carry tensor {LOGITS!r}; that name is reserved for the exit's logits")
+            if k == len(self.stages) and st.carry:
+                raise CisError(f"stage plan: the last stage ({k}) returns a carry {st.carry}; expected logits only")
+            available = set(st.carry)
+        return self
+
+
+class _TupleStage(nn.Module):
+    """Adapts ``Stage.forward(carry) -> (logits, features)`` to the plan's convention."""
+
+    def __init__(self, stage: nn.Module, last: bool) -> None:
+        super().__init__()
+        self.stage = stage
+        self.last = last
+
+    def forward(self, x: Tensor) -> tuple[Tensor, ...]:
+        logits, features = self.stage(x)
+        return (logits,) if self.last else (logits, features)
+
+
+def carry_name(name: str, stage: int) -> str:
+    """The name of carry tensor ``name`` leaving stage ``stage`` (e.g. ``features_1``).
+
+    A graph's input and output names must differ (ONNX tensors are named once),
+    so the default plans number each boundary's tensors by the stage that sends them.
+    """
+    return f"{name}_{stage}"
+
+
+def early_exit_plan(model: nn.Module) -> StagePlan:
+    """The default plan of an :class:`~training.models.EarlyExitNet`."""
+    stages = model.stages()
+    out = []
+    for k, st in enumerate(stages, start=1):
+        last = k == len(stages)
+        out.append(
+            ExportStage(
+                index=k,
+                exit=k,
+                module=_TupleStage(st, last).eval(),
+                inputs=(INPUT,) if k == 1 else (carry_name(FEATURES, k - 1),),
+                carry=() if last else (carry_name(FEATURES, k),),
+            )
+        )
+    return StagePlan(out, {INPUT: tuple(model.input_shape)}, lambda feeds: model(feeds[INPUT]))
+
+
+def describe_stages(model: nn.Module) -> StagePlan:
+    """The model's own plan (``export_stages()``), or the early-exit default."""
+    model.eval()
+    if hasattr(model, "export_stages"):
+        plan = model.export_stages()
+    elif hasattr(model, "stages") and hasattr(model, "input_shape"):
+        plan = early_exit_plan(model)
+    else:
+        raise CisError(f"{type(model).__name__}: cannot cut it into stages; expected an EarlyExitNet or a model with export_stages()")
+    for st in plan.stages:
+        st.module.eval()
+    return plan.validate()
+
+
+@torch.no_grad()
+def run_plan(plan: StagePlan, feeds: Mapping[str, Tensor]) -> list[dict[str, Tensor]]:
+    """Run the torch stages in a chain; returns each stage's named outputs."""
+    carry = dict(feeds)
+    outs = []
+    for st in plan.stages:
+        values = st.module(*[carry[n] for n in st.inputs])
+        if isinstance(values, Tensor):
+            values = (values,)
+        if len(values) != len(st.outputs):
+            raise CisError(f"stage plan: stage {st.index} returned {len(values)} tensors; expected {len(st.outputs)} {st.outputs}")
+        named = dict(zip(st.outputs, values))
+        outs.append(named)
+        carry = {n: named[n] for n in st.carry}
+    return outs

@@ -6,3 +6,11 @@ torch, so an edge node can run it with numpy, pyzmq and onnxruntime only.
 """
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name == "Client":  # lazily: importing cis does not import zmq
+        from cis.runtime.client import Client
+
+        return Client
+    raise AttributeError(f"module 'cis' has no attribute {name!r}")

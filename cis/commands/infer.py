@@ -1,0 +1,72 @@
+"""``cis infer --connect ADDR --dataset digits --split test``: send a data set, report what came back."""
+
+from __future__ import annotations
+
+import argparse
+
+from cis.cli import print_result
+from cis.errors import CisError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("infer", help="send a data set to a running CIS and report accuracy, served shares, latency")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--connect", help="a node's address: every request goes there")
+    where.add_argument("--spec", help="spec file: each sample goes to the node that assign_entries picks (as the offline evaluation)")
+    p.add_argument("--dataset", required=True, help="digits, cifar10:PATH or cifar100:PATH")
+    p.add_argument("--split", default="test", choices=("train", "val", "test"))
+    p.add_argument("--n", type=int, help="first N samples only")
+    p.add_argument("--rate", type=float, help="requests per second (default: as fast as --window allows)")
+    p.add_argument("--window", type=int, default=32, help="requests in flight per node (default 32)")
+    p.add_argument("--batch-size", type=int, default=1, help="samples per request with --connect (default 1)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds before a request counts as lost")
+    p.add_argument("--seed", type=int, default=0, help="data split seed and entry assignment seed")
+    p.add_argument("--curve-key", help="own CurveZMQ .key_secret")
+    p.add_argument("--server-key", help="the node's public .key")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from cis.runtime.client import Client, infer_spread, summarize
+    from cis.runtime.security import CurveConfig
+
+    try:
+        from training.data import load_dataset  # needs torch: only this command imports it
+    except ImportError as exc:
+        raise CisError(f"infer --dataset needs the training package and its dependencies ({exc})") from None
+    data = getattr(load_dataset(args.dataset, seed=args.seed), args.split)
+    x, y = data.x, data.y
+    if args.n is not None:
+        x, y = x[: args.n], y[: args.n]
+    curve = CurveConfig(args.curve_key, None, args.server_key) if args.curve_key else None
+    if args.connect:
+        with Client(args.connect, timeout=args.timeout, curve=curve) as c:
+            results = c.infer_many(x, batch_size=args.batch_size, window=args.window, rate=args.rate, timeout=args.timeout)
+    else:
+        from cis.policy import assign_entries
+        from cis.spec import load_spec
+
+        spec = load_spec(args.spec)
+        entries = assign_entries(spec, len(y), args.seed)
+        clients = {}
+        try:
+            for nid in entries:
+                addr = spec.node(nid).address
+                if addr is None:
+                    raise CisError(f"{args.spec}: node {nid!r} has no address")
+                clients[nid] = Client(addr, timeout=args.timeout, curve=curve)
+            results = infer_spread(clients, x, entries, args.window, args.rate, args.timeout)
+        finally:
+            for c in clients.values():
+                c.close()
+    summary = summarize(results, y)
+    lines = [f"{summary['samples_answered']} of {len(y)} samples answered; errors: {summary['errors'] or 'none'}"]
+    if "accuracy" in summary:
+        lat = summary["latency_ms"]
+        lines.append(f"accuracy {summary['accuracy'] * 100:.2f}%   degraded {summary['degraded']}   capped {summary['capped']}")
+        lines.append("served per exit: " + ", ".join(f"exit {e} {s * 100:.1f}%" for e, s in summary["served_share_per_exit"].items()))
+        lines.append("served per node: " + ", ".join(f"{k} {s * 100:.1f}%" for k, s in summary["served_share_per_node"].items()))
+        lines.append(f"latency ms: mean {lat['mean']:.2f}  p50 {lat['p50']:.2f}  p99 {lat['p99']:.2f}")
+    print_result(args, summary, "\n".join(lines))
+    return 0 if not summary["errors"] else 1

@@ -1,0 +1,149 @@
+"""``cis serve BUNDLE --node ID`` (one node) or ``cis serve BUNDLE --all`` (every node, one process each)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import signal
+import sys
+import time
+
+from cis.errors import CisError
+
+
+def _float(text: str) -> float:
+    try:
+        return float(text)  # accepts inf and -inf
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number (inf and -inf are allowed)") from None
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="serve a bundle: one CIS node, or all nodes with --all")
+    p.add_argument("bundle", help="bundle folder written by 'cis export'")
+    who = p.add_mutually_exclusive_group(required=True)
+    who.add_argument("--node", help="the node id of the spec to serve")
+    who.add_argument("--all", action="store_true", help="start every node of the spec as its own process on loopback")
+    p.add_argument("--spec", help="spec file (default: the spec inside the bundle)")
+    p.add_argument("--bind", help="address to bind (default: the node's address in the spec)")
+    p.add_argument("--parent", help="parent's address (default: the parent's address in the spec)")
+    p.add_argument("--free-ports", action="store_true", help="with --all: ignore the spec's addresses and pick free loopback ports")
+    p.add_argument("--threshold", type=_float, help="override the bundle policy's threshold (with --all: every non-root node)")
+    p.add_argument("--no-cap", action="store_true", help="do not enforce max_transfer_rate (forward whatever the policy says)")
+    p.add_argument("--max-batch", type=int, default=32, help="samples per micro-batch (default 32)")
+    p.add_argument("--max-wait", type=float, default=0.0, help="seconds a request may wait for a fuller batch (default 0: run when idle)")
+    p.add_argument("--queue-limit", type=int, help="samples that may wait; beyond, 'overloaded' (default: spec queue_limit or 1024)")
+    p.add_argument("--forward-timeout", type=float, default=1.0, help="seconds a forward waits per tier above (default 1)")
+    p.add_argument("--heartbeat", type=float, default=0.2, help="seconds between heartbeats to the parent (default 0.2)")
+    p.add_argument("--max-message-bytes", type=int, default=64 << 20, help="larger messages get 'too_large' (default 64 MiB)")
+    p.add_argument("--adapt", action="store_true", help="move the threshold online to hold the spec's forwarded share")
+    p.add_argument("--threads", type=int, default=1, help="onnxruntime threads per stage (default 1)")
+    p.add_argument("--curve-key", help="own CurveZMQ .key_secret: encrypt the node's sockets")
+    p.add_argument("--allow", help="folder of authorised public .key files; other peers are refused")
+    p.add_argument("--server-key", help="the parent's public .key (default: the node's own public key)")
+    p.add_argument("--json", action="store_true", help="with --all: print the addresses as one JSON line")
+    p.set_defaults(func=run)
+
+
+def _node_options(args: argparse.Namespace) -> list[str]:
+    out: list[str] = []
+    for flag, value in (
+        ("--threshold", args.threshold), ("--max-batch", args.max_batch), ("--max-wait", args.max_wait),
+        ("--queue-limit", args.queue_limit), ("--forward-timeout", args.forward_timeout), ("--heartbeat", args.heartbeat),
+        ("--max-message-bytes", args.max_message_bytes), ("--threads", args.threads), ("--curve-key", args.curve_key),
+        ("--allow", args.allow), ("--server-key", args.server_key),
+    ):
+        if value is not None:
+            out += [flag, str(value)]
+    if args.no_cap:
+        out.append("--no-cap")
+    if args.adapt:
+        out.append("--adapt")
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    from cis.bundle import load_bundle
+    from cis.spec import load_spec
+
+    bundle = load_bundle(args.bundle)
+    spec = load_spec(args.spec) if args.spec else bundle.spec
+    if spec is None:
+        raise CisError(f"{args.bundle}: bundle has no spec; pass --spec")
+    if args.all:
+        return _run_all(args, spec)
+    return _run_node(args, bundle, spec)
+
+
+def _curve(args: argparse.Namespace):
+    from cis.runtime.security import CurveConfig
+
+    if args.allow and not args.curve_key:
+        raise CisError("--allow needs --curve-key (the node's own .key_secret): authentication runs over CurveZMQ")
+    server = args.server_key
+    if args.curve_key and not server:
+        server = str(args.curve_key).removesuffix("_secret")
+    return CurveConfig(args.curve_key, args.allow, server)
+
+
+def _run_node(args: argparse.Namespace, bundle, spec) -> int:
+    from cis.runtime import build_node
+    from cis.stages import StageRunner  # noqa: F401  (fail early if onnxruntime is missing)
+
+    opts = dict(
+        max_batch=args.max_batch, max_wait=args.max_wait, forward_timeout=args.forward_timeout, heartbeat=args.heartbeat,
+        heartbeat_timeout=max(1.0, 5 * args.heartbeat), max_message_bytes=args.max_message_bytes, adapt=args.adapt, curve=_curve(args),
+    )
+    if args.queue_limit is not None:
+        opts["queue_limit"] = args.queue_limit
+    node = _build(bundle, args, spec, opts)
+    cfg = node.cfg
+    print(f"cis serve: node {cfg.node_id} (exit {cfg.exit}) at {cfg.bind}" + (f", parent {cfg.parent}" if cfg.parent else " (root)"), file=sys.stderr, flush=True)
+    node.run()
+    print(f"cis serve: node {cfg.node_id} stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+def _build(bundle, args, spec, opts):
+    import zmq
+
+    from cis.runtime import build_node
+
+    try:
+        return build_node(bundle, args.node, spec, args.bind, args.parent, args.threshold, transfer_cap=not args.no_cap, threads=args.threads, **opts)
+    except zmq.ZMQError as exc:
+        raise CisError(f"node {args.node}: {exc}") from None
+
+
+def _run_all(args: argparse.Namespace, spec) -> int:
+    from cis.runtime.launcher import launch
+
+    per_node: dict[str, list[str]] = {}
+    extra = _node_options(args)
+    if args.threshold is not None:  # the root always serves everything
+        extra = [a for i, a in enumerate(extra) if not (a == "--threshold" or (i > 0 and extra[i - 1] == "--threshold"))]
+        for n in spec.nodes:
+            if n.parent is not None:
+                per_node[n.id] = ["--threshold", str(args.threshold)]
+    stop = {"now": False}
+
+    def on_signal(*_):
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    cluster = launch(args.bundle, spec, args.spec, args.free_ports, extra, per_node)
+    try:
+        if args.json:
+            print(json.dumps({"nodes": {n.id: {"address": cluster.addresses[n.id], "exit": n.exit, "parent": n.parent, "pid": cluster.procs[n.id].pid} for n in spec.nodes}}), flush=True)
+        else:
+            for n in spec.nodes:
+                print(f"{n.id:<12} exit {n.exit}  {cluster.addresses[n.id]}  pid {cluster.procs[n.id].pid}", flush=True)
+            print("serving; Ctrl-C stops every node", file=sys.stderr, flush=True)
+        while not stop["now"]:
+            time.sleep(0.1)
+    finally:
+        codes = cluster.stop()
+        print(f"cis serve: stopped {len(codes)} nodes", file=sys.stderr, flush=True)
+    return 0

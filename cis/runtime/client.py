@@ -1,0 +1,302 @@
+"""``cis.Client``: send batches to a node, get per-sample answers.
+
+    with Client("tcp://127.0.0.1:5553") as c:
+        r = c.infer(x)                 # one request with the whole batch
+        r.cls, r.confidence, r.exit, r.served_by, r.degraded, r.latency
+        rs = c.infer_many(x, batch_size=1, window=64)   # pipelined: many requests in flight
+
+One DEALER socket; not thread-safe (use one Client per thread).
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+from typing import Iterator
+
+import numpy as np
+import zmq
+
+from cis.errors import CisError
+from cis.runtime import protocol as P
+from cis.runtime.security import CurveConfig, secure_client
+
+
+class ServerError(CisError):
+    def __init__(self, code: str, message: str):
+        super().__init__(f"{code}: {message}")
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class Result:
+    """The answer to one request: per sample class, confidence, exit, flags and serving node."""
+
+    cls: np.ndarray
+    confidence: np.ndarray
+    exit: np.ndarray
+    flags: np.ndarray
+    served_by: list[str]
+    latency: float  # seconds from send to reply, seen by the client
+    error: ServerError | None = None
+
+    @property
+    def degraded(self) -> np.ndarray:
+        return (self.flags & P.FLAG_DEGRADED).astype(bool)
+
+    @property
+    def capped(self) -> np.ndarray:
+        return (self.flags & P.FLAG_CAPPED).astype(bool)
+
+    def __len__(self) -> int:
+        return len(self.cls)
+
+    def samples(self) -> list[dict]:
+        return [
+            {"class": int(c), "confidence": float(p), "exit": int(e), "node": s, "latency": self.latency, "degraded": bool(d), "capped": bool(k)}
+            for c, p, e, s, d, k in zip(self.cls, self.confidence, self.exit, self.served_by, self.degraded, self.capped)
+        ]
+
+
+def _error_result(n: int, err: ServerError, latency: float) -> Result:
+    return Result(np.full(n, -1, np.int64), np.zeros(n, np.float32), np.zeros(n, np.int32), np.zeros(n, np.uint8), [""] * n, latency, err)
+
+
+class Client:
+    def __init__(
+        self,
+        address: str,
+        timeout: float = 30.0,
+        input_name: str = "input",
+        curve: CurveConfig | None = None,
+        context: zmq.Context | None = None,
+    ):
+        self.address = address
+        self.timeout = timeout
+        self.input_name = input_name
+        self._ctx = context or zmq.Context.instance()
+        self.sock = self._ctx.socket(zmq.DEALER)
+        self.sock.linger = 0
+        self.sock.sndhwm = self.sock.rcvhwm = 100000
+        if curve is not None and curve.enabled:
+            secure_client(self.sock, curve)
+        self.sock.connect(address)
+        self._ids = itertools.count(1)
+        self._sent: dict[int, tuple[float, int]] = {}
+
+    # ------------------------------------------------------------ async form
+
+    def submit(self, batch: np.ndarray | dict, deadline: float | None = None, stage: int = 1) -> int:
+        """Send one request (a batch of samples) without waiting; returns its id."""
+        tensors = dict(batch) if isinstance(batch, dict) else {self.input_name: np.ascontiguousarray(batch, dtype=np.float32)}
+        n = len(next(iter(tensors.values())))
+        rid = next(self._ids)
+        P.send(self.sock, P.encode(P.INFER, rid, tensors, stage=stage, deadline=float(deadline or 0.0), route=[]))
+        self._sent[rid] = (time.perf_counter(), n)
+        return rid
+
+    def poll(self, timeout: float) -> list[tuple[int, Result]]:
+        """Results that arrive within ``timeout`` seconds (at least one if any comes)."""
+        out: list[tuple[int, Result]] = []
+        if not self.sock.poll(int(max(timeout, 0) * 1000), zmq.POLLIN):
+            return out
+        while True:
+            try:
+                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return out
+            got = self._parse(frames)
+            if got is not None:
+                out.append(got)
+
+    def _parse(self, frames) -> tuple[int, Result] | None:
+        now = time.perf_counter()
+        try:
+            msg = P.decode(frames)
+        except P.ProtocolError:
+            return None
+        sent = self._sent.pop(msg.id, None)
+        if sent is None or msg.kind not in (P.RESULT, P.ERROR):
+            return None
+        t0, n = sent
+        if msg.kind == P.ERROR:
+            return msg.id, _error_result(n, ServerError(str(msg.header.get("code")), str(msg.header.get("message"))), now - t0)
+        t = msg.tensors
+        return msg.id, Result(
+            np.array(t["class"]), np.array(t["confidence"]), np.array(t["exit"]), np.array(t["flags"]),
+            [str(s) for s in msg.header.get("served_by", [])], now - t0,
+        )
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._sent)
+
+    # ------------------------------------------------------------ blocking forms
+
+    def infer(self, batch: np.ndarray | dict, timeout: float | None = None, deadline: float | None = None) -> Result:
+        """Send one request and wait for its answer; raises ServerError or TimeoutError."""
+        rid = self.submit(batch, deadline)
+        end = time.monotonic() + (self.timeout if timeout is None else timeout)
+        while time.monotonic() < end:
+            for got_id, res in self.poll(end - time.monotonic()):
+                if got_id == rid:
+                    if res.error is not None:
+                        raise res.error
+                    return res
+        self._sent.pop(rid, None)
+        raise TimeoutError(f"no reply from {self.address} within {self.timeout if timeout is None else timeout:.1f} s")
+
+    def infer_many(
+        self,
+        x: np.ndarray,
+        batch_size: int = 1,
+        window: int = 64,
+        rate: float | None = None,
+        timeout: float | None = None,
+        deadline: float | None = None,
+    ) -> list[Result]:
+        """Pipelined: requests of ``batch_size`` samples, up to ``window`` in flight (or sent at
+        ``rate`` requests/s); results in order. A request that gets no reply within ``timeout``
+        seconds gets an error result with code "timeout"."""
+        chunks = [x[i : i + batch_size] for i in range(0, len(x), batch_size)]
+        return list(self.stream(chunks, window, rate, timeout, deadline))
+
+    def stream(self, chunks, window: int = 64, rate: float | None = None, timeout: float | None = None, deadline: float | None = None) -> Iterator[Result]:
+        timeout = self.timeout if timeout is None else timeout
+        chunks = list(chunks)
+        results: dict[int, Result] = {}
+        ids: list[int] = []
+        start = time.perf_counter()
+        nxt = 0
+        emitted = 0
+        while emitted < len(chunks):
+            now = time.perf_counter()
+            while nxt < len(chunks) and self.in_flight < window and (rate is None or now >= start + nxt / rate):
+                d = time.time() + deadline if deadline else None
+                ids.append(self.submit(chunks[nxt], d))
+                nxt += 1
+            wait = 0.05
+            if rate is not None and nxt < len(chunks):
+                wait = max(0.0, min(wait, start + nxt / rate - time.perf_counter()))
+            for rid, res in self.poll(wait):
+                results[rid] = res
+            now = time.perf_counter()
+            for rid, (t0, n) in list(self._sent.items()):
+                if now - t0 > timeout:
+                    del self._sent[rid]
+                    results[rid] = _error_result(n, ServerError("timeout", f"no reply within {timeout:.1f} s"), now - t0)
+            while emitted < len(ids) and ids[emitted] in results:
+                yield results.pop(ids[emitted])
+                emitted += 1
+
+    def status(self, timeout: float = 2.0) -> dict:
+        rid = next(self._ids)
+        P.send(self.sock, P.encode(P.STATUS, rid))
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if not self.sock.poll(int(max(end - time.monotonic(), 0) * 1000) + 1, zmq.POLLIN):
+                continue
+            try:
+                msg = P.decode(self.sock.recv_multipart(zmq.NOBLOCK, copy=False))
+            except (zmq.Again, P.ProtocolError):
+                continue
+            if msg.kind == P.STATUS_REPLY and msg.id == rid:
+                return msg.header.get("status", {})
+        raise TimeoutError(f"no status from {self.address} within {timeout:.1f} s")
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def infer_spread(
+    clients: dict[str, Client],
+    x: np.ndarray,
+    entries: dict[str, np.ndarray],
+    window: int = 32,
+    rate: float | None = None,
+    timeout: float = 30.0,
+) -> list[Result | None]:
+    """Send sample i (one request each) to ``clients[node]`` for the node whose ``entries`` hold i,
+    with up to ``window`` requests in flight per client (or all at ``rate`` requests/s in total).
+    Returns one Result per sample in sample order (error results for errors and timeouts)."""
+    queue = sorted((int(i), nid) for nid, idx in entries.items() for i in idx)
+    results: list[Result | None] = [None] * len(x)
+    owner: dict[tuple[str, int], int] = {}
+    poller = zmq.Poller()
+    for c in clients.values():
+        poller.register(c.sock, zmq.POLLIN)
+    by_sock = {c.sock: (nid, c) for nid, c in clients.items()}
+    start, sent, done = time.perf_counter(), 0, 0
+    total = len(queue)
+    while done < total:
+        now = time.perf_counter()
+        while sent < total:
+            i, nid = queue[sent]
+            c = clients[nid]
+            if c.in_flight >= window or (rate is not None and now < start + sent / rate):
+                break
+            owner[(nid, c.submit(x[i : i + 1]))] = i
+            sent += 1
+        wait = 50.0
+        if rate is not None and sent < total:
+            wait = max(0.0, min(wait, (start + sent / rate - time.perf_counter()) * 1000))
+        for sock, _ in poller.poll(wait):
+            nid, c = by_sock[sock]
+            for rid, res in c.poll(0):
+                i = owner.pop((nid, rid), None)
+                if i is not None:
+                    results[i] = res
+                    done += 1
+        now = time.perf_counter()
+        for nid, c in clients.items():
+            for rid, (t0, n) in list(c._sent.items()):
+                if now - t0 > timeout:
+                    del c._sent[rid]
+                    i = owner.pop((nid, rid), None)
+                    if i is not None:
+                        results[i] = _error_result(n, ServerError("timeout", f"no reply within {timeout:.1f} s"), now - t0)
+                        done += 1
+    return results
+
+
+def summarize(results: list[Result | None], labels: np.ndarray | None = None) -> dict:
+    """Accuracy, served share per exit and per node, latency mean/p50/p99 (ms), errors."""
+    ok = [r for r in results if r is not None and r.error is None]
+    errors: dict[str, int] = {}
+    for r in results:
+        if r is None or r.error is not None:
+            code = "timeout" if r is None else r.error.code
+            errors[code] = errors.get(code, 0) + (1 if r is None else len(r))
+    n_ok = sum(len(r) for r in ok)
+    out: dict = {"requests": len(results), "samples_answered": n_ok, "errors": errors}
+    if not ok:
+        return out
+    cls = np.concatenate([r.cls for r in ok])
+    ex = np.concatenate([r.exit for r in ok])
+    flags = np.concatenate([r.flags for r in ok])
+    nodes = [s for r in ok for s in r.served_by]
+    lat = np.array([r.latency for r in ok]) * 1000
+    if labels is not None:
+        lab = np.concatenate([labels[i : i + len(r)] for i, r in _positions(results) if r is not None and r.error is None])
+        out["accuracy"] = float((cls == lab).mean())
+    out["served_share_per_exit"] = {str(e): float((ex == e).mean()) for e in sorted(set(ex.tolist()))}
+    out["served_share_per_node"] = {k: nodes.count(k) / n_ok for k in sorted(set(nodes))}
+    out["degraded"] = int((flags & P.FLAG_DEGRADED).astype(bool).sum())
+    out["capped"] = int((flags & P.FLAG_CAPPED).astype(bool).sum())
+    out["latency_ms"] = {"mean": float(lat.mean()), "p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99))}
+    return out
+
+
+def _positions(results: list[Result | None]):
+    pos = 0
+    for r in results:
+        yield pos, r
+        pos += len(r) if r is not None else 1

@@ -1,0 +1,95 @@
+"""CurveZMQ keys and allow-lists.
+
+``cis keys DIR --name NAME`` writes NAME.key (public) and NAME.key_secret
+(public + secret) in ZeroMQ's certificate format. A node started with a secret
+key encrypts its ROUTER socket; with an allow-list folder (public ``*.key``
+files) a ThreadAuthenticator refuses every peer whose public key is not in it.
+Peers that are refused get no reply at all (the handshake fails).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+
+from cis.errors import CisError
+
+
+def make_keys(folder: str | Path, name: str) -> tuple[Path, Path]:
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    public, secret = zmq.auth.create_certificates(folder, name)
+    Path(secret).chmod(0o600)
+    return Path(public), Path(secret)
+
+
+def load_keypair(path: str | Path) -> tuple[bytes, bytes]:
+    """(public, secret) from a ``.key_secret`` file."""
+    path = Path(path)
+    if not path.is_file():
+        raise CisError(f"{path}: key file not found; expected a .key_secret file made by 'cis keys'")
+    try:
+        public, secret = zmq.auth.load_certificate(path)
+    except Exception as exc:
+        raise CisError(f"{path}: not a ZeroMQ certificate ({exc})") from None
+    if secret is None:
+        raise CisError(f"{path}: holds no secret key; expected the .key_secret file")
+    return public, secret
+
+
+def load_public(path: str | Path) -> bytes:
+    path = Path(path)
+    if not path.is_file():
+        raise CisError(f"{path}: key file not found; expected a public .key file made by 'cis keys'")
+    try:
+        public, _ = zmq.auth.load_certificate(path)
+    except Exception as exc:
+        raise CisError(f"{path}: not a ZeroMQ certificate ({exc})") from None
+    return public
+
+
+@dataclass
+class CurveConfig:
+    """Curve settings of one process: its own key pair, the allow-list, the server key it talks to."""
+
+    secret_file: str | None = None  # own .key_secret
+    allow_dir: str | None = None  # folder of authorised public .key files (server side)
+    server_public_file: str | None = None  # the parent's / server's public .key (client side)
+
+    @property
+    def enabled(self) -> bool:
+        return self.secret_file is not None
+
+
+def start_authenticator(ctx: zmq.Context, allow_dir: str | Path) -> ThreadAuthenticator:
+    folder = Path(allow_dir)
+    if not folder.is_dir():
+        raise CisError(f"{folder}: allow-list folder not found; expected a folder of public .key files")
+    auth = ThreadAuthenticator(ctx)
+    auth.start()
+    auth.configure_curve(domain="*", location=str(folder))
+    return auth
+
+
+def secure_server(sock: zmq.Socket, cfg: CurveConfig) -> None:
+    if not cfg.enabled:
+        return
+    public, secret = load_keypair(cfg.secret_file)  # type: ignore[arg-type]
+    sock.curve_secretkey = secret
+    sock.curve_publickey = public
+    sock.curve_server = True
+
+
+def secure_client(sock: zmq.Socket, cfg: CurveConfig) -> None:
+    if not cfg.enabled:
+        return
+    if cfg.server_public_file is None:
+        raise CisError("curve: a client key was given without the server's public key (--server-key)")
+    public, secret = load_keypair(cfg.secret_file)  # type: ignore[arg-type]
+    sock.curve_secretkey = secret
+    sock.curve_publickey = public
+    sock.curve_serverkey = load_public(cfg.server_public_file)

@@ -1,0 +1,197 @@
+"""The node's behaviour in-process, with tiny numpy stages (no bundle): policy split, micro-batching,
+error replies, overload, transfer cap, degraded service without a parent, CurveZMQ allow-lists."""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections import namedtuple
+from dataclasses import dataclass
+
+import msgpack
+import numpy as np
+import pytest
+import zmq
+
+from cis.runtime import protocol as P
+from cis.runtime.client import Client, ServerError
+from cis.runtime.launcher import free_port
+from cis.runtime.node import Node, NodeConfig
+from cis.runtime.security import CurveConfig, make_keys
+
+T = namedtuple("T", "name shape dtype")
+
+
+@dataclass
+class FakeStage:
+    inputs: tuple
+    outputs: tuple
+    fn: object
+    delay: float = 0.0
+
+    def run(self, feeds):
+        if self.delay:
+            time.sleep(self.delay)
+        return self.fn(feeds)
+
+
+def _stages():
+    # stage 1: logits from the first 3 inputs (large first value -> confident), carry = the input doubled
+    s1 = FakeStage((T("input", (None, 4), "float32"),), (T("logits", (None, 3), "float32"), T("features", (None, 4), "float32")),
+                   lambda f: {"logits": f["input"][:, :3] * 10, "features": f["input"] * 2})
+    # stage 2: always confident in class 2
+    s2 = FakeStage((T("features", (None, 4), "float32"),), (T("logits", (None, 3), "float32"),),
+                   lambda f: {"logits": np.tile(np.array([0, 0, 50], np.float32), (len(f["features"]), 1))})
+    return {1: s1, 2: s2}
+
+
+class Running:
+    def __init__(self, node: Node):
+        self.node = node
+        self.stop = threading.Event()
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=node.run, kwargs=dict(install_signals=False, ready=self.ready.set, stop=self.stop.is_set), daemon=True)
+        self.thread.start()
+        assert self.ready.wait(5)
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(15)
+        assert not self.thread.is_alive()
+
+
+@pytest.fixture
+def tree():
+    """A root (exit 2) and a leaf (exit 1, threshold 0.9) on free loopback ports."""
+    started = []
+
+    def make(leaf_kw=None, root=True, root_kw=None):
+        raddr, laddr = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+        if root:
+            started.append(Running(Node(NodeConfig("root", 2, bind=raddr, **(root_kw or {})), _stages())))
+        cfg = dict(bind=laddr, parent=raddr, threshold=0.9, heartbeat=0.05, heartbeat_timeout=0.5, forward_timeout=0.5)
+        cfg.update(leaf_kw or {})
+        stages = _stages()
+        leaf = Node(NodeConfig("leaf", 1, **cfg), {1: stages[1]})
+        started.append(Running(leaf))
+        if root:  # wait for the first heartbeat answer
+            end = time.monotonic() + 5
+            while not leaf.parent_up and time.monotonic() < end:
+                time.sleep(0.02)
+        return laddr, raddr, leaf
+
+    yield make
+    for r in reversed(started):
+        r.close()
+
+
+def _batch():
+    # rows 0,1 confident at exit 1 (class 0); rows 2,3 uncertain -> forwarded -> class 2 at exit 2
+    return np.array([[5, 0, 0, 0], [0, 5, 0, 0], [0.1, 0, 0, 0], [0, 0.1, 0.1, 0]], np.float32)
+
+
+def test_confident_served_here_others_at_the_parent(tree):
+    laddr, raddr, leaf = tree()
+    with Client(laddr, timeout=5) as c:
+        r = c.infer(_batch())
+        assert r.cls.tolist() == [0, 1, 2, 2]
+        assert r.exit.tolist() == [1, 1, 2, 2]
+        assert r.served_by == ["leaf", "leaf", "root", "root"]
+        assert not r.degraded.any()
+        assert r.confidence[0] > 0.99
+        many = c.infer_many(np.tile(_batch(), (25, 1)), batch_size=1, window=50)
+        assert [int(x.exit[0]) for x in many] == [1, 1, 2, 2] * 25
+        st = c.status()
+    assert st["served"] == 52 and st["forwarded"] == 52 and st["requests"] == 101
+    assert st["batches"] < st["requests"]  # requests that waited were batched together
+    with Client(raddr) as c:
+        assert c.status()["served"] == 52
+
+
+def test_bad_messages_get_error_replies_and_the_node_keeps_serving(tree):
+    laddr, _, _ = tree(root=False)
+    ctx = zmq.Context.instance()
+    s = ctx.socket(zmq.DEALER)
+    s.linger = 0
+    s.connect(laddr)
+    good_header = P.encode(P.INFER, 5, {"input": np.zeros((1, 4), np.float32)})[0]
+    cases = {
+        "bad_message": [b"not msgpack \xc1"],
+        "bad_version": [msgpack.packb({"v": 2, "kind": "infer", "id": 1})],
+        "unknown_kind": [msgpack.packb({"v": 1, "kind": "result", "id": 1})],
+        "bad_tensor": P.encode(P.INFER, 3, {"input": np.zeros((1, 4), np.float64)}),
+        "bad_stage": P.encode(P.INFER, 4, {"input": np.zeros((1, 4), np.float32)}, stage=3),
+    }
+    for code, frames in cases.items():
+        P.send(s, frames)
+        assert s.poll(3000)
+        msg = P.decode(s.recv_multipart())
+        assert msg.kind == P.ERROR and msg.header["code"] == code, msg.header
+    P.send(s, [good_header, np.zeros((1, 5), np.float32)])
+    assert s.poll(3000)
+    err = P.decode(s.recv_multipart())
+    assert err.header["code"] == "bad_tensor" and err.id == 5 and "bytes" in err.header["message"]
+    s.close()
+    with Client(laddr, timeout=5) as c:
+        assert c.infer(_batch()[:1]).cls.tolist() == [0]
+
+
+def test_too_large_and_overloaded(tree):
+    laddr, _, leaf = tree(root=False, leaf_kw=dict(max_message_bytes=4096, queue_limit=2))
+    with Client(laddr, timeout=5) as c:
+        with pytest.raises(ServerError) as err:
+            c.infer(np.zeros((300, 4), np.float32))
+        assert err.value.code == "too_large"
+    leaf.stages[1].delay = 0.2  # slow stage: requests pile up
+    with Client(laddr, timeout=10) as c:
+        results = c.infer_many(np.zeros((8, 4), np.float32) + [5, 0, 0, 0], batch_size=1, window=8)
+    codes = [r.error.code if r.error else "ok" for r in results]
+    assert "overloaded" in codes and "ok" in codes  # every request got exactly one reply
+
+
+def test_no_parent_means_degraded_not_lost(tree):
+    laddr, _, leaf = tree(root=False)
+    with Client(laddr, timeout=5) as c:
+        r = c.infer(_batch())
+    assert r.exit.tolist() == [1, 1, 1, 1]
+    assert r.degraded.tolist() == [False, False, True, True]
+
+
+def test_transfer_cap_serves_the_overflow_here(tree):
+    laddr, _, _ = tree(leaf_kw=dict(max_transfer_rate=1e-6, transfer_burst=1.0))
+    with Client(laddr, timeout=5) as c:
+        r = c.infer(np.tile(_batch()[2:3], (5, 1)))
+    assert r.exit.tolist().count(2) == 1  # the bucket's one token
+    assert r.capped.sum() == 4 and not r.degraded.any()
+
+
+def test_past_deadline_answers_degraded_from_here(tree):
+    laddr, _, leaf = tree()
+    with Client(laddr, timeout=5) as c:
+        assert c.infer(_batch()[2:3]).exit.tolist() == [2]
+        # the deadline passes before the parent could answer: served here, marked degraded
+        r = c.infer(_batch()[2:4], deadline=time.time() + 0.0001)
+    assert r.degraded.all() and r.exit.tolist() == [1, 1]
+
+
+def test_curve_allow_list_refuses_unknown_keys(tmp_path):
+    make_keys(tmp_path / "server", "node")
+    make_keys(tmp_path / "allowed", "friend")
+    make_keys(tmp_path / "other", "stranger")
+    addr = f"tcp://127.0.0.1:{free_port()}"
+    curve = CurveConfig(str(tmp_path / "server" / "node.key_secret"), str(tmp_path / "allowed"), None)
+    run = Running(Node(NodeConfig("root", 2, bind=addr, curve=curve), _stages()))
+    try:
+        server_pub = str(tmp_path / "server" / "node.key")
+        with Client(addr, timeout=3, curve=CurveConfig(str(tmp_path / "allowed" / "friend.key_secret"), None, server_pub)) as c:
+            assert c.infer(_batch()).exit.tolist() == [2, 2, 2, 2]
+        with Client(addr, timeout=1, curve=CurveConfig(str(tmp_path / "other" / "stranger.key_secret"), None, server_pub)) as c:
+            with pytest.raises(TimeoutError):
+                c.infer(_batch())
+        with Client(addr, timeout=1) as c:  # plain text: no service either
+            with pytest.raises(TimeoutError):
+                c.infer(_batch())
+        assert run.node.counters["requests"] == 1
+    finally:
+        run.close()

@@ -1,0 +1,44 @@
+"""``cis evaluate RUN_DIR``: per-exit and CIS accuracy of a trained run under any serving setting."""
+
+from __future__ import annotations
+
+import argparse
+
+from cis.cli import print_result
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("evaluate", help="evaluate a trained run under a CIS spec or serving setting")
+    p.add_argument("run_dir", help="run directory written by 'cis train'")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--spec", help="CIS spec (TOML) to evaluate under (default: the run's spec)")
+    g.add_argument("--serving", help="x-y-z: the run's topology under another serving setting")
+    p.add_argument("--confidence", choices=("max_softmax", "entropy", "margin"), help="confidence measure (default: the spec's)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from cis.spec import load_spec, parse_spec
+    from cis.topologies import apply_serving, parse_serving
+    from training.evaluate import format_cis_report
+    from training.run import evaluate_run
+
+    spec = None
+    if args.spec:
+        spec = load_spec(args.spec)
+    elif args.serving:
+        import json
+        from pathlib import Path
+
+        from cis.errors import CisError
+
+        meta_path = Path(args.run_dir) / "checkpoint.json"
+        if not meta_path.is_file():
+            raise CisError(f"{args.run_dir}: no checkpoint; expected checkpoint.json (written by 'cis train')")
+        base = parse_spec(json.loads(meta_path.read_text())["spec"], str(meta_path))
+        spec = apply_serving(base, parse_serving(args.serving, base.num_exits))
+    result = evaluate_run(args.run_dir, spec, args.confidence)
+    human = f"{args.run_dir} (round {result['round']}) under {result['spec']}" + (f" serving {args.serving}" if args.serving else "")
+    print_result(args, result, human + "\n" + format_cis_report(result))
+    return 0

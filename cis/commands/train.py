@@ -1,0 +1,119 @@
+"""``cis train``: inference-aware federated training (Algorithm 1 of the CIS paper) into a run dir.
+
+Settings come from defaults <- ``--config FILE`` (JSON or TOML with the keys of
+:class:`training.config.RunConfig`) <- flags. ``--resume`` continues RUN_DIR from
+its last checkpoint with the config stored there (flags may not change it) and
+ends with the same weights as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from cis.cli import print_result
+from cis.errors import CisError
+
+STRATEGY_CHOICES = ("equal", "flops", "serving-rate", "balanced-adj", "explicit")
+
+
+def _floats(text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected numbers separated by commas, e.g. 0.6,0.3,0.1") from None
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="federated training of an early-exit model for a CIS (Algorithm 1)")
+    p.add_argument("--spec", help="CIS spec (TOML); default: the built-in --topology under --serving")
+    p.add_argument("--serving", help="x-y-z shares served at exits 1-2-3 for the built-in topology (default 33-33-33)")
+    p.add_argument("--topology", help="built-in topology when no --spec (default paper-7)")
+    p.add_argument("--dataset", help="digits | cifar10:PATH | cifar100:PATH (default digits)")
+    p.add_argument("--strategy", choices=STRATEGY_CHOICES, help="aggregation weights Lambda~ (default serving-rate)")
+    p.add_argument("--weights", type=_floats, help="explicit Lambda~, e.g. 0.6,0.3,0.1 (implies --strategy explicit)")
+    p.add_argument("--rounds", type=int, help="communication rounds T (default 30 digits, 100 CIFAR)")
+    p.add_argument("--out", help="run directory")
+    p.add_argument("--seed", type=int, help="seed of data split, partition, init and sampling (default 0)")
+    p.add_argument("--partition", choices=("equal", "biased", "highly-biased"), help="data per network layer (default equal)")
+    p.add_argument("--dirichlet", type=float, metavar="ALPHA", help="non-IID classes with Dirichlet(ALPHA)")
+    p.add_argument("--p", type=float, help="probability of training each lower exit (paper's ablation; default 0)")
+    p.add_argument("--p-rule", choices=("paper", "code"), help="paper: p per lower exit; code: p/(E_i-1) per lower exit")
+    p.add_argument("--p-mode", choices=("divide", "multiply"), help="divide by p_ie (paper) or multiply (authors' code)")
+    p.add_argument("--participation", type=float, help="fraction of nodes taking part per round (default 1)")
+    p.add_argument("--width", type=float, help="channel width multiplier (default 1)")
+    p.add_argument("--lr", type=float, help="local SGD learning rate (cosine annealed over rounds)")
+    p.add_argument("--batch-size", type=int)
+    p.add_argument("--local-epochs", type=float, help="epochs over the LARGEST node's data per round (default 1)")
+    p.add_argument("--local-steps", type=int, help="J directly (overrides --local-epochs)")
+    p.add_argument("--confidence", choices=("max_softmax", "entropy", "margin"), help="confidence measure for evaluation")
+    p.add_argument("--threads", type=int, help="torch threads (default: 1 for digits, torch's default otherwise)")
+    p.add_argument("--eval-every", type=int, help="validate every N rounds (default 1)")
+    p.add_argument("--config", help="JSON or TOML file with train settings (flags override it)")
+    p.add_argument("--resume", action="store_true", help="continue RUN_DIR from its last checkpoint")
+    p.add_argument("--measure-grad-variance", action="store_true",
+                   help="print the per-exit gradient variance of the initial model (Appendix C) and exit")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--stop-after", type=int, help=argparse.SUPPRESS)  # simulates a kill after round N (tests)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+_FLAG_KEYS = {
+    "spec": "spec", "serving": "serving", "topology": "topology", "dataset": "dataset", "strategy": "strategy",
+    "weights": "weights", "rounds": "rounds", "seed": "seed", "partition": "partition", "dirichlet": "dirichlet",
+    "p": "p", "p_rule": "p_rule", "p_mode": "p_mode", "participation": "participation", "width": "width", "lr": "lr",
+    "batch_size": "batch_size", "local_epochs": "local_epochs", "local_steps": "local_steps",
+    "confidence": "confidence", "threads": "threads", "eval_every": "eval_every",
+}
+
+
+def run(args: argparse.Namespace) -> int:
+    from training.config import RunConfig, make_config, read_config_file
+
+    flags = {key: getattr(args, attr) for attr, key in _FLAG_KEYS.items() if getattr(args, attr) is not None}
+    if args.weights is not None and "strategy" not in flags:
+        flags["strategy"] = "explicit"
+    if args.spec is not None and not Path(args.spec).is_file():
+        raise CisError(f"{args.spec}: spec file not found; expected a TOML file (make one with 'cis spec new')")
+    if args.spec is not None:
+        flags["spec"] = str(Path(args.spec).resolve())
+
+    if args.measure_grad_variance:
+        from training.run import measure_grad_variance
+
+        config = make_config(read_config_file(args.config) if args.config else {}, flags)
+        var = measure_grad_variance(config)
+        result = {"dataset": config.dataset, "width": config.width, "grad_variance": var, "sigma": [v ** 0.5 for v in var]}
+        print_result(args, result, "per-exit gradient variance (Appendix C): "
+                     + ", ".join(f"exit {e} {v:.5g}" for e, v in enumerate(var, start=1)))
+        return 0
+
+    if not args.out:
+        raise CisError("missing --out RUN_DIR; expected a directory for the run")
+    from training.run import train_run
+
+    if args.resume:
+        stored_path = Path(args.out) / "config.json"
+        if not stored_path.is_file():
+            raise CisError(f"{args.out}: nothing to resume; expected config.json from an earlier 'cis train --out {args.out}'")
+        stored = json.loads(stored_path.read_text())
+        differing = [k for k, v in flags.items() if stored.get(k) != v]
+        if differing:
+            k = differing[0]
+            raise CisError(f"--resume: --{k.replace('_', '-')} {flags[k]!r} differs from the run's {stored.get(k)!r}; a resumed run keeps its config")
+        config = RunConfig(**stored).resolved()
+    else:
+        config = make_config(read_config_file(args.config) if args.config else {}, flags)
+    log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr))
+    result = train_run(config, args.out, resume=args.resume, progress=not args.no_progress, stop_after=args.stop_after, log=log)
+    if "stopped_after_round" in result:
+        print_result(args, result, f"stopped after round {result['stopped_after_round']} (resume with --resume)")
+        return 0
+    from training.evaluate import format_cis_report
+
+    human = f"trained {config.strategy} for {config.rounds} rounds into {args.out}\n" + format_cis_report(result["test"])
+    print_result(args, result, human)
+    return 0

@@ -1,0 +1,75 @@
+"""Aggregation weights Lambda~ and the gradient-variance measurement."""
+
+import numpy as np
+import pytest
+
+from cis.errors import CisError
+from cis.rates import compute_rates
+from cis.topologies import make_spec
+from training.grad_variance import gradient_variance
+from training.models import build_model, default_model_config
+from training.sampling import sampling_matrix
+from training.strategies import balanced_adj_weights, flops_weights, make_weights
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    """Tiny models train faster on one thread (and the machine is shared)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+
+def test_equal_and_explicit():
+    assert np.allclose(make_weights("equal", 3).at(1), [1 / 3] * 3)
+    assert np.allclose(make_weights("explicit", 3, vector=[2, 1, 1]).at(5), [0.5, 0.25, 0.25])
+    with pytest.raises(CisError):
+        make_weights("explicit", 3, vector=[1, 1])
+    with pytest.raises(CisError, match="unknown"):
+        make_weights("nope", 3)
+
+
+def test_flops_ramp_from_equal_to_flops_proportions():
+    flops = [10.0, 40.0, 100.0]
+    assert np.allclose(flops_weights(flops, 1, 100), [1 / 3] * 3)  # min(0.01, .) = 0.01 for all
+    assert np.allclose(flops_weights(flops, 100, 100), np.array(flops) / 150)
+    mid = flops_weights(flops, 30, 100)  # min(0.3, [0.1, 0.4, 1]) = [0.1, 0.3, 0.3]
+    assert np.allclose(mid, np.array([0.1, 0.3, 0.3]) / 0.7)
+    w = make_weights("flops", 3, flops=flops, total_rounds=10)
+    assert np.allclose(w.at(10), np.array(flops) / 150) and np.allclose(w.at(1), [1 / 3] * 3)
+
+
+def test_serving_rate_is_lambda_of_the_spec():
+    spec = make_spec("paper-7", "80-15-5")
+    lam = [compute_rates(spec).exit_serving_rate[e] for e in (1, 2, 3)]
+    assert np.allclose(make_weights("serving-rate", 3, exit_serving_rate=lam).at(1), [0.8, 0.15, 0.05])
+
+
+def test_balanced_adj_formula_by_hand():
+    lam = [80, 15, 5]
+    sigma = [0.06, 0.05, 0.03]
+    sizes = [10, 10, 20, 60]  # nodes: two with exit 1, one with exit 2, one with exit 3
+    m = sampling_matrix([1, 1, 2, 3], 3)
+    opt = np.array([1 / (0.06 * np.sqrt(0.5**2 + 0.5**2)), 1 / (0.05 * 1.0), 1 / (0.03 * 1.0)])
+    expected = (np.array(lam) / 100 + opt / opt.sum()) / 2
+    got = balanced_adj_weights(lam, sigma, m, sizes)
+    assert np.allclose(got, expected) and got.sum() == pytest.approx(1.0)
+    with pytest.raises(CisError):
+        balanced_adj_weights(lam, [0.1, 0.0, 0.1], m, sizes)
+
+
+def test_gradient_variance_per_exit_is_positive_and_leaves_model_untouched():
+    import torch
+
+    torch.manual_seed(0)
+    model = build_model(default_model_config("digits", 0.5))
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(96, 1, 8, 8)).astype(np.float32)
+    y = rng.integers(0, 10, 96)
+    var = gradient_variance(model, x, y, batch_size=16, max_batches=6)
+    assert len(var) == 3 and all(v > 0 for v in var)
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())

@@ -1,0 +1,146 @@
+"""Local training of one node in one round (Algorithm 1, lines 6-10).
+
+:class:`ExitSGDTrainer` is the CIS paper's local step: J steps of mini-batch SGD
+on the loss of the sampled exit only (the model runs ``forward(x, upto=e)``,
+so stages after e are never computed). Every node keeps its own optimizer
+(momentum buffers) across rounds. The learning rate follows one cosine schedule
+over rounds, lr_t = lr * (1 + cos(pi (t-1) / T)) / 2 for round t = 1..T, which
+is a function of the round alone: a node that sits a round out still finds its
+schedule one step further when it comes back (the notes' "the schedule steps
+even in rounds it sits out").
+
+J is the same for every node: ``local_epochs`` passes over the *largest* node's
+data (J = ceil(local_epochs * max_i |S_i| / batch)), so a node with less data
+does proportionally more epochs over its own (the paper's "local epochs scaled
+by largest / own dataset"). Batches walk through seeded permutations of the
+node's data; a node with fewer samples than the batch size uses all of them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from training.data import augment_batch
+from training.models import EarlyExitNet
+
+
+@dataclass
+class Client:
+    """One node's local data (already tensors; shared, never copied per round)."""
+
+    id: str
+    index: int
+    max_exit: int
+    x: Tensor
+    y: Tensor
+
+    @property
+    def size(self) -> int:
+        return len(self.y)
+
+
+class LocalTrainer(Protocol):
+    """How a node trains in a round. The engine hands it the working model already
+    loaded with the global weights; it trains in place and returns statistics."""
+
+    def setup(self, model: EarlyExitNet, clients: list[Client]) -> None: ...
+
+    def train(self, model: EarlyExitNet, client: Client, exit: int, round: int, gen: torch.Generator) -> dict: ...
+
+    def state_dict(self) -> dict: ...
+
+    def load_state_dict(self, state: dict) -> None: ...
+
+
+def cosine_lr(base_lr: float, t: int, total_rounds: int, schedule: str = "cosine") -> float:
+    if schedule == "constant":
+        return base_lr
+    return base_lr * 0.5 * (1.0 + math.cos(math.pi * (t - 1) / max(total_rounds, 1)))
+
+
+def local_steps(sizes: list[int], batch_size: int, local_epochs: float = 1.0, steps: int | None = None) -> int:
+    """J: the same number of updates for every node, ``local_epochs`` over the largest dataset."""
+    if steps is not None:
+        return int(steps)
+    return max(1, math.ceil(local_epochs * max(sizes) / batch_size))
+
+
+def batch_indices(n: int, batch_size: int, steps: int, gen: torch.Generator) -> list[Tensor]:
+    """``steps`` batches walking through fresh permutations of range(n)."""
+    b = min(batch_size, n)
+    need = steps * b
+    perms = [torch.randperm(n, generator=gen) for _ in range(math.ceil(need / n))]
+    flat = torch.cat(perms)[:need]
+    return list(flat.view(steps, b))
+
+
+class ExitSGDTrainer:
+    """SGD on the sampled exit's loss; per-node momentum; cosine lr over rounds."""
+
+    def __init__(
+        self,
+        *,
+        lr: float,
+        momentum: float,
+        weight_decay: float,
+        batch_size: int,
+        steps: int,
+        total_rounds: int,
+        schedule: str = "cosine",
+        augment: dict | None = None,
+    ) -> None:
+        self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
+        self.batch_size, self.steps, self.total_rounds = batch_size, steps, total_rounds
+        self.schedule, self.augment = schedule, augment
+        self.optimizers: dict[str, torch.optim.SGD] = {}
+        self._params: list[Tensor] = []
+
+    def setup(self, model: EarlyExitNet, clients: list[Client]) -> None:
+        self._params = list(model.parameters())
+        self.optimizers = {
+            c.id: torch.optim.SGD(self._params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+            for c in clients
+        }
+
+    def train(self, model: EarlyExitNet, client: Client, exit: int, round: int, gen: torch.Generator) -> dict:
+        opt = self.optimizers[client.id]
+        lr = cosine_lr(self.lr, round, self.total_rounds, self.schedule)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        model.train()
+        total = 0.0
+        for idx in batch_indices(client.size, self.batch_size, self.steps, gen):
+            xb, yb = client.x[idx], client.y[idx]
+            if self.augment:
+                xb = augment_batch(xb, gen, **self.augment)
+            loss = F.cross_entropy(model(xb, upto=exit)[exit - 1], yb)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            total += float(loss.detach())
+        return {"loss": total / self.steps, "steps": self.steps, "samples": self.steps * min(self.batch_size, client.size), "lr": lr}
+
+    # Resume: only tensors (momentum buffers by parameter index).
+    def state_dict(self) -> dict:
+        out = {}
+        for cid, opt in self.optimizers.items():
+            bufs = {}
+            for k, p in enumerate(self._params):
+                buf = opt.state.get(p, {}).get("momentum_buffer")
+                if buf is not None:
+                    bufs[str(k)] = buf.clone()
+            out[cid] = bufs
+        return {"momentum": out}
+
+    def load_state_dict(self, state: dict) -> None:
+        for cid, bufs in state.get("momentum", {}).items():
+            opt = self.optimizers[cid]
+            opt.state.clear()
+            for k, buf in bufs.items():
+                opt.state[self._params[int(k)]] = {"momentum_buffer": buf.clone()}

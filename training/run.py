@@ -1,0 +1,255 @@
+"""One ``cis train`` run: build everything from a :class:`RunConfig`, train, write the run dir.
+
+RUN_DIR holds
+    config.json     the resolved config
+    spec.toml       the CIS spec the run trains for
+    weights.json    the aggregation weights (and sigma for balanced-adj)
+    metrics.jsonl   one line per round: per-exit loss, validation accuracy per exit, CIS accuracy, seconds
+    checkpoint.*    training/checkpoint.py (meta: model, classes, normalisation, dataset, seed, spec, weights, round);
+                    extra state: per-node momentum buffers and the round number
+    summary.json    final per-exit and CIS test accuracy, served shares, calibrated thresholds, weights
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from cis.errors import CisError
+from cis.policy import evaluate_cis
+from cis.rates import compute_rates
+from cis.spec import CisSpec, load_spec, parse_spec, spec_to_dict, write_spec
+from cis.topologies import make_spec
+from training.checkpoint import load_checkpoint, save_checkpoint
+from training.config import RunConfig, make_config
+from training.data import DataSplits, augment_options, load_dataset
+from training.engine import CisAggregator, ExitSampler, FederatedEngine
+from training.evaluate import cis_report, predict_exits
+from training.flops import exit_costs
+from training.grad_variance import gradient_variance
+from training.local import Client, ExitSGDTrainer, local_steps
+from training.models import EarlyExitNet, build_model, default_model_config
+from training.partition import partition
+from training.sampling import sampling_matrix
+from training.strategies import Weights, make_weights
+
+
+@dataclass
+class Setup:
+    config: RunConfig
+    spec: CisSpec
+    splits: DataSplits
+    model: EarlyExitNet
+    clients: list[Client]
+    matrix: np.ndarray
+    weights: Weights
+    engine: FederatedEngine
+    steps: int
+
+
+def resolve_spec(config: RunConfig, num_classes: int) -> CisSpec:
+    if config.spec:
+        spec = load_spec(config.spec)
+        if spec.num_classes != num_classes:
+            raise CisError(f"{config.spec}: [cis] classes is {spec.num_classes}; the dataset {config.dataset} has {num_classes}")
+        return spec
+    return make_spec(config.topology, config.serving, num_classes=num_classes)
+
+
+def build_setup(
+    config: RunConfig,
+    spec: CisSpec | None = None,
+    splits: DataSplits | None = None,
+    log: Callable[[str], None] = lambda s: None,
+) -> Setup:
+    """Everything a run needs, deterministic in ``config.seed``."""
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    splits = splits or load_dataset(config.dataset, seed=config.seed, val_size=config.val_size)
+    if config.train_subset is not None and config.train_subset < len(splits.train):
+        keep = np.sort(np.random.default_rng(config.seed).permutation(len(splits.train))[: config.train_subset])
+        splits = DataSplits(splits.train.subset(keep), splits.val, splits.test)
+    train = splits.train
+    spec = spec or resolve_spec(config, train.num_classes)
+    mcfg = default_model_config(config.dataset_name, config.width)
+    mcfg["num_classes"] = train.num_classes
+    torch.manual_seed(config.seed)
+    model = build_model(mcfg)
+    if model.num_exits != spec.num_exits:
+        raise CisError(f"spec {spec.name!r}: has {spec.num_exits} exits; the {mcfg['arch']} model has {model.num_exits}")
+    parts = partition(train.y, spec.nodes, config.partition, config.dirichlet, seed=config.seed)
+    xt, yt = torch.from_numpy(train.x), torch.from_numpy(train.y)
+    clients = [Client(n.id, k, n.exit, xt[torch.from_numpy(parts[n.id])], yt[torch.from_numpy(parts[n.id])]) for k, n in enumerate(spec.nodes)]
+    sizes = [c.size for c in clients]
+    matrix = sampling_matrix([n.exit for n in spec.nodes], spec.num_exits, config.p, config.p_rule, config.p_matrix)
+    rates = compute_rates(spec)
+    lam = [rates.exit_serving_rate[e] for e in range(1, spec.num_exits + 1)]
+    sigma = config.sigma
+    if config.strategy == "balanced-adj" and sigma is None:
+        var = gradient_variance(model, train.x, train.y, config.batch_size, config.sigma_batches, config.seed)
+        sigma = [float(np.sqrt(v)) for v in var]
+        log("gradient variance per exit (Appendix C): " + ", ".join(f"{v:.3g}" for v in var))
+    flops = [c["flops"] for c in exit_costs(model)] if config.strategy == "flops" else None
+    weights = make_weights(
+        config.strategy, spec.num_exits, total_rounds=config.rounds, exit_serving_rate=lam, flops=flops,
+        sigma=sigma, matrix=matrix, sizes=sizes, vector=config.weights,
+    )
+    steps = local_steps(sizes, config.batch_size, config.local_epochs, config.local_steps)
+    trainer = ExitSGDTrainer(
+        lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay, batch_size=config.batch_size,
+        steps=steps, total_rounds=config.rounds, schedule=config.schedule,
+        augment=augment_options(train.name) if config.augment else None,
+    )
+    sampler = ExitSampler(matrix, config.participation)
+    aggregator = CisAggregator(weights, matrix, sizes, sampler.inclusion, config.p_mode, config.server_lr)
+    engine = FederatedEngine(model, clients, sampler, trainer, aggregator, seed=config.seed)
+    return Setup(config, spec, splits, model, clients, matrix, weights, engine, steps)
+
+
+def checkpoint_meta(s: Setup) -> dict[str, Any]:
+    train = s.splits.train
+    return {
+        "classes": train.classes,
+        "normalisation": {"mean": train.mean, "std": train.std},
+        "dataset": s.config.dataset,
+        "seed": s.config.seed,
+        "val_size": s.config.val_size,
+        "spec": spec_to_dict(s.spec),
+        "strategy": s.config.strategy,
+        "weights": s.weights.describe(),
+        "round": s.engine.round,
+        "rounds": s.config.rounds,
+    }
+
+
+def evaluate_round(s: Setup) -> dict:
+    model = s.engine.sync_model()
+    logits = predict_exits(model, s.splits.val.x)
+    ev = evaluate_cis(s.spec, logits, s.splits.val.y, measure=s.config.confidence or s.spec.confidence, seed=s.config.seed)
+    return {"val_exit_accuracy": {str(e): v for e, v in ev.exit_accuracy.items()}, "val_cis_accuracy": ev.accuracy}
+
+
+def final_report(s: Setup) -> dict:
+    model = s.engine.sync_model()
+    val = predict_exits(model, s.splits.val.x)
+    test = predict_exits(model, s.splits.test.x)
+    return cis_report(s.spec, val, s.splits.val.y, test, s.splits.test.y, s.config.confidence, s.config.seed)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=float))
+    tmp.replace(path)
+
+
+def train_run(
+    config: RunConfig,
+    out: str | Path,
+    resume: bool = False,
+    progress: bool = True,
+    stop_after: int | None = None,
+    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+) -> dict:
+    """Train (or resume) a run into ``out``; returns the summary (or a partial result when stopped)."""
+    from tqdm import tqdm
+
+    out = Path(out)
+    spec = None
+    if resume:
+        if not (out / "config.json").is_file():
+            raise CisError(f"{out}: nothing to resume; expected config.json from an earlier 'cis train --out {out}'")
+        spec = load_spec(out / "spec.toml")
+    else:
+        if (out / "checkpoint.pt").exists():
+            raise CisError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
+        out.mkdir(parents=True, exist_ok=True)
+    s = build_setup(config, spec=spec, log=log)
+    if not resume:
+        _write_json(out / "config.json", config.to_json())
+        write_spec(s.spec, out / "spec.toml")
+        (out / "metrics.jsonl").write_text("")
+    _write_json(out / "weights.json", s.weights.describe())
+    w0 = s.weights.at(1)
+    log(f"aggregation weights ({config.strategy}): " + ", ".join(f"exit {e + 1} {w:.4f}" for e, w in enumerate(w0))
+        + ("" if config.strategy != "flops" else " (round 1; ramps to " + ", ".join(f"{w:.4f}" for w in s.weights.at(config.rounds)) + ")"))
+    log(f"{len(s.clients)} nodes, sizes " + ", ".join(f"{c.id}:{c.size}" for c in s.clients) + f"; J = {s.steps} local steps per round")
+
+    if resume and (out / "checkpoint.pt").is_file():
+        model, meta, extra = load_checkpoint(out)
+        s.engine.load_state_dict(extra["engine"], model.state_dict())
+        lines = [ln for ln in (out / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+        kept = [ln for ln in lines if json.loads(ln)["round"] <= s.engine.round]
+        (out / "metrics.jsonl").write_text("".join(ln + "\n" for ln in kept))
+        log(f"resuming after round {s.engine.round} of {config.rounds}")
+
+    bar = tqdm(total=config.rounds, initial=s.engine.round, desc="rounds", unit="round", file=sys.stderr, disable=not progress)
+    with open(out / "metrics.jsonl", "a") as metrics:
+        while s.engine.round < config.rounds:
+            r = s.engine.run_round()
+            t = r["round"]
+            line: dict[str, Any] = {"round": t, "train_seconds": r["train_seconds"]}
+            losses: dict[str, list[float]] = {}
+            for rec in r["pairs"]:
+                losses.setdefault(str(rec["exit"]), []).append(rec["loss"])
+            line["loss"] = {e: float(np.mean(v)) for e, v in sorted(losses.items())}
+            line["lr"] = r["pairs"][0]["lr"] if r["pairs"] else None
+            line["weights"] = s.weights.at(t).tolist()
+            if t % config.eval_every == 0 or t == config.rounds:
+                t0 = time.perf_counter()
+                line.update(evaluate_round(s))
+                line["eval_seconds"] = time.perf_counter() - t0
+                bar.set_postfix(val=" ".join(f"{100 * v:.0f}" for v in line["val_exit_accuracy"].values()), cis=f"{100 * line['val_cis_accuracy']:.1f}")
+            line["seconds"] = line["train_seconds"] + line.get("eval_seconds", 0.0)
+            metrics.write(json.dumps(line) + "\n")
+            metrics.flush()
+            if t % config.checkpoint_every == 0 or t == config.rounds:
+                save_checkpoint(out, s.engine.sync_model(), checkpoint_meta(s), {"engine": s.engine.state_dict()})
+            bar.update(1)
+            if stop_after is not None and t >= stop_after and t < config.rounds:
+                bar.close()
+                return {"stopped_after_round": t}
+    bar.close()
+    report = final_report(s)
+    summary = {
+        "dataset": config.dataset,
+        "spec": s.spec.name,
+        "strategy": config.strategy,
+        "rounds": config.rounds,
+        "seed": config.seed,
+        "weights": s.weights.describe(),
+        "test": report,
+        "final_exit_accuracy": report["exit_accuracy"][str(s.spec.num_exits)],
+        "cis_accuracy": report["cis_accuracy"],
+    }
+    _write_json(out / "summary.json", summary)
+    return summary
+
+
+def evaluate_run(run_dir: str | Path, spec: CisSpec | None = None, measure: str | None = None) -> dict:
+    """Evaluate a finished (or checkpointed) run under any spec without retraining."""
+    model, meta, _ = load_checkpoint(run_dir)
+    spec = spec or parse_spec(meta["spec"], f"{run_dir}/checkpoint.json")
+    if spec.num_exits != model.num_exits:
+        raise CisError(f"spec {spec.name!r}: has {spec.num_exits} exits; the run's model has {model.num_exits}")
+    splits = load_dataset(meta["dataset"], seed=int(meta.get("seed", 0)), val_size=meta.get("val_size"))
+    val = predict_exits(model, splits.val.x)
+    test = predict_exits(model, splits.test.x)
+    report = cis_report(spec, val, splits.val.y, test, splits.test.y, measure, int(meta.get("seed", 0)))
+    return {"run": str(run_dir), "spec": spec.name, "round": meta.get("round"), **report}
+
+
+def measure_grad_variance(config: RunConfig) -> list[float]:
+    """sigma_e^2 of the initial model (as balanced-adj would measure it)."""
+    splits = load_dataset(config.dataset, seed=config.seed, val_size=config.val_size)
+    mcfg = default_model_config(config.dataset_name, config.width)
+    mcfg["num_classes"] = splits.train.num_classes
+    torch.manual_seed(config.seed)
+    model = build_model(mcfg)
+    return gradient_variance(model, splits.train.x, splits.train.y, config.batch_size, config.sigma_batches, config.seed)

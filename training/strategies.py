@@ -1,0 +1,126 @@
+"""Aggregation weights Lambda~ (one per exit, summing to 1) for Algorithm 1.
+
+- ``equal``: 1/E each.
+- ``flops``: weight_e = min(t/T, flops_e / flops_E) for round t of T (Kaya et
+  al.'s SDN schedule as the authors' code uses it), renormalised: equal weights
+  in the first round, growing into FLOPs proportions by the last.
+- ``serving-rate``: Lambda~ = Lambda (the spec's exit serving rates), normalised.
+- ``balanced-adj``: the mean of the normalised serving rates and of
+  opt_e proportional to 1 / (sigma_e * sqrt(sum_{i in C_e} (|S_i| / |S_{e,p}|)^2)),
+  where sigma_e^2 is the per-exit gradient variance (training/grad_variance.py).
+- an explicit vector (``explicit`` with ``vector=[...]``), normalised.
+
+A :class:`Weights` object answers ``at(t)`` (1-based round) so that
+round-dependent schedules (flops) and constant ones share one interface.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from cis.errors import CisError
+
+STRATEGIES = ("equal", "flops", "serving-rate", "balanced-adj", "explicit")
+
+
+def normalise(v: Sequence[float], what: str = "weights") -> np.ndarray:
+    a = np.asarray(v, dtype=np.float64)
+    if a.ndim != 1 or not len(a) or (a < 0).any() or not np.isfinite(a).all() or a.sum() <= 0:
+        raise CisError(f"{what} {list(map(float, a.ravel()))}: expected non-negative finite values with a positive sum")
+    return a / a.sum()
+
+
+def equal_weights(num_exits: int) -> np.ndarray:
+    return np.full(num_exits, 1.0 / num_exits)
+
+
+def flops_weights(flops: Sequence[float], t: int, total_rounds: int) -> np.ndarray:
+    """min(t/T, flops_e/flops_E), renormalised (t is 1-based)."""
+    f = np.asarray(flops, dtype=np.float64)
+    tau = min(1.0, max(t, 1) / max(total_rounds, 1))
+    return normalise(np.minimum(tau, f / f[-1]), "flops weights")
+
+
+def serving_rate_weights(exit_serving_rate: Sequence[float]) -> np.ndarray:
+    return normalise(exit_serving_rate, "exit serving rates")
+
+
+def balanced_adj_weights(
+    exit_serving_rate: Sequence[float], sigma: Sequence[float], matrix: np.ndarray, sizes: Sequence[int]
+) -> np.ndarray:
+    """(Lambda/sum Lambda + opt/sum opt) / 2 with opt_e = 1 / (sigma_e sqrt(sum_{i in C_e} (|S_i|/|S_e,p|)^2))."""
+    lam = serving_rate_weights(exit_serving_rate)
+    sig = np.asarray(sigma, dtype=np.float64)
+    if len(sig) != len(lam) or (sig <= 0).any():
+        raise CisError(f"balanced-adj sigma {sig.tolist()}: expected {len(lam)} positive standard deviations")
+    s = np.asarray(sizes, dtype=np.float64)
+    member = np.asarray(matrix) > 0  # (N, E): i in C_e
+    opt = np.zeros(len(lam))
+    for e in range(len(lam)):
+        se = s[member[:, e]]
+        if len(se):
+            opt[e] = 1.0 / (sig[e] * np.sqrt(((se / se.sum()) ** 2).sum()))
+    return (lam + normalise(opt, "balanced-adj opt")) / 2.0
+
+
+@dataclass
+class Weights:
+    """Lambda~ for every round."""
+
+    strategy: str
+    num_exits: int
+    constant: np.ndarray | None = None
+    flops: list[float] | None = None
+    total_rounds: int = 1
+    details: dict = field(default_factory=dict)
+
+    def at(self, t: int) -> np.ndarray:
+        if self.strategy == "flops":
+            return flops_weights(self.flops, t, self.total_rounds)
+        return self.constant
+
+    def describe(self) -> dict:
+        """JSON for the run: the strategy, its first- and last-round weights and its inputs."""
+        return {
+            "strategy": self.strategy,
+            "first_round": self.at(1).tolist(),
+            "last_round": self.at(self.total_rounds).tolist(),
+            **self.details,
+        }
+
+
+def make_weights(
+    strategy: str,
+    num_exits: int,
+    *,
+    total_rounds: int = 1,
+    exit_serving_rate: Sequence[float] | None = None,
+    flops: Sequence[float] | None = None,
+    sigma: Sequence[float] | None = None,
+    matrix: np.ndarray | None = None,
+    sizes: Sequence[int] | None = None,
+    vector: Sequence[float] | None = None,
+) -> Weights:
+    if strategy == "equal":
+        return Weights(strategy, num_exits, equal_weights(num_exits), total_rounds=total_rounds)
+    if strategy == "flops":
+        if flops is None or len(flops) != num_exits:
+            raise CisError(f"strategy flops: expected {num_exits} per-exit FLOPs")
+        return Weights(strategy, num_exits, None, [float(f) for f in flops], total_rounds, {"flops": [float(f) for f in flops]})
+    if strategy == "serving-rate":
+        lam = serving_rate_weights(exit_serving_rate)
+        return Weights(strategy, num_exits, lam, total_rounds=total_rounds, details={"exit_serving_rate": list(map(float, exit_serving_rate))})
+    if strategy == "balanced-adj":
+        w = balanced_adj_weights(exit_serving_rate, sigma, matrix, sizes)
+        return Weights(
+            strategy, num_exits, w, total_rounds=total_rounds,
+            details={"exit_serving_rate": list(map(float, exit_serving_rate)), "sigma": list(map(float, sigma))},
+        )
+    if strategy == "explicit":
+        if vector is None or len(vector) != num_exits:
+            raise CisError(f"strategy explicit: weights {vector!r}, expected {num_exits} values (one per exit)")
+        return Weights(strategy, num_exits, normalise(vector, "explicit weights"), total_rounds=total_rounds)
+    raise CisError(f"strategy {strategy!r}: unknown, expected one of {', '.join(STRATEGIES)}")

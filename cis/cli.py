@@ -22,6 +22,15 @@ from cis.errors import CisError
 COMMANDS = [
     "spec",
     "rates",
+    "simulate",
+    "train",
+    "evaluate",
+    "serve",
+    "infer",
+    "status",
+    "keys",
+    "export",
+    "inspect",
 ]
 
 

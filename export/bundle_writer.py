@@ -192,7 +192,7 @@ def export_bundle(
         raise CisError(f"spec {spec_obj.name!r}: [cis] classes is {spec_obj.num_classes}; the model in {run_dir} has {num_classes}")
 
     say(f"loading validation split of {meta['dataset']!r}")
-    splits = load_dataset(str(meta["dataset"]), seed=int(meta.get("seed", 0)), **({"val_size": int(meta["val_size"])} if "val_size" in meta else {}))
+    splits = load_dataset(str(meta["dataset"]), seed=int(meta.get("seed", 0)), val_size=meta.get("val_size"))
     val = splits.val
     if len(val) == 0:
         raise CisError(f"dataset {meta['dataset']!r}: empty validation split; expected validation data to calibrate thresholds")

@@ -1,0 +1,98 @@
+"""``cis simulate``: replay a CIS spec's load in the SimPy simulator (see docs/simulator.md).
+
+One run prints a summary (per node, exit and link) and with ``--out DIR``
+writes result.json, requests.csv, nodes.csv and plots; ``--sweep
+arrival_rate=LIST`` runs several loads in parallel and prints a capacity table.
+The simulator (package ``sim``) is imported here, inside ``run``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from cis.cli import print_result
+from cis.errors import CisError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("simulate", help="simulate a CIS under load (SimPy)")
+    p.add_argument("--spec", required=True, help="spec file (TOML)")
+    p.add_argument("--bundle", help="bundle folder: service times, payloads, confidences and thresholds from its profiles")
+    stop = p.add_mutually_exclusive_group(required=True)
+    stop.add_argument("--requests", type=int, help="stop arrivals after N requests (over all nodes)")
+    stop.add_argument("--duration", type=float, help="stop arrivals after T simulated seconds")
+    p.add_argument("--seed", type=int, default=0, help="random seed; the same seed gives the same result")
+    p.add_argument("--arrivals", default="poisson", help="poisson (default), deterministic, mmpp, or trace:FILE")
+    p.add_argument("--mmpp-ratio", type=float, default=4.0, help="mmpp: busy-state rate / quiet-state rate (default 4)")
+    p.add_argument("--mmpp-dwell", type=float, default=1.0, help="mmpp: mean seconds in each state (default 1)")
+    p.add_argument("--service", choices=["exponential", "deterministic"], help="service time distribution (default: deterministic with a bundle, else exponential)")
+    p.add_argument("--service-mean", type=float, default=0.005, help="without a bundle: mean seconds per stage at speed 1 (default 0.005)")
+    p.add_argument("--payload-bytes", type=int, default=3072 * 4, help="without a bundle: bytes per forwarded request (default 12288)")
+    p.add_argument("--share", action="append", default=[], metavar="NODE=F", help="without a bundle: share of its requests NODE keeps (default f_i from the rate calculus); repeatable")
+    p.add_argument("--burst", type=float, help="token bucket depth in seconds of each node's transfer cap (default: the exit policy's)")
+    p.add_argument("--calibrate", action="store_true", help="calibrate thresholds on the bundle's profile instead of using its policy")
+    p.add_argument("--workers", type=int, help="workers at every node (default: the spec's, 1)")
+    p.add_argument("--queue-limit", type=int, help="waiting requests allowed at every node; more are dropped (default: the spec's, unbounded)")
+    p.add_argument("--sweep", metavar="arrival_rate=LIST", help="run several loads (factors on every arrival rate) in parallel")
+    p.add_argument("--slo-p99", type=float, metavar="MS", help="with --sweep: report the largest load whose p99 latency (drops as misses) is within MS")
+    p.add_argument("--jobs", type=int, help="with --sweep: parallel processes (default: one per core)")
+    p.add_argument("--out", help="folder for result files and plots")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def parse_shares(items: list[str]) -> dict[str, float]:
+    shares = {}
+    for item in items:
+        node, _, value = item.partition("=")
+        try:
+            shares[node.strip()] = float(value)
+        except ValueError:
+            raise CisError(f"--share {item!r}: expected NODE=FRACTION, such as device0=0.6") from None
+    return shares
+
+
+def run(args: argparse.Namespace) -> int:
+    from cis.bundle import load_bundle
+    from cis.spec import load_spec
+    from sim.config import SimConfig, override_nodes
+    from sim.output import write_outputs
+    from sim.report import human_summary
+    from sim.run import simulate
+    from sim.sweep import capacity_table, parse_sweep, sweep, write_sweep
+
+    spec = override_nodes(load_spec(args.spec), workers=args.workers, queue_limit=args.queue_limit)
+    bundle = load_bundle(args.bundle) if args.bundle else None
+    kind, _, trace = args.arrivals.partition(":")
+    config = SimConfig(
+        requests=args.requests,
+        duration=args.duration,
+        seed=args.seed,
+        arrivals=kind,
+        trace=trace or None,
+        mmpp_ratio=args.mmpp_ratio,
+        mmpp_dwell=args.mmpp_dwell,
+        service=args.service,
+        service_mean=args.service_mean,
+        payload_bytes=args.payload_bytes,
+        shares=parse_shares(args.share),
+        burst=args.burst,
+        calibrate=args.calibrate,
+        progress=True,
+    )
+    if args.sweep:
+        result = sweep(spec, config, parse_sweep(args.sweep), args.bundle, args.slo_p99, args.jobs)
+        if args.out:
+            write_sweep(args.out, result)
+        print_result(args, result, capacity_table(result))
+        return 0
+    if args.slo_p99 is not None or args.jobs is not None:
+        raise CisError("--slo-p99 and --jobs apply to --sweep; expected --sweep arrival_rate=LIST with them")
+    result = simulate(spec, config, bundle)
+    summary = result.summary
+    notes = write_outputs(args.out, summary, result.requests) if args.out else []
+    human = human_summary(summary) + "".join(f"\nnote: {n}" for n in notes)
+    if args.out:
+        human += f"\nwrote {args.out}/result.json, requests.csv, nodes.csv" + ("" if notes else ", latency_cdf.png, utilisation.png")
+    print_result(args, {**summary, "notes": notes}, human)
+    return 0

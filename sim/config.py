@@ -1,0 +1,101 @@
+"""What a simulation run is asked to do: ``SimConfig``, checked once up front."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+
+from cis.errors import CisError
+from cis.spec import CisSpec, Node
+from sim.arrivals import ARRIVALS
+
+SERVICES = ("exponential", "deterministic")
+DEFAULT_SERVICE_MEAN = 0.005  # seconds per stage on a speed-1 node, without a bundle
+DEFAULT_PAYLOAD_BYTES = 3072 * 4  # a 32x32x3 float32 image, without a bundle
+
+
+@dataclass(frozen=True)
+class SimConfig:
+    """One run. Exactly one of ``requests`` (stop after that many arrivals) and
+    ``duration`` (stop arrivals after that many simulated seconds) is set; the
+    requests in flight then drain, so every arrival is served or dropped."""
+
+    requests: int | None = None
+    duration: float | None = None
+    seed: int = 0
+    arrivals: str = "poisson"  # poisson | deterministic | mmpp | trace
+    trace: str | None = None  # the trace file when arrivals == "trace"
+    mmpp_ratio: float = 4.0  # busy rate / quiet rate
+    mmpp_dwell: float = 1.0  # mean seconds in each state
+    service: str | None = None  # exponential | deterministic; None: deterministic with a bundle, else exponential
+    service_mean: float = DEFAULT_SERVICE_MEAN
+    payload_bytes: int = DEFAULT_PAYLOAD_BYTES
+    shares: dict[str, float] = field(default_factory=dict)  # without a bundle: served share per node (default f_i)
+    burst: float | None = None  # token bucket depth in seconds of the cap; None: the policy's default
+    calibrate: bool = False  # recalibrate thresholds from the profile instead of the bundle's policy
+    progress: bool = False
+
+    def to_json(self) -> dict:
+        """The config recorded next to the results (the progress bar is no part of a result)."""
+        data = asdict(self)
+        del data["progress"]
+        return data
+
+
+def check_config(config: SimConfig, spec: CisSpec, with_bundle: bool) -> SimConfig:
+    """Raise a one-line :class:`CisError` for a config that cannot run; return it with defaults resolved."""
+    if (config.requests is None) == (config.duration is None):
+        raise CisError("simulate: give exactly one of --requests N or --duration SECONDS")
+    if config.requests is not None and config.requests < 1:
+        raise CisError(f"simulate: --requests is {config.requests}; expected an integer >= 1")
+    if config.duration is not None and not (math.isfinite(config.duration) and config.duration > 0):
+        raise CisError(f"simulate: --duration is {config.duration}; expected seconds > 0")
+    if config.arrivals not in (*ARRIVALS, "trace"):
+        raise CisError(f"simulate: --arrivals is {config.arrivals!r}; expected one of {', '.join(ARRIVALS)} or trace:FILE")
+    if config.arrivals == "trace" and not config.trace:
+        raise CisError("simulate: --arrivals trace needs a file; expected trace:FILE")
+    if config.arrivals != "trace" and not any(n.arrival_rate > 0 for n in spec.nodes):
+        raise CisError(f"spec {spec.name!r}: no node has an arrival_rate > 0; expected requests to arrive somewhere")
+    _positive(config.mmpp_ratio, "--mmpp-ratio")
+    _positive(config.mmpp_dwell, "--mmpp-dwell")
+    _positive(config.service_mean, "--service-mean")
+    if config.payload_bytes < 0:
+        raise CisError(f"simulate: --payload-bytes is {config.payload_bytes}; expected bytes >= 0")
+    if config.burst is not None:
+        _positive(config.burst, "--burst")
+    service = config.service or ("deterministic" if with_bundle else "exponential")
+    if service not in SERVICES:
+        raise CisError(f"simulate: --service is {service!r}; expected one of {', '.join(SERVICES)}")
+    for node_id, share in config.shares.items():
+        if node_id not in spec.ids:
+            raise CisError(f"simulate: --share {node_id}={share}: no node {node_id!r} in spec {spec.name!r}; expected one of {', '.join(spec.ids)}")
+        if not 0.0 <= share <= 1.0:
+            raise CisError(f"simulate: --share {node_id}={share}; expected a fraction in [0, 1]")
+    if config.shares and with_bundle:
+        raise CisError("simulate: --share applies without a bundle; with --bundle the thresholds decide")
+    return replace(config, service=service)
+
+
+def _positive(value: float, flag: str) -> None:
+    if not (math.isfinite(value) and value > 0):
+        raise CisError(f"simulate: {flag} is {value}; expected a number > 0")
+
+
+def override_nodes(spec: CisSpec, workers: int | None = None, queue_limit: int | None = None, scale: float = 1.0) -> CisSpec:
+    """The spec with every node's workers / queue limit replaced and arrival rates scaled."""
+    if workers is not None and workers < 1:
+        raise CisError(f"simulate: --workers is {workers}; expected an integer >= 1")
+    if queue_limit is not None and queue_limit < 1:
+        raise CisError(f"simulate: --queue-limit is {queue_limit}; expected an integer >= 1")
+    nodes = [
+        Node(
+            **{
+                **n.__dict__,
+                "workers": n.workers if workers is None else workers,
+                "queue_limit": n.queue_limit if queue_limit is None else queue_limit,
+                "arrival_rate": n.arrival_rate * scale,
+            }
+        )
+        for n in spec.nodes
+    ]
+    return spec.replace_nodes(nodes)

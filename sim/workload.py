@@ -1,0 +1,117 @@
+"""What each node does with a request: how long its stages take, how many bytes
+it forwards, and whether it keeps a request (the exit policy).
+
+All pure functions of the spec, the config and (optionally) the bundle; the
+SimPy model only looks the answers up.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from cis.bundle import Bundle
+from cis.errors import CisError
+from cis.policy import ExitPolicy, calibrate_thresholds, threshold_decider
+from cis.rates import compute_rates
+from cis.spec import CisSpec
+
+
+@dataclass(frozen=True)
+class Profile:
+    """The bundle's validation confidence profile: per sample and exit, confidence and correctness."""
+
+    confidence: np.ndarray  # (N, E) float
+    correct: np.ndarray  # (N, E) bool
+
+    @property
+    def samples(self) -> int:
+        return self.confidence.shape[0]
+
+
+def bundle_profile(bundle: Bundle, num_exits: int) -> Profile:
+    """Read and check the confidence profile against the spec's number of exits."""
+    where = f"bundle {bundle.root}: profiles/confidence.npz"
+    try:
+        conf, correct = bundle.confidence_profile()
+    except (OSError, KeyError, ValueError) as exc:
+        raise CisError(f"{where}: cannot read ({exc.__class__.__name__}: {exc}); expected arrays 'confidence' and 'correct'") from None
+    if conf.ndim != 2 or conf.shape != correct.shape or conf.shape[0] == 0:
+        raise CisError(f"{where}: confidence {conf.shape} and correct {correct.shape}; expected two equal (N, E) arrays with N >= 1")
+    if conf.shape[1] != num_exits:
+        raise CisError(f"{where}: {conf.shape[1]} exits; expected {num_exits} (the spec's [cis] exits)")
+    if not np.isfinite(conf).all():
+        raise CisError(f"{where}: confidence has NaN or inf; expected finite values")
+    return Profile(conf, correct)
+
+
+def bundle_stage_seconds(bundle: Bundle, num_exits: int) -> list[float]:
+    """Seconds per stage at batch 1 on the exporting machine (speed 1), stages 1..E."""
+    where = f"bundle {bundle.root}: profiles/latency.json"
+    try:
+        profile = bundle.latency_profile()
+    except (OSError, KeyError, ValueError, AttributeError) as exc:
+        raise CisError(f"{where}: cannot read ({exc.__class__.__name__}: {exc}); expected {{\"stages\": {{stage: {{batch: seconds}}}}}}") from None
+    seconds = []
+    for stage in range(1, num_exits + 1):
+        t = profile.get(stage, {}).get(1)
+        if t is None or not np.isfinite(t) or t < 0:
+            raise CisError(f"{where}: stage {stage} has batch-1 time {t!r}; expected seconds >= 0 for every stage 1..{num_exits}")
+        seconds.append(t)
+    return seconds
+
+
+def bundle_payloads(bundle: Bundle, num_exits: int) -> dict[int, int]:
+    """Bytes forwarded after each stage: the carry outputs, in the bundle's feature dtype."""
+    if bundle.num_exits < num_exits:
+        raise CisError(f"bundle {bundle.root}: {bundle.num_exits} stages; expected {num_exits} (the spec's [cis] exits)")
+    return {k: bundle.stage(k).carry_bytes_per_sample() for k in range(1, num_exits + 1)}
+
+
+def visit_means(spec: CisSpec, stage_seconds: list[float]) -> dict[str, dict[int, float]]:
+    """Mean service time of a visit, per node and per stage already done on arrival.
+
+    A request that arrives having completed stage ``done`` (0 for a local
+    arrival) runs stages done+1..E_i, at the node's speed.
+    """
+    return {
+        n.id: {done: sum(stage_seconds[done : n.exit]) / n.speed for done in range(n.exit)}
+        for n in spec.nodes
+    }
+
+
+def bundle_policy(spec: CisSpec, bundle: Bundle, profile: Profile, calibrate: bool, seed: int) -> ExitPolicy:
+    """The bundle's thresholds, or thresholds calibrated on the profile when it has none (or when asked)."""
+    policy = bundle.policy
+    if policy is None or calibrate:
+        conf = {e: profile.confidence[:, e - 1] for e in range(1, spec.num_exits + 1)}
+        return calibrate_thresholds(spec, conf, seed=seed)
+    missing = [n.id for n in spec.nodes if n.id not in policy.thresholds]
+    if missing:
+        raise CisError(
+            f"bundle {bundle.root}: policy has no threshold for node {missing[0]!r}; "
+            "expected the spec's nodes (or pass --calibrate to calibrate on the profile)"
+        )
+    return policy
+
+
+def serve_masks(spec: CisSpec, policy: ExitPolicy, profile: Profile) -> dict[str, list[bool]]:
+    """Per node and profile row: does the policy keep that sample at the node's exit?
+
+    A sample's confidence at an exit is fixed, so the policy's threshold rule is
+    applied once per (node, row) here instead of once per simulated request.
+    """
+    decide = threshold_decider(policy)
+    rows = np.arange(profile.samples)
+    weight = np.ones(profile.samples)
+    return {
+        n.id: (decide(n.id, rows, weight, profile.confidence[:, n.exit - 1]) > 0).tolist()
+        for n in spec.nodes
+    }
+
+
+def served_shares(spec: CisSpec, overrides: dict[str, float]) -> dict[str, float]:
+    """Without a bundle: the share of what reaches each node that it keeps; f_i by default."""
+    rates = compute_rates(spec)
+    return {n.id: overrides.get(n.id, rates.served_fraction(n.id)) for n in spec.nodes}

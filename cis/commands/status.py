@@ -45,15 +45,19 @@ def run(args: argparse.Namespace) -> int:
             except TimeoutError:
                 result[key] = {"address": addr, "live": False}
     cols = ("served", "forwarded", "degraded", "capped", "errors", "queue_depth")
-    lines = [f"{'node':<12}{'live':>5}" + "".join(f"{c:>11}" for c in cols) + f"{'p50 ms':>9}{'p99 ms':>9}  threshold"]
+    lines = [f"{'node':<12}{'live':>5}" + "".join(f"{c.replace('_depth', ''):>11}" for c in cols) + f"{'p50 ms':>9}{'p99 ms':>9}  threshold"]
     for key, st in result.items():
         if not st["live"]:
             lines.append(f"{key:<12}{'no':>5}  (no answer from {st['address']})")
             continue
         lines.append(
             f"{key:<12}{'yes':>5}" + "".join(f"{st.get(c, 0):>11}" for c in cols)
-            + f"{_ms(st.get('latency_p50')):>9}{_ms(st.get('latency_p99')):>9}  {st.get('threshold')}"
+            + f"{_ms(st.get('latency_p50')):>9}{_ms(st.get('latency_p99')):>9}  {_threshold(st.get('threshold'))}"
             + (f"  adapt {st['adapt']['threshold']:.4f}" if st.get("adapt") else "")
         )
     print_result(args, {"nodes": result}, "\n".join(lines))
     return 0 if all(s["live"] for s in result.values()) else 1
+
+
+def _threshold(value: object) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)

@@ -31,6 +31,8 @@ COMMANDS = [
     "keys",
     "export",
     "inspect",
+    "demo",
+    "report",
 ]
 
 

@@ -33,6 +33,16 @@ class SimConfig:
     shares: dict[str, float] = field(default_factory=dict)  # without a bundle: served share per node (default f_i)
     burst: float | None = None  # token bucket depth in seconds of the cap; None: the policy's default
     calibrate: bool = False  # recalibrate thresholds from the profile instead of the bundle's policy
+    # The real runtime on one machine (benchmarks/sim_vs_runtime.py, cis demo): with ``loopback``
+    # links carry no latency and no bandwidth limit; each node visit costs one messaging round
+    # trip (ZeroMQ + Python + the OS waking a process: the client's or child's message in, the
+    # reply out), drawn uniformly from ``hop_rtt`` (seconds; one value: a constant; empty: none),
+    # half on the way in and half on the way back; and ``visit_overhead`` seconds of node work
+    # on top of the stage times (decode, batching, policy, encode), holding the worker.
+    # Both measured on the running cluster (cis.pipeline.overheads).
+    loopback: bool = False
+    hop_rtt: tuple[float, ...] = ()
+    visit_overhead: float = 0.0
     progress: bool = False
 
     def to_json(self) -> dict:
@@ -63,6 +73,9 @@ def check_config(config: SimConfig, spec: CisSpec, with_bundle: bool) -> SimConf
         raise CisError(f"simulate: --payload-bytes is {config.payload_bytes}; expected bytes >= 0")
     if config.burst is not None:
         _positive(config.burst, "--burst")
+    for value, name in [*((v, "hop_rtt") for v in config.hop_rtt), (config.visit_overhead, "visit_overhead")]:
+        if not (math.isfinite(value) and value >= 0):
+            raise CisError(f"simulate: {name} is {value}; expected seconds >= 0")
     service = config.service or ("deterministic" if with_bundle else "exponential")
     if service not in SERVICES:
         raise CisError(f"simulate: --service is {service!r}; expected one of {', '.join(SERVICES)}")
@@ -73,7 +86,7 @@ def check_config(config: SimConfig, spec: CisSpec, with_bundle: bool) -> SimConf
             raise CisError(f"simulate: --share {node_id}={share}; expected a fraction in [0, 1]")
     if config.shares and with_bundle:
         raise CisError("simulate: --share applies without a bundle; with --bundle the thresholds decide")
-    return replace(config, service=service)
+    return replace(config, service=service, hop_rtt=tuple(float(v) for v in config.hop_rtt))
 
 
 def _positive(value: float, flag: str) -> None:

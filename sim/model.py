@@ -28,6 +28,7 @@ from sim.streams import indices, spawn, uniforms, unit_exponentials
 from sim.workload import Profile
 
 EVENTS_PER_UPDATE = 20_000  # SimPy events between progress bar updates
+LOOPBACK = Link(bandwidth=math.inf, latency=0.0)  # processes on one machine: the hop overhead is the cost
 
 
 @dataclass
@@ -42,6 +43,7 @@ class Plan:
     shares: dict[str, float] | None = None  # without: node -> share it keeps
     profile: Profile | None = None
     policy: ExitPolicy | None = None  # with a profile: the thresholds behind ``masks``
+    rows: dict[str, list[int]] | None = None  # replay: node -> profile rows of its arrivals, in order
 
 
 class Uplink:
@@ -81,11 +83,13 @@ class Station:
         units: Iterator[float],
         keeps: Callable[[int], bool],
         bucket: TokenBucket,
+        overhead: float = 0.0,
     ):
         self.id, self.index, self.exit = node.id, index, node.exit
         self.workers = simpy.Resource(env, capacity=node.workers)
         self.limit = node.queue_limit
         self.means, self.units = means, units
+        self.overhead = overhead  # node work per visit beyond the stages (the runtime's messaging)
         self.keeps, self.bucket = keeps, bucket
         self.parent: Station | None = None
         self.uplink: Uplink | None = None
@@ -97,7 +101,7 @@ class Station:
         return self.limit is not None and len(self.workers.queue) >= self.limit
 
     def service_time(self, done: int) -> float:
-        return self.means[done] * next(self.units)
+        return self.means[done] * next(self.units) + self.overhead
 
     def forwards(self, row: int, now: float) -> bool:
         """The exit decision: forward when the policy lets the request go and the cap has a token."""
@@ -142,6 +146,7 @@ class Model:
     correct: dict[int, list[int]] | None
     limit: float  # stop after this many arrivals
     horizon: float  # stop arrivals after this time
+    hops: Iterator[float] | None = None  # messaging round trip per node visit (None: no cost, the spec's links only)
     log: Log = field(default_factory=Log)
     arrived: int = 0
     last_arrival: float = 0.0
@@ -152,7 +157,11 @@ class Model:
 
 def request(env: simpy.Environment, model: Model, rid: int, station: Station, row: int):
     """The story of one request, from its arrival at ``station`` to the node that serves (or drops) it."""
-    entry, arrived, done = station.index, env.now, 0
+    entry, arrived, done, back = station.index, env.now, 0, 0.0
+    if model.hops is not None:  # the client's message to the entry node: half a round trip, the reply the other half
+        rtt = next(model.hops)
+        back += rtt / 2
+        yield env.timeout(rtt / 2)
     while True:
         station.received += 1
         if station.full():
@@ -171,10 +180,16 @@ def request(env: simpy.Environment, model: Model, rid: int, station: Station, ro
         done = station.exit
         if not station.forwards(row, env.now):
             station.served += 1
-            model.log.add(rid, entry, station.index, done, model.outcome(row, done), arrived, env.now)
+            # the reply travels back through every node visited (the spec's links carry replies for free)
+            model.log.add(rid, entry, station.index, done, model.outcome(row, done), arrived, env.now + back)
             return
         station.forwarded += 1
-        yield env.timeout(station.uplink.delay(env.now, model.payloads[done]))
+        delay = station.uplink.delay(env.now, model.payloads[done])
+        if model.hops is not None:
+            rtt = next(model.hops)
+            back += rtt / 2
+            delay += rtt / 2
+        yield env.timeout(delay)
         station = station.parent
 
 
@@ -186,8 +201,11 @@ def source(env: simpy.Environment, model: Model, station: Station, times: Iterat
         yield env.timeout(t - env.now)
         if model.arrived >= model.limit:
             return
+        row = next(rows, None)
+        if row is None:  # a replay ran out of rows for this node
+            return
         model.last_arrival = env.now
-        env.process(request(env, model, model.arrived, station, next(rows)))
+        env.process(request(env, model, model.arrived, station, row))
         model.arrived += 1
 
 
@@ -202,22 +220,31 @@ def build(plan: Plan) -> tuple[Model, list[tuple[Station, Iterator[float], Itera
     for index, node in enumerate(spec.nodes):
         arrival_rng, service_rng, decision_rng, row_rng = (next(rngs) for _ in range(4))
         units = unit_exponentials(service_rng) if config.service == "exponential" else itertools.repeat(1.0)
-        station = Station(env, node, index, plan.visit_means[node.id], units, _keeper(plan, node.id, decision_rng), _bucket(node, config.burst))
+        station = Station(
+            env, node, index, plan.visit_means[node.id], units, _keeper(plan, node.id, decision_rng), _bucket(node, config.burst), config.visit_overhead
+        )
         stations[node.id] = station
-        rows = indices(row_rng, plan.profile.samples) if plan.profile is not None else itertools.repeat(-1)
+        if plan.rows is not None:  # replay: this node's arrivals take these rows, in order
+            rows = iter(plan.rows.get(node.id, []))
+        else:
+            rows = indices(row_rng, plan.profile.samples) if plan.profile is not None else itertools.repeat(-1)
         times = _times(node, config, arrival_rng, trace)
         if times is not None:
             feeds.append((station, times, rows))
     for node in spec.nodes:
         if node.parent is not None:
             stations[node.id].parent = stations[node.parent]
-            stations[node.id].uplink = Uplink(node.link)
+            stations[node.id].uplink = Uplink(LOOPBACK if config.loopback else node.link)
     correct = None
     if plan.profile is not None:
         correct = {e: plan.profile.correct[:, e - 1].astype(np.int8).tolist() for e in range(1, spec.num_exits + 1)}
     limit = config.requests if config.requests is not None else math.inf
     horizon = config.duration if config.duration is not None else math.inf
-    return Model(env, stations, plan.payloads, correct, limit, horizon), feeds
+    hops = None
+    if config.hop_rtt:  # its own stream, spawned after the others: runs without it keep their numbers
+        hop_rng = spawn(config.seed, 4 * len(spec.nodes) + 2)[-1]
+        hops = itertools.repeat(config.hop_rtt[0]) if len(config.hop_rtt) == 1 else (config.hop_rtt[i] for i in indices(hop_rng, len(config.hop_rtt)))
+    return Model(env, stations, plan.payloads, correct, limit, horizon, hops), feeds
 
 
 def _keeper(plan: Plan, node_id: str, rng: np.random.Generator) -> Callable[[int], bool]:

@@ -8,11 +8,13 @@ from pathlib import Path
 import numpy as np
 
 from cis.bundle import Bundle
+from cis.errors import CisError
 from cis.spec import CisSpec
 from sim.config import SimConfig, check_config
 from sim.model import Plan, run_model
 from sim.report import summarise
 from sim.workload import (
+    Profile,
     bundle_payloads,
     bundle_policy,
     bundle_profile,
@@ -29,23 +31,47 @@ class SimResult:
     requests: dict[str, np.ndarray]  # one entry per request, ordered by id (see sim.model.Log)
 
 
-def plan_run(spec: CisSpec, config: SimConfig, bundle: Bundle | None = None) -> Plan:
-    """Everything the model needs, checked: service means, payloads and the exit decision."""
+def plan_run(
+    spec: CisSpec,
+    config: SimConfig,
+    bundle: Bundle | None = None,
+    profile: Profile | None = None,
+    rows: dict[str, list[int]] | None = None,
+) -> Plan:
+    """Everything the model needs, checked: service means, payloads and the exit decision.
+
+    With a bundle, ``profile`` replaces the bundle's validation confidence profile
+    (e.g. the profile of the samples a runtime run replays), and ``rows`` makes
+    each node's arrivals take those profile rows in order instead of random ones
+    (a node's arrivals stop when its rows run out): the same requests as that run.
+    """
     config = check_config(config, spec, bundle is not None)
+    if (profile is not None or rows is not None) and bundle is None:
+        raise CisError("simulate: a replayed profile or rows need a bundle (thresholds, service times, payloads)")
     if bundle is None:
         per_stage = [config.service_mean] * spec.num_exits
         payloads = {k: config.payload_bytes for k in range(1, spec.num_exits + 1)}
         return Plan(spec, config, visit_means(spec, per_stage), payloads, shares=served_shares(spec, config.shares))
-    profile = bundle_profile(bundle, spec.num_exits)
+    profile = profile if profile is not None else bundle_profile(bundle, spec.num_exits)
+    if rows is not None:
+        bad = [r for rs in rows.values() for r in rs if not 0 <= r < profile.samples]
+        if bad:
+            raise CisError(f"simulate: replay row {bad[0]} is outside the profile's {profile.samples} samples")
     payloads = bundle_payloads(bundle, spec.num_exits)
     means = visit_means(spec, bundle_stage_seconds(bundle, spec.num_exits))
     policy = bundle_policy(spec, bundle, profile, config.calibrate, config.seed)
-    return Plan(spec, config, means, payloads, masks=serve_masks(spec, policy, profile), profile=profile, policy=policy)
+    return Plan(spec, config, means, payloads, masks=serve_masks(spec, policy, profile), profile=profile, policy=policy, rows=rows)
 
 
-def simulate(spec: CisSpec, config: SimConfig, bundle: Bundle | None = None) -> SimResult:
+def simulate(
+    spec: CisSpec,
+    config: SimConfig,
+    bundle: Bundle | None = None,
+    profile: Profile | None = None,
+    rows: dict[str, list[int]] | None = None,
+) -> SimResult:
     """Run one simulation; identical inputs (seed included) give identical results."""
-    plan = plan_run(spec, config, bundle)
+    plan = plan_run(spec, config, bundle, profile, rows)
     model = run_model(plan)
     requests = model.log.arrays()
     summary = summarise(plan, model, requests)

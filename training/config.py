@@ -27,6 +27,8 @@ DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
 
 @dataclass
 class RunConfig:
+    method: str = "cis"  # "cis" (Algorithm 1) or another paper's method (training/methods/registry.py)
+    options: dict[str, Any] | None = None  # the method's options (--option KEY=VALUE); defaults filled when resolved
     dataset: str = "digits"
     spec: str | None = None  # path of a spec TOML; None: a built-in topology under `serving`
     topology: str = "paper-7"
@@ -74,6 +76,9 @@ class RunConfig:
         for k, v in d.items():
             if getattr(out, k) is None:
                 setattr(out, k, v)
+        from training.methods.registry import resolve_options
+
+        out.options = resolve_options(out.method, out.options)
         out.validate()
         return out
 
@@ -93,6 +98,8 @@ class RunConfig:
             v = getattr(self, f)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
                 raise bad(f, "a positive number")
+        if self.method != "cis" and (self.p or self.p_matrix):
+            raise CisError(f"config: --p / p_matrix sample lower exits in Algorithm 1; method {self.method!r} chooses its own sub-models")
         if self.local_steps is not None and (not isinstance(self.local_steps, int) or self.local_steps < 1):
             raise bad("local_steps", "an integer >= 1")
 

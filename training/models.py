@@ -210,6 +210,14 @@ class DigitsCNN(EarlyExitNet):
 
 ARCHS: dict[str, type[EarlyExitNet]] = {ResNet18EE.arch: ResNet18EE, DigitsCNN.arch: DigitsCNN}
 _CONFIG_FIELDS = ("arch", "exits", "width", "num_classes", "in_channels", "input_size")
+_ARCH_FIELDS: dict[str, tuple[str, ...]] = {}
+
+
+def register_arch(cls: type[EarlyExitNet], fields: Sequence[str] = _CONFIG_FIELDS) -> type[EarlyExitNet]:
+    """Make ``build_model`` rebuild ``cls`` (keyed by ``cls.arch``) from a config with these fields."""
+    ARCHS[cls.arch] = cls
+    _ARCH_FIELDS[cls.arch] = tuple(fields)
+    return cls
 
 
 def _is_int(v: object) -> bool:
@@ -261,11 +269,18 @@ def build_model(config: dict[str, Any]) -> EarlyExitNet:
     if not isinstance(config, dict):
         raise CisError(f"model config: got {type(config).__name__}, expected a dict with an 'arch' field")
     arch = config.get("arch")
+    if arch == "nested-resnet":  # nested sub-models (NeFL, SLT, ...): not an ARCHS class built from flat fields
+        from training.methods.nested import build_nested
+
+        return build_nested(config)
+    if arch not in ARCHS:
+        import training.methods  # noqa: F401  (registers the methods' architectures)
     if arch not in ARCHS:
         raise CisError(f"model config: field 'arch' is {arch!r}, expected one of {sorted(ARCHS)}")
-    unknown = sorted(set(config) - set(_CONFIG_FIELDS))
+    fields = _ARCH_FIELDS.get(arch, _CONFIG_FIELDS)
+    unknown = sorted(set(config) - set(fields))
     if unknown:
-        raise CisError(f"model config ({arch}): unknown fields {unknown}, expected only {list(_CONFIG_FIELDS)}")
+        raise CisError(f"model config ({arch}): unknown fields {unknown}, expected only {list(fields)}")
     return ARCHS[arch](**{k: v for k, v in config.items() if k != "arch"})
 
 

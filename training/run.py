@@ -78,39 +78,66 @@ def build_setup(
         splits = DataSplits(splits.train.subset(keep), splits.val, splits.test)
     train = splits.train
     spec = spec or resolve_spec(config, train.num_classes)
+    parts = partition(train.y, spec.nodes, config.partition, config.dirichlet, seed=config.seed)
+    xt, yt = torch.from_numpy(train.x), torch.from_numpy(train.y)
+    clients = [Client(n.id, k, n.exit, xt[torch.from_numpy(parts[n.id])], yt[torch.from_numpy(parts[n.id])]) for k, n in enumerate(spec.nodes)]
+    sizes = [c.size for c in clients]
+    steps = local_steps(sizes, config.batch_size, config.local_epochs, config.local_steps)
+    sgd = dict(
+        lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay, batch_size=config.batch_size,
+        steps=steps, total_rounds=config.rounds, schedule=config.schedule,
+        augment=augment_options(train.name) if config.augment else None,
+    )
+    weights_for = lambda model, matrix: run_weights(config, spec, model, matrix, sizes, train, log)  # noqa: E731
+    if config.method != "cis":  # another paper's method: its own model and engine pieces
+        from training.methods.registry import build_method_setup
+
+        m = build_method_setup(config, spec, train, clients, sgd, weights_for, log)
+        if m.model.num_exits != spec.num_exits:
+            raise CisError(f"spec {spec.name!r}: has {spec.num_exits} exits; the {config.method} model has {m.model.num_exits}")
+        engine = FederatedEngine(m.model, clients, m.chooser, m.trainer, m.aggregator, seed=config.seed)
+        return Setup(config, spec, splits, m.model, clients, m.matrix, m.weights, engine, steps)
     mcfg = default_model_config(config.dataset_name, config.width)
     mcfg["num_classes"] = train.num_classes
     torch.manual_seed(config.seed)
     model = build_model(mcfg)
     if model.num_exits != spec.num_exits:
         raise CisError(f"spec {spec.name!r}: has {spec.num_exits} exits; the {mcfg['arch']} model has {model.num_exits}")
-    parts = partition(train.y, spec.nodes, config.partition, config.dirichlet, seed=config.seed)
-    xt, yt = torch.from_numpy(train.x), torch.from_numpy(train.y)
-    clients = [Client(n.id, k, n.exit, xt[torch.from_numpy(parts[n.id])], yt[torch.from_numpy(parts[n.id])]) for k, n in enumerate(spec.nodes)]
-    sizes = [c.size for c in clients]
     matrix = sampling_matrix([n.exit for n in spec.nodes], spec.num_exits, config.p, config.p_rule, config.p_matrix)
-    rates = compute_rates(spec)
-    lam = [rates.exit_serving_rate[e] for e in range(1, spec.num_exits + 1)]
-    sigma = config.sigma
-    if config.strategy == "balanced-adj" and sigma is None:
-        var = gradient_variance(model, train.x, train.y, config.batch_size, config.sigma_batches, config.seed)
-        sigma = [float(np.sqrt(v)) for v in var]
-        log("gradient variance per exit (Appendix C): " + ", ".join(f"{v:.3g}" for v in var))
-    flops = [c["flops"] for c in exit_costs(model)] if config.strategy == "flops" else None
-    weights = make_weights(
-        config.strategy, spec.num_exits, total_rounds=config.rounds, exit_serving_rate=lam, flops=flops,
-        sigma=sigma, matrix=matrix, sizes=sizes, vector=config.weights,
-    )
-    steps = local_steps(sizes, config.batch_size, config.local_epochs, config.local_steps)
-    trainer = ExitSGDTrainer(
-        lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay, batch_size=config.batch_size,
-        steps=steps, total_rounds=config.rounds, schedule=config.schedule,
-        augment=augment_options(train.name) if config.augment else None,
-    )
+    weights = weights_for(model, matrix)
+    trainer = ExitSGDTrainer(**sgd)
     sampler = ExitSampler(matrix, config.participation)
     aggregator = CisAggregator(weights, matrix, sizes, sampler.inclusion, config.p_mode, config.server_lr)
     engine = FederatedEngine(model, clients, sampler, trainer, aggregator, seed=config.seed)
     return Setup(config, spec, splits, model, clients, matrix, weights, engine, steps)
+
+
+def run_weights(
+    config: RunConfig, spec: CisSpec, model: EarlyExitNet, matrix: np.ndarray, sizes: list[int], train, log: Callable[[str], None]
+) -> Weights:
+    """The ``--strategy`` aggregation weights Lambda~ for this model and sampling matrix."""
+    rates = compute_rates(spec)
+    lam = [rates.exit_serving_rate[e] for e in range(1, spec.num_exits + 1)]
+    sigma = config.sigma
+    if config.strategy == "balanced-adj" and sigma is None:
+        if not model_has_exit_gradients(model):
+            raise CisError(
+                f"--strategy balanced-adj: method {config.method!r} trains nested sub-models, whose per-exit gradient "
+                "variance cannot be measured on one shared graph; give 'sigma' in the config file or pick another strategy"
+            )
+        var = gradient_variance(model, train.x, train.y, config.batch_size, config.sigma_batches, config.seed)
+        sigma = [float(np.sqrt(v)) for v in var]
+        log("gradient variance per exit (Appendix C): " + ", ".join(f"{v:.3g}" for v in var))
+    flops = [c["flops"] for c in exit_costs(model)] if config.strategy == "flops" else None
+    return make_weights(
+        config.strategy, spec.num_exits, total_rounds=config.rounds, exit_serving_rate=lam, flops=flops,
+        sigma=sigma, matrix=matrix, sizes=sizes, vector=config.weights,
+    )
+
+
+def model_has_exit_gradients(model: EarlyExitNet) -> bool:
+    """False for nested models, whose forward runs detached copies of the sub-models."""
+    return not hasattr(model, "submodel")
 
 
 def checkpoint_meta(s: Setup) -> dict[str, Any]:
@@ -119,6 +146,8 @@ def checkpoint_meta(s: Setup) -> dict[str, Any]:
         "classes": train.classes,
         "normalisation": {"mean": train.mean, "std": train.std},
         "dataset": s.config.dataset,
+        "method": s.config.method,
+        "options": s.config.options,
         "seed": s.config.seed,
         "val_size": s.config.val_size,
         "spec": spec_to_dict(s.spec),
@@ -147,6 +176,9 @@ def _write_json(path: Path, data: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, default=float))
     tmp.replace(path)
+
+
+_PAIR_KEYS = ("node", "exit", "loss", "steps", "samples", "lr")
 
 
 def train_run(
@@ -181,6 +213,8 @@ def train_run(
         + ("" if config.strategy != "flops" else " (round 1; ramps to " + ", ".join(f"{w:.4f}" for w in s.weights.at(config.rounds)) + ")"))
     log(f"{len(s.clients)} nodes, sizes " + ", ".join(f"{c.id}:{c.size}" for c in s.clients) + f"; J = {s.steps} local steps per round")
 
+    if resume and not callable(getattr(s.engine.trainer, "load_state_dict", None)):
+        raise CisError(f"--resume: method {config.method!r} keeps trainer state it cannot save; start the run again with another --out")
     if resume and (out / "checkpoint.pt").is_file():
         model, meta, extra = load_checkpoint(out)
         s.engine.load_state_dict(extra["engine"], model.state_dict())
@@ -200,6 +234,9 @@ def train_run(
                 losses.setdefault(str(rec["exit"]), []).append(rec["loss"])
             line["loss"] = {e: float(np.mean(v)) for e, v in sorted(losses.items())}
             line["lr"] = r["pairs"][0]["lr"] if r["pairs"] else None
+            extras = {rec["node"]: {k: v for k, v in rec.items() if k not in _PAIR_KEYS} for rec in r["pairs"]}
+            if any(extras.values()):  # a method's own statistics (FLAME: avg_exit, train_flops; ReeFL: teacher)
+                line["nodes"] = extras
             line["weights"] = s.weights.at(t).tolist()
             if t % config.eval_every == 0 or t == config.rounds:
                 t0 = time.perf_counter()
@@ -219,6 +256,8 @@ def train_run(
     report = final_report(s)
     summary = {
         "dataset": config.dataset,
+        "method": config.method,
+        "options": config.options,
         "spec": s.spec.name,
         "strategy": config.strategy,
         "rounds": config.rounds,
@@ -248,8 +287,16 @@ def evaluate_run(run_dir: str | Path, spec: CisSpec | None = None, measure: str 
 def measure_grad_variance(config: RunConfig) -> list[float]:
     """sigma_e^2 of the initial model (as balanced-adj would measure it)."""
     splits = load_dataset(config.dataset, seed=config.seed, val_size=config.val_size)
-    mcfg = default_model_config(config.dataset_name, config.width)
-    mcfg["num_classes"] = splits.train.num_classes
-    torch.manual_seed(config.seed)
-    model = build_model(mcfg)
+    if config.method != "cis":
+        from training.methods.registry import method_model
+
+        spec = resolve_spec(config, splits.train.num_classes)
+        model = method_model(config, spec.num_exits, splits.train)
+        if not model_has_exit_gradients(model):
+            raise CisError(f"--measure-grad-variance: method {config.method!r} trains nested sub-models; their per-exit gradient variance is not defined on one graph")
+    else:
+        mcfg = default_model_config(config.dataset_name, config.width)
+        mcfg["num_classes"] = splits.train.num_classes
+        torch.manual_seed(config.seed)
+        model = build_model(mcfg)
     return gradient_variance(model, splits.train.x, splits.train.y, config.batch_size, config.sigma_batches, config.seed)

@@ -1,5 +1,10 @@
 """``cis train``: inference-aware federated training (Algorithm 1 of the CIS paper) into a run dir.
 
+``--method NAME`` trains another paper's method with the same engine, data,
+partitions and weighting (training/methods/registry.py); its options come from
+``--option KEY=VALUE`` (repeatable), an ``options`` table in the config file, and
+the named flags ``--no-distill``, ``--no-modulation``, ``--patience``, ``--nefl-mode``.
+
 Settings come from defaults <- ``--config FILE`` (JSON or TOML with the keys of
 :class:`training.config.RunConfig`) <- flags. ``--resume`` continues RUN_DIR from
 its last checkpoint with the config stored there (flags may not change it) and
@@ -28,6 +33,14 @@ def _floats(text: str) -> list[float]:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="federated training of an early-exit model for a CIS (Algorithm 1)")
+    p.add_argument("--method", help="cis (Algorithm 1, default) | reefl | flame | depthfl | inclusivefl | exclusivefl | "
+                   "scalefl | nefl | slt | heterofl | fjord | fedrolex | fd | small")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="a method option, repeatable (see docs/training.md, 'Methods'), e.g. --option layout=resnet20")
+    p.add_argument("--no-distill", action="store_true", help="reefl/depthfl: no self-distillation (option distill=false)")
+    p.add_argument("--no-modulation", action="store_true", help="reefl: no feature modulation (option modulation=false)")
+    p.add_argument("--patience", metavar="P,P,..", help="flame: training patience per client, cycled (option patience)")
+    p.add_argument("--nefl-mode", choices=("W", "D", "WD"), help="nefl: width, depth or both (option nefl_mode; default WD)")
     p.add_argument("--spec", help="CIS spec (TOML); default: the built-in --topology under --serving")
     p.add_argument("--serving", help="x-y-z shares served at exits 1-2-3 for the built-in topology (default 33-33-33)")
     p.add_argument("--topology", help="built-in topology when no --spec (default paper-7)")
@@ -76,6 +89,9 @@ def run(args: argparse.Namespace) -> int:
     flags = {key: getattr(args, attr) for attr, key in _FLAG_KEYS.items() if getattr(args, attr) is not None}
     if args.weights is not None and "strategy" not in flags:
         flags["strategy"] = "explicit"
+    if args.method is not None:
+        flags["method"] = args.method
+    options = _option_flags(args)
     if args.spec is not None and not Path(args.spec).is_file():
         raise CisError(f"{args.spec}: spec file not found; expected a TOML file (make one with 'cis spec new')")
     if args.spec is not None:
@@ -84,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
     if args.measure_grad_variance:
         from training.run import measure_grad_variance
 
-        config = make_config(read_config_file(args.config) if args.config else {}, flags)
+        config = make_config(*_with_options(read_config_file(args.config) if args.config else {}, flags, options))
         var = measure_grad_variance(config)
         result = {"dataset": config.dataset, "width": config.width, "grad_variance": var, "sigma": [v ** 0.5 for v in var]}
         print_result(args, result, "per-exit gradient variance (Appendix C): "
@@ -100,13 +116,23 @@ def run(args: argparse.Namespace) -> int:
         if not stored_path.is_file():
             raise CisError(f"{args.out}: nothing to resume; expected config.json from an earlier 'cis train --out {args.out}'")
         stored = json.loads(stored_path.read_text())
-        differing = [k for k, v in flags.items() if stored.get(k) != v]
+        differing = [k for k, v in flags.items() if stored.get(k, "cis" if k == "method" else None) != v]
         if differing:
             k = differing[0]
             raise CisError(f"--resume: --{k.replace('_', '-')} {flags[k]!r} differs from the run's {stored.get(k)!r}; a resumed run keeps its config")
-        config = RunConfig(**stored).resolved()
+        try:
+            config = RunConfig(**stored).resolved()
+        except TypeError as exc:
+            raise CisError(f"{stored_path}: {exc}") from None
+        if options:
+            from training.methods.registry import resolve_options
+
+            given = resolve_options(config.method, options)
+            for k in options:
+                if given[k] != (config.options or {}).get(k):
+                    raise CisError(f"--resume: option {k}={options[k]!r} differs from the run's {(config.options or {}).get(k)!r}; a resumed run keeps its config")
     else:
-        config = make_config(read_config_file(args.config) if args.config else {}, flags)
+        config = make_config(*_with_options(read_config_file(args.config) if args.config else {}, flags, options))
     log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr))
     result = train_run(config, args.out, resume=args.resume, progress=not args.no_progress, stop_after=args.stop_after, log=log)
     if "stopped_after_round" in result:
@@ -114,6 +140,33 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from training.evaluate import format_cis_report
 
-    human = f"trained {config.strategy} for {config.rounds} rounds into {args.out}\n" + format_cis_report(result["test"])
+    what = config.strategy if config.method == "cis" else f"{config.method} ({config.strategy} weights)"
+    human = f"trained {what} for {config.rounds} rounds into {args.out}\n" + format_cis_report(result["test"])
     print_result(args, result, human)
     return 0
+
+
+def _option_flags(args: argparse.Namespace) -> dict:
+    """--option KEY=VALUE items, then the named method flags (which win)."""
+    from training.methods.registry import parse_option_flags
+
+    options = parse_option_flags(args.option)
+    if args.no_distill:
+        options["distill"] = False
+    if args.no_modulation:
+        options["modulation"] = False
+    if args.patience is not None:
+        options["patience"] = args.patience
+    if args.nefl_mode is not None:
+        options["nefl_mode"] = args.nefl_mode
+    return options
+
+
+def _with_options(file_values: dict, flags: dict, options: dict) -> tuple[dict, dict]:
+    """Merge the flags' method options into the config file's (flags win key by key)."""
+    if options:
+        file_options = file_values.get("options") or {}
+        if not isinstance(file_options, dict):
+            raise CisError(f"config file: 'options' is {file_options!r}; expected a table of method options")
+        flags = {**flags, "options": {**file_options, **options}}
+    return file_values, flags

@@ -1,0 +1,122 @@
+import numpy as np
+import pytest
+import torch
+
+from cis import patience as pt
+from cis.errors import CisError
+from training.methods import aggregate, flame
+from training.methods.vit import ViTEE
+
+
+def onehot(labels, c=3):
+    return np.eye(c)[np.asarray(labels)] * 5.0
+
+
+def seq(*per_exit):
+    """Logits of each exit from the labels each sample predicts there."""
+    return [onehot(labels) for labels in per_exit]
+
+
+def test_patience_one_exits_at_the_first_exit():
+    assert pt.exit_points(seq([0, 1], [0, 1], [2, 2]), 1).tolist() == [1, 1]
+
+
+def test_patience_counts_consecutive_agreement():
+    # per sample over exits 1..4: s0 0,0,1,1 | s1 0,1,1,1 | s2 0,1,0,1 (never two in a row) | s3 2,2,2,2
+    logits = seq([0, 0, 0, 2], [0, 1, 1, 2], [1, 1, 0, 2], [1, 1, 1, 2])
+    assert pt.exit_points(logits, 2).tolist() == [2, 3, 4, 2]
+    assert pt.exit_points(logits, 3).tolist() == [4, 4, 4, 3]
+    assert pt.exit_points(logits, 10).tolist() == [4, 4, 4, 4]
+
+
+def test_patience_step_state_travels_between_calls():
+    s = pt.initial_state(2)
+    s, done = pt.step(s, onehot([1, 2]), 2)
+    assert s.label.tolist() == [1, 2] and s.count.tolist() == [1, 1] and not done.any()
+    carry = pt.to_carry(s)  # e.g. across a tier boundary
+    s2, done = pt.step(pt.from_carry(carry, 2), onehot([1, 0]), 2)
+    assert s2.count.tolist() == [2, 1] and done.tolist() == [True, False]
+    _, done = pt.step(s2, onehot([0, 1]), 2, last=True)
+    assert done.all()
+    assert pt.from_carry({}, 3).count.tolist() == [0, 0, 0]
+    with pytest.raises(CisError):
+        pt.step(s, onehot([0, 0]), 0)
+
+
+def tiny_flame():
+    torch.manual_seed(0)
+    return ViTEE(dim=16, depth=3, heads=2, exits=(1, 2, 3))
+
+
+def test_patience_forward_matches_the_rule_and_skips_deeper_stages():
+    model = tiny_flame().eval()
+    x = torch.randn(6, 3, 32, 32)
+    full = model(x)
+    logits, exits = flame.patience_forward(model, x, 2)
+    expected = pt.exit_points([z.detach().numpy() for z in full], 2)
+    assert exits.tolist() == expected.tolist()
+    for i, e in enumerate(exits):
+        assert torch.allclose(logits[i], full[e - 1][i], atol=1e-5)
+    _, exits1 = flame.patience_forward(model, x, 1)
+    assert (exits1 == 1).all()
+
+
+def test_flame_loss_touches_only_layers_up_to_the_exit():
+    model = tiny_flame()
+    x, y = torch.randn(4, 3, 32, 32), torch.randint(10, (4,))
+    logits, exits = flame.patience_forward(model, x, 1)  # everyone exits at exit 1
+    flame.group_losses(logits, y, flame.group_samples(exits, "exit", 3))[0].backward()
+    first = {id(p) for p in model.exit_params(1)}
+    for p in model.parameters():
+        if id(p) in first:
+            assert p.grad is not None and p.grad.abs().sum() > 0
+        else:
+            assert p.grad is None or not p.grad.any()
+
+
+def test_grouping_strategies():
+    exits = np.array([1, 2, 6, 6, 3, 4, 1])
+    groups = lambda s: [g.tolist() for g in flame.group_samples(exits, s, 6, torch.Generator().manual_seed(0))]
+    assert groups("exit") == [[0, 6], [1], [4], [5], [2, 3]]
+    assert groups("full") == [list(range(7))]
+    assert groups("binary") == [[0, 1, 4, 6], [2, 3, 5]]
+    assert groups("distant") == [[0, 5, 6], [1], [2, 3, 4]]  # (1,4), (2,5), (3,6)
+    assert groups("close") == [[0, 1, 6], [4, 5], [2, 3]]  # (1,2), (3,4), (5,6)
+    rnd = groups("random")
+    assert sorted(i for g in rnd for i in g) == list(range(7))
+    with pytest.raises(ValueError):
+        flame.group_samples(exits, "nope", 6)
+
+
+def test_group_gradients_are_taken_per_group_at_the_same_weights():
+    model = tiny_flame()
+    x, y = torch.randn(6, 3, 32, 32), torch.randint(10, (6,))
+    logits, exits = flame.patience_forward(model, x, 2)
+    groups = flame.group_samples(exits, "exit", 3)
+    params = list(model.parameters())
+    grads = flame.group_gradients(flame.group_losses(logits, y, groups), params)
+    assert len(grads) == len(groups)
+    deep = {id(p) for p in model.stage_list[2].parameters()}
+    for g, members in zip(grads, groups):
+        top = int(exits[members[0]])
+        assert all(exits[members] == top)
+        for p, gp in zip(params, g):
+            if id(p) in deep and top < 3:
+                assert gp is None
+
+
+def test_training_flops_are_three_forwards_of_the_layers_run():
+    assert flame.training_flops(np.array([1, 1, 3]), [10, 20, 30]) == 3 * (10 + 10 + 30)
+    assert flame.fixed_exit_flops(3, 3, [10, 20, 30]) == 3 * 90
+
+
+def test_aggregation_rules_on_small_tensors():
+    g = {"stage_list.0.w": torch.zeros(1), "stage_list.1.w": torch.zeros(1), "stage_list.2.w": torch.full((1,), 7.0)}
+    a = {k: torch.full((1,), 1.0) for k in g}
+    b = {k: torch.full((1,), 4.0) for k in g}
+    v = lambda s: [float(s[k]) for k in sorted(g)]
+    assert v(aggregate.fedavg(g, [a, b], [1, 2])) == [3.0, 3.0, 3.0]
+    assert v(aggregate.patience_conscious(g, [a, b], [2, 6])) == [3.25, 3.25, 3.25]
+    assert v(aggregate.exit_conscious(g, [a, b], [1.0, 2.0])) == [3.0, 3.0, 3.0]
+    # exit-based: layer 1 by both, layer 2 only by b (avg exit 2.5), layer 3 by nobody -> global kept
+    assert v(aggregate.exit_based(g, [a, b], [1.5, 2.5])) == [2.5, 4.0, 7.0]

@@ -1,0 +1,105 @@
+"""A NeFL model from ``cis train --method nefl`` exports, serves through the runtime and simulates.
+
+The carry between tiers is the raw input (a parent re-runs its own, larger
+sub-model on it); the runtime and the simulator take that from the manifest.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("onnx")
+
+from cis.bundle import load_bundle  # noqa: E402
+from cis.policy import assign_entries, evaluate_cis  # noqa: E402
+from cis.runtime.client import Client, infer_spread, summarize  # noqa: E402
+from cis.runtime.launcher import launch  # noqa: E402
+from test_runtime_integration import FAST  # noqa: E402  (the runtime tests' fast timeouts)
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def nefl_bundle(tmp_path_factory):
+    from cis.cli import main
+
+    root = tmp_path_factory.mktemp("nefl")
+    code = main(["train", "--method", "nefl", "--dataset", "digits", "--rounds", "4", "--out", str(root / "run"), "--no-progress", "--json"])
+    assert code == 0
+    assert main(["export", str(root / "run"), "--out", str(root / "bundle"), "--latency-repeats", "2", "--json"]) == 0
+    return root
+
+
+@pytest.fixture(scope="module")
+def test_set():
+    from training.data import load_dataset
+
+    d = load_dataset("digits", seed=0).test
+    return d.x, d.y
+
+
+def test_manifest_carries_the_raw_input_and_stages_match_the_sub_models(nefl_bundle, test_set):
+    from cis.stages import run_chain
+    from training.checkpoint import load_checkpoint
+    from training.evaluate import predict_exits
+
+    x, _ = test_set
+    bundle = load_bundle(nefl_bundle / "bundle")
+    stages = json.loads((nefl_bundle / "bundle" / "manifest.json").read_text())["stages"]
+    for k, st in enumerate(stages, start=1):
+        (inp,) = st["inputs"]
+        assert inp["name"] == ("input" if k == 1 else f"input_{k - 1}") and inp["shape"][1:] == [1, 8, 8]
+        if k < len(stages):  # logits + the input, unchanged
+            assert [o["name"] for o in st["outputs"]] == ["logits", f"input_{k}"]
+            assert st["outputs"][1]["shape"] == inp["shape"] and st["carry_bytes_per_sample"] == 8 * 8 * 4
+    model, _, _ = load_checkpoint(nefl_bundle / "run")
+    offline = predict_exits(model, x)  # sub-model k on the input, in torch
+    served = run_chain(bundle, x)
+    for e in (1, 2, 3):
+        np.testing.assert_allclose(served[e], offline[e], atol=1e-3)
+
+
+def test_nefl_bundle_serves_like_the_offline_evaluation(nefl_bundle, test_set):
+    from cis.stages import run_chain
+
+    x, y = test_set
+    bundle = load_bundle(nefl_bundle / "bundle")
+    spec = bundle.spec
+    logits = run_chain(bundle, x)
+    offline = evaluate_cis(spec, logits, y, policy=bundle.policy)
+    cluster = launch(nefl_bundle / "bundle", spec, free_ports=True, extra_args=["--no-cap", *FAST])
+    try:
+        entries = assign_entries(spec, len(y), 0)
+        clients = {nid: Client(cluster.addresses[nid], timeout=20) for nid in entries}
+        try:
+            results = infer_spread(clients, x, entries, window=8, timeout=20)
+        finally:
+            for c in clients.values():
+                c.close()
+    finally:
+        codes = cluster.stop()
+    live = summarize(results, y)
+    assert live["errors"] == {} and live["samples_answered"] == len(y) and live["degraded"] == 0
+    for e, share in offline.exit_shares.items():
+        assert abs(live["served_share_per_exit"].get(str(e), 0.0) - share) <= 0.02, (live, offline)
+    assert abs(live["accuracy"] - offline.accuracy) <= 0.02
+    # every answer is the class of the sub-model that served it, run on the raw input (ties aside)
+    wrong = sum(int(r.cls[0]) != int(np.argmax(logits[int(r.exit[0])][i])) for i, r in enumerate(results))
+    assert wrong <= len(results) // 100
+    assert all(code == 0 for code in codes.values()), codes
+
+
+def test_simulator_takes_the_raw_input_carry_from_the_manifest(nefl_bundle, tmp_path, run_cli):
+    from cis.spec import write_spec
+
+    bundle = load_bundle(nefl_bundle / "bundle")
+    write_spec(bundle.spec, tmp_path / "spec.toml")
+    res = run_cli("simulate", "--spec", tmp_path / "spec.toml", "--bundle", nefl_bundle / "bundle", "--requests", "300", "--json")
+    assert res.code == 0, res.err
+    out = res.json()
+    assert out["requests"]["served"] == 300
+    assert out["links"] and all(link["payload_bytes"] == 8 * 8 * 4 for link in out["links"].values())

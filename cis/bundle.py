@@ -145,6 +145,11 @@ class Bundle:
         with np.load(self.path(CONFIDENCE_PROFILE)) as z:
             return z["confidence"].astype(np.float64), z["correct"].astype(bool)
 
+    def predicted_profile(self) -> np.ndarray | None:
+        """(N, E) the class each exit predicts per validation sample, or None (bundles before it was stored)."""
+        with np.load(self.path(CONFIDENCE_PROFILE)) as z:
+            return z["predicted"].astype(np.int64) if "predicted" in z.files else None
+
     def latency_profile(self) -> dict[int, dict[int, float]]:
         """Seconds per call of each stage, by batch size: {stage: {batch: seconds}}."""
         raw = json.loads(self.path(LATENCY_PROFILE).read_text())
@@ -188,11 +193,18 @@ def write_manifest(root: str | Path, manifest: dict[str, Any]) -> Path:
     return out
 
 
-def write_profiles(root: str | Path, confidence: np.ndarray, correct: np.ndarray, latency: dict[int, dict[int, float]]) -> None:
-    """Write the confidence profile (N, E) and the latency profile {stage: {batch: seconds}}."""
+def write_profiles(
+    root: str | Path, confidence: np.ndarray, correct: np.ndarray, latency: dict[int, dict[int, float]], predicted: np.ndarray | None = None
+) -> None:
+    """Write the confidence profile (N, E) and the latency profile {stage: {batch: seconds}}.
+
+    ``predicted`` (N, E), the class each exit predicts, is stored too when given
+    (the patience rule decides from labels, not from a confidence).
+    """
     root = Path(root)
     (root / "profiles").mkdir(parents=True, exist_ok=True)
-    np.savez_compressed(root / CONFIDENCE_PROFILE, confidence=confidence.astype(np.float32), correct=correct.astype(bool))
+    extra = {} if predicted is None else {"predicted": np.asarray(predicted).astype(np.int32)}
+    np.savez_compressed(root / CONFIDENCE_PROFILE, confidence=confidence.astype(np.float32), correct=correct.astype(bool), **extra)
     (root / LATENCY_PROFILE).write_text(
         json.dumps({"stages": {str(k): {str(b): s for b, s in v.items()} for k, v in latency.items()}}, indent=2)
     )

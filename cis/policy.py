@@ -4,7 +4,8 @@ Three users share it: the offline CIS evaluation in training, the runtime node
 and the simulator. It holds
 
 - the confidence measures (max softmax, normalised entropy, margin);
-- :class:`ExitPolicy`, per-node thresholds on a confidence measure, applied per sample;
+- :class:`ExitPolicy`, per-node thresholds on a confidence measure, applied per sample,
+  or FLAME's patience rule (:mod:`cis.patience`), whose state travels with the carry;
 - :class:`TokenBucket`, the transfer cap (mu_max) enforced in time;
 - :func:`route`, the flow of a set of requests through the tree, either by
   quota (each node serves the most confident share its serving rate allows,
@@ -24,6 +25,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from cis import patience as patience_rule
 from cis.errors import CisError
 from cis.rates import Rates, compute_rates
 from cis.spec import CONFIDENCE_MEASURES, CisSpec
@@ -63,26 +65,61 @@ def confidence(logits: np.ndarray, measure: str = "max_softmax") -> np.ndarray:
 
 @dataclass
 class ExitPolicy:
-    """Per-node thresholds on one confidence measure.
+    """Per-node thresholds on one confidence measure, or FLAME's patience rule.
 
     A node serves a sample when its confidence at the node's exit is at least the
     node's threshold; the root's threshold is -inf (it serves everything).
+
+    With ``measure == "patience"`` (and ``patience`` = p) no threshold applies:
+    the decision depends on the sequence of exits a request has passed, so it
+    takes the request's patience state (label, count; :mod:`cis.patience`) and
+    returns the new one (:meth:`decide_patience`). Every exit a request passes
+    advances the count, and it is served at the first exit where the count
+    reaches p (at the latest by the root). ``thresholds`` is then unused.
     """
 
     measure: str
     thresholds: dict[str, float]
+    patience: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.measure == patience_rule.MEASURE:
+            if self.patience is None:
+                raise CisError("exit policy: measure 'patience' needs a patience value (an integer >= 1)")
+            self.patience = patience_rule.check_patience(self.patience)
+        elif self.patience is not None:
+            raise CisError(f"exit policy: a patience value applies only to measure 'patience', not {self.measure!r}")
+
+    @property
+    def uses_patience(self) -> bool:
+        return self.measure == patience_rule.MEASURE
 
     def decide(self, node_id: str, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Return (serve mask, confidence) for a batch of logits at ``node_id``."""
+        if self.uses_patience:
+            raise CisError("exit policy 'patience': the decision needs the requests' patience state; use decide_patience")
         conf = confidence(logits, self.measure)
         return conf >= self.thresholds[node_id], conf
 
+    def decide_patience(
+        self, logits: np.ndarray, state: "patience_rule.PatienceState", last: bool = False
+    ) -> tuple[np.ndarray, "patience_rule.PatienceState"]:
+        """(serve mask, new state) after one exit's logits, for requests arriving with ``state``."""
+        if not self.uses_patience:
+            raise CisError(f"exit policy {self.measure!r}: thresholds decide, not patience")
+        new, done = patience_rule.step(state, logits, self.patience, last=last)
+        return done, new
+
     def to_json(self) -> dict:
-        return {"measure": self.measure, "thresholds": {k: _finite_or_str(v) for k, v in self.thresholds.items()}}
+        out: dict = {"measure": self.measure, "thresholds": {k: _finite_or_str(v) for k, v in self.thresholds.items()}}
+        if self.patience is not None:
+            out["patience"] = self.patience
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping) -> "ExitPolicy":
-        return cls(data["measure"], {k: float(v) for k, v in data["thresholds"].items()})
+        p = data.get("patience")
+        return cls(data["measure"], {k: float(v) for k, v in data["thresholds"].items()}, None if p is None else int(p))
 
 
 def _finite_or_str(v: float) -> float | str:
@@ -293,6 +330,36 @@ def evaluate_cis(
     return CisEvaluation(
         accuracy=routing.accuracy(correct),
         exit_shares=routing.exit_shares(spec.num_exits),
+        node_shares=routing.node_shares(),
+        exit_accuracy={e: float(c.mean()) for e, c in correct.items()},
+    )
+
+
+def evaluate_patience(
+    spec: CisSpec, logits: Mapping[int, np.ndarray], labels: np.ndarray, patience: int, seed: int = 0
+) -> CisEvaluation:
+    """CIS accuracy under the patience rule: each request is served at its patience exit.
+
+    Every path from a leaf to the root passes the exits in order (each node runs
+    its stages up to its own exit), so the exit a request takes is
+    :func:`cis.patience.exit_points` whatever node it enters at; a node serves
+    what reaches patience at one of its exits (the root: the rest). Transfer
+    caps are not modelled here (the runtime and the simulator apply them).
+    """
+    exits = sorted(logits)
+    at = patience_rule.exit_points([logits[e] for e in exits], patience)
+    correct = exit_correct(logits, labels)
+    table = np.stack([correct[e] for e in exits])
+    node_exit = {n.id: n.exit for n in spec.nodes}
+
+    def decide(node_id: str, idx: np.ndarray, w: np.ndarray, c: np.ndarray) -> np.ndarray:
+        return np.where(at[idx] <= node_exit[node_id], w, 0.0)
+
+    routing = route(spec, exit_confidences(logits, "max_softmax"), assign_entries(spec, len(labels), seed), decide)
+    n = max(len(labels), 1)
+    return CisEvaluation(
+        accuracy=float(table[at - exits[0], np.arange(len(labels))].mean()) if len(labels) else 0.0,
+        exit_shares={e: float((at == e).sum() / n) for e in range(1, spec.num_exits + 1)},
         node_shares=routing.node_shares(),
         exit_accuracy={e: float(c.mean()) for e, c in correct.items()},
     )

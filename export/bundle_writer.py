@@ -13,7 +13,10 @@ Steps, in order (each failure is one CisError line):
    variants, and measure each variant's validation accuracy per exit and the
    bytes a node forwards per request;
 6. calibrate per-node thresholds with the one policy (``cis.policy``) on the
-   logits of the graphs the bundle ships, check the shares they reproduce;
+   logits of the graphs the bundle ships, check the shares they reproduce
+   (a FLAME model instead gets the patience policy, p_ev = 4 by default: no
+   thresholds; the nodes table says ``"threshold": null, "patience": p`` and the
+   calibration block the shares the rule gives on validation);
 7. profile confidence and latency, build TensorRT engines (``trt=True``),
    and write stages, profiles and ``manifest.json`` (sha256 of every file).
 
@@ -40,7 +43,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import cis
 from cis.bundle import MANIFEST, StageInfo, TensorInfo, sha256_file, write_manifest, write_profiles
 from cis.errors import CisError
-from cis.policy import calibrate_thresholds, evaluate_cis, exit_confidences
+from cis.policy import ExitPolicy, calibrate_thresholds, evaluate_cis, evaluate_patience, exit_confidences
 from cis.rates import compute_rates
 from cis.spec import CisSpec, load_spec, parse_spec, spec_to_dict
 from cis.stages import StageRunner, run_chain
@@ -94,6 +97,23 @@ def _versions(trt: bool) -> dict[str, str]:
 
         out["tensorrt"] = tensorrt.__version__
     return out
+
+
+def inference_patience(meta: dict, override: int | None = None) -> int | None:
+    """The patience p_ev a bundle's policy uses: FLAME-trained runs get ``override``, else
+    the run's option ``eval_patience``, else the paper's 4; other methods use thresholds (None)."""
+    from cis.patience import check_patience
+
+    method = str(meta.get("method", "cis"))
+    if method != "flame":
+        if override is not None:
+            raise CisError(f"--patience: the run's method is {method!r}; a patience policy applies to FLAME-trained models (method 'flame')")
+        return None
+    from training.methods.flame import EVAL_PATIENCE
+
+    options = meta.get("options") or {}
+    value = override if override is not None else options.get("eval_patience") or EVAL_PATIENCE
+    return check_patience(int(value))
 
 
 def _finite(v: float) -> float | str:
@@ -159,8 +179,13 @@ def export_bundle(
     latency_repeats: int = 20,
     latency_batches: tuple[int, ...] = LATENCY_BATCHES,
     progress: Progress | None = None,
+    patience: int | None = None,
 ) -> dict[str, Any]:
     """Cut, export, verify, calibrate and profile the model in ``run_dir``; write the bundle to ``out_dir``.
+
+    A FLAME-trained run (``method`` "flame" in its metadata) gets a patience
+    policy instead of thresholds: p_ev = ``patience``, else the run's option
+    ``eval_patience``, else 4 (the paper's). ``patience`` for another method is refused.
 
     Returns the report: the manifest's main fields plus verification figures,
     per-feature-dtype accuracy and bytes, and the calibrated shares.
@@ -265,16 +290,30 @@ def export_bundle(
     models, infos, logits = chosen
 
     # ---------------------------------------------------------------- thresholds
-    say("calibrating thresholds per node")
-    measure = spec_obj.confidence
-    conf = exit_confidences(logits, measure)
-    policy = calibrate_thresholds(spec_obj, conf)
-    evaluation = evaluate_cis(spec_obj, logits, val.y, policy=policy)
     targets = compute_rates(spec_obj).exit_share
-    nodes = {
-        n.id: {"exit": n.exit, "stages": list(range(1, n.exit + 1)), "threshold": _finite(policy.thresholds[n.id])}
-        for n in spec_obj.nodes
-    }
+    patience = inference_patience(meta, patience)
+    if patience is None:
+        say("calibrating thresholds per node")
+        measure = spec_obj.confidence
+        conf = exit_confidences(logits, measure)
+        policy = calibrate_thresholds(spec_obj, conf)
+        evaluation = evaluate_cis(spec_obj, logits, val.y, policy=policy)
+        nodes = {
+            n.id: {"exit": n.exit, "stages": list(range(1, n.exit + 1)), "threshold": _finite(policy.thresholds[n.id])}
+            for n in spec_obj.nodes
+        }
+    else:
+        # FLAME: the patience rule decides; no threshold to calibrate. The nodes table
+        # then has "threshold": null and "patience": p; the calibration block reports the
+        # shares and accuracy the rule gives on validation (the spec's targets only for reference).
+        say(f"patience policy (p = {patience}): no thresholds to calibrate")
+        measure = spec_obj.confidence  # for the confidence profile (the simulator's service-time rows)
+        policy = ExitPolicy("patience", {}, patience)
+        evaluation = evaluate_patience(spec_obj, logits, val.y, patience)
+        nodes = {
+            n.id: {"exit": n.exit, "stages": list(range(1, n.exit + 1)), "threshold": None, "patience": patience}
+            for n in spec_obj.nodes
+        }
     calibration = {
         "target_share_per_exit": {str(e): s for e, s in targets.items()},
         "achieved_share_per_exit": {str(e): s for e, s in evaluation.exit_shares.items()},
@@ -283,6 +322,8 @@ def export_bundle(
         "exit_accuracy": {str(e): a for e, a in evaluation.exit_accuracy.items()},
         "samples": int(len(val)),
     }
+    if patience is not None:
+        calibration.update(kind="patience", patience=patience)
 
     # ---------------------------------------------------------------- write
     out_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -296,7 +337,8 @@ def export_bundle(
         runners = [StageRunner.from_model(tmp / info.file, info, threads=threads) for info in infos]
         latency = latency_profile(runners, latency_batches, latency_repeats)
         c_arr, ok_arr = confidence_profile(logits, val.y, measure)
-        write_profiles(tmp, c_arr, ok_arr, latency)
+        predicted = np.stack([logits[e].argmax(-1) for e in sorted(logits)], axis=1)
+        write_profiles(tmp, c_arr, ok_arr, latency, predicted)
 
         engines: dict[int, str] = {}
         trt_report: dict[str, Any] | None = None

@@ -132,8 +132,34 @@ def export_stage(stage: ExportStage, example: tuple[torch.Tensor, ...], opset: i
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         raise ExportError(f"stage {stage.index}: {exporter} ONNX export failed ({type(exc).__name__}: {first})") from None
     model.producer_name = "cis export"
+    _fill_static_output_dims(model)
     check_graph(model, stage, opset)
     return model
+
+
+def _fill_static_output_dims(model: onnx.ModelProto) -> None:
+    """Write the sizes ONNX shape inference proves into output dims the exporter left symbolic.
+
+    The torchscript exporter's own shape pass gives up on some graphs whose
+    shapes are in fact static (e.g. Concat / Slice after a Conv in a ViT patch
+    embedding) and names such dims (``Concattokens_1_dim_1``); ONNX's inference
+    with data propagation resolves them. Only non-batch dims are touched, and
+    only where inference found a number, so a truly dynamic dim still fails
+    :func:`check_graph`.
+    """
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except Exception:  # inference is best effort; check_graph judges the result
+        return
+    found = {vi.name: vi.type.tensor_type.shape.dim for vi in inferred.graph.output}
+    for vi in model.graph.output:
+        dims = vi.type.tensor_type.shape.dim
+        new = found.get(vi.name)
+        if new is None or len(new) != len(dims):
+            continue
+        for d, n in list(zip(dims, new))[1:]:
+            if not d.dim_value and n.dim_value:
+                d.dim_value = n.dim_value
 
 
 def check_graph(model: onnx.ModelProto, stage: ExportStage, opset: int | None = None) -> None:

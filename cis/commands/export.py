@@ -22,6 +22,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--exporter", choices=["auto", "torchscript", "dynamo"], default="auto", help="torch ONNX exporter (default: auto)")
     p.add_argument("--trt", action="store_true", help="also build a TensorRT engine per stage (needs TensorRT and an NVIDIA GPU)")
     p.add_argument("--trt-fp32", action="store_true", help="build the TensorRT engines in FP32 instead of FP16")
+    p.add_argument("--patience", type=int, help="FLAME models: inference patience p_ev of the bundle's patience policy (default: 4)")
     p.add_argument("--latency-repeats", type=int, default=20, help="timed runs per stage and batch size for the latency profile")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
@@ -44,6 +45,7 @@ def run(args: argparse.Namespace) -> int:
         trt_fp16=not args.trt_fp32,
         exporter=args.exporter,
         latency_repeats=max(1, args.latency_repeats),
+        patience=args.patience,
         progress=_progress,
     )
     print_result(args, report, summary(report))
@@ -75,7 +77,7 @@ def summary(report: dict) -> str:
     lines += ["", f"{'node':<10}{'exit':>5}{'threshold':>11}"]
     for nid, n in report["nodes"].items():
         t = n["threshold"]
-        lines.append(f"{nid:<10}{n['exit']:>5}{t if isinstance(t, str) else format(t, '.4f'):>11}")
+        lines.append(f"{nid:<10}{n['exit']:>5}{t if isinstance(t, str) else ('-' if t is None else format(t, '.4f')):>11}")
     shares = "  ".join(
         f"exit {e}: {cal['achieved_share_per_exit'][e] * 100:.1f}% (target {s * 100:.1f}%)" for e, s in cal["target_share_per_exit"].items()
     )

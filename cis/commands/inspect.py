@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
         lines += ["", f"nodes (confidence: {measure}):", f"  {'id':<10}{'exit':>5}{'stages':>10}{'threshold':>11}"]
         for nid, n in m["nodes"].items():
             t = n["threshold"]
-            lines.append(f"  {nid:<10}{n['exit']:>5}{','.join(map(str, n['stages'])):>10}{t if isinstance(t, str) else format(t, '.4f'):>11}")
+            lines.append(f"  {nid:<10}{n['exit']:>5}{','.join(map(str, n['stages'])):>10}{t if isinstance(t, str) else ('-' if t is None else format(t, '.4f')):>11}")
     cal = m.get("calibration")
     if cal:
         shares = ", ".join(f"{e}: {cal['achieved_share_per_exit'][e] * 100:.1f}%/{v * 100:.1f}%" for e, v in cal["target_share_per_exit"].items())

@@ -47,8 +47,9 @@ def build_node(
         indices = list(range(1, node.exit + 1))
     if node.exit not in indices:
         indices = list(range(1, node.exit + 1))
+    patience = bundle.policy.patience if bundle.policy is not None and bundle.policy.uses_patience else None
     if threshold is None:
-        if node.parent is None:
+        if node.parent is None or patience is not None:  # the root serves all; patience uses no threshold
             threshold = -math.inf
         elif bundle.policy is not None and node_id in bundle.policy.thresholds:
             threshold = bundle.policy.thresholds[node_id]
@@ -69,6 +70,8 @@ def build_node(
     threads = options.pop("threads", 1)
     stages = {k: BundleStage(bundle.stage(k).inputs, bundle.stage(k).outputs, StageRunner(bundle, k, threads=threads)) for k in indices}
     options.setdefault("measure", bundle.policy.measure if bundle.policy else spec.confidence)
+    if options["measure"] == "patience":
+        options.setdefault("patience", patience)
     if node.queue_limit is not None:
         options.setdefault("queue_limit", node.queue_limit)
     cfg = NodeConfig(

@@ -9,7 +9,11 @@ The story of one request at a node:
    samples, after at most ``max_wait`` seconds; stage by stage, so requests that
    enter at different stages share the later stages);
 3. at the node's own exit the one exit policy (:class:`cis.policy.ExitPolicy`)
-   decides per sample: confident samples are answered here; the others are
+   decides per sample (with FLAME's patience measure: after *every* stage the
+   node runs, since the count is over consecutive exits; a sample is served at
+   the first exit whose count reaches p, and the state (label, count) of the
+   others goes to the parent as two more carry tensors, ``patience_label`` and
+   ``patience_count``, int64 (N,); a request from a client starts fresh): confident samples are answered here; the others are
    forwarded to the parent as one FORWARD message, as long as the transfer cap
    (:class:`cis.policy.TokenBucket`) has tokens and the parent is up; what the
    cap refuses is served here (flag ``capped``), what cannot reach the parent is
@@ -32,6 +36,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import numpy as np
 import zmq
 
+from cis import patience as pt
 from cis.policy import ExitPolicy, TokenBucket
 from cis.runtime import protocol as P
 from cis.runtime.adapt import ThresholdController
@@ -73,6 +78,7 @@ class NodeConfig:
     parent: str | None = None  # parent's address; None at the root
     threshold: float = -math.inf
     measure: str = "max_softmax"
+    patience: int | None = None  # with measure "patience": p (the bundle's inference patience)
     max_transfer_rate: float = math.inf  # forwarded samples per second (token bucket)
     transfer_burst: float | None = None
     max_batch: int = 32  # samples per micro-batch
@@ -123,12 +129,16 @@ class Node:
         self.stages = dict(stages)
         if config.exit not in self.stages:
             raise ValueError(f"node {config.node_id!r}: no stage {config.exit} (its exit)")
-        self.policy = ExitPolicy(config.measure, {config.node_id: config.threshold})
+        self.policy = ExitPolicy(config.measure, {config.node_id: config.threshold}, config.patience)
+        self.patient = self.policy.uses_patience
         self.bucket = TokenBucket(config.max_transfer_rate, config.transfer_burst, now=time.monotonic())
         self.controller = (
-            ThresholdController(config.adapt_target, config.threshold, gain=config.adapt_gain) if config.adapt and config.parent else None
+            ThresholdController(config.adapt_target, config.threshold, gain=config.adapt_gain)
+            if config.adapt and config.parent and not self.patient  # no threshold to move under patience
+            else None
         )
         self.carry_names = [t.name for t in self.stages[config.exit].outputs if t.name != "logits"]
+        self.state_names = (pt.LABEL, pt.COUNT) if self.patient else ()
         self.queue: collections.deque[_Item] = collections.deque()
         self.queued = 0
         self.pending: dict[int, _Pending] = {}
@@ -304,7 +314,7 @@ class Node:
         stage = h.get("stage", 1)
         if stage not in self.stages or stage > self.cfg.exit:
             return self._error(prefix, msg.id, "bad_stage", f"entry stage {stage!r}; node {self.cfg.node_id} runs stages {sorted(self.stages)}")
-        problem, n = _check_feeds(self.stages[stage].inputs, msg.tensors)
+        problem, n = _check_feeds(self.stages[stage].inputs, msg.tensors, self.state_names)
         if problem:
             return self._error(prefix, msg.id, "bad_tensor", f"stage {stage}: {problem}")
         if self.queued + n > self.cfg.queue_limit:
@@ -352,18 +362,26 @@ class Node:
         self.queued -= total
         self.counters["batches"] += 1
         try:
-            logits, carry, order = self._run_stages(batch)
+            logits, carry, order, hit = self._run_stages(batch)
         except Exception as exc:  # a stage failed: every request of the batch gets one error
             for it in batch:
                 self._error(it.prefix, it.req_id, "internal", f"node {self.cfg.node_id}: {type(exc).__name__}: {exc}")
             return
-        self._decide(order, logits, carry)
+        self._decide(order, logits, carry, hit)
 
     def _run_stages(self, batch: list[_Item]):
-        """Run the batch stage by stage; requests entering later join at their stage."""
+        """Run the batch stage by stage; requests entering later join at their stage.
+
+        Returns (logits at the node's exit, carry, the items in sample order,
+        the patience decision or None): with the patience measure the state is
+        advanced after every stage, and ``hit`` records per sample the first
+        exit here whose count reached p, with that exit's class and the count.
+        """
         order: list[_Item] = []
         feeds: dict[str, np.ndarray] | None = None
         out: dict[str, np.ndarray] = {}
+        state: pt.PatienceState | None = None
+        hit: dict[str, np.ndarray] | None = None
         for k in range(min(it.stage for it in batch), self.cfg.exit + 1):
             joining = [it for it in batch if it.stage == k]
             stage = self.stages[k]
@@ -374,16 +392,40 @@ class Node:
             order.extend(joining)
             run_feeds = {nm: (parts[0][nm] if len(parts) == 1 else np.concatenate([p[nm] for p in parts])) for nm in names}
             out = stage.run(run_feeds)
+            if self.patient:
+                fresh = [pt.from_carry(it.feeds, it.n) for it in joining]
+                state = pt.concat(([state] if state is not None else []) + fresh)
+                m = sum(it.n for it in joining)
+                new_hit = {"exit": np.zeros(m, np.int32), "cls": np.zeros(m, np.int64), "conf": np.zeros(m, np.float32)}
+                hit = new_hit if hit is None else {key: np.concatenate([hit[key], new_hit[key]]) for key in hit}
+                done, state = self.policy.decide_patience(out["logits"], state)
+                first = done & (hit["exit"] == 0)
+                hit["exit"][first] = k
+                hit["cls"][first] = state.label[first]
+                hit["conf"][first] = state.count[first]
             if k < self.cfg.exit:
                 nxt = [t.name for t in self.stages[k + 1].inputs]
                 feeds = {nm: out[nm] for nm in nxt}
-        return out["logits"], {nm: out[nm] for nm in self.carry_names}, order
+        carry = {nm: out[nm] for nm in self.carry_names}
+        if self.patient:
+            assert state is not None and hit is not None
+            carry.update(pt.to_carry(state))
+            hit["state_count"] = state.count
+        return out["logits"], carry, order, hit
 
-    def _decide(self, order: list[_Item], logits: np.ndarray, carry: dict[str, np.ndarray]) -> None:
+    def _decide(self, order: list[_Item], logits: np.ndarray, carry: dict[str, np.ndarray], hit: dict[str, np.ndarray] | None = None) -> None:
         nid, now = self.cfg.node_id, time.monotonic()
-        serve, conf = self.policy.decide(nid, logits)
         cls = logits.argmax(axis=-1)
         n = len(cls)
+        exit_at = np.full(n, self.cfg.exit, np.int32)
+        if hit is None:
+            serve, conf = self.policy.decide(nid, logits)
+        else:  # patience: served at the first exit here that reached p; the confidence reported is the count
+            serve = hit["exit"] > 0
+            conf = hit["state_count"].astype(np.float32)
+            cls = np.where(serve, hit["cls"], cls)
+            conf = np.where(serve, hit["conf"], conf)
+            exit_at = np.where(serve, hit["exit"], exit_at).astype(np.int32)
         flags = np.zeros(n, np.uint8)
         if self.cfg.parent is None:
             serve = np.ones(n, bool)
@@ -413,7 +455,7 @@ class Node:
         for i in np.flatnonzero(serve):
             it = order[owner[i]]
             j = local[i]
-            it.cls[j], it.conf[j], it.exit[j], it.flags[j] = cls[i], conf[i], self.cfg.exit, flags[i]
+            it.cls[j], it.conf[j], it.exit[j], it.flags[j] = cls[i], conf[i], exit_at[i], flags[i]
             it.served_by[j] = nid
             it.remaining -= 1
             done.add(int(owner[i]))
@@ -499,8 +541,25 @@ def _peek_id(frame: Any) -> int:
         return 0
 
 
-def _check_feeds(inputs: Sequence[TensorSpec], tensors: Mapping[str, np.ndarray]) -> tuple[str | None, int]:
+def _check_feeds(inputs: Sequence[TensorSpec], tensors: Mapping[str, np.ndarray], state: Sequence[str] = ()) -> tuple[str | None, int]:
+    """Check the tensors against the entry stage's inputs; ``state``: the patience state's
+    names, which may come along (both or neither, int64 (N,)) and start fresh when absent."""
     want = {t.name: t for t in inputs}
+    extra = set(tensors) - set(want)
+    if state and extra:
+        if extra != set(state):
+            return f"tensors {sorted(tensors)}; expected {sorted(want)} plus optionally both of {list(state)}", 0
+        for name in state:
+            a = tensors[name]
+            if a.dtype.name != "int64" or a.ndim != 1:
+                return f"tensor {name!r} has dtype {a.dtype.name} and shape {list(a.shape)}; expected int64 [N]", 0
+        n0 = tensors[state[0]].shape[0]
+        if tensors[state[1]].shape[0] != n0:
+            return f"tensors {list(state)} disagree on the batch size", 0
+        problem, n = _check_feeds(inputs, {k: v for k, v in tensors.items() if k not in extra})
+        if problem is None and n != n0:
+            return f"tensors disagree on the batch size ({n} vs {n0})", 0
+        return problem, n
     if set(tensors) != set(want):
         return f"tensors {sorted(tensors)}; expected {sorted(want)}", 0
     n = None

@@ -1,0 +1,117 @@
+"""ReeFL on reduced-scale CIFAR-10: ReeFL vs DepthFL vs ExclusiveFL, with and without modulation and distillation.
+
+Same small ViT backbone, data, paper-7 tree (7 clients, budgets = their tier's
+exit), rounds and local steps for every run (``--method`` through
+training.run.build_setup); metric: test accuracy per exit and its mean over exits.
+
+- ``reefl``: Ree + shared classifier, feature modulation, best-exit self-distillation;
+- ``reefl -mod``, ``reefl -kd``, ``reefl -mod -kd``: the ablations;
+- ``depthfl``: per-exit heads, all exits of a client's budget trained, mutual distillation;
+- ``exclusivefl``: only the clients that fit the full model train (the cloud).
+
+The paper's direction: ReeFL ahead of per-exit heads; modulation and distillation add a little.
+
+    python benchmarks/reefl.py [--quick]
+Writes benchmarks/results/reefl.json and reefl.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
+from flame import RESULTS, spec_file  # noqa: E402
+
+CELLS = (
+    ("reefl", "reefl", {}),
+    ("reefl -mod", "reefl", {"modulation": False}),
+    ("reefl -kd", "reefl", {"distill": False}),
+    ("reefl -mod -kd", "reefl", {"modulation": False, "distill": False}),
+    ("depthfl", "depthfl", {}),
+    ("exclusivefl", "exclusivefl", {}),
+)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smoke setting: 1 round, 700 images, narrow model")
+    ap.add_argument("--data", default="/tmp/cifar10")
+    ap.add_argument("--rounds", type=int, default=8)
+    ap.add_argument("--train-subset", type=int, default=5000)
+    ap.add_argument("--val-size", type=int, default=1000)
+    ap.add_argument("--width", type=float, default=1.0, help="ViT width multiplier (dim 64 x width)")
+    ap.add_argument("--local-epochs", type=float, default=1.0)
+    ap.add_argument("--exits", default="2,4,6", help="ViT blocks with an exit; depth = the last")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--only", default=None, help="comma-separated cell names to run")
+    args = ap.parse_args()
+    if args.quick:
+        args.rounds, args.train_subset, args.val_size, args.width, args.local_epochs = 1, 700, 300, 0.5, 0.25
+    name = "reefl-quick" if args.quick else "reefl"
+    exits = [int(e) for e in args.exits.split(",")]
+    spec = spec_file(len(exits), Path(f"/tmp/cis-bench/{name}"))
+    wanted = set(args.only.split(",")) if args.only else None
+    start = time.perf_counter()
+    cells = {}
+    for label, method, opts in CELLS:
+        if wanted and label not in wanted:
+            continue
+        cells[label] = run_cell(method, {**opts, "vit_exits": exits, "depth": exits[-1]}, args, spec)
+        print(f"{label}: mean exit accuracy {100 * cells[label]['mean_exit_accuracy']:.1f}% ({cells[label]['wall_seconds']:.0f} s)", file=sys.stderr)
+    scale = {k: getattr(args, k) for k in ("rounds", "train_subset", "val_size", "width", "local_epochs", "exits", "seed", "threads")}
+    out = {"benchmark": "reefl", "quick": args.quick, "scale": scale, "cells": cells, "seconds": time.perf_counter() - start}
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=2))
+    E = len(exits)
+    lines = [
+        f"# ReeFL benchmark{' (quick smoke run)' if args.quick else ''}", "",
+        f"Scale: {scale}; paper-7 tree, clients' budgets = their tier's exit.", "",
+        "| run | " + " | ".join(f"exit {e} %" for e in range(1, E + 1)) + " | mean % | wall s |",
+        "|---|" + "---|" * (E + 2),
+    ]
+    for k, c in cells.items():
+        accs = " | ".join(f"{100 * c['test_exit_accuracy'][str(e)]:.1f}" for e in range(1, E + 1))
+        lines.append(f"| {k} | {accs} | {100 * c['mean_exit_accuracy']:.1f} | {c['wall_seconds']:.0f} |")
+    lines += ["", "Paper's direction: ReeFL ahead of per-exit heads (DepthFL, ExclusiveFL); modulation and distillation add a little."]
+    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+def run_cell(method: str, options: dict, args, spec: Path) -> dict:
+    import torch
+
+    from training.config import make_config
+    from training.evaluate import predict_exits
+    from training.run import build_setup
+
+    config = make_config(overrides=dict(
+        method=method, options=options, dataset=f"cifar10:{args.data}", spec=str(spec), rounds=args.rounds,
+        width=args.width, seed=args.seed, train_subset=args.train_subset, val_size=args.val_size,
+        local_epochs=args.local_epochs, threads=args.threads, eval_every=args.rounds,
+    ))
+    s = build_setup(config)
+    t0 = time.perf_counter()
+    for _ in range(config.rounds):
+        s.engine.run_round()
+    wall = time.perf_counter() - t0
+    torch.set_num_threads(args.threads)
+    test = predict_exits(s.engine.sync_model(), s.splits.test.x)
+    y = s.splits.test.y
+    acc = {str(e): float((test[e].argmax(-1) == y).mean()) for e in sorted(test)}
+    return {
+        "method": method, "options": options, "test_exit_accuracy": acc,
+        "mean_exit_accuracy": float(np.mean(list(acc.values()))), "wall_seconds": wall,
+    }
+
+
+if __name__ == "__main__":
+    main()

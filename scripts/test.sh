@@ -7,6 +7,6 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 .venv/bin/python -m pip install -q "torch==2.13.0" 2>&1 | grep -v '^WARNING: Location' || true
-.venv/bin/python -m pip install -q -e ".[test]" 2>&1 | grep -v '^WARNING: Location' || true
+.venv/bin/python -m pip install -q -e ".[test,flower]" 2>&1 | grep -v '^WARNING: Location' || true
 .venv/bin/python -c "import torch, onnxruntime, zmq, simpy, cis" # fail loudly if the install is incomplete
 exec .venv/bin/python -m pytest "$@"

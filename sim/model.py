@@ -44,6 +44,7 @@ class Plan:
     profile: Profile | None = None
     policy: ExitPolicy | None = None  # with a profile: the thresholds behind ``masks``
     rows: dict[str, list[int]] | None = None  # replay: node -> profile rows of its arrivals, in order
+    exit_at: list[int] | None = None  # patience rule: the exit that serves each profile row
 
 
 class Uplink:
@@ -147,9 +148,14 @@ class Model:
     limit: float  # stop after this many arrivals
     horizon: float  # stop arrivals after this time
     hops: Iterator[float] | None = None  # messaging round trip per node visit (None: no cost, the spec's links only)
+    exit_at: list[int] | None = None  # patience rule: the exit that serves each profile row (else the node's own)
     log: Log = field(default_factory=Log)
     arrived: int = 0
     last_arrival: float = 0.0
+
+    def served_exit(self, row: int, node_exit: int) -> int:
+        """The node's own exit, or under patience the row's exit (a capped forward is served at the node's)."""
+        return node_exit if self.exit_at is None else min(self.exit_at[row], node_exit)
 
     def outcome(self, row: int, exit_: int) -> int:
         return -1 if self.correct is None else self.correct[exit_][row]
@@ -180,8 +186,9 @@ def request(env: simpy.Environment, model: Model, rid: int, station: Station, ro
         done = station.exit
         if not station.forwards(row, env.now):
             station.served += 1
+            exit_ = model.served_exit(row, done)
             # the reply travels back through every node visited (the spec's links carry replies for free)
-            model.log.add(rid, entry, station.index, done, model.outcome(row, done), arrived, env.now + back)
+            model.log.add(rid, entry, station.index, exit_, model.outcome(row, exit_), arrived, env.now + back)
             return
         station.forwarded += 1
         delay = station.uplink.delay(env.now, model.payloads[done])
@@ -244,7 +251,7 @@ def build(plan: Plan) -> tuple[Model, list[tuple[Station, Iterator[float], Itera
     if config.hop_rtt:  # its own stream, spawned after the others: runs without it keep their numbers
         hop_rng = spawn(config.seed, 4 * len(spec.nodes) + 2)[-1]
         hops = itertools.repeat(config.hop_rtt[0]) if len(config.hop_rtt) == 1 else (config.hop_rtt[i] for i in indices(hop_rng, len(config.hop_rtt)))
-    return Model(env, stations, plan.payloads, correct, limit, horizon, hops), feeds
+    return Model(env, stations, plan.payloads, correct, limit, horizon, hops, plan.exit_at), feeds
 
 
 def _keeper(plan: Plan, node_id: str, rng: np.random.Generator) -> Callable[[int], bool]:

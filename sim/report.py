@@ -118,7 +118,8 @@ def summarise(plan: Plan, model: Model, requests: dict[str, np.ndarray]) -> dict
 
 def _decision(plan: Plan) -> dict:
     if plan.policy is not None:
-        return {"kind": "thresholds", **plan.policy.to_json(), "profile_samples": plan.profile.samples}
+        kind = "patience" if plan.policy.uses_patience else "thresholds"
+        return {"kind": kind, **plan.policy.to_json(), "profile_samples": plan.profile.samples}
     return {"kind": "shares", "shares": plan.shares}
 
 

@@ -17,6 +17,8 @@ from sim.workload import (
     Profile,
     bundle_payloads,
     bundle_policy,
+    patience_exits,
+    patience_payload,
     bundle_profile,
     bundle_stage_seconds,
     serve_masks,
@@ -60,7 +62,11 @@ def plan_run(
     payloads = bundle_payloads(bundle, spec.num_exits)
     means = visit_means(spec, bundle_stage_seconds(bundle, spec.num_exits))
     policy = bundle_policy(spec, bundle, profile, config.calibrate, config.seed)
-    return Plan(spec, config, means, payloads, masks=serve_masks(spec, policy, profile), profile=profile, policy=policy, rows=rows)
+    payloads = {k: b + patience_payload(policy) for k, b in payloads.items()}
+    exit_at = patience_exits(policy, profile).tolist() if policy.uses_patience else None
+    return Plan(
+        spec, config, means, payloads, masks=serve_masks(spec, policy, profile), profile=profile, policy=policy, rows=rows, exit_at=exit_at
+    )
 
 
 def simulate(

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cis import patience as patience_rule
 from cis.bundle import Bundle
 from cis.errors import CisError
 from cis.policy import ExitPolicy, calibrate_thresholds, threshold_decider
@@ -24,6 +25,7 @@ class Profile:
 
     confidence: np.ndarray  # (N, E) float
     correct: np.ndarray  # (N, E) bool
+    predicted: np.ndarray | None = None  # (N, E) class per exit: what the patience rule counts on
 
     @property
     def samples(self) -> int:
@@ -43,7 +45,10 @@ def bundle_profile(bundle: Bundle, num_exits: int) -> Profile:
         raise CisError(f"{where}: {conf.shape[1]} exits; expected {num_exits} (the spec's [cis] exits)")
     if not np.isfinite(conf).all():
         raise CisError(f"{where}: confidence has NaN or inf; expected finite values")
-    return Profile(conf, correct)
+    predicted = bundle.predicted_profile()
+    if predicted is not None and predicted.shape != conf.shape:
+        raise CisError(f"{where}: predicted {predicted.shape}; expected {conf.shape} like confidence")
+    return Profile(conf, correct, predicted)
 
 
 def bundle_stage_seconds(bundle: Bundle, num_exits: int) -> list[float]:
@@ -84,6 +89,8 @@ def visit_means(spec: CisSpec, stage_seconds: list[float]) -> dict[str, dict[int
 def bundle_policy(spec: CisSpec, bundle: Bundle, profile: Profile, calibrate: bool, seed: int) -> ExitPolicy:
     """The bundle's thresholds, or thresholds calibrated on the profile when it has none (or when asked)."""
     policy = bundle.policy
+    if policy is not None and policy.uses_patience:  # FLAME: no thresholds; the rule decides per request
+        return policy
     if policy is None or calibrate:
         conf = {e: profile.confidence[:, e - 1] for e in range(1, spec.num_exits + 1)}
         return calibrate_thresholds(spec, conf, seed=seed)
@@ -97,11 +104,16 @@ def bundle_policy(spec: CisSpec, bundle: Bundle, profile: Profile, calibrate: bo
 
 
 def serve_masks(spec: CisSpec, policy: ExitPolicy, profile: Profile) -> dict[str, list[bool]]:
-    """Per node and profile row: does the policy keep that sample at the node's exit?
+    """Per node and profile row: does the policy keep that sample at the node?
 
     A sample's confidence at an exit is fixed, so the policy's threshold rule is
     applied once per (node, row) here instead of once per simulated request.
+    Under the patience rule a row's exit is fixed too (:func:`patience_exits`):
+    a node keeps it when that exit is one of the node's.
     """
+    if policy.uses_patience:
+        at = patience_exits(policy, profile)
+        return {n.id: (at <= n.exit).tolist() for n in spec.nodes}
     decide = threshold_decider(policy)
     rows = np.arange(profile.samples)
     weight = np.ones(profile.samples)
@@ -109,6 +121,18 @@ def serve_masks(spec: CisSpec, policy: ExitPolicy, profile: Profile) -> dict[str
         n.id: (decide(n.id, rows, weight, profile.confidence[:, n.exit - 1]) > 0).tolist()
         for n in spec.nodes
     }
+
+
+def patience_exits(policy: ExitPolicy, profile: Profile) -> np.ndarray:
+    """The exit at which FLAME's patience rule serves each profile row (the same on any path up the tree)."""
+    if profile.predicted is None:
+        raise CisError("simulate: the bundle's profile has no 'predicted' classes, which the patience rule needs; re-export the bundle")
+    return patience_rule.exit_points_from_labels(profile.predicted, int(policy.patience))
+
+
+def patience_payload(policy: ExitPolicy | None) -> int:
+    """Extra bytes per forwarded sample: the patience state (label, count) as two int64 carries."""
+    return 16 if policy is not None and policy.uses_patience else 0
 
 
 def served_shares(spec: CisSpec, overrides: dict[str, float]) -> dict[str, float]:

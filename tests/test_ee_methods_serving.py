@@ -153,3 +153,21 @@ def test_flame_bundle_serves_each_request_at_its_patience_exit(bundles, test_set
     for e, share in offline.exit_shares.items():
         assert abs(live["served_share_per_exit"].get(str(e), 0.0) - share) <= 0.02, (live, offline)
     assert abs(live["accuracy"] - offline.accuracy) <= 0.02
+
+
+def test_flame_bundle_simulates_with_the_patience_rule(bundles):
+    """The simulator applies the same patience rule: without binding caps, each profile row
+    is served at the exit where its count reaches p, and forwards carry the 16-byte state."""
+    from dataclasses import replace
+
+    from sim.config import SimConfig
+    from sim.run import simulate
+
+    _, bundle_dir = bundles["flame"]
+    bundle = load_bundle(bundle_dir)
+    uncapped = bundle.spec.replace_nodes(replace(n, max_transfer_rate=1e9) for n in bundle.spec.nodes)
+    want = pt.exit_points_from_labels(bundle.predicted_profile(), bundle.policy.patience)
+    summary = simulate(uncapped, SimConfig(requests=4000, seed=0), bundle).summary
+    for e in (1, 2, 3):
+        assert summary["exits"][str(e)]["share"] == pytest.approx((want == e).mean(), abs=0.03)
+    assert summary["decision"]["kind"] == "patience"

@@ -172,13 +172,32 @@ def final_report(s: Setup) -> dict:
     return cis_report(s.spec, val, s.splits.val.y, test, s.splits.test.y, s.config.confidence, s.config.seed)
 
 
-def _write_json(path: Path, data: Any) -> None:
+def write_json(path: Path, data: Any) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, default=float))
     tmp.replace(path)
 
 
 _PAIR_KEYS = ("node", "exit", "loss", "steps", "samples", "lr")
+
+
+def round_line(s: Setup, r: dict) -> dict[str, Any]:
+    """The metrics.jsonl line of a round before evaluation: losses per exit, lr, weights, a method's own statistics."""
+    line: dict[str, Any] = {"round": r["round"], "train_seconds": r["train_seconds"]}
+    losses: dict[str, list[float]] = {}
+    for rec in r["pairs"]:
+        losses.setdefault(str(rec["exit"]), []).append(rec["loss"])
+    line["loss"] = {e: float(np.mean(v)) for e, v in sorted(losses.items())}
+    line["lr"] = r["pairs"][0]["lr"] if r["pairs"] else None
+    extras = {rec["node"]: {k: v for k, v in rec.items() if k not in _PAIR_KEYS} for rec in r["pairs"]}
+    if any(extras.values()):  # a method's own statistics (FLAME: avg_exit, train_flops; ReeFL: teacher)
+        line["nodes"] = extras
+    if s.config.method == "flame":  # round totals: average training exit and training FLOPs
+        from training.methods.flame import round_summary
+
+        line.update(round_summary(r["pairs"]))
+    line["weights"] = s.weights.at(r["round"]).tolist()
+    return line
 
 
 def train_run(
@@ -204,10 +223,10 @@ def train_run(
         out.mkdir(parents=True, exist_ok=True)
     s = build_setup(config, spec=spec, log=log)
     if not resume:
-        _write_json(out / "config.json", config.to_json())
+        write_json(out / "config.json", config.to_json())
         write_spec(s.spec, out / "spec.toml")
         (out / "metrics.jsonl").write_text("")
-    _write_json(out / "weights.json", s.weights.describe())
+    write_json(out / "weights.json", s.weights.describe())
     w0 = s.weights.at(1)
     log(f"aggregation weights ({config.strategy}): " + ", ".join(f"exit {e + 1} {w:.4f}" for e, w in enumerate(w0))
         + ("" if config.strategy != "flops" else " (round 1; ramps to " + ", ".join(f"{w:.4f}" for w in s.weights.at(config.rounds)) + ")"))
@@ -228,16 +247,7 @@ def train_run(
         while s.engine.round < config.rounds:
             r = s.engine.run_round()
             t = r["round"]
-            line: dict[str, Any] = {"round": t, "train_seconds": r["train_seconds"]}
-            losses: dict[str, list[float]] = {}
-            for rec in r["pairs"]:
-                losses.setdefault(str(rec["exit"]), []).append(rec["loss"])
-            line["loss"] = {e: float(np.mean(v)) for e, v in sorted(losses.items())}
-            line["lr"] = r["pairs"][0]["lr"] if r["pairs"] else None
-            extras = {rec["node"]: {k: v for k, v in rec.items() if k not in _PAIR_KEYS} for rec in r["pairs"]}
-            if any(extras.values()):  # a method's own statistics (FLAME: avg_exit, train_flops; ReeFL: teacher)
-                line["nodes"] = extras
-            line["weights"] = s.weights.at(t).tolist()
+            line = round_line(s, r)
             if t % config.eval_every == 0 or t == config.rounds:
                 t0 = time.perf_counter()
                 line.update(evaluate_round(s))
@@ -267,7 +277,7 @@ def train_run(
         "final_exit_accuracy": report["exit_accuracy"][str(s.spec.num_exits)],
         "cis_accuracy": report["cis_accuracy"],
     }
-    _write_json(out / "summary.json", summary)
+    write_json(out / "summary.json", summary)
     return summary
 
 

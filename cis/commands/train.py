@@ -66,6 +66,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--eval-every", type=int, help="validate every N rounds (default 1)")
     p.add_argument("--config", help="JSON or TOML file with train settings (flags override it)")
     p.add_argument("--resume", action="store_true", help="continue RUN_DIR from its last checkpoint")
+    p.add_argument("--engine", choices=("builtin", "flower"), default="builtin",
+                   help="builtin (one process, default) or flower (Flower ServerApp + one ClientApp per node; docs/flower.md)")
+    p.add_argument("--flower-mode", choices=("simulation", "deployment"), default="simulation",
+                   help="flower: simulation engine on this machine, or deployment engine (SuperLink + SuperNodes)")
+    p.add_argument("--flower-superlink", metavar="HOST:PORT",
+                   help="flower deployment: submit to this running SuperLink (default: start one on loopback)")
+    p.add_argument("--flower-root-certificates", metavar="PATH", help="flower deployment: CA certificate for TLS to the SuperLink")
     p.add_argument("--measure-grad-variance", action="store_true",
                    help="print the per-exit gradient variance of the initial model (Appendix C) and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -134,7 +141,15 @@ def run(args: argparse.Namespace) -> int:
     else:
         config = make_config(*_with_options(read_config_file(args.config) if args.config else {}, flags, options))
     log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr))
-    result = train_run(config, args.out, resume=args.resume, progress=not args.no_progress, stop_after=args.stop_after, log=log)
+    if args.engine == "flower":
+        if args.resume:
+            raise CisError("--resume is not supported with --engine flower (node momentum lives on the nodes); start a new run")
+        from training.flower.run import run_flower
+
+        result = run_flower(config, args.out, mode=args.flower_mode, superlink=args.flower_superlink,
+                            root_certificates=args.flower_root_certificates, log=log)
+    else:
+        result = train_run(config, args.out, resume=args.resume, progress=not args.no_progress, stop_after=args.stop_after, log=log)
     if "stopped_after_round" in result:
         print_result(args, result, f"stopped after round {result['stopped_after_round']} (resume with --resume)")
         return 0

@@ -1,0 +1,128 @@
+"""cis train --engine flower: the strategy's line 12 is training.aggregation's; Flower's simulation
+and deployment engines train the digits model to the built-in engine's accuracy (bit-identical here)."""
+
+import json
+
+import pytest
+
+flwr = pytest.importorskip("flwr")
+
+import torch  # noqa: E402
+from types import SimpleNamespace  # noqa: E402
+
+from flwr.app import ConfigRecord, RecordDict  # noqa: E402
+
+from training.aggregation import aggregate, pair_coefficient  # noqa: E402
+from training.config import make_config  # noqa: E402
+from training.flower.records import ARRAYS_KEY, STATS_RECORD, record_to_state, state_to_record  # noqa: E402
+from training.flower.run import run_flower  # noqa: E402
+from training.flower.strategy import CisStrategy  # noqa: E402
+from training.run import build_setup, train_run  # noqa: E402
+from training.sampling import exit_data_sizes  # noqa: E402
+
+ROUNDS = 2
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def digits_config(**kw):
+    return make_config(overrides={"rounds": ROUNDS, "seed": 0, **kw})
+
+
+class Reply:
+    """A reply as aggregate_train reads it (flwr's Message needs a running Flower task to be built)."""
+
+    def __init__(self, content, src):
+        self.content, self.metadata = content, SimpleNamespace(src_node_id=src)
+
+    def has_error(self):
+        return False
+
+
+def reply(node_index, exit, state):
+    content = RecordDict({
+        ARRAYS_KEY: state_to_record(state),
+        STATS_RECORD: ConfigRecord({"node-index": node_index, "exit": exit, "json": json.dumps({"loss": 1.0, "steps": 1, "samples": 1, "lr": 0.1})}),
+    })
+    return Reply(content, 100 + node_index)
+
+
+def test_aggregate_train_equals_training_aggregation():
+    config = digits_config(p=0.2, server_lr=0.7, strategy="explicit", weights=[0.5, 0.3, 0.2])
+    s = build_setup(config)
+    strategy = CisStrategy(s.engine, "{}")
+    strategy.nodes = {i: 100 + i for i in range(len(s.clients))}  # Flower node ids, as discover() maps them
+    g0 = {k: v.clone() for k, v in s.engine.global_state.items()}
+    pairs = strategy.begin_round(1, state_to_record(g0))
+    gen = torch.Generator().manual_seed(5)
+    locals_ = {}
+    for i, e in pairs:  # hand-made local states: the global one plus noise (counts moved too)
+        locals_[i] = {k: (v + 0.01 * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v + i) for k, v in g0.items()}
+    replies = [reply(i, e, locals_[i]) for i, e in reversed(pairs)]  # any arrival order
+    arrays, metrics = strategy.aggregate_train(1, replies)
+    got = record_to_state(arrays)
+
+    sizes = [c.size for c in s.clients]
+    se = exit_data_sizes(s.matrix, sizes)
+    lam = s.weights.at(1)
+    coefs = [pair_coefficient(float(lam[e - 1]), sizes[i], float(se[e - 1]), float(s.matrix[i, e - 1]), config.p_mode) for i, e in pairs]
+    want = aggregate(g0, [(locals_[i], c) for (i, _), c in zip(pairs, coefs)], config.server_lr)
+    assert set(got) == set(want)
+    for k in want:
+        assert got[k].dtype == want[k].dtype
+        assert torch.equal(got[k], want[k]), k
+    assert s.engine.round == 1 and metrics["pairs"] == len(pairs)
+
+
+@pytest.fixture(scope="module")
+def builtin(tmp_path_factory):
+    out = tmp_path_factory.mktemp("builtin")
+    return train_run(digits_config(), out, progress=False, log=lambda s: None), out
+
+
+def same_run(flower_out, flower_summary, builtin):
+    summary, out = builtin
+    assert abs(flower_summary["cis_accuracy"] - summary["cis_accuracy"]) <= 0.02
+    assert abs(flower_summary["final_exit_accuracy"] - summary["final_exit_accuracy"]) <= 0.02
+    for name in ("config.json", "spec.toml", "weights.json", "metrics.jsonl", "checkpoint.pt", "checkpoint.json", "summary.json"):
+        assert (flower_out / name).is_file(), name
+    lines = [json.loads(x) for x in (flower_out / "metrics.jsonl").read_text().splitlines()]
+    want = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [ln["round"] for ln in lines] == list(range(1, ROUNDS + 1))
+    # same seed, same pairs, same trainer and momentum, same aggregation order: the same numbers
+    assert [ln["loss"] for ln in lines] == [ln["loss"] for ln in want]
+    assert [ln["val_cis_accuracy"] for ln in lines] == [ln["val_cis_accuracy"] for ln in want]
+    from training.checkpoint import load_checkpoint
+
+    a, meta, _ = load_checkpoint(flower_out)
+    b, _, _ = load_checkpoint(out)
+    assert meta["round"] == ROUNDS and meta["engine"] == "flower"
+    for k, v in b.state_dict().items():
+        assert torch.equal(a.state_dict()[k], v), k
+
+
+def test_simulation_engine_matches_builtin(tmp_path, builtin):
+    out = tmp_path / "run"
+    summary = run_flower(digits_config(), out, "simulation", num_cpus=2, log=lambda s: None)
+    assert summary["engine"] == "flower"
+    same_run(out, summary, builtin)
+
+
+@pytest.mark.slow
+def test_deployment_engine_on_loopback_matches_builtin(tmp_path, builtin):
+    """SuperLink + 7 SuperNodes as subprocesses on 127.0.0.1 (free ports), always stopped."""
+    from training.flower.deploy import LoopbackFederation
+
+    out = tmp_path / "run"
+    fed = LoopbackFederation(7, workdir=tmp_path / "fed")
+    with fed:
+        fed.run(digits_config(), out, round_timeout=200, connect_timeout=120, timeout=420)
+    assert all(p.poll() is not None for p in fed.procs) and not fed.procs
+    summary = json.loads((out / "summary.json").read_text())
+    same_run(out, summary, builtin)

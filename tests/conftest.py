@@ -32,3 +32,14 @@ def run_cli(capsys):
         return CliResult(code, captured.out, captured.err)
 
     return run
+
+
+@pytest.fixture
+def one_torch_thread():
+    """Tiny models train faster on one torch thread, and the machine is shared."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -13,15 +13,7 @@ from training.models import build_model, default_model_config
 from training.sampling import exit_data_sizes, sampling_matrix
 from training.strategies import make_weights
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models train faster on one thread (and the machine is shared)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 EXITS = [3, 2, 2, 1, 1]

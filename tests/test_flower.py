@@ -23,12 +23,7 @@ from training.sampling import exit_data_sizes  # noqa: E402
 ROUNDS = 2
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def digits_config(**kw):

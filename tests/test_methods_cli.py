@@ -14,12 +14,7 @@ from training.methods.registry import METHODS  # noqa: E402
 TINY = ["--dataset", "digits", "--rounds", "1", "--local-steps", "1", "--batch-size", "16", "--width", "0.5", "--no-progress", "--json"]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def _one_line_error(res) -> str:

@@ -16,12 +16,7 @@ from training.methods.slicing import average_selections, gather, kept_channels, 
 from training.methods.subfl import build_subset_method, subset_model, tier_matrix
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_width_ratio_is_a_parameter_ratio_and_channels_floor():

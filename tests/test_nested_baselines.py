@@ -9,12 +9,7 @@ from training.methods.slicing import gather, rolling
 from training.methods.subfl import SUBSET_METHODS, build_subset_method, subset_model
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def test_fedrolex_window_wraps_eq3():

@@ -11,15 +11,7 @@ from training.models import build_model, default_model_config
 from training.sampling import sampling_matrix
 from training.strategies import balanced_adj_weights, flops_weights, make_weights
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models train faster on one thread (and the machine is shared)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 

@@ -80,8 +80,8 @@ def batch_indices(n: int, batch_size: int, steps: int, gen: torch.Generator) -> 
     return list(flat.view(steps, b))
 
 
-class ExitSGDTrainer:
-    """SGD on the sampled exit's loss; per-node momentum; cosine lr over rounds."""
+class LocalSGD:
+    """The local SGD settings every local trainer shares (J steps of a batch, the lr schedule, augmentation)."""
 
     def __init__(
         self,
@@ -98,6 +98,16 @@ class ExitSGDTrainer:
         self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
         self.batch_size, self.steps, self.total_rounds = batch_size, steps, total_rounds
         self.schedule, self.augment = schedule, augment
+
+    def lr_at(self, round: int) -> float:
+        return cosine_lr(self.lr, round, self.total_rounds, self.schedule)
+
+
+class ExitSGDTrainer(LocalSGD):
+    """SGD on the sampled exit's loss; per-node momentum; cosine lr over rounds."""
+
+    def __init__(self, **settings) -> None:
+        super().__init__(**settings)
         self.optimizers: dict[str, torch.optim.SGD] = {}
         self._params: list[Tensor] = []
 
@@ -110,7 +120,7 @@ class ExitSGDTrainer:
 
     def train(self, model: EarlyExitNet, client: Client, exit: int, round: int, gen: torch.Generator) -> dict:
         opt = self.optimizers[client.id]
-        lr = cosine_lr(self.lr, round, self.total_rounds, self.schedule)
+        lr = self.lr_at(round)
         for group in opt.param_groups:
             group["lr"] = lr
         model.train()

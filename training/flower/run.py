@@ -96,10 +96,23 @@ def _simulate(config: RunConfig, out: Path, round_timeout: float, connect_timeou
     if num_cpus:
         init_args["num_cpus"] = int(num_cpus)
     backend_config = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": init_args}
-    run_simulation(server_app=server_app, client_app=client_app, num_supernodes=n, backend_config=backend_config)
+    try:
+        run_simulation(server_app=server_app, client_app=client_app, num_supernodes=n, backend_config=backend_config)
+    finally:
+        _stop_ray()
     if "error" in result:
         err = result["error"]
         raise err if isinstance(err, CisError) else CisError(f"flower simulation: the ServerApp failed ({type(err).__name__}: {err})")
     if "summary" not in result:
         raise CisError("flower simulation: the ServerApp did not finish (see Flower's log above)")
     return result["summary"]
+
+
+def _stop_ray() -> None:
+    """Shut ray down so no ClientApp actor outlives the run (they otherwise linger as orphans)."""
+    try:
+        import ray
+    except ImportError:
+        return
+    if ray.is_initialized():
+        ray.shutdown()

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from training.data import augment_batch
-from training.local import Client, ExitSGDTrainer, batch_indices, cosine_lr
+from training.local import Client, ExitSGDTrainer, batch_indices
 from training.methods import distill, flame
 from training.methods.aggregate import Holds, MaskedAverage, block_deltas_distilled, key_exit
 from training.methods.vit import Block, ViTEE, qkv_rows, width_counts
@@ -100,7 +100,7 @@ class MultiExitTrainer(ExitSGDTrainer):
 
     def train(self, model: EarlyExitNet, client: Client, exit: int, round: int, gen: torch.Generator) -> dict:
         opt = self.optimizers[client.id]
-        lr = cosine_lr(self.lr, round, self.total_rounds, self.schedule)
+        lr = self.lr_at(round)
         _set_lr(opt, lr)
         if self.widths is not None:
             model.set_width(self.widths[exit - 1])
@@ -165,7 +165,7 @@ class FlameTrainer(ExitSGDTrainer):
 
     def train(self, model: EarlyExitNet, client: Client, exit: int, round: int, gen: torch.Generator) -> dict:
         opt = self.optimizers[client.id]
-        lr = cosine_lr(self.lr, round, self.total_rounds, self.schedule)
+        lr = self.lr_at(round)
         _set_lr(opt, lr)
         model.train()
         params = [p for p in model.parameters() if p.requires_grad]

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from training.data import augment_batch
-from training.local import Client, batch_indices, cosine_lr
+from training.local import Client, LocalSGD, batch_indices
 from training.methods import slt as slt_mod
 from training.methods import widthfl
 from training.methods.nested import CompactResNet, NestedNet
@@ -116,26 +116,12 @@ class SltDevice(DeviceModel):
         return slt_mod.slt_compact(model.layout, cfg), load, upload
 
 
-class SubsetTrainer:
+class SubsetTrainer(LocalSGD):
     """Local SGD on a compact sub-network; writes the uploaded slices back into the working model."""
 
-    def __init__(
-        self,
-        device: DeviceModel,
-        *,
-        lr: float,
-        momentum: float,
-        weight_decay: float,
-        batch_size: int,
-        steps: int,
-        total_rounds: int,
-        schedule: str = "cosine",
-        augment: dict | None = None,
-    ) -> None:
+    def __init__(self, device: DeviceModel, **settings) -> None:
+        super().__init__(**settings)
         self.device = device
-        self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
-        self.batch_size, self.steps, self.total_rounds = batch_size, steps, total_rounds
-        self.schedule, self.augment = schedule, augment
         self.uploads: dict[int, Selection] = {}
 
     def setup(self, model: NestedNet, clients: list[Client]) -> None:
@@ -146,7 +132,7 @@ class SubsetTrainer:
         return torch.optim.SGD(params, lr=lr, momentum=self.momentum, weight_decay=self.weight_decay)
 
     def train(self, model: NestedNet, client: Client, exit: int, round: int, gen: torch.Generator) -> dict:
-        lr = cosine_lr(self.lr, round, self.total_rounds, self.schedule)
+        lr = self.lr_at(round)
         state = model.state_dict()  # shares storage with the working model: scatter_ updates it
         upload_all: Selection = {}
         choice: DeviceChoice | None = None

@@ -67,7 +67,7 @@ def p(values, q):
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--dataset", default="cifar10:/tmp/cifar10-small")
+    ap.add_argument("--dataset", default="cifar10:/tmp/cifar10", help="CIFAR-10 folder for calibration (unzip ../shared/data/cifar10-jpeg.zip there)")
     ap.add_argument("--bundle", help="reuse a bundle instead of exporting one")
     ap.add_argument("--work", default="/tmp/cis-runtime-bench")
     ap.add_argument("--width", type=float, default=0.25)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import sys
@@ -164,7 +163,6 @@ def main() -> int:
     try:
         with Client(cluster.addresses[root], timeout=60) as c:
             c.infer_many(x[:256], window=128)
-            n_req = 0
             results = []
             t0 = time.perf_counter()
             while time.perf_counter() - t0 < args.seconds:

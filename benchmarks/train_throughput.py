@@ -20,7 +20,6 @@ import statistics
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 

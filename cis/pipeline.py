@@ -320,7 +320,7 @@ def run_demo(
         return train_run(config, out / "run", progress=False, log=lambda s: None)
 
     summary = ph.run("train", f"digits, {spec.name} {serving}, {rounds} rounds, serving-rate weights", train)
-    ph.done(f"exit accuracy " + " ".join(f"{100 * a:.1f}%" for a in summary["test"]["exit_accuracy"].values()))
+    ph.done("exit accuracy " + " ".join(f"{100 * a:.1f}%" for a in summary["test"]["exit_accuracy"].values()))
 
     # ------------------------------------------------------------ export
     def export():

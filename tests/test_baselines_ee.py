@@ -7,7 +7,6 @@ from training.methods import distill
 from training.methods.aggregate import block_deltas_distilled, masked_average
 from training.methods.baselines import (
     BudgetChooser,
-    block_prefixes,
     round_robin_budgets,
     scalefl_widths,
     width_holds,

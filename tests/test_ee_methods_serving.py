@@ -22,10 +22,9 @@ pytest.importorskip("onnx")
 
 from cis import patience as pt  # noqa: E402
 from cis.bundle import load_bundle  # noqa: E402
-from cis.policy import assign_entries, evaluate_cis, evaluate_patience  # noqa: E402
-from cis.runtime.client import Client, infer_spread, summarize  # noqa: E402
-from cis.runtime.launcher import launch  # noqa: E402
-from test_runtime_integration import FAST  # noqa: E402  (the runtime tests' fast timeouts)
+from cis.policy import evaluate_cis, evaluate_patience  # noqa: E402
+from cis.runtime.client import summarize  # noqa: E402
+from test_runtime_integration import serve_through_leaves  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -61,24 +60,6 @@ def test_set():
     return d.x, d.y
 
 
-def _serve(bundle_dir, x):
-    bundle = load_bundle(bundle_dir)
-    spec = bundle.spec
-    cluster = launch(bundle_dir, spec, free_ports=True, extra_args=["--no-cap", *FAST])
-    try:
-        entries = assign_entries(spec, len(x), 0)
-        clients = {nid: Client(cluster.addresses[nid], timeout=20) for nid in entries}
-        try:
-            results = infer_spread(clients, x, entries, window=8, timeout=20)
-        finally:
-            for c in clients.values():
-                c.close()
-    finally:
-        codes = cluster.stop()
-    assert all(code == 0 for code in codes.values()), codes
-    return results
-
-
 def test_reefl_bundle_carries_tokens_and_cls_history(bundles, test_set):
     from cis.stages import run_chain
     from training.checkpoint import load_checkpoint
@@ -112,7 +93,7 @@ def test_reefl_bundle_serves_like_the_offline_evaluation(bundles, test_set):
     x, y = test_set
     bundle = load_bundle(bundle_dir)
     offline = evaluate_cis(bundle.spec, run_chain(bundle, x), y, policy=bundle.policy)
-    live = summarize(_serve(bundle_dir, x), y)
+    live = summarize(serve_through_leaves(bundle_dir, x), y)
     assert live["errors"] == {} and live["samples_answered"] == len(y) and live["degraded"] == 0
     for e, share in offline.exit_shares.items():
         assert abs(live["served_share_per_exit"].get(str(e), 0.0) - share) <= 0.02, (live, offline)
@@ -141,7 +122,7 @@ def test_flame_bundle_serves_each_request_at_its_patience_exit(bundles, test_set
     logits = run_chain(bundle, x)
     want = pt.exit_points([logits[e] for e in (1, 2, 3)], SERVE_PATIENCE)
     offline = evaluate_patience(bundle.spec, logits, y, SERVE_PATIENCE)
-    results = _serve(bundle_dir, x)
+    results = serve_through_leaves(bundle_dir, x)
     live = summarize(results, y)
     assert live["errors"] == {} and live["samples_answered"] == len(y) and live["degraded"] == 0
     got_exit = np.array([int(r.exit[0]) for r in results])

@@ -38,6 +38,29 @@ from cis.spec import Node, write_spec  # noqa: E402
 FAST = ["--forward-timeout", "0.5", "--heartbeat", "0.1"]
 
 
+def serve_through_leaves(bundle_dir, x) -> list:
+    """Launch every node of the bundle's spec (no transfer caps), send each sample to the leaf
+    that ``assign_entries`` gives it (the offline evaluation's flow), stop the nodes; the replies."""
+    from cis.bundle import load_bundle
+    from cis.policy import assign_entries
+    from cis.runtime.launcher import launch
+
+    spec = load_bundle(bundle_dir).spec
+    cluster = launch(bundle_dir, spec, free_ports=True, extra_args=["--no-cap", *FAST])
+    try:
+        entries = assign_entries(spec, len(x), 0)
+        clients = {nid: Client(cluster.addresses[nid], timeout=20) for nid in entries}
+        try:
+            results = infer_spread(clients, x, entries, window=8, timeout=20)
+        finally:
+            for c in clients.values():
+                c.close()
+    finally:
+        codes = cluster.stop()
+    assert all(code == 0 for code in codes.values()), codes
+    return results
+
+
 @pytest.fixture(scope="module")
 def bundle_dir(tmp_path_factory):
     from export import export_bundle
@@ -146,7 +169,6 @@ def test_root_killed_under_load_loses_nothing_and_comes_back(bundle_dir, test_se
         kill_at = 1.0
         timer = threading.Timer(kill_at, cluster.kill, args=(root,))
         with Client(cluster.addresses[leaf], timeout=10) as c:
-            t0 = time.perf_counter()
             timer.start()
             results = c.infer_many(x[:n].repeat(1, axis=0) if n <= len(x) else np.resize(x, (n, *x.shape[1:])), batch_size=1, rate=rate, timeout=10)
         timer.join()

@@ -3,7 +3,6 @@ error replies, overload, transfer cap, degraded service without a parent, CurveZ
 
 from __future__ import annotations
 
-import math
 import threading
 import time
 from collections import namedtuple

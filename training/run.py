@@ -28,7 +28,7 @@ from cis.rates import compute_rates
 from cis.spec import CisSpec, load_spec, parse_spec, spec_to_dict, write_spec
 from cis.topologies import make_spec
 from training.checkpoint import load_checkpoint, save_checkpoint
-from training.config import RunConfig, make_config
+from training.config import RunConfig
 from training.data import DataSplits, augment_options, load_dataset
 from training.engine import CisAggregator, ExitSampler, FederatedEngine
 from training.evaluate import cis_report, predict_exits
@@ -263,8 +263,15 @@ def train_run(
                 bar.close()
                 return {"stopped_after_round": t}
     bar.close()
-    report = final_report(s)
-    summary = {
+    summary = run_summary(s)
+    write_json(out / "summary.json", summary)
+    return summary
+
+
+def run_summary(s: Setup) -> dict[str, Any]:
+    """summary.json of a finished run: the final test report, the weights and the config that made it."""
+    config, report = s.config, final_report(s)
+    return {
         "dataset": config.dataset,
         "method": config.method,
         "options": config.options,
@@ -277,8 +284,6 @@ def train_run(
         "final_exit_accuracy": report["exit_accuracy"][str(s.spec.num_exits)],
         "cis_accuracy": report["cis_accuracy"],
     }
-    write_json(out / "summary.json", summary)
-    return summary
 
 
 def evaluate_run(run_dir: str | Path, spec: CisSpec | None = None, measure: str | None = None) -> dict:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import signal
 import sys
 import time
@@ -88,7 +87,6 @@ def _curve(args: argparse.Namespace):
 
 
 def _run_node(args: argparse.Namespace, bundle, spec) -> int:
-    from cis.runtime import build_node
     from cis.stages import StageRunner  # noqa: F401  (fail early if onnxruntime is missing)
 
     opts = dict(

@@ -7,7 +7,6 @@ bundle; ``Client`` talks to any node. See docs/runtime.md and docs/protocol.md.
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 from cis.errors import CisError

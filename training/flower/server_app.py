@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
@@ -29,7 +29,7 @@ from training.checkpoint import save_checkpoint
 from training.config import RunConfig
 from training.flower.records import config_from_text, config_to_text, state_to_record
 from training.flower.strategy import CisStrategy
-from training.run import write_json, build_setup, checkpoint_meta, evaluate_round, final_report, round_line
+from training.run import build_setup, checkpoint_meta, evaluate_round, round_line, run_summary, write_json
 
 
 def serve(
@@ -75,19 +75,8 @@ def serve(
     t_loop = time.perf_counter()
     strategy.start(grid, state_to_record(s.engine.global_state), num_rounds=config.rounds, timeout=round_timeout, evaluate_fn=after_round)
     loop_seconds = time.perf_counter() - t_loop
-    report = final_report(s)
-    summary = {
-        "dataset": config.dataset,
-        "method": config.method,
-        "options": config.options,
-        "spec": s.spec.name,
-        "strategy": config.strategy,
-        "rounds": config.rounds,
-        "seed": config.seed,
-        "weights": s.weights.describe(),
-        "test": report,
-        "final_exit_accuracy": report["exit_accuracy"][str(s.spec.num_exits)],
-        "cis_accuracy": report["cis_accuracy"],
+    summary = run_summary(s)
+    summary.update({
         "engine": "flower",
         "flower_timing": {
             "server_seconds": time.perf_counter() - t_start,
@@ -95,7 +84,7 @@ def serve(
             **{f"{k}_seconds": v for k, v in strategy.timings.items()},
             **{f"{k}_seconds": v for k, v in timing.items()},
         },
-    }
+    })
     write_json(out / "summary.json", summary)
     return summary
 

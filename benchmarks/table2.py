@@ -27,6 +27,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common_args(ap)
     ap.add_argument("--p-rule", default="paper", choices=("paper", "code"))
+    ap.add_argument("--p-mode", default="divide", choices=("divide", "multiply"), help="divide by p_ie (paper) or multiply (authors' code)")
     args = ap.parse_args()
     quick(args)
     dataset = f"cifar10:{ensure_cifar(Path(args.data))}"
@@ -34,12 +35,13 @@ def main() -> None:
     start = time.perf_counter()
     cells = {}
     for name, strategy, p in (("equal p=0", "equal", 0.0), ("serving-rate p=0", "serving-rate", 0.0), ("serving-rate p=0.2", "serving-rate", 0.2)):
-        summary = train(runs / name.replace(" ", "_"), dataset, strategy, "80-15-5", args, partition="highly-biased", p=p, p_rule=args.p_rule)
+        summary = train(runs / name.replace(" ", "_"), dataset, strategy, "80-15-5", args, partition="highly-biased", p=p, p_rule=args.p_rule, p_mode=args.p_mode)
         cells[name] = {"cis_accuracy": 100 * summary["cis_accuracy"], "exit_accuracy": summary["test"]["exit_accuracy"]}
     elapsed = time.perf_counter() - start
-    scale = {k: getattr(args, k) for k in ("width", "rounds", "train_subset", "local_epochs", "seed", "p_rule")}
+    scale = {k: getattr(args, k) for k in ("width", "rounds", "train_subset", "local_epochs", "seed", "p_rule", "p_mode")}
     RESULTS.mkdir(parents=True, exist_ok=True)
-    stem = "table2_quick" if args.quick else "table2"
+    variant = "" if (args.p_rule, args.p_mode) == ("paper", "divide") else f"_{args.p_rule}-{args.p_mode}"
+    stem = ("table2_quick" if args.quick else "table2") + variant
     (RESULTS / f"{stem}.json").write_text(json.dumps({"scale": scale, "cells": cells, "paper": PAPER, "seconds": elapsed}, indent=2))
     lines = [f"# Table 2 at reduced scale (CIFAR-10, highly biased partition, 80-15-5)\n", f"Scale: {scale}; {elapsed / 60:.1f} min.\n",
              "| run | CIS accuracy ours | paper |", "|---|---|---|"]

@@ -27,19 +27,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-RESULTS = REPO / "benchmarks" / "results"
-ZIP = REPO.parent / "shared" / "data" / "cifar10-jpeg.zip"
-if not ZIP.is_file():
-    ZIP = Path("/work/shared/data/cifar10-jpeg.zip")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from table1 import RESULTS, ensure_cifar  # noqa: E402  (repo on sys.path, the CIFAR-10 unzip)
 
 RUNS = {  # name -> (method, options)
     "nefl-WD": ("nefl", {"nefl_mode": "WD"}),
@@ -50,13 +45,6 @@ RUNS = {  # name -> (method, options)
     "depthfl-prefix": ("heterofl", {}),  # its model is swapped for the prefix sub-models below
 }
 WIDTH_METHODS = ("nefl-W", "heterofl", "fjord")
-
-
-def ensure_cifar(path: Path) -> Path:
-    if not (path / "train").is_dir():
-        path.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["unzip", "-q", "-o", str(ZIP), "-d", str(path)], check=True)
-    return path
 
 
 def load_splits(dataset: str, seed: int, val: int, test: int):

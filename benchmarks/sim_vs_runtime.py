@@ -43,42 +43,6 @@ def poisson_times(n: int, rate: float, seed: int) -> np.ndarray:
     return np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate, n))
 
 
-def send_at(clients: dict, x: np.ndarray, entry: list[str], times: np.ndarray, timeout: float = 30.0) -> list:
-    """Send request i (sample x[i]) to clients[entry[i]] at times[i] seconds from now; results in order."""
-    import zmq
-
-    from cis.runtime.client import ServerError, _error_result
-
-    poller = zmq.Poller()
-    by_sock = {}
-    for nid, c in clients.items():
-        poller.register(c.sock, zmq.POLLIN)
-        by_sock[c.sock] = (nid, c)
-    owner: dict[tuple[str, int], int] = {}
-    results: list = [None] * len(times)
-    start = time.perf_counter()
-    sent = done = 0
-    while done < len(times):
-        now = time.perf_counter() - start
-        while sent < len(times) and times[sent] <= now:
-            c = clients[entry[sent]]
-            owner[(entry[sent], c.submit(x[sent : sent + 1]))] = sent
-            sent += 1
-        wait = 50.0 if sent >= len(times) else max(0.0, (times[sent] - (time.perf_counter() - start)) * 1000)
-        for sock, _ in poller.poll(wait):
-            nid, c = by_sock[sock]
-            for rid, res in c.poll(0):
-                i = owner.pop((nid, rid), None)
-                if i is not None:
-                    results[i] = res
-                    done += 1
-        if time.perf_counter() - start > times[-1] + timeout:
-            for (nid, rid), i in owner.items():
-                results[i] = _error_result(1, ServerError("timeout", "no reply"), timeout)
-            break
-    return results
-
-
 def shares(exits: np.ndarray, num_exits: int) -> dict[str, float]:
     return {str(e): float(np.mean(exits == e)) for e in range(1, num_exits + 1)}
 
@@ -107,7 +71,7 @@ def main() -> int:
     from cis.bundle import load_bundle
     from cis.pipeline import Pinger, demo_spec, measure_messaging, under_load, warm_up
     from cis.policy import assign_entries, exit_confidences
-    from cis.runtime.client import Client
+    from cis.runtime.client import Client, infer_spread
     from cis.runtime.launcher import launch
     from cis.spec import write_spec
     from cis.stages import run_chain
@@ -153,7 +117,7 @@ def main() -> int:
             warm_up(clients, x)
             rest = measure_messaging(cluster, spec, bundle, x)
             with Pinger([cluster.addresses[nd.id] for nd in spec.nodes]) as pinger:
-                results = send_at(clients, x, entry, times)
+                results = infer_spread(clients, x, entries, window=len(x), timeout=30.0, times=times)
             cost = under_load(rest, pinger.rtts)
         finally:
             for c in clients.values():

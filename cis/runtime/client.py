@@ -223,11 +223,15 @@ def infer_spread(
     window: int = 32,
     rate: float | None = None,
     timeout: float = 30.0,
+    times: np.ndarray | None = None,
 ) -> list[Result | None]:
     """Send sample i (one request each) to ``clients[node]`` for the node whose ``entries`` hold i,
-    with up to ``window`` requests in flight per client (or all at ``rate`` requests/s in total).
+    with up to ``window`` requests in flight per client, paced at ``rate`` requests/s in total, or
+    each sample no earlier than ``times[i]`` seconds after the start (non-decreasing; e.g. Poisson).
     Returns one Result per sample in sample order (error results for errors and timeouts)."""
     queue = sorted((int(i), nid) for nid, idx in entries.items() for i in idx)
+    if times is None and rate is not None:
+        times = np.arange(len(x)) / rate
     results: list[Result | None] = [None] * len(x)
     owner: dict[tuple[str, int], int] = {}
     poller = zmq.Poller()
@@ -241,13 +245,13 @@ def infer_spread(
         while sent < total:
             i, nid = queue[sent]
             c = clients[nid]
-            if c.in_flight >= window or (rate is not None and now < start + sent / rate):
+            if c.in_flight >= window or (times is not None and now < start + times[i]):
                 break
             owner[(nid, c.submit(x[i : i + 1]))] = i
             sent += 1
         wait = 50.0
-        if rate is not None and sent < total:
-            wait = max(0.0, min(wait, (start + sent / rate - time.perf_counter()) * 1000))
+        if times is not None and sent < total:
+            wait = max(0.0, min(wait, (start + times[queue[sent][0]] - time.perf_counter()) * 1000))
         for sock, _ in poller.poll(wait):
             nid, c = by_sock[sock]
             for rid, res in c.poll(0):

@@ -443,34 +443,32 @@ class Node:
                         if not self.bucket.take(now):
                             flags[i] = P.FLAG_CAPPED
                             serve[i] = True
-        owner = np.repeat(np.arange(len(order)), [it.n for it in order])
-        local = np.concatenate([np.arange(it.n) for it in order])
-        self.counters["served"] += int(serve.sum())
-        self.counters["degraded"] += int((flags & P.FLAG_DEGRADED).astype(bool).sum())
-        self.counters["capped"] += int((flags & P.FLAG_CAPPED).astype(bool).sum())
+        self.counters["served"] += int(np.count_nonzero(serve))
+        self.counters["degraded"] += int(np.count_nonzero(flags & P.FLAG_DEGRADED))
+        self.counters["capped"] += int(np.count_nonzero(flags & P.FLAG_CAPPED))
+        starts = np.cumsum([0] + [it.n for it in order])  # item k holds samples starts[k]:starts[k+1]
         fwd = np.flatnonzero(~serve)
         if len(fwd):
-            self._forward(order, owner[fwd], local[fwd], cls[fwd], conf[fwd], {k: v[fwd] for k, v in carry.items()})
-        done: set[int] = set()
-        for i in np.flatnonzero(serve):
-            it = order[owner[i]]
-            j = local[i]
-            it.cls[j], it.conf[j], it.exit[j], it.flags[j] = cls[i], conf[i], exit_at[i], flags[i]
-            it.served_by[j] = nid
-            it.remaining -= 1
-            done.add(int(owner[i]))
-        for k in done:
-            if order[k].remaining == 0:
-                self._reply(order[k])
+            # samples are in item order, so each item's forwarded samples are one run of ``fwd``
+            owners = np.searchsorted(starts, fwd, side="right") - 1
+            cut = np.flatnonzero(np.diff(owners)) + 1
+            parts = [(order[o[0]], g - starts[o[0]]) for g, o in zip(np.split(fwd, cut), np.split(owners, cut))]
+            whole = len(fwd) == n  # nothing served here: the carry goes as it is, without a copy
+            self._forward(parts, cls[fwd], conf[fwd], carry if whole else {k: v[fwd] for k, v in carry.items()})
+        for k, it in enumerate(order):
+            here = np.flatnonzero(serve[starts[k] : starts[k + 1]])
+            if not len(here):
+                continue
+            src = here + starts[k]
+            it.cls[here], it.conf[here], it.exit[here], it.flags[here] = cls[src], conf[src], exit_at[src], flags[src]
+            for j in here:
+                it.served_by[j] = nid
+            it.remaining -= len(here)
+            if it.remaining == 0:
+                self._reply(it)
 
-    def _forward(self, order, owners, local, cls, conf, carry) -> None:
-        parts = []
-        for o in np.unique(owners):
-            parts.append((order[o], local[owners == o]))
-        # the slices above keep sample order by owner; reorder the arrays the same way
-        perm = np.concatenate([np.flatnonzero(owners == o) for o in np.unique(owners)])
-        cls, conf = cls[perm], conf[perm]
-        carry = {k: np.ascontiguousarray(v[perm]) for k, v in carry.items()}
+    def _forward(self, parts: list[tuple[_Item, np.ndarray]], cls: np.ndarray, conf: np.ndarray, carry: dict[str, np.ndarray]) -> None:
+        """Send the carry of ``parts`` (item, its sample indices), in that order, to the parent as one FORWARD."""
         now, wall = time.monotonic(), time.time()
         wait = self.cfg.forward_timeout * max(1, self.cfg.tiers_above)
         deadlines = [it.deadline for it, _ in parts if it.deadline]

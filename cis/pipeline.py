@@ -13,15 +13,15 @@ nothing to download. The phases, each one progress line on stderr:
              ``cis.policy.evaluate_cis(policy=bundle.policy)``: the threshold rule the
              runtime applies, on the same samples, with the same entry nodes;
 5. serve     ``cis.runtime.launcher.launch``: every node its own process on free loopback
-             ports; then the per-hop messaging cost is measured once (ping round trips,
-             root round trips) for the simulator;
+             ports; then a calibration load (``calibrate_visits``: its own Poisson
+             arrivals at the same rate) prices a node visit beyond the stages for the simulator;
 6. replay    ``cis.runtime.client.infer_spread``: sample i to the leaf
              ``cis.policy.assign_entries`` gives it, at i / rate seconds (what
              ``cis infer --spec --rate`` does);
 7. stop      ``Cluster.stop`` — always, also on an error, Ctrl-C or SIGTERM;
 8. simulate  ``sim.run.simulate`` with the bundle, the same spec, the same arrival times
              (a trace), the same samples at the same entry nodes (the test-sample
-             profile replayed row by row) and the measured messaging cost; and once more
+             profile replayed row by row) and the calibrated per-visit cost; and once more
              the way ``cis simulate --bundle`` runs by default (its validation profile,
              Poisson arrivals, the spec's links) for reference;
 9. report    :mod:`cis.report` (the same writer as ``cis report``).
@@ -36,11 +36,10 @@ import json
 import math
 import shutil
 import signal
-import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -51,6 +50,7 @@ QUICK_ROUNDS = 4
 QUICK_N = 200
 MARKER = ".cis-demo"  # a folder holding this file may be replaced by another demo run
 WINDOW = 32  # requests in flight per leaf (as cis infer)
+CALIBRATION_N = 300  # requests of the calibration load that prices a node visit for the simulator
 
 Log = Callable[[str], None]
 
@@ -91,66 +91,59 @@ def write_trace(path: Path, trace: dict[str, list[float]]) -> None:
     path.write_text("# node,timestamp (s): the runtime replay's send times\n" + "".join(f"{nid},{t:.9f}\n" for t, nid in rows))
 
 
-def overheads(ping_rtts: list[float], root_rtts: list[float], root_stage_seconds: float) -> dict[str, Any]:
-    """Messaging cost for the simulator from round trips on the live cluster.
+def visit_costs(spec, stage_seconds: dict[int, float], entry: Sequence[str], results: Sequence[Any]) -> list[float]:
+    """Seconds per node visit beyond the stages, from answered one-sample requests.
 
-    A ping round trip (client -> node -> client, nothing run) is what every node
-    visit costs in messaging (the request in, the reply out; ZeroMQ, Python and the
-    OS waking the process): the simulator draws one of these samples per visit
-    (``hop_rtt``). A one-sample request to the root (stages 1..E, no forward) costs
-    a round trip plus the node's work: ``visit_overhead`` = its median minus a ping's
-    minus the stages' batch-1 time from the bundle's profile (at least 0)."""
-    ping = statistics.median(ping_rtts)
-    root = statistics.median(root_rtts)
+    A request that entered at ``entry[i]`` and was served by the k-th node on its path
+    to the root visited k nodes and ran the serving node's stages 1..exit; what its
+    latency holds beyond those stages' time (``stage_seconds``: batch-1 seconds per
+    stage, the bundle's profile) is messaging, waking processes and node work, spread
+    evenly over its k visits. The simulator draws one of these per visit (``hop_rtt``)."""
+    out = []
+    for nid, r in zip(entry, results):
+        if r is None or r.error is not None or len(r.served_by) != 1:
+            continue
+        path = [n.id for n in spec.path_to_root(nid)]
+        served = r.served_by[0]
+        if served not in path:
+            continue
+        stages = sum(stage_seconds[k] for k in range(1, spec.node(served).exit + 1))
+        out.append(max(0.0, (r.latency - stages) / (path.index(served) + 1)))
+    return out
+
+
+def calibrate_visits(clients: dict, x: np.ndarray, spec, bundle, rate: float, n: int = 300, seed: int = 1) -> dict[str, Any]:
+    """A calibration load on the live cluster: ``n`` one-sample Poisson requests at ``rate``/s
+    (its own seed, entries and arrival times), and the per-visit costs they show (:func:`visit_costs`).
+
+    Why a load and not pings: on a shared machine a message hop costs mostly the OS
+    waking a process, and that depends on how busy the machine is; a ping at rest
+    understates it, pings from a prober running beside the load overstate it (the
+    prober competes for the same cores)."""
+    from cis.policy import assign_entries
+    from cis.runtime.client import infer_spread
+
+    n = min(n, len(x))
+    entries = assign_entries(spec, n, seed)
+    entry = [""] * n
+    for nid, idx in entries.items():
+        for i in idx:
+            entry[int(i)] = nid
+    times = np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate, n))
+    results = infer_spread({nid: clients[nid] for nid in entries}, x[:n], entries, window=n, timeout=30.0, times=times)
+    stage_s = {k: bundle.latency_profile()[k][1] for k in range(1, bundle.num_exits + 1)}
+    costs = visit_costs(spec, stage_s, entry, results)
+    if not costs:
+        raise CisError("calibration: no request of the calibration load was answered")
     return {
-        "ping_rtt_s": ping,
-        "ping_rtt_mean_s": statistics.fmean(ping_rtts),
-        "root_rtt_s": root,
-        "hop_rtt": [float(v) for v in ping_rtts],
-        "visit_overhead": max(0.0, root - ping - root_stage_seconds),
+        "visit_cost": costs,
+        "visit_cost_median_s": float(np.median(costs)),
+        "visit_cost_mean_s": float(np.mean(costs)),
+        "requests": n,
+        "answered": len(costs),
+        "rate": rate,
+        "seed": seed,
     }
-
-
-# ---------------------------------------------------------------- cluster probes
-
-
-def ping_rtts(address: str, count: int = 30, warmup: int = 5, timeout: float = 2.0) -> list[float]:
-    """Round trips of ping -> pong to one node (seconds), one at a time."""
-    import zmq
-
-    from cis.runtime import protocol as P
-
-    sock = zmq.Context.instance().socket(zmq.DEALER)
-    sock.linger = 0
-    sock.connect(address)
-    out = []
-    try:
-        for i in range(warmup + count):
-            t0 = time.perf_counter()
-            P.send(sock, P.encode(P.PING, i + 1))
-            while True:
-                if not sock.poll(int(timeout * 1000)):
-                    raise CisError(f"demo: no pong from {address} within {timeout:.0f} s")
-                if P.decode(sock.recv_multipart()).kind == P.PONG:
-                    break
-            if i >= warmup:
-                out.append(time.perf_counter() - t0)
-    finally:
-        sock.close(0)
-    return out
-
-
-def root_rtts(address: str, x: np.ndarray, count: int = 30, warmup: int = 5) -> list[float]:
-    """Round trips of one-sample requests to the root (it runs every stage and serves)."""
-    from cis.runtime.client import Client
-
-    out = []
-    with Client(address, timeout=5.0) as c:
-        for i in range(warmup + count):
-            r = c.infer(x[i % len(x) : i % len(x) + 1])
-            if i >= warmup:
-                out.append(r.latency)
-    return out
 
 
 def warm_up(clients: dict, x: np.ndarray, per_client: int = 8) -> None:
@@ -161,80 +154,6 @@ def warm_up(clients: dict, x: np.ndarray, per_client: int = 8) -> None:
     k = min(per_client, len(x))
     xs = np.concatenate([x[:k]] * len(clients))
     infer_spread(clients, xs, {nid: np.arange(j * k, (j + 1) * k) for j, nid in enumerate(clients)}, 4, None, 10.0)
-
-
-def _ping_loop(addresses: list[str], interval: float, stop, conn) -> None:
-    rtts: list[float] = []
-    conn.send("ready")
-    while not stop.is_set():
-        for addr in addresses:
-            if stop.is_set():
-                break
-            try:
-                rtts += ping_rtts(addr, count=1, warmup=0, timeout=2.0)
-            except CisError:
-                pass
-            stop.wait(interval)
-    conn.send(rtts)
-    conn.close()
-
-
-class Pinger:
-    """Ping round trips to every node, round robin, from a separate process, while a load runs.
-
-    On a machine shared with other work the cost of a message hop is mostly the OS
-    waking a process, and that depends on how busy the machine is *then*; so the
-    simulator's per-visit round trips are measured during the load itself (a ping
-    costs a node microseconds). A process, not a thread: a thread would wait for
-    the sender's GIL and time that too."""
-
-    def __init__(self, addresses: list[str], interval: float = 0.01):
-        import multiprocessing as mp
-
-        ctx = mp.get_context("spawn")
-        self._stop = ctx.Event()
-        self._recv, send = ctx.Pipe(duplex=False)
-        self._proc = ctx.Process(target=_ping_loop, args=(list(addresses), interval, self._stop, send), daemon=True)
-        self.rtts: list[float] = []
-
-    def __enter__(self) -> "Pinger":
-        self._proc.start()
-        if self._recv.poll(30):  # imports done: the load starts once the pinger runs
-            self._recv.recv()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set()
-        if self._recv.poll(10):
-            self.rtts = self._recv.recv()
-        self._proc.join(5)
-        if self._proc.is_alive():
-            self._proc.kill()
-
-
-def measure_messaging(cluster, spec, bundle, x: np.ndarray) -> dict[str, Any]:
-    """Ping round trips to every node (round robin) and one-sample round trips to the root, at rest."""
-    root = next(nd.id for nd in spec.nodes if nd.parent is None)
-    pings: list[float] = []
-    for _ in range(2):
-        for nd in spec.nodes:
-            pings += ping_rtts(cluster.addresses[nd.id], count=10, warmup=1)
-    stage_s = sum(bundle.latency_profile()[k][1] for k in range(1, bundle.num_exits + 1))
-    return overheads(pings, root_rtts(cluster.addresses[root], x), stage_s)
-
-
-def under_load(at_rest: dict[str, Any], rtts: list[float]) -> dict[str, Any]:
-    """The messaging cost with the round trips measured during the load (when there are enough)."""
-    if len(rtts) < 20:
-        return {**at_rest, "measured": "at rest (too few pings during the load)"}
-    return {
-        **at_rest,
-        "ping_rtt_at_rest_s": at_rest["ping_rtt_s"],
-        "ping_rtt_s": statistics.median(rtts),
-        "ping_rtt_mean_s": statistics.fmean(rtts),
-        "hop_rtt": [float(v) for v in rtts],
-        "measured": "during the load",
-    }
 
 
 # ---------------------------------------------------------------- the demo
@@ -358,19 +277,17 @@ def run_demo(
         clients = {nid: Client(cluster.addresses[nid], timeout=30.0) for nid in entries}
         try:
             warm_up(clients, x)
-            rest = measure_messaging(cluster, spec, bundle, x)
-            ph.done(f"ready; at rest: ping round trip {1000 * rest['ping_rtt_s']:.2f} ms, one-sample root round trip {1000 * rest['root_rtt_s']:.2f} ms")
+            cost = calibrate_visits(clients, x[::-1].copy(), spec, bundle, rate, n=CALIBRATION_N, seed=seed + 1)
+            ph.done(f"ready; calibration load of {cost['answered']} requests at {rate:g}/s: a node visit costs "
+                    f"{1000 * cost['visit_cost_median_s']:.2f} ms (median) beyond the stages")
             t_replay = time.perf_counter()
-            with Pinger([cluster.addresses[nd.id] for nd in spec.nodes]) as pinger:
-                results = ph.run("replay", f"{len(y)} requests at {rate:g}/s through the leaves", lambda: infer_spread(clients, x, entries, WINDOW, rate, 30.0))
+            results = ph.run("replay", f"{len(y)} requests at {rate:g}/s through the leaves", lambda: infer_spread(clients, x, entries, WINDOW, rate, 30.0))
             replay_wall = time.perf_counter() - t_replay
-            cost = under_load(rest, pinger.rtts)
         finally:
             for c in clients.values():
                 c.close()
         rt = summarize(results, y)
-        ph.done(f"{rt['samples_answered']} answered, accuracy {100 * rt.get('accuracy', float('nan')):.2f}%, errors {rt['errors'] or 'none'}; "
-                f"{len(pinger.rtts)} pings meanwhile, round trip median {1000 * cost['ping_rtt_s']:.2f} ms, mean {1000 * cost['ping_rtt_mean_s']:.2f} ms")
+        ph.done(f"{rt['samples_answered']} answered, accuracy {100 * rt.get('accuracy', float('nan')):.2f}%, errors {rt['errors'] or 'none'}")
     finally:
         if cluster is not None:
             ph.k += 1
@@ -399,7 +316,7 @@ def run_demo(
         write_trace(trace, replay_trace(entries, rate))
         config = SimConfig(
             requests=len(y), seed=seed, arrivals="trace", trace=str(trace), loopback=True,
-            hop_rtt=tuple(cost["hop_rtt"]), visit_overhead=cost["visit_overhead"],
+            hop_rtt=tuple(cost["visit_cost"]), visit_overhead=0.0,
         )
         res = simulate(spec, config, bundle, profile=profile, rows={k: v.tolist() for k, v in entries.items()})
         write_outputs(out / "sim", res.summary, res.requests)
@@ -423,7 +340,7 @@ def run_demo(
             "sim": {str(e): float(sim["exits"][str(e)]["share"] or 0.0) for e in calculus},
             "sim_bundle_profile": {str(e): float(sim_ref["exits"][str(e)]["share"] or 0.0) for e in calculus},
         },
-        "messaging": cost,
+        "calibration": {k: v for k, v in cost.items() if k != "visit_cost"},
         "timings_s": dict(ph.seconds),
     }
     (out / "comparison.json").write_text(json.dumps(comparison, indent=2))
@@ -453,4 +370,4 @@ def write_runtime(folder: Path, spec, results, entries: dict[str, np.ndarray], l
             continue
         lines.append(f"{i},{entry_of.get(i, '')},{r.served_by[0]},{int(r.exit[0])},{int(r.cls[0] == labels[i])},{int(r.flags[0])},{r.latency:.9f}\n")
     (folder / "requests.csv").write_text("".join(lines))
-    (folder / "summary.json").write_text(json.dumps({**summary, "messaging": cost, "wall_s": wall, "spec": spec.name}, indent=2))
+    (folder / "summary.json").write_text(json.dumps({**summary, "calibration": {k: v for k, v in cost.items() if k != "visit_cost"}, "wall_s": wall, "spec": spec.name}, indent=2))

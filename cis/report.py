@@ -259,7 +259,7 @@ def runtime_section(path: Path) -> dict:
         "capped": s.get("capped"),
         "latency_ms": latency_summary(lat["latency"]),
         "wall_s": s.get("wall_s"),
-        "messaging": s.get("messaging"),
+        "calibration": s.get("calibration"),
     }
 
 
@@ -391,7 +391,7 @@ def markdown(report: Mapping[str, Any], plots: Mapping[str, str]) -> str:
         md.append(
             "Offline: the bundle's graphs on the test samples with the threshold policy (`evaluate_cis(policy=bundle.policy)`). "
             "Runtime: the same samples sent through the leaves (`assign_entries`) to the node processes. "
-            "Simulator: the same samples, entry nodes and send times in SimPy, with the messaging cost measured on the cluster. "
+            "Simulator: the same samples, entry nodes and send times in SimPy, with the per-visit cost calibrated on the cluster. "
             "The last row is `cis simulate --bundle` as it runs by default (the bundle's validation profile, Poisson arrivals, "
             "the spec's links), for reference; it is not part of the check.\n"
         )
@@ -412,12 +412,12 @@ def markdown(report: Mapping[str, Any], plots: Mapping[str, str]) -> str:
             f"{100 * agr['calculus_gap']:.1f} points from it: sampling noise of small splits (a share of n samples has a standard deviation of "
             f"sqrt(p(1-p)/n), 2.6 points at p = 0.6, n = 359). The transfer caps bound the drift only once a token bucket (10 s of the cap) is empty.\n"
         )
-        msg = c.get("messaging") or {}
-        if msg:
+        cal = c.get("calibration") or {}
+        if cal:
             md.append(
-                f"Messaging cost given to the simulator (measured on the live cluster): ping round trip {1000 * msg['ping_rtt_s']:.3f} ms "
-                f"(mean {1000 * msg['ping_rtt_mean_s']:.3f} ms; each simulated node visit draws one of the {len(msg['hop_rtt'])} measured round trips), one-sample root round trip {1000 * msg['root_rtt_s']:.3f} ms "
-                f"(node work per visit beyond the stages {1000 * msg['visit_overhead']:.3f} ms).\n"
+                f"Cost of a node visit beyond the stages, given to the simulator: median {1000 * cal['visit_cost_median_s']:.3f} ms, "
+                f"mean {1000 * cal['visit_cost_mean_s']:.3f} ms, from a calibration load on the live cluster ({cal['answered']} one-sample "
+                f"Poisson requests at {cal['rate']:g}/s, seed {cal['seed']}); each simulated visit draws one of them.\n"
             )
         for name in ("served_shares", "latency_cdf"):
             if name in plots:

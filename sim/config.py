@@ -36,10 +36,13 @@ class SimConfig:
     # The real runtime on one machine (benchmarks/sim_vs_runtime.py, cis demo): with ``loopback``
     # links carry no latency and no bandwidth limit; each node visit costs one messaging round
     # trip (ZeroMQ + Python + the OS waking a process: the client's or child's message in, the
-    # reply out), drawn uniformly from ``hop_rtt`` (seconds; one value: a constant; empty: none),
+    # reply out), drawn uniformly from ``hop_rtt`` once per request for all its visits (seconds;
+    # one value: a constant; empty: none),
     # half on the way in and half on the way back; and ``visit_overhead`` seconds of node work
     # on top of the stage times (decode, batching, policy, encode), holding the worker.
-    # Both measured on the running cluster (cis.pipeline.overheads).
+    # benchmarks/sim_vs_runtime.py and cis demo fill ``hop_rtt`` with the per-visit costs of a
+    # calibration load on the running cluster (cis.pipeline.calibrate_visits: messaging and node
+    # work together) and leave ``visit_overhead`` at 0.
     loopback: bool = False
     hop_rtt: tuple[float, ...] = ()
     visit_overhead: float = 0.0
@@ -75,7 +78,7 @@ def check_config(config: SimConfig, spec: CisSpec, with_bundle: bool) -> SimConf
         _positive(config.burst, "--burst")
     for value, name in [*((v, "hop_rtt") for v in config.hop_rtt), (config.visit_overhead, "visit_overhead")]:
         if not (math.isfinite(value) and value >= 0):
-            raise CisError(f"simulate: {name} is {value}; expected seconds >= 0")
+            raise CisError(f"simulate: {name} is {value}; expected seconds >= 0" + (" (--visit-cost)" if name == "hop_rtt" else ""))
     service = config.service or ("deterministic" if with_bundle else "exponential")
     if service not in SERVICES:
         raise CisError(f"simulate: --service is {service!r}; expected one of {', '.join(SERVICES)}")

@@ -147,7 +147,7 @@ class Model:
     correct: dict[int, list[int]] | None
     limit: float  # stop after this many arrivals
     horizon: float  # stop arrivals after this time
-    hops: Iterator[float] | None = None  # messaging round trip per node visit (None: no cost, the spec's links only)
+    hops: Iterator[float] | None = None  # messaging round trip per node visit, one draw per request (None: no cost, the spec's links only)
     exit_at: list[int] | None = None  # patience rule: the exit that serves each profile row (else the node's own)
     log: Log = field(default_factory=Log)
     arrived: int = 0
@@ -164,8 +164,11 @@ class Model:
 def request(env: simpy.Environment, model: Model, rid: int, station: Station, row: int):
     """The story of one request, from its arrival at ``station`` to the node that serves (or drops) it."""
     entry, arrived, done, back = station.index, env.now, 0, 0.0
-    if model.hops is not None:  # the client's message to the entry node: half a round trip, the reply the other half
-        rtt = next(model.hops)
+    # one messaging cost per request, paid on every node visit: its visits happen within
+    # milliseconds, under the same machine load (and cis.pipeline.calibrate_visits measures
+    # exactly this, each request's average cost per visit)
+    rtt = next(model.hops) if model.hops is not None else 0.0
+    if rtt:  # the client's message to the entry node: half a round trip, the reply the other half
         back += rtt / 2
         yield env.timeout(rtt / 2)
     while True:
@@ -192,10 +195,8 @@ def request(env: simpy.Environment, model: Model, rid: int, station: Station, ro
             return
         station.forwarded += 1
         delay = station.uplink.delay(env.now, model.payloads[done])
-        if model.hops is not None:
-            rtt = next(model.hops)
-            back += rtt / 2
-            delay += rtt / 2
+        back += rtt / 2
+        delay += rtt / 2
         yield env.timeout(delay)
         station = station.parent
 

@@ -45,6 +45,7 @@ def test_three_views_agree(demo):
     assert c["agreement"]["calculus_gap_bundle_profile"] <= 0.05
     rt = report["runtime"]
     assert rt["errors"] == {} and rt["answered"] == c["settings"]["requests"] == 200
+    assert c["calibration"]["answered"] == c["calibration"]["requests"] > 0  # the load that priced a node visit for the simulator
     for phase in ("train", "export", "serve", "replay", "stop", "simulate", "report"):
         assert f"] {phase}:" in stderr
     assert report["timings_s"]["total"] < 180
@@ -101,3 +102,27 @@ def test_comparison_math():
     a = agreement(c)
     assert a["share_max_gap"] == pytest.approx(0.01) and a["calculus_gap"] == pytest.approx(0.02)
     assert not a["ok"]  # accuracy 5 points apart
+
+
+def test_visit_costs_spread_the_latency_beyond_the_stages_over_the_nodes_visited():
+    from cis.pipeline import visit_costs
+    from cis.runtime.client import Result, ServerError
+    from cis.topologies import make_spec
+
+    spec = make_spec("paper-7", "60-30-10")
+    leaf = spec.leaves[0].id
+    path = [n.id for n in spec.path_to_root(leaf)]  # device, edge, cloud: exits 1, 2, 3
+    stage_s = {1: 0.001, 2: 0.002, 3: 0.004}
+
+    def answer(node: str, exit: int, latency: float) -> Result:
+        return Result(np.zeros(1, np.int64), np.ones(1, np.float32), np.array([exit], np.int32), np.zeros(1, np.uint8), [node], latency)
+
+    results = [
+        answer(path[0], 1, 0.003),  # 1 visit, stage 1: (3 - 1) ms
+        answer(path[2], 3, 0.013),  # 3 visits, stages 1-3 (7 ms): 6 ms / 3
+        answer(path[1], 2, 0.0005),  # faster than its stages: clipped at 0
+        Result(np.zeros(1), np.zeros(1), np.zeros(1), np.zeros(1, np.uint8), [""], 0.5, ServerError("timeout", "late")),
+        None,
+    ]
+    costs = visit_costs(spec, stage_s, [leaf] * 5, results)
+    assert costs == pytest.approx([0.002, 0.002, 0.0])

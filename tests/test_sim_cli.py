@@ -76,6 +76,8 @@ def test_sweep_prints_a_capacity_table(run_cli, paper7, tmp_path):
         (["--requests", "10", "--sweep", "rate=1,2"], "expected arrival_rate=LIST"),
         (["--requests", "10", "--slo-p99", "50"], "--slo-p99 and --jobs apply to --sweep"),
         (["--requests", "10", "--bundle", "nowhere"], "nowhere: no manifest.json"),
+        (["--requests", "10", "--visit-cost", "soon"], "--visit-cost 'soon': not a number of seconds and not a file"),
+        (["--requests", "10", "--visit-cost", "-0.001"], "hop_rtt is -0.001; expected seconds >= 0 (--visit-cost)"),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(run_cli, paper7, extra, message):
@@ -93,3 +95,19 @@ def test_bad_spec_and_bad_trace_lines(run_cli, paper7, tmp_path):
     trace.write_text("device0,0.1\ndevice0,soon\n")
     res = run_cli("simulate", "--spec", paper7, "--requests", 10, "--arrivals", f"trace:{trace}")
     assert res.code == 2 and "line 2: 'device0,soon'" in res.err
+
+
+def test_loopback_visit_cost_adds_its_time_per_node_visit(run_cli, paper7, tmp_path):
+    costs = tmp_path / "costs.txt"
+    costs.write_text("# seconds per node visit\n0.002\n0.004\n")
+    common = ("simulate", "--spec", paper7, "--requests", 3000, "--seed", 1, "--service", "deterministic", "--service-mean", 0.001, "--json")
+    plain = run_cli(*common, "--loopback").json()
+    costly = run_cli(*common, "--loopback", "--visit-cost", costs).json()
+    # every request visits at least one node, each visit draws 2 or 4 ms (mean 3 ms)
+    extra = costly["latency"]["mean_s"] - plain["latency"]["mean_s"]
+    visits = sum(int(e) * v["share"] for e, v in plain["exits"].items())  # paper-7: exit e is served on the e-th node visited
+    assert extra == pytest.approx(0.003 * visits, rel=0.15)
+    bad = tmp_path / "bad.txt"
+    bad.write_text("0.001\nfast\n")
+    res = run_cli(*common, "--visit-cost", bad)
+    assert res.code == 2 and f"{bad}:2: 'fast' is not a number" in res.err

@@ -9,6 +9,7 @@ The simulator (package ``sim``) is imported here, inside ``run``.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from cis.cli import print_result
 from cis.errors import CisError
@@ -31,6 +32,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--share", action="append", default=[], metavar="NODE=F", help="without a bundle: share of its requests NODE keeps (default f_i from the rate calculus); repeatable")
     p.add_argument("--burst", type=float, help="token bucket depth in seconds of each node's transfer cap (default: the exit policy's)")
     p.add_argument("--calibrate", action="store_true", help="calibrate thresholds on the bundle's profile instead of using its policy")
+    p.add_argument("--loopback", action="store_true", help="every node on one machine: links add no latency and no bandwidth limit (see --visit-cost)")
+    p.add_argument("--visit-cost", metavar="SECONDS|FILE", help="messaging cost per node visit: a number of seconds, or a file of them (one per line) to draw from, e.g. a calibration load's (docs/simulator.md)")
     p.add_argument("--workers", type=int, help="workers at every node (default: the spec's, 1)")
     p.add_argument("--queue-limit", type=int, help="waiting requests allowed at every node; more are dropped (default: the spec's, unbounded)")
     p.add_argument("--sweep", metavar="arrival_rate=LIST", help="run several loads (factors on every arrival rate) in parallel")
@@ -50,6 +53,31 @@ def parse_shares(items: list[str]) -> dict[str, float]:
         except ValueError:
             raise CisError(f"--share {item!r}: expected NODE=FRACTION, such as device0=0.6") from None
     return shares
+
+
+def parse_visit_cost(value: str | None) -> tuple[float, ...]:
+    """``--visit-cost``: seconds, or a file with one number of seconds per line ('#' comments)."""
+    if value is None:
+        return ()
+    try:
+        return (float(value),)
+    except ValueError:
+        pass
+    path = Path(value)
+    if not path.is_file():
+        raise CisError(f"--visit-cost {value!r}: not a number of seconds and not a file; expected e.g. 0.0008 or costs.txt")
+    out = []
+    for n, line in enumerate(path.read_text().splitlines(), 1):
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        try:
+            out.append(float(line))
+        except ValueError:
+            raise CisError(f"{path}:{n}: {line!r} is not a number; expected seconds per node visit, one per line") from None
+    if not out:
+        raise CisError(f"{path}: no numbers; expected seconds per node visit, one per line")
+    return tuple(out)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -78,6 +106,8 @@ def run(args: argparse.Namespace) -> int:
         shares=parse_shares(args.share),
         burst=args.burst,
         calibrate=args.calibrate,
+        loopback=args.loopback,
+        hop_rtt=parse_visit_cost(args.visit_cost),
         progress=True,
     )
     if args.sweep:

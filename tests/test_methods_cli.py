@@ -62,6 +62,10 @@ def test_method_options_reach_the_model_and_the_metrics(tmp_path, run_cli):
     assert res.code == 0, res.err
     model, meta, _ = load_checkpoint(tmp_path / "reefl")
     assert model.config()["modulation"] is False and meta["options"]["distill"] is False
+    res = run_cli("train", "--method", "depthfl", *TINY, "--option", "kd_ramp_rounds=1", "--out", tmp_path / "depthfl")
+    assert res.code == 0, res.err
+    kd = [json.loads(line)["nodes"]["cloud"]["kd_weight"] for line in (tmp_path / "depthfl" / "metrics.jsonl").read_text().splitlines()]
+    assert kd[0] == pytest.approx(1.0)  # ramped up by round 1, not exp(-5 (1 - 1/300)^2) = 0.007
 
 
 def test_options_from_a_config_file(tmp_path, run_cli):
@@ -90,6 +94,7 @@ def test_options_from_a_config_file(tmp_path, run_cli):
         (["--method", "nefl", "--p", "0.2"], ["--p", "nefl"]),
         (["--method", "slt", "--option", "budgets=0.05,0.05,0.05"], ["SLT", "0.05", "budget"]),
         (["--method", "scalefl", "--option", "vit_exits=1,2"], ["exits"]),
+        (["--method", "reefl", "--option", "kd_ramp_rounds=0"], ["kd_ramp_rounds", "positive"]),
     ],
 )
 def test_bad_method_or_option_is_a_one_line_error(argv, words, tmp_path, run_cli):

@@ -88,6 +88,8 @@ class MultiExitTrainer(ExitSGDTrainer):
     ) -> None:
         if loss not in LOSSES:
             raise ValueError(f"loss {loss!r}: expected one of {LOSSES}")
+        if ramp_rounds < 1:
+            raise ValueError(f"option kd_ramp_rounds is {ramp_rounds}; expected rounds >= 1")
         super().__init__(**sgd)
         self.loss, self.distill_weight, self.tau, self.ramp_rounds = loss, distill_weight, tau, ramp_rounds
         self.widths, self.clip_value = widths, clip_value

@@ -103,6 +103,8 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("mlp_ratio", "float", _EE, 2.0, "ViT MLP width / token width"),
     Option("vit_exits", "ints", _EE, None, "blocks after which the exits sit (default: evenly spaced, one per spec exit)", optional=True),
     Option("distill", "bool", ("reefl", "depthfl"), True, "self-distillation (ReeFL best-exit KD, DepthFL mutual KD)"),
+    Option("kd_ramp_rounds", "int", ("reefl", "depthfl"), 300,
+           "rounds over which the distillation weight ramps up, exp(-5 (1 - min(r, R)/R)^2) (the notes: R = 300 of 1k rounds)"),
     Option("modulation", "bool", ("reefl",), True, "ReeFL feature modulation (the carried CLS token is Ree's output)"),
     Option("clip_value", "float", ("reefl",), None, "clip gradients by value (ReeFL's code: 1)", optional=True),
     Option("patience", "ints", ("flame",), None, "FLAME training patience per client, cycled (default Setting A 2,2,3,3,4,4,5,5,6,6)", optional=True),
@@ -250,6 +252,7 @@ def build_method_setup(config, spec, train, clients, sgd: dict, weights_for: Wei
 
 
 def _early_exit(config, model, clients, sgd, weights_for, log) -> MethodSetup:
+    from training.methods.distill import RAMP_ROUNDS
     from training.methods.setup import MethodOptions, build_method
     from training.sampling import sampling_matrix
 
@@ -258,6 +261,7 @@ def _early_exit(config, model, clients, sgd, weights_for, log) -> MethodSetup:
         participation=config.participation, distill=o.get("distill", True), modulation=o.get("modulation", True),
         patience=o.get("patience"), grouping=o.get("grouping", "exit"),
         flame_aggregation=o.get("flame_aggregation", "fedavg"), clip_value=o.get("clip_value"),
+        kd_ramp_rounds=o.get("kd_ramp_rounds", RAMP_ROUNDS),
     )
     chooser, trainer, aggregator = build_method(config.method, model, clients, sgd, opts)
     E = model.num_exits

@@ -19,6 +19,7 @@ from training.local import Client, ExitSGDTrainer
 from training.methods import baselines as bl
 from training.methods import flame
 from training.methods.aggregate import held_by_exit, holds_all
+from training.methods.distill import RAMP_ROUNDS
 from training.methods.vit import ViTEE
 from training.models import EarlyExitNet
 
@@ -35,6 +36,7 @@ class MethodOptions:
     grouping: str = "exit"
     flame_aggregation: str = "fedavg"
     clip_value: float | None = None  # ReeFL's code clips gradients by value at 1
+    kd_ramp_rounds: int = RAMP_ROUNDS  # the KD weight's ramp R (the notes: 300, of the paper's 1k rounds)
 
 
 def method_model_config(method: str, base: dict[str, Any]) -> dict[str, Any]:
@@ -56,7 +58,7 @@ def build_method(method: str, model: EarlyExitNet, clients: list[Client], sgd: d
     chooser = bl.BudgetChooser(budgets, opts.participation)
     if method in ("reefl", "depthfl"):
         loss = method if opts.distill else "all"
-        trainer = bl.MultiExitTrainer(loss=loss, clip_value=opts.clip_value, **sgd)
+        trainer = bl.MultiExitTrainer(loss=loss, clip_value=opts.clip_value, ramp_rounds=opts.kd_ramp_rounds, **sgd)
         return chooser, trainer, bl.MaskedAggregator(by_size, held)
     if method == "exclusivefl":
         chooser = bl.BudgetChooser(budgets, opts.participation, only_exit=E)

@@ -280,3 +280,37 @@ def test_client_without_authorised_key_gets_no_service(bundle_dir, test_set, tmp
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(5)
+
+
+def test_serve_all_with_curve_encrypts_and_authenticates_every_link(bundle_dir, test_set, tmp_path):
+    """``--all --curve-key --allow``: the nodes share a key pair, which each node trusts besides its
+    allow-list, so children reach their parents; a client with an allowed key gets answers from the root."""
+    x, _ = test_set
+    spec = load_bundle(bundle_dir).spec
+    make_keys(tmp_path / "keys", "node")
+    make_keys(tmp_path / "allow", "friend")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cis.cli", "serve", str(bundle_dir), "--all", "--free-ports", "--json", "--threshold", "inf", *FAST,
+         "--curve-key", str(tmp_path / "keys" / "node.key_secret"), "--allow", str(tmp_path / "allow")],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        nodes = json.loads(_read_line(proc, 90))["nodes"]
+        friend = CurveConfig(str(tmp_path / "allow" / "friend.key_secret"), None, str(tmp_path / "keys" / "node.key"))
+        leaf = spec.leaves[0].id
+        with Client(nodes[leaf]["address"], timeout=30, curve=friend) as c:
+            end = time.monotonic() + 20
+            while True:  # forwarding starts once the leaf's heartbeats reach its parent over Curve
+                r = c.infer(x[:4])
+                if not r.degraded.any() or time.monotonic() > end:
+                    break
+                time.sleep(0.2)
+        assert (r.exit == 3).all() and not r.degraded.any(), (r.exit, r.served_by)
+        assert set(r.served_by) == {spec.root.id}
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)

@@ -165,6 +165,19 @@ def test_transfer_cap_serves_the_overflow_here(tree):
     assert r.capped.sum() == 4 and not r.degraded.any()
 
 
+def test_adapt_moves_the_threshold_to_hold_the_target_share(tree):
+    # target: forward nothing; the uncertain row (confidence 0.58) starts above the threshold 0.9's reach
+    laddr, _, leaf = tree(leaf_kw=dict(adapt=True, adapt_target=0.0, adapt_gain=0.5))
+    row = _batch()[2:3]
+    with Client(laddr, timeout=5) as c:
+        exits = [int(c.infer(row).exit[0]) for _ in range(60)]
+        st = c.status()
+    assert exits[0] == 2 and exits[-20:] == [1] * 20  # forwarded at first, then served here
+    assert st["adapt"]["updates"] == 60 and st["adapt"]["target_forwarded_share"] == 0.0
+    assert st["threshold"] == st["adapt"]["threshold"] < 0.57
+    assert st["capped"] == 0 and st["degraded"] == 0
+
+
 def test_past_deadline_answers_degraded_from_here(tree):
     laddr, _, leaf = tree()
     with Client(laddr, timeout=5) as c:

@@ -116,6 +116,7 @@ def _build(bundle, args, spec, opts):
 
 def _run_all(args: argparse.Namespace, spec) -> int:
     from cis.runtime.launcher import launch
+    from cis.runtime.security import CurveConfig
 
     per_node: dict[str, list[str]] = {}
     extra = _node_options(args)
@@ -131,7 +132,9 @@ def _run_all(args: argparse.Namespace, spec) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    cluster = launch(args.bundle, spec, args.spec, args.free_ports, extra, per_node)
+    # the launcher's readiness probes use the nodes' own key pair, which every node trusts
+    probe = CurveConfig(args.curve_key, None, str(args.curve_key).removesuffix("_secret")) if args.curve_key else None
+    cluster = launch(args.bundle, spec, args.spec, args.free_ports, extra, per_node, curve=probe)
     try:
         if args.json:
             print(json.dumps({"nodes": {n.id: {"address": cluster.addresses[n.id], "exit": n.exit, "parent": n.parent, "pid": cluster.procs[n.id].pid} for n in spec.nodes}}), flush=True)

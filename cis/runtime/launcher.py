@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Sequence
 
 from cis.errors import CisError
+from cis.runtime.security import CurveConfig
 from cis.spec import CisSpec
 
 
@@ -41,6 +42,7 @@ class Cluster:
     node_args: dict[str, Sequence[str]] = field(default_factory=dict)
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     log_dir: str | None = None
+    curve: CurveConfig | None = None  # how the launcher's own probes reach nodes that run CurveZMQ
 
     def command(self, node_id: str) -> list[str]:
         node = self.spec.node(node_id)
@@ -75,7 +77,7 @@ class Cluster:
         ids = list(ids or self.spec.ids)
         end = time.monotonic() + timeout
         for nid in ids:
-            with Client(self.addresses[nid]) as c:
+            with Client(self.addresses[nid], curve=self.curve) as c:
                 while True:
                     proc = self.procs.get(nid)
                     if proc is not None and proc.poll() is not None:
@@ -126,9 +128,10 @@ def launch(
     node_args: dict[str, Sequence[str]] | None = None,
     ready_timeout: float = 60.0,
     log_dir: str | None = None,
+    curve: CurveConfig | None = None,
 ) -> Cluster:
     """Start all nodes and wait until they serve; on failure, stop what was started."""
-    cluster = Cluster(str(bundle), spec, plan_addresses(spec, free_ports), spec_file, list(extra_args), dict(node_args or {}), log_dir=log_dir)
+    cluster = Cluster(str(bundle), spec, plan_addresses(spec, free_ports), spec_file, list(extra_args), dict(node_args or {}), log_dir=log_dir, curve=curve)
     try:
         cluster.start_all()
         cluster.wait_ready(ready_timeout)

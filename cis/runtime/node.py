@@ -195,7 +195,7 @@ class Node:
         """Serve until SIGTERM/SIGINT (or ``stop()`` returns True), then drain and return."""
         own_ctx = ctx is None
         ctx = ctx or zmq.Context()
-        auth = start_authenticator(ctx, self.cfg.curve.allow_dir) if self.cfg.curve.allow_dir else None
+        auth = start_authenticator(ctx, self.cfg.curve.allow_dir, self.cfg.curve.secret_file) if self.cfg.curve.allow_dir else None
         if install_signals:
             signal.signal(signal.SIGTERM, self.request_stop)
             signal.signal(signal.SIGINT, self.request_stop)

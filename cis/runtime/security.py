@@ -65,13 +65,19 @@ class CurveConfig:
         return self.secret_file is not None
 
 
-def start_authenticator(ctx: zmq.Context, allow_dir: str | Path) -> ThreadAuthenticator:
+def start_authenticator(ctx: zmq.Context, allow_dir: str | Path, own_secret: str | Path | None = None) -> ThreadAuthenticator:
+    """Refuse every peer whose public key is not in ``allow_dir``, except peers holding the
+    node's own key pair (``own_secret``): the other nodes of one ``cis serve --all``, which
+    share it, and whoever holds that secret could pose as the node anyway."""
     folder = Path(allow_dir)
     if not folder.is_dir():
         raise CisError(f"{folder}: allow-list folder not found; expected a folder of public .key files")
+    own = load_keypair(own_secret)[0] if own_secret else None
     auth = ThreadAuthenticator(ctx)
     auth.start()
     auth.configure_curve(domain="*", location=str(folder))
+    if own is not None:
+        auth.certs.setdefault("*", {})[own] = True
     return auth
 
 

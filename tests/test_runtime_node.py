@@ -207,3 +207,15 @@ def test_curve_allow_list_refuses_unknown_keys(tmp_path):
         assert run.node.counters["requests"] == 1
     finally:
         run.close()
+
+
+def test_a_failing_decision_answers_internal_and_the_node_keeps_serving(tree):
+    laddr, _, leaf = tree(root=False)
+    real = leaf.policy.decide
+    leaf.policy.decide = lambda *a: (_ for _ in ()).throw(RuntimeError("boom"))
+    with Client(laddr, timeout=5) as c:
+        with pytest.raises(ServerError) as err:
+            c.infer(_batch())
+        assert err.value.code == "internal" and "boom" in err.value.message
+        leaf.policy.decide = real
+        assert c.infer(_batch()[:1]).cls.tolist() == [0]

@@ -367,7 +367,20 @@ class Node:
             for it in batch:
                 self._error(it.prefix, it.req_id, "internal", f"node {self.cfg.node_id}: {type(exc).__name__}: {exc}")
             return
-        self._decide(order, logits, carry, hit)
+        try:
+            self._decide(order, logits, carry, hit)
+        except Exception as exc:  # a bug in deciding must not kill the node: every unanswered request gets one error
+            self._abandon(order, f"node {self.cfg.node_id}: deciding failed: {type(exc).__name__}: {exc}")
+
+    def _abandon(self, items: list[_Item], message: str) -> None:
+        """Answer each item still waiting with an ``internal`` error, exactly once (forwards in flight are dropped)."""
+        waiting = {id(it) for it in items if it.remaining > 0}
+        for fid in [f for f, p in self.pending.items() if any(id(it) in waiting for it, _ in p.parts)]:
+            del self.pending[fid]
+        for it in items:
+            if it.remaining > 0:
+                it.remaining = 0
+                self._error(it.prefix, it.req_id, "internal", message)
 
     def _run_stages(self, batch: list[_Item]):
         """Run the batch stage by stage; requests entering later join at their stage.

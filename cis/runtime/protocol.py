@@ -43,7 +43,7 @@ ERROR_CODES = {
     "too_large": "the message is larger than the node's max_message_bytes",
     "overloaded": "the node's queue is full; retry later",
     "shutting_down": "the node is stopping and takes no new requests",
-    "internal": "running a stage failed; the message says why",
+    "internal": "running a stage or the exit decision failed; the message says why",
 }
 
 # result flags (bit mask per sample)

@@ -51,6 +51,8 @@ def args_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None, help="result name (default flame, flame-quick with --quick)")
+    ap.add_argument("--warmup-rounds", type=int, default=0, help="rounds of all-exit training every run starts from (the paper fine-tunes a pretrained model)")
+    ap.add_argument("--report-only", action="store_true", help="rewrite the markdown (and directions) from the saved json")
     return ap
 
 
@@ -91,7 +93,32 @@ def fixed_exits(clients, target: float, num_exits: int) -> dict[str, int]:
     return out
 
 
-def run_cell(name: str, args, spec: Path, patience: list[int], fixed_target: float | None = None) -> dict:
+def warm_start(args, spec: Path) -> dict | None:
+    """--warmup-rounds of plain multi-exit training (every exit's loss, every client to the last exit):
+    the stand-in for the paper's pretrained start (FLAME fine-tunes a pretrained BERT). From scratch,
+    FLAME's loss at the exit classifier only never trains the early classifiers, so they never agree
+    and patience never lets a sample exit early."""
+    if not args.warmup_rounds:
+        return None
+    from training.config import make_config
+    from training.methods.baselines import BudgetChooser
+    from training.run import build_setup
+
+    exits = [int(e) for e in args.exits.split(",")]
+    E = len(exits)
+    config = make_config(overrides=dict(
+        method="exclusivefl", options={"vit_exits": exits, "depth": exits[-1]}, dataset=f"cifar10:{args.data}", spec=str(spec),
+        rounds=args.warmup_rounds, width=args.width, seed=args.seed + 1000, train_subset=args.train_subset, val_size=args.val_size,
+        local_epochs=args.local_epochs, threads=args.threads, eval_every=args.warmup_rounds,
+    ))
+    s = build_setup(config)
+    s.engine.chooser = BudgetChooser([E] * len(s.clients))  # every client trains every exit: a warm start, not ExclusiveFL's rule
+    for _ in range(config.rounds):
+        s.engine.run_round()
+    return {k: v.detach().clone() for k, v in s.engine.sync_model().state_dict().items()}
+
+
+def run_cell(name: str, args, spec: Path, patience: list[int], fixed_target: float | None = None, warm: dict | None = None) -> dict:
     import torch
 
     from cis.policy import evaluate_patience
@@ -108,6 +135,8 @@ def run_cell(name: str, args, spec: Path, patience: list[int], fixed_target: flo
         local_epochs=args.local_epochs, threads=args.threads, eval_every=args.rounds,
     ))
     s = build_setup(config)
+    if warm is not None:
+        s.engine.start_from(warm)
     E = s.model.num_exits
     if fixed_target is not None:
         s.engine.trainer.fixed_exits = fixed_exits(s.clients, fixed_target, E)
@@ -138,23 +167,50 @@ def main() -> None:
     quick(args)
     name = args.out or ("flame-quick" if args.quick else "flame")
     E = len(args.exits.split(","))
+    if args.report_only:
+        out = json.loads((RESULTS / f"{name}.json").read_text())
+        out["directions"] = directions(out["cells"], E)
+        (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=2))
+        (RESULTS / f"{name}.md").write_text(markdown(out))
+        print(markdown(out))
+        return
     spec = spec_file(E, Path(f"/tmp/cis-bench/{name}"))
     setting_a = [2, 2, 3, 3, 4, 4, 5, 5, 6, 6]
     start = time.perf_counter()
     cells = {}
-    cells["flame"] = run_cell("flame", args, spec, setting_a)
-    cells["no-exits"] = run_cell("no-exits", args, spec, [E + 1])
-    cells["fixed"] = run_cell("fixed", args, spec, [E + 1], fixed_target=cells["flame"]["avg_train_exit"])
+    warm = warm_start(args, spec)
+    cells["flame"] = run_cell("flame", args, spec, setting_a, warm=warm)
+    cells["no-exits"] = run_cell("no-exits", args, spec, [E + 1], warm=warm)
+    cells["fixed"] = run_cell("fixed", args, spec, [E + 1], fixed_target=cells["flame"]["avg_train_exit"], warm=warm)
     base = cells["no-exits"]["train_flops"]
     for c in cells.values():
         c["flops_vs_no_exits"] = c["train_flops"] / base if base else None
-    scale = {k: getattr(args, k) for k in ("rounds", "train_subset", "val_size", "width", "local_epochs", "exits", "seed", "threads")}
+    scale = {k: getattr(args, k) for k in ("rounds", "warmup_rounds", "train_subset", "val_size", "width", "local_epochs", "exits", "seed", "threads")}
     out = {"benchmark": "flame", "quick": args.quick, "scale": scale, "cells": cells, "seconds": time.perf_counter() - start}
+    out["directions"] = directions(cells, E)
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=2))
+    (RESULTS / f"{name}.md").write_text(markdown(out))
+    print(markdown(out))
+
+
+def directions(cells: dict, E: int) -> dict:
+    """The paper's claims as numbers: compute saved, accuracy gaps (percentage points)."""
+    f, n, x = cells["flame"], cells["no-exits"], cells["fixed"]
+    return {
+        "flame_compute_saving": 1.0 - f["train_flops"] / n["train_flops"],
+        "flame_minus_no_exits_patience_pp": 100 * (f["patience_accuracy"] - n["patience_accuracy"]),
+        "flame_minus_no_exits_last_exit_pp": 100 * (f["test_exit_accuracy"][str(E)] - n["test_exit_accuracy"][str(E)]),
+        "fixed_minus_flame_patience_pp": 100 * (x["patience_accuracy"] - f["patience_accuracy"]),
+    }
+
+
+def markdown(out: dict) -> str:
+    cells, scale = out["cells"], out["scale"]
+    E = len(str(scale["exits"]).split(","))
     lines = [
-        f"# FLAME benchmark{' (quick smoke run)' if args.quick else ''}", "",
-        f"Scale: {scale}. Patience accuracy uses p_ev = {EVAL_PATIENCE}.", "",
+        f"# FLAME benchmark{' (quick smoke run)' if out['quick'] else ''}", "",
+        f"Scale: {scale}; ViT from scratch, paper-7 tree. Patience accuracy uses p_ev = {EVAL_PATIENCE}. Total {out['seconds'] / 60:.1f} min.", "",
         "| run | mean exit acc % | last exit acc % | patience acc % | avg train exit | train FLOPs | vs no-exits | wall s |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -164,8 +220,18 @@ def main() -> None:
             f"{c['avg_train_exit']:.2f} | {c['train_flops']:.3g} | {c['flops_vs_no_exits']:.2f} | {c['wall_seconds']:.0f} |"
         )
     lines += ["", "Paper's direction: FLAME 20-50 % less training compute than no-exit training at about the same accuracy; fixed exits clearly worse."]
-    (RESULTS / f"{name}.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    d = out.get("directions")
+    if d:
+        saving = 100 * d["flame_compute_saving"]
+        lines += [
+            "",
+            f"- compute: FLAME trains with {saving:.0f} % less than no-exit training: {'holds' if 20 <= saving <= 50 else ('more than the paper' if saving > 50 else 'does NOT hold (less than 20 %)')}",
+            f"- accuracy: FLAME {d['flame_minus_no_exits_patience_pp']:+.1f} points under patience inference, {d['flame_minus_no_exits_last_exit_pp']:+.1f} at the last exit, against no-exit training"
+            f" ({'about the same' if abs(d['flame_minus_no_exits_patience_pp']) <= 2 else 'NOT about the same'}, tolerance 2 points)",
+            f"- fixed exits at the same average depth: {d['fixed_minus_flame_patience_pp']:+.1f} points against FLAME under patience inference"
+            f" ({'clearly worse: holds' if d['fixed_minus_flame_patience_pp'] <= -2 else 'not clearly worse: does NOT hold'})",
+        ]
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":

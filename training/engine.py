@@ -166,6 +166,12 @@ class FederatedEngine:
         self.model.load_state_dict(self.global_state)
         return self.model
 
+    def start_from(self, weights: dict[str, Tensor]) -> None:
+        """Begin from given global weights (a warm start: the papers that fine-tune a pretrained model)."""
+        for k, v in self.global_state.items():
+            v.copy_(weights[k])
+        self.sync_model()
+
     def state_dict(self) -> dict:
         """Trainer state for resuming (tensors only); the global weights go in the checkpoint's model."""
         return {"round": torch.tensor(self.round), "trainer": self.trainer.state_dict()}

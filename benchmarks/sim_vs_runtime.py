@@ -132,7 +132,7 @@ def main() -> int:
     conf, _ = bundle.confidence_profile()
     mine = exit_confidences(run_chain(bundle, val.x), bundle.policy.measure)
     assert np.allclose(np.stack([mine[e] for e in sorted(mine)], 1), conf, atol=1e-4), "the bundle's profile is not the validation split"
-    n, E = args.requests, spec.num_exits
+    n = args.requests
     rows = np.arange(n) % len(val.y)
     x = np.ascontiguousarray(val.x[rows])
     print(f"bundle ready ({time.perf_counter() - t0:.1f} s); {args.repeats} x {n} Poisson requests at {args.rate:g}/s", file=sys.stderr)

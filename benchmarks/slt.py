@@ -11,13 +11,13 @@ model, the small model itself), one row per budget.
 The paper's direction: at tight budgets SLT ahead of the small model and far
 ahead of FedRolex and Federated Dropout (whose full model is never trained as a whole).
 
-Reduced scale (say so with any number): full-width ResNet20, 10k training images, 16 rounds of 6 local
-steps of 64, test on 2,000 images, budgets s = 0.25 and 0.2, one seed (0.2 is the
-tightest our planner meets for ResNet20: at the paper's 0.125 step 1 does not fit, see tests/test_slt.py). The full
-run takes about 28 minutes on this 2-core CPU at a load of 10 (about 13 s per round per run at 6 local
-steps), less on a quiet machine; ``--quick`` is a smoke test.
+Reduced scale (say so with any number): full-width ResNet20, 10k training images, 24 rounds of 6 local
+steps of 64, test on 2,000 images, budgets s = 0.25 and 0.2, one seed (0.2 is the tightest our planner
+meets for ResNet20: at the paper's 0.125 step 1 does not fit, see tests/test_slt.py). At 16 rounds SLT's
+13-14 steps got 0-3 rounds each; 24 rounds give its last steps 3-7. The full run took 24.8 minutes on
+this 2-core CPU with nothing else running (session 2); ``--quick`` is a smoke test.
 
-    python benchmarks/slt.py [--quick] [--budgets 0.25,0.2] [--rounds 16]
+    python benchmarks/slt.py [--quick] [--budgets 0.25,0.2] [--rounds 24]
 Writes benchmarks/results/slt.json and slt.md.
 """
 
@@ -86,7 +86,7 @@ def main(argv=None) -> int:
         i = argv.index("--budgets")
         budgets = [float(v) for v in argv[i + 1].split(",")]
         del argv[i : i + 2]
-    args = parse_args(argv, rounds=16, width=1.0)
+    args = parse_args(argv, rounds=24, width=1.0)
     t0 = time.perf_counter()
     splits = load_splits(args.dataset, args.seed, args.val, args.test)
     methods = args.only.split(",") if args.only else list(METHODS)

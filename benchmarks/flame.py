@@ -51,6 +51,7 @@ def args_parser() -> argparse.ArgumentParser:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None, help="result name (default flame, flame-quick with --quick)")
+    ap.add_argument("--grouping", default="exit", help="FLAME grouped backpropagation (exit: the paper's; full: one update per batch)")
     ap.add_argument("--warmup-rounds", type=int, default=0, help="rounds of all-exit training every run starts from (the paper fine-tunes a pretrained model)")
     ap.add_argument("--report-only", action="store_true", help="rewrite the markdown (and directions) from the saved json")
     return ap
@@ -128,7 +129,7 @@ def run_cell(name: str, args, spec: Path, patience: list[int], fixed_target: flo
     from training.run import build_setup
 
     exits = [int(e) for e in args.exits.split(",")]
-    options = {"patience": patience, "vit_exits": exits, "depth": exits[-1]}
+    options = {"patience": patience, "vit_exits": exits, "depth": exits[-1], "grouping": args.grouping}
     config = make_config(overrides=dict(
         method="flame", options=options, dataset=f"cifar10:{args.data}", spec=str(spec), rounds=args.rounds,
         width=args.width, seed=args.seed, train_subset=args.train_subset, val_size=args.val_size,
@@ -185,7 +186,7 @@ def main() -> None:
     base = cells["no-exits"]["train_flops"]
     for c in cells.values():
         c["flops_vs_no_exits"] = c["train_flops"] / base if base else None
-    scale = {k: getattr(args, k) for k in ("rounds", "warmup_rounds", "train_subset", "val_size", "width", "local_epochs", "exits", "seed", "threads")}
+    scale = {k: getattr(args, k) for k in ("rounds", "warmup_rounds", "grouping", "train_subset", "val_size", "width", "local_epochs", "exits", "seed", "threads")}
     out = {"benchmark": "flame", "quick": args.quick, "scale": scale, "cells": cells, "seconds": time.perf_counter() - start}
     out["directions"] = directions(cells, E)
     RESULTS.mkdir(parents=True, exist_ok=True)

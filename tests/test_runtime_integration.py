@@ -91,6 +91,16 @@ def _read_line(proc: subprocess.Popen, timeout: float) -> str:
     raise AssertionError(f"no line from the launcher (exit {proc.poll()}): {proc.stderr.read() if proc.poll() is not None else ''}")
 
 
+def _terminate(proc: subprocess.Popen, grace: float) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within ``grace`` seconds."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(grace)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
 def _gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -141,12 +151,7 @@ def test_serve_all_matches_offline_cis_evaluation(bundle_dir, test_set, tmp_path
         assert sum(s["served"] for s in counters.values()) == len(y)
         assert counters[spec.root.id]["served"] == round(offline.exit_shares[3] * len(y))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        _terminate(proc, 30)
         for pid in pids:  # the launcher stopped every node
             end = time.monotonic() + 10
             while not _gone(pid) and time.monotonic() < end:
@@ -274,12 +279,7 @@ def test_client_without_authorised_key_gets_no_service(bundle_dir, test_set, tmp
                     c.infer(x[:4])
         assert proc.poll() is None
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        _terminate(proc, 20)
 
 
 def test_serve_all_with_curve_encrypts_and_authenticates_every_link(bundle_dir, test_set, tmp_path):
@@ -308,9 +308,4 @@ def test_serve_all_with_curve_encrypts_and_authenticates_every_link(bundle_dir, 
         assert (r.exit == 3).all() and not r.degraded.any(), (r.exit, r.served_by)
         assert set(r.served_by) == {spec.root.id}
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        _terminate(proc, 30)

@@ -89,3 +89,20 @@ def test_every_method_runs_a_round_in_the_engine(method):
         assert record["pairs"][0]["avg_exit"] == 1.0  # p = 1 exits at the first exit
     if method == "exclusivefl":
         assert [r["node"] for r in record["pairs"]] == ["n2"]
+
+
+@pytest.mark.parametrize("method", ["reefl", "depthfl", "exclusivefl"])
+def test_clip_value_bounds_every_step_of_the_multi_exit_methods(method):
+    """The ReeFL paper clips gradients by value at 1 for every method it compares: with momentum 0
+    and no weight decay, one step moves no entry further than lr x clip."""
+    torch.manual_seed(0)
+    model = build_model(method_model_config(method, {"arch": "vit", "dim": 16, "depth": 3, "heads": 2, "exits": [1, 2, 3]}))
+    clients = [Client("n0", 0, 3, torch.randn(8, 3, 32, 32) * 50, torch.randint(10, (8,)))]
+    lr, clip = 0.5, 1e-4
+    sgd = dict(lr=lr, momentum=0.0, weight_decay=0.0, batch_size=8, steps=1, total_rounds=1)
+    chooser, trainer, _ = build_method(method, model, clients, sgd, MethodOptions(clip_value=clip))
+    trainer.setup(model, clients)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    trainer.train(model, clients[0], 3, 1, torch.Generator().manual_seed(0))
+    moved = max(float((v - before[k]).abs().max()) for k, v in model.state_dict().items() if v.is_floating_point())
+    assert 0 < moved <= lr * clip * 1.01  # float32 rounding of the update; unclipped steps are far larger

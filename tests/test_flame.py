@@ -105,6 +105,32 @@ def test_group_gradients_are_taken_per_group_at_the_same_weights():
                 assert gp is None
 
 
+def test_share_steps_add_up_to_one_step_on_the_batch_mean_loss():
+    """group_step=share: the group gradients of a batch sum to the gradient of the batch's mean loss;
+    mean: every group's loss is its own mean cross-entropy (the paper's Algorithm 2 literally)."""
+    torch.manual_seed(0)
+    model = tiny_flame()
+    x, y = torch.randn(8, 3, 32, 32), torch.randint(10, (8,))
+    logits, exits = flame.patience_forward(model, x, 2)
+    groups = flame.group_samples(exits, "random", 3, torch.Generator().manual_seed(1))
+    assert len(groups) > 1 and len({len(g) for g in groups}) > 1  # unequal groups: share and mean differ
+    params = list(model.parameters())
+    whole = torch.autograd.grad(torch.nn.functional.cross_entropy(logits, y), params, retain_graph=True, allow_unused=True)
+    summed = [torch.zeros_like(p) for p in params]
+    for grads in flame.group_gradients(flame.group_losses(logits, y, groups, "share"), params):
+        for acc, g in zip(summed, grads):
+            if g is not None:
+                acc += g
+    for acc, g in zip(summed, whole):
+        assert torch.allclose(acc, torch.zeros_like(acc) if g is None else g, atol=1e-6)
+    means = flame.group_losses(logits, y, groups, "mean")
+    for loss, g in zip(means, groups):
+        idx = torch.from_numpy(g)
+        assert torch.isclose(loss, torch.nn.functional.cross_entropy(logits[idx], y[idx]))
+    with pytest.raises(ValueError):
+        flame.group_losses(logits, y, groups, "sum")
+
+
 def test_training_flops_are_three_forwards_of_the_layers_run():
     assert flame.training_flops(np.array([1, 1, 3]), [10, 20, 30]) == 3 * (10 + 10 + 30)
     assert flame.fixed_exit_flops(3, 3, [10, 20, 30]) == 3 * 90

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from training.data import augment_batch
@@ -148,6 +149,8 @@ class MultiExitTrainer(ExitSGDTrainer):
 class FlameTrainer(ExitSGDTrainer):
     """FLAME's local training: patience exits per sample, grouped backpropagation (b = ``batch_size``).
 
+    ``group_step`` sizes each group's update (training/methods/flame.py says why ``share`` is the default).
+
     ``patience`` maps client id -> training patience p_tr. ``forward_flops[e-1]`` is
     the forward cost up to exit e (training/flops.py) for the FLOPs accounting.
     ``last_avg_exit`` keeps each client's average training exit of its last call
@@ -156,12 +159,15 @@ class FlameTrainer(ExitSGDTrainer):
 
     def __init__(
         self, *, patience: dict[str, int], forward_flops: Sequence[int], grouping: str = "exit",
-        fixed_exits: dict[str, int] | None = None, **sgd,
+        group_step: str = "share", fixed_exits: dict[str, int] | None = None, **sgd,
     ) -> None:
         if grouping not in flame.GROUPINGS:
             raise ValueError(f"grouping {grouping!r}: expected one of {flame.GROUPINGS}")
+        if group_step not in flame.GROUP_STEPS:
+            raise ValueError(f"group_step {group_step!r}: expected one of {flame.GROUP_STEPS}")
         super().__init__(**sgd)
         self.patience, self.forward_flops, self.grouping = dict(patience), list(forward_flops), grouping
+        self.group_step = group_step
         self.fixed_exits = dict(fixed_exits or {})  # the fixed-exit baseline: client -> the one exit all its samples train
         self.last_avg_exit: dict[str, float] = {}
 
@@ -183,14 +189,14 @@ class FlameTrainer(ExitSGDTrainer):
             else:
                 exit_logits, exits = flame.patience_forward(model, xb, p_tr)
             groups = flame.group_samples(exits, self.grouping, model.num_exits, gen)
-            losses = flame.group_losses(exit_logits, yb, groups)
+            losses = flame.group_losses(exit_logits, yb, groups, self.group_step)
             for grads in flame.group_gradients(losses, params):
                 opt.zero_grad(set_to_none=True)
                 for p, g in zip(params, grads):
                     p.grad = g
                 opt.step()
                 updates += 1
-            total += sum(float(loss.detach()) * len(g) for loss, g in zip(losses, groups)) / len(yb)
+            total += float(F.cross_entropy(exit_logits.detach(), yb))  # the batch's mean loss at the samples' exits
             flops += flame.training_flops(exits, self.forward_flops)
             exit_counts += np.bincount(exits, minlength=model.num_exits + 1)[1:]
         avg_exit = float((exit_counts * np.arange(1, model.num_exits + 1)).sum() / max(exit_counts.sum(), 1))

@@ -12,6 +12,19 @@ One local step on a batch of b samples (Algorithm 2):
    pass, as in the paper's pseudocode (forward for all b samples, then one update per group).
    With b = 1 this is Algorithm 1 (plain per-sample FLAME).
 
+How big each group's step is (``group_step``, :func:`group_losses`) is our choice,
+named here because the paper's two statements do not fit our optimizer:
+
+- ``mean``: Algorithm 2 line 39 literally: each group's *mean* loss, a full step.
+  The paper fine-tunes with AdamW (appendix A.2), whose step size hardly depends
+  on the gradient's scale. With our momentum SGD a group of one sample takes as
+  big a step as the whole batch, and a batch split into k groups moves k full
+  steps: after a warm start training collapses (results/flame.md of session 2).
+- ``share`` (default): each group's mean loss times its share of the batch
+  |g| / b. The group gradients of a batch then add up to the gradient of the
+  batch's mean loss, so a batch moves as far as one SGD step of every other
+  trainer here, still split into one backpropagation per group.
+
 Training FLOPs of a sample that exits at e are 3x the forward FLOPs of
 ``forward(x, upto=e)`` (training/flops.py): the stages run plus the exit heads
 consulted on the way.
@@ -30,6 +43,7 @@ from cis import patience as pt
 from training.models import EarlyExitNet
 
 GROUPINGS = ("exit", "full", "random", "binary", "distant", "close")
+GROUP_STEPS = ("share", "mean")
 SETTING_A = (2, 2, 3, 3, 4, 4, 5, 5, 6, 6)
 EVAL_PATIENCE = 4
 TRAIN_FLOPS_FACTOR = 3
@@ -131,9 +145,16 @@ def group_samples(exits: np.ndarray, strategy: str, num_exits: int, gen: torch.G
     return [np.flatnonzero(label == g) for g in np.unique(label)]
 
 
-def group_losses(exit_logits: Tensor, y: Tensor, groups: Sequence[np.ndarray]) -> list[Tensor]:
-    """Each group's mean cross-entropy at its samples' exits."""
-    return [F.cross_entropy(exit_logits[torch.from_numpy(g)], y[torch.from_numpy(g)]) for g in groups]
+def group_losses(exit_logits: Tensor, y: Tensor, groups: Sequence[np.ndarray], step: str = "share") -> list[Tensor]:
+    """Each group's loss: its mean cross-entropy at its samples' exits (``mean``), times |g| / b (``share``)."""
+    if step not in GROUP_STEPS:
+        raise ValueError(f"group step {step!r}: expected one of {GROUP_STEPS}")
+    n = len(y)
+    out = []
+    for g in groups:
+        loss = F.cross_entropy(exit_logits[torch.from_numpy(g)], y[torch.from_numpy(g)])
+        out.append(loss * (len(g) / n) if step == "share" else loss)
+    return out
 
 
 def group_gradients(losses: Sequence[Tensor], params: Sequence[Tensor]) -> list[list[Tensor | None]]:

@@ -106,9 +106,13 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("kd_ramp_rounds", "int", ("reefl", "depthfl"), 300,
            "rounds over which the distillation weight ramps up, exp(-5 (1 - min(r, R)/R)^2) (the notes: R = 300 of 1k rounds)"),
     Option("modulation", "bool", ("reefl",), True, "ReeFL feature modulation (the carried CLS token is Ree's output)"),
-    Option("clip_value", "float", ("reefl",), None, "clip gradients by value (ReeFL's code: 1)", optional=True),
+    Option("clip_value", "float", ("reefl", "depthfl", "exclusivefl"), None,
+           "clip gradients by value (the ReeFL paper: 1, for every method it compares)", optional=True),
     Option("patience", "ints", ("flame",), None, "FLAME training patience per client, cycled (default Setting A 2,2,3,3,4,4,5,5,6,6)", optional=True),
     Option("grouping", "str", ("flame",), "exit", "FLAME grouped backpropagation", ("exit", "full", "random", "binary", "distant", "close")),
+    Option("group_step", "str", ("flame",), "share",
+           "FLAME group update: share (group mean loss x |group|/b; a batch moves one SGD step) or mean (the paper's Algorithm 2 literally)",
+           ("share", "mean")),
     Option("flame_aggregation", "str", ("flame",), "fedavg", "FLAME aggregation rule", ("fedavg", "patience", "exit-conscious", "exit-based")),
     # nested methods (NestedNet)
     Option("layout", "str", _NESTED, None, "residual network (default digits for digits, resnet20 for CIFAR)", ("digits", "resnet20", "resnet56")),
@@ -259,7 +263,7 @@ def _early_exit(config, model, clients, sgd, weights_for, log) -> MethodSetup:
     o = config.options or {}
     opts = MethodOptions(
         participation=config.participation, distill=o.get("distill", True), modulation=o.get("modulation", True),
-        patience=o.get("patience"), grouping=o.get("grouping", "exit"),
+        patience=o.get("patience"), grouping=o.get("grouping", "exit"), group_step=o.get("group_step", "share"),
         flame_aggregation=o.get("flame_aggregation", "fedavg"), clip_value=o.get("clip_value"),
         kd_ramp_rounds=o.get("kd_ramp_rounds", RAMP_ROUNDS),
     )

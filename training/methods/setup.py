@@ -34,8 +34,9 @@ class MethodOptions:
     modulation: bool = True  # ReeFL feature modulation
     patience: Sequence[int] | None = None  # FLAME p_tr per client; default Setting A, cycled
     grouping: str = "exit"
+    group_step: str = "share"  # FLAME: each group's step scaled by its share of the batch (flame.py says why)
     flame_aggregation: str = "fedavg"
-    clip_value: float | None = None  # ReeFL's code clips gradients by value at 1
+    clip_value: float | None = None  # the ReeFL paper clips gradients by value at 1 (reefl, depthfl, exclusivefl)
     kd_ramp_rounds: int = RAMP_ROUNDS  # the KD weight's ramp R (the notes: 300, of the paper's 1k rounds)
 
 
@@ -62,7 +63,7 @@ def build_method(method: str, model: EarlyExitNet, clients: list[Client], sgd: d
         return chooser, trainer, bl.MaskedAggregator(by_size, held)
     if method == "exclusivefl":
         chooser = bl.BudgetChooser(budgets, opts.participation, only_exit=E)
-        return chooser, bl.MultiExitTrainer(loss="all", **sgd), bl.MaskedAggregator(by_size, held)
+        return chooser, bl.MultiExitTrainer(loss="all", clip_value=opts.clip_value, **sgd), bl.MaskedAggregator(by_size, held)
     if method == "inclusivefl":
         exits = model.config()["exits"]
         aggregator = bl.MaskedAggregator(
@@ -88,7 +89,8 @@ def _flame(model: EarlyExitNet, clients: list[Client], sgd: dict[str, Any], opts
     E = model.num_exits
     chooser = bl.BudgetChooser([E] * len(clients), opts.participation)  # every client runs the full model
     trainer = bl.FlameTrainer(
-        patience=patience, forward_flops=[c["flops"] for c in exit_costs(model)], grouping=opts.grouping, **sgd
+        patience=patience, forward_flops=[c["flops"] for c in exit_costs(model)], grouping=opts.grouping,
+        group_step=opts.group_step, **sgd
     )
     avg_exit = lambda c: trainer.last_avg_exit[c.id]  # noqa: E731
     rule = opts.flame_aggregation

@@ -146,3 +146,56 @@ def test_aggregation_rules_on_small_tensors():
     assert v(aggregate.exit_conscious(g, [a, b], [1.0, 2.0])) == [3.0, 3.0, 3.0]
     # exit-based: layer 1 by both, layer 2 only by b (avg exit 2.5), layer 3 by nobody -> global kept
     assert v(aggregate.exit_based(g, [a, b], [1.5, 2.5])) == [2.5, 4.0, 7.0]
+
+
+def _flame_trainer(optimizer: str, clients):
+    from training.methods.baselines import FlameTrainer
+
+    sgd = dict(lr=1e-3, momentum=0.9, weight_decay=0.0, batch_size=4, steps=2, total_rounds=3)
+    return FlameTrainer(patience={c.id: 2 for c in clients}, forward_flops=[1, 2, 3], optimizer=optimizer, **sgd)
+
+
+@pytest.mark.parametrize("optimizer,keys", [("sgd", {"momentum_buffer"}), ("adamw", {"exp_avg", "exp_avg_sq", "step"})])
+def test_flame_optimizer_state_saves_and_resumes_exactly(optimizer, keys):
+    """A node's optimizer state (AdamW's moments, SGD's momentum) survives state_dict/load_state_dict:
+    a trainer rebuilt from it takes the same next step as the one that kept running."""
+    from training.local import Client
+
+    clients = [Client("n0", 0, 3, torch.randn(8, 3, 32, 32), torch.randint(10, (8,)))]
+    model = tiny_flame()
+    trainer = _flame_trainer(optimizer, clients)
+    trainer.setup(model, clients)
+    assert type(trainer.optimizers["n0"]).__name__ == {"sgd": "SGD", "adamw": "AdamW"}[optimizer]
+    trainer.train(model, clients[0], 3, 1, torch.Generator().manual_seed(0))
+    state = trainer.state_dict()
+    assert {key.split(".", 1)[1] for key in state["optimizer"]["n0"]} == keys
+    weights = {k: v.clone() for k, v in model.state_dict().items()}
+
+    trainer.train(model, clients[0], 3, 2, torch.Generator().manual_seed(1))
+    twin_model = tiny_flame()
+    twin_model.load_state_dict(weights)
+    twin = _flame_trainer(optimizer, clients)
+    twin.setup(twin_model, clients)
+    twin.load_state_dict(state)
+    twin.train(twin_model, clients[0], 3, 2, torch.Generator().manual_seed(1))
+    for k, v in model.state_dict().items():
+        assert torch.equal(v, twin_model.state_dict()[k]), k
+
+
+def test_optimizer_state_loads_from_the_older_momentum_format():
+    from training.local import Client
+
+    clients = [Client("n0", 0, 3, torch.randn(8, 3, 32, 32), torch.randint(10, (8,)))]
+    model = tiny_flame()
+    trainer = _flame_trainer("sgd", clients)
+    trainer.setup(model, clients)
+    buf = torch.ones_like(next(model.parameters()))
+    trainer.load_state_dict({"momentum": {"n0": {"0": buf}}})
+    assert torch.equal(trainer.state_dict()["optimizer"]["n0"]["0.momentum_buffer"], buf)
+
+
+def test_flame_refuses_an_unknown_optimizer():
+    from training.local import Client
+
+    with pytest.raises(ValueError, match="optimizer"):
+        _flame_trainer("adam", [Client("n0", 0, 3, torch.randn(2, 3, 32, 32), torch.randint(10, (2,)))])

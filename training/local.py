@@ -108,15 +108,15 @@ class ExitSGDTrainer(LocalSGD):
 
     def __init__(self, **settings) -> None:
         super().__init__(**settings)
-        self.optimizers: dict[str, torch.optim.SGD] = {}
+        self.optimizers: dict[str, torch.optim.Optimizer] = {}
         self._params: list[Tensor] = []
 
     def setup(self, model: EarlyExitNet, clients: list[Client]) -> None:
         self._params = list(model.parameters())
-        self.optimizers = {
-            c.id: torch.optim.SGD(self._params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
-            for c in clients
-        }
+        self.optimizers = {c.id: self.make_optimizer(self._params) for c in clients}
+
+    def make_optimizer(self, params: list[Tensor]) -> torch.optim.Optimizer:
+        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
 
     def train(self, model: EarlyExitNet, client: Client, exit: int, round: int, gen: torch.Generator) -> dict:
         opt = self.optimizers[client.id]
@@ -136,21 +136,26 @@ class ExitSGDTrainer(LocalSGD):
             total += float(loss.detach())
         return {"loss": total / self.steps, "steps": self.steps, "samples": self.steps * min(self.batch_size, client.size), "lr": lr}
 
-    # Resume: only tensors (momentum buffers by parameter index).
+    # Resume: only tensors. Per node, its optimizer's per-parameter state as "<parameter index>.<name>"
+    # (SGD: momentum_buffer; AdamW: exp_avg, exp_avg_sq, step).
     def state_dict(self) -> dict:
         out = {}
         for cid, opt in self.optimizers.items():
-            bufs = {}
-            for k, p in enumerate(self._params):
-                buf = opt.state.get(p, {}).get("momentum_buffer")
-                if buf is not None:
-                    bufs[str(k)] = buf.clone()
-            out[cid] = bufs
-        return {"momentum": out}
+            out[cid] = {
+                f"{k}.{name}": t.clone()
+                for k, p in enumerate(self._params)
+                for name, t in opt.state.get(p, {}).items()
+                if isinstance(t, Tensor)
+            }
+        return {"optimizer": out}
 
     def load_state_dict(self, state: dict) -> None:
-        for cid, bufs in state.get("momentum", {}).items():
+        per_node = state.get("optimizer")
+        if per_node is None:  # checkpoints written before the optimizer state was generic: momentum buffers by index
+            per_node = {cid: {f"{k}.momentum_buffer": b for k, b in bufs.items()} for cid, bufs in state.get("momentum", {}).items()}
+        for cid, flat in per_node.items():
             opt = self.optimizers[cid]
             opt.state.clear()
-            for k, buf in bufs.items():
-                opt.state[self._params[int(k)]] = {"momentum_buffer": buf.clone()}
+            for key, t in flat.items():
+                k, name = key.split(".", 1)
+                opt.state[self._params[int(k)]][name] = t.clone()

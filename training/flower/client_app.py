@@ -3,7 +3,7 @@
 A SuperNode says which CIS node it is in its node config (``partition-id=K``,
 the K-th node of the spec, or ``cis-node=ID``). The ClientApp is stateless
 between messages apart from ``context.state``, which Flower keeps per node and
-run; the node's SGD momentum buffers live there (ArrayRecord ``cis-momentum``)
+run; the node's SGD momentum buffers live there (ArrayRecord ``cis-optimizer``)
 and go back into the trainer before each round, so every node keeps its own
 optimizer state across rounds as in the built-in engine. They never leave the node.
 
@@ -35,7 +35,7 @@ from training.engine import derived_generator
 from training.local import Client, ExitSGDTrainer
 from training.models import build_model
 from training.flower.records import (
-    ARRAYS_KEY, CONFIG_KEY, CONFIG_RECORD, METRICS_RECORD, MOMENTUM_STATE, NODE_RECORD, STATS_RECORD,
+    ARRAYS_KEY, CONFIG_KEY, CONFIG_RECORD, METRICS_RECORD, OPTIMIZER_STATE, NODE_RECORD, STATS_RECORD,
     node_index, node_setup, record_to_state, state_to_record,
 )
 
@@ -69,15 +69,15 @@ def identify(msg: Message, context: Context) -> Message:
     return Message(RecordDict({NODE_RECORD: ConfigRecord({"index": c.index, "id": c.id, "size": c.size})}), reply_to=msg)
 
 
-def load_node_momentum(trainer, cid: str, state: RecordDict) -> None:
-    """Put this node's momentum from context.state into the trainer (none yet: a fresh optimizer)."""
-    bufs = record_to_state(state[MOMENTUM_STATE]) if MOMENTUM_STATE in state else {}
-    trainer.load_state_dict({"momentum": {cid: bufs}})
+def load_node_optimizer(trainer, cid: str, state: RecordDict) -> None:
+    """Put this node's optimizer state (momentum) from context.state into the trainer (none yet: a fresh optimizer)."""
+    flat = record_to_state(state[OPTIMIZER_STATE]) if OPTIMIZER_STATE in state else {}
+    trainer.load_state_dict({"optimizer": {cid: flat}})
 
 
-def save_node_momentum(trainer, cid: str, state: RecordDict) -> None:
-    bufs = trainer.state_dict().get("momentum", {}).get(cid, {})
-    state[MOMENTUM_STATE] = state_to_record(bufs) if bufs else ArrayRecord()
+def save_node_optimizer(trainer, cid: str, state: RecordDict) -> None:
+    flat = trainer.state_dict()["optimizer"].get(cid, {})
+    state[OPTIMIZER_STATE] = state_to_record(flat) if flat else ArrayRecord()
 
 
 @app.train()
@@ -95,10 +95,10 @@ def train(msg: Message, context: Context) -> Message:
     model = working_model(str(cfg["model"]))
     trainer = ExitSGDTrainer(**json.loads(str(cfg["trainer"])))  # the server Setup's own trainer parameters
     trainer.setup(model, [client])
-    load_node_momentum(trainer, client.id, context.state)
+    load_node_optimizer(trainer, client.id, context.state)
     model.load_state_dict(record_to_state(msg.content[ARRAYS_KEY]))
     stats = trainer.train(model, client, e, t, derived_generator(int(run["seed"]), t, i + 1))
-    save_node_momentum(trainer, client.id, context.state)
+    save_node_optimizer(trainer, client.id, context.state)
     numeric = {k: float(v) for k, v in stats.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
     content = RecordDict({
         ARRAYS_KEY: state_to_record(model.state_dict()),

@@ -28,7 +28,7 @@ ARRAYS_KEY = "arrays"
 CONFIG_RECORD = "config"
 STATS_RECORD = "cis-stats"
 METRICS_RECORD = "metrics"
-MOMENTUM_STATE = "cis-momentum"
+OPTIMIZER_STATE = "cis-optimizer"
 NODE_RECORD = "cis-node"
 
 

@@ -149,7 +149,8 @@ class MultiExitTrainer(ExitSGDTrainer):
 class FlameTrainer(ExitSGDTrainer):
     """FLAME's local training: patience exits per sample, grouped backpropagation (b = ``batch_size``).
 
-    ``group_step`` sizes each group's update (training/methods/flame.py says why ``share`` is the default).
+    ``group_step`` sizes each group's update (training/methods/flame.py says why ``share`` is the default);
+    ``optimizer`` is ``sgd`` (momentum SGD, as every trainer here) or the paper's ``adamw``.
 
     ``patience`` maps client id -> training patience p_tr. ``forward_flops[e-1]`` is
     the forward cost up to exit e (training/flops.py) for the FLOPs accounting.
@@ -159,17 +160,24 @@ class FlameTrainer(ExitSGDTrainer):
 
     def __init__(
         self, *, patience: dict[str, int], forward_flops: Sequence[int], grouping: str = "exit",
-        group_step: str = "share", fixed_exits: dict[str, int] | None = None, **sgd,
+        group_step: str = "share", optimizer: str = "sgd", fixed_exits: dict[str, int] | None = None, **sgd,
     ) -> None:
         if grouping not in flame.GROUPINGS:
             raise ValueError(f"grouping {grouping!r}: expected one of {flame.GROUPINGS}")
         if group_step not in flame.GROUP_STEPS:
             raise ValueError(f"group_step {group_step!r}: expected one of {flame.GROUP_STEPS}")
+        if optimizer not in flame.OPTIMIZERS:
+            raise ValueError(f"optimizer {optimizer!r}: expected one of {flame.OPTIMIZERS}")
         super().__init__(**sgd)
         self.patience, self.forward_flops, self.grouping = dict(patience), list(forward_flops), grouping
-        self.group_step = group_step
+        self.group_step, self.optimizer = group_step, optimizer
         self.fixed_exits = dict(fixed_exits or {})  # the fixed-exit baseline: client -> the one exit all its samples train
         self.last_avg_exit: dict[str, float] = {}
+
+    def make_optimizer(self, params: list[Tensor]) -> torch.optim.Optimizer:
+        if self.optimizer == "adamw":
+            return torch.optim.AdamW(params, lr=self.lr, betas=flame.ADAMW_BETAS, eps=flame.ADAMW_EPS, weight_decay=self.weight_decay)
+        return super().make_optimizer(params)
 
     def train(self, model: EarlyExitNet, client: Client, exit: int, round: int, gen: torch.Generator) -> dict:
         opt = self.optimizers[client.id]

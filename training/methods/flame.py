@@ -23,7 +23,15 @@ named here because the paper's two statements do not fit our optimizer:
 - ``share`` (default): each group's mean loss times its share of the batch
   |g| / b. The group gradients of a batch then add up to the gradient of the
   batch's mean loss, so a batch moves as far as one SGD step of every other
-  trainer here, still split into one backpropagation per group.
+  trainer here, still split into one backpropagation per group. With plain
+  SGD (no momentum, no weight decay) the group steps then add up exactly to
+  the ``full`` grouping's one step; momentum and weight decay, applied per
+  group step, are what still tell the groupings apart.
+
+``optimizer=adamw`` (FLAME's option) trains with the paper's AdamW (betas
+0.9/0.999, eps 1e-8) instead; with it ``group_step=mean`` is the paper's setup
+as written. The paper decays its lr linearly; ours follows the project's one
+cosine schedule.
 
 Training FLOPs of a sample that exits at e are 3x the forward FLOPs of
 ``forward(x, upto=e)`` (training/flops.py): the stages run plus the exit heads
@@ -44,6 +52,8 @@ from training.models import EarlyExitNet
 
 GROUPINGS = ("exit", "full", "random", "binary", "distant", "close")
 GROUP_STEPS = ("share", "mean")
+OPTIMIZERS = ("sgd", "adamw")
+ADAMW_BETAS, ADAMW_EPS = (0.9, 0.999), 1e-8  # the paper's fine-tuning optimizer (appendix A.2)
 SETTING_A = (2, 2, 3, 3, 4, 4, 5, 5, 6, 6)
 EVAL_PATIENCE = 4
 TRAIN_FLOPS_FACTOR = 3

@@ -113,6 +113,9 @@ OPTIONS: dict[str, Option] = {o.name: o for o in (
     Option("group_step", "str", ("flame",), "share",
            "FLAME group update: share (group mean loss x |group|/b; a batch moves one SGD step) or mean (the paper's Algorithm 2 literally)",
            ("share", "mean")),
+    Option("optimizer", "str", ("flame",), "sgd",
+           "FLAME local optimizer: sgd (the config's momentum SGD) or adamw (the paper's; betas 0.9/0.999, eps 1e-8, the config's lr and weight decay)",
+           ("sgd", "adamw")),
     Option("flame_aggregation", "str", ("flame",), "fedavg", "FLAME aggregation rule", ("fedavg", "patience", "exit-conscious", "exit-based")),
     # nested methods (NestedNet)
     Option("layout", "str", _NESTED, None, "residual network (default digits for digits, resnet20 for CIFAR)", ("digits", "resnet20", "resnet56")),
@@ -264,6 +267,7 @@ def _early_exit(config, model, clients, sgd, weights_for, log) -> MethodSetup:
     opts = MethodOptions(
         participation=config.participation, distill=o.get("distill", True), modulation=o.get("modulation", True),
         patience=o.get("patience"), grouping=o.get("grouping", "exit"), group_step=o.get("group_step", "share"),
+        optimizer=o.get("optimizer", "sgd"),
         flame_aggregation=o.get("flame_aggregation", "fedavg"), clip_value=o.get("clip_value"),
         kd_ramp_rounds=o.get("kd_ramp_rounds", RAMP_ROUNDS),
     )

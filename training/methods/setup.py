@@ -35,6 +35,7 @@ class MethodOptions:
     patience: Sequence[int] | None = None  # FLAME p_tr per client; default Setting A, cycled
     grouping: str = "exit"
     group_step: str = "share"  # FLAME: each group's step scaled by its share of the batch (flame.py says why)
+    optimizer: str = "sgd"  # FLAME: "adamw" is the paper's fine-tuning optimizer
     flame_aggregation: str = "fedavg"
     clip_value: float | None = None  # the ReeFL paper clips gradients by value at 1 (reefl, depthfl, exclusivefl)
     kd_ramp_rounds: int = RAMP_ROUNDS  # the KD weight's ramp R (the notes: 300, of the paper's 1k rounds)
@@ -90,7 +91,7 @@ def _flame(model: EarlyExitNet, clients: list[Client], sgd: dict[str, Any], opts
     chooser = bl.BudgetChooser([E] * len(clients), opts.participation)  # every client runs the full model
     trainer = bl.FlameTrainer(
         patience=patience, forward_flops=[c["flops"] for c in exit_costs(model)], grouping=opts.grouping,
-        group_step=opts.group_step, **sgd
+        group_step=opts.group_step, optimizer=opts.optimizer, **sgd
     )
     avg_exit = lambda c: trainer.last_avg_exit[c.id]  # noqa: E731
     rule = opts.flame_aggregation

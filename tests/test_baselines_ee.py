@@ -100,7 +100,7 @@ def test_clip_value_bounds_every_step_of_the_multi_exit_methods(method):
     clients = [Client("n0", 0, 3, torch.randn(8, 3, 32, 32) * 50, torch.randint(10, (8,)))]
     lr, clip = 0.5, 1e-4
     sgd = dict(lr=lr, momentum=0.0, weight_decay=0.0, batch_size=8, steps=1, total_rounds=1)
-    chooser, trainer, _ = build_method(method, model, clients, sgd, MethodOptions(clip_value=clip))
+    _, trainer, _ = build_method(method, model, clients, sgd, MethodOptions(clip_value=clip))
     trainer.setup(model, clients)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     trainer.train(model, clients[0], 3, 1, torch.Generator().manual_seed(0))

@@ -4,6 +4,7 @@ import torch
 
 from cis import patience as pt
 from cis.errors import CisError
+from training.local import Client
 from training.methods import aggregate, flame
 from training.methods.vit import ViTEE
 
@@ -159,8 +160,6 @@ def _flame_trainer(optimizer: str, clients):
 def test_flame_optimizer_state_saves_and_resumes_exactly(optimizer, keys):
     """A node's optimizer state (AdamW's moments, SGD's momentum) survives state_dict/load_state_dict:
     a trainer rebuilt from it takes the same next step as the one that kept running."""
-    from training.local import Client
-
     clients = [Client("n0", 0, 3, torch.randn(8, 3, 32, 32), torch.randint(10, (8,)))]
     model = tiny_flame()
     trainer = _flame_trainer(optimizer, clients)
@@ -183,8 +182,6 @@ def test_flame_optimizer_state_saves_and_resumes_exactly(optimizer, keys):
 
 
 def test_optimizer_state_loads_from_the_older_momentum_format():
-    from training.local import Client
-
     clients = [Client("n0", 0, 3, torch.randn(8, 3, 32, 32), torch.randint(10, (8,)))]
     model = tiny_flame()
     trainer = _flame_trainer("sgd", clients)
@@ -195,7 +192,5 @@ def test_optimizer_state_loads_from_the_older_momentum_format():
 
 
 def test_flame_refuses_an_unknown_optimizer():
-    from training.local import Client
-
     with pytest.raises(ValueError, match="optimizer"):
         _flame_trainer("adam", [Client("n0", 0, 3, torch.randn(2, 3, 32, 32), torch.randint(10, (2,)))])

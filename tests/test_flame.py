@@ -194,3 +194,15 @@ def test_optimizer_state_loads_from_the_older_momentum_format():
 def test_flame_refuses_an_unknown_optimizer():
     with pytest.raises(ValueError, match="optimizer"):
         _flame_trainer("adam", [Client("n0", 0, 3, torch.randn(2, 3, 32, 32), torch.randint(10, (2,)))])
+
+
+def test_the_torch_free_option_registry_offers_exactly_the_trainers_choices():
+    """training/methods/registry.py spells FLAME's choices out (it must not import torch); they must match."""
+    from training.methods.registry import OPTIONS
+    from training.methods.setup import FLAME_AGGREGATIONS
+
+    assert OPTIONS["grouping"].choices == flame.GROUPINGS
+    assert OPTIONS["group_step"].choices == flame.GROUP_STEPS
+    assert OPTIONS["group_step"].default == flame.GROUP_STEPS[0]
+    assert OPTIONS["optimizer"].choices == flame.OPTIMIZERS
+    assert OPTIONS["flame_aggregation"].choices == FLAME_AGGREGATIONS

@@ -3,7 +3,7 @@
 A SuperNode says which CIS node it is in its node config (``partition-id=K``,
 the K-th node of the spec, or ``cis-node=ID``). The ClientApp is stateless
 between messages apart from ``context.state``, which Flower keeps per node and
-run; the node's SGD momentum buffers live there (ArrayRecord ``cis-optimizer``)
+run; the node's optimizer state (SGD momentum buffers) lives there (ArrayRecord ``cis-optimizer``)
 and go back into the trainer before each round, so every node keeps its own
 optimizer state across rounds as in the built-in engine. They never leave the node.
 

@@ -127,5 +127,4 @@ def test_partial_participation_scales_by_inclusion():
     pairs = sampler.choose(1, derived_generator(0, 1))
     assert len(pairs) == 2
     agg = CisAggregator(make_weights("equal", 3), m, [c.size for c in clients], sampler.inclusion)
-    agg._lam = np.full(3, 1 / 3)
-    assert agg.coefficient(0, 3) == pytest.approx((1 / 3) * 1.0 / 0.4)
+    assert agg.coefficients(1, [(0, 3)]) == pytest.approx([(1 / 3) * 1.0 / 0.4])

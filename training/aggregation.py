@@ -15,6 +15,22 @@ count advances by the local steps of the pair that trained that layer longest.
 
 ``p_ie`` here is the probability that the pair (i, e) is in the round's sample:
 p from the sampling matrix times the participation probability of node i.
+
+Two diagnostic departures from line 12 (options, not defaults; benchmarks/table2.py
+compares them, docs/training.md says when each helps):
+
+- coefficient rule ``capped``: c_ie <- min(c_ie, 1), so no pair moves the global
+  model past its own local model;
+- coefficient rule ``self-normalised``: c_ie = Lambda~_e |S_i| / sum of |S_j| over the
+  round's pairs (j, e) at the same exit, i.e. a FedAvg-style data-weighted mean per
+  exit, scaled by Lambda~_e (p_ie no longer enters: the estimator is biased but its
+  total per exit is Lambda~_e in every round in which exit e was trained).
+
+BatchNorm running statistics (``bn_rule``): ``update`` (the notes' default, line 12
+as for the weights, then the projection running_var >= 0) or ``convex``: each
+running statistic becomes the coefficient-weighted mean of the copies of the pairs
+that ran that layer (their copy moved), sum c_j s_j / sum c_j, a convex combination
+of measured statistics that can never leave their domain.
 """
 
 from __future__ import annotations
@@ -25,6 +41,8 @@ import torch
 from torch import Tensor
 
 P_MODES = ("divide", "multiply")
+COEFFICIENT_RULES = ("literal", "capped", "self-normalised")
+BN_RULES = ("update", "convex")
 
 
 def pair_coefficient(weight_e: float, size_i: float, exit_size_e: float, p_ie: float, mode: str = "divide") -> float:
@@ -35,6 +53,51 @@ def pair_coefficient(weight_e: float, size_i: float, exit_size_e: float, p_ie: f
         raise ValueError(f"pair with p_ie={p_ie}, |S_e,p|={exit_size_e}: cannot have been sampled")
     base = weight_e * size_i / exit_size_e
     return base / p_ie if mode == "divide" else base * p_ie
+
+
+def round_coefficients(
+    pairs: Sequence[tuple[int, int]],
+    weights: Sequence[float],
+    sizes: Sequence[float],
+    exit_sizes: Sequence[float],
+    p_pair: Sequence[float],
+    mode: str = "divide",
+    rule: str = "literal",
+) -> list[float]:
+    """c_ie of every (node i, exit e) pair of a round (``p_pair[k]`` is p_ie of ``pairs[k]``)."""
+    if rule not in COEFFICIENT_RULES:
+        raise ValueError(f"coefficient rule {rule!r}: expected one of {COEFFICIENT_RULES}")
+    if rule == "self-normalised":
+        trained: dict[int, float] = {}
+        for i, e in pairs:
+            trained[e] = trained.get(e, 0.0) + float(sizes[i])
+        return [float(weights[e - 1]) * float(sizes[i]) / trained[e] for i, e in pairs]
+    coefs = [
+        pair_coefficient(float(weights[e - 1]), float(sizes[i]), float(exit_sizes[e - 1]), float(p), mode)
+        for (i, e), p in zip(pairs, p_pair)
+    ]
+    return [min(c, 1.0) for c in coefs] if rule == "capped" else coefs
+
+
+def coefficient_totals(pairs: Sequence[tuple[int, int]], coefs: Sequence[float], num_exits: int) -> dict[str, list[float]]:
+    """How far a round moves each part of an early-exit model, as a total coefficient.
+
+    ``stage[k-1]``: sum of c_ie over the pairs with e >= k (they all train the body of
+    stage k); ``head[k-1]``: sum over the pairs with e == k (only they train head k).
+    Line 12 at p = 0 gives head k a total of Lambda~_k; a total above 1 moves that part
+    past the average local model.
+    """
+    stage, head = [0.0] * num_exits, [0.0] * num_exits
+    for (_, e), c in zip(pairs, coefs):
+        head[e - 1] += c
+        for k in range(e):
+            stage[k] += c
+    return {"stage": stage, "head": head}
+
+
+def is_running_stat(name: str) -> bool:
+    """BatchNorm running statistics: measured on the data, not trained."""
+    return name.endswith(("running_mean", "running_var"))
 
 
 def is_averaged(name: str, t: Tensor) -> bool:
@@ -48,39 +111,73 @@ def zeros_like_state(state: Mapping[str, Tensor]) -> dict[str, Tensor]:
 
 
 @torch.no_grad()
-def accumulate(acc: dict[str, Tensor], local: Mapping[str, Tensor], global_state: Mapping[str, Tensor], coef: float) -> None:
-    """acc += coef * (local - global) in place; integer counts keep their maximum."""
+def accumulate(
+    acc: dict[str, Tensor],
+    local: Mapping[str, Tensor],
+    global_state: Mapping[str, Tensor],
+    coef: float,
+    stat_weight: dict[str, float] | None = None,
+) -> None:
+    """acc += coef * (local - global) in place; integer counts keep their maximum.
+
+    With ``stat_weight`` (bn_rule ``convex``), also adds ``coef`` to the running
+    statistics' weight wherever this pair's copy moved (it ran that layer).
+    """
     for k, a in acc.items():
         lv, gv = local[k], global_state[k]
         if is_averaged(k, a):
             if coef != 0.0:
                 a.add_(lv, alpha=coef).sub_(gv, alpha=coef)  # two in-place ops, no temporary
+            if stat_weight is not None and is_running_stat(k) and not torch.equal(lv, gv):
+                stat_weight[k] = stat_weight.get(k, 0.0) + coef
         else:
             torch.maximum(a, lv, out=a)
 
 
 @torch.no_grad()
-def apply_update(global_state: dict[str, Tensor], acc: Mapping[str, Tensor], server_lr: float = 1.0) -> None:
-    """global += server_lr * acc in place, then the projection Pi_W (running_var >= 0); counts take acc's value."""
+def apply_update(
+    global_state: dict[str, Tensor],
+    acc: Mapping[str, Tensor],
+    server_lr: float = 1.0,
+    stat_weight: Mapping[str, float] | None = None,
+) -> int:
+    """global += server_lr * acc in place, then the projection Pi_W (running_var >= 0); counts take acc's value.
+
+    With ``stat_weight`` (bn_rule ``convex``) a running statistic instead becomes
+    global + acc / weight, the weighted mean of the moved copies (unchanged where none
+    moved). Returns how many running_var entries the projection clamped at 0.
+    """
+    clamped = 0
     for k, g in global_state.items():
         a = acc[k]
         if is_averaged(k, g):
-            g.add_(a, alpha=server_lr)
+            if stat_weight is not None and is_running_stat(k):
+                w = stat_weight.get(k, 0.0)
+                if w > 0:
+                    g.add_(a, alpha=1.0 / w)
+            else:
+                g.add_(a, alpha=server_lr)
             if k.endswith("running_var"):
+                clamped += int((g < 0).sum())
                 g.clamp_(min=0.0)
         else:
             g.copy_(a)
+    return clamped
 
 
 def aggregate(
     global_state: Mapping[str, Tensor],
     updates: Sequence[tuple[Mapping[str, Tensor], float]],
     server_lr: float = 1.0,
+    bn_rule: str = "update",
 ) -> dict[str, Tensor]:
     """Line 12 as one pure function: a new state from the global one and [(local state, c_ie)]."""
+    if bn_rule not in BN_RULES:
+        raise ValueError(f"bn rule {bn_rule!r}: expected one of {BN_RULES}")
     out = {k: v.clone() for k, v in global_state.items()}
     acc = zeros_like_state(global_state)
+    stat_weight: dict[str, float] | None = {} if bn_rule == "convex" else None
     for local, coef in updates:
-        accumulate(acc, local, global_state, coef)
-    apply_update(out, acc, server_lr)
+        accumulate(acc, local, global_state, coef, stat_weight)
+    apply_update(out, acc, server_lr, stat_weight)
     return out

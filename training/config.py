@@ -43,6 +43,11 @@ class RunConfig:
     p_rule: str = "paper"  # "paper": p per lower exit; "code": p/(E_i-1) per lower exit
     p_matrix: list[list[float]] | None = None
     p_mode: str = "divide"  # "divide" by p_ie (paper) or "multiply" (authors' code)
+    coefficient_rule: str = "literal"  # line 12 as written; "capped" or "self-normalised" (training/aggregation.py)
+    bn_rule: str = "update"  # BatchNorm running statistics: line 12's update, or "convex" (training/aggregation.py)
+    lower_exit_steps: str = "same"  # "same" J for every exit, or "flops": J * flops(E_i) / flops(e) for a lower exit
+    auto_candidates: list[str] | None = None  # strategy "auto": the candidates (default equal, serving-rate, balanced-adj)
+    auto_pilot: float = 0.2  # strategy "auto": pilot length as a fraction of the rounds
     participation: float = 1.0
     width: float = 1.0
     lr: float | None = None
@@ -90,8 +95,24 @@ class RunConfig:
             raise bad("rounds", "an integer >= 1")
         if not 0 < self.participation <= 1:
             raise bad("participation", "a fraction in (0, 1]")
-        if self.p_mode not in ("divide", "multiply"):
+        from training.aggregation import BN_RULES, COEFFICIENT_RULES, P_MODES
+        from training.local import STEP_RULES
+        from training.strategies import AUTO_CANDIDATES
+
+        if self.p_mode not in P_MODES:
             raise bad("p_mode", "'divide' or 'multiply'")
+        for f, allowed in (("coefficient_rule", COEFFICIENT_RULES), ("bn_rule", BN_RULES), ("lower_exit_steps", STEP_RULES)):
+            if getattr(self, f) not in allowed:
+                raise bad(f, " or ".join(repr(a) for a in allowed))
+        if isinstance(self.auto_pilot, bool) or not isinstance(self.auto_pilot, (int, float)) or not 0 < self.auto_pilot < 1:
+            raise bad("auto_pilot", "a fraction in (0, 1)")
+        if self.auto_candidates is not None and (
+            not isinstance(self.auto_candidates, list) or not self.auto_candidates
+            or any(c not in AUTO_CANDIDATES for c in self.auto_candidates)
+        ):
+            raise bad("auto_candidates", f"a non-empty list of {', '.join(AUTO_CANDIDATES)}")
+        if self.strategy == "auto" and self.method != "cis":
+            raise CisError(f"config: strategy 'auto' trains pilots of Algorithm 1; method {self.method!r} needs a fixed strategy")
         if self.schedule not in ("cosine", "constant"):
             raise bad("schedule", "'cosine' or 'constant'")
         for f in ("lr", "batch_size", "local_epochs", "server_lr", "width"):

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from training.aggregation import accumulate, apply_update, pair_coefficient, zeros_like_state
+from training.aggregation import accumulate, apply_update, coefficient_totals, round_coefficients, zeros_like_state
 from training.local import Client, LocalTrainer
 from training.models import EarlyExitNet
 from training.sampling import choose_participants, exit_data_sizes, sample_exits
@@ -82,7 +82,13 @@ class ExitSampler:
 
 
 class CisAggregator:
-    """Algorithm 1, line 12: w += eta_s * sum c_ie (w_ie - w), c_ie = Lambda~_e |S_i| / (|S_e,p| p_ie)."""
+    """Algorithm 1, line 12: w += eta_s * sum c_ie (w_ie - w), c_ie = Lambda~_e |S_i| / (|S_e,p| p_ie).
+
+    ``coefficient_rule`` and ``bn_rule`` select the diagnostic variants of
+    training/aggregation.py (defaults: line 12 as written). After each round,
+    ``last_stats`` holds the round's total coefficient per stage body and per exit
+    head and how many BatchNorm variances the projection clamped at 0.
+    """
 
     def __init__(
         self,
@@ -92,23 +98,34 @@ class CisAggregator:
         inclusion: float = 1.0,
         p_mode: str = "divide",
         server_lr: float = 1.0,
+        coefficient_rule: str = "literal",
+        bn_rule: str = "update",
     ) -> None:
         self.weights, self.matrix = weights, np.asarray(matrix)
         self.sizes = [int(s) for s in sizes]
         self.exit_sizes = exit_data_sizes(self.matrix, self.sizes)
         self.inclusion, self.p_mode, self.server_lr = inclusion, p_mode, server_lr
+        self.coefficient_rule, self.bn_rule = coefficient_rule, bn_rule
         self._acc: dict[str, Tensor] | None = None
         self._global: dict[str, Tensor] | None = None
-        self._lam: np.ndarray | None = None
+        self._coef: dict[int, float] = {}
+        self._stat_weight: dict[str, float] | None = None
         self.last_coefficients: list[float] = []
+        self.last_stats: dict = {}
 
-    def coefficient(self, i: int, e: int) -> float:
-        p_ie = float(self.matrix[i, e - 1]) * self.inclusion
-        return pair_coefficient(float(self._lam[e - 1]), self.sizes[i], float(self.exit_sizes[e - 1]), p_ie, self.p_mode)
+    def coefficients(self, round: int, pairs: Sequence[tuple[int, int]]) -> list[float]:
+        """c_ie of each pair of the round, under this aggregator's p mode and coefficient rule."""
+        p_pair = [float(self.matrix[i, e - 1]) * self.inclusion for i, e in pairs]
+        return round_coefficients(
+            pairs, self.weights.at(round), self.sizes, self.exit_sizes, p_pair, self.p_mode, self.coefficient_rule
+        )
 
     def begin(self, global_state: dict[str, Tensor], round: int, pairs: Sequence[tuple[int, int]]) -> None:
-        self._lam = self.weights.at(round)
+        coefs = self.coefficients(round, pairs)
+        self._coef = {i: c for (i, _), c in zip(pairs, coefs)}
+        self.last_stats = {"coefficients": coefficient_totals(pairs, coefs, self.matrix.shape[1])}
         self._global = global_state
+        self._stat_weight = {} if self.bn_rule == "convex" else None
         if self._acc is None:
             self._acc = zeros_like_state(global_state)
         else:  # reuse the buffers: zero the deltas, restart the counts from the global ones
@@ -117,12 +134,12 @@ class CisAggregator:
         self.last_coefficients = []
 
     def add(self, client: Client, exit: int, local_state: dict[str, Tensor]) -> None:
-        c = self.coefficient(client.index, exit)
+        c = self._coef[client.index]
         self.last_coefficients.append(c)
-        accumulate(self._acc, local_state, self._global, c)
+        accumulate(self._acc, local_state, self._global, c, self._stat_weight)
 
     def finish(self, global_state: dict[str, Tensor]) -> None:
-        apply_update(global_state, self._acc, self.server_lr)
+        self.last_stats["bn_clamped"] = apply_update(global_state, self._acc, self.server_lr, self._stat_weight)
 
 
 class FederatedEngine:

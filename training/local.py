@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from collections.abc import Sequence
 from typing import Protocol
 
 import torch
@@ -71,6 +72,21 @@ def local_steps(sizes: list[int], batch_size: int, local_epochs: float = 1.0, st
     return max(1, math.ceil(local_epochs * max(sizes) / batch_size))
 
 
+STEP_RULES = ("same", "flops")
+
+
+def exit_steps(steps: int, flops: Sequence[float] | None, own_exit: int, exit: int) -> int:
+    """Local steps for a node whose largest exit is ``own_exit`` training ``exit``.
+
+    ``flops`` None (rule "same"): J for every exit. Otherwise (rule "flops", a
+    diagnostic of benchmarks/table2.py): a lower exit gets J * flops(own) / flops(exit)
+    steps, the same compute as a round at the node's own exit.
+    """
+    if flops is None or exit >= own_exit:
+        return steps
+    return max(1, round(steps * flops[own_exit - 1] / flops[exit - 1]))
+
+
 def batch_indices(n: int, batch_size: int, steps: int, gen: torch.Generator) -> list[Tensor]:
     """``steps`` batches walking through fresh permutations of range(n)."""
     b = min(batch_size, n)
@@ -106,8 +122,9 @@ class LocalSGD:
 class ExitSGDTrainer(LocalSGD):
     """SGD on the sampled exit's loss; per-node momentum; cosine lr over rounds."""
 
-    def __init__(self, **settings) -> None:
+    def __init__(self, exit_flops: Sequence[float] | None = None, **settings) -> None:
         super().__init__(**settings)
+        self.exit_flops = exit_flops  # set: lower exits train J * flops(own) / flops(e) steps (rule "flops")
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
         self._params: list[Tensor] = []
 
@@ -125,7 +142,8 @@ class ExitSGDTrainer(LocalSGD):
             group["lr"] = lr
         model.train()
         total = 0.0
-        for idx in batch_indices(client.size, self.batch_size, self.steps, gen):
+        steps = exit_steps(self.steps, self.exit_flops, client.max_exit, exit)
+        for idx in batch_indices(client.size, self.batch_size, steps, gen):
             xb, yb = client.x[idx], client.y[idx]
             if self.augment:
                 xb = augment_batch(xb, gen, **self.augment)
@@ -134,7 +152,7 @@ class ExitSGDTrainer(LocalSGD):
             loss.backward()
             opt.step()
             total += float(loss.detach())
-        return {"loss": total / self.steps, "steps": self.steps, "samples": self.steps * min(self.batch_size, client.size), "lr": lr}
+        return {"loss": total / steps, "steps": steps, "samples": steps * min(self.batch_size, client.size), "lr": lr}
 
     # Resume: only tensors. Per node, its optimizer's per-parameter state as "<parameter index>.<name>"
     # (SGD: momentum_buffer; AdamW: exp_avg, exp_avg_sq, step).

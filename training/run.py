@@ -38,7 +38,7 @@ from training.local import Client, ExitSGDTrainer, local_steps
 from training.models import EarlyExitNet, build_model, default_model_config
 from training.partition import partition
 from training.sampling import sampling_matrix
-from training.strategies import Weights, make_weights
+from training.strategies import AUTO_CANDIDATES, Weights, make_weights
 
 
 @dataclass
@@ -105,9 +105,12 @@ def build_setup(
         raise CisError(f"spec {spec.name!r}: has {spec.num_exits} exits; the {mcfg['arch']} model has {model.num_exits}")
     matrix = sampling_matrix([n.exit for n in spec.nodes], spec.num_exits, config.p, config.p_rule, config.p_matrix)
     weights = weights_for(model, matrix)
-    trainer = ExitSGDTrainer(**sgd)
+    exit_flops = [c["flops"] for c in exit_costs(model)] if config.lower_exit_steps == "flops" else None
+    trainer = ExitSGDTrainer(exit_flops=exit_flops, **sgd)
     sampler = ExitSampler(matrix, config.participation)
-    aggregator = CisAggregator(weights, matrix, sizes, sampler.inclusion, config.p_mode, config.server_lr)
+    aggregator = CisAggregator(
+        weights, matrix, sizes, sampler.inclusion, config.p_mode, config.server_lr, config.coefficient_rule, config.bn_rule
+    )
     engine = FederatedEngine(model, clients, sampler, trainer, aggregator, seed=config.seed)
     return Setup(config, spec, splits, model, clients, matrix, weights, engine, steps)
 
@@ -119,7 +122,9 @@ def run_weights(
     rates = compute_rates(spec)
     lam = [rates.exit_serving_rate[e] for e in range(1, spec.num_exits + 1)]
     sigma = config.sigma
-    if config.strategy == "balanced-adj" and sigma is None:
+    candidates = config.auto_candidates or list(AUTO_CANDIDATES)
+    needs_sigma = config.strategy == "balanced-adj" or (config.strategy == "auto" and "balanced-adj" in candidates)
+    if needs_sigma and sigma is None:
         if not model_has_exit_gradients(model):
             raise CisError(
                 f"--strategy balanced-adj: method {config.method!r} trains nested sub-models, whose per-exit gradient "
@@ -131,7 +136,7 @@ def run_weights(
     flops = [c["flops"] for c in exit_costs(model)] if config.strategy == "flops" else None
     return make_weights(
         config.strategy, spec.num_exits, total_rounds=config.rounds, exit_serving_rate=lam, flops=flops,
-        sigma=sigma, matrix=matrix, sizes=sizes, vector=config.weights,
+        sigma=sigma, matrix=matrix, sizes=sizes, vector=config.weights, candidates=candidates,
     )
 
 
@@ -197,6 +202,9 @@ def round_line(s: Setup, r: dict) -> dict[str, Any]:
 
         line.update(round_summary(r["pairs"]))
     line["weights"] = s.weights.at(r["round"]).tolist()
+    stats = getattr(s.engine.aggregator, "last_stats", None)
+    if stats:  # Algorithm 1: total coefficient per stage body and exit head, BN variances clamped at 0
+        line["aggregation"] = stats
     return line
 
 
@@ -243,6 +251,8 @@ def train_run(
         log(f"resuming after round {s.engine.round} of {config.rounds}")
 
     bar = tqdm(total=config.rounds, initial=s.engine.round, desc="rounds", unit="round", file=sys.stderr, disable=not progress)
+    if config.strategy == "auto":
+        choose_strategy(s, out, bar, log)
     with open(out / "metrics.jsonl", "a") as metrics:
         while s.engine.round < config.rounds:
             r = s.engine.run_round()
@@ -266,6 +276,39 @@ def train_run(
     summary = run_summary(s)
     write_json(out / "summary.json", summary)
     return summary
+
+
+def choose_strategy(s: Setup, out: Path, bar, log: Callable[[str], None]) -> None:
+    """Strategy auto: the choice of an earlier (resumed) run, or pilots from round 0 (training/auto.py)."""
+    from training.auto import pilot_length, run_pilots
+
+    w = s.weights
+    if (out / "auto.json").is_file():
+        w.choose(json.loads((out / "auto.json").read_text())["chosen"])
+        w.details.update({k: v for k, v in json.loads((out / "auto.json").read_text()).items() if k != "pilots"})
+        return
+    if len(w.candidates) == 1:  # nothing to compare: the run is that candidate's own run
+        (name,) = w.candidates
+        w.choose(name)
+        w.details.update({"chosen": name, "pilot_rounds": 0})
+        write_json(out / "auto.json", {"chosen": name, "pilot_rounds": 0, "candidates": w.details["candidates"]})
+        return
+    pilot = pilot_length(s.config.rounds, s.config.auto_pilot)
+    log(f"strategy auto: {len(w.candidates)} candidates ({', '.join(w.candidates)}), {pilot}-round pilots")
+    bar.total = s.config.rounds + (len(w.candidates) - 1) * pilot
+    bar.refresh()
+    winner, pilots = run_pilots(s.engine, w, pilot, lambda r: round_line(s, r), lambda: evaluate_round(s), lambda: bar.update(1))
+    scores = {n: r["val_cis_accuracy"] for n, r in pilots.items()}
+    log("strategy auto: validation CIS accuracy after the pilots " + ", ".join(f"{n} {100 * v:.1f}" for n, v in scores.items())
+        + f"; chose {winner}")
+    write_json(out / "auto.json", {"chosen": winner, "pilot_rounds": pilot, "candidates": w.details["candidates"],
+                                   "pilot_val_cis_accuracy": scores, "pilots": pilots})
+    with open(out / "metrics.jsonl", "a") as metrics:
+        for line in pilots[winner]["lines"]:
+            line["seconds"] = line["train_seconds"]
+            metrics.write(json.dumps(line) + "\n")
+    write_json(out / "weights.json", w.describe())
+    save_checkpoint(out, s.engine.sync_model(), checkpoint_meta(s), {"engine": s.engine.state_dict()})
 
 
 def run_summary(s: Setup) -> dict[str, Any]:

@@ -9,6 +9,10 @@
   opt_e proportional to 1 / (sigma_e * sqrt(sum_{i in C_e} (|S_i| / |S_{e,p}|)^2)),
   where sigma_e^2 is the per-exit gradient variance (training/grad_variance.py).
 - an explicit vector (``explicit`` with ``vector=[...]``), normalised.
+- ``auto`` (beyond the paper): one of the candidates equal, serving-rate and
+  balanced-adj, chosen at training time by short pilots on the validation split
+  (training/auto.py). Candidates within ``SAME_WEIGHTS`` of an earlier one are
+  one candidate: at 33-33-33 serving-rate IS equal weight.
 
 A :class:`Weights` object answers ``at(t)`` (1-based round) so that
 round-dependent schedules (flops) and constant ones share one interface.
@@ -23,7 +27,9 @@ import numpy as np
 
 from cis.errors import CisError
 
-STRATEGIES = ("equal", "flops", "serving-rate", "balanced-adj", "explicit")
+STRATEGIES = ("equal", "flops", "serving-rate", "balanced-adj", "explicit", "auto")
+AUTO_CANDIDATES = ("equal", "serving-rate", "balanced-adj")
+SAME_WEIGHTS = 0.02  # largest per-exit difference under which two candidate weightings count as one
 
 
 def normalise(v: Sequence[float], what: str = "weights") -> np.ndarray:
@@ -66,6 +72,15 @@ def balanced_adj_weights(
     return (lam + normalise(opt, "balanced-adj opt")) / 2.0
 
 
+def distinct_candidates(vectors: dict[str, np.ndarray], tol: float = SAME_WEIGHTS) -> dict[str, np.ndarray]:
+    """The candidates in order, without those within ``tol`` (per exit) of an earlier one."""
+    out: dict[str, np.ndarray] = {}
+    for name, v in vectors.items():
+        if not any(np.abs(v - w).max() < tol for w in out.values()):
+            out[name] = v
+    return out
+
+
 @dataclass
 class Weights:
     """Lambda~ for every round."""
@@ -76,6 +91,11 @@ class Weights:
     flops: list[float] | None = None
     total_rounds: int = 1
     details: dict = field(default_factory=dict)
+    candidates: dict[str, np.ndarray] | None = None  # strategy auto: the weightings its pilots compare
+
+    def choose(self, name: str) -> None:
+        """Strategy auto: train with candidate ``name`` from now on."""
+        self.constant = self.candidates[name]
 
     def at(self, t: int) -> np.ndarray:
         if self.strategy == "flops":
@@ -103,7 +123,20 @@ def make_weights(
     matrix: np.ndarray | None = None,
     sizes: Sequence[int] | None = None,
     vector: Sequence[float] | None = None,
+    candidates: Sequence[str] = AUTO_CANDIDATES,
 ) -> Weights:
+    if strategy == "auto":
+        unknown = [c for c in candidates if c not in AUTO_CANDIDATES]
+        if not candidates or unknown:
+            raise CisError(f"strategy auto: candidates {list(candidates)}, expected some of {', '.join(AUTO_CANDIDATES)}")
+        kw = dict(exit_serving_rate=exit_serving_rate, sigma=sigma, matrix=matrix, sizes=sizes)
+        vectors = {c: make_weights(c, num_exits, total_rounds=total_rounds, **kw).constant for c in candidates}
+        kept = distinct_candidates(vectors)
+        first = next(iter(kept))
+        details = {"candidates": {c: v.tolist() for c, v in kept.items()}, "merged": sorted(set(vectors) - set(kept))}
+        if sigma is not None:
+            details["sigma"] = list(map(float, sigma))
+        return Weights(strategy, num_exits, kept[first], total_rounds=total_rounds, details=details, candidates=kept)
     if strategy == "equal":
         return Weights(strategy, num_exits, equal_weights(num_exits), total_rounds=total_rounds)
     if strategy == "flops":

@@ -21,7 +21,7 @@ from pathlib import Path
 from cis.cli import print_result
 from cis.errors import CisError
 
-STRATEGY_CHOICES = ("equal", "flops", "serving-rate", "balanced-adj", "explicit")
+STRATEGY_CHOICES = ("equal", "flops", "serving-rate", "balanced-adj", "explicit", "auto")
 
 
 def _floats(text: str) -> list[float]:
@@ -45,7 +45,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--serving", help="x-y-z shares served at exits 1-2-3 for the built-in topology (default 33-33-33)")
     p.add_argument("--topology", help="built-in topology when no --spec (default paper-7)")
     p.add_argument("--dataset", help="digits | cifar10:PATH | cifar100:PATH (default digits)")
-    p.add_argument("--strategy", choices=STRATEGY_CHOICES, help="aggregation weights Lambda~ (default serving-rate)")
+    p.add_argument("--strategy", choices=STRATEGY_CHOICES,
+                   help="aggregation weights Lambda~ (default serving-rate; auto: chosen by pilots, docs/training.md)")
+    p.add_argument("--auto-pilot", type=float, metavar="FRACTION",
+                   help="strategy auto: pilot length as a fraction of the rounds (default 0.2)")
     p.add_argument("--weights", type=_floats, help="explicit Lambda~, e.g. 0.6,0.3,0.1 (implies --strategy explicit)")
     p.add_argument("--rounds", type=int, help="communication rounds T (default 30 digits, 100 CIFAR)")
     p.add_argument("--out", help="run directory")
@@ -55,6 +58,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--p", type=float, help="probability of training each lower exit (paper's ablation; default 0)")
     p.add_argument("--p-rule", choices=("paper", "code"), help="paper: p per lower exit; code: p/(E_i-1) per lower exit")
     p.add_argument("--p-mode", choices=("divide", "multiply"), help="divide by p_ie (paper) or multiply (authors' code)")
+    p.add_argument("--coefficient-rule", choices=("literal", "capped", "self-normalised"),
+                   help="line 12's pair coefficients as written (default), capped at 1, or self-normalised per exit")
+    p.add_argument("--bn-rule", choices=("update", "convex"),
+                   help="BatchNorm running statistics: line 12's update (default) or a convex combination of the clients'")
+    p.add_argument("--lower-exit-steps", choices=("same", "flops"),
+                   help="local steps when a node trains a lower exit: same J (default) or J x flops(own) / flops(exit)")
     p.add_argument("--participation", type=float, help="fraction of nodes taking part per round (default 1)")
     p.add_argument("--width", type=float, help="channel width multiplier (default 1)")
     p.add_argument("--lr", type=float, help="local SGD learning rate (cosine annealed over rounds)")
@@ -86,7 +95,8 @@ _FLAG_KEYS = {
     "weights": "weights", "rounds": "rounds", "seed": "seed", "partition": "partition", "dirichlet": "dirichlet",
     "p": "p", "p_rule": "p_rule", "p_mode": "p_mode", "participation": "participation", "width": "width", "lr": "lr",
     "batch_size": "batch_size", "local_epochs": "local_epochs", "local_steps": "local_steps",
-    "confidence": "confidence", "threads": "threads", "eval_every": "eval_every",
+    "confidence": "confidence", "threads": "threads", "eval_every": "eval_every", "auto_pilot": "auto_pilot",
+    "coefficient_rule": "coefficient_rule", "bn_rule": "bn_rule", "lower_exit_steps": "lower_exit_steps",
 }
 
 

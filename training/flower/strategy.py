@@ -40,7 +40,7 @@ from training.flower.records import (
 )
 
 
-TRAINER_FIELDS = ("lr", "momentum", "weight_decay", "batch_size", "steps", "total_rounds", "schedule", "augment")
+TRAINER_FIELDS = ("lr", "momentum", "weight_decay", "batch_size", "steps", "total_rounds", "schedule", "augment", "exit_flops")
 
 
 class CisStrategy(Strategy):

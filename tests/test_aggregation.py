@@ -7,7 +7,16 @@ import pytest
 import torch
 
 from cis.errors import CisError
-from training.aggregation import accumulate, aggregate, apply_update, pair_coefficient, zeros_like_state
+from training.aggregation import (
+    accumulate,
+    aggregate,
+    apply_update,
+    coefficient_totals,
+    pair_coefficient,
+    round_coefficients,
+    zeros_like_state,
+)
+from training.local import exit_steps
 from training.sampling import exit_data_sizes, sample_exits, sampling_matrix
 
 
@@ -102,3 +111,67 @@ def test_expected_update_is_unbiased_over_the_sampling():
         upd = sum(pair_coefficient(lam[e - 1], sizes[i], se[e - 1], m[i, e - 1]) * delta[i, e] for i, e in enumerate(combo))
         expected += prob * upd
     assert np.allclose(expected, target)
+
+
+def test_authors_multiply_rule_matches_their_aggregate_on_paper7_highly_biased():
+    """The authors' `aggregate` (FedCIS custom_training_topology.py): c = lambda~_e |S_c| / |S_e,p| * p_ce with
+    |S_e,p| the data of nodes whose own exit is e or a later one with p > 0, p_ce = 1 - p at the node's own
+    exit, p / (E_c - 1) at a lower exit, 1 for single-exit nodes. Our multiply mode with the code's p rule
+    must give exactly those numbers."""
+    exits = [3, 2, 2, 1, 1, 1, 1]
+    sizes = [767, 100, 99, 9, 8, 8, 9]
+    lam, p = np.array([0.8, 0.15, 0.05]), 0.2
+    m = sampling_matrix(exits, 3, p=p, rule="code")
+    se = exit_data_sizes(m, sizes)
+    pairs = [(i, e) for i, top in enumerate(exits) for e in range(1, top + 1)]
+    ours = round_coefficients(pairs, lam, sizes, se, [m[i, e - 1] for i, e in pairs], "multiply")
+    for (i, e), c in zip(pairs, ours):
+        s_e = sum(s for s, top in zip(sizes, exits) if top == e or (top > e and p > 0))
+        p_ce = 1.0 if exits[i] == 1 else (1 - p if e == exits[i] else p / (exits[i] - 1))
+        assert c == pytest.approx(lam[e - 1] * sizes[i] / s_e * p_ce)
+    # what makes it barely train stage 1: the expected total coefficient of head 1 is ~0.04 per round, 0.8 at p = 0
+    head1 = sum(m[i, 0] * c for (i, e), c in zip(pairs, ours) if e == 1)
+    assert head1 < 0.05
+
+
+def test_capped_and_self_normalised_coefficients():
+    sizes, lam = [70, 20, 10], [0.8, 0.15, 0.05]
+    pairs = [(0, 1), (1, 1), (2, 2)]
+    se, p_pair = [100, 30, 10], [0.2, 0.5, 1.0]
+    literal = round_coefficients(pairs, lam, sizes, se, p_pair)
+    assert literal == pytest.approx([0.8 * 70 / 100 / 0.2, 0.8 * 20 / 100 / 0.5, 0.15 * 10 / 30])
+    assert literal[0] > 1
+    capped = round_coefficients(pairs, lam, sizes, se, p_pair, rule="capped")
+    assert capped == pytest.approx([1.0, literal[1], literal[2]])
+    selfn = round_coefficients(pairs, lam, sizes, se, p_pair, rule="self-normalised")
+    assert selfn == pytest.approx([0.8 * 70 / 90, 0.8 * 20 / 90, 0.15])  # per exit: sums to Lambda~_e
+    totals = coefficient_totals(pairs, selfn, 3)
+    assert totals["head"] == pytest.approx([0.8, 0.15, 0.0])
+    assert totals["stage"] == pytest.approx([0.95, 0.15, 0.0])
+    with pytest.raises(ValueError, match="rule"):
+        round_coefficients(pairs, lam, sizes, se, p_pair, rule="nope")
+
+
+def test_convex_bn_rule_keeps_running_statistics_inside_the_clients_range():
+    g = state([0.0, 0.0], [1.0, 1.0])
+    a = state([1.0, 0.0], [0.2, 1.0])  # ran the layer: its running_var moved
+    b = state([0.0, 1.0], [0.4, 1.0])
+    literal = aggregate(g, [(a, 3.0), (b, 1.0)])
+    assert literal["bn.running_var"][0].item() == 0.0  # 1 + 3 (-0.8) + 1 (-0.6) < 0: clamped
+    convex = aggregate(g, [(a, 3.0), (b, 1.0)], bn_rule="convex")
+    assert convex["bn.running_var"][0].item() == pytest.approx((3 * 0.2 + 1 * 0.4) / 4)
+    assert torch.equal(convex["w"], literal["w"])  # weights keep line 12
+    # a statistic no pair moved stays as it was
+    c = state([1.0, 1.0], [1.0, 1.0])
+    assert aggregate(g, [(c, 2.0)], bn_rule="convex")["bn.running_var"].tolist() == [1.0, 1.0]
+    acc, live = zeros_like_state(g), {k: v.clone() for k, v in g.items()}
+    accumulate(acc, a, live, 3.0)
+    assert apply_update(live, acc) == 1  # one running_var entry clamped
+
+
+def test_lower_exit_steps_by_flops():
+    flops = [10.0, 30.0, 100.0]
+    assert exit_steps(5, None, 3, 1) == 5
+    assert exit_steps(5, flops, 3, 3) == 5
+    assert exit_steps(5, flops, 3, 1) == 50
+    assert exit_steps(4, flops, 2, 1) == 12

@@ -144,7 +144,7 @@ def report(out: Path, stem: str, names: list[str]) -> dict:
 def diagnose_report(out: Path, seed: int) -> None:
     found = {r["run"]: r for r in (json.loads(f.read_text()) for f in (out / "runs").glob(f"seed{seed}_*.json"))}
     rows = {name: found[name] for name, *_ in DIAGNOSE if name in found}
-    (RESULTS / "table2_diagnostics.json").write_text(json.dumps({"seed": seed, "runs": rows}, indent=1))
+    (RESULTS / f"{out.name}.json").write_text(json.dumps({"seed": seed, "runs": rows}, indent=1))
     lines = ["# Table 2 diagnostics: why p = 0.2 hurts at reduced scale\n",
              f"Seed {seed}; serving-rate weights at 80-15-5, highly biased partition; p = 0.2 under the paper's rule unless "
              "said. Coefficients are per-round totals of c_ie: head k sums the pairs that trained exit k, stage k the pairs "
@@ -162,8 +162,8 @@ def diagnose_report(out: Path, seed: int) -> None:
             f"{a['head_mean'][1]:.2f} ({a['head_max'][1]:.2f}) | {a['head_mean'][2]:.2f} ({a['head_max'][2]:.2f}) | "
             f"{a['stage_mean'][0]:.2f} ({a['stage_max'][0]:.2f}) | {a['rounds_head_over_1'][0]} | "
             f"{a['bn_clamped_total']} ({a['rounds_with_clamping']}) | {val} |")
-    findings = RESULTS / "table2_diagnostics_findings.md"
-    (RESULTS / "table2_diagnostics.md").write_text("\n".join(lines) + "\n\n" + (findings.read_text() if findings.is_file() else ""))
+    findings = RESULTS / f"{out.name}_findings.md"
+    (RESULTS / f"{out.name}.md").write_text("\n".join(lines) + "\n\n" + (findings.read_text() if findings.is_file() else ""))
     print("\n".join(lines))
 
 

@@ -50,7 +50,7 @@ def test_aggregate_is_line_12_exactly_not_renormalised():
 def test_server_lr_and_projection_of_running_var():
     g = state([0.0], [1.0])
     local = state([1.0], [0.0])
-    out = aggregate(g, [(local, 3.0)], server_lr=0.5)
+    out = aggregate(g, [(local, 3.0)], server_lr=0.5, bn_rule="literal")
     assert out["w"].item() == pytest.approx(1.5)
     assert out["bn.running_var"].item() == 0.0  # 1 + 0.5*3*(-1) < 0 -> projected to 0
 
@@ -152,21 +152,26 @@ def test_capped_and_self_normalised_coefficients():
         round_coefficients(pairs, lam, sizes, se, p_pair, rule="nope")
 
 
-def test_convex_bn_rule_keeps_running_statistics_inside_the_clients_range():
+def test_convex_bn_rule_shortens_only_the_overshooting_steps_of_running_statistics():
     g = state([0.0, 0.0], [1.0, 1.0])
     a = state([1.0, 0.0], [0.2, 1.0])  # ran the layer: its running_var moved
     b = state([0.0, 1.0], [0.4, 1.0])
-    literal = aggregate(g, [(a, 3.0), (b, 1.0)])
+    literal = aggregate(g, [(a, 3.0), (b, 1.0)], bn_rule="literal")
     assert literal["bn.running_var"][0].item() == 0.0  # 1 + 3 (-0.8) + 1 (-0.6) < 0: clamped
-    convex = aggregate(g, [(a, 3.0), (b, 1.0)], bn_rule="convex")
-    assert convex["bn.running_var"][0].item() == pytest.approx((3 * 0.2 + 1 * 0.4) / 4)
+    convex = aggregate(g, [(a, 3.0), (b, 1.0)])  # the default
+    assert convex["bn.running_var"][0].item() == pytest.approx((3 * 0.2 + 1 * 0.4) / 4)  # weighted mean of the copies
     assert torch.equal(convex["w"], literal["w"])  # weights keep line 12
+    # total coefficient <= 1 (always at p = 0): exactly line 12
+    small = [(a, 0.5), (b, 0.3)]
+    assert torch.equal(aggregate(g, small)["bn.running_var"], aggregate(g, small, bn_rule="literal")["bn.running_var"])
+    # a server learning rate counts: eta_s * C > 1 is shortened too
+    assert aggregate(g, small, server_lr=2.0)["bn.running_var"][0].item() == pytest.approx((0.5 * 0.2 + 0.3 * 0.4) / 0.8)
     # a statistic no pair moved stays as it was
     c = state([1.0, 1.0], [1.0, 1.0])
-    assert aggregate(g, [(c, 2.0)], bn_rule="convex")["bn.running_var"].tolist() == [1.0, 1.0]
+    assert aggregate(g, [(c, 2.0)])["bn.running_var"].tolist() == [1.0, 1.0]
     acc, live = zeros_like_state(g), {k: v.clone() for k, v in g.items()}
     accumulate(acc, a, live, 3.0)
-    assert apply_update(live, acc) == 1  # one running_var entry clamped
+    assert apply_update(live, acc) == 1  # literal (no statistics weights): one running_var entry clamped
 
 
 def test_lower_exit_steps_by_flops():

@@ -7,8 +7,9 @@
 Not renormalised per parameter: a parameter that only the pairs of exit 3 touch
 moves by Lambda~_3 times their average pseudo-gradient. BatchNorm running
 statistics (``running_mean``, ``running_var``) are floating-point buffers and
-get exactly the same update; Pi_W is applied only where a value leaves its
-domain: ``running_var`` is clipped at 0. ``num_batches_tracked`` (an integer
+get the same update where it stays a convex combination (``bn_rule`` below);
+Pi_W is applied only where a value leaves its domain: ``running_var`` is
+clipped at 0. ``num_batches_tracked`` (an integer
 count, only used by BatchNorm with ``momentum=None``) is not a weighted sum: the
 server takes the largest count among the contributing copies, i.e. the global
 count advances by the local steps of the pair that trained that layer longest.
@@ -26,11 +27,20 @@ compares them, docs/training.md says when each helps):
   exit, scaled by Lambda~_e (p_ie no longer enters: the estimator is biased but its
   total per exit is Lambda~_e in every round in which exit e was trained).
 
-BatchNorm running statistics (``bn_rule``): ``update`` (the notes' default, line 12
-as for the weights, then the projection running_var >= 0) or ``convex``: each
-running statistic becomes the coefficient-weighted mean of the copies of the pairs
-that ran that layer (their copy moved), sum c_j s_j / sum c_j, a convex combination
-of measured statistics that can never leave their domain.
+BatchNorm running statistics (``bn_rule``; the project's choice, issue 17):
+
+- ``convex`` (default): line 12's step, shortened where it would overshoot. With
+  C = eta_s * sum of c_ie over the pairs whose copy of the statistic moved (they ran
+  that layer), a running statistic becomes s + C' / C * sum c_ie (s_ie - s) / sum c_ie
+  with C' = min(C, 1): exactly line 12 wherever C <= 1 (always at p = 0, where the
+  coefficients of the pairs sharing a layer sum to at most 1), and the
+  coefficient-weighted mean of the moved copies where C > 1. Either way a convex
+  combination of measured statistics, so a variance can never turn negative. Weights
+  keep line 12 as written: the paper's update is unbiased for them; a statistic is a
+  mean of measurements, and an extrapolated variance below 0 is no variance at all
+  (the literal rule clamped 32 of them in a 60-round p = 0.2 run).
+- ``literal``: the same update as the weights (the notes; the authors' code), then
+  the projection running_var >= 0.
 """
 
 from __future__ import annotations
@@ -42,7 +52,8 @@ from torch import Tensor
 
 P_MODES = ("divide", "multiply")
 COEFFICIENT_RULES = ("literal", "capped", "self-normalised")
-BN_RULES = ("update", "convex")
+BN_RULES = ("convex", "literal")
+OVERSHOOT_TOL = 1e-9  # a total coefficient of 1 summed in floating point is not an overshoot (p = 0 stays line 12 exactly)
 
 
 def pair_coefficient(weight_e: float, size_i: float, exit_size_e: float, p_ie: float, mode: str = "divide") -> float:
@@ -121,7 +132,7 @@ def accumulate(
     """acc += coef * (local - global) in place; integer counts keep their maximum.
 
     With ``stat_weight`` (bn_rule ``convex``), also adds ``coef`` to the running
-    statistics' weight wherever this pair's copy moved (it ran that layer).
+    statistics' total coefficient wherever this pair's copy moved (it ran that layer).
     """
     for k, a in acc.items():
         lv, gv = local[k], global_state[k]
@@ -143,20 +154,19 @@ def apply_update(
 ) -> int:
     """global += server_lr * acc in place, then the projection Pi_W (running_var >= 0); counts take acc's value.
 
-    With ``stat_weight`` (bn_rule ``convex``) a running statistic instead becomes
-    global + acc / weight, the weighted mean of the moved copies (unchanged where none
-    moved). Returns how many running_var entries the projection clamped at 0.
+    With ``stat_weight`` (bn_rule ``convex``) a running statistic's step is
+    shortened to min(server_lr, 1 / total coefficient) where the total exceeds 1, so it
+    stays a convex combination. Returns how many running_var entries the projection
+    clamped at 0.
     """
     clamped = 0
     for k, g in global_state.items():
         a = acc[k]
         if is_averaged(k, g):
-            if stat_weight is not None and is_running_stat(k):
-                w = stat_weight.get(k, 0.0)
-                if w > 0:
-                    g.add_(a, alpha=1.0 / w)
-            else:
-                g.add_(a, alpha=server_lr)
+            step = server_lr
+            if stat_weight is not None and is_running_stat(k) and server_lr * stat_weight.get(k, 0.0) > 1.0 + OVERSHOOT_TOL:
+                step = 1.0 / stat_weight[k]
+            g.add_(a, alpha=step)
             if k.endswith("running_var"):
                 clamped += int((g < 0).sum())
                 g.clamp_(min=0.0)
@@ -169,7 +179,7 @@ def aggregate(
     global_state: Mapping[str, Tensor],
     updates: Sequence[tuple[Mapping[str, Tensor], float]],
     server_lr: float = 1.0,
-    bn_rule: str = "update",
+    bn_rule: str = "convex",
 ) -> dict[str, Tensor]:
     """Line 12 as one pure function: a new state from the global one and [(local state, c_ie)]."""
     if bn_rule not in BN_RULES:

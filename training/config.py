@@ -44,7 +44,7 @@ class RunConfig:
     p_matrix: list[list[float]] | None = None
     p_mode: str = "divide"  # "divide" by p_ie (paper) or "multiply" (authors' code)
     coefficient_rule: str = "literal"  # line 12 as written; "capped" or "self-normalised" (training/aggregation.py)
-    bn_rule: str = "update"  # BatchNorm running statistics: line 12's update, or "convex" (training/aggregation.py)
+    bn_rule: str = "convex"  # BatchNorm running statistics: line 12 unless it overshoots, or "literal" (aggregation.py)
     lower_exit_steps: str = "same"  # "same" J for every exit, or "flops": J * flops(E_i) / flops(e) for a lower exit
     auto_candidates: list[str] | None = None  # strategy "auto": the candidates (default equal, serving-rate, balanced-adj)
     auto_pilot: float = 0.2  # strategy "auto": pilot length as a fraction of the rounds

@@ -84,8 +84,9 @@ class ExitSampler:
 class CisAggregator:
     """Algorithm 1, line 12: w += eta_s * sum c_ie (w_ie - w), c_ie = Lambda~_e |S_i| / (|S_e,p| p_ie).
 
-    ``coefficient_rule`` and ``bn_rule`` select the diagnostic variants of
-    training/aggregation.py (defaults: line 12 as written). After each round,
+    ``coefficient_rule`` selects the diagnostic variants of training/aggregation.py
+    (default: line 12 as written) and ``bn_rule`` the update of BatchNorm running
+    statistics (default ``convex``: line 12 unless it would overshoot). After each round,
     ``last_stats`` holds the round's total coefficient per stage body and per exit
     head and how many BatchNorm variances the projection clamped at 0.
     """
@@ -99,7 +100,7 @@ class CisAggregator:
         p_mode: str = "divide",
         server_lr: float = 1.0,
         coefficient_rule: str = "literal",
-        bn_rule: str = "update",
+        bn_rule: str = "convex",
     ) -> None:
         self.weights, self.matrix = weights, np.asarray(matrix)
         self.sizes = [int(s) for s in sizes]

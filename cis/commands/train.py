@@ -60,8 +60,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--p-mode", choices=("divide", "multiply"), help="divide by p_ie (paper) or multiply (authors' code)")
     p.add_argument("--coefficient-rule", choices=("literal", "capped", "self-normalised"),
                    help="line 12's pair coefficients as written (default), capped at 1, or self-normalised per exit")
-    p.add_argument("--bn-rule", choices=("update", "convex"),
-                   help="BatchNorm running statistics: line 12's update (default) or a convex combination of the clients'")
+    p.add_argument("--bn-rule", choices=("convex", "literal"),
+                   help="BatchNorm running statistics: line 12 shortened where it would overshoot (default), or literal")
     p.add_argument("--lower-exit-steps", choices=("same", "flops"),
                    help="local steps when a node trains a lower exit: same J (default) or J x flops(own) / flops(exit)")
     p.add_argument("--participation", type=float, help="fraction of nodes taking part per round (default 1)")

@@ -80,3 +80,8 @@ def test_auto_with_one_distinct_candidate_is_that_candidates_run_and_resumes(tmp
 def test_auto_is_refused_for_other_methods(run_cli, tmp_path):
     r = run_cli("train", *TRAIN, "--method", "depthfl", "--strategy", "auto", "--out", tmp_path / "x")
     assert r.code == 2 and "auto" in r.err
+
+
+def test_auto_is_refused_on_the_flower_engine(run_cli, tmp_path):
+    r = run_cli("train", *TRAIN, "--engine", "flower", "--strategy", "auto", "--out", tmp_path / "x")
+    assert r.code == 2 and "builtin engine" in r.err

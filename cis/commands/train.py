@@ -154,6 +154,8 @@ def run(args: argparse.Namespace) -> int:
     if args.engine == "flower":
         if args.resume:
             raise CisError("--resume is not supported with --engine flower (node momentum lives on the nodes); start a new run")
+        if config.strategy == "auto":
+            raise CisError("--strategy auto runs its pilots on the builtin engine only; pick a fixed strategy with --engine flower")
         from training.flower.run import run_flower
 
         result = run_flower(config, args.out, mode=args.flower_mode, superlink=args.flower_superlink,

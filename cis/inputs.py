@@ -74,14 +74,14 @@ def load_npz(path: str | Path, bundle: Bundle | None = None) -> Inputs:
         raise CisError(f"{path}: 'x' has shape {x.shape}; expected (N, C, H, W)")
     if y is not None and (y.shape != (len(x),) or not np.issubdtype(y.dtype, np.integer)):
         raise CisError(f"{path}: 'y' has shape {y.shape} and dtype {y.dtype}; expected {len(x)} integer labels")
+    if bundle is not None and tuple(x.shape[1:]) != _input_shape(bundle)[1:]:
+        raise CisError(f"{path}: 'x' has samples of shape {tuple(x.shape[1:])}; the bundle's model takes {_input_shape(bundle)[1:]}")
     if x.dtype == np.uint8:
         x = normalise_pixels(x, _need_bundle(bundle, f"{path}: 'x' is uint8 pixels"), str(path))
     elif np.issubdtype(x.dtype, np.floating):
         x = x.astype(np.float32, copy=False)
     else:
         raise CisError(f"{path}: 'x' has dtype {x.dtype}; expected float (model inputs) or uint8 (pixels)")
-    if bundle is not None and tuple(x.shape[1:]) != _input_shape(bundle)[1:]:
-        raise CisError(f"{path}: 'x' has samples of shape {tuple(x.shape[1:])}; the bundle's model takes {_input_shape(bundle)[1:]}")
     return Inputs(np.ascontiguousarray(x), None if y is None else y.astype(np.int64))
 
 
@@ -117,7 +117,7 @@ def normalise_pixels(pixels: np.ndarray, bundle: Bundle, where: str) -> np.ndarr
     std = np.asarray(norm.get("std", []), np.float32)
     channels = pixels.shape[1]
     if mean.shape != (channels,) or std.shape != (channels,):
-        raise CisError(f"{where}: {channels} channels, but the bundle's normalisation has mean {mean.tolist()} std {std.tolist()}")
+        raise CisError(f"{where}: {channels} channels, but the bundle's normalisation has mean {norm.get('mean')} std {norm.get('std')}")
     return ((pixels.astype(np.float32) / 255.0 - mean[None, :, None, None]) / std[None, :, None, None]).astype(np.float32)
 
 

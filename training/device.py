@@ -62,7 +62,9 @@ class AutocastTrainer:
         self.inner, self.device_type = trainer, device.type
 
     def train(self, *args: Any, **kwargs: Any) -> dict:
-        with torch.autocast(self.device_type, dtype=torch.bfloat16):
+        # One autocast region spans every step of the call, so its cache of bf16 weight copies must be
+        # off: with it, each step's forward would reuse the weights as cast before the first step.
+        with torch.autocast(self.device_type, dtype=torch.bfloat16, cache_enabled=False):
             return self.inner.train(*args, **kwargs)
 
     def __getattr__(self, name: str) -> Any:  # setup, state_dict, load_state_dict, the trainer's own fields

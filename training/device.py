@@ -70,6 +70,12 @@ class AutocastTrainer:
     def __getattr__(self, name: str) -> Any:  # setup, state_dict, load_state_dict, the trainer's own fields
         return getattr(self.inner, name)
 
+    def __setattr__(self, name: str, value: Any) -> None:  # e.g. a benchmark setting the trainer's fixed exits
+        if name in ("inner", "device_type"):
+            object.__setattr__(self, name, value)
+        else:
+            setattr(self.inner, name, value)
+
 
 def with_amp(trainer: Any, amp: str, device: torch.device) -> Any:
     """``trainer`` itself for ``amp="off"``, else wrapped in :class:`AutocastTrainer`."""

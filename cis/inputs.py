@@ -43,7 +43,7 @@ class Inputs:
 def is_input_source(source: str) -> bool:
     """Whether ``source`` names arrays or an image folder (else: a built-in data set)."""
     kind, sep, _ = source.partition(":")
-    return (sep and kind in ("npz", "images")) or source.endswith(".npz") or Path(source).is_dir()
+    return bool(sep and kind in ("npz", "images")) or source.endswith(".npz") or Path(source).is_dir()
 
 
 def load_inputs(source: str, bundle: Bundle | None = None) -> Inputs:

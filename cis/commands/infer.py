@@ -20,7 +20,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     where.add_argument("--connect", help="a node's address: every request goes there")
     where.add_argument("--spec", help="spec file: each sample goes to the node that assign_entries picks (as the offline evaluation)")
     p.add_argument("--dataset", required=True, help="digits, cifar10:PATH, cifar100:PATH (these need the 'train' extra), "
-                   "FILE.npz (array x, optional labels y) or an image folder DIR[/<class>]/*.png (needs --bundle)")
+                   "FILE.npz (array x, optional labels y; or npz:FILE) or an image folder DIR[/<class>]/*.png (or images:DIR; needs --bundle)")
     p.add_argument("--bundle", help="bundle whose normalisation, classes and input size apply to images or uint8 arrays")
     p.add_argument("--split", default="test", choices=("train", "val", "test"), help="digits/cifar: which split (default test)")
     p.add_argument("--n", type=int, help="first N samples only")

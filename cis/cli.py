@@ -2,8 +2,10 @@
 
 Each subcommand lives in its own module under ``cis/commands/`` with two
 functions, ``add_parser(subparsers)`` and ``run(args) -> int``. A module that
-needs torch (train, export) imports it inside ``run``, so ``cis serve`` starts
-on a node that has no torch installed.
+needs torch (train, evaluate, export, demo) imports it inside ``run``, so
+``cis serve`` starts on a node that has no torch installed; :data:`NEEDS` says
+which pip extra such a command needs, and ``main`` checks for it before running
+the command (``cis train: needs the 'train' extra: pip install 'cis[train]'``).
 
 User mistakes raise :class:`cis.errors.CisError`; ``main`` prints its one line
 to stderr and exits with status 2.
@@ -18,6 +20,7 @@ import sys
 from typing import Any, Sequence
 
 from cis.errors import CisError
+from cis.extras import MissingExtra, require
 
 COMMANDS = [
     "spec",
@@ -34,6 +37,9 @@ COMMANDS = [
     "demo",
     "report",
 ]
+
+# commands that need more than the core install: command -> pip extra (cis/extras.py)
+NEEDS = {"train": "train", "evaluate": "train", "export": "export", "demo": "export"}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -58,7 +64,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        if args.command in NEEDS:
+            require(NEEDS[args.command])
         return int(args.func(args) or 0)
+    except MissingExtra as exc:
+        print(f"cis {args.command}: {exc}", file=sys.stderr)
+        return 2
     except CisError as exc:
         print(f"cis {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -31,10 +31,14 @@ Example::
 from __future__ import annotations
 
 import math
-import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
+
+try:  # Python 3.11+
+    import tomllib  # novermin (3.10 takes the tomli fallback below)
+except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
+    import tomli as tomllib
 
 import tomli_w
 

@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# Set up a virtualenv in .venv with the project and its dependencies (no tests).
+# Set up a virtualenv in .venv with the project and every extra but tensorrt (training,
+# export, Flower, plots, metrics, test tools). An edge tier that only serves needs the
+# core alone: pip install . (README, "Install").
+# torch is installed first at the pinned CPU build, which lies on local disk on these
+# machines; the project's own range (<2.14) then installs nothing more.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install -q "torch==2.13.0" 2>&1 | grep -v '^WARNING: Location' || true
-.venv/bin/python -m pip install -q -e ".[plot]" 2>&1 | grep -v '^WARNING: Location' || true
+.venv/bin/python -m pip install -q -e ".[all]" 2>&1 | grep -v '^WARNING: Location' || true
+.venv/bin/python -c "import torch, onnx, sklearn, PIL, onnxruntime, zmq, simpy, cis" # fail loudly if the install is incomplete
 echo "ready: activate with 'source .venv/bin/activate', then run 'cis --help'"

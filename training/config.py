@@ -7,10 +7,14 @@ in the run directory, so a run documents itself and ``--resume`` reads it back.
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
+
+try:  # Python 3.11+
+    import tomllib  # novermin (3.10 takes the tomli fallback below)
+except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
+    import tomli as tomllib
 
 from cis.errors import CisError
 
@@ -18,6 +22,11 @@ from cis.errors import CisError
 # wd 5e-4, batch 128, crop+flip). Digits (~1.3k training images, 8x8): our choice,
 # tuned so paper-7 reaches > 90 % final-exit accuracy in a few seconds; one thread,
 # because intra-op threading costs more than it gains on a model this small.
+# Where training runs and its optional autocast (training/device.py implements them).
+# Not part of what a run computes on the CPU: --resume may move a run to another device.
+DEVICES = ("auto", "cpu", "cuda")
+AMP_MODES = ("off", "bf16")
+
 DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
     "digits": {"lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4, "batch_size": 32, "augment": False, "rounds": 30, "threads": 1},
     "cifar10": {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "batch_size": 128, "augment": True, "rounds": 100},
@@ -67,6 +76,8 @@ class RunConfig:
     val_size: int | None = None
     train_subset: int | None = None  # a seeded subset of the training split (reduced-scale benchmarks)
     threads: int | None = None
+    device: str = "auto"  # auto (cuda when torch sees a GPU) | cpu | cuda | cuda:K
+    amp: str = "off"  # off | bf16: the local steps under torch.autocast(bfloat16)
 
     @property
     def dataset_name(self) -> str:
@@ -123,6 +134,11 @@ class RunConfig:
             raise CisError(f"config: --p / p_matrix sample lower exits in Algorithm 1; method {self.method!r} chooses its own sub-models")
         if self.local_steps is not None and (not isinstance(self.local_steps, int) or self.local_steps < 1):
             raise bad("local_steps", "an integer >= 1")
+        kind, _, index = str(self.device).partition(":")
+        if kind not in DEVICES or (index and (kind != "cuda" or not index.isdigit())):
+            raise bad("device", f"one of {', '.join(DEVICES)} or cuda:K")
+        if self.amp not in AMP_MODES:
+            raise bad("amp", " or ".join(repr(a) for a in AMP_MODES))
 
     def to_json(self) -> dict:
         return asdict(self)

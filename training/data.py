@@ -123,20 +123,22 @@ def augment_batch(
 
     Vectorised over the batch (one gather, no Python loop). The padding value is
     0 in the space of ``x``; on normalised data that is the dataset's mean colour.
-    ``generator`` must live on ``x``'s device.
+    The random draws come from ``generator`` on its own device (the engine's CPU
+    generators) and move to ``x``'s, so a GPU run crops and flips as a CPU run does.
     """
     n, _, h, w = x.shape
+    g = generator.device
     if padding > 0:
         padded = torch.nn.functional.pad(x, (padding, padding, padding, padding))
-        top = torch.randint(0, 2 * padding + 1, (n,), generator=generator, device=x.device)
-        left = torch.randint(0, 2 * padding + 1, (n,), generator=generator, device=x.device)
+        top = torch.randint(0, 2 * padding + 1, (n,), generator=generator, device=g).to(x.device)
+        left = torch.randint(0, 2 * padding + 1, (n,), generator=generator, device=g).to(x.device)
         rows = top[:, None] + torch.arange(h, device=x.device)  # (N, H)
         cols = left[:, None] + torch.arange(w, device=x.device)  # (N, W)
         batch = torch.arange(n, device=x.device)[:, None, None]
         # Advanced indices around a slice put the indexed dims first: (N, H, W, C).
         x = padded[batch, :, rows[:, :, None], cols[:, None, :]].permute(0, 3, 1, 2)
     if flip:
-        mask = torch.rand(n, generator=generator, device=x.device) < 0.5
+        mask = torch.rand(n, generator=generator, device=g).to(x.device) < 0.5
         x = torch.where(mask[:, None, None, None], x.flip(3), x)
     return x.contiguous()
 

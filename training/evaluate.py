@@ -9,20 +9,23 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from training.device import module_device
 from training.models import EarlyExitNet
 
 
 @torch.no_grad()
 def predict_exits(model: EarlyExitNet, x: np.ndarray, batch_size: int = 512) -> dict[int, np.ndarray]:
-    """Logits of every exit for inputs ``x`` (N, C, H, W): {exit: (N, classes) float32}. Eval mode."""
+    """Logits of every exit for inputs ``x`` (N, C, H, W): {exit: (N, classes) float32}. Eval mode,
+    on the model's device (batches go there, logits come back)."""
     was_training = model.training
     model.eval()
+    device = module_device(model)
     outs: dict[int, list[np.ndarray]] = {e: [] for e in range(1, model.num_exits + 1)}
     try:
         for start in range(0, len(x), batch_size):
-            batch = torch.from_numpy(np.ascontiguousarray(x[start : start + batch_size]))
+            batch = torch.from_numpy(np.ascontiguousarray(x[start : start + batch_size])).to(device)
             for e, logits in enumerate(model(batch), start=1):
-                outs[e].append(logits.float().numpy())
+                outs[e].append(logits.float().cpu().numpy())
     finally:
         model.train(was_training)
     return {e: np.concatenate(v) if v else np.zeros((0, 0), np.float32) for e, v in outs.items()}

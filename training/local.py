@@ -176,4 +176,7 @@ class ExitSGDTrainer(LocalSGD):
             opt.state.clear()
             for key, t in flat.items():
                 k, name = key.split(".", 1)
-                opt.state[self._params[int(k)]][name] = t.clone()
+                param = self._params[int(k)]
+                # a checkpoint loads on the CPU: the state goes to its parameter's device, except Adam's
+                # step counter, which torch keeps on the CPU (as Optimizer.load_state_dict does)
+                opt.state[param][name] = t.clone() if name == "step" else t.to(param.device, copy=True)

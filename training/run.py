@@ -30,6 +30,7 @@ from cis.topologies import make_spec
 from training.checkpoint import load_checkpoint, save_checkpoint
 from training.config import RunConfig
 from training.data import DataSplits, augment_options, load_dataset
+from training.device import describe, run_device, with_amp
 from training.engine import CisAggregator, ExitSampler, FederatedEngine
 from training.evaluate import cis_report, predict_exits
 from training.flops import exit_costs
@@ -52,6 +53,7 @@ class Setup:
     weights: Weights
     engine: FederatedEngine
     steps: int
+    device: torch.device = torch.device("cpu")
 
 
 def resolve_spec(config: RunConfig, num_classes: int) -> CisSpec:
@@ -69,9 +71,14 @@ def build_setup(
     splits: DataSplits | None = None,
     log: Callable[[str], None] = lambda s: None,
 ) -> Setup:
-    """Everything a run needs, deterministic in ``config.seed``."""
+    """Everything a run needs, deterministic in ``config.seed``.
+
+    The model is built and its aggregation weights measured on the CPU, then the model and
+    the nodes' data move to the run's device (training/device.py); the engine's state follows.
+    """
     if config.threads:
         torch.set_num_threads(config.threads)
+    device = run_device(config, log)
     splits = splits or load_dataset(config.dataset, seed=config.seed, val_size=config.val_size)
     if config.train_subset is not None and config.train_subset < len(splits.train):
         keep = np.sort(np.random.default_rng(config.seed).permutation(len(splits.train))[: config.train_subset])
@@ -80,7 +87,10 @@ def build_setup(
     spec = spec or resolve_spec(config, train.num_classes)
     parts = partition(train.y, spec.nodes, config.partition, config.dirichlet, seed=config.seed)
     xt, yt = torch.from_numpy(train.x), torch.from_numpy(train.y)
-    clients = [Client(n.id, k, n.exit, xt[torch.from_numpy(parts[n.id])], yt[torch.from_numpy(parts[n.id])]) for k, n in enumerate(spec.nodes)]
+    clients = [
+        Client(n.id, k, n.exit, xt[torch.from_numpy(parts[n.id])].to(device), yt[torch.from_numpy(parts[n.id])].to(device))
+        for k, n in enumerate(spec.nodes)
+    ]
     sizes = [c.size for c in clients]
     steps = local_steps(sizes, config.batch_size, config.local_epochs, config.local_steps)
     sgd = dict(
@@ -95,8 +105,9 @@ def build_setup(
         m = build_method_setup(config, spec, train, clients, sgd, weights_for, log)
         if m.model.num_exits != spec.num_exits:
             raise CisError(f"spec {spec.name!r}: has {spec.num_exits} exits; the {config.method} model has {m.model.num_exits}")
-        engine = FederatedEngine(m.model, clients, m.chooser, m.trainer, m.aggregator, seed=config.seed)
-        return Setup(config, spec, splits, m.model, clients, m.matrix, m.weights, engine, steps)
+        m.model.to(device)
+        engine = FederatedEngine(m.model, clients, m.chooser, with_amp(m.trainer, config.amp, device), m.aggregator, seed=config.seed)
+        return Setup(config, spec, splits, m.model, clients, m.matrix, m.weights, engine, steps, device)
     mcfg = default_model_config(config.dataset_name, config.width)
     mcfg["num_classes"] = train.num_classes
     torch.manual_seed(config.seed)
@@ -106,13 +117,14 @@ def build_setup(
     matrix = sampling_matrix([n.exit for n in spec.nodes], spec.num_exits, config.p, config.p_rule, config.p_matrix)
     weights = weights_for(model, matrix)
     exit_flops = [c["flops"] for c in exit_costs(model)] if config.lower_exit_steps == "flops" else None
-    trainer = ExitSGDTrainer(exit_flops=exit_flops, **sgd)
+    model.to(device)
+    trainer = with_amp(ExitSGDTrainer(exit_flops=exit_flops, **sgd), config.amp, device)
     sampler = ExitSampler(matrix, config.participation)
     aggregator = CisAggregator(
         weights, matrix, sizes, sampler.inclusion, config.p_mode, config.server_lr, config.coefficient_rule, config.bn_rule
     )
     engine = FederatedEngine(model, clients, sampler, trainer, aggregator, seed=config.seed)
-    return Setup(config, spec, splits, model, clients, matrix, weights, engine, steps)
+    return Setup(config, spec, splits, model, clients, matrix, weights, engine, steps, device)
 
 
 def run_weights(
@@ -239,6 +251,7 @@ def train_run(
     log(f"aggregation weights ({config.strategy}): " + ", ".join(f"exit {e + 1} {w:.4f}" for e, w in enumerate(w0))
         + ("" if config.strategy != "flops" else " (round 1; ramps to " + ", ".join(f"{w:.4f}" for w in s.weights.at(config.rounds)) + ")"))
     log(f"{len(s.clients)} nodes, sizes " + ", ".join(f"{c.id}:{c.size}" for c in s.clients) + f"; J = {s.steps} local steps per round")
+    log(f"device: {describe(s.device)}" + (", bf16 autocast" if config.amp == "bf16" else ""))
 
     if resume and not callable(getattr(s.engine.trainer, "load_state_dict", None)):
         raise CisError(f"--resume: method {config.method!r} keeps trainer state it cannot save; start the run again with another --out")
@@ -322,6 +335,7 @@ def run_summary(s: Setup) -> dict[str, Any]:
         "strategy": config.strategy,
         "rounds": config.rounds,
         "seed": config.seed,
+        "device": describe(s.device),
         "weights": s.weights.describe(),
         "test": report,
         "final_exit_accuracy": report["exit_accuracy"][str(s.spec.num_exits)],

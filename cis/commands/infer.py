@@ -1,4 +1,10 @@
-"""``cis infer --connect ADDR --dataset digits --split test``: send a data set, report what came back."""
+"""``cis infer --connect ADDR --dataset digits --split test``: send a data set, report what came back.
+
+``--dataset`` is a built-in data set (``digits``, ``cifar10:PATH``, ``cifar100:PATH``: the
+'train' extra, as training reads them) or files that the core install reads alone
+(:mod:`cis.inputs`): ``FILE.npz`` arrays or an image folder (with ``--bundle`` for the
+normalisation). ``--out FILE.csv`` writes one row per sample.
+"""
 
 from __future__ import annotations
 
@@ -13,8 +19,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--connect", help="a node's address: every request goes there")
     where.add_argument("--spec", help="spec file: each sample goes to the node that assign_entries picks (as the offline evaluation)")
-    p.add_argument("--dataset", required=True, help="digits, cifar10:PATH or cifar100:PATH")
-    p.add_argument("--split", default="test", choices=("train", "val", "test"))
+    p.add_argument("--dataset", required=True, help="digits, cifar10:PATH, cifar100:PATH (these need the 'train' extra), "
+                   "FILE.npz (array x, optional labels y; or npz:FILE) or an image folder DIR[/<class>]/*.png (or images:DIR; needs --bundle)")
+    p.add_argument("--bundle", help="bundle whose normalisation, classes and input size apply to images or uint8 arrays")
+    p.add_argument("--split", default="test", choices=("train", "val", "test"), help="digits/cifar: which split (default test)")
     p.add_argument("--n", type=int, help="first N samples only")
     p.add_argument("--rate", type=float, help="requests per second (default: as fast as --window allows)")
     p.add_argument("--window", type=int, default=32, help="requests in flight per node (default 32)")
@@ -23,6 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="data split seed and entry assignment seed")
     p.add_argument("--curve-key", help="own CurveZMQ .key_secret")
     p.add_argument("--server-key", help="the node's public .key")
+    p.add_argument("--out", help="CSV file: one row per sample (sample, file, label, class, confidence, exit, node, degraded, capped, error)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -31,14 +40,10 @@ def run(args: argparse.Namespace) -> int:
     from cis.runtime.client import Client, infer_spread, summarize
     from cis.runtime.security import CurveConfig
 
-    try:
-        from training.data import load_dataset  # needs torch: only this command imports it
-    except ImportError as exc:
-        raise CisError(f"infer --dataset needs the training package and its dependencies ({exc})") from None
-    data = getattr(load_dataset(args.dataset, seed=args.seed), args.split)
+    data = read_dataset(args)
     x, y = data.x, data.y
     if args.n is not None:
-        x, y = x[: args.n], y[: args.n]
+        x, y = x[: args.n], (None if y is None else y[: args.n])
     curve = CurveConfig(args.curve_key, None, args.server_key) if args.curve_key else None
     if args.connect:
         with Client(args.connect, timeout=args.timeout, curve=curve) as c:
@@ -48,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         from cis.spec import load_spec
 
         spec = load_spec(args.spec)
-        entries = assign_entries(spec, len(y), args.seed)
+        entries = assign_entries(spec, len(x), args.seed)
         clients = {}
         try:
             for nid in entries:
@@ -61,12 +66,51 @@ def run(args: argparse.Namespace) -> int:
             for c in clients.values():
                 c.close()
     summary = summarize(results, y)
-    lines = [f"{summary['samples_answered']} of {len(y)} samples answered; errors: {summary['errors'] or 'none'}"]
-    if "accuracy" in summary:
+    lines = [f"{summary['samples_answered']} of {len(x)} samples answered; errors: {summary['errors'] or 'none'}"]
+    if "served_share_per_exit" in summary:
         lat = summary["latency_ms"]
-        lines.append(f"accuracy {summary['accuracy'] * 100:.2f}%   degraded {summary['degraded']}   capped {summary['capped']}")
+        acc = f"accuracy {summary['accuracy'] * 100:.2f}%   " if "accuracy" in summary else "no labels   "
+        lines.append(f"{acc}degraded {summary['degraded']}   capped {summary['capped']}")
         lines.append("served per exit: " + ", ".join(f"exit {e} {s * 100:.1f}%" for e, s in summary["served_share_per_exit"].items()))
         lines.append("served per node: " + ", ".join(f"{k} {s * 100:.1f}%" for k, s in summary["served_share_per_node"].items()))
         lines.append(f"latency ms: mean {lat['mean']:.2f}  p50 {lat['p50']:.2f}  p99 {lat['p99']:.2f}")
+    if args.out:
+        write_rows(args.out, results, y, data.names)
+        summary["out"] = args.out
+        lines.append(f"wrote {args.out}")
     print_result(args, summary, "\n".join(lines))
     return 0 if not summary["errors"] else 1
+
+
+def read_dataset(args: argparse.Namespace):
+    """The samples to send: arrays or images with the core install, built-in data sets with the 'train' extra."""
+    from cis.inputs import Inputs, is_input_source, load_inputs
+
+    if is_input_source(args.dataset):
+        from cis.bundle import load_bundle
+
+        return load_inputs(args.dataset, load_bundle(args.bundle) if args.bundle else None)
+    from cis.extras import require
+
+    require("train", f"--dataset {args.dataset}")
+    from training.data import load_dataset  # torch, scikit-learn, pillow: the 'train' extra
+
+    data = getattr(load_dataset(args.dataset, seed=args.seed), args.split)
+    return Inputs(data.x, data.y)
+
+
+def write_rows(path: str, results: list, labels, names: list[str] | None) -> None:
+    """One CSV row per sample, in sample order (requests of several samples are split)."""
+    import csv
+
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["sample", "file", "label", "class", "confidence", "exit", "node", "degraded", "capped", "error"])
+        i = 0
+        for r in results:
+            ok = r is not None and r.error is None
+            err = "" if ok else ("timeout" if r is None else r.error.code)
+            for s in r.samples() if ok else [None] * (1 if r is None else len(r)):
+                cells = [s["class"], f"{s['confidence']:.6g}", s["exit"], s["node"], int(s["degraded"]), int(s["capped"])] if s else [""] * 6
+                w.writerow([i, names[i] if names else "", "" if labels is None else int(labels[i]), *cells, err])
+                i += 1

@@ -72,6 +72,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--local-steps", type=int, help="J directly (overrides --local-epochs)")
     p.add_argument("--confidence", choices=("max_softmax", "entropy", "margin"), help="confidence measure for evaluation")
     p.add_argument("--threads", type=int, help="torch threads (default: 1 for digits, torch's default otherwise)")
+    p.add_argument("--device", metavar="auto|cpu|cuda", help="where to train: auto (default: cuda when torch sees a GPU), cpu, "
+                   "cuda or cuda:K; --resume may change it (docs/training.md, 'Devices')")
+    p.add_argument("--amp", choices=("off", "bf16"), help="bf16: local steps under torch.autocast(bfloat16) (default off)")
     p.add_argument("--eval-every", type=int, help="validate every N rounds (default 1)")
     p.add_argument("--config", help="JSON or TOML file with train settings (flags override it)")
     p.add_argument("--resume", action="store_true", help="continue RUN_DIR from its last checkpoint")
@@ -95,9 +98,12 @@ _FLAG_KEYS = {
     "weights": "weights", "rounds": "rounds", "seed": "seed", "partition": "partition", "dirichlet": "dirichlet",
     "p": "p", "p_rule": "p_rule", "p_mode": "p_mode", "participation": "participation", "width": "width", "lr": "lr",
     "batch_size": "batch_size", "local_epochs": "local_epochs", "local_steps": "local_steps",
-    "confidence": "confidence", "threads": "threads", "eval_every": "eval_every", "auto_pilot": "auto_pilot",
-    "coefficient_rule": "coefficient_rule", "bn_rule": "bn_rule", "lower_exit_steps": "lower_exit_steps",
+    "confidence": "confidence", "threads": "threads", "eval_every": "eval_every", "device": "device", "amp": "amp",
+    "auto_pilot": "auto_pilot", "coefficient_rule": "coefficient_rule", "bn_rule": "bn_rule",
+    "lower_exit_steps": "lower_exit_steps",
 }
+# settings of where a run computes, not of what: --resume may change them
+_RESUME_MAY_CHANGE = ("device",)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -133,12 +139,13 @@ def run(args: argparse.Namespace) -> int:
         if not stored_path.is_file():
             raise CisError(f"{args.out}: nothing to resume; expected config.json from an earlier 'cis train --out {args.out}'")
         stored = json.loads(stored_path.read_text())
-        differing = [k for k, v in flags.items() if stored.get(k, "cis" if k == "method" else None) != v]
+        defaults = RunConfig().to_json()  # keys that older runs did not store
+        differing = [k for k, v in flags.items() if k not in _RESUME_MAY_CHANGE and stored.get(k, defaults.get(k)) != v]
         if differing:
             k = differing[0]
-            raise CisError(f"--resume: --{k.replace('_', '-')} {flags[k]!r} differs from the run's {stored.get(k)!r}; a resumed run keeps its config")
+            raise CisError(f"--resume: --{k.replace('_', '-')} {flags[k]!r} differs from the run's {stored.get(k, defaults.get(k))!r}; a resumed run keeps its config")
         try:
-            config = RunConfig(**stored).resolved()
+            config = RunConfig(**{**stored, **{k: flags[k] for k in _RESUME_MAY_CHANGE if k in flags}}).resolved()
         except TypeError as exc:
             raise CisError(f"{stored_path}: {exc}") from None
         if options:
@@ -151,6 +158,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         config = make_config(*_with_options(read_config_file(args.config) if args.config else {}, flags, options))
     log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr))
+    from training.device import run_device
+
+    run_device(config)  # --device cuda without a GPU: one line before anything is written
     if args.engine == "flower":
         if args.resume:
             raise CisError("--resume is not supported with --engine flower (node momentum lives on the nodes); start a new run")

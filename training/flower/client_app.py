@@ -7,6 +7,10 @@ run; the node's optimizer state (SGD momentum buffers) lives there (ArrayRecord 
 and go back into the trainer before each round, so every node keeps its own
 optimizer state across rounds as in the built-in engine. They never leave the node.
 
+Training runs on the run config's ``device`` as this node resolves it (``auto``: its
+own GPU when it has one) with its ``amp``; the node's data and optimizer state are kept
+on the CPU between messages and go to the device for the round.
+
 On the deployment engine every message runs in a fresh ``flwr-clientapp``
 process, so the first message of a run (the server's QUERY) builds the node's
 side with ``training.run.build_setup`` and keeps the node's partition in
@@ -31,6 +35,7 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from cis.errors import CisError
+from training.device import resolve_device, with_amp
 from training.engine import derived_generator
 from training.local import Client, ExitSGDTrainer
 from training.models import build_model
@@ -92,9 +97,12 @@ def train(msg: Message, context: Context) -> Message:
         raise CisError(f"flower: a message for CIS node {cfg['node-index']} reached node {i} ({client.id})")
     if not 1 <= e <= client.max_exit:
         raise CisError(f"flower: node {client.id} holds exits 1..{client.max_exit}; asked to train exit {e}")
-    model = working_model(str(cfg["model"]))
+    device = resolve_device(run.get("device", "auto"))
+    client = Client(client.id, client.index, client.max_exit, client.x.to(device), client.y.to(device))
+    model = working_model(str(cfg["model"])).to(device)
     trainer = ExitSGDTrainer(**json.loads(str(cfg["trainer"])))  # the server Setup's own trainer parameters
     trainer.setup(model, [client])
+    trainer = with_amp(trainer, run.get("amp", "off"), device)
     load_node_optimizer(trainer, client.id, context.state)
     model.load_state_dict(record_to_state(msg.content[ARRAYS_KEY]))
     stats = trainer.train(model, client, e, t, derived_generator(int(run["seed"]), t, i + 1))

@@ -63,10 +63,11 @@ def node_setup(config_text: str):
     """The node side of a run (dataset, partition, model, trainer), built once per process.
 
     The aggregation weights are not needed on a node, so they are built as ``equal``
-    (balanced-adj would otherwise measure gradient variance on every node)."""
+    (balanced-adj would otherwise measure gradient variance on every node). It stays on
+    the CPU: the ClientApp moves its own node's data to the training device per round."""
     from training.run import build_setup
 
-    config = dataclasses.replace(config_from_text(config_text), strategy="equal", weights=None, sigma=None)
+    config = dataclasses.replace(config_from_text(config_text), strategy="equal", weights=None, sigma=None, device="cpu")
     return build_setup(config)
 
 

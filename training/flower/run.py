@@ -12,12 +12,14 @@ Both write the run dir of the built-in engine (training/run.py) and return its s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
 from typing import Callable
 
 from cis.errors import CisError
+from cis.extras import require
 from training.config import RunConfig
 
 MODES = ("simulation", "deployment")
@@ -47,10 +49,7 @@ def run_flower(
         raise CisError(f"--engine flower: mode {mode!r}; expected one of {', '.join(MODES)}")
     if config.method != "cis":
         raise CisError(f"--engine flower: runs Algorithm 1 (method 'cis'); method {config.method!r} runs on the built-in engine only")
-    try:
-        import flwr  # noqa: F401
-    except ImportError:
-        raise CisError("--engine flower: Flower is not installed; pip install 'cis[flower]'") from None
+    require("flower", "--engine flower")
     out = Path(out)
     if (out / "checkpoint.pt").exists():
         raise CisError(f"{out}: already holds a run; choose another --out (--resume is not supported with --engine flower)")
@@ -80,7 +79,11 @@ def _simulate(config: RunConfig, out: Path, round_timeout: float, connect_timeou
     from training.flower.server_app import serve
     from training.run import build_setup
 
-    n = len(build_setup(config).clients)  # cheap for the built-in datasets; the ServerApp builds its own
+    from training.device import run_device
+
+    n = len(build_setup(dataclasses.replace(config, device="cpu")).clients)  # cheap for the built-in datasets; the ServerApp builds its own
+    # ray hides the GPUs from actors that ask for none: on a GPU, each ClientApp asks for a share of one
+    gpus = 1.0 / n if run_device(config).type == "cuda" else 0.0
     result: dict = {}
     server_app = ServerApp()
 
@@ -95,7 +98,7 @@ def _simulate(config: RunConfig, out: Path, round_timeout: float, connect_timeou
     init_args = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
     if num_cpus:
         init_args["num_cpus"] = int(num_cpus)
-    backend_config = {"client_resources": {"num_cpus": 1, "num_gpus": 0.0}, "init_args": init_args}
+    backend_config = {"client_resources": {"num_cpus": 1, "num_gpus": gpus}, "init_args": init_args}
     try:
         run_simulation(server_app=server_app, client_app=client_app, num_supernodes=n, backend_config=backend_config)
     finally:

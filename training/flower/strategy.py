@@ -134,6 +134,7 @@ class CisStrategy(Strategy):
         if missing:  # Algorithm 1's estimator needs every sampled pair (no partial rounds)
             raise CisError(f"flower round {server_round}: no reply from node(s) {', '.join(missing)} (timeout?); a round needs every sampled pair")
         engine, agg = self.engine, self.engine.aggregator
+        device = next(iter(engine.global_state.values())).device  # the server's training device
         agg.begin(engine.global_state, server_round, self.pairs)
         records = []
         for i, e in self.pairs:  # the drawn order: the same float sums as the built-in engine
@@ -141,7 +142,7 @@ class CisStrategy(Strategy):
             got = int(m.content[STATS_RECORD]["exit"])
             if got != e:
                 raise CisError(f"flower round {server_round}: node {engine.clients[i].id} trained exit {got}, expected {e}")
-            agg.add(engine.clients[i], e, record_to_state(m.content[ARRAYS_KEY]))
+            agg.add(engine.clients[i], e, _on(record_to_state(m.content[ARRAYS_KEY]), device))
             records.append({"node": engine.clients[i].id, "exit": e, **json.loads(m.content[STATS_RECORD]["json"])})
         agg.finish(engine.global_state)
         engine.round = server_round
@@ -158,3 +159,8 @@ class CisStrategy(Strategy):
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:
         return None
+
+
+def _on(state: dict, device) -> dict:
+    """A received state dict on the device of the server's global state (no copy on the CPU)."""
+    return {k: v.to(device) for k, v in state.items()}

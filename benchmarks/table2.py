@@ -31,7 +31,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from table1 import RESULTS, common_args, ensure_cifar, paired, quick, save_run, scale_of, seeds_of, stats, train  # noqa: E402
+from table1 import (  # noqa: E402
+    RESULTS, claim, common_args, ensure_cifar, paired, quick, save_run, scale_of, seeds_of, stats, train,
+)
 
 PAPER = {"equal p=0": 36.5, "serving-rate p=0": 41.3, "serving-rate p=0.2": 49.2}
 SETTING = dict(partition="highly-biased")
@@ -81,6 +83,8 @@ def one_run(args, dataset: str, runs: Path, out: Path, seed: int, name: str, str
     path = out / "runs" / f"seed{seed}_{slug(name)}.json"
     if path.is_file():
         return json.loads(path.read_text())
+    if not claim(path):  # another campaign process trains it
+        return {}
     print(f"seed {seed}: {name}", file=sys.stderr)
     args.seed = seed
     run = runs / f"seed{seed}" / slug(name)

@@ -11,7 +11,7 @@
    profile (checked), so the simulator "calibrated from the bundle's profile"
    and the runtime see the same inputs.
 3. Runtime: every node its own process on loopback (``launch``). --repeats
-   times: a calibration load (``cis.pipeline.calibrate_visits``: --calibration
+   times: a calibration load (``cis.app.pipeline.calibrate_visits``: --calibration
    requests at the same rate, with their own seed, arrival times, entries and
    samples), the measured load (requests sent at their arrival times, one sample
    each), and another calibration load. The two calibrations price a node visit
@@ -39,8 +39,9 @@ from pathlib import Path
 
 import numpy as np
 
+from cis.metrics import format_ms, latency_summary
+
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
 
 
 def poisson_times(n: int, rate: float, seed: int) -> np.ndarray:
@@ -51,14 +52,9 @@ def shares(exits: np.ndarray, num_exits: int) -> dict[str, float]:
     return {str(e): float(np.mean(exits == e)) for e in range(1, num_exits + 1)}
 
 
-def lat_stats(seconds: np.ndarray) -> dict[str, float]:
-    ms = np.asarray(seconds) * 1000
-    return {"mean": float(ms.mean()), "p50": float(np.percentile(ms, 50)), "p95": float(np.percentile(ms, 95)), "p99": float(np.percentile(ms, 99))}
-
-
 def compare(ref: dict, other: dict) -> dict:
     gap = max(abs(ref["shares"][e] - other["shares"][e]) for e in ref["shares"])
-    rel = {k: abs(other["latency_ms"][k] - ref["latency_ms"][k]) / ref["latency_ms"][k] for k in ("mean", "p95")}
+    rel = {k: abs(other["latency"][f"{k}_s"] - ref["latency"][f"{k}_s"]) / ref["latency"][f"{k}_s"] for k in ("mean", "p95")}
     return {"share_gap_points": 100 * gap, "latency_rel_error": rel, "shares_ok": gap <= 0.02, "latency_ok": all(v <= 0.2 for v in rel.values())}
 
 
@@ -71,8 +67,8 @@ def compare_once(spec, bundle, tmp: Path, rows: np.ndarray, seed: int, times, en
     ok = np.array([r is not None and r.error is None for r in results])
     rt_exit = np.array([r.exit[0] if k else 0 for r, k in zip(results, ok)])
     rt_lat = np.array([r.latency for r, k in zip(results, ok) if k])
-    runtime = {"answered": int(ok.sum()), "shares": shares(rt_exit[ok], E), "latency_ms": lat_stats(rt_lat),
-               "latency_ms_per_exit": {str(e): lat_stats(rt_lat[rt_exit[ok] == e]) for e in range(1, E + 1) if (rt_exit == e).any()}}
+    runtime = {"answered": int(ok.sum()), "shares": shares(rt_exit[ok], E), "latency": latency_summary(rt_lat),
+               "latency_per_exit": {str(e): latency_summary(rt_lat[rt_exit[ok] == e]) for e in range(1, E + 1) if (rt_exit == e).any()}}
     entry = {int(i): nid for nid, idx in entries.items() for i in idx}
     trace = tmp / f"trace-{seed}.csv"
     trace.write_text("".join(f"{entry[i]},{times[i]:.9f}\n" for i in range(n)))
@@ -85,8 +81,8 @@ def compare_once(spec, bundle, tmp: Path, rows: np.ndarray, seed: int, times, en
         req = simulate(spec, cfg, bundle, **kw).requests
         served = req["exit"] > 0
         lat = (req["finish"] - req["arrive"])[served]
-        views[name] = {"shares": shares(req["exit"][served], E), "latency_ms": lat_stats(lat),
-                       "latency_ms_per_exit": {str(e): lat_stats(lat[req["exit"][served] == e]) for e in range(1, E + 1) if (req["exit"][served] == e).any()}}
+        views[name] = {"shares": shares(req["exit"][served], E), "latency": latency_summary(lat),
+                       "latency_per_exit": {str(e): latency_summary(lat[req["exit"][served] == e]) for e in range(1, E + 1) if (req["exit"][served] == e).any()}}
     return {"seed": seed, "visit_cost_median_ms": 1000 * float(np.median(visit_cost)), "visit_cost_mean_ms": 1000 * float(np.mean(visit_cost)),
             "runtime": runtime, "sim": views, "comparison": {k: compare(runtime, v) for k, v in views.items()}}
 
@@ -104,7 +100,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from cis.bundle import load_bundle
-    from cis.pipeline import calibrate_visits, demo_spec, warm_up
+    from cis.app.pipeline import calibrate_visits, demo_spec, warm_up
     from cis.policy import assign_entries, exit_confidences
     from cis.runtime.client import Client, infer_spread
     from cis.runtime.launcher import launch
@@ -201,10 +197,10 @@ def markdown(r: dict) -> str:
         lines += ["| view | " + " | ".join(f"exit {e}" for e in exits) + " | mean ms | p50 ms | p95 ms | p99 ms | per exit mean / p95 ms |",
                   "|---|" + "---|" * (len(exits) + 5)]
         for name, v in rows:
-            lat = v["latency_ms"]
-            per = "; ".join(f"{e}: {s['mean']:.2f} / {s['p95']:.2f}" for e, s in v["latency_ms_per_exit"].items())
+            lat = v["latency"]
+            per = "; ".join(f"{e}: {format_ms(s['mean_s'])} / {format_ms(s['p95_s'])}" for e, s in v["latency_per_exit"].items())
             lines.append(f"| {name} | " + " | ".join(f"{100 * v['shares'][e]:.1f}%" for e in exits)
-                         + f" | {lat['mean']:.2f} | {lat['p50']:.2f} | {lat['p95']:.2f} | {lat['p99']:.2f} | {per} |")
+                         + "".join(f" | {format_ms(lat[k])}" for k in ("mean_s", "p50_s", "p95_s", "p99_s")) + f" | {per} |")
         lines += ["", "| simulator | share gap | mean error | p95 error |", "|---|---|---|---|"]
         for k, c in m["comparison"].items():
             lines.append(f"| {k} | {c['share_gap_points']:.2f} | {100 * c['latency_rel_error']['mean']:.1f} % | {100 * c['latency_rel_error']['p95']:.1f} % |")

@@ -27,6 +27,7 @@ import numpy as np
 
 from cis import patience as patience_rule
 from cis.errors import CisError
+from cis.metrics import json_float
 from cis.rates import Rates, compute_rates
 from cis.spec import CONFIDENCE_MEASURES, CisSpec
 
@@ -111,7 +112,7 @@ class ExitPolicy:
         return done, new
 
     def to_json(self) -> dict:
-        out: dict = {"measure": self.measure, "thresholds": {k: _finite_or_str(v) for k, v in self.thresholds.items()}}
+        out: dict = {"measure": self.measure, "thresholds": {k: json_float(v) for k, v in self.thresholds.items()}}
         if self.patience is not None:
             out["patience"] = self.patience
         return out
@@ -120,10 +121,6 @@ class ExitPolicy:
     def from_json(cls, data: Mapping) -> "ExitPolicy":
         p = data.get("patience")
         return cls(data["measure"], {k: float(v) for k, v in data["thresholds"].items()}, None if p is None else int(p))
-
-
-def _finite_or_str(v: float) -> float | str:
-    return v if math.isfinite(v) else ("inf" if v > 0 else "-inf")
 
 
 DEFAULT_BURST_SECONDS = 10.0

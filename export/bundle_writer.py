@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import datetime as _dt
 import hashlib
-import math
 import platform
 import shutil
 import tempfile
@@ -43,6 +42,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import cis
 from cis.bundle import MANIFEST, StageInfo, TensorInfo, sha256_file, write_manifest, write_profiles
 from cis.errors import CisError
+from cis.metrics import json_float
 from cis.policy import ExitPolicy, calibrate_thresholds, evaluate_cis, evaluate_patience, exit_confidences
 from cis.rates import compute_rates
 from cis.spec import CisSpec, load_spec, parse_spec, spec_to_dict
@@ -114,10 +114,6 @@ def inference_patience(meta: dict, override: int | None = None) -> int | None:
     options = meta.get("options") or {}
     value = override if override is not None else options.get("eval_patience") or EVAL_PATIENCE
     return check_patience(int(value))
-
-
-def _finite(v: float) -> float | str:
-    return v if math.isfinite(v) else ("inf" if v > 0 else "-inf")
 
 
 def _stage_info(k: int, exit_: int, model: onnx.ModelProto, qparams: dict[str, tuple[float, int]], feature_dtype: str) -> StageInfo:
@@ -299,7 +295,7 @@ def export_bundle(
         policy = calibrate_thresholds(spec_obj, conf)
         evaluation = evaluate_cis(spec_obj, logits, val.y, policy=policy)
         nodes = {
-            n.id: {"exit": n.exit, "stages": list(range(1, n.exit + 1)), "threshold": _finite(policy.thresholds[n.id])}
+            n.id: {"exit": n.exit, "stages": list(range(1, n.exit + 1)), "threshold": json_float(policy.thresholds[n.id])}
             for n in spec_obj.nodes
         }
     else:

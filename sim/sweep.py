@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from cis.bundle import load_bundle
 from cis.errors import CisError
+from cis.metrics import format_ms
 from cis.spec import CisSpec
 from sim.config import SimConfig, override_nodes
 from sim.output import write_json
@@ -108,8 +109,7 @@ def capacity_table(result: dict) -> str:
     lines = [f"{'load':>6}{'req/s':>10}{'mean ms':>10}{'p99 ms':>10}{'drops':>8}{'accuracy':>10}" + (f"{'in SLO':>9}" if slo else "")]
     for p in result["points"]:
         acc = "-" if p["accuracy"] is None else f"{p['accuracy'] * 100:.2f}%"
-        p99 = "-" if p["p99_s"] is None else f"{p['p99_s'] * 1000:.2f}"
-        mean = "-" if p["mean_s"] is None else f"{p['mean_s'] * 1000:.2f}"
+        mean, p99 = format_ms(p["mean_s"]), format_ms(p["p99_s"])
         row = f"{p['scale']:>6g}{p['total_rate']:>10.1f}{mean:>10}{p99:>10}{p['dropped']:>8}{acc:>10}"
         if slo:
             row += f"{p['within_slo'] * 100:>8.1f}%"

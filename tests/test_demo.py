@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from cis.cli import main
-from cis.report import agreement, latency_summary, max_gap, value_gap
+from cis.app.compare import agreement, max_gap, value_gap
+from cis.metrics import latency_summary
 
 pytest.importorskip("torch")
 pytest.importorskip("simpy")
@@ -96,7 +97,7 @@ def test_comparison_math():
     assert max_gap({"a": {"1": 0.5}, "b": {"1": None}}) == math.inf
     assert value_gap({"offline": 0.9, "runtime": 0.92, "sim": None}, ("offline", "runtime")) == pytest.approx(0.02)
     lat = latency_summary(np.array([0.001, 0.002, 0.003]))
-    assert lat["p50"] == pytest.approx(2.0) and lat["mean"] == pytest.approx(2.0)
+    assert lat["p50_s"] == pytest.approx(0.002) and lat["mean_s"] == pytest.approx(0.002) and lat["count"] == 3
     c = {"served_share": {"calculus": {"1": 0.6}, "offline": {"1": 0.58}, "runtime": {"1": 0.58}, "sim": {"1": 0.59}, "sim_bundle_profile": {"1": 0.6}},
          "accuracy": {"offline": 0.9, "runtime": 0.9, "sim": 0.95}}
     a = agreement(c)
@@ -105,7 +106,7 @@ def test_comparison_math():
 
 
 def test_visit_costs_spread_the_latency_beyond_the_stages_over_the_nodes_visited():
-    from cis.pipeline import visit_costs
+    from cis.app.pipeline import visit_costs
     from cis.runtime.client import Result, ServerError
     from cis.topologies import make_spec
 

@@ -1,7 +1,7 @@
 """``cis demo``: the whole pipeline on built-in defaults — train, export, serve, replay, simulate, report.
 
-The orchestration is :func:`cis.pipeline.run_demo` (torch is imported inside it,
-for the training and export phases only); the report is :mod:`cis.report`, the
+The orchestration is :func:`cis.app.pipeline.run_demo` (torch is imported inside it,
+for the training and export phases only); the report is :mod:`cis.app.report`, the
 same writer as ``cis report``. See docs/demo.md.
 """
 
@@ -27,8 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cis.pipeline import QUICK_N, run_demo
-    from cis.report import text_summary
+    from cis.app.pipeline import QUICK_N, run_demo
+    from cis.app.render import text_summary
 
     n = args.n if args.n is not None else (QUICK_N if args.quick else None)
     report = run_demo(args.out, serving=args.serving, topology=args.topology, rounds=args.rounds, rate=args.rate, n=n, quick=args.quick, seed=args.seed)

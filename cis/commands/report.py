@@ -1,6 +1,6 @@
 """``cis report PATH``: the report of a run dir, a bundle, a simulation folder or a demo folder.
 
-One writer for all of them (:mod:`cis.report`), the same one ``cis demo`` uses.
+One writer for all of them (:mod:`cis.app.report`), the same one ``cis demo`` uses.
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cis.report import build_report, text_summary, write_report
+    from cis.app.render import text_summary
+    from cis.app.report import build_report, write_report
 
     report = build_report(args.path)
     notes = write_report(report, args.out) if args.out else []

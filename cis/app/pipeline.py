@@ -24,7 +24,7 @@ nothing to download. The phases, each one progress line on stderr:
              profile replayed row by row) and the calibrated per-visit cost; and once more
              the way ``cis simulate --bundle`` runs by default (its validation profile,
              Poisson arrivals, the spec's links) for reference;
-9. report    :mod:`cis.report` (the same writer as ``cis report``).
+9. report    :mod:`cis.app.report` (the same writer as ``cis report``).
 
 torch is imported inside the training and export phases only (``cis`` never imports it
 at module level).
@@ -44,6 +44,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from cis.errors import CisError
+from cis.metrics import write_requests
 
 DEFAULT_ROUNDS = 12
 QUICK_ROUNDS = 4
@@ -212,7 +213,7 @@ def run_demo(
     from cis.bundle import load_bundle
     from cis.policy import assign_entries, evaluate_cis, exit_confidences, exit_correct
     from cis.rates import compute_rates
-    from cis.report import build_report, write_report
+    from cis.app.report import build_report, write_report
     from cis.spec import write_spec
     from cis.stages import run_chain
 
@@ -359,15 +360,24 @@ def run_demo(
     return report
 
 
-def write_runtime(folder: Path, spec, results, entries: dict[str, np.ndarray], labels: np.ndarray, summary: dict, cost: dict, wall: float) -> None:
-    """DIR/runtime: summary.json and requests.csv (one row per sample, as the simulator's)."""
+def write_runtime(
+    folder: Path, spec, results, entries: dict[str, np.ndarray], labels: np.ndarray, summary: dict, cost: dict, wall: float
+) -> None:
+    """DIR/runtime: summary.json and requests.csv (one row per sample, :data:`cis.metrics.REQUEST_COLUMNS`)."""
     folder.mkdir(parents=True, exist_ok=True)
     entry_of = {int(i): nid for nid, idx in entries.items() for i in idx}
-    lines = ["sample,entry,node,exit,correct,flags,latency_s\n"]
-    for i, r in enumerate(results):
-        if r is None or r.error is not None:
-            lines.append(f"{i},{entry_of.get(i, '')},,0,-1,0,\n")
-            continue
-        lines.append(f"{i},{entry_of.get(i, '')},{r.served_by[0]},{int(r.exit[0])},{int(r.cls[0] == labels[i])},{int(r.flags[0])},{r.latency:.9f}\n")
-    (folder / "requests.csv").write_text("".join(lines))
-    (folder / "summary.json").write_text(json.dumps({**summary, "calibration": {k: v for k, v in cost.items() if k != "visit_cost"}, "wall_s": wall, "spec": spec.name}, indent=2))
+    answered = [r is not None and r.error is None for r in results]
+    write_requests(folder / "requests.csv", {
+        "id": list(range(len(results))),
+        "entry": [entry_of.get(i, "") for i in range(len(results))],
+        "node": [r.served_by[0] if ok else None for r, ok in zip(results, answered)],
+        "exit": [int(r.exit[0]) if ok else None for r, ok in zip(results, answered)],
+        "outcome": ["served" if ok else "error" for ok in answered],
+        "correct": [int(r.cls[0] == labels[i]) if ok else None for i, (r, ok) in enumerate(zip(results, answered))],
+        "latency_s": [r.latency if ok else None for r, ok in zip(results, answered)],
+        "flags": [int(r.flags[0]) if ok else None for r, ok in zip(results, answered)],
+    })
+    calibration = {k: v for k, v in cost.items() if k != "visit_cost"}
+    (folder / "summary.json").write_text(
+        json.dumps({**summary, "calibration": calibration, "wall_s": wall, "spec": spec.name}, indent=2)
+    )

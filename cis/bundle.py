@@ -23,18 +23,15 @@ from typing import Any
 
 import numpy as np
 
-from cis.errors import CisError
+from cis.errors import BundleError
 from cis.policy import ExitPolicy
 from cis.spec import CisSpec, parse_spec
+from cis.stages import LOGITS
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 CONFIDENCE_PROFILE = "profiles/confidence.npz"
 LATENCY_PROFILE = "profiles/latency.json"
-
-
-class BundleError(CisError):
-    """A bundle is missing, malformed or tampered with."""
 
 
 def sha256_file(path: Path) -> str:
@@ -83,7 +80,7 @@ class StageInfo:
     exit: int
     file: str
     inputs: tuple[TensorInfo, ...]
-    outputs: tuple[TensorInfo, ...]  # "logits" plus the carry tensors
+    outputs: tuple[TensorInfo, ...]  # LOGITS plus the carry tensors (cis.stages: the stage contract)
     flops: int
     params: int
     engine: str | None = None  # TensorRT engine file, when built
@@ -103,7 +100,7 @@ class StageInfo:
 
     @property
     def carry_outputs(self) -> tuple[TensorInfo, ...]:
-        return tuple(t for t in self.outputs if t.name != "logits")
+        return tuple(t for t in self.outputs if t.name != LOGITS)
 
     def carry_bytes_per_sample(self) -> int:
         """Bytes per request that a node forwards after this stage."""

@@ -5,7 +5,7 @@ Steps, in order (each failure is one CisError line):
 1. load the checkpoint (refused when its tensors do not match its metadata's
    architecture) and the spec (``--spec`` or the one in the checkpoint meta);
 2. rebuild the validation split the trainer used (dataset + seed from the meta);
-3. cut the model by its own stage description (:mod:`export.stages`) and
+3. cut the model by its own stage description (:mod:`training.stage_plan`) and
    export every stage to a static ONNX graph with a dynamic batch dimension;
 4. verify with onnxruntime: stage vs torch and chain vs full model at batch 1,
    an odd batch and a validation batch (fp32 graphs, max abs diff <= 1e-4);
@@ -46,12 +46,12 @@ from cis.metrics import json_float
 from cis.policy import ExitPolicy, calibrate_thresholds, evaluate_cis, evaluate_patience, exit_confidences
 from cis.rates import compute_rates
 from cis.spec import CisSpec, load_spec, parse_spec, spec_to_dict
-from cis.stages import StageRunner, run_chain
+from cis.stages import INPUT, StageRunner, carry_of, run_chain
 from export.onnx_export import export_stage, resolve_exporter, tensor_infos, thread_count
 from export.profile import LATENCY_BATCHES, confidence_profile, latency_profile, random_feeds
 from export.quantize import FEATURE_DTYPES, apply_feature_dtype, calibrate_int8, check_feature_dtype
-from export.stages import INPUT, StagePlan, describe_stages, run_plan
 from export.verify import DEFAULT_ATOL, verify_stages
+from training.stage_plan import StagePlan, describe_stages, run_plan
 
 ODD_BATCH = 17
 VAL_BATCH = 64
@@ -444,6 +444,6 @@ def _build_engines(root: Path, models, infos, runners, x: np.ndarray, fp16: bool
             checks[label] = compare(ref, got, fp16)
             if not checks[label]["passed"]:
                 raise TensorRTError(f"stage {info.index}: TensorRT engine differs from onnxruntime at {label}: {checks[label]}")
-            carry[label] = StageRunner.carry(ref)
+            carry[label] = carry_of(ref)
         report["stages"][str(info.index)] = {"engine": rel, "checks": checks, "sha256": hashlib.sha256(engine).hexdigest()}
     return report

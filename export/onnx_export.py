@@ -1,4 +1,4 @@
-"""Export one stage of a :class:`~export.stages.StagePlan` to a static ONNX graph.
+"""Export one stage of a :class:`~training.stage_plan.StagePlan` to a static ONNX graph.
 
 Two torch exporters exist in torch 2.x; both give the same clean graphs for the
 models here (Conv/Relu/pooling/Gemm, BatchNorm folded, no If or Loop):
@@ -27,7 +27,7 @@ import torch
 
 from cis.bundle import TensorInfo
 from cis.errors import CisError
-from export.stages import ExportStage
+from training.stage_plan import ExportStage
 
 EXPORTERS = ("auto", "torchscript", "dynamo")
 MIN_OPSET = 17

@@ -22,7 +22,7 @@ import torch
 
 from cis.errors import CisError
 from cis.stages import LOGITS, StageRunner, run_stages
-from export.stages import StagePlan, run_plan
+from training.stage_plan import StagePlan, run_plan
 
 DEFAULT_ATOL = 1e-4
 

@@ -20,8 +20,8 @@ from cis.errors import CisError  # noqa: E402
 from cis.stages import StageRunner, run_stages  # noqa: E402
 from export.onnx_export import export_stage, tensor_infos  # noqa: E402
 from export.quantize import apply_feature_dtype, calibrate_int8, dequantize_np, quantize_np  # noqa: E402
-from export.stages import ExportStage, StagePlan, describe_stages, run_plan  # noqa: E402
 from export.verify import VerificationError, verify_stages  # noqa: E402
+from training.stage_plan import ExportStage, StagePlan, describe_stages, run_plan  # noqa: E402
 
 D, C = 12, 4
 

@@ -12,9 +12,17 @@ from training.methods.nested import (
     init_steps,
     nefl_specs,
 )
-from training.methods.slicing import average_selections, gather, kept_channels, prefix, put_, scatter_, take, width_ratio
+from training.methods.slicing import (
+    average_selections,
+    gather,
+    kept_channels,
+    prefix,
+    put_,
+    scatter_,
+    take,
+    width_ratio,
+)
 from training.methods.subfl import build_subset_method, subset_model, tier_matrix
-
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -124,7 +132,7 @@ def test_stages_fold_steps_carry_the_input_and_rebuild():
 
 
 def test_export_plan_reads_and_forwards_the_raw_input():
-    stages_mod = pytest.importorskip("export.stages")
+    stages_mod = pytest.importorskip("training.stage_plan")
     layout = LAYOUTS["digits"]
     model = NestedNet(layout, nefl_specs(layout, [0.5, 1.0], "W"))
     plan = stages_mod.describe_stages(model)
@@ -143,9 +151,9 @@ def test_tier_matrix_rows():
 def test_nested_stages_export_to_onnx_and_match():
     pytest.importorskip("onnxruntime")
     onnx_export = pytest.importorskip("export.onnx_export")
-    from export.stages import describe_stages
-
     import onnxruntime as ort
+
+    from training.stage_plan import describe_stages
 
     layout = LAYOUTS["digits"]
     model = NestedNet(layout, nefl_specs(layout, [0.5, 1.0], "WD"))

@@ -37,11 +37,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cis.errors import CisError
+from cis.stages import INPUT, carry_name
 from training.methods.slicing import Selection, gather, kept_channels, prefix, width_ratio
 from training.models import EarlyExitNet
+from training.stage_plan import ExportStage, StagePlan
 
 STEP_INITS = ("D", "D0")
-INPUT = "input"
 
 
 @dataclass(frozen=True)
@@ -388,9 +389,9 @@ def compact_selection(
     return sel
 
 
-def carry_name(k: int) -> str:
-    """Name of the raw input as stage k's carry (k = 0: the request itself)."""
-    return INPUT if k == 0 else f"{INPUT}_{k}"
+def raw_input_name(k: int) -> str:
+    """Name of the raw input as stage k's carry (k = 0: the request itself): ``input``, ``input_k``."""
+    return INPUT if k == 0 else carry_name(INPUT, k)
 
 
 def prefix_selection(layout: ResNetLayout, widths: Sequence[int], kept: Sequence[int] | None = None) -> Selection:
@@ -517,15 +518,13 @@ class NestedNet(EarlyExitNet):
         n = self.num_exits
         return [SubModelStage(self.serving_module(k), k == n).eval() for k in range(1, n + 1)]
 
-    def export_stages(self):
+    def export_stages(self) -> StagePlan:
         """The exporter's plan: stage k reads the raw input and forwards it unchanged, named
         ``input`` for stage 1 and ``input_k`` as stage k's carry (the plan wants distinct names)."""
-        from export.stages import ExportStage, StagePlan  # lazy: training must not need export at import
-
         stages = self.stages()
         n = len(stages)
         plan = [
-            ExportStage(index=k, exit=k, module=st, inputs=(carry_name(k - 1),), carry=() if k == n else (carry_name(k),))
+            ExportStage(k, k, st, inputs=(raw_input_name(k - 1),), carry=() if k == n else (raw_input_name(k),))
             for k, st in enumerate(stages, start=1)
         ]
         model = self

@@ -34,8 +34,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cis.errors import CisError
+from cis.stages import INPUT, carry_name
 from training.methods.ree import NormLinear, Ree, broadcast_param, multihead_attention, ree_step
 from training.models import EarlyExitNet, _is_int, register_arch
+from training.stage_plan import ExportStage, StagePlan
 
 TOKENS = "tokens"
 HISTORY = "history"
@@ -204,15 +206,11 @@ class ViTEE(EarlyExitNet):
     def carry_names(self) -> tuple[str, ...]:
         return (TOKENS, HISTORY) if self._config["head"] == "ree" else (TOKENS,)
 
-    def export_stages(self):  # -> export.stages.StagePlan
+    def export_stages(self) -> StagePlan:
         """The stage plan for the exporter: stage k reads ``input`` (k = 1) or stage k-1's carry, returns logits + carry.
 
-        Carry tensors are named per stage (``tokens_k``, ``history_k``), as the exporter asks.
-
-        Imported lazily: only the exporter (which may import training) calls this.
+        Carry tensors are named per stage (``tokens_k``, ``history_k``), as the stage contract asks (cis.stages).
         """
-        from export.stages import INPUT, ExportStage, StagePlan, carry_name
-
         names = self.carry_names()
         out = []
         for k, stage in enumerate(self.stage_list, start=1):

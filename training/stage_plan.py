@@ -1,4 +1,4 @@
-"""The stage description: how the exporter learns where to cut a model.
+"""The stage plan: how a model says where it is cut into stages (the exporter reads it).
 
 The exporter never looks inside a model. It asks for a :class:`StagePlan`:
 
@@ -17,10 +17,11 @@ tensors and a CLS history (ReeFL), a patience counter (FLAME), or the raw input
 
 A model provides its plan with a method ``export_stages() -> StagePlan``;
 :class:`training.models.EarlyExitNet` gets the default below: stage 1 reads
-``input``, stage k forwards its feature map as ``features_k``. A stage's input
-and output names must differ (one ONNX graph names every tensor once), hence
-the numbering; the runtime matches stage k's carry outputs to stage k+1's
-inputs by name.
+``input``, stage k forwards its feature map as ``features_k``. The names follow
+the stage contract of :mod:`cis.stages` (``INPUT``, ``LOGITS``, ``carry_name``),
+which the bundle, the runtime and the simulator read; the plan lives here, in
+training, because its stages are torch modules (export imports training, never
+the other way round).
 """
 
 from __future__ import annotations
@@ -32,10 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from cis.errors import CisError
-
-INPUT = "input"
-LOGITS = "logits"
-FEATURES = "features"
+from cis.stages import FEATURES, INPUT, LOGITS, carry_name
 
 
 @dataclass
@@ -101,15 +99,6 @@ class _TupleStage(nn.Module):
     def forward(self, x: Tensor) -> tuple[Tensor, ...]:
         logits, features = self.stage(x)
         return (logits,) if self.last else (logits, features)
-
-
-def carry_name(name: str, stage: int) -> str:
-    """The name of carry tensor ``name`` leaving stage ``stage`` (e.g. ``features_1``).
-
-    A graph's input and output names must differ (ONNX tensors are named once),
-    so the default plans number each boundary's tensors by the stage that sends them.
-    """
-    return f"{name}_{stage}"
 
 
 def early_exit_plan(model: nn.Module) -> StagePlan:

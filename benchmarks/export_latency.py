@@ -29,8 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from cis.bundle import StageInfo  # noqa: E402
 from cis.stages import StageRunner  # noqa: E402
 from export.onnx_export import export_stage, resolve_exporter, tensor_infos  # noqa: E402
+from training.architectures import build_model  # noqa: E402
+from training.models import default_model_config  # noqa: E402
 from training.stage_plan import describe_stages, run_plan  # noqa: E402
-from training.models import build_model, default_model_config  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results" / "export_latency.json"
 

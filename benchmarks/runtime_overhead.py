@@ -44,9 +44,10 @@ def make_bundle(out: Path, dataset: str, width: float) -> Path:
     from cis.spec import spec_to_dict
     from cis.topologies import make_spec
     from export import export_bundle
+    from training.architectures import build_model
     from training.checkpoint import save_checkpoint
     from training.data import CIFAR10_MEAN, CIFAR10_STD
-    from training.models import build_model, default_model_config
+    from training.models import default_model_config
 
     torch.manual_seed(0)
     model = build_model(default_model_config("cifar10", width=width)).eval()

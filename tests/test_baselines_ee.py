@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from training.architectures import build_model
 from training.engine import FederatedEngine
 from training.local import Client
 from training.methods import distill
@@ -13,7 +14,6 @@ from training.methods.baselines import (
 )
 from training.methods.setup import METHODS, MethodOptions, build_method, method_model_config
 from training.methods.vit import ViTEE
-from training.models import build_model
 
 
 def test_round_robin_budgets_and_exclusive_chooser():

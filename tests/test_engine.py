@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from training.aggregation import aggregate, pair_coefficient
+from training.architectures import build_model
 from training.engine import CisAggregator, ExitSampler, FederatedEngine, derived_generator
 from training.local import Client, ExitSGDTrainer, batch_indices, cosine_lr, local_steps
-from training.models import build_model, default_model_config
+from training.models import default_model_config
 from training.sampling import exit_data_sizes, sampling_matrix
 from training.strategies import make_weights
 

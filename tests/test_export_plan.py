@@ -151,7 +151,8 @@ def test_bad_plans_refused():
 
 def test_dynamo_exporter_gives_a_static_graph():
     """The torch.export-based exporter (opset 18) works through the same code."""
-    from training.models import build_model, default_model_config
+    from training.architectures import build_model
+    from training.models import default_model_config
 
     plan = describe_stages(build_model(default_model_config("digits", width=0.25)))
     st = plan.stages[0]

@@ -22,7 +22,8 @@ from typing import Any
 import torch
 
 from cis.errors import CisError
-from training.models import EarlyExitNet, build_model
+from training.architectures import build_model
+from training.models import EarlyExitNet
 
 WEIGHTS = "checkpoint.pt"
 META = "checkpoint.json"

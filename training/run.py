@@ -27,6 +27,7 @@ from cis.policy import evaluate_cis
 from cis.rates import compute_rates
 from cis.spec import CisSpec, load_spec, parse_spec, spec_to_dict, write_spec
 from cis.topologies import make_spec
+from training.architectures import build_model
 from training.checkpoint import load_checkpoint, save_checkpoint
 from training.config import RunConfig
 from training.data import DataSplits, augment_options, load_dataset
@@ -35,7 +36,7 @@ from training.evaluate import cis_report, predict_exits
 from training.flops import exit_costs
 from training.grad_variance import gradient_variance
 from training.local import Client, ExitSGDTrainer, local_steps
-from training.models import EarlyExitNet, build_model, default_model_config
+from training.models import EarlyExitNet, default_model_config
 from training.partition import partition
 from training.sampling import sampling_matrix
 from training.strategies import Weights, make_weights

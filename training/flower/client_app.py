@@ -23,7 +23,6 @@ QUERY message:     answers cis-node {index, id, size} (the server maps Flower no
 from __future__ import annotations
 
 import json
-
 from functools import lru_cache
 
 import torch
@@ -31,13 +30,22 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from cis.errors import CisError
+from training.architectures import build_model
 from training.engine import derived_generator
-from training.local import Client, ExitSGDTrainer
-from training.models import build_model
 from training.flower.records import (
-    ARRAYS_KEY, CONFIG_KEY, CONFIG_RECORD, METRICS_RECORD, OPTIMIZER_STATE, NODE_RECORD, STATS_RECORD,
-    node_index, node_setup, record_to_state, state_to_record,
+    ARRAYS_KEY,
+    CONFIG_KEY,
+    CONFIG_RECORD,
+    METRICS_RECORD,
+    NODE_RECORD,
+    OPTIMIZER_STATE,
+    STATS_RECORD,
+    node_index,
+    node_setup,
+    record_to_state,
+    state_to_record,
 )
+from training.local import Client, ExitSGDTrainer
 
 DATA_STATE = "cis-data"
 NODE_STATE = "cis-node"

@@ -201,7 +201,8 @@ def method_model(config, num_exits: int, train) -> Any:
     """The model a method trains for a dataset (shape and classes from the data), ``num_exits`` exits."""
     import torch
 
-    from training.models import build_model, default_model_config
+    from training.architectures import build_model
+    from training.models import default_model_config
 
     opts = config.options or {}
     torch.manual_seed(config.seed)

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from cis.errors import CisError
 from cis.stages import INPUT, carry_name
 from training.methods.ree import NormLinear, Ree, broadcast_param, multihead_attention, ree_step
-from training.models import EarlyExitNet, _is_int, register_arch
+from training.models import EarlyExitNet, _is_int
 from training.stage_plan import ExportStage, StagePlan
 
 TOKENS = "tokens"
@@ -152,6 +152,7 @@ class ViTEE(EarlyExitNet):
     """Early-exit ViT; ``exits`` are 1-based block indices ending at ``depth``."""
 
     arch = "vit"
+    config_fields = VIT_FIELDS
 
     def __init__(
         self,
@@ -280,5 +281,3 @@ def _validated(
         "mlp_ratio": float(mlp_ratio), "head": head, "modulation": bool(modulation),
     }
 
-
-register_arch(ViTEE, VIT_FIELDS)

@@ -45,10 +45,11 @@ from pathlib import Path
 
 import numpy as np
 
+from training.methods.registry import FLAME_EVAL_PATIENCE
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 RESULTS = REPO / "benchmarks" / "results"
-EVAL_PATIENCE = 4
 # AdamW's lr for this small ViT (our choice: the paper's 2e-5 fine-tunes BERT); weight decay 0 (the paper names none)
 ADAMW_LR = 1e-3
 
@@ -179,7 +180,7 @@ def run_cell(
     test = predict_exits(model, s.splits.test.x)
     y = s.splits.test.y
     acc = {str(e): float((test[e].argmax(-1) == y).mean()) for e in sorted(test)}
-    ev = evaluate_patience(s.spec, test, y, EVAL_PATIENCE)
+    ev = evaluate_patience(s.spec, test, y, FLAME_EVAL_PATIENCE)
     avg_exit = float(np.mean([r["avg_train_exit"] for r in rounds]))
     return {
         "name": name, "patience": patience, "fixed_exits": getattr(s.engine.trainer, "fixed_exits", {}) or None,
@@ -245,7 +246,7 @@ def markdown(out: dict) -> str:
     E = len(str(scale["exits"]).split(","))
     lines = [
         f"# FLAME benchmark{' (quick smoke run)' if out['quick'] else ''}", "",
-        f"Scale: {scale}; ViT {'from scratch' if not scale.get('warmup_rounds') else 'from a common multi-exit warm start'}, paper-7 tree. Patience accuracy uses p_ev = {EVAL_PATIENCE}. Total {out['seconds'] / 60:.1f} min.", "",
+        f"Scale: {scale}; ViT {'from scratch' if not scale.get('warmup_rounds') else 'from a common multi-exit warm start'}, paper-7 tree. Patience accuracy uses p_ev = {FLAME_EVAL_PATIENCE}. Total {out['seconds'] / 60:.1f} min.", "",
         "| run | mean exit acc % | last exit acc % | patience acc % | avg train exit | train FLOPs | vs no-exits | wall s |",
         "|---|---|---|---|---|---|---|---|",
     ]

@@ -109,10 +109,9 @@ def inference_patience(meta: dict, override: int | None = None) -> int | None:
         if override is not None:
             raise CisError(f"--patience: the run's method is {method!r}; a patience policy applies to FLAME-trained models (method 'flame')")
         return None
-    from training.methods.flame import EVAL_PATIENCE
+    from training.methods.registry import effective_options
 
-    options = meta.get("options") or {}
-    value = override if override is not None else options.get("eval_patience") or EVAL_PATIENCE
+    value = override if override is not None else effective_options(method, meta.get("options"))["eval_patience"]
     return check_patience(int(value))
 
 

@@ -6,7 +6,8 @@ from training.local import Client
 from training.methods import widthfl
 from training.methods.nested import LAYOUTS
 from training.methods.slicing import gather, rolling
-from training.methods.subfl import SUBSET_METHODS, build_subset_method, subset_model
+from training.methods.registry import NESTED_METHODS
+from training.methods.subfl import build_subset_method, subset_model
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -61,7 +62,7 @@ def test_fedrolex_updates_only_its_window():
     assert touched == [1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("method", SUBSET_METHODS)
+@pytest.mark.parametrize("method", NESTED_METHODS)
 def test_every_method_runs_a_round(method):
     layout = LAYOUTS["digits"]
     model = subset_model(method, layout, 3)

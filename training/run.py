@@ -27,18 +27,17 @@ from cis.policy import evaluate_cis
 from cis.rates import compute_rates
 from cis.spec import CisSpec, load_spec, parse_spec, spec_to_dict, write_spec
 from cis.topologies import make_spec
-from training.architectures import build_model
+from training.builders import build_method_setup, method_model
 from training.checkpoint import load_checkpoint, save_checkpoint
 from training.config import RunConfig
 from training.data import DataSplits, augment_options, load_dataset
-from training.engine import CisAggregator, ExitSampler, FederatedEngine
+from training.engine import FederatedEngine
 from training.evaluate import cis_report, predict_exits
 from training.flops import exit_costs
 from training.grad_variance import gradient_variance
-from training.local import Client, ExitSGDTrainer, local_steps
-from training.models import EarlyExitNet, default_model_config
+from training.local import Client, local_steps
+from training.models import EarlyExitNet
 from training.partition import partition
-from training.sampling import sampling_matrix
 from training.strategies import Weights, make_weights
 
 
@@ -90,27 +89,11 @@ def build_setup(
         augment=augment_options(train.name) if config.augment else None,
     )
     weights_for = lambda model, matrix: run_weights(config, spec, model, matrix, sizes, train, log)  # noqa: E731
-    if config.method != "cis":  # another paper's method: its own model and engine pieces
-        from training.methods.registry import build_method_setup
-
-        m = build_method_setup(config, spec, train, clients, sgd, weights_for, log)
-        if m.model.num_exits != spec.num_exits:
-            raise CisError(f"spec {spec.name!r}: has {spec.num_exits} exits; the {config.method} model has {m.model.num_exits}")
-        engine = FederatedEngine(m.model, clients, m.chooser, m.trainer, m.aggregator, seed=config.seed)
-        return Setup(config, spec, splits, m.model, clients, m.matrix, m.weights, engine, steps)
-    mcfg = default_model_config(config.dataset_name, config.width)
-    mcfg["num_classes"] = train.num_classes
-    torch.manual_seed(config.seed)
-    model = build_model(mcfg)
-    if model.num_exits != spec.num_exits:
-        raise CisError(f"spec {spec.name!r}: has {spec.num_exits} exits; the {mcfg['arch']} model has {model.num_exits}")
-    matrix = sampling_matrix([n.exit for n in spec.nodes], spec.num_exits, config.p, config.p_rule, config.p_matrix)
-    weights = weights_for(model, matrix)
-    trainer = ExitSGDTrainer(**sgd)
-    sampler = ExitSampler(matrix, config.participation)
-    aggregator = CisAggregator(weights, matrix, sizes, sampler.inclusion, config.p_mode, config.server_lr)
-    engine = FederatedEngine(model, clients, sampler, trainer, aggregator, seed=config.seed)
-    return Setup(config, spec, splits, model, clients, matrix, weights, engine, steps)
+    m = build_method_setup(config, spec, train, clients, sgd, weights_for, log)  # training/builders.py, every method
+    if m.model.num_exits != spec.num_exits:
+        raise CisError(f"spec {spec.name!r}: has {spec.num_exits} exits; the {config.method} model has {m.model.num_exits}")
+    engine = FederatedEngine(m.model, clients, m.chooser, m.trainer, m.aggregator, seed=config.seed)
+    return Setup(config, spec, splits, m.model, clients, m.matrix, m.weights, engine, steps)
 
 
 def run_weights(
@@ -303,16 +286,11 @@ def evaluate_run(run_dir: str | Path, spec: CisSpec | None = None, measure: str 
 def measure_grad_variance(config: RunConfig) -> list[float]:
     """sigma_e^2 of the initial model (as balanced-adj would measure it)."""
     splits = load_dataset(config.dataset, seed=config.seed, val_size=config.val_size)
-    if config.method != "cis":
-        from training.methods.registry import method_model
-
-        spec = resolve_spec(config, splits.train.num_classes)
-        model = method_model(config, spec.num_exits, splits.train)
-        if not model_has_exit_gradients(model):
-            raise CisError(f"--measure-grad-variance: method {config.method!r} trains nested sub-models; their per-exit gradient variance is not defined on one graph")
-    else:
-        mcfg = default_model_config(config.dataset_name, config.width)
-        mcfg["num_classes"] = splits.train.num_classes
-        torch.manual_seed(config.seed)
-        model = build_model(mcfg)
+    spec = resolve_spec(config, splits.train.num_classes)
+    model = method_model(config, spec.num_exits, splits.train)
+    if not model_has_exit_gradients(model):
+        raise CisError(
+            f"--measure-grad-variance: method {config.method!r} trains nested sub-models; "
+            "their per-exit gradient variance is not defined on one graph"
+        )
     return gradient_variance(model, splits.train.x, splits.train.y, config.batch_size, config.sigma_batches, config.seed)

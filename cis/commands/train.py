@@ -21,9 +21,6 @@ from pathlib import Path
 from cis.cli import print_result
 from cis.errors import CisError
 
-STRATEGY_CHOICES = ("equal", "flops", "serving-rate", "balanced-adj", "explicit")
-
-
 def _floats(text: str) -> list[float]:
     try:
         return [float(v) for v in text.split(",") if v.strip()]
@@ -32,25 +29,30 @@ def _floats(text: str) -> list[float]:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    # the choices come from their registries (all torch-free)
+    from cis.spec import CONFIDENCE_MEASURES
+    from training.methods.registry import METHODS, NEFL_MODES
+    from training.partition import SCHEMES
+    from training.strategies import STRATEGIES
+
     p = sub.add_parser("train", help="federated training of an early-exit model for a CIS (Algorithm 1)")
-    p.add_argument("--method", help="cis (Algorithm 1, default) | reefl | flame | depthfl | inclusivefl | exclusivefl | "
-                   "scalefl | nefl | slt | heterofl | fjord | fedrolex | fd | small")
+    p.add_argument("--method", help=" | ".join(METHODS) + " (default cis: Algorithm 1)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="a method option, repeatable (see docs/training.md, 'Methods'), e.g. --option layout=resnet20")
     p.add_argument("--no-distill", action="store_true", help="reefl/depthfl: no self-distillation (option distill=false)")
     p.add_argument("--no-modulation", action="store_true", help="reefl: no feature modulation (option modulation=false)")
     p.add_argument("--patience", metavar="P,P,..", help="flame: training patience per client, cycled (option patience)")
-    p.add_argument("--nefl-mode", choices=("W", "D", "WD"), help="nefl: width, depth or both (option nefl_mode; default WD)")
+    p.add_argument("--nefl-mode", choices=NEFL_MODES, help="nefl: width, depth or both (option nefl_mode; default WD)")
     p.add_argument("--spec", help="CIS spec (TOML); default: the built-in --topology under --serving")
     p.add_argument("--serving", help="x-y-z shares served at exits 1-2-3 for the built-in topology (default 33-33-33)")
     p.add_argument("--topology", help="built-in topology when no --spec (default paper-7)")
     p.add_argument("--dataset", help="digits | cifar10:PATH | cifar100:PATH (default digits)")
-    p.add_argument("--strategy", choices=STRATEGY_CHOICES, help="aggregation weights Lambda~ (default serving-rate)")
+    p.add_argument("--strategy", choices=STRATEGIES, help="aggregation weights Lambda~ (default serving-rate)")
     p.add_argument("--weights", type=_floats, help="explicit Lambda~, e.g. 0.6,0.3,0.1 (implies --strategy explicit)")
     p.add_argument("--rounds", type=int, help="communication rounds T (default 30 digits, 100 CIFAR)")
     p.add_argument("--out", help="run directory")
     p.add_argument("--seed", type=int, help="seed of data split, partition, init and sampling (default 0)")
-    p.add_argument("--partition", choices=("equal", "biased", "highly-biased"), help="data per network layer (default equal)")
+    p.add_argument("--partition", choices=("equal", *SCHEMES), help="data per network layer (default equal)")
     p.add_argument("--dirichlet", type=float, metavar="ALPHA", help="non-IID classes with Dirichlet(ALPHA)")
     p.add_argument("--p", type=float, help="probability of training each lower exit (paper's ablation; default 0)")
     p.add_argument("--p-rule", choices=("paper", "code"), help="paper: p per lower exit; code: p/(E_i-1) per lower exit")
@@ -61,7 +63,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int)
     p.add_argument("--local-epochs", type=float, help="epochs over the LARGEST node's data per round (default 1)")
     p.add_argument("--local-steps", type=int, help="J directly (overrides --local-epochs)")
-    p.add_argument("--confidence", choices=("max_softmax", "entropy", "margin"), help="confidence measure for evaluation")
+    p.add_argument("--confidence", choices=CONFIDENCE_MEASURES, help="confidence measure for evaluation")
     p.add_argument("--threads", type=int, help="torch threads (default: 1 for digits, torch's default otherwise)")
     p.add_argument("--eval-every", type=int, help="validate every N rounds (default 1)")
     p.add_argument("--config", help="JSON or TOML file with train settings (flags override it)")

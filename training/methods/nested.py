@@ -38,11 +38,10 @@ from torch import Tensor, nn
 
 from cis.errors import CisError
 from cis.stages import INPUT, carry_name
+from training.methods.registry import NEFL_STEP_INITS
 from training.methods.slicing import Selection, gather, kept_channels, prefix, width_ratio
 from training.models import EarlyExitNet
 from training.stage_plan import ExportStage, StagePlan
-
-STEP_INITS = ("D", "D0")
 
 
 @dataclass(frozen=True)
@@ -268,8 +267,8 @@ def depth_mask(layout: ResNetLayout, depth: float) -> list[int]:
 def init_steps(layout: ResNetLayout, mask: Sequence[int], init: str = "D") -> tuple[float, ...]:
     """Initial step sizes for a 0/1 block mask. ``D``: 1 per kept block. ``D0``: a kept block also
     takes the steps of the skipped blocks after it in its stage (ResNet56, gamma 0.2: 1, 8, 0, ..., 0)."""
-    if init not in STEP_INITS:
-        raise CisError(f"step-size init {init!r}: expected one of {STEP_INITS}")
+    if init not in NEFL_STEP_INITS:
+        raise CisError(f"step-size init {init!r}: expected one of {NEFL_STEP_INITS}")
     steps = [float(m) for m in mask]
     if init == "D0":
         stage = layout.block_stage()

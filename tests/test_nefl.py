@@ -3,15 +3,8 @@ import torch
 
 from training.engine import FederatedEngine
 from training.local import Client
-from training.methods.nested import (
-    LAYOUTS,
-    CompactResNet,
-    NestedNet,
-    build_nested,
-    depthfl_specs,
-    init_steps,
-    nefl_specs,
-)
+from training.methods.nested import NestedNet, build_nested, depthfl_specs, init_steps, nefl_specs
+from training.methods.resnet import LAYOUTS, CompactResNet
 from training.methods.slicing import (
     average_selections,
     gather,

@@ -4,11 +4,10 @@ import torch
 from training.engine import FederatedEngine
 from training.local import Client
 from training.methods import widthfl
-from training.methods.nested import LAYOUTS
-from training.methods.slicing import gather, rolling
 from training.methods.registry import NESTED_METHODS
+from training.methods.resnet import LAYOUTS
+from training.methods.slicing import gather, rolling
 from training.methods.subfl import build_subset_method, subset_model
-
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -37,7 +36,7 @@ def test_group_selection_builds_a_consistent_subnetwork():
     model = subset_model("fedrolex", layout, 3)
     groups = widthfl.fedrolex_groups(layout, 0.5, 5)
     sel = widthfl.group_selection(layout, groups)
-    from training.methods.nested import CompactResNet
+    from training.methods.resnet import CompactResNet
 
     net = CompactResNet(layout, widthfl.group_widths(layout, groups))
     net.load_state_dict(gather(model.state_dict(), sel))

@@ -41,7 +41,7 @@ def test_defaults_come_from_the_schema_only():
 
 def test_the_torch_code_knows_every_choice_the_registry_offers():
     pytest.importorskip("torch")
-    from training.methods.nested import LAYOUTS
+    from training.methods.resnet import LAYOUTS
 
     assert set(LAYOUTS) == set(registry.NESTED_LAYOUTS)
     assert registry.OPTIONS["layout"].choices == registry.NESTED_LAYOUTS

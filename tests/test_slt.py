@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from training.methods import slt
-from training.methods.nested import LAYOUTS
+from training.methods.resnet import LAYOUTS
 
 
 def test_planner_reproduces_table4_at_half_width_and_is_monotone():

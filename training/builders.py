@@ -58,7 +58,7 @@ def method_model(config, num_exits: int, train) -> EarlyExitNet:
     if config.method == "cis":
         return build_model({**default_model_config(config.dataset_name, config.width), "num_classes": train.num_classes})
     if config.method in NESTED_METHODS:
-        from training.methods.nested import LAYOUTS
+        from training.methods.resnet import LAYOUTS
         from training.methods.subfl import subset_model
 
         if opts["gammas"] is not None and len(opts["gammas"]) != num_exits:

@@ -1,6 +1,6 @@
 """Successive Layer Training (Pfeiffer et al., NeurIPS 2023).
 
-Layers k = 1..K are the conv layers of a :class:`~training.methods.nested.ResNetLayout`
+Layers k = 1..K are the conv layers of a :class:`~training.methods.resnet.ResNetLayout`
 (the stem, then conv1 and conv2 of every block; a block's 1x1 shortcut conv goes with
 its conv2, whose output it shares), followed by the classifier, which is always
 part of the head. A configuration S = (K_F, K_T, s): layers 1..K_F frozen (full
@@ -26,7 +26,8 @@ import torch
 from torch import Tensor, nn
 
 from cis.errors import CisError
-from training.methods.nested import CompactResNet, ResNetLayout, prefix_selection
+from training.methods.nested import prefix_selection
+from training.methods.resnet import CompactResNet, ResNetLayout
 from training.methods.slicing import Selection, kept_channels
 
 BYTES = 4  # float32

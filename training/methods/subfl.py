@@ -33,8 +33,9 @@ from training.data import augment_batch
 from training.local import Client, LocalSGD, batch_indices
 from training.methods import slt as slt_mod
 from training.methods import widthfl
-from training.methods.nested import CompactResNet, NestedNet
+from training.methods.nested import NestedNet
 from training.methods.registry import NESTED_METHODS, OPTIONS
+from training.methods.resnet import CompactResNet
 from training.methods.slicing import Selection, SelectionAverage, gather, scatter_
 
 DeviceChoice = tuple[CompactResNet, Selection, Selection]

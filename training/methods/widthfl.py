@@ -21,7 +21,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from training.methods.nested import ResNetLayout, compact_selection
+from training.methods.nested import compact_selection
+from training.methods.resnet import ResNetLayout
 from training.methods.slicing import Selection, kept_channels, prefix, random_indices, rolling
 
 GROUP_STREAM = "stream"

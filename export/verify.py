@@ -25,6 +25,7 @@ from cis.stages import LOGITS, StageRunner, run_stages
 from training.stage_plan import StagePlan, run_plan
 
 DEFAULT_ATOL = 1e-4
+ODD_BATCH = 17  # the odd batch size every check runs at besides 1 (catches batch-dependent shapes)
 
 
 class VerificationError(CisError):

@@ -24,16 +24,15 @@ import numpy as np
 import onnxruntime
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import RESULTS, machine
+from cis.bundle import StageInfo
+from cis.stages import StageRunner
+from export.onnx_export import export_stage, resolve_exporter, tensor_infos
+from training.architectures import build_model
+from training.models import default_model_config
+from training.stage_plan import describe_stages, run_plan
 
-from cis.bundle import StageInfo  # noqa: E402
-from cis.stages import StageRunner  # noqa: E402
-from export.onnx_export import export_stage, resolve_exporter, tensor_infos  # noqa: E402
-from training.architectures import build_model  # noqa: E402
-from training.models import default_model_config  # noqa: E402
-from training.stage_plan import describe_stages, run_plan  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results" / "export_latency.json"
+OUT = RESULTS / "export_latency.json"
 
 
 def interleaved_medians(a, b, repeats: int, warmup: int = 2) -> tuple[float, float]:
@@ -106,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1))
     p.add_argument("--exporter", default="auto", choices=["auto", "torchscript", "dynamo"])
-    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     exporter, opset = resolve_exporter(args.exporter, 17)
@@ -117,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
         "threads": args.threads,
         "exporter": exporter,
         "opset": opset,
-        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count()},
+        "machine": {**machine(), "processor": platform.processor()},
         "versions": {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__},
         "models": [bench_width(w, args.batches, args.repeats, args.threads, exporter) for w in args.widths],
     }

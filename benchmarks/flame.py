@@ -39,68 +39,34 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from training.methods.registry import FLAME_EVAL_PATIENCE
+from _common import RESULTS, spec_file, vit_args, vit_quick, write_results
+from training.methods.registry import FLAME_EVAL_PATIENCE, FLAME_GROUP_STEPS, FLAME_OPTIMIZERS, FLAME_SETTING_A
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-RESULTS = REPO / "benchmarks" / "results"
 # AdamW's lr for this small ViT (our choice: the paper's 2e-5 fine-tunes BERT); weight decay 0 (the paper names none)
 ADAMW_LR = 1e-3
 
 
 def args_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smoke setting: 1 round, 700 images, narrow model")
-    ap.add_argument("--data", default="/tmp/cifar10", help="CIFAR-10 folder (image-folder or pickle layout)")
-    ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--train-subset", type=int, default=5000)
-    ap.add_argument("--val-size", type=int, default=1000)
-    ap.add_argument("--width", type=float, default=1.0, help="ViT width multiplier (dim 64 x width)")
-    ap.add_argument("--local-epochs", type=float, default=1.0)
-    ap.add_argument("--exits", default="1,2,3,4,5,6", help="ViT blocks with an exit (vit_exits); the spec gets as many exits")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default=None, help="result name (default flame, flame-quick with --quick)")
+    ap = vit_args(__doc__.splitlines()[0], rounds=8, exits="1,2,3,4,5,6")
     ap.add_argument("--grouping", default="exit", help="FLAME grouped backpropagation (exit: the paper's; full: one update per batch)")
-    ap.add_argument("--group-step", default="mean", choices=("share", "mean"),
+    ap.add_argument("--group-step", default="mean", choices=FLAME_GROUP_STEPS,
                     help="size of each group's update (mean: the paper's Algorithm 2; share: x |group|/b, for SGD)")
-    ap.add_argument("--optimizer", default="adamw", choices=("sgd", "adamw"),
+    ap.add_argument("--optimizer", default="adamw", choices=FLAME_OPTIMIZERS,
                     help="local optimizer of every run after the warm start: the paper's AdamW or the config's momentum SGD")
     ap.add_argument("--lr", type=float, default=None, help=f"local lr (default: the config's for sgd, {ADAMW_LR:g} for adamw)")
     ap.add_argument("--warmup-rounds", type=int, default=6, help="rounds of all-exit training every run starts from (the paper fine-tunes a pretrained model; 0: from scratch)")
-    ap.add_argument("--report-only", action="store_true", help="rewrite the markdown (and directions) from the saved json")
     return ap
 
 
 def quick(args) -> None:
+    vit_quick(args)
     if args.quick:
-        args.rounds, args.train_subset, args.val_size, args.width, args.local_epochs = 1, 700, 300, 0.5, 0.25
         args.exits, args.warmup_rounds = "1,2,3", 1
-
-
-def spec_file(num_exits: int, folder: Path) -> Path:
-    """The paper-7 tree (4 devices, 2 edges, a cloud: 7 clients) with its three tiers at exits
-    E/3, 2E/3, E of a model with ``num_exits`` = E exits (E a multiple of 3)."""
-    from cis.spec import parse_spec, spec_to_dict, write_spec
-    from cis.topologies import make_spec
-
-    if num_exits % 3:
-        raise SystemExit(f"--exits: {num_exits} exits; expected a multiple of 3 (the paper-7 tree has three tiers)")
-    d = spec_to_dict(make_spec("paper-7", "33-33-34", num_classes=10))
-    d["cis"]["exits"] = num_exits
-    for node in d["nodes"]:
-        node["exit"] = node["exit"] * num_exits // 3
-    spec = parse_spec(d, "<flame bench>")
-    path = folder / f"spec-{num_exits}.toml"
-    folder.mkdir(parents=True, exist_ok=True)
-    write_spec(spec, path)
-    return path
 
 
 def fixed_exits(clients, target: float, num_exits: int) -> dict[str, int]:
@@ -201,12 +167,11 @@ def main() -> None:
     if args.report_only:
         out = json.loads((RESULTS / f"{name}.json").read_text())
         out["directions"] = directions(out["cells"], E)
-        (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=2))
-        (RESULTS / f"{name}.md").write_text(markdown(out))
+        write_results(name, out, markdown(out))
         print(markdown(out))
         return
     spec = spec_file(E, Path(f"/tmp/cis-bench/{name}"))
-    setting_a = [2, 2, 3, 3, 4, 4, 5, 5, 6, 6]
+    setting_a = list(FLAME_SETTING_A)
     start = time.perf_counter()
     cells = {}
     warm = warm_start(args, spec)
@@ -221,9 +186,7 @@ def main() -> None:
     scale = {k: getattr(args, k) for k in ("rounds", "warmup_rounds", "grouping", "group_step", "optimizer", "lr", "train_subset", "val_size", "width", "local_epochs", "exits", "seed", "threads")}
     out = {"benchmark": "flame", "quick": args.quick, "scale": scale, "cells": cells, "seconds": time.perf_counter() - start}
     out["directions"] = directions(cells, E)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=2))
-    (RESULTS / f"{name}.md").write_text(markdown(out))
+    write_results(name, out, markdown(out))
     print(markdown(out))
 
 

@@ -24,7 +24,6 @@ Writes benchmarks/results/reefl.json and reefl.md (or --out's name).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -32,10 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-from flame import RESULTS, spec_file  # noqa: E402
+from _common import RESULTS, spec_file, vit_args, vit_quick, write_results
 
 PAPER_SGD = {"lr": 0.05, "momentum": 0.0, "weight_decay": 0.0, "batch_size": 32}
 PAPER_CLIP = 1.0
@@ -51,30 +47,16 @@ CELLS = (
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smoke setting: 1 round, 700 images, narrow model")
-    ap.add_argument("--data", default="/tmp/cifar10")
-    ap.add_argument("--rounds", type=int, default=12)
-    ap.add_argument("--train-subset", type=int, default=5000)
-    ap.add_argument("--val-size", type=int, default=1000)
-    ap.add_argument("--width", type=float, default=1.0, help="ViT width multiplier (dim 64 x width)")
-    ap.add_argument("--local-epochs", type=float, default=1.0)
-    ap.add_argument("--exits", default="2,4,6", help="ViT blocks with an exit; depth = the last")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
+    ap = vit_args(__doc__.splitlines()[0], rounds=12, exits="2,4,6")
     ap.add_argument("--only", default=None, help="comma-separated cell names to run")
     ap.add_argument("--sgd", default="paper", choices=("engine", "paper"), help="local SGD: the project's CIFAR setting or the ReeFL paper's")
-    ap.add_argument("--out", default=None, help="result name (default reefl, reefl-quick with --quick)")
-    ap.add_argument("--report-only", action="store_true", help="rewrite the markdown (and directions) from the saved json")
     args = ap.parse_args()
-    if args.quick:
-        args.rounds, args.train_subset, args.val_size, args.width, args.local_epochs = 1, 700, 300, 0.5, 0.25
+    vit_quick(args)
     name = args.out or ("reefl-quick" if args.quick else "reefl")
     if args.report_only:
         out = json.loads((RESULTS / f"{name}.json").read_text())
         out["directions"] = directions(out["cells"])
-        (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=2))
-        (RESULTS / f"{name}.md").write_text(markdown(out))
+        write_results(name, out, markdown(out))
         print(markdown(out))
         return
     exits = [int(e) for e in args.exits.split(",")]
@@ -93,9 +75,7 @@ def main() -> None:
     scale = {k: getattr(args, k) for k in ("rounds", "sgd", "train_subset", "val_size", "width", "local_epochs", "exits", "seed", "threads")}
     out = {"benchmark": "reefl", "quick": args.quick, "scale": scale, "cells": cells, "seconds": time.perf_counter() - start}
     out["directions"] = directions(cells)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=2))
-    (RESULTS / f"{name}.md").write_text(markdown(out))
+    write_results(name, out, markdown(out))
     print(markdown(out))
 
 

@@ -20,7 +20,6 @@ import argparse
 import json
 import math
 import multiprocessing as mp
-import os
 import sys
 import tempfile
 import time
@@ -28,8 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+from _common import RESULTS, machine
 
 HANDLERS = ("_on_front", "_on_parent", "_run_batch", "_reply", "_forward")
 
@@ -78,7 +76,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bundle", required=True, help="a paper-7 bundle (runtime_overhead.py makes one in --work)")
     ap.add_argument("--n", type=int, default=200)
-    ap.add_argument("--out", default=str(HERE / "results" / "runtime_hop_breakdown.json"))
+    ap.add_argument("--out", default=str(RESULTS / "runtime_hop_breakdown.json"))
     args = ap.parse_args()
 
     from cis.bundle import load_bundle
@@ -149,7 +147,7 @@ def main() -> int:
     stage_ms = {k: v for k, v in step_ms.items() if ".stage" in k and k.endswith(".out")}
     result = {
         "bundle": str(args.bundle), "requests": args.n, "path": path,
-        "machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()},
+        "machine": machine(),
         "request_p50_ms": total,
         "in_process_stage_p50_ms": hot_ms,
         "in_process_chain_ms": float(sum(hot_ms)),

@@ -28,14 +28,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
+from _common import RESULTS, machine
 
 
 def make_bundle(out: Path, dataset: str, width: float) -> Path:
@@ -92,7 +91,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5, help="blocks of (a), each timing both sides; medians over blocks")
     ap.add_argument("--gap", type=float, default=0.05, help="seconds between paced requests in (a), the light-load variant")
     ap.add_argument("--seconds", type=float, default=5.0, help="duration of each throughput run (b)")
-    ap.add_argument("--out", default=str(HERE / "results" / "runtime_overhead.json"))
+    ap.add_argument("--out", default=str(RESULTS / "runtime_overhead.json"))
     args = ap.parse_args()
 
     from cis.bundle import load_bundle
@@ -110,7 +109,7 @@ def main() -> int:
     shape = tuple(bundle.stage(1).inputs[0].shape[1:])
     x = rng.standard_normal((max(args.n, 256), *shape)).astype(np.float32)
     result: dict = {"bundle": str(bundle_dir), "model": "ResNet18EE (untrained), width %g, CIFAR-10 input" % args.width,
-                    "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform()}}
+                    "machine": {**machine(), "python": sys.version.split()[0]}}
 
     # ---------------------------------------------------------------- (a) latency, in-process chain
     runners = stage_runners(bundle, threads=1)

@@ -30,8 +30,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import sys
 import tempfile
 import time
@@ -39,9 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
+from _common import RESULTS, machine
 from cis.metrics import format_ms, latency_summary
-
-HERE = Path(__file__).resolve().parent
 
 
 def poisson_times(n: int, rate: float, seed: int) -> np.ndarray:
@@ -96,11 +93,11 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--calibration", type=int, default=400, help="requests of each calibration load (one before and one after each measured load)")
     ap.add_argument("--repeats", type=int, default=3, help="measured loads (seeds --seed, --seed + 1, ...); errors reported as medians over them")
-    ap.add_argument("--out", default=str(HERE / "results" / "sim_vs_runtime"))
+    ap.add_argument("--out", default=str(RESULTS / "sim_vs_runtime"))
     args = ap.parse_args()
 
-    from cis.bundle import load_bundle
     from cis.app.pipeline import calibrate_visits, demo_spec, warm_up
+    from cis.bundle import load_bundle
     from cis.policy import assign_entries, exit_confidences
     from cis.runtime.client import Client, infer_spread
     from cis.runtime.launcher import launch
@@ -163,7 +160,7 @@ def main() -> int:
     result = {
         "bundle": str(bundle_dir), "spec": f"paper-7 {args.serving}", "rate": args.rate, "requests": n, "seed": args.seed,
         "repeats": args.repeats, "calibration_requests": 2 * args.calibration,
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()},
+        "machine": machine(),
         "comparison": median, "per_repeat": measured,
         "seconds": time.perf_counter() - t0,
     }

@@ -25,11 +25,8 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from nefl import load_splits, make_setup, parse_args, train_and_report, write_results  # noqa: E402
+from _common import load_splits, make_setup, nested_args, train_and_report, write_results
 
 METHODS = ("slt", "small", "fedrolex", "fd")
 
@@ -86,7 +83,7 @@ def main(argv=None) -> int:
         i = argv.index("--budgets")
         budgets = [float(v) for v in argv[i + 1].split(",")]
         del argv[i : i + 2]
-    args = parse_args(argv, rounds=24, width=1.0)
+    args = nested_args(__doc__.split("\n")[0], argv, rounds=24, width=1.0)
     t0 = time.perf_counter()
     splits = load_splits(args.dataset, args.seed, args.val, args.test)
     methods = args.only.split(",") if args.only else list(METHODS)

@@ -52,19 +52,26 @@ def write_results(name: str, data: dict, markdown: str | list[str] | None = None
     print(f"wrote {RESULTS / name}.json" + (" and .md" if markdown is not None else ""), file=sys.stderr)
 
 
+def scale_args(ap: argparse.ArgumentParser, quick_help: str, rounds: int, train_subset: int, seed: int = 0,
+               threads: int = 2, threads_help: str | None = None) -> None:
+    """The flags of every training benchmark's scale: --quick, --data (CIFAR-10), --rounds, --train-subset,
+    --seed, --threads."""
+    ap.add_argument("--quick", action="store_true", help=quick_help)
+    ap.add_argument("--data", default="/tmp/cifar10", help="CIFAR-10 folder (image-folder or pickle layout)")
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--train-subset", type=int, default=train_subset)
+    ap.add_argument("--seed", type=int, default=seed)
+    ap.add_argument("--threads", type=int, default=threads, help=threads_help)
+
+
 # ---------------------------------------------------------------- the paper tables (table1.py, table2.py)
 
 
 def common_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--quick", action="store_true", help="smoke setting: tiny width, 1 round, 1400 images")
-    ap.add_argument("--data", default="/tmp/cifar10")
+    scale_args(ap, "smoke setting: tiny width, 1 round, 1400 images", rounds=15, train_subset=7000, seed=9)
     ap.add_argument("--width", type=float, default=0.125)
-    ap.add_argument("--rounds", type=int, default=15)
-    ap.add_argument("--train-subset", type=int, default=7000)
     ap.add_argument("--val-size", type=int, default=2000)
     ap.add_argument("--local-epochs", type=float, default=1.0)
-    ap.add_argument("--seed", type=int, default=9)
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--runs", default=None, help="folder for the runs (default /tmp/cis-bench/<script>)")
 
 
@@ -110,16 +117,11 @@ def evaluate(run: Path, serving: str) -> float:
 def vit_args(description: str, rounds: int, exits: str) -> argparse.ArgumentParser:
     """The flags flame.py and reefl.py share (CIFAR-10 subset, a ViT, the paper-7 tree)."""
     ap = argparse.ArgumentParser(description=description)
-    ap.add_argument("--quick", action="store_true", help="smoke setting: 1 round, 700 images, narrow model")
-    ap.add_argument("--data", default="/tmp/cifar10", help="CIFAR-10 folder (image-folder or pickle layout)")
-    ap.add_argument("--rounds", type=int, default=rounds)
-    ap.add_argument("--train-subset", type=int, default=5000)
+    scale_args(ap, "smoke setting: 1 round, 700 images, narrow model", rounds=rounds, train_subset=5000)
     ap.add_argument("--val-size", type=int, default=1000)
     ap.add_argument("--width", type=float, default=1.0, help="ViT width multiplier (dim 64 x width)")
     ap.add_argument("--local-epochs", type=float, default=1.0)
     ap.add_argument("--exits", default=exits, help="ViT blocks with an exit (vit_exits); the spec gets as many exits")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--out", default=None, help="result name (default: the benchmark's, -quick with --quick)")
     ap.add_argument("--report-only", action="store_true", help="rewrite the markdown (and directions) from the saved json")
     return ap
@@ -154,18 +156,14 @@ def spec_file(num_exits: int, folder: Path) -> Path:
 
 def nested_args(description: str, argv: list[str] | None = None, **defaults: Any) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--quick", action="store_true", help="tiny smoke run (minutes); numbers mean nothing")
-    p.add_argument("--data", default="/tmp/cifar10")
-    p.add_argument("--rounds", type=int, default=defaults.get("rounds", 16))
+    scale_args(p, "tiny smoke run (minutes); numbers mean nothing", rounds=defaults.get("rounds", 16), train_subset=10000,
+               threads=1, threads_help="torch threads (default 1: small convs gain little from more)")
     p.add_argument("--local-steps", type=int, default=6)
     p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--train-subset", type=int, default=10000)
     p.add_argument("--val", type=int, default=1000)
     p.add_argument("--test", type=int, default=2000)
-    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--width", type=float, default=defaults.get("width", 0.5),
                    help="channel multiplier of ResNet20 (default 0.5)")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1: small convs gain little from more)")
     p.add_argument("--only", help="comma-separated run names")
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
@@ -174,6 +172,16 @@ def nested_args(description: str, argv: list[str] | None = None, **defaults: Any
         args.train_subset, args.val, args.test = 600, 200, 300
     args.dataset = f"cifar10:{ensure_cifar(Path(args.data))}"
     return args
+
+
+def nested_head(title: str, a: dict, what: str) -> list[str]:
+    """The markdown's title and the sentence on the scale of a nested-method run (``a``: its args)."""
+    scale = (
+        f"{'QUICK SMOKE RUN, not a result. ' if a['quick'] else ''}Reduced scale: ResNet20 at width {a['width']}, "
+        f"{a['train_subset']} training images, {a['rounds']} rounds x {a['local_steps']} local steps of "
+        f"{a['batch_size']}, test on {a['test']} images, seed {a['seed']}; papers' weighting (--strategy equal)."
+    )
+    return [f"# {title}", "", f"{scale} {what}", ""]
 
 
 def load_splits(dataset: str, seed: int, val: int, test: int):

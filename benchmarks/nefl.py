@@ -28,7 +28,7 @@ from __future__ import annotations
 import sys
 import time
 
-from _common import load_splits, make_setup, nested_args, train_and_report, write_results
+from _common import load_splits, make_setup, nested_args, nested_head, train_and_report, write_results
 
 RUNS = {  # name -> (method, options)
     "nefl-WD": ("nefl", {"nefl_mode": "WD"}),
@@ -74,14 +74,9 @@ def directions(results: dict) -> dict:
 
 
 def markdown(data: dict) -> list[str]:
-    a = data["args"]
     lines = [
-        "# NeFL vs nested baselines (reduced-scale CIFAR-10, ResNet20 x width, paper-7, 3 sub-models)",
-        "",
-        f"{'QUICK SMOKE RUN, not a result. ' if a['quick'] else ''}Reduced scale: {a['train_subset']} training images, "
-        f"ResNet20 at width {a['width']}, {a['rounds']} rounds x {a['local_steps']} local steps of {a['batch_size']}, test on {a['test']} images, seed {a['seed']}; "
-        "papers' weighting (--strategy equal). Test accuracy (%) per sub-model; CIS accuracy at 33-33-33.",
-        "",
+        *nested_head("NeFL vs nested baselines (reduced-scale CIFAR-10, ResNet20 x width, paper-7, 3 sub-models)",
+                     data["args"], "Test accuracy (%) per sub-model; CIS accuracy at 33-33-33."),
         "| run | sub-model 1 | sub-model 2 | sub-model 3 | mean | CIS | params (1/2/3) | seconds |",
         "|---|---|---|---|---|---|---|---|",
     ]

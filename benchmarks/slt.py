@@ -26,7 +26,7 @@ from __future__ import annotations
 import sys
 import time
 
-from _common import load_splits, make_setup, nested_args, train_and_report, write_results
+from _common import load_splits, make_setup, nested_args, nested_head, train_and_report, write_results
 
 METHODS = ("slt", "small", "fedrolex", "fd")
 
@@ -53,15 +53,9 @@ def directions(rows: dict) -> dict:
 
 
 def markdown(data: dict) -> list[str]:
-    a = data["args"]
     lines = [
-        "# SLT at tight budgets (reduced-scale CIFAR-10, ResNet20, paper-7)",
-        "",
-        f"{'QUICK SMOKE RUN, not a result. ' if a['quick'] else ''}Reduced scale: ResNet20 at width {a['width']}, "
-        f"{a['train_subset']} training images, {a['rounds']} rounds x {a['local_steps']} local steps of {a['batch_size']}, "
-        f"test on {a['test']} images, seed {a['seed']}; every device has budget s; papers' weighting (--strategy equal). "
-        "Test accuracy (%) of the server's full model (the small model: itself).",
-        "",
+        *nested_head("SLT at tight budgets (reduced-scale CIFAR-10, ResNet20, paper-7)", data["args"],
+                     "Every device has budget s. Test accuracy (%) of the server's full model (the small model: itself)."),
         "| budget s | " + " | ".join(METHODS) + " | seconds |",
         "|---|" + "---|" * (len(METHODS) + 1),
     ]

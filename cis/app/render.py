@@ -56,6 +56,29 @@ def comparison_lines(c: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _run_text(r: Mapping[str, Any]) -> list[str]:
+    lines = [f"run {r['path']}: {r['dataset']}, method {r['method']}, {r['strategy']}, "
+             f"{r['rounds_done']}/{r['rounds']} rounds, {r['train_seconds']:.1f} s"]
+    f = r.get("final")
+    if f:
+        per_exit = [f"exit {e} {_pct(a)}" for e, a in (f["exit_accuracy"] or {}).items()]
+        lines += [f"test accuracy per exit: {', '.join(per_exit)}",
+                  f"CIS accuracy (quota): {_pct(f['cis_accuracy_quota'])}"]
+    return lines
+
+
+def _bundle_text(b: Mapping[str, Any]) -> list[str]:
+    lines = [f"bundle {b['path']}: {len(b['stages'])} stages, carries {b['feature_dtype']}, {b['files']}"]
+    cal = b.get("calibration") or {}
+    if cal:
+        target, achieved = cal["target_share_per_exit"], cal.get("achieved_share_per_exit", {})
+        shares = [f"exit {e} {_pct(s)} (target {_pct(target.get(e))})" for e, s in achieved.items()]
+        lines += [f"calibrated share per exit: {', '.join(shares)}",
+                  f"CIS accuracy on validation: {_pct(cal.get('cis_accuracy'))}"]
+    batch1 = [f"stage {k} {format_ms(v.get('1'))}" for k, v in b["latency_profile_s"].items()]
+    return [*lines, f"latency ms/call at batch 1: {', '.join(batch1)}"]
+
+
 def text_summary(report: Mapping[str, Any]) -> str:
     """A few lines for the terminal."""
     lines: list[str] = []
@@ -71,44 +94,19 @@ def text_summary(report: Mapping[str, Any]) -> str:
             lines.append("time s:          " + "  ".join(f"{k} {v:.1f}" for k, v in t.items()))
         return "\n".join(lines)
     if "run" in report:
-        r = report["run"]
-        lines.append(
-            f"run {r['path']}: {r['dataset']}, method {r['method']}, {r['strategy']}, "
-            f"{r['rounds_done']}/{r['rounds']} rounds, {r['train_seconds']:.1f} s"
-        )
-        if r.get("final"):
-            f = r["final"]
-            per_exit = ", ".join(f"exit {e} {_pct(a)}" for e, a in (f["exit_accuracy"] or {}).items())
-            lines.append("test accuracy per exit: " + per_exit)
-            lines.append(f"CIS accuracy (quota): {_pct(f['cis_accuracy_quota'])}")
+        lines += _run_text(report["run"])
     if "bundle" in report:
-        b = report["bundle"]
-        cal = b.get("calibration") or {}
-        lines.append(f"bundle {b['path']}: {len(b['stages'])} stages, carries {b['feature_dtype']}, {b['files']}")
-        if cal:
-            target, achieved = cal["target_share_per_exit"], cal.get("achieved_share_per_exit", {})
-            lines.append("calibrated share per exit: " + ", ".join(
-                f"exit {e} {_pct(s)} (target {_pct(target.get(e))})" for e, s in achieved.items()
-            ))
-            lines.append(f"CIS accuracy on validation: {_pct(cal.get('cis_accuracy'))}")
-        lines.append("latency ms/call at batch 1: " + ", ".join(
-            f"stage {k} {format_ms(v.get('1'))}" for k, v in b["latency_profile_s"].items()
-        ))
+        lines += _bundle_text(report["bundle"])
     if "sim" in report:
         s = report["sim"]
-        lines.append(
-            f"simulation {s['path']}: {s['requests']}, accuracy {_pct(s['accuracy'])}, "
-            f"latency ms {_lat(s['latency'], 'mean_s', 'p50_s', 'p99_s')}"
-        )
-        lines.append("served per exit: " + ", ".join(
-            f"exit {e} {_pct(x['share'])} (calculus {_pct(x['calculus_share'])})" for e, x in s["exits"].items()
-        ))
+        shares = [f"exit {e} {_pct(x['share'])} (calculus {_pct(x['calculus_share'])})" for e, x in s["exits"].items()]
+        lines += [f"simulation {s['path']}: {s['requests']}, accuracy {_pct(s['accuracy'])}, "
+                  f"latency ms {_lat(s['latency'], 'mean_s', 'p50_s', 'p99_s')}",
+                  f"served per exit: {', '.join(shares)}"]
     if "runtime" in report:
         r = report["runtime"]
-        lines.append(
-            f"runtime {r['path']}: {r['answered']} of {r['requests']} answered, accuracy {_pct(r['accuracy'])}, "
-            f"latency ms {_lat(r['latency'], 'p50_s', 'p99_s')}"
-        )
+        lines.append(f"runtime {r['path']}: {r['answered']} of {r['requests']} answered, "
+                     f"accuracy {_pct(r['accuracy'])}, latency ms {_lat(r['latency'], 'p50_s', 'p99_s')}")
     return "\n".join(lines)
 
 

@@ -123,7 +123,9 @@ def vit_args(description: str, rounds: int, exits: str) -> argparse.ArgumentPars
     ap.add_argument("--local-epochs", type=float, default=1.0)
     ap.add_argument("--exits", default=exits, help="ViT blocks with an exit (vit_exits); the spec gets as many exits")
     ap.add_argument("--out", default=None, help="result name (default: the benchmark's, -quick with --quick)")
-    ap.add_argument("--report-only", action="store_true", help="rewrite the markdown (and directions) from the saved json")
+    ap.add_argument(
+        "--report-only", action="store_true", help="rewrite the markdown (and directions) from the saved json"
+    )
     return ap
 
 
@@ -156,8 +158,14 @@ def spec_file(num_exits: int, folder: Path) -> Path:
 
 def nested_args(description: str, argv: list[str] | None = None, **defaults: Any) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=description)
-    scale_args(p, "tiny smoke run (minutes); numbers mean nothing", rounds=defaults.get("rounds", 16), train_subset=10000,
-               threads=1, threads_help="torch threads (default 1: small convs gain little from more)")
+    scale_args(
+        p,
+        "tiny smoke run (minutes); numbers mean nothing",
+        rounds=defaults.get("rounds", 16),
+        train_subset=10000,
+        threads=1,
+        threads_help="torch threads (default 1: small convs gain little from more)",
+    )
     p.add_argument("--local-steps", type=int, default=6)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--val", type=int, default=1000)

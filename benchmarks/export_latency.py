@@ -18,6 +18,7 @@ import os
 import platform
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +49,11 @@ def interleaved_medians(a, b, repeats: int, warmup: int = 2) -> tuple[float, flo
     return float(np.median(ta)), float(np.median(tb))
 
 
+def _run_torch(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+    with torch.inference_mode():
+        module(*inputs)
+
+
 def bench_width(width: float, batches: list[int], repeats: int, threads: int, exporter: str) -> dict:
     model = build_model(default_model_config("cifar10", width=width)).eval()
     plan = describe_stages(model)
@@ -67,11 +73,9 @@ def bench_width(width: float, batches: list[int], repeats: int, threads: int, ex
             inputs = tuple(torch.randn((b, *a.shape[1:])) for a in args)
             feeds = {n: t.numpy() for n, t in zip(st.inputs, inputs)}
 
-            def run_torch():
-                with torch.inference_mode():
-                    st.module(*inputs)
-
-            t_ort, t_torch = interleaved_medians(lambda: runner.run(feeds), run_torch, repeats)
+            t_ort, t_torch = interleaved_medians(
+                partial(runner.run, feeds), partial(_run_torch, st.module, inputs), repeats
+            )
             with torch.inference_mode():
                 ref = st.module(*inputs)[0].numpy()
             diff = float(np.abs(runner.run(feeds)["logits"] - ref).max())
@@ -82,7 +86,8 @@ def bench_width(width: float, batches: list[int], repeats: int, threads: int, ex
                 "max_abs_logit_diff": diff,
             }
             print(
-                f"width {width:<5} stage {st.index} batch {b:>3}: onnxruntime {t_ort * 1e3:9.3f} ms  torch {t_torch * 1e3:9.3f} ms  "
+                f"width {width:<5} stage {st.index} batch {b:>3}: onnxruntime {t_ort * 1e3:9.3f} ms  "
+                f"torch {t_torch * 1e3:9.3f} ms  "
                 f"ratio torch/ort {t_torch / t_ort:5.2f}  (max |diff| {diff:.1e})",
                 flush=True,
             )
@@ -111,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     exporter, opset = resolve_exporter(args.exporter, 17)
     results = {
         "benchmark": "export_latency",
-        "what": "median seconds per call of each stage, onnxruntime CPU vs torch eager (inference_mode), random weights",
+        "what": "median seconds per call of each stage, onnxruntime CPU vs torch eager (inference_mode), "
+        "random weights",
         "repeats": args.repeats,
         "threads": args.threads,
         "exporter": exporter,

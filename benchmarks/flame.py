@@ -1,4 +1,4 @@
-"""FLAME on reduced-scale CIFAR-10: setting-A patience vs training without exits vs fixed exits at the same average depth.
+"""FLAME on reduced-scale CIFAR-10: setting-A patience vs no exits vs fixed exits at the same average depth.
 
 Runs of the same model (the small early-exit ViT, per-exit heads), data,
 partition and rounds (``--method flame`` through training.run.build_setup), all
@@ -53,13 +53,29 @@ ADAMW_LR = 1e-3
 
 def args_parser() -> argparse.ArgumentParser:
     ap = vit_args(__doc__.splitlines()[0], rounds=8, exits="1,2,3,4,5,6")
-    ap.add_argument("--grouping", default="exit", help="FLAME grouped backpropagation (exit: the paper's; full: one update per batch)")
+    ap.add_argument(
+        "--grouping",
+        default="exit",
+        help="FLAME grouped backpropagation (exit: the paper's; full: one update per batch)",
+    )
     ap.add_argument("--group-step", default="mean", choices=FLAME_GROUP_STEPS,
                     help="size of each group's update (mean: the paper's Algorithm 2; share: x |group|/b, for SGD)")
-    ap.add_argument("--optimizer", default="adamw", choices=FLAME_OPTIMIZERS,
-                    help="local optimizer of every run after the warm start: the paper's AdamW or the config's momentum SGD")
-    ap.add_argument("--lr", type=float, default=None, help=f"local lr (default: the config's for sgd, {ADAMW_LR:g} for adamw)")
-    ap.add_argument("--warmup-rounds", type=int, default=6, help="rounds of all-exit training every run starts from (the paper fine-tunes a pretrained model; 0: from scratch)")
+    ap.add_argument(
+        "--optimizer",
+        default="adamw",
+        choices=FLAME_OPTIMIZERS,
+        help="local optimizer of every run after the warm start: the paper's AdamW or the config's momentum SGD",
+    )
+    ap.add_argument(
+        "--lr", type=float, default=None, help=f"local lr (default: the config's for sgd, {ADAMW_LR:g} for adamw)"
+    )
+    ap.add_argument(
+        "--warmup-rounds",
+        type=int,
+        default=6,
+        help="rounds of all-exit training every run starts from (the paper fine-tunes a pretrained model; 0: from "
+             "scratch)",
+    )
     return ap
 
 
@@ -70,7 +86,8 @@ def quick(args) -> None:
 
 
 def fixed_exits(clients, target: float, num_exits: int) -> dict[str, int]:
-    """Each client one exit in {floor(target), ceil(target)}, greedily keeping the sample-weighted mean near ``target``."""
+    """Each client one exit in {floor(target), ceil(target)}, greedily keeping the sample-weighted mean
+    near ``target``."""
     lo, hi = max(1, math.floor(target)), min(num_exits, math.ceil(target))
     out, samples, weighted = {}, 0, 0.0
     for c in sorted(clients, key=lambda c: -c.size):
@@ -94,13 +111,26 @@ def warm_start(args, spec: Path) -> dict | None:
 
     exits = [int(e) for e in args.exits.split(",")]
     E = len(exits)
-    config = make_config(overrides=dict(
-        method="exclusivefl", options={"vit_exits": exits, "depth": exits[-1]}, dataset=f"cifar10:{args.data}", spec=str(spec),
-        rounds=args.warmup_rounds, width=args.width, seed=args.seed + 1000, train_subset=args.train_subset, val_size=args.val_size,
-        local_epochs=args.local_epochs, threads=args.threads, eval_every=args.warmup_rounds,
-    ))
+    config = make_config(
+        overrides=dict(
+            method="exclusivefl",
+            options={"vit_exits": exits, "depth": exits[-1]},
+            dataset=f"cifar10:{args.data}",
+            spec=str(spec),
+            rounds=args.warmup_rounds,
+            width=args.width,
+            seed=args.seed + 1000,
+            train_subset=args.train_subset,
+            val_size=args.val_size,
+            local_epochs=args.local_epochs,
+            threads=args.threads,
+            eval_every=args.warmup_rounds,
+        )
+    )
     s = build_setup(config)
-    s.engine.chooser = BudgetChooser([E] * len(s.clients))  # every client trains every exit: a warm start, not ExclusiveFL's rule
+    s.engine.chooser = BudgetChooser(
+        [E] * len(s.clients)
+    )  # every client trains every exit: a warm start, not ExclusiveFL's rule
     for _ in range(config.rounds):
         s.engine.run_round()
     return {k: v.detach().clone() for k, v in s.engine.sync_model().state_dict().items()}
@@ -183,8 +213,31 @@ def main() -> None:
     base = cells["no-exits"]["train_flops"]
     for c in cells.values():
         c["flops_vs_no_exits"] = c["train_flops"] / base if base else None
-    scale = {k: getattr(args, k) for k in ("rounds", "warmup_rounds", "grouping", "group_step", "optimizer", "lr", "train_subset", "val_size", "width", "local_epochs", "exits", "seed", "threads")}
-    out = {"benchmark": "flame", "quick": args.quick, "scale": scale, "cells": cells, "seconds": time.perf_counter() - start}
+    scale = {
+        k: getattr(args, k)
+        for k in (
+            "rounds",
+            "warmup_rounds",
+            "grouping",
+            "group_step",
+            "optimizer",
+            "lr",
+            "train_subset",
+            "val_size",
+            "width",
+            "local_epochs",
+            "exits",
+            "seed",
+            "threads",
+        )
+    }
+    out = {
+        "benchmark": "flame",
+        "quick": args.quick,
+        "scale": scale,
+        "cells": cells,
+        "seconds": time.perf_counter() - start,
+    }
     out["directions"] = directions(cells, E)
     write_results(name, out, markdown(out))
     print(markdown(out))
@@ -199,8 +252,14 @@ def directions(cells: dict, E: int) -> dict:
         "flame_minus_no_exits_last_exit_pp": 100 * (f["test_exit_accuracy"][str(E)] - n["test_exit_accuracy"][str(E)]),
         "fixed_minus_flame_patience_pp": 100 * (x["patience_accuracy"] - f["patience_accuracy"]),
         "flame_wall_vs_no_exits": f["wall_seconds"] / n["wall_seconds"],
-        **({"mean_steps_minus_share_patience_pp": 100 * (cells["flame mean-steps"]["patience_accuracy"] - f["patience_accuracy"])}
-           if "flame mean-steps" in cells else {}),
+        **(
+            {
+                "mean_steps_minus_share_patience_pp": 100
+                * (cells["flame mean-steps"]["patience_accuracy"] - f["patience_accuracy"])
+            }
+            if "flame mean-steps" in cells
+            else {}
+        ),
     }
 
 
@@ -208,38 +267,60 @@ def markdown(out: dict) -> str:
     cells, scale = out["cells"], out["scale"]
     E = len(str(scale["exits"]).split(","))
     lines = [
-        f"# FLAME benchmark{' (quick smoke run)' if out['quick'] else ''}", "",
-        f"Scale: {scale}; ViT {'from scratch' if not scale.get('warmup_rounds') else 'from a common multi-exit warm start'}, paper-7 tree. Patience accuracy uses p_ev = {FLAME_EVAL_PATIENCE}. Total {out['seconds'] / 60:.1f} min.", "",
-        "| run | mean exit acc % | last exit acc % | patience acc % | avg train exit | train FLOPs | vs no-exits | wall s |",
+        f"# FLAME benchmark{' (quick smoke run)' if out['quick'] else ''}",
+        "",
+        f"Scale: {scale}; "
+        f"ViT {'from scratch' if not scale.get('warmup_rounds') else 'from a common multi-exit warm start'}, paper-7 "
+        f"tree. Patience accuracy uses p_ev = {FLAME_EVAL_PATIENCE}. Total {out['seconds'] / 60:.1f} min.",
+        "",
+        "| run | mean exit acc % | last exit acc % | patience acc % | avg train exit | train FLOPs | vs no-exits | "
+        "wall s |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for k, c in cells.items():
         lines.append(
-            f"| {k} | {100 * c['mean_exit_accuracy']:.1f} | {100 * c['test_exit_accuracy'][str(E)]:.1f} | {100 * c['patience_accuracy']:.1f} | "
-            f"{c['avg_train_exit']:.2f} | {c['train_flops']:.3g} | {c['flops_vs_no_exits']:.2f} | {c['wall_seconds']:.0f} |"
+            f"| {k} | {100 * c['mean_exit_accuracy']:.1f} | {100 * c['test_exit_accuracy'][str(E)]:.1f} "
+            f"| {100 * c['patience_accuracy']:.1f} | "
+            f"{c['avg_train_exit']:.2f} | {c['train_flops']:.3g} | {c['flops_vs_no_exits']:.2f} "
+            f"| {c['wall_seconds']:.0f} |"
         )
-    lines += ["", "Paper's direction: FLAME 20-50 % less training compute than no-exit training at about the same accuracy; fixed exits clearly worse."]
+    lines += [
+        "",
+        "Paper's direction: FLAME 20-50 % less training compute than no-exit training at about the same accuracy; "
+        "fixed exits clearly worse.",
+    ]
     d = out.get("directions")
     if d:
         saving = 100 * d["flame_compute_saving"]
+        low = "does NOT hold (less than 20 %)"
+        compute = "holds" if 20 <= saving <= 50 else "more than the paper" if saving > 50 else low
+        worse = d["fixed_minus_flame_patience_pp"] <= -2
+        fixed = "clearly worse: holds" if worse else "not clearly worse: does NOT hold"
         lines += [
             "",
-            f"- compute: FLAME trains with {saving:.0f} % less than no-exit training: {'holds' if 20 <= saving <= 50 else ('more than the paper' if saving > 50 else 'does NOT hold (less than 20 %)')}",
-            f"- accuracy: FLAME {d['flame_minus_no_exits_patience_pp']:+.1f} points under patience inference, {d['flame_minus_no_exits_last_exit_pp']:+.1f} at the last exit, against no-exit training"
-            f" ({'about the same' if abs(d['flame_minus_no_exits_patience_pp']) <= 2 else 'NOT about the same'}, tolerance 2 points)",
-            f"- fixed exits at the same average depth: {d['fixed_minus_flame_patience_pp']:+.1f} points against FLAME under patience inference"
-            f" ({'clearly worse: holds' if d['fixed_minus_flame_patience_pp'] <= -2 else 'not clearly worse: does NOT hold'})",
+            f"- compute: FLAME trains with {saving:.0f} % less than no-exit "
+            f"training: {compute}",
+            f"- accuracy: FLAME {d['flame_minus_no_exits_patience_pp']:+.1f} points under patience "
+            f"inference, {d['flame_minus_no_exits_last_exit_pp']:+.1f} at the last exit, against no-exit training"
+            f" ({'about the same' if abs(d['flame_minus_no_exits_patience_pp']) <= 2 else 'NOT about the same'}, "
+            "tolerance 2 points)",
+            f"- fixed exits at the same average depth: {d['fixed_minus_flame_patience_pp']:+.1f} points against FLAME "
+            f"under patience inference ({fixed})",
         ]
         if "flame_wall_vs_no_exits" in d:
             lines.append(
-                f"- wall time: FLAME {d['flame_wall_vs_no_exits']:.2f}x no-exit training's. The FLOPs count the layers each sample ran; "
-                "the wall time also pays one backward pass per exit group, each through the whole batch's activations in the shared "
+                f"- wall time: FLAME {d['flame_wall_vs_no_exits']:.2f}x no-exit training's. The FLOPs count the "
+                "layers each sample ran; "
+                "the wall time also pays one backward pass per exit group, each through the whole batch's activations "
+                "in the shared "
                 "layers (the forward runs batched, not per sample as in the paper)"
             )
         if "mean_steps_minus_share_patience_pp" in d:
             lines.append(
-                f"- group steps: a full step per group on its mean loss (the paper's Algorithm 2, with {scale.get('optimizer', 'sgd')}) "
-                f"{d['mean_steps_minus_share_patience_pp']:+.1f} points against steps scaled by the group's share of the batch"
+                "- group steps: a full step per group on its mean loss (the paper's Algorithm 2, "
+                f"with {scale.get('optimizer', 'sgd')}) "
+                f"{d['mean_steps_minus_share_patience_pp']:+.1f} points against steps scaled by the group's share of "
+                "the batch"
             )
     return "\n".join(lines) + "\n"
 

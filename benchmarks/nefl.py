@@ -13,8 +13,8 @@ sub-model) and the CIS accuracy at 33-33-33. The papers' directions: NeFL-D's
 smallest sub-model well above the DepthFL-style prefix; HeteroFL's smallest
 sub-model the worst among the width methods (NeFL-W, HeteroFL, FjORD).
 
-Reduced scale (say so with any number): ResNet20 at half width (channels 8/16/32), 10k training images, 16 rounds of 6 local
-steps of 64, test on 2,000 and validation on 1,000 images, one seed. The full run
+Reduced scale (say so with any number): ResNet20 at half width (channels 8/16/32), 10k training images,
+16 rounds of 6 local steps of 64, test on 2,000 and validation on 1,000 images, one seed. The full run
 takes about 17 minutes on this 2-core CPU at a load of 3 (about 64 s per round for all six runs),
 roughly twice that when the machine is as busy as it was while this was written (load 10); ``--quick`` is a smoke test.
 
@@ -51,7 +51,9 @@ def depthfl_prefix(s, args):
 
     torch.manual_seed(s.config.seed)
     layout = s.model.layout
-    model = NestedNet(layout, depthfl_specs(layout, default_gammas(s.model.num_exits)), decoupled_bn=True, use_steps=False)
+    model = NestedNet(
+        layout, depthfl_specs(layout, default_gammas(s.model.num_exits)), decoupled_bn=True, use_steps=False
+    )
     c = s.config
     sgd = dict(lr=c.lr, momentum=c.momentum, weight_decay=c.weight_decay, batch_size=c.batch_size, steps=s.steps,
                total_rounds=c.rounds, schedule=c.schedule, augment=s.engine.trainer.augment)
@@ -84,11 +86,14 @@ def markdown(data: dict) -> list[str]:
         acc = r["submodel_accuracy"]
         lines.append(
             f"| {name} | " + " | ".join(f"{100 * acc[k]:.1f}" for k in sorted(acc)) + f" | {100 * r['mean']:.1f} | "
-            f"{100 * r['cis_accuracy']:.1f} | {'/'.join(f'{p / 1000:.0f}k' for p in r['params'])} | {r['total_seconds']:.0f} |"
+            f"{100 * r['cis_accuracy']:.1f} | {'/'.join(f'{p / 1000:.0f}k' for p in r['params'])} "
+            f"| {r['total_seconds']:.0f} |"
         )
     lines += ["", "Directions from the papers:", ""]
     for k, v in data["directions"].items():
-        detail = ", ".join(f"{a}={b:+.1f}" if isinstance(b, float) else f"{a}={b}" for a, b in v.items() if a != "holds")
+        detail = ", ".join(
+            f"{a}={b:+.1f}" if isinstance(b, float) else f"{a}={b}" for a, b in v.items() if a != "holds"
+        )
         lines.append(f"- {k}: {'holds' if v['holds'] else 'does NOT hold'} ({detail})")
     lines.append(f"\nTotal {data['seconds']:.0f} s.")
     return lines

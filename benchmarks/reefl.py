@@ -49,7 +49,12 @@ CELLS = (
 def main() -> None:
     ap = vit_args(__doc__.splitlines()[0], rounds=12, exits="2,4,6")
     ap.add_argument("--only", default=None, help="comma-separated cell names to run")
-    ap.add_argument("--sgd", default="paper", choices=("engine", "paper"), help="local SGD: the project's CIFAR setting or the ReeFL paper's")
+    ap.add_argument(
+        "--sgd",
+        default="paper",
+        choices=("engine", "paper"),
+        help="local SGD: the project's CIFAR setting or the ReeFL paper's",
+    )
     args = ap.parse_args()
     vit_quick(args)
     name = args.out or ("reefl-quick" if args.quick else "reefl")
@@ -71,9 +76,22 @@ def main() -> None:
         ramp = {"kd_ramp_rounds": max(1, round(0.3 * args.rounds))} if method in ("reefl", "depthfl") else {}
         clip = {"clip_value": PAPER_CLIP} if args.sgd == "paper" else {}
         cells[label] = run_cell(method, {**opts, **ramp, **clip, "vit_exits": exits, "depth": exits[-1]}, args, spec)
-        print(f"{label}: mean exit accuracy {100 * cells[label]['mean_exit_accuracy']:.1f}% ({cells[label]['wall_seconds']:.0f} s)", file=sys.stderr)
-    scale = {k: getattr(args, k) for k in ("rounds", "sgd", "train_subset", "val_size", "width", "local_epochs", "exits", "seed", "threads")}
-    out = {"benchmark": "reefl", "quick": args.quick, "scale": scale, "cells": cells, "seconds": time.perf_counter() - start}
+        print(
+            f"{label}: mean exit accuracy {100 * cells[label]['mean_exit_accuracy']:.1f}% "
+            f"({cells[label]['wall_seconds']:.0f} s)",
+            file=sys.stderr,
+        )
+    scale = {
+        k: getattr(args, k)
+        for k in ("rounds", "sgd", "train_subset", "val_size", "width", "local_epochs", "exits", "seed", "threads")
+    }
+    out = {
+        "benchmark": "reefl",
+        "quick": args.quick,
+        "scale": scale,
+        "cells": cells,
+        "seconds": time.perf_counter() - start,
+    }
     out["directions"] = directions(cells)
     write_results(name, out, markdown(out))
     print(markdown(out))
@@ -95,9 +113,13 @@ def markdown(out: dict) -> str:
     cells, scale = out["cells"], out["scale"]
     E = len(str(scale["exits"]).split(","))
     lines = [
-        f"# ReeFL benchmark{' (quick smoke run)' if out['quick'] else ''}", "",
-        f"Scale: {scale}; paper-7 tree, clients' budgets = their tier's exit; ViT from scratch (the paper fine-tunes a pretrained one); "
-        f"the distillation weight ramps over 30 % of the rounds (the paper: 300 of 1k). Total {out['seconds'] / 60:.1f} min.", "",
+        f"# ReeFL benchmark{' (quick smoke run)' if out['quick'] else ''}",
+        "",
+        f"Scale: {scale}; paper-7 tree, clients' budgets = their tier's exit; ViT from scratch (the paper fine-tunes "
+        "a pretrained one); "
+        "the distillation weight ramps over 30 % of the rounds (the paper: 300 of 1k). "
+        f"Total {out['seconds'] / 60:.1f} min.",
+        "",
         "| run | " + " | ".join(f"exit {e} %" for e in range(1, E + 1)) + " | mean % | wall s |",
         "|---|" + "---|" * (E + 2),
     ]
@@ -105,14 +127,23 @@ def markdown(out: dict) -> str:
         accs = " | ".join(f"{100 * c['test_exit_accuracy'][str(e)]:.1f}" for e in range(1, E + 1))
         lines.append(f"| {k} | {accs} | {100 * c['mean_exit_accuracy']:.1f} | {c['wall_seconds']:.0f} |")
     d = out.get("directions", {})
-    lines += ["", "Paper's direction: ReeFL ahead of per-exit heads (DepthFL, ExclusiveFL); modulation and distillation add a little.", ""]
+    lines += [
+        "",
+        "Paper's direction: ReeFL ahead of per-exit heads (DepthFL, ExclusiveFL); modulation and distillation add a "
+        "little.",
+        "",
+    ]
     checks = {
         "reefl_minus_depthfl_pp": "ReeFL ahead of DepthFL", "reefl_minus_exclusivefl_pp": "ReeFL ahead of ExclusiveFL",
         "modulation_gain_pp": "modulation adds", "distillation_gain_pp": "distillation adds",
     }
     for k, what in checks.items():
         if k in d:
-            verdict = "within one seed's noise (under 1 point)" if abs(d[k]) < 1 else ("holds" if d[k] > 0 else "does NOT hold")
+            verdict = (
+                "within one seed's noise (under 1 point)"
+                if abs(d[k]) < 1
+                else ("holds" if d[k] > 0 else "does NOT hold")
+            )
             lines.append(f"- {what}: {verdict} ({d[k]:+.1f} points)")
     return "\n".join(lines) + "\n"
 

@@ -54,14 +54,21 @@ def directions(rows: dict) -> dict:
 
 def markdown(data: dict) -> list[str]:
     lines = [
-        *nested_head("SLT at tight budgets (reduced-scale CIFAR-10, ResNet20, paper-7)", data["args"],
-                     "Every device has budget s. Test accuracy (%) of the server's full model (the small model: itself)."),
+        *nested_head(
+            "SLT at tight budgets (reduced-scale CIFAR-10, ResNet20, paper-7)",
+            data["args"],
+            "Every device has budget s. Test accuracy (%) of the server's full model (the small model: itself).",
+        ),
         "| budget s | " + " | ".join(METHODS) + " | seconds |",
         "|---|" + "---|" * (len(METHODS) + 1),
     ]
     for s, r in data["runs"].items():
         secs = sum(v["total_seconds"] for v in r.values())
-        lines.append(f"| {s} | " + " | ".join(f"{100 * r[m]['largest']:.1f}" if m in r else "-" for m in METHODS) + f" | {secs:.0f} |")
+        lines.append(
+            f"| {s} | "
+            + " | ".join(f"{100 * r[m]['largest']:.1f}" if m in r else "-" for m in METHODS)
+            + f" | {secs:.0f} |"
+        )
     lines += ["", "Direction from the paper (SLT > small model, and > FedRolex / FD by more than 5 pp):", ""]
     for k, v in data["directions"].items():
         lines.append(f"- {k}: {'holds' if v['holds'] else 'does NOT hold'} ("

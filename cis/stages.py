@@ -73,7 +73,9 @@ def _session(model: str | Path | bytes, providers: Sequence[str] | None, threads
         return ort.InferenceSession(source, sess_options=opts, providers=chosen)
     except Exception as exc:  # a corrupt graph: one line, not a traceback
         where = "<in-memory graph>" if isinstance(model, bytes) else str(model)
-        raise BundleError(f"{where}: onnxruntime cannot load it ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+        raise BundleError(
+            f"{where}: onnxruntime cannot load it ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+        ) from None
 
 
 class StageRunner:
@@ -104,7 +106,7 @@ class StageRunner:
         info: StageInfo,
         providers: Sequence[str] | None = None,
         threads: int | None = None,
-    ) -> "StageRunner":
+    ) -> StageRunner:
         self = cls.__new__(cls)
         self._init(info, _session(model, providers, threads))
         return self
@@ -118,7 +120,8 @@ class StageRunner:
         graph_inputs = [i.name for i in session.get_inputs()]
         if sorted(graph_inputs) != sorted(self.input_names):
             raise BundleError(
-                f"stage {info.index} ({info.file}): graph inputs {graph_inputs} differ from the manifest's {self.input_names}"
+                f"stage {info.index} ({info.file}): graph inputs {graph_inputs} differ from the "
+                f"manifest's {self.input_names}"
             )
 
     @property
@@ -143,11 +146,15 @@ class StageRunner:
         try:
             values = self.session.run(self.output_names, ready)
         except Exception as exc:  # shape mismatch and the like
-            raise BundleError(f"stage {self.index}: onnxruntime failed ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+            raise BundleError(
+                f"stage {self.index}: onnxruntime failed ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+            ) from None
         return dict(zip(self.output_names, values))
 
 
-def stage_runners(bundle: Bundle, upto: int | None = None, providers: Sequence[str] | None = None, threads: int | None = None) -> list[StageRunner]:
+def stage_runners(
+    bundle: Bundle, upto: int | None = None, providers: Sequence[str] | None = None, threads: int | None = None
+) -> list[StageRunner]:
     """Runners for stages 1..upto (default: all)."""
     upto = bundle.num_exits if upto is None else upto
     return [StageRunner(bundle, k, providers, threads) for k in range(1, upto + 1)]

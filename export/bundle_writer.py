@@ -26,8 +26,9 @@ place at the end, so a failed export never leaves half a bundle behind.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import onnx
@@ -83,7 +84,10 @@ def inference_patience(meta: dict, override: int | None = None) -> int | None:
     method = str(meta.get("method", "cis"))
     if method != "flame":
         if override is not None:
-            raise CisError(f"--patience: the run's method is {method!r}; a patience policy applies to FLAME-trained models (method 'flame')")
+            raise CisError(
+                f"--patience: the run's method is {method!r}; a patience policy applies to FLAME-trained models "
+                "(method 'flame')"
+            )
         return None
     from training.methods.registry import effective_options
 
@@ -91,11 +95,16 @@ def inference_patience(meta: dict, override: int | None = None) -> int | None:
     return check_patience(int(value))
 
 
-def _stage_info(k: int, exit_: int, model: onnx.ModelProto, qparams: dict[str, tuple[float, int]], feature_dtype: str) -> StageInfo:
+def _stage_info(
+    k: int, exit_: int, model: onnx.ModelProto, qparams: dict[str, tuple[float, int]], feature_dtype: str
+) -> StageInfo:
     def annotate(infos: tuple[TensorInfo, ...]) -> tuple[TensorInfo, ...]:
         if feature_dtype != "int8":
             return infos
-        return tuple(TensorInfo(t.name, t.shape, t.dtype, *qparams[t.name]) if t.dtype == "int8" and t.name in qparams else t for t in infos)
+        return tuple(
+            TensorInfo(t.name, t.shape, t.dtype, *qparams[t.name]) if t.dtype == "int8" and t.name in qparams else t
+            for t in infos
+        )
 
     return StageInfo(
         index=k,
@@ -134,7 +143,10 @@ def _prepare_out(out_dir: Path) -> None:
         if not out_dir.is_dir():
             raise CisError(f"{out_dir}: exists and is not a folder; expected a new or existing bundle folder for --out")
         if any(out_dir.iterdir()) and not (out_dir / MANIFEST).is_file():
-            raise CisError(f"{out_dir}: folder is not empty and holds no bundle; expected a new folder (or an old bundle to replace)")
+            raise CisError(
+                f"{out_dir}: folder is not empty and holds no bundle; expected a new folder (or an old bundle to "
+                "replace)"
+            )
 
 
 def _load_run(run_dir: Path, spec: str | Path | CisSpec | dict | None, say: Progress) -> ExportRun:
@@ -150,18 +162,25 @@ def _load_run(run_dir: Path, spec: str | Path | CisSpec | dict | None, say: Prog
     num_classes = int(model.config().get("num_classes", len(meta["classes"])))
     if spec_obj.num_exits != model.num_exits:
         raise CisError(
-            f"spec {spec_obj.name!r}: [cis] exits is {spec_obj.num_exits}; the model in {run_dir} has {model.num_exits} exits"
+            f"spec {spec_obj.name!r}: [cis] exits is {spec_obj.num_exits}; the model in {run_dir} "
+            f"has {model.num_exits} exits"
         )
     if spec_obj.num_classes != num_classes:
-        raise CisError(f"spec {spec_obj.name!r}: [cis] classes is {spec_obj.num_classes}; the model in {run_dir} has {num_classes}")
+        raise CisError(
+            f"spec {spec_obj.name!r}: [cis] classes is {spec_obj.num_classes}; the model in {run_dir} has {num_classes}"
+        )
 
     say(f"loading validation split of {meta['dataset']!r}")
     val = load_dataset(str(meta["dataset"]), seed=int(meta.get("seed", 0)), val_size=meta.get("val_size")).val
     if len(val) == 0:
-        raise CisError(f"dataset {meta['dataset']!r}: empty validation split; expected validation data to calibrate thresholds")
+        raise CisError(
+            f"dataset {meta['dataset']!r}: empty validation split; expected validation data to calibrate thresholds"
+        )
     plan = describe_stages(model)
     if list(plan.inputs) != [INPUT] or tuple(val.x.shape[1:]) != tuple(plan.inputs[INPUT]):
-        raise CisError(f"dataset {meta['dataset']!r}: samples of shape {tuple(val.x.shape[1:])}; the model expects {plan.inputs}")
+        raise CisError(
+            f"dataset {meta['dataset']!r}: samples of shape {tuple(val.x.shape[1:])}; the model expects {plan.inputs}"
+        )
     return ExportRun(run_dir, model, meta, weights_path, spec_obj, val, plan)
 
 

@@ -34,16 +34,26 @@ def require_tensorrt():
         import tensorrt as trt  # type: ignore[import-not-found]
     except Exception as exc:  # ImportError, or a broken install (missing libnvinfer)
         raise TensorRTError(
-            f"--trt needs TensorRT, which is not importable here ({type(exc).__name__}); install the optional extra 'cis[tensorrt]' on a machine with an NVIDIA GPU, or export without --trt"
+            f"--trt needs TensorRT, which is not importable here ({type(exc).__name__}); install the optional extra "
+            "'cis[tensorrt]' on a machine with an NVIDIA GPU, or export without --trt"
         ) from None
     import torch
 
     if not torch.cuda.is_available():
-        raise TensorRTError("--trt needs an NVIDIA GPU with CUDA, and torch sees none here; export without --trt or run on a GPU machine")
+        raise TensorRTError(
+            "--trt needs an NVIDIA GPU with CUDA, and torch sees none here; export without --trt or run on a GPU "
+            "machine"
+        )
     return trt
 
 
-def build_engine(onnx_bytes: bytes, fp16: bool = True, profile: tuple[int, int, int] = PROFILE, workspace: int = 1 << 30, where: str = "stage") -> bytes:
+def build_engine(
+    onnx_bytes: bytes,
+    fp16: bool = True,
+    profile: tuple[int, int, int] = PROFILE,
+    workspace: int = 1 << 30,
+    where: str = "stage",
+) -> bytes:
     """Serialized engine for one ONNX stage graph."""
     trt = require_tensorrt()
     logger = trt.Logger(trt.Logger.WARNING)
@@ -136,7 +146,9 @@ def compare(reference: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], 
 
 
 
-def build_engines(root: Path, models, infos, runners, x: np.ndarray, fp16: bool, say: Callable[[str], None]) -> dict[str, Any]:
+def build_engines(
+    root: Path, models, infos, runners, x: np.ndarray, fp16: bool, say: Callable[[str], None]
+) -> dict[str, Any]:
     """One engine per stage graph beside it (``stages/stageK.plan``), each checked against onnxruntime at
     batch 1, an odd batch and a validation batch; the manifest's ``tensorrt`` block."""
     from cis.stages import carry_of
@@ -162,7 +174,13 @@ def build_engines(root: Path, models, infos, runners, x: np.ndarray, fp16: bool,
             got = trt_runner.run(feeds)
             checks[label] = compare(ref, got, fp16)
             if not checks[label]["passed"]:
-                raise TensorRTError(f"stage {info.index}: TensorRT engine differs from onnxruntime at {label}: {checks[label]}")
+                raise TensorRTError(
+                    f"stage {info.index}: TensorRT engine differs from onnxruntime at {label}: {checks[label]}"
+                )
             carry[label] = carry_of(ref)
-        report["stages"][str(info.index)] = {"engine": rel, "checks": checks, "sha256": hashlib.sha256(engine).hexdigest()}
+        report["stages"][str(info.index)] = {
+            "engine": rel,
+            "checks": checks,
+            "sha256": hashlib.sha256(engine).hexdigest(),
+        }
     return report

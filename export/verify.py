@@ -15,7 +15,7 @@ either way). A failed check raises :class:`VerificationError` with the numbers.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -89,8 +89,9 @@ def verify_stages(
         for st, ref in zip(plan.stages, full):
             got = logits[st.exit]
             diff = float(np.max(np.abs(got - ref))) if got.size else 0.0
-            entry["chain"][st.exit] = _check(f"chain vs full model, exit {st.exit}, at {label}", diff, ref, got, atol, n,
-                                             failures)
+            entry["chain"][st.exit] = _check(
+                f"chain vs full model, exit {st.exit}, at {label}", diff, ref, got, atol, n, failures
+            )
             report["chain_max_abs_diff"][st.exit] = max(report["chain_max_abs_diff"].get(st.exit, 0.0), diff)
         report["batches"][label] = entry
     report["max_abs_diff"] = max([*report["stage_max_abs_diff"].values(), *report["chain_max_abs_diff"].values(), 0.0])

@@ -44,10 +44,15 @@ def write_nodes_csv(path: Path, summary: dict) -> None:
         links = {name.split("->")[0]: link for name, link in summary["links"].items()}
         for nid, n in summary["nodes"].items():
             link = links.get(nid)
-            w.writerow([
-                nid, *("" if n[c] is None else n[c] for c in NODE_COLUMNS),
-                n["calculus"]["serving_rate"], n["calculus"]["transfer_rate"], "" if link is None else link["utilisation"],
-            ])
+            w.writerow(
+                [
+                    nid,
+                    *("" if n[c] is None else n[c] for c in NODE_COLUMNS),
+                    n["calculus"]["serving_rate"],
+                    n["calculus"]["transfer_rate"],
+                    "" if link is None else link["utilisation"],
+                ]
+            )
 
 
 def write_plots(out: Path, summary: dict, requests: dict[str, np.ndarray]) -> list[str]:
@@ -71,7 +76,9 @@ def write_plots(out: Path, summary: dict, requests: dict[str, np.ndarray]) -> li
     util = [summary["nodes"][n]["utilisation"] or 0.0 for n in names]
     fig, ax = plt.subplots(figsize=(max(4, 0.6 * len(names) + 2), 4))
     ax.bar(names, util)
-    ax.set(ylabel="utilisation", ylim=(0, max(1.0, max(util, default=0))), title=f"{summary['spec']}: utilisation per node")
+    ax.set(
+        ylabel="utilisation", ylim=(0, max(1.0, max(util, default=0))), title=f"{summary['spec']}: utilisation per node"
+    )
     ax.tick_params(axis="x", rotation=45)
     fig.tight_layout()
     fig.savefig(out / "utilisation.png", dpi=120)

@@ -121,7 +121,8 @@ def human_summary(summary: dict) -> str:
     lines = [
         f"{summary['spec']}: {r['arrived']} requests over {summary['horizon_s']:.1f} s simulated, "
         f"{r['served']} served, {r['dropped']} dropped ({_pct(summary['drop_share'])})",
-        f"latency ms: mean {format_ms(lat['mean_s'])}  p50 {format_ms(lat['p50_s'])}  p95 {format_ms(lat['p95_s'])}  p99 {format_ms(lat['p99_s'])}",
+        f"latency ms: mean {format_ms(lat['mean_s'])}  p50 {format_ms(lat['p50_s'])}  p95 {format_ms(lat['p95_s'])}  "
+        f"p99 {format_ms(lat['p99_s'])}",
     ]
     if summary["accuracy"] is not None:
         lines.append(f"estimated CIS accuracy: {summary['accuracy'] * 100:.2f}%")
@@ -131,7 +132,11 @@ def human_summary(summary: dict) -> str:
             f"{e:<6}{_num(x['rate']):>9}{x['calculus_rate']:>9.2f}{_pct(x['share']):>8}{_pct(x['calculus_share']):>8}"
             f"{format_ms(x['latency']['p50_s']):>9}{format_ms(x['latency']['p99_s']):>9}{_pct(x['accuracy']):>8}"
         )
-    lines += ["", f"{'node':<12}{'exit':>5}{'in/s':>9}{'served/s':>10}{'calc':>9}{'fwd/s':>8}{'calc':>8}{'capped/s':>10}{'util':>8}{'queue':>7}{'max q':>7}{'drops':>7}"]
+    lines += [
+        "",
+        f"{'node':<12}{'exit':>5}{'in/s':>9}{'served/s':>10}{'calc':>9}{'fwd/s':>8}{'calc':>8}{'capped/s':>10}"
+        f"{'util':>8}{'queue':>7}{'max q':>7}{'drops':>7}",
+    ]
     for nid, n in summary["nodes"].items():
         lines.append(
             f"{nid:<12}{n['exit']:>5}{_num(n['incoming_rate']):>9}{_num(n['served_rate']):>10}{n['calculus']['serving_rate']:>9.2f}"

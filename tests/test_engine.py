@@ -78,7 +78,11 @@ def test_unweighted_exits_leave_their_layers_untouched():
             continue
         if v.is_floating_point():
             assert torch.equal(v, g0[k]), k
-    assert any(not torch.equal(engine.global_state[k], g0[k]) for k in g0 if k.startswith("stage_list.0.") and g0[k].is_floating_point())
+    assert any(
+        not torch.equal(engine.global_state[k], g0[k])
+        for k in g0
+        if k.startswith("stage_list.0.") and g0[k].is_floating_point()
+    )
 
 
 def test_momentum_state_is_per_node_and_kept_across_rounds():

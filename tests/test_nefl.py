@@ -48,7 +48,9 @@ def test_submodel_gather_scatter_round_trip_touches_only_its_slice():
     assert torch.allclose(w[:4], before["shared.stem.weight"][:4] + 1)
     assert torch.equal(w[4:], before["shared.stem.weight"][4:])
     assert torch.equal(state["sub_bns.1.bns.stem_bn.weight"], before["sub_bns.1.bns.stem_bn.weight"])
-    assert torch.allclose(state["steps"][0], before["steps"][0] + 1) and torch.equal(state["steps"][1], before["steps"][1])
+    assert torch.allclose(state["steps"][0], before["steps"][0] + 1) and torch.equal(
+        state["steps"][1], before["steps"][1]
+    )
 
 
 def test_nefedavg_rings_paper_example():
@@ -72,7 +74,10 @@ def test_per_submodel_batchnorm_and_steps_kept_apart_in_training():
     layout = LAYOUTS["digits"]
     model = subset_model("nefl", layout, 3)
     gen = torch.Generator().manual_seed(0)
-    clients = [Client(f"n{i}", i, 1, torch.randn(16, 1, 8, 8, generator=gen), torch.randint(0, 10, (16,), generator=gen)) for i in range(2)]
+    clients = [
+        Client(f"n{i}", i, 1, torch.randn(16, 1, 8, 8, generator=gen), torch.randint(0, 10, (16,), generator=gen))
+        for i in range(2)
+    ]
     sgd = dict(lr=0.1, momentum=0.0, weight_decay=0.0, batch_size=8, steps=2, total_rounds=1)
     chooser, trainer, agg = build_subset_method("nefl", model, clients, sgd)
     engine = FederatedEngine(model, clients, chooser, trainer, agg, seed=0)
@@ -82,9 +87,13 @@ def test_per_submodel_batchnorm_and_steps_kept_apart_in_training():
     changed = lambda k: not torch.equal(before[k], after[k])  # noqa: E731
     assert changed("sub_bns.0.bns.stem_bn.weight") and changed("sub_bns.0.bns.stem_bn.running_mean")
     assert not changed("sub_bns.1.bns.stem_bn.weight") and not changed("sub_bns.2.bns.stem_bn.running_mean")
-    assert not torch.equal(before["steps"][0], after["steps"][0]) and torch.equal(before["steps"][1:], after["steps"][1:])
+    assert not torch.equal(before["steps"][0], after["steps"][0]) and torch.equal(
+        before["steps"][1:], after["steps"][1:]
+    )
     w = model.widths(1)[0]
-    assert changed("shared.stem.weight") and torch.equal(before["shared.stem.weight"][w:], after["shared.stem.weight"][w:])
+    assert changed("shared.stem.weight") and torch.equal(
+        before["shared.stem.weight"][w:], after["shared.stem.weight"][w:]
+    )
 
 
 def test_step_inits_D_D0_and_fixed():

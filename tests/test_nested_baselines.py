@@ -45,7 +45,12 @@ def test_group_selection_builds_a_consistent_subnetwork():
 
 def _clients(n=4):
     gen = torch.Generator().manual_seed(0)
-    return [Client(f"n{i}", i, 1 + i % 3, torch.randn(16, 1, 8, 8, generator=gen), torch.randint(0, 10, (16,), generator=gen)) for i in range(n)]
+    return [
+        Client(
+            f"n{i}", i, 1 + i % 3, torch.randn(16, 1, 8, 8, generator=gen), torch.randint(0, 10, (16,), generator=gen)
+        )
+        for i in range(n)
+    ]
 
 
 def test_fedrolex_updates_only_its_window():
@@ -53,7 +58,9 @@ def test_fedrolex_updates_only_its_window():
     model = subset_model("fedrolex", layout, 3)
     clients = [Client(c.id, c.index, 1, c.x, c.y) for c in _clients(2)]
     sgd = dict(lr=0.1, momentum=0.0, weight_decay=0.0, batch_size=8, steps=1, total_rounds=3)
-    engine = FederatedEngine(model, clients, *build_subset_method("fedrolex", model, clients, sgd, budgets=[0.5, 0.5, 1.0]), seed=0)
+    engine = FederatedEngine(
+        model, clients, *build_subset_method("fedrolex", model, clients, sgd, budgets=[0.5, 0.5, 1.0]), seed=0
+    )
     before = engine.global_state["shared.stem.weight"].clone()
     engine.run_round()  # round 1: window of 4 of 8 stem channels starting at 1
     after = engine.global_state["shared.stem.weight"]

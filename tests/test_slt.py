@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from cis.errors import CisError
 from training.methods import slt
 from training.methods.resnet import LAYOUTS
 
@@ -22,7 +23,7 @@ def test_table4_tighter_budgets_differ_from_the_paper():
     exceed most of an end-to-end 1/8-width network's memory."""
     layout = LAYOUTS["resnet20"]
     assert len(slt.plan(layout, 0.25)) == 13
-    with pytest.raises(Exception):
+    with pytest.raises(CisError, match="does not fit the budget"):
         slt.plan(layout, 0.125)
 
 

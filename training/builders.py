@@ -56,14 +56,17 @@ def method_model(config, num_exits: int, train) -> EarlyExitNet:
     torch.manual_seed(config.seed)
     in_channels, size = int(train.x.shape[1]), int(train.x.shape[2])
     if config.method == "cis":
-        return build_model({**default_model_config(config.dataset_name, config.width), "num_classes": train.num_classes})
+        return build_model(
+            {**default_model_config(config.dataset_name, config.width), "num_classes": train.num_classes}
+        )
     if config.method in NESTED_METHODS:
         from training.methods.resnet import LAYOUTS
         from training.methods.subfl import subset_model
 
         if opts["gammas"] is not None and len(opts["gammas"]) != num_exits:
             raise CisError(
-                f"option gammas: {len(opts['gammas'])} values; expected one parameter ratio per sub-model (E = {num_exits})"
+                f"option gammas: {len(opts['gammas'])} values; expected one parameter ratio per sub-model (E "
+                f"= {num_exits})"
             )
         base = LAYOUTS[opts["layout"] or ("digits" if config.dataset_name == "digits" else "resnet20")]
         layout = dataclasses.replace(
@@ -79,7 +82,9 @@ def method_model(config, num_exits: int, train) -> EarlyExitNet:
         base = default_model_config(config.dataset_name, config.width)
         base.update(num_classes=train.num_classes, in_channels=in_channels, input_size=size)
         if len(base["exits"]) != num_exits:
-            raise CisError(f"option arch=cnn: the {base['arch']} model has {len(base['exits'])} exits; the spec has {num_exits}")
+            raise CisError(
+                f"option arch=cnn: the {base['arch']} model has {len(base['exits'])} exits; the spec has {num_exits}"
+            )
     else:
         base = _vit_config(config, opts, num_exits, train.num_classes, in_channels, size)
     return build_model(method_model_config(config.method, base))
@@ -95,7 +100,8 @@ def _vit_config(config, opts: dict[str, Any], num_exits: int, classes: int, in_c
     exits = opts["vit_exits"] or [round(depth * k / num_exits) for k in range(1, num_exits + 1)]
     if len(exits) != num_exits or len(set(exits)) != num_exits or min(exits) < 1:
         raise CisError(
-            f"ViT: {num_exits} exits in {depth} blocks; expected depth >= {num_exits} or option vit_exits with {num_exits} blocks"
+            f"ViT: {num_exits} exits in {depth} blocks; expected depth >= {num_exits} or option vit_exits "
+            f"with {num_exits} blocks"
         )
     base = {
         "arch": "vit", "exits": list(exits), "num_classes": classes, "in_channels": in_channels,
@@ -115,7 +121,9 @@ def build_method_setup(
     try:
         model = method_model(config, spec.num_exits, train)
         if config.method == "cis" and model.num_exits != spec.num_exits:
-            raise CisError(f"spec {spec.name!r}: has {spec.num_exits} exits; the {model.arch} model has {model.num_exits}")
+            raise CisError(
+                f"spec {spec.name!r}: has {spec.num_exits} exits; the {model.arch} model has {model.num_exits}"
+            )
         return builder(config, spec, model, clients, sgd, weights_for, log)
     except ValueError as exc:  # the methods' own checks of user input
         raise CisError(f"--method {config.method}: {exc}") from None

@@ -30,7 +30,9 @@ META = "checkpoint.json"
 REQUIRED_META = ("model", "classes", "normalisation", "dataset")
 
 
-def save_checkpoint(run_dir: str | Path, model: EarlyExitNet, meta: dict[str, Any], extra_state: dict | None = None) -> Path:
+def save_checkpoint(
+    run_dir: str | Path, model: EarlyExitNet, meta: dict[str, Any], extra_state: dict | None = None
+) -> Path:
     """Write checkpoint.pt and checkpoint.json atomically (a crash never leaves half a checkpoint)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -7,10 +7,11 @@ in the run directory, so a run documents itself and ``--resume`` reads it back.
 from __future__ import annotations
 
 import json
-import tomllib
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
+
+import tomllib
 
 from cis.errors import CisError
 
@@ -19,7 +20,15 @@ from cis.errors import CisError
 # tuned so paper-7 reaches > 90 % final-exit accuracy in a few seconds; one thread,
 # because intra-op threading costs more than it gains on a model this small.
 DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
-    "digits": {"lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4, "batch_size": 32, "augment": False, "rounds": 30, "threads": 1},
+    "digits": {
+        "lr": 0.05,
+        "momentum": 0.9,
+        "weight_decay": 5e-4,
+        "batch_size": 32,
+        "augment": False,
+        "rounds": 30,
+        "threads": 1,
+    },
     "cifar10": {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "batch_size": 128, "augment": True, "rounds": 100},
     "cifar100": {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "batch_size": 128, "augment": True, "rounds": 100},
 }
@@ -67,7 +76,7 @@ class RunConfig:
     def dataset_name(self) -> str:
         return self.dataset.partition(":")[0]
 
-    def resolved(self) -> "RunConfig":
+    def resolved(self) -> RunConfig:
         """Fill the per-dataset defaults."""
         d = DATASET_DEFAULTS.get(self.dataset_name)
         if d is None:
@@ -99,7 +108,10 @@ class RunConfig:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
                 raise bad(f, "a positive number")
         if self.method != "cis" and (self.p or self.p_matrix):
-            raise CisError(f"config: --p / p_matrix sample lower exits in Algorithm 1; method {self.method!r} chooses its own sub-models")
+            raise CisError(
+                f"config: --p / p_matrix sample lower exits in Algorithm 1; method {self.method!r} chooses its own "
+                "sub-models"
+            )
         if self.local_steps is not None and (not isinstance(self.local_steps, int) or self.local_steps < 1):
             raise bad("local_steps", "an integer >= 1")
 

@@ -134,7 +134,12 @@ class ExitSGDTrainer(LocalSGD):
             loss.backward()
             opt.step()
             total += float(loss.detach())
-        return {"loss": total / self.steps, "steps": self.steps, "samples": self.steps * min(self.batch_size, client.size), "lr": lr}
+        return {
+            "loss": total / self.steps,
+            "steps": self.steps,
+            "samples": self.steps * min(self.batch_size, client.size),
+            "lr": lr,
+        }
 
     # Resume: only tensors. Per node, its optimizer's per-parameter state as "<parameter index>.<name>"
     # (SGD: momentum_buffer; AdamW: exp_avg, exp_avg_sq, step).
@@ -152,7 +157,10 @@ class ExitSGDTrainer(LocalSGD):
     def load_state_dict(self, state: dict) -> None:
         per_node = state.get("optimizer")
         if per_node is None:  # checkpoints written before the optimizer state was generic: momentum buffers by index
-            per_node = {cid: {f"{k}.momentum_buffer": b for k, b in bufs.items()} for cid, bufs in state.get("momentum", {}).items()}
+            per_node = {
+                cid: {f"{k}.momentum_buffer": b for k, b in bufs.items()}
+                for cid, bufs in state.get("momentum", {}).items()
+            }
         for cid, flat in per_node.items():
             opt = self.optimizers[cid]
             opt.state.clear()

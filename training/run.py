@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -58,7 +59,9 @@ def resolve_spec(config: RunConfig, num_classes: int) -> CisSpec:
     if config.spec:
         spec = load_spec(config.spec)
         if spec.num_classes != num_classes:
-            raise CisError(f"{config.spec}: [cis] classes is {spec.num_classes}; the dataset {config.dataset} has {num_classes}")
+            raise CisError(
+                f"{config.spec}: [cis] classes is {spec.num_classes}; the dataset {config.dataset} has {num_classes}"
+            )
         return spec
     return make_spec(config.topology, config.serving, num_classes=num_classes)
 
@@ -80,7 +83,10 @@ def build_setup(
     spec = spec or resolve_spec(config, train.num_classes)
     parts = partition(train.y, spec.nodes, config.partition, config.dirichlet, seed=config.seed)
     xt, yt = torch.from_numpy(train.x), torch.from_numpy(train.y)
-    clients = [Client(n.id, k, n.exit, xt[torch.from_numpy(parts[n.id])], yt[torch.from_numpy(parts[n.id])]) for k, n in enumerate(spec.nodes)]
+    clients = [
+        Client(n.id, k, n.exit, xt[torch.from_numpy(parts[n.id])], yt[torch.from_numpy(parts[n.id])])
+        for k, n in enumerate(spec.nodes)
+    ]
     sizes = [c.size for c in clients]
     steps = local_steps(sizes, config.batch_size, config.local_epochs, config.local_steps)
     sgd = dict(
@@ -91,13 +97,21 @@ def build_setup(
     weights_for = lambda model, matrix: run_weights(config, spec, model, matrix, sizes, train, log)  # noqa: E731
     m = build_method_setup(config, spec, train, clients, sgd, weights_for, log)  # training/builders.py, every method
     if m.model.num_exits != spec.num_exits:
-        raise CisError(f"spec {spec.name!r}: has {spec.num_exits} exits; the {config.method} model has {m.model.num_exits}")
+        raise CisError(
+            f"spec {spec.name!r}: has {spec.num_exits} exits; the {config.method} model has {m.model.num_exits}"
+        )
     engine = FederatedEngine(m.model, clients, m.chooser, m.trainer, m.aggregator, seed=config.seed)
     return Setup(config, spec, splits, m.model, clients, m.matrix, m.weights, engine, steps)
 
 
 def run_weights(
-    config: RunConfig, spec: CisSpec, model: EarlyExitNet, matrix: np.ndarray, sizes: list[int], train, log: Callable[[str], None]
+    config: RunConfig,
+    spec: CisSpec,
+    model: EarlyExitNet,
+    matrix: np.ndarray,
+    sizes: list[int],
+    train,
+    log: Callable[[str], None],
 ) -> Weights:
     """The ``--strategy`` aggregation weights Lambda~ for this model and sampling matrix."""
     rates = compute_rates(spec)
@@ -107,7 +121,8 @@ def run_weights(
         if not model_has_exit_gradients(model):
             raise CisError(
                 f"--strategy balanced-adj: method {config.method!r} trains nested sub-models, whose per-exit gradient "
-                "variance cannot be measured on one shared graph; give 'sigma' in the config file or pick another strategy"
+                "variance cannot be measured on one shared graph; give 'sigma' in the config file or pick another "
+                "strategy"
             )
         var = gradient_variance(model, train.x, train.y, config.batch_size, config.sigma_batches, config.seed)
         sigma = [float(np.sqrt(v)) for v in var]
@@ -145,7 +160,9 @@ def checkpoint_meta(s: Setup) -> dict[str, Any]:
 def evaluate_round(s: Setup) -> dict:
     model = s.engine.sync_model()
     logits = predict_exits(model, s.splits.val.x)
-    ev = evaluate_cis(s.spec, logits, s.splits.val.y, measure=s.config.confidence or s.spec.confidence, seed=s.config.seed)
+    ev = evaluate_cis(
+        s.spec, logits, s.splits.val.y, measure=s.config.confidence or s.spec.confidence, seed=s.config.seed
+    )
     return {"val_exit_accuracy": {str(e): v for e, v in ev.exit_accuracy.items()}, "val_cis_accuracy": ev.accuracy}
 
 
@@ -212,12 +229,26 @@ def train_run(
         (out / "metrics.jsonl").write_text("")
     write_json(out / "weights.json", s.weights.describe())
     w0 = s.weights.at(1)
-    log(f"aggregation weights ({config.strategy}): " + ", ".join(f"exit {e + 1} {w:.4f}" for e, w in enumerate(w0))
-        + ("" if config.strategy != "flops" else " (round 1; ramps to " + ", ".join(f"{w:.4f}" for w in s.weights.at(config.rounds)) + ")"))
-    log(f"{len(s.clients)} nodes, sizes " + ", ".join(f"{c.id}:{c.size}" for c in s.clients) + f"; J = {s.steps} local steps per round")
+    log(
+        f"aggregation weights ({config.strategy}): "
+        + ", ".join(f"exit {e + 1} {w:.4f}" for e, w in enumerate(w0))
+        + (
+            ""
+            if config.strategy != "flops"
+            else " (round 1; ramps to " + ", ".join(f"{w:.4f}" for w in s.weights.at(config.rounds)) + ")"
+        )
+    )
+    log(
+        f"{len(s.clients)} nodes, sizes "
+        + ", ".join(f"{c.id}:{c.size}" for c in s.clients)
+        + f"; J = {s.steps} local steps per round"
+    )
 
     if resume and not callable(getattr(s.engine.trainer, "load_state_dict", None)):
-        raise CisError(f"--resume: method {config.method!r} keeps trainer state it cannot save; start the run again with another --out")
+        raise CisError(
+            f"--resume: method {config.method!r} keeps trainer state it cannot save; start the run again with another "
+            "--out"
+        )
     if resume and (out / "checkpoint.pt").is_file():
         model, meta, extra = load_checkpoint(out)
         s.engine.load_state_dict(extra["engine"], model.state_dict())
@@ -226,7 +257,9 @@ def train_run(
         (out / "metrics.jsonl").write_text("".join(ln + "\n" for ln in kept))
         log(f"resuming after round {s.engine.round} of {config.rounds}")
 
-    bar = tqdm(total=config.rounds, initial=s.engine.round, desc="rounds", unit="round", file=sys.stderr, disable=not progress)
+    bar = tqdm(
+        total=config.rounds, initial=s.engine.round, desc="rounds", unit="round", file=sys.stderr, disable=not progress
+    )
     with open(out / "metrics.jsonl", "a") as metrics:
         while s.engine.round < config.rounds:
             r = s.engine.run_round()
@@ -236,7 +269,10 @@ def train_run(
                 t0 = time.perf_counter()
                 line.update(evaluate_round(s))
                 line["eval_seconds"] = time.perf_counter() - t0
-                bar.set_postfix(val=" ".join(f"{100 * v:.0f}" for v in line["val_exit_accuracy"].values()), cis=f"{100 * line['val_cis_accuracy']:.1f}")
+                bar.set_postfix(
+                    val=" ".join(f"{100 * v:.0f}" for v in line["val_exit_accuracy"].values()),
+                    cis=f"{100 * line['val_cis_accuracy']:.1f}",
+                )
             line["seconds"] = line["train_seconds"] + line.get("eval_seconds", 0.0)
             metrics.write(json.dumps(line) + "\n")
             metrics.flush()
@@ -293,4 +329,6 @@ def measure_grad_variance(config: RunConfig) -> list[float]:
             f"--measure-grad-variance: method {config.method!r} trains nested sub-models; "
             "their per-exit gradient variance is not defined on one graph"
         )
-    return gradient_variance(model, splits.train.x, splits.train.y, config.batch_size, config.sigma_batches, config.seed)
+    return gradient_variance(
+        model, splits.train.x, splits.train.y, config.batch_size, config.sigma_batches, config.seed
+    )

@@ -37,12 +37,18 @@ def sampling_matrix(
     if matrix is not None:
         m = np.asarray(matrix, dtype=np.float64)
         if m.shape != (n, num_exits):
-            raise CisError(f"sampling matrix: shape {m.shape}, expected ({n}, {num_exits}) (one row per node, one column per exit)")
+            raise CisError(
+                f"sampling matrix: shape {m.shape}, expected ({n}, {num_exits}) (one row per node, one column per exit)"
+            )
         for i, e_max in enumerate(node_exits):
             if (m[i] < 0).any() or abs(m[i].sum() - 1.0) > 1e-6:
-                raise CisError(f"sampling matrix: row {i} is {m[i].tolist()}, expected non-negative values summing to 1")
+                raise CisError(
+                    f"sampling matrix: row {i} is {m[i].tolist()}, expected non-negative values summing to 1"
+                )
             if (m[i, e_max:] > 0).any():
-                raise CisError(f"sampling matrix: row {i} gives probability to exits beyond the node's largest exit {e_max}")
+                raise CisError(
+                    f"sampling matrix: row {i} gives probability to exits beyond the node's largest exit {e_max}"
+                )
         return m
     if rule not in RULES:
         raise CisError(f"sampling rule {rule!r}: expected one of {', '.join(RULES)}")

@@ -26,8 +26,8 @@ the other way round).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
@@ -68,7 +68,7 @@ class StagePlan:
             for name, shape in self.inputs.items()
         }
 
-    def validate(self) -> "StagePlan":
+    def validate(self) -> StagePlan:
         """Check that every stage reads only what the request or the previous stage provides."""
         available = set(self.inputs)
         for k, st in enumerate(self.stages, start=1):
@@ -76,12 +76,21 @@ class StagePlan:
                 raise CisError(f"stage plan: stage {k} says index {st.index}; expected stages numbered 1..E in order")
             unknown = [n for n in st.inputs if n not in available]
             if unknown:
-                raise CisError(f"stage plan: stage {k} reads {unknown[0]!r}, which stage {k - 1 or 'input'} does not provide ({sorted(available)})")
+                raise CisError(
+                    f"stage plan: stage {k} reads {unknown[0]!r}, which stage {k - 1 or 'input'} does not provide "
+                    f"({sorted(available)})"
+                )
             clash = sorted(set(st.inputs) & set(st.carry))
             if clash:
-                raise CisError(f"stage plan: stage {k} reads and returns {clash[0]!r}; expected distinct names (e.g. numbered per stage)")
+                raise CisError(
+                    f"stage plan: stage {k} reads and returns {clash[0]!r}; expected distinct names (e.g. numbered "
+                    "per stage)"
+                )
             if LOGITS in st.carry:
-                raise CisError(f"stage plan: stage {k} names a carry tensor {LOGITS!r}; that name is reserved for the exit's logits")
+                raise CisError(
+                    f"stage plan: stage {k} names a carry tensor {LOGITS!r}; that name is reserved for the exit's "
+                    "logits"
+                )
             if k == len(self.stages) and st.carry:
                 raise CisError(f"stage plan: the last stage ({k}) returns a carry {st.carry}; expected logits only")
             available = set(st.carry)
@@ -127,7 +136,10 @@ def describe_stages(model: nn.Module) -> StagePlan:
     elif hasattr(model, "stages") and hasattr(model, "input_shape"):
         plan = early_exit_plan(model)
     else:
-        raise CisError(f"{type(model).__name__}: cannot cut it into stages; expected an EarlyExitNet or a model with export_stages()")
+        raise CisError(
+            f"{type(model).__name__}: cannot cut it into stages; expected an EarlyExitNet or a model with "
+            "export_stages()"
+        )
     for st in plan.stages:
         st.module.eval()
     return plan.validate()
@@ -143,7 +155,9 @@ def run_plan(plan: StagePlan, feeds: Mapping[str, Tensor]) -> list[dict[str, Ten
         if isinstance(values, Tensor):
             values = (values,)
         if len(values) != len(st.outputs):
-            raise CisError(f"stage plan: stage {st.index} returned {len(values)} tensors; expected {len(st.outputs)} {st.outputs}")
+            raise CisError(
+                f"stage plan: stage {st.index} returned {len(values)} tensors; expected {len(st.outputs)} {st.outputs}"
+            )
         named = dict(zip(st.outputs, values))
         outs.append(named)
         carry = {n: named[n] for n in st.carry}

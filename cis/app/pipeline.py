@@ -38,8 +38,9 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -89,7 +90,9 @@ def replay_trace(entries: dict[str, np.ndarray], rate: float) -> dict[str, list[
 
 def write_trace(path: Path, trace: dict[str, list[float]]) -> None:
     rows = sorted((t, nid) for nid, ts in trace.items() for t in ts)
-    path.write_text("# node,timestamp (s): the runtime replay's send times\n" + "".join(f"{nid},{t:.9f}\n" for t, nid in rows))
+    path.write_text(
+        "# node,timestamp (s): the runtime replay's send times\n" + "".join(f"{nid},{t:.9f}\n" for t, nid in rows)
+    )
 
 
 def visit_costs(spec, stage_seconds: dict[int, float], entry: Sequence[str], results: Sequence[Any]) -> list[float]:
@@ -113,7 +116,9 @@ def visit_costs(spec, stage_seconds: dict[int, float], entry: Sequence[str], res
     return out
 
 
-def calibrate_visits(clients: dict, x: np.ndarray, spec, bundle, rate: float, n: int = 300, seed: int = 1) -> dict[str, Any]:
+def calibrate_visits(
+    clients: dict, x: np.ndarray, spec, bundle, rate: float, n: int = 300, seed: int = 1
+) -> dict[str, Any]:
     """A calibration load on the live cluster: ``n`` one-sample Poisson requests at ``rate``/s
     (its own seed, entries and arrival times), and the per-visit costs they show (:func:`visit_costs`).
 
@@ -181,7 +186,10 @@ class _Phases:
 def _prepare(out: Path) -> None:
     if out.exists() and any(out.iterdir()):
         if not (out / MARKER).is_file():
-            raise CisError(f"{out}: folder is not empty and holds no earlier demo; expected a new folder (or an old demo to replace) for --out")
+            raise CisError(
+                f"{out}: folder is not empty and holds no earlier demo; expected a new folder (or an old demo to "
+                "replace) for --out"
+            )
         for sub in ("run", "bundle", "runtime", "sim", "sim-bundle", "plots"):
             if (out / sub).is_dir():
                 shutil.rmtree(out / sub)
@@ -210,10 +218,10 @@ def run_demo(
     log: Log = _stderr,
 ) -> dict:
     """Run the pipeline into ``out``; returns the report (also DIR/report.json)."""
+    from cis.app.report import build_report, write_report
     from cis.bundle import load_bundle
     from cis.policy import assign_entries, evaluate_cis, exit_confidences, exit_correct
     from cis.rates import compute_rates
-    from cis.app.report import build_report, write_report
     from cis.spec import write_spec
     from cis.stages import run_chain
 
@@ -236,7 +244,10 @@ def run_demo(
         from training.config import make_config
         from training.run import train_run
 
-        config = make_config(None, {"dataset": "digits", "spec": str(spec_file), "strategy": "serving-rate", "rounds": rounds, "seed": seed})
+        config = make_config(
+            None,
+            {"dataset": "digits", "spec": str(spec_file), "strategy": "serving-rate", "rounds": rounds, "seed": seed},
+        )
         return train_run(config, out / "run", progress=False, log=lambda s: None)
 
     summary = ph.run("train", f"digits, {spec.name} {serving}, {rounds} rounds, serving-rate weights", train)
@@ -274,7 +285,13 @@ def run_demo(
     restore = _sigterm_as_interrupt()
     cluster = None
     try:
-        cluster = ph.run("serve", f"{len(spec.nodes)} node processes on loopback", lambda: launch(out / "bundle", spec, spec_file=str(spec_file), free_ports=True, log_dir=str(out / "runtime" / "logs")))
+        cluster = ph.run(
+            "serve",
+            f"{len(spec.nodes)} node processes on loopback",
+            lambda: launch(
+                out / "bundle", spec, spec_file=str(spec_file), free_ports=True, log_dir=str(out / "runtime" / "logs")
+            ),
+        )
         clients = {nid: Client(cluster.addresses[nid], timeout=30.0) for nid in entries}
         try:
             warm_up(clients, x)
@@ -282,13 +299,20 @@ def run_demo(
             ph.done(f"ready; calibration load of {cost['answered']} requests at {rate:g}/s: a node visit costs "
                     f"{1000 * cost['visit_cost_median_s']:.2f} ms (median) beyond the stages")
             t_replay = time.perf_counter()
-            results = ph.run("replay", f"{len(y)} requests at {rate:g}/s through the leaves", lambda: infer_spread(clients, x, entries, WINDOW, rate, 30.0))
+            results = ph.run(
+                "replay",
+                f"{len(y)} requests at {rate:g}/s through the leaves",
+                lambda: infer_spread(clients, x, entries, WINDOW, rate, 30.0),
+            )
             replay_wall = time.perf_counter() - t_replay
         finally:
             for c in clients.values():
                 c.close()
         rt = summarize(results, y)
-        ph.done(f"{rt['samples_answered']} answered, accuracy {100 * rt.get('accuracy', float('nan')):.2f}%, errors {rt['errors'] or 'none'}")
+        ph.done(
+            f"{rt['samples_answered']} answered, accuracy {100 * rt.get('accuracy', float('nan')):.2f}%, "
+            f"errors {rt['errors'] or 'none'}"
+        )
     finally:
         if cluster is not None:
             ph.k += 1
@@ -296,7 +320,10 @@ def run_demo(
             t0 = time.perf_counter()
             codes = cluster.stop()
             ph.seconds["stop"] = time.perf_counter() - t0
-            log(f"      {len(codes)} nodes exited with {sorted(set(codes.values()), key=str)} ({ph.seconds['stop']:.1f} s)")
+            log(
+                f"      {len(codes)} nodes exited with {sorted(set(codes.values()), key=str)} "
+                f"({ph.seconds['stop']:.1f} s)"
+            )
         restore()
     write_runtime(out / "runtime", spec, results, entries, y, rt, cost, replay_wall)
 
@@ -311,7 +338,9 @@ def run_demo(
         conf = exit_confidences(logits, measure)
         correct = exit_correct(logits, y)
         E = spec.num_exits
-        profile = Profile(np.stack([conf[e] for e in range(1, E + 1)], 1), np.stack([correct[e] for e in range(1, E + 1)], 1))
+        profile = Profile(
+            np.stack([conf[e] for e in range(1, E + 1)], 1), np.stack([correct[e] for e in range(1, E + 1)], 1)
+        )
         (out / "sim").mkdir(parents=True, exist_ok=True)
         trace = out / "sim" / "trace.csv"
         write_trace(trace, replay_trace(entries, rate))
@@ -331,9 +360,23 @@ def run_demo(
     # ------------------------------------------------------------ report
     calculus = compute_rates(spec).exit_share
     comparison = {
-        "settings": {"dataset": "digits", "topology": topology, "serving": serving, "strategy": "serving-rate", "rounds": rounds,
-                     "rate": rate, "requests": int(len(y)), "seed": seed, "quick": quick},
-        "accuracy": {"offline": ev.accuracy, "runtime": rt.get("accuracy"), "sim": sim["accuracy"], "sim_bundle_profile": sim_ref["accuracy"]},
+        "settings": {
+            "dataset": "digits",
+            "topology": topology,
+            "serving": serving,
+            "strategy": "serving-rate",
+            "rounds": rounds,
+            "rate": rate,
+            "requests": int(len(y)),
+            "seed": seed,
+            "quick": quick,
+        },
+        "accuracy": {
+            "offline": ev.accuracy,
+            "runtime": rt.get("accuracy"),
+            "sim": sim["accuracy"],
+            "sim_bundle_profile": sim_ref["accuracy"],
+        },
         "served_share": {
             "calculus": {str(e): float(s) for e, s in calculus.items()},
             "offline": {str(e): float(s) for e, s in ev.exit_shares.items()},
@@ -361,7 +404,14 @@ def run_demo(
 
 
 def write_runtime(
-    folder: Path, spec, results, entries: dict[str, np.ndarray], labels: np.ndarray, summary: dict, cost: dict, wall: float
+    folder: Path,
+    spec,
+    results,
+    entries: dict[str, np.ndarray],
+    labels: np.ndarray,
+    summary: dict,
+    cost: dict,
+    wall: float,
 ) -> None:
     """DIR/runtime: summary.json and requests.csv (one row per sample, :data:`cis.metrics.REQUEST_COLUMNS`)."""
     folder.mkdir(parents=True, exist_ok=True)

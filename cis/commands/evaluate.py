@@ -41,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
         base = parse_spec(json.loads(meta_path.read_text())["spec"], str(meta_path))
         spec = apply_serving(base, parse_serving(args.serving, base.num_exits))
     result = evaluate_run(args.run_dir, spec, args.confidence)
-    human = f"{args.run_dir} (round {result['round']}) under {result['spec']}" + (f" serving {args.serving}" if args.serving else "")
+    human = f"{args.run_dir} (round {result['round']}) under {result['spec']}" + (
+        f" serving {args.serving}" if args.serving else ""
+    )
     print_result(args, result, human + "\n" + format_cis_report(result))
     return 0

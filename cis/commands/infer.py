@@ -12,7 +12,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("infer", help="send a data set to a running CIS and report accuracy, served shares, latency")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--connect", help="a node's address: every request goes there")
-    where.add_argument("--spec", help="spec file: each sample goes to the node that assign_entries picks (as the offline evaluation)")
+    where.add_argument(
+        "--spec", help="spec file: each sample goes to the node that assign_entries picks (as the offline evaluation)"
+    )
     p.add_argument("--dataset", required=True, help="digits, cifar10:PATH or cifar100:PATH")
     p.add_argument("--split", default="test", choices=("train", "val", "test"))
     p.add_argument("--n", type=int, help="first N samples only")
@@ -42,7 +44,9 @@ def run(args: argparse.Namespace) -> int:
     curve = CurveConfig(args.curve_key, None, args.server_key) if args.curve_key else None
     if args.connect:
         with Client(args.connect, timeout=args.timeout, curve=curve) as c:
-            results = c.infer_many(x, batch_size=args.batch_size, window=args.window, rate=args.rate, timeout=args.timeout)
+            results = c.infer_many(
+                x, batch_size=args.batch_size, window=args.window, rate=args.rate, timeout=args.timeout
+            )
     else:
         from cis.policy import assign_entries
         from cis.spec import load_spec
@@ -64,9 +68,16 @@ def run(args: argparse.Namespace) -> int:
     lines = [f"{summary['samples_answered']} of {len(y)} samples answered; errors: {summary['errors'] or 'none'}"]
     if "accuracy" in summary:
         lat = summary["latency_ms"]
-        lines.append(f"accuracy {summary['accuracy'] * 100:.2f}%   degraded {summary['degraded']}   capped {summary['capped']}")
-        lines.append("served per exit: " + ", ".join(f"exit {e} {s * 100:.1f}%" for e, s in summary["served_share_per_exit"].items()))
-        lines.append("served per node: " + ", ".join(f"{k} {s * 100:.1f}%" for k, s in summary["served_share_per_node"].items()))
+        lines.append(
+            f"accuracy {summary['accuracy'] * 100:.2f}%   degraded {summary['degraded']}   capped {summary['capped']}"
+        )
+        lines.append(
+            "served per exit: "
+            + ", ".join(f"exit {e} {s * 100:.1f}%" for e, s in summary["served_share_per_exit"].items())
+        )
+        lines.append(
+            "served per node: " + ", ".join(f"{k} {s * 100:.1f}%" for k, s in summary["served_share_per_node"].items())
+        )
         lines.append(f"latency ms: mean {lat['mean']:.2f}  p50 {lat['p50']:.2f}  p99 {lat['p99']:.2f}")
     print_result(args, summary, "\n".join(lines))
     return 0 if not summary["errors"] else 1

@@ -12,7 +12,11 @@ from cis.cli import print_result
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="report of a run dir, bundle, simulation or demo folder (markdown with plots)")
-    p.add_argument("path", help="run dir (cis train), bundle (cis export), simulation folder (cis simulate --out) or demo folder (cis demo)")
+    p.add_argument(
+        "path",
+        help="run dir (cis train), bundle (cis export), simulation folder (cis simulate --out) or demo folder (cis "
+             "demo)",
+    )
     p.add_argument("--out", help="write the markdown report to FILE and its plots to plots/ beside it")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)

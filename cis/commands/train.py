@@ -21,6 +21,7 @@ from pathlib import Path
 from cis.cli import print_result
 from cis.errors import CisError
 
+
 def _floats(text: str) -> list[float]:
     try:
         return [float(v) for v in text.split(",") if v.strip()]
@@ -39,8 +40,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--method", help=" | ".join(METHODS) + " (default cis: Algorithm 1)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="a method option, repeatable (see docs/training.md, 'Methods'), e.g. --option layout=resnet20")
-    p.add_argument("--no-distill", action="store_true", help="reefl/depthfl: no self-distillation (option distill=false)")
-    p.add_argument("--no-modulation", action="store_true", help="reefl: no feature modulation (option modulation=false)")
+    p.add_argument(
+        "--no-distill", action="store_true", help="reefl/depthfl: no self-distillation (option distill=false)"
+    )
+    p.add_argument(
+        "--no-modulation", action="store_true", help="reefl: no feature modulation (option modulation=false)"
+    )
     p.add_argument("--patience", metavar="P,P,..", help="flame: training patience per client, cycled (option patience)")
     p.add_argument("--nefl-mode", choices=NEFL_MODES, help="nefl: width, depth or both (option nefl_mode; default WD)")
     p.add_argument("--spec", help="CIS spec (TOML); default: the built-in --topology under --serving")
@@ -55,8 +60,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--partition", choices=("equal", *SCHEMES), help="data per network layer (default equal)")
     p.add_argument("--dirichlet", type=float, metavar="ALPHA", help="non-IID classes with Dirichlet(ALPHA)")
     p.add_argument("--p", type=float, help="probability of training each lower exit (paper's ablation; default 0)")
-    p.add_argument("--p-rule", choices=("paper", "code"), help="paper: p per lower exit; code: p/(E_i-1) per lower exit")
-    p.add_argument("--p-mode", choices=("divide", "multiply"), help="divide by p_ie (paper) or multiply (authors' code)")
+    p.add_argument(
+        "--p-rule", choices=("paper", "code"), help="paper: p per lower exit; code: p/(E_i-1) per lower exit"
+    )
+    p.add_argument(
+        "--p-mode", choices=("divide", "multiply"), help="divide by p_ie (paper) or multiply (authors' code)"
+    )
     p.add_argument("--participation", type=float, help="fraction of nodes taking part per round (default 1)")
     p.add_argument("--width", type=float, help="channel width multiplier (default 1)")
     p.add_argument("--lr", type=float, help="local SGD learning rate (cosine annealed over rounds)")
@@ -68,13 +77,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--eval-every", type=int, help="validate every N rounds (default 1)")
     p.add_argument("--config", help="JSON or TOML file with train settings (flags override it)")
     p.add_argument("--resume", action="store_true", help="continue RUN_DIR from its last checkpoint")
-    p.add_argument("--engine", choices=("builtin", "flower"), default="builtin",
-                   help="builtin (one process, default) or flower (Flower ServerApp + one ClientApp per node; docs/flower.md)")
+    p.add_argument(
+        "--engine",
+        choices=("builtin", "flower"),
+        default="builtin",
+        help="builtin (one process, default) or flower (Flower ServerApp + one ClientApp per node; docs/flower.md)",
+    )
     p.add_argument("--flower-mode", choices=("simulation", "deployment"), default="simulation",
                    help="flower: simulation engine on this machine, or deployment engine (SuperLink + SuperNodes)")
     p.add_argument("--flower-superlink", metavar="HOST:PORT",
                    help="flower deployment: submit to this running SuperLink (default: start one on loopback)")
-    p.add_argument("--flower-root-certificates", metavar="PATH", help="flower deployment: CA certificate for TLS to the SuperLink")
+    p.add_argument(
+        "--flower-root-certificates", metavar="PATH", help="flower deployment: CA certificate for TLS to the SuperLink"
+    )
     p.add_argument("--measure-grad-variance", action="store_true",
                    help="print the per-exit gradient variance of the initial model (Appendix C) and exit")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -111,7 +126,12 @@ def run(args: argparse.Namespace) -> int:
 
         config = make_config(*_with_options(read_config_file(args.config) if args.config else {}, flags, options))
         var = measure_grad_variance(config)
-        result = {"dataset": config.dataset, "width": config.width, "grad_variance": var, "sigma": [v ** 0.5 for v in var]}
+        result = {
+            "dataset": config.dataset,
+            "width": config.width,
+            "grad_variance": var,
+            "sigma": [v**0.5 for v in var],
+        }
         print_result(args, result, "per-exit gradient variance (Appendix C): "
                      + ", ".join(f"exit {e} {v:.5g}" for e, v in enumerate(var, start=1)))
         return 0
@@ -123,12 +143,17 @@ def run(args: argparse.Namespace) -> int:
     if args.resume:
         stored_path = Path(args.out) / "config.json"
         if not stored_path.is_file():
-            raise CisError(f"{args.out}: nothing to resume; expected config.json from an earlier 'cis train --out {args.out}'")
+            raise CisError(
+                f"{args.out}: nothing to resume; expected config.json from an earlier 'cis train --out {args.out}'"
+            )
         stored = json.loads(stored_path.read_text())
         differing = [k for k, v in flags.items() if stored.get(k, "cis" if k == "method" else None) != v]
         if differing:
             k = differing[0]
-            raise CisError(f"--resume: --{k.replace('_', '-')} {flags[k]!r} differs from the run's {stored.get(k)!r}; a resumed run keeps its config")
+            raise CisError(
+                f"--resume: --{k.replace('_', '-')} {flags[k]!r} differs from the run's {stored.get(k)!r}; a resumed "
+                "run keeps its config"
+            )
         try:
             config = RunConfig(**stored).resolved()
         except TypeError as exc:
@@ -139,19 +164,26 @@ def run(args: argparse.Namespace) -> int:
             given = resolve_options(config.method, options)
             for k in options:
                 if given[k] != (config.options or {}).get(k):
-                    raise CisError(f"--resume: option {k}={options[k]!r} differs from the run's {(config.options or {}).get(k)!r}; a resumed run keeps its config")
+                    raise CisError(
+                        f"--resume: option {k}={options[k]!r} differs from the "
+                        f"run's {(config.options or {}).get(k)!r}; a resumed run keeps its config"
+                    )
     else:
         config = make_config(*_with_options(read_config_file(args.config) if args.config else {}, flags, options))
     log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr))
     if args.engine == "flower":
         if args.resume:
-            raise CisError("--resume is not supported with --engine flower (node momentum lives on the nodes); start a new run")
+            raise CisError(
+                "--resume is not supported with --engine flower (node momentum lives on the nodes); start a new run"
+            )
         from training.flower.run import run_flower
 
         result = run_flower(config, args.out, mode=args.flower_mode, superlink=args.flower_superlink,
                             root_certificates=args.flower_root_certificates, log=log)
     else:
-        result = train_run(config, args.out, resume=args.resume, progress=not args.no_progress, stop_after=args.stop_after, log=log)
+        result = train_run(
+            config, args.out, resume=args.resume, progress=not args.no_progress, stop_after=args.stop_after, log=log
+        )
     if "stopped_after_round" in result:
         print_result(args, result, f"stopped after round {result['stopped_after_round']} (resume with --resume)")
         return 0

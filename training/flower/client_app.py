@@ -74,7 +74,9 @@ def working_model(model_json: str):
 @app.query()
 def identify(msg: Message, context: Context) -> Message:
     c = node_client(str(msg.content[CONFIG_RECORD][CONFIG_KEY]), context)
-    return Message(RecordDict({NODE_RECORD: ConfigRecord({"index": c.index, "id": c.id, "size": c.size})}), reply_to=msg)
+    return Message(
+        RecordDict({NODE_RECORD: ConfigRecord({"index": c.index, "id": c.id, "size": c.size})}), reply_to=msg
+    )
 
 
 def load_node_optimizer(trainer, cid: str, state: RecordDict) -> None:

@@ -95,12 +95,17 @@ def masked_average(
     return average_terms(global_state, states, list(zip(weights, holds or [holds_all] * len(states))))
 
 
-def fedavg(global_state: Mapping[str, Tensor], states: Sequence[Mapping[str, Tensor]], sizes: Sequence[float]) -> dict[str, Tensor]:
+def fedavg(
+    global_state: Mapping[str, Tensor], states: Sequence[Mapping[str, Tensor]], sizes: Sequence[float]
+) -> dict[str, Tensor]:
     return average_terms(global_state, states, [fedavg_term(s) for s in sizes])
 
 
 def held_average(
-    global_state: Mapping[str, Tensor], states: Sequence[Mapping[str, Tensor]], sizes: Sequence[float], max_exits: Sequence[int]
+    global_state: Mapping[str, Tensor],
+    states: Sequence[Mapping[str, Tensor]],
+    sizes: Sequence[float],
+    max_exits: Sequence[int],
 ) -> dict[str, Tensor]:
     """ReeFL: per parameter over the clients that hold it, weighted by their samples."""
     return average_terms(global_state, states, [held_term(s, e) for s, e in zip(sizes, max_exits)])

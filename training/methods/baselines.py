@@ -175,12 +175,16 @@ class FlameTrainer(ExitSGDTrainer):
         super().__init__(**sgd)
         self.patience, self.forward_flops, self.grouping = dict(patience), list(forward_flops), grouping
         self.group_step, self.optimizer = group_step, optimizer
-        self.fixed_exits = dict(fixed_exits or {})  # the fixed-exit baseline: client -> the one exit all its samples train
+        self.fixed_exits = dict(
+            fixed_exits or {}
+        )  # the fixed-exit baseline: client -> the one exit all its samples train
         self.last_avg_exit: dict[str, float] = {}
 
     def make_optimizer(self, params: list[Tensor]) -> torch.optim.Optimizer:
         if self.optimizer == "adamw":
-            return torch.optim.AdamW(params, lr=self.lr, betas=flame.ADAMW_BETAS, eps=flame.ADAMW_EPS, weight_decay=self.weight_decay)
+            return torch.optim.AdamW(
+                params, lr=self.lr, betas=flame.ADAMW_BETAS, eps=flame.ADAMW_EPS, weight_decay=self.weight_decay
+            )
         return super().make_optimizer(params)
 
     def train(self, model: EarlyExitNet, client: Client, exit: int, round: int, gen: torch.Generator) -> dict:

@@ -93,7 +93,8 @@ def patience_forward(model: EarlyExitNet, x: Tensor, patience: int) -> tuple[Ten
 
 
 def fixed_exit_forward(model: EarlyExitNet, x: Tensor, exit: int) -> tuple[Tensor, np.ndarray]:
-    """Every sample trains at ``exit`` (the fixed-exit baseline): stages 1..exit only; same returns as :func:`patience_forward`."""
+    """Every sample trains at ``exit`` (the fixed-exit baseline): stages 1..exit only; same returns as
+    :func:`patience_forward`."""
     carry: Tensor | dict[str, Tensor] = x
     logits = None
     for stage in model.stages()[:exit]:
@@ -122,7 +123,9 @@ def round_summary(pairs: Sequence[dict]) -> dict:
     }
 
 
-def group_samples(exits: np.ndarray, strategy: str, num_exits: int, gen: torch.Generator | None = None) -> list[np.ndarray]:
+def group_samples(
+    exits: np.ndarray, strategy: str, num_exits: int, gen: torch.Generator | None = None
+) -> list[np.ndarray]:
     """Sample indices per backpropagation group (non-empty groups only, in group order).
 
     - ``exit`` (the paper's proposal): one group per exit layer;

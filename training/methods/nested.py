@@ -182,7 +182,9 @@ def compact_selection(
             conv(f"blocks.{j}.sc.0.weight", f"shared.blocks.{b}.sc.0.weight", o2, prev)
             bn(f"blocks.{j}.sc.1", f"shared.blocks.{b}.sc.1", o2)
         elif not torch.equal(prev[: len(o2)], o2):
-            raise CisError(f"selection: block {b}'s identity shortcut needs its output channels to lead its input channels")
+            raise CisError(
+                f"selection: block {b}'s identity shortcut needs its output channels to lead its input channels"
+            )
         if step_row is not None:
             sel[f"blocks.{j}.step"] = ("steps", (step_row, b))
         prev = o2
@@ -232,7 +234,9 @@ class NestedNet(EarlyExitNet):
             raise CisError("nested model: expected at least one sub-model spec")
         for k, s in enumerate(specs, start=1):
             if len(s.steps) != layout.num_blocks:
-                raise CisError(f"nested model: sub-model {k} has {len(s.steps)} step sizes, the layout {layout.num_blocks} blocks")
+                raise CisError(
+                    f"nested model: sub-model {k} has {len(s.steps)} step sizes, the layout {layout.num_blocks} blocks"
+                )
         config = {
             "arch": self.arch,
             "layout": layout.to_json(),
@@ -250,7 +254,9 @@ class NestedNet(EarlyExitNet):
         self.decoupled_bn, self.use_steps, self.learn_steps = decoupled_bn, use_steps, learn_steps
         self.shared = CompactResNet(layout, layout.conv_channels())
         if decoupled_bn:
-            self.sub_bns = nn.ModuleList(BatchNormSet(layout, self.widths(k), s.kept()) for k, s in enumerate(specs, start=1))
+            self.sub_bns = nn.ModuleList(
+                BatchNormSet(layout, self.widths(k), s.kept()) for k, s in enumerate(specs, start=1)
+            )
         if use_steps:
             steps = torch.tensor([list(s.steps) for s in specs], dtype=torch.float32)
             if learn_steps:
@@ -306,7 +312,11 @@ class NestedNet(EarlyExitNet):
         return [params[g] for g, _ in self.selection(e).values() if g in params]
 
     def config(self) -> dict[str, Any]:
-        return {**self._config, "layout": dict(self._config["layout"]), "specs": [dict(s) for s in self._config["specs"]]}
+        return {
+            **self._config,
+            "layout": dict(self._config["layout"]),
+            "specs": [dict(s) for s in self._config["specs"]],
+        }
 
     def serving_module(self, k: int) -> CompactResNet:
         """Sub-model k for inference, step sizes folded into the BatchNorm before them (eval mode)."""
@@ -338,6 +348,10 @@ def build_nested(config: dict[str, Any]) -> NestedNet:
     try:
         layout = ResNetLayout(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["layout"].items()})
         specs = [SubModelSpec(float(s["width"]), tuple(float(x) for x in s["steps"])) for s in config["specs"]]
-        return NestedNet(layout, specs, bool(config["decoupled_bn"]), bool(config["use_steps"]), bool(config["learn_steps"]))
+        return NestedNet(
+            layout, specs, bool(config["decoupled_bn"]), bool(config["use_steps"]), bool(config["learn_steps"])
+        )
     except (KeyError, TypeError, ValueError) as exc:
-        raise CisError(f"nested model config: {type(exc).__name__}: {exc}; expected the dict NestedNet.config() writes") from None
+        raise CisError(
+            f"nested model config: {type(exc).__name__}: {exc}; expected the dict NestedNet.config() writes"
+        ) from None

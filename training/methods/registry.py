@@ -111,50 +111,129 @@ class Option:
         raise ValueError(value)
 
 
-OPTIONS: dict[str, Option] = {o.name: o for o in (
-    # early-exit methods (ViT)
-    Option("arch", "str", ("depthfl", "exclusivefl", "flame"), "vit",
-           "vit: the small early-exit ViT; cnn: the dataset's early-exit CNN (digits-cnn / resnet18)", VIT_ARCHS),
-    Option("dim", "int", _EE, None, "ViT token width (default 32 digits, 64 CIFAR; scaled by --width)"),
-    Option("depth", "int", _EE, None, "ViT blocks (default 3 digits, 6 CIFAR)"),
-    Option("heads", "int", _EE, 4, "ViT attention heads"),
-    Option("patch", "int", _EE, None, "ViT patch side (default 2 digits, 4 CIFAR)"),
-    Option("mlp_ratio", "float", _EE, 2.0, "ViT MLP width / token width"),
-    Option("vit_exits", "ints", _EE, None, "blocks after which the exits sit (default: evenly spaced, one per spec exit)",
-           optional=True),
-    Option("distill", "bool", ("reefl", "depthfl"), True, "self-distillation (ReeFL best-exit KD, DepthFL mutual KD)"),
-    Option("kd_ramp_rounds", "int", ("reefl", "depthfl"), KD_RAMP_ROUNDS,
-           "rounds over which the distillation weight ramps up, exp(-5 (1 - min(r, R)/R)^2) "
-           "(the notes: R = 300 of 1k rounds)"),
-    Option("modulation", "bool", ("reefl",), True, "ReeFL feature modulation (the carried CLS token is Ree's output)"),
-    Option("clip_value", "float", ("reefl", "depthfl", "exclusivefl"), None,
-           "clip gradients by value (the ReeFL paper: 1, for every method it compares)", optional=True),
-    Option("patience", "ints", ("flame",), None,
-           "FLAME training patience per client, cycled (default Setting A 2,2,3,3,4,4,5,5,6,6)", optional=True),
-    Option("eval_patience", "int", ("flame",), FLAME_EVAL_PATIENCE,
-           "FLAME patience p_ev of the exported bundle's exit policy (cis export --patience overrides it)"),
-    Option("grouping", "str", ("flame",), "exit", "FLAME grouped backpropagation", FLAME_GROUPINGS),
-    Option("group_step", "str", ("flame",), "share",
-           "FLAME group update: share (group mean loss x |group|/b; a batch moves one SGD step) or mean "
-           "(the paper's Algorithm 2 literally)", FLAME_GROUP_STEPS),
-    Option("optimizer", "str", ("flame",), "sgd",
-           "FLAME local optimizer: sgd (the config's momentum SGD) or adamw (the paper's; betas 0.9/0.999, eps 1e-8, "
-           "the config's lr and weight decay)", FLAME_OPTIMIZERS),
-    Option("flame_aggregation", "str", ("flame",), "fedavg", "FLAME aggregation rule", FLAME_AGGREGATIONS),
-    # nested methods (NestedNet)
-    Option("layout", "str", _NESTED, None, "residual network (default digits for digits, resnet20 for CIFAR)",
-           NESTED_LAYOUTS),
-    Option("gammas", "floats", _NESTED, None, "parameter ratio of sub-models 1..E (default k/E)", optional=True),
-    Option("nefl_mode", "str", ("nefl",), "WD", "NeFL scaling: W (width), D (depth, step sizes), WD (both)", NEFL_MODES),
-    Option("nefl_init", "str", ("nefl",), "D",
-           "NeFL step-size init: D (1 per kept block) or D0 (skipped blocks' steps added)", NEFL_STEP_INITS),
-    Option("learn_steps", "bool", ("nefl",), True, "NeFL: learn the step sizes (false: fixed, the paper's N/L)"),
-    Option("tiers", "str", _NESTED, "fixed",
-           "fixed: a node trains its tier's sub-model; dynamic: it picks among E_i-spread..E_i each round", TIER_MODES),
-    Option("tier_spread", "int", _NESTED, 1, "dynamic tiers: how many smaller sub-models a node may pick"),
-    Option("budgets", "floats", ("slt", "fedrolex", "fd"), None,
-           "channel keep-ratio s of tiers 1..E (default: the sub-models' own ratios)", optional=True),
-)}
+OPTIONS: dict[str, Option] = {
+    o.name: o
+    for o in (
+        # early-exit methods (ViT)
+        Option(
+            "arch",
+            "str",
+            ("depthfl", "exclusivefl", "flame"),
+            "vit",
+            "vit: the small early-exit ViT; cnn: the dataset's early-exit CNN (digits-cnn / resnet18)",
+            VIT_ARCHS,
+        ),
+        Option("dim", "int", _EE, None, "ViT token width (default 32 digits, 64 CIFAR; scaled by --width)"),
+        Option("depth", "int", _EE, None, "ViT blocks (default 3 digits, 6 CIFAR)"),
+        Option("heads", "int", _EE, 4, "ViT attention heads"),
+        Option("patch", "int", _EE, None, "ViT patch side (default 2 digits, 4 CIFAR)"),
+        Option("mlp_ratio", "float", _EE, 2.0, "ViT MLP width / token width"),
+        Option(
+            "vit_exits",
+            "ints",
+            _EE,
+            None,
+            "blocks after which the exits sit (default: evenly spaced, one per spec exit)",
+            optional=True,
+        ),
+        Option(
+            "distill", "bool", ("reefl", "depthfl"), True, "self-distillation (ReeFL best-exit KD, DepthFL mutual KD)"
+        ),
+        Option(
+            "kd_ramp_rounds",
+            "int",
+            ("reefl", "depthfl"),
+            KD_RAMP_ROUNDS,
+            "rounds over which the distillation weight ramps up, exp(-5 (1 - min(r, R)/R)^2) "
+            "(the notes: R = 300 of 1k rounds)",
+        ),
+        Option(
+            "modulation", "bool", ("reefl",), True, "ReeFL feature modulation (the carried CLS token is Ree's output)"
+        ),
+        Option(
+            "clip_value",
+            "float",
+            ("reefl", "depthfl", "exclusivefl"),
+            None,
+            "clip gradients by value (the ReeFL paper: 1, for every method it compares)",
+            optional=True,
+        ),
+        Option(
+            "patience",
+            "ints",
+            ("flame",),
+            None,
+            "FLAME training patience per client, cycled (default Setting A 2,2,3,3,4,4,5,5,6,6)",
+            optional=True,
+        ),
+        Option(
+            "eval_patience",
+            "int",
+            ("flame",),
+            FLAME_EVAL_PATIENCE,
+            "FLAME patience p_ev of the exported bundle's exit policy (cis export --patience overrides it)",
+        ),
+        Option("grouping", "str", ("flame",), "exit", "FLAME grouped backpropagation", FLAME_GROUPINGS),
+        Option(
+            "group_step",
+            "str",
+            ("flame",),
+            "share",
+            "FLAME group update: share (group mean loss x |group|/b; a batch moves one SGD step) or mean "
+            "(the paper's Algorithm 2 literally)",
+            FLAME_GROUP_STEPS,
+        ),
+        Option(
+            "optimizer",
+            "str",
+            ("flame",),
+            "sgd",
+            "FLAME local optimizer: sgd (the config's momentum SGD) or adamw (the paper's; betas 0.9/0.999, eps 1e-8, "
+            "the config's lr and weight decay)",
+            FLAME_OPTIMIZERS,
+        ),
+        Option("flame_aggregation", "str", ("flame",), "fedavg", "FLAME aggregation rule", FLAME_AGGREGATIONS),
+        # nested methods (NestedNet)
+        Option(
+            "layout",
+            "str",
+            _NESTED,
+            None,
+            "residual network (default digits for digits, resnet20 for CIFAR)",
+            NESTED_LAYOUTS,
+        ),
+        Option("gammas", "floats", _NESTED, None, "parameter ratio of sub-models 1..E (default k/E)", optional=True),
+        Option(
+            "nefl_mode", "str", ("nefl",), "WD", "NeFL scaling: W (width), D (depth, step sizes), WD (both)", NEFL_MODES
+        ),
+        Option(
+            "nefl_init",
+            "str",
+            ("nefl",),
+            "D",
+            "NeFL step-size init: D (1 per kept block) or D0 (skipped blocks' steps added)",
+            NEFL_STEP_INITS,
+        ),
+        Option("learn_steps", "bool", ("nefl",), True, "NeFL: learn the step sizes (false: fixed, the paper's N/L)"),
+        Option(
+            "tiers",
+            "str",
+            _NESTED,
+            "fixed",
+            "fixed: a node trains its tier's sub-model; dynamic: it picks among E_i-spread..E_i each round",
+            TIER_MODES,
+        ),
+        Option("tier_spread", "int", _NESTED, 1, "dynamic tiers: how many smaller sub-models a node may pick"),
+        Option(
+            "budgets",
+            "floats",
+            ("slt", "fedrolex", "fd"),
+            None,
+            "channel keep-ratio s of tiers 1..E (default: the sub-models' own ratios)",
+            optional=True,
+        ),
+    )
+}
 
 
 def options_of(method: str) -> list[Option]:

@@ -42,11 +42,11 @@ class ResNetLayout:
 
     def block_stage(self) -> list[int]:
         """Stage index of every block."""
-        return [l for l, n in enumerate(self.blocks) for _ in range(n)]
+        return [s for s, n in enumerate(self.blocks) for _ in range(n)]
 
     def downsamples(self) -> list[bool]:
         """True for blocks that change shape (first block of stages >= 2): never skippable."""
-        return [l > 0 and (b == 0) for l, n in enumerate(self.blocks) for b in range(n)]
+        return [s > 0 and (b == 0) for s, n in enumerate(self.blocks) for b in range(n)]
 
     @property
     def num_convs(self) -> int:
@@ -57,8 +57,8 @@ class ResNetLayout:
     def conv_channels(self) -> list[int]:
         """Full output channels M_k of conv layers k = 0..K-1 (stem, then conv1/conv2 of each block)."""
         out = [self.channels[0]]
-        for l in self.block_stage():
-            out += [self.channels[l], self.channels[l]]
+        for s in self.block_stage():
+            out += [self.channels[s], self.channels[s]]
         return out
 
     def conv_inputs(self) -> list[int]:
@@ -69,7 +69,7 @@ class ResNetLayout:
     def conv_resolution(self) -> list[int]:
         """Spatial side of every conv layer's output."""
         size, out = self.input_size, [self.input_size]
-        for b, down in enumerate(self.downsamples()):
+        for down in self.downsamples():
             if down:
                 size = (size + 1) // 2
             out += [size, size]
@@ -100,7 +100,9 @@ def uniform_widths(layout: ResNetLayout, ratio: float) -> list[int]:
 class BasicBlock(nn.Module):
     """conv-BN-ReLU-conv-BN, scaled by an optional step size, plus the shortcut; ReLU after the sum."""
 
-    def __init__(self, c_in: int, c_mid: int, c_out: int, stride: int, conv_shortcut: bool, step: float | None, learn_step: bool) -> None:
+    def __init__(
+        self, c_in: int, c_mid: int, c_out: int, stride: int, conv_shortcut: bool, step: float | None, learn_step: bool
+    ) -> None:
         super().__init__()
         self.conv1 = nn.Conv2d(c_in, c_mid, 3, stride, 1, bias=False)
         self.bn1 = nn.BatchNorm2d(c_mid)
@@ -167,7 +169,9 @@ class CompactResNet(nn.Module):
         c_in = widths[0]
         for j, b in enumerate(kept):
             c_mid, c_out = widths[1 + 2 * b], widths[2 + 2 * b]
-            block = BasicBlock(c_in, c_mid, c_out, 2 if down[b] else 1, down[b], None if steps is None else steps[j], learn_steps)
+            block = BasicBlock(
+                c_in, c_mid, c_out, 2 if down[b] else 1, down[b], None if steps is None else steps[j], learn_steps
+            )
             block.frozen1 = 1 + 2 * b < self.frozen
             block.frozen2 = 2 + 2 * b < self.frozen
             blocks.append(block)
@@ -182,7 +186,7 @@ class CompactResNet(nn.Module):
             h = block(h)
         return self.fc(torch.flatten(F.adaptive_avg_pool2d(h, 1), 1))
 
-    def train(self, mode: bool = True) -> "CompactResNet":
+    def train(self, mode: bool = True) -> CompactResNet:
         super().train(mode)
         if self.frozen >= 1:
             self.stem_bn.eval()

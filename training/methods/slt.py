@@ -75,7 +75,11 @@ def memory_bytes(layout: ResNetLayout, cfg: Config, batch: int = 32) -> int:
     grads = sum(params[cfg.frozen :]) + fc
     acts = sum(ACTIVATIONS_PER_LAYER * widths[k] * res[k] ** 2 for k in range(cfg.frozen, len(widths)))
     # the first trained conv also keeps its input (the image, or the frozen part's output)
-    acts += layout.in_channels * layout.input_size**2 if cfg.frozen == 0 else widths[cfg.frozen - 1] * res[cfg.frozen - 1] ** 2
+    acts += (
+        layout.in_channels * layout.input_size**2
+        if cfg.frozen == 0
+        else widths[cfg.frozen - 1] * res[cfg.frozen - 1] ** 2
+    )
     return BYTES * (weights + grads + batch * acts)
 
 
@@ -151,7 +155,9 @@ def schedule(layout: ResNetLayout, configs: Sequence[Config], s: float, rounds: 
     are then kept non-decreasing, i.e. such a step gets 0 rounds. Sums to R.
     """
     total = trained_params(layout, 0, 0, 1.0)
-    points = [trained_params(layout, 0, 0, s)] + [trained_params(layout, c.frozen, c.trained, c.s) for c in configs[:-1]]
+    points = [trained_params(layout, 0, 0, s)] + [
+        trained_params(layout, c.frozen, c.trained, c.s) for c in configs[:-1]
+    ]
     out, prev = [], 0
     for q in points:
         r = min(rounds, max(prev, round(rounds * q / total)))

@@ -159,7 +159,12 @@ class SubsetTrainer(LocalSGD):
                 scatter_(state, compact, upload)
                 upload_all = merge_upload(upload_all, upload)
         self.uploads[client.index] = upload_all
-        return {"loss": total / self.steps, "steps": self.steps, "samples": self.steps * min(self.batch_size, client.size), "lr": lr}
+        return {
+            "loss": total / self.steps,
+            "steps": self.steps,
+            "samples": self.steps * min(self.batch_size, client.size),
+            "lr": lr,
+        }
 
     def state_dict(self) -> dict:
         return {}
@@ -197,7 +202,9 @@ class SubsetAggregator:
 
     def add(self, client: Client, exit: int, local_state: dict[str, Tensor]) -> None:
         upload = self.trainer.uploads[client.index]  # keyed by global tensor
-        self._avg.add_selection(self._global, gather(local_state, upload), upload, self.weight(client, exit, self._round))
+        self._avg.add_selection(
+            self._global, gather(local_state, upload), upload, self.weight(client, exit, self._round)
+        )
 
     def finish(self, global_state: dict[str, Tensor]) -> None:
         self._avg.write(global_state)
@@ -240,7 +247,9 @@ def subset_model(
         raise ValueError(f"method {method!r}: expected one of {NESTED_METHODS}")
     gammas = list(gammas or default_gammas(num_submodels))
     if method == "nefl":
-        return NestedNet(layout, nefl_specs(layout, gammas, mode, init), decoupled_bn=True, use_steps=True, learn_steps=learn_steps)
+        return NestedNet(
+            layout, nefl_specs(layout, gammas, mode, init), decoupled_bn=True, use_steps=True, learn_steps=learn_steps
+        )
     if method == "small":
         gammas = [min(gammas)] * len(gammas)
     return NestedNet(layout, nefl_specs(layout, gammas, "W"), decoupled_bn=method == "fjord", use_steps=False)

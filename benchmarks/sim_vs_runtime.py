@@ -11,7 +11,7 @@
    profile (checked), so the simulator "calibrated from the bundle's profile"
    and the runtime see the same inputs.
 3. Runtime: every node its own process on loopback (``launch``). --repeats
-   times: a calibration load (``cis.app.pipeline.calibrate_visits``: --calibration
+   times: a calibration load (``cis.app.calibration.calibrate_visits``: --calibration
    requests at the same rate, with their own seed, arrival times, entries and
    samples), the measured load (requests sent at their arrival times, one sample
    each), and another calibration load. The two calibrations price a node visit
@@ -141,7 +141,8 @@ def main() -> int:
     ap.add_argument("--out", default=str(RESULTS / "sim_vs_runtime"))
     args = ap.parse_args()
 
-    from cis.app.pipeline import calibrate_visits, demo_spec, warm_up
+    from cis.app.calibration import calibrate_visits, warm_up
+    from cis.app.pipeline import demo_spec
     from cis.bundle import load_bundle
     from cis.policy import assign_entries, exit_confidences
     from cis.runtime.client import Client, infer_spread

@@ -41,7 +41,7 @@ class SimConfig:
     # half on the way in and half on the way back; and ``visit_overhead`` seconds of node work
     # on top of the stage times (decode, batching, policy, encode), holding the worker.
     # benchmarks/sim_vs_runtime.py and cis demo fill ``hop_rtt`` with the per-visit costs of a
-    # calibration load on the running cluster (cis.app.pipeline.calibrate_visits: messaging and node
+    # calibration load on the running cluster (cis.app.calibration.calibrate_visits: messaging and node
     # work together) and leave ``visit_overhead`` at 0.
     loopback: bool = False
     hop_rtt: tuple[float, ...] = ()

@@ -170,7 +170,7 @@ def request(env: simpy.Environment, model: Model, rid: int, station: Station, ro
     """The story of one request, from its arrival at ``station`` to the node that serves (or drops) it."""
     entry, arrived, done, back = station.index, env.now, 0, 0.0
     # one messaging cost per request, paid on every node visit: its visits happen within
-    # milliseconds, under the same machine load (and cis.app.pipeline.calibrate_visits measures
+    # milliseconds, under the same machine load (and cis.app.calibration.calibrate_visits measures
     # exactly this, each request's average cost per visit)
     rtt = next(model.hops) if model.hops is not None else 0.0
     if rtt:  # the client's message to the entry node: half a round trip, the reply the other half

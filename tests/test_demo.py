@@ -129,7 +129,7 @@ def test_comparison_math():
 
 
 def test_visit_costs_spread_the_latency_beyond_the_stages_over_the_nodes_visited():
-    from cis.app.pipeline import visit_costs
+    from cis.app.calibration import visit_costs
     from cis.runtime.client import Result, ServerError
     from cis.topologies import make_spec
 

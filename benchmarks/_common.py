@@ -129,6 +129,24 @@ def vit_args(description: str, rounds: int, exits: str) -> argparse.ArgumentPars
     return ap
 
 
+def vit_result(
+    benchmark: str, args: argparse.Namespace, scale_keys: tuple[str, ...], cells: dict, start: float
+) -> dict:
+    """The result object of flame.py / reefl.py: its scale (the named args), its cells, its seconds."""
+    return {
+        "benchmark": benchmark, "quick": args.quick, "scale": {k: getattr(args, k) for k in scale_keys},
+        "cells": cells, "seconds": time.perf_counter() - start,
+    }
+
+
+def vit_head(name: str, out: dict, setting: str) -> tuple[int, list[str]]:
+    """(number of exits, the markdown's title and scale line) of a flame.py / reefl.py result ``out``."""
+    exits = len(str(out["scale"]["exits"]).split(","))
+    smoke = " (quick smoke run)" if out["quick"] else ""
+    scale = f"Scale: {out['scale']}; {setting} Total {out['seconds'] / 60:.1f} min."
+    return exits, [f"# {name} benchmark{smoke}", "", scale]
+
+
 def vit_quick(args: argparse.Namespace) -> None:
     if args.quick:
         args.rounds, args.train_subset, args.val_size, args.width, args.local_epochs = 1, 700, 300, 0.5, 0.25

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import RESULTS, spec_file, vit_args, vit_quick, write_results
+from _common import RESULTS, spec_file, vit_args, vit_head, vit_quick, vit_result, write_results
 from training.methods.registry import FLAME_EVAL_PATIENCE, FLAME_GROUP_STEPS, FLAME_OPTIMIZERS, FLAME_SETTING_A
 
 # AdamW's lr for this small ViT (our choice: the paper's 2e-5 fine-tunes BERT); weight decay 0 (the paper names none)
@@ -213,31 +213,9 @@ def main() -> None:
     base = cells["no-exits"]["train_flops"]
     for c in cells.values():
         c["flops_vs_no_exits"] = c["train_flops"] / base if base else None
-    scale = {
-        k: getattr(args, k)
-        for k in (
-            "rounds",
-            "warmup_rounds",
-            "grouping",
-            "group_step",
-            "optimizer",
-            "lr",
-            "train_subset",
-            "val_size",
-            "width",
-            "local_epochs",
-            "exits",
-            "seed",
-            "threads",
-        )
-    }
-    out = {
-        "benchmark": "flame",
-        "quick": args.quick,
-        "scale": scale,
-        "cells": cells,
-        "seconds": time.perf_counter() - start,
-    }
+    keys = ("rounds", "warmup_rounds", "grouping", "group_step", "optimizer", "lr", "train_subset", "val_size", "width",
+            "local_epochs", "exits", "seed", "threads")
+    out = vit_result("flame", args, keys, cells, start)
     out["directions"] = directions(cells, E)
     write_results(name, out, markdown(out))
     print(markdown(out))
@@ -265,13 +243,10 @@ def directions(cells: dict, E: int) -> dict:
 
 def markdown(out: dict) -> str:
     cells, scale = out["cells"], out["scale"]
-    E = len(str(scale["exits"]).split(","))
+    start = "from scratch" if not scale.get("warmup_rounds") else "from a common multi-exit warm start"
+    E, head = vit_head("FLAME", out, f"ViT {start}, paper-7 tree. Patience accuracy uses p_ev = {FLAME_EVAL_PATIENCE}.")
     lines = [
-        f"# FLAME benchmark{' (quick smoke run)' if out['quick'] else ''}",
-        "",
-        f"Scale: {scale}; "
-        f"ViT {'from scratch' if not scale.get('warmup_rounds') else 'from a common multi-exit warm start'}, paper-7 "
-        f"tree. Patience accuracy uses p_ev = {FLAME_EVAL_PATIENCE}. Total {out['seconds'] / 60:.1f} min.",
+        *head,
         "",
         "| run | mean exit acc % | last exit acc % | patience acc % | avg train exit | train FLOPs | vs no-exits | "
         "wall s |",

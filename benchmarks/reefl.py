@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import RESULTS, spec_file, vit_args, vit_quick, write_results
+from _common import RESULTS, spec_file, vit_args, vit_head, vit_quick, vit_result, write_results
 
 PAPER_SGD = {"lr": 0.05, "momentum": 0.0, "weight_decay": 0.0, "batch_size": 32}
 PAPER_CLIP = 1.0
@@ -81,17 +81,8 @@ def main() -> None:
             f"({cells[label]['wall_seconds']:.0f} s)",
             file=sys.stderr,
         )
-    scale = {
-        k: getattr(args, k)
-        for k in ("rounds", "sgd", "train_subset", "val_size", "width", "local_epochs", "exits", "seed", "threads")
-    }
-    out = {
-        "benchmark": "reefl",
-        "quick": args.quick,
-        "scale": scale,
-        "cells": cells,
-        "seconds": time.perf_counter() - start,
-    }
+    keys = ("rounds", "sgd", "train_subset", "val_size", "width", "local_epochs", "exits", "seed", "threads")
+    out = vit_result("reefl", args, keys, cells, start)
     out["directions"] = directions(cells)
     write_results(name, out, markdown(out))
     print(markdown(out))
@@ -110,15 +101,14 @@ def directions(cells: dict) -> dict:
 
 
 def markdown(out: dict) -> str:
-    cells, scale = out["cells"], out["scale"]
-    E = len(str(scale["exits"]).split(","))
+    cells = out["cells"]
+    setting = (
+        "paper-7 tree, clients' budgets = their tier's exit; ViT from scratch (the paper fine-tunes a pretrained one); "
+        "the distillation weight ramps over 30 % of the rounds (the paper: 300 of 1k)."
+    )
+    E, head = vit_head("ReeFL", out, setting)
     lines = [
-        f"# ReeFL benchmark{' (quick smoke run)' if out['quick'] else ''}",
-        "",
-        f"Scale: {scale}; paper-7 tree, clients' budgets = their tier's exit; ViT from scratch (the paper fine-tunes "
-        "a pretrained one); "
-        "the distillation weight ramps over 30 % of the rounds (the paper: 300 of 1k). "
-        f"Total {out['seconds'] / 60:.1f} min.",
+        *head,
         "",
         "| run | " + " | ".join(f"exit {e} %" for e in range(1, E + 1)) + " | mean % | wall s |",
         "|---|" + "---|" * (E + 2),

@@ -102,6 +102,11 @@ class LocalSGD:
     def lr_at(self, round: int) -> float:
         return cosine_lr(self.lr, round, self.total_rounds, self.schedule)
 
+    def round_stats(self, total_loss: float, client: Client, lr: float) -> dict:
+        """What a round of ``self.steps`` local steps reports: mean loss, steps, samples seen, lr."""
+        samples = self.steps * min(self.batch_size, client.size)
+        return {"loss": total_loss / self.steps, "steps": self.steps, "samples": samples, "lr": lr}
+
 
 class ExitSGDTrainer(LocalSGD):
     """SGD on the sampled exit's loss; per-node momentum; cosine lr over rounds."""
@@ -134,12 +139,7 @@ class ExitSGDTrainer(LocalSGD):
             loss.backward()
             opt.step()
             total += float(loss.detach())
-        return {
-            "loss": total / self.steps,
-            "steps": self.steps,
-            "samples": self.steps * min(self.batch_size, client.size),
-            "lr": lr,
-        }
+        return self.round_stats(total, client, lr)
 
     # Resume: only tensors. Per node, its optimizer's per-parameter state as "<parameter index>.<name>"
     # (SGD: momentum_buffer; AdamW: exp_avg, exp_avg_sq, step).

@@ -159,12 +159,7 @@ class SubsetTrainer(LocalSGD):
                 scatter_(state, compact, upload)
                 upload_all = merge_upload(upload_all, upload)
         self.uploads[client.index] = upload_all
-        return {
-            "loss": total / self.steps,
-            "steps": self.steps,
-            "samples": self.steps * min(self.batch_size, client.size),
-            "lr": lr,
-        }
+        return self.round_stats(total, client, lr)
 
     def state_dict(self) -> dict:
         return {}

@@ -32,7 +32,17 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from table1 import (  # noqa: E402
-    RESULTS, claim, common_args, ensure_cifar, paired, quick, save_run, scale_of, seeds_of, stats, train,
+    RESULTS,
+    claim,
+    common_args,
+    ensure_cifar,
+    paired,
+    quick,
+    save_run,
+    scale_of,
+    seeds_of,
+    stats,
+    train,
 )
 
 PAPER = {"equal p=0": 36.5, "serving-rate p=0": 41.3, "serving-rate p=0.2": 49.2}

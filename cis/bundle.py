@@ -23,18 +23,15 @@ from typing import Any
 
 import numpy as np
 
-from cis.errors import CisError
+from cis.errors import BundleError
 from cis.policy import ExitPolicy
 from cis.spec import CisSpec, parse_spec
+from cis.stages import LOGITS
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 CONFIDENCE_PROFILE = "profiles/confidence.npz"
 LATENCY_PROFILE = "profiles/latency.json"
-
-
-class BundleError(CisError):
-    """A bundle is missing, malformed or tampered with."""
 
 
 def sha256_file(path: Path) -> str:
@@ -55,7 +52,7 @@ class TensorInfo:
     zero_point: int | None = None
 
     @classmethod
-    def from_json(cls, d: dict) -> "TensorInfo":
+    def from_json(cls, d: dict) -> TensorInfo:
         scale = d.get("scale")
         zero_point = d.get("zero_point")
         return cls(
@@ -83,13 +80,13 @@ class StageInfo:
     exit: int
     file: str
     inputs: tuple[TensorInfo, ...]
-    outputs: tuple[TensorInfo, ...]  # "logits" plus the carry tensors
+    outputs: tuple[TensorInfo, ...]  # LOGITS plus the carry tensors (cis.stages: the stage contract)
     flops: int
     params: int
     engine: str | None = None  # TensorRT engine file, when built
 
     @classmethod
-    def from_json(cls, d: dict) -> "StageInfo":
+    def from_json(cls, d: dict) -> StageInfo:
         return cls(
             d["index"],
             d["exit"],
@@ -103,7 +100,7 @@ class StageInfo:
 
     @property
     def carry_outputs(self) -> tuple[TensorInfo, ...]:
-        return tuple(t for t in self.outputs if t.name != "logits")
+        return tuple(t for t in self.outputs if t.name != LOGITS)
 
     def carry_bytes_per_sample(self) -> int:
         """Bytes per request that a node forwards after this stage."""
@@ -117,7 +114,9 @@ class Bundle:
         self.root = root
         self.manifest = manifest
         self.stages = [StageInfo.from_json(s) for s in manifest["stages"]]
-        self.spec: CisSpec | None = parse_spec(manifest["spec"], f"{root}/{MANIFEST}: spec") if manifest.get("spec") else None
+        self.spec: CisSpec | None = (
+            parse_spec(manifest["spec"], f"{root}/{MANIFEST}: spec") if manifest.get("spec") else None
+        )
         self.policy = ExitPolicy.from_json(manifest["policy"]) if manifest.get("policy") else None
 
     @property
@@ -179,7 +178,10 @@ def load_bundle(path: str | Path, verify: bool = True) -> Bundle:
                 raise BundleError(f"{f}: listed in the manifest but missing")
             actual = sha256_file(f)
             if actual != digest:
-                raise BundleError(f"{f}: sha256 is {actual[:16]}..., manifest says {digest[:16]}...; the file was changed after export")
+                raise BundleError(
+                    f"{f}: sha256 is {actual[:16]}..., manifest says {digest[:16]}...; the file was changed after "
+                    "export"
+                )
     return Bundle(root, manifest)
 
 
@@ -187,14 +189,22 @@ def write_manifest(root: str | Path, manifest: dict[str, Any]) -> Path:
     """Fill in the schema version and the sha256 of every file under ``root`` and write manifest.json."""
     root = Path(root)
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
-    manifest = {"schema_version": SCHEMA_VERSION, **manifest, "files": {str(p.relative_to(root)): sha256_file(p) for p in files}}
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        **manifest,
+        "files": {str(p.relative_to(root)): sha256_file(p) for p in files},
+    }
     out = root / MANIFEST
     out.write_text(json.dumps(manifest, indent=2, default=str))
     return out
 
 
 def write_profiles(
-    root: str | Path, confidence: np.ndarray, correct: np.ndarray, latency: dict[int, dict[int, float]], predicted: np.ndarray | None = None
+    root: str | Path,
+    confidence: np.ndarray,
+    correct: np.ndarray,
+    latency: dict[int, dict[int, float]],
+    predicted: np.ndarray | None = None,
 ) -> None:
     """Write the confidence profile (N, E) and the latency profile {stage: {batch: seconds}}.
 
@@ -204,7 +214,9 @@ def write_profiles(
     root = Path(root)
     (root / "profiles").mkdir(parents=True, exist_ok=True)
     extra = {} if predicted is None else {"predicted": np.asarray(predicted).astype(np.int32)}
-    np.savez_compressed(root / CONFIDENCE_PROFILE, confidence=confidence.astype(np.float32), correct=correct.astype(bool), **extra)
+    np.savez_compressed(
+        root / CONFIDENCE_PROFILE, confidence=confidence.astype(np.float32), correct=correct.astype(bool), **extra
+    )
     (root / LATENCY_PROFILE).write_text(
         json.dumps({"stages": {str(k): {str(b): s for b, s in v.items()} for k, v in latency.items()}}, indent=2)
     )

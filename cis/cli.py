@@ -17,7 +17,8 @@ import argparse
 import importlib
 import json
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from cis.errors import CisError
 from cis.extras import MissingExtra, require

@@ -1,12 +1,28 @@
-"""Run a bundle's stages with onnxruntime (no torch).
+"""The stage contract, and running a bundle's stages with onnxruntime (no torch).
 
-One implementation shared by the exporter's verification, the runtime node and
-the tests. A :class:`StageRunner` wraps one stage graph; feeds and results are
-dicts of named numpy arrays, following the names the manifest records (stage 1
-reads ``input``; stage k > 1 reads the carry tensors stage k-1 returned; every
-stage returns ``logits`` plus, except the last, its carry). Carries are moved
-as they come out, in the dtype the manifest states (float32, float16, or int8
-with the scale baked into both graphs), so a caller never converts anything.
+**The contract**, which the models' stage plans (training/stage_plan.py), the
+exporter, the bundle, the runtime node and the simulator all follow: a model is
+cut at its exits into stages 1..E; each stage is a graph of named tensors.
+
+- stage 1 reads the request, :data:`INPUT` (``"input"``);
+- stage k returns :data:`LOGITS` (``"logits"``) for exit k and, except the last
+  stage, its *carry*: the tensors stage k+1 reads. A carry tensor ``name``
+  leaving stage k is called :func:`carry_name` ``(name, k)`` (``features_1``):
+  one ONNX graph names each tensor once, so a stage's inputs and outputs must
+  differ. The early-exit default carries :data:`FEATURES`; other models carry
+  what they need (ReeFL: ``tokens_k``, ``history_k``; nested models the raw
+  input, ``input_k``). A FLAME request's patience state travels beside the
+  carry (:data:`cis.patience.LABEL`, :data:`cis.patience.COUNT`).
+
+The manifest records every stage's input and output names, so a node or the
+simulator never needs to know the method: it moves carries and reads logits.
+
+**Running stages**: one implementation shared by the exporter's verification,
+the runtime node and the tests. A :class:`StageRunner` wraps one stage graph;
+feeds and results are dicts of named numpy arrays, following the names the
+manifest records. Carries are moved as they come out, in the dtype the manifest
+states (float32, float16, or int8 with the scale baked into both graphs), so a
+caller never converts anything.
 
     bundle = load_bundle("bundle/")              # verifies every sha256
     logits = run_chain(bundle, x)                 # {exit: (N, classes)}
@@ -16,14 +32,30 @@ with the scale baked into both graphs), so a caller never converts anything.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cis.bundle import Bundle, BundleError, StageInfo
+from cis.errors import BundleError
 
+if TYPE_CHECKING:  # cis.bundle imports this module for the contract's names
+    from cis.bundle import Bundle, StageInfo
+
+INPUT = "input"
 LOGITS = "logits"
+FEATURES = "features"
+
+
+def carry_name(name: str, stage: int) -> str:
+    """The name of carry tensor ``name`` leaving stage ``stage`` (e.g. ``features_1``)."""
+    return f"{name}_{stage}"
+
+
+def carry_of(outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """What a stage forwards: its outputs without the logits."""
+    return {k: v for k, v in outputs.items() if k != LOGITS}
 
 
 def _session(model: str | Path | bytes, providers: Sequence[str] | None, threads: int | None):
@@ -41,7 +73,9 @@ def _session(model: str | Path | bytes, providers: Sequence[str] | None, threads
         return ort.InferenceSession(source, sess_options=opts, providers=chosen)
     except Exception as exc:  # a corrupt graph: one line, not a traceback
         where = "<in-memory graph>" if isinstance(model, bytes) else str(model)
-        raise BundleError(f"{where}: onnxruntime cannot load it ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+        raise BundleError(
+            f"{where}: onnxruntime cannot load it ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+        ) from None
 
 
 class StageRunner:
@@ -72,7 +106,7 @@ class StageRunner:
         info: StageInfo,
         providers: Sequence[str] | None = None,
         threads: int | None = None,
-    ) -> "StageRunner":
+    ) -> StageRunner:
         self = cls.__new__(cls)
         self._init(info, _session(model, providers, threads))
         return self
@@ -86,7 +120,8 @@ class StageRunner:
         graph_inputs = [i.name for i in session.get_inputs()]
         if sorted(graph_inputs) != sorted(self.input_names):
             raise BundleError(
-                f"stage {info.index} ({info.file}): graph inputs {graph_inputs} differ from the manifest's {self.input_names}"
+                f"stage {info.index} ({info.file}): graph inputs {graph_inputs} differ from the "
+                f"manifest's {self.input_names}"
             )
 
     @property
@@ -111,16 +146,15 @@ class StageRunner:
         try:
             values = self.session.run(self.output_names, ready)
         except Exception as exc:  # shape mismatch and the like
-            raise BundleError(f"stage {self.index}: onnxruntime failed ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+            raise BundleError(
+                f"stage {self.index}: onnxruntime failed ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+            ) from None
         return dict(zip(self.output_names, values))
 
-    @staticmethod
-    def carry(outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """What a stage forwards: its outputs without the logits."""
-        return {k: v for k, v in outputs.items() if k != LOGITS}
 
-
-def stage_runners(bundle: Bundle, upto: int | None = None, providers: Sequence[str] | None = None, threads: int | None = None) -> list[StageRunner]:
+def stage_runners(
+    bundle: Bundle, upto: int | None = None, providers: Sequence[str] | None = None, threads: int | None = None
+) -> list[StageRunner]:
     """Runners for stages 1..upto (default: all)."""
     upto = bundle.num_exits if upto is None else upto
     return [StageRunner(bundle, k, providers, threads) for k in range(1, upto + 1)]
@@ -139,7 +173,7 @@ def run_stages(
     for runner in runners:
         out = runner.run(carry)
         logits[runner.info.exit] = out[LOGITS]
-        carry = StageRunner.carry(out)
+        carry = carry_of(out)
     return logits, carry
 
 
@@ -154,7 +188,7 @@ def run_chain(
     ``x`` is the array for stage 1's single input (normalised images) or a dict
     of stage 1's named inputs; it is processed in batches of ``batch_size``.
     """
-    runners = list(bundle) if not isinstance(bundle, Bundle) else stage_runners(bundle, upto)
+    runners = list(bundle) if isinstance(bundle, Sequence) else stage_runners(bundle, upto)
     if upto is not None:
         runners = runners[:upto]
     if not runners:

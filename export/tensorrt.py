@@ -12,7 +12,10 @@ raises one clear :class:`~cis.errors.CisError` line.
 
 from __future__ import annotations
 
-from typing import Mapping
+import hashlib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -31,16 +34,26 @@ def require_tensorrt():
         import tensorrt as trt  # type: ignore[import-not-found]
     except Exception as exc:  # ImportError, or a broken install (missing libnvinfer)
         raise TensorRTError(
-            f"--trt needs TensorRT, which is not importable here ({type(exc).__name__}); install the optional extra 'cis[tensorrt]' on a machine with an NVIDIA GPU, or export without --trt"
+            f"--trt needs TensorRT, which is not importable here ({type(exc).__name__}); install the optional extra "
+            "'cis[tensorrt]' on a machine with an NVIDIA GPU, or export without --trt"
         ) from None
     import torch
 
     if not torch.cuda.is_available():
-        raise TensorRTError("--trt needs an NVIDIA GPU with CUDA, and torch sees none here; export without --trt or run on a GPU machine")
+        raise TensorRTError(
+            "--trt needs an NVIDIA GPU with CUDA, and torch sees none here; export without --trt or run on a GPU "
+            "machine"
+        )
     return trt
 
 
-def build_engine(onnx_bytes: bytes, fp16: bool = True, profile: tuple[int, int, int] = PROFILE, workspace: int = 1 << 30, where: str = "stage") -> bytes:
+def build_engine(
+    onnx_bytes: bytes,
+    fp16: bool = True,
+    profile: tuple[int, int, int] = PROFILE,
+    workspace: int = 1 << 30,
+    where: str = "stage",
+) -> bytes:
     """Serialized engine for one ONNX stage graph."""
     trt = require_tensorrt()
     logger = trt.Logger(trt.Logger.WARNING)
@@ -130,3 +143,44 @@ def compare(reference: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], 
         out["argmax_agreement"] = agree
         out["passed"] &= agree >= 0.98
     return out
+
+
+
+def build_engines(
+    root: Path, models, infos, runners, x: np.ndarray, fp16: bool, say: Callable[[str], None]
+) -> dict[str, Any]:
+    """One engine per stage graph beside it (``stages/stageK.plan``), each checked against onnxruntime at
+    batch 1, an odd batch and a validation batch; the manifest's ``tensorrt`` block."""
+    from cis.stages import carry_of
+    from export.profile import random_feeds
+    from export.verify import ODD_BATCH
+
+    report: dict[str, Any] = {"precision": "fp16" if fp16 else "fp32", "profile": list(PROFILE), "stages": {}}
+    rng = np.random.default_rng(0)
+    carry: dict[str, dict[str, np.ndarray]] = {
+        "batch1": random_feeds(infos[0].inputs, 1, rng),
+        f"batch{ODD_BATCH}": random_feeds(infos[0].inputs, ODD_BATCH, rng),
+        "validation": {infos[0].inputs[0].name: np.ascontiguousarray(x[: PROFILE[2]])},
+    }
+    for m, info, runner in zip(models, infos, runners):
+        say(f"building TensorRT engine for stage {info.index}")
+        engine = build_engine(m.SerializeToString(), fp16=fp16, where=f"stage {info.index}")
+        rel = f"stages/stage{info.index}.plan"
+        (root / rel).write_bytes(engine)
+        trt_runner = EngineRunner(engine)
+        checks = {}
+        for label, feeds in carry.items():
+            ref = runner.run(feeds)
+            got = trt_runner.run(feeds)
+            checks[label] = compare(ref, got, fp16)
+            if not checks[label]["passed"]:
+                raise TensorRTError(
+                    f"stage {info.index}: TensorRT engine differs from onnxruntime at {label}: {checks[label]}"
+                )
+            carry[label] = carry_of(ref)
+        report["stages"][str(info.index)] = {
+            "engine": rel,
+            "checks": checks,
+            "sha256": hashlib.sha256(engine).hexdigest(),
+        }
+    return report

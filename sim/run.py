@@ -17,10 +17,10 @@ from sim.workload import (
     Profile,
     bundle_payloads,
     bundle_policy,
-    patience_exits,
-    patience_payload,
     bundle_profile,
     bundle_stage_seconds,
+    patience_exits,
+    patience_payload,
     serve_masks,
     served_shares,
     visit_means,
@@ -65,7 +65,15 @@ def plan_run(
     payloads = {k: b + patience_payload(policy) for k, b in payloads.items()}
     exit_at = patience_exits(policy, profile).tolist() if policy.uses_patience else None
     return Plan(
-        spec, config, means, payloads, masks=serve_masks(spec, policy, profile), profile=profile, policy=policy, rows=rows, exit_at=exit_at
+        spec,
+        config,
+        means,
+        payloads,
+        masks=serve_masks(spec, policy, profile),
+        profile=profile,
+        policy=policy,
+        rows=rows,
+        exit_at=exit_at,
     )
 
 

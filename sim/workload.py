@@ -38,9 +38,14 @@ def bundle_profile(bundle: Bundle, num_exits: int) -> Profile:
     try:
         conf, correct = bundle.confidence_profile()
     except (OSError, KeyError, ValueError) as exc:
-        raise CisError(f"{where}: cannot read ({exc.__class__.__name__}: {exc}); expected arrays 'confidence' and 'correct'") from None
+        raise CisError(
+            f"{where}: cannot read ({exc.__class__.__name__}: {exc}); expected arrays 'confidence' and 'correct'"
+        ) from None
     if conf.ndim != 2 or conf.shape != correct.shape or conf.shape[0] == 0:
-        raise CisError(f"{where}: confidence {conf.shape} and correct {correct.shape}; expected two equal (N, E) arrays with N >= 1")
+        raise CisError(
+            f"{where}: confidence {conf.shape} and correct {correct.shape}; expected two equal (N, E) arrays with N "
+            ">= 1"
+        )
     if conf.shape[1] != num_exits:
         raise CisError(f"{where}: {conf.shape[1]} exits; expected {num_exits} (the spec's [cis] exits)")
     if not np.isfinite(conf).all():
@@ -57,12 +62,17 @@ def bundle_stage_seconds(bundle: Bundle, num_exits: int) -> list[float]:
     try:
         profile = bundle.latency_profile()
     except (OSError, KeyError, ValueError, AttributeError) as exc:
-        raise CisError(f"{where}: cannot read ({exc.__class__.__name__}: {exc}); expected {{\"stages\": {{stage: {{batch: seconds}}}}}}") from None
+        raise CisError(
+            f'{where}: cannot read ({exc.__class__.__name__}: {exc}); expected {{"stages": {{stage: {{batch: '
+            f'seconds}}}}}}'
+        ) from None
     seconds = []
     for stage in range(1, num_exits + 1):
         t = profile.get(stage, {}).get(1)
         if t is None or not np.isfinite(t) or t < 0:
-            raise CisError(f"{where}: stage {stage} has batch-1 time {t!r}; expected seconds >= 0 for every stage 1..{num_exits}")
+            raise CisError(
+                f"{where}: stage {stage} has batch-1 time {t!r}; expected seconds >= 0 for every stage 1..{num_exits}"
+            )
         seconds.append(t)
     return seconds
 
@@ -70,7 +80,9 @@ def bundle_stage_seconds(bundle: Bundle, num_exits: int) -> list[float]:
 def bundle_payloads(bundle: Bundle, num_exits: int) -> dict[int, int]:
     """Bytes forwarded after each stage: the carry outputs, in the bundle's feature dtype."""
     if bundle.num_exits < num_exits:
-        raise CisError(f"bundle {bundle.root}: {bundle.num_exits} stages; expected {num_exits} (the spec's [cis] exits)")
+        raise CisError(
+            f"bundle {bundle.root}: {bundle.num_exits} stages; expected {num_exits} (the spec's [cis] exits)"
+        )
     return {k: bundle.stage(k).carry_bytes_per_sample() for k in range(1, num_exits + 1)}
 
 
@@ -126,7 +138,10 @@ def serve_masks(spec: CisSpec, policy: ExitPolicy, profile: Profile) -> dict[str
 def patience_exits(policy: ExitPolicy, profile: Profile) -> np.ndarray:
     """The exit at which FLAME's patience rule serves each profile row (the same on any path up the tree)."""
     if profile.predicted is None:
-        raise CisError("simulate: the bundle's profile has no 'predicted' classes, which the patience rule needs; re-export the bundle")
+        raise CisError(
+            "simulate: the bundle's profile has no 'predicted' classes, which the patience rule needs; re-export the "
+            "bundle"
+        )
     return patience_rule.exit_points_from_labels(profile.predicted, int(policy.patience))
 
 

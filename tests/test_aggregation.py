@@ -103,12 +103,16 @@ def test_expected_update_is_unbiased_over_the_sampling():
     se = exit_data_sizes(m, sizes)
     rng = np.random.default_rng(0)
     delta = {(i, e): rng.normal(size=4) for i in range(2) for e in (1, 2, 3)}
-    target = sum(lam[e - 1] * sizes[i] / se[e - 1] * delta[i, e] for i in range(2) for e in (1, 2, 3) if m[i, e - 1] > 0)
+    target = sum(
+        lam[e - 1] * sizes[i] / se[e - 1] * delta[i, e] for i in range(2) for e in (1, 2, 3) if m[i, e - 1] > 0
+    )
     expected = np.zeros(4)
     choices = [[e for e in (1, 2, 3) if m[i, e - 1] > 0] for i in range(2)]
     for combo in itertools.product(*choices):
         prob = np.prod([m[i, e - 1] for i, e in enumerate(combo)])
-        upd = sum(pair_coefficient(lam[e - 1], sizes[i], se[e - 1], m[i, e - 1]) * delta[i, e] for i, e in enumerate(combo))
+        upd = sum(
+            pair_coefficient(lam[e - 1], sizes[i], se[e - 1], m[i, e - 1]) * delta[i, e] for i, e in enumerate(combo)
+        )
         expected += prob * upd
     assert np.allclose(expected, target)
 

@@ -50,9 +50,8 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-P_MODES = ("divide", "multiply")
-COEFFICIENT_RULES = ("literal", "capped", "self-normalised")
-BN_RULES = ("convex", "literal")
+from training.cis_options import BN_RULES, COEFFICIENT_RULES, P_MODES
+
 OVERSHOOT_TOL = 1e-9  # a total coefficient of 1 summed in floating point is not an overshoot (p = 0 stays line 12 exactly)
 
 

@@ -28,7 +28,15 @@ DEVICES = ("auto", "cpu", "cuda")
 AMP_MODES = ("off", "bf16")
 
 DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
-    "digits": {"lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4, "batch_size": 32, "augment": False, "rounds": 30, "threads": 1},
+    "digits": {
+        "lr": 0.05,
+        "momentum": 0.9,
+        "weight_decay": 5e-4,
+        "batch_size": 32,
+        "augment": False,
+        "rounds": 30,
+        "threads": 1,
+    },
     "cifar10": {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "batch_size": 128, "augment": True, "rounds": 100},
     "cifar100": {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "batch_size": 128, "augment": True, "rounds": 100},
 }
@@ -83,7 +91,7 @@ class RunConfig:
     def dataset_name(self) -> str:
         return self.dataset.partition(":")[0]
 
-    def resolved(self) -> "RunConfig":
+    def resolved(self) -> RunConfig:
         """Fill the per-dataset defaults."""
         d = DATASET_DEFAULTS.get(self.dataset_name)
         if d is None:
@@ -106,8 +114,7 @@ class RunConfig:
             raise bad("rounds", "an integer >= 1")
         if not 0 < self.participation <= 1:
             raise bad("participation", "a fraction in (0, 1]")
-        from training.aggregation import BN_RULES, COEFFICIENT_RULES, P_MODES
-        from training.local import STEP_RULES
+        from training.cis_options import BN_RULES, COEFFICIENT_RULES, P_MODES, STEP_RULES
         from training.strategies import AUTO_CANDIDATES
 
         if self.p_mode not in P_MODES:
@@ -131,7 +138,10 @@ class RunConfig:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
                 raise bad(f, "a positive number")
         if self.method != "cis" and (self.p or self.p_matrix):
-            raise CisError(f"config: --p / p_matrix sample lower exits in Algorithm 1; method {self.method!r} chooses its own sub-models")
+            raise CisError(
+                f"config: --p / p_matrix sample lower exits in Algorithm 1; method {self.method!r} chooses its own "
+                "sub-models"
+            )
         if self.local_steps is not None and (not isinstance(self.local_steps, int) or self.local_steps < 1):
             raise bad("local_steps", "an integer >= 1")
         kind, _, index = str(self.device).partition(":")

@@ -14,7 +14,8 @@ on the CPU too (slowly), which is how it is tested without a GPU.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

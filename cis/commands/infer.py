@@ -47,7 +47,9 @@ def run(args: argparse.Namespace) -> int:
     curve = CurveConfig(args.curve_key, None, args.server_key) if args.curve_key else None
     if args.connect:
         with Client(args.connect, timeout=args.timeout, curve=curve) as c:
-            results = c.infer_many(x, batch_size=args.batch_size, window=args.window, rate=args.rate, timeout=args.timeout)
+            results = c.infer_many(
+                x, batch_size=args.batch_size, window=args.window, rate=args.rate, timeout=args.timeout
+            )
     else:
         from cis.policy import assign_entries
         from cis.spec import load_spec

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 import zmq
@@ -209,7 +209,7 @@ class Client:
     def close(self) -> None:
         self.sock.close(0)
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -13,9 +13,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from cis.errors import CisError
 from cis.runtime.security import CurveConfig
@@ -112,7 +112,7 @@ class Cluster:
                 proc.wait(5)
         return {nid: p.returncode for nid, p in self.procs.items()}
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         return self
 
     def __exit__(self, *exc) -> None:

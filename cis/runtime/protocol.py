@@ -14,8 +14,9 @@ cross the wire; nothing on the wire can run code.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import msgpack
 import numpy as np

@@ -4,8 +4,9 @@ Each command runs as ``python -m cis.cli ...`` in a fresh process (and ``cis ser
 starts its node processes) with a ``sitecustomize`` on PYTHONPATH that makes the
 optional packages unimportable, as on a ``pip install cis`` tier, and logs every
 attempt to import one. The core commands must succeed and never even try torch,
-scikit-learn, onnx, pillow, or the training/export packages; the commands that
-need an extra must say which one in one line.
+scikit-learn, onnx or pillow (the torch-free registries of the training package,
+which name the CLI's choices, are part of every install); the commands that need
+an extra must say which one in one line.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ pytest.importorskip("torch")
 pytest.importorskip("onnx")
 
 # never imported by a core command (torch and what needs it)
-FORBIDDEN = ("torch", "sklearn", "onnx", "onnxscript", "PIL", "training", "export", "flwr")
+FORBIDDEN = ("torch", "sklearn", "onnx", "onnxscript", "PIL", "flwr")
 # also absent from a core install, but a core command may look for them (plots, metrics)
 OPTIONAL = ("matplotlib", "prometheus_client")
 

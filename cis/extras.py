@@ -32,7 +32,9 @@ class MissingExtra(CisError):
     def __init__(self, extra: str, missing: list[str], what: str = "") -> None:
         self.extra, self.missing = extra, missing
         lead = f"{what} needs" if what else "needs"
-        super().__init__(f"{lead} the '{extra}' extra: pip install 'cis[{extra}]' (not installed: {', '.join(missing)})")
+        super().__init__(
+            f"{lead} the '{extra}' extra: pip install 'cis[{extra}]' (not installed: {', '.join(missing)})"
+        )
 
 
 def installed(module: str) -> bool:

@@ -21,8 +21,11 @@ from training.sampling import exit_data_sizes, sample_exits, sampling_matrix
 
 
 def state(w, rv, nbt=0):
-    return {"w": torch.tensor(w, dtype=torch.float64), "bn.running_var": torch.tensor(rv, dtype=torch.float64),
-            "bn.num_batches_tracked": torch.tensor(nbt)}
+    return {
+        "w": torch.tensor(w, dtype=torch.float64),
+        "bn.running_var": torch.tensor(rv, dtype=torch.float64),
+        "bn.num_batches_tracked": torch.tensor(nbt),
+    }
 
 
 def test_pair_coefficient_paper_and_code():
@@ -169,7 +172,9 @@ def test_convex_bn_rule_shortens_only_the_overshooting_steps_of_running_statisti
     small = [(a, 0.5), (b, 0.3)]
     assert torch.equal(aggregate(g, small)["bn.running_var"], aggregate(g, small, bn_rule="literal")["bn.running_var"])
     # a server learning rate counts: eta_s * C > 1 is shortened too
-    assert aggregate(g, small, server_lr=2.0)["bn.running_var"][0].item() == pytest.approx((0.5 * 0.2 + 0.3 * 0.4) / 0.8)
+    assert aggregate(g, small, server_lr=2.0)["bn.running_var"][0].item() == pytest.approx(
+        (0.5 * 0.2 + 0.3 * 0.4) / 0.8
+    )
     # a statistic no pair moved stays as it was
     c = state([1.0, 1.0], [1.0, 1.0])
     assert aggregate(g, [(c, 2.0)])["bn.running_var"].tolist() == [1.0, 1.0]

@@ -129,8 +129,22 @@ def test_core_commands_run_without_torch(core, bundle, tmp_path):
     assert json.loads(_ok(core.run("rates", tmp_path / "spec.toml", "--json")).stdout)["exits"]
     manifest = json.loads(_ok(core.run("inspect", bundle, "--json")).stdout)
     assert len(manifest["stages"]) == 3
-    sim = json.loads(_ok(core.run("simulate", "--spec", tmp_path / "spec.toml", "--bundle", bundle, "--requests", "300",
-                                  "--out", tmp_path / "sim", "--json")).stdout)
+    sim = json.loads(
+        _ok(
+            core.run(
+                "simulate",
+                "--spec",
+                tmp_path / "spec.toml",
+                "--bundle",
+                bundle,
+                "--requests",
+                "300",
+                "--out",
+                tmp_path / "sim",
+                "--json",
+            )
+        ).stdout
+    )
     assert sim["requests"]["served"] == 300
     assert (tmp_path / "sim" / "result.json").is_file()
     _ok(core.run("report", tmp_path / "sim", "--json"))
@@ -142,8 +156,14 @@ def test_core_commands_run_without_torch(core, bundle, tmp_path):
 
 
 def _serve_all(core, bundle) -> tuple[subprocess.Popen, dict]:
-    proc = subprocess.Popen(core.argv("serve", bundle, "--all", "--free-ports", "--json"), env=core.env, cwd=core.cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        core.argv("serve", bundle, "--all", "--free-ports", "--json"),
+        env=core.env,
+        cwd=core.cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     end = time.monotonic() + 90
     while time.monotonic() < end:
         if select.select([proc.stdout], [], [], 0.2)[0]:
@@ -160,13 +180,28 @@ def test_serve_all_and_infer_on_arrays_and_images_without_torch(core, bundle, di
     try:
         root = next(a["address"] for a in nodes.values() if a["parent"] is None)
         leaf = next(a["address"] for n, a in nodes.items() if a["exit"] == 1)
-        out = json.loads(_ok(core.run("infer", "--connect", root, "--dataset", digits_files / "digits.npz",
-                                      "--out", tmp_path / "rows.csv", "--json")).stdout)
+        out = json.loads(
+            _ok(
+                core.run(
+                    "infer",
+                    "--connect",
+                    root,
+                    "--dataset",
+                    digits_files / "digits.npz",
+                    "--out",
+                    tmp_path / "rows.csv",
+                    "--json",
+                )
+            ).stdout
+        )
         assert out["samples_answered"] == 60 and not out["errors"] and out["accuracy"] > 0.5
         rows = list(csv.DictReader(open(tmp_path / "rows.csv")))
         assert len(rows) == 60 and all(r["error"] == "" and r["class"] != "" for r in rows)
-        img = json.loads(_ok(core.run("infer", "--connect", leaf, "--dataset", digits_files / "images",
-                                      "--bundle", bundle, "--json")).stdout)
+        img = json.loads(
+            _ok(
+                core.run("infer", "--connect", leaf, "--dataset", digits_files / "images", "--bundle", bundle, "--json")
+            ).stdout
+        )
         assert img["samples_answered"] == 30 and not img["errors"] and img["accuracy"] > 0.5
         status = _ok(core.run("status", "--connect", root, "--json"))
         assert status.stdout.strip()
@@ -182,12 +217,15 @@ def test_serve_all_and_infer_on_arrays_and_images_without_torch(core, bundle, di
     assert not tried, f"serving or infer tried to import {sorted(tried)}"
 
 
-@pytest.mark.parametrize("argv, extra", [
-    (("train", "--out", "r"), "train"),
-    (("evaluate", "r"), "train"),
-    (("export", "r", "--out", "b"), "export"),
-    (("demo", "--quick"), "export"),
-])
+@pytest.mark.parametrize(
+    "argv, extra",
+    [
+        (("train", "--out", "r"), "train"),
+        (("evaluate", "r"), "train"),
+        (("export", "r", "--out", "b"), "export"),
+        (("demo", "--quick"), "export"),
+    ],
+)
 def test_commands_that_need_an_extra_say_which(core, argv, extra):
     res = core.run(*argv)
     assert res.returncode == 2
@@ -199,11 +237,19 @@ def test_commands_that_need_an_extra_say_which(core, argv, extra):
 def test_infer_messages_without_pillow_or_the_train_extra(core, bundle, digits_files, tmp_path):
     res = core.run("infer", "--connect", "tcp://127.0.0.1:9", "--dataset", "digits")
     assert res.returncode == 2
-    assert res.stderr.strip() == "cis infer: --dataset digits needs the 'train' extra: pip install 'cis[train]' (not installed: torch, sklearn, PIL)"
+    assert (
+        res.stderr.strip()
+        == "cis infer: --dataset digits needs the 'train' extra: pip install 'cis[train]' "
+        "(not installed: torch, sklearn, PIL)"
+    )
     (tmp_path / "jpg").mkdir()
     (tmp_path / "jpg" / "a.jpg").write_bytes(b"\xff\xd8\xff\xe0")
     res = core.run("infer", "--connect", "tcp://127.0.0.1:9", "--dataset", tmp_path / "jpg", "--bundle", bundle)
-    assert res.returncode == 2 and "needs pillow (pip install pillow)" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert (
+        res.returncode == 2
+        and "needs pillow (pip install pillow)" in res.stderr
+        and len(res.stderr.strip().splitlines()) == 1
+    )
     res = core.run("infer", "--connect", "tcp://127.0.0.1:9", "--dataset", digits_files / "images")
     assert res.returncode == 2 and "--bundle" in res.stderr
 
@@ -211,7 +257,7 @@ def test_infer_messages_without_pillow_or_the_train_extra(core, bundle, digits_f
 def test_tomli_fallback_reads_specs_and_configs_where_tomllib_is_missing(core, tmp_path):
     """Python 3.10 has no tomllib: cis.spec and training.config fall back to tomli (the test extra installs it)."""
     pytest.importorskip("tomli")
-    (tmp_path / "cfg.toml").write_text('rounds = 3\nseed = 7\n')
+    (tmp_path / "cfg.toml").write_text("rounds = 3\nseed = 7\n")
     code = (
         "import sys\n"
         "from cis.spec import load_spec, write_spec\n"

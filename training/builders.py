@@ -137,7 +137,8 @@ def _cis(config, spec, model, clients, sgd, weights_for, log) -> MethodSetup:
     sampler = ExitSampler(matrix, config.participation)
     sizes = [c.size for c in clients]
     aggregator = CisAggregator(
-        weights, matrix, sizes, sampler.inclusion, config.p_mode, config.server_lr, config.coefficient_rule, config.bn_rule
+        weights, matrix, sizes, sampler.inclusion, config.p_mode, config.server_lr,
+        config.coefficient_rule, config.bn_rule,
     )
     exit_flops = [c["flops"] for c in exit_costs(model)] if config.lower_exit_steps == "flops" else None
     return MethodSetup(model, sampler, ExitSGDTrainer(exit_flops=exit_flops, **sgd), aggregator, matrix, weights)

@@ -91,14 +91,21 @@ def build_setup(
     parts = partition(train.y, spec.nodes, config.partition, config.dirichlet, seed=config.seed)
     xt, yt = torch.from_numpy(train.x), torch.from_numpy(train.y)
     clients = [
-        Client(n.id, k, n.exit, xt[torch.from_numpy(parts[n.id])].to(device), yt[torch.from_numpy(parts[n.id])].to(device))
+        Client(
+            n.id, k, n.exit, xt[torch.from_numpy(parts[n.id])].to(device), yt[torch.from_numpy(parts[n.id])].to(device)
+        )
         for k, n in enumerate(spec.nodes)
     ]
     sizes = [c.size for c in clients]
     steps = local_steps(sizes, config.batch_size, config.local_epochs, config.local_steps)
     sgd = dict(
-        lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay, batch_size=config.batch_size,
-        steps=steps, total_rounds=config.rounds, schedule=config.schedule,
+        lr=config.lr,
+        momentum=config.momentum,
+        weight_decay=config.weight_decay,
+        batch_size=config.batch_size,
+        steps=steps,
+        total_rounds=config.rounds,
+        schedule=config.schedule,
         augment=augment_options(train.name) if config.augment else None,
     )
     weights_for = lambda model, matrix: run_weights(config, spec, model, matrix, sizes, train, log)  # noqa: E731
@@ -140,8 +147,16 @@ def run_weights(
         log("gradient variance per exit (Appendix C): " + ", ".join(f"{v:.3g}" for v in var))
     flops = [c["flops"] for c in exit_costs(model)] if config.strategy == "flops" else None
     return make_weights(
-        config.strategy, spec.num_exits, total_rounds=config.rounds, exit_serving_rate=lam, flops=flops,
-        sigma=sigma, matrix=matrix, sizes=sizes, vector=config.weights, candidates=candidates,
+        config.strategy,
+        spec.num_exits,
+        total_rounds=config.rounds,
+        exit_serving_rate=lam,
+        flops=flops,
+        sigma=sigma,
+        matrix=matrix,
+        sizes=sizes,
+        vector=config.weights,
+        candidates=candidates,
     )
 
 
@@ -324,12 +339,25 @@ def choose_strategy(s: Setup, out: Path, bar, log: Callable[[str], None]) -> Non
     log(f"strategy auto: {len(w.candidates)} candidates ({', '.join(w.candidates)}), {pilot}-round pilots")
     bar.total = s.config.rounds + (len(w.candidates) - 1) * pilot
     bar.refresh()
-    winner, pilots = run_pilots(s.engine, w, pilot, lambda r: round_line(s, r), lambda: evaluate_round(s), lambda: bar.update(1))
+    winner, pilots = run_pilots(
+        s.engine, w, pilot, lambda r: round_line(s, r), lambda: evaluate_round(s), lambda: bar.update(1)
+    )
     scores = {n: r["val_cis_accuracy"] for n, r in pilots.items()}
-    log("strategy auto: validation CIS accuracy after the pilots " + ", ".join(f"{n} {100 * v:.1f}" for n, v in scores.items())
-        + f"; chose {winner}")
-    write_json(out / "auto.json", {"chosen": winner, "pilot_rounds": pilot, "candidates": w.details["candidates"],
-                                   "pilot_val_cis_accuracy": scores, "pilots": pilots})
+    log(
+        "strategy auto: validation CIS accuracy after the pilots "
+        + ", ".join(f"{n} {100 * v:.1f}" for n, v in scores.items())
+        + f"; chose {winner}"
+    )
+    write_json(
+        out / "auto.json",
+        {
+            "chosen": winner,
+            "pilot_rounds": pilot,
+            "candidates": w.details["candidates"],
+            "pilot_val_cis_accuracy": scores,
+            "pilots": pilots,
+        },
+    )
     with open(out / "metrics.jsonl", "a") as metrics:
         for line in pilots[winner]["lines"]:
             line["seconds"] = line["train_seconds"]

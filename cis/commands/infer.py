@@ -18,11 +18,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("infer", help="send a data set to a running CIS and report accuracy, served shares, latency")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--connect", help="a node's address: every request goes there")
-    where.add_argument("--spec", help="spec file: each sample goes to the node that assign_entries picks (as the offline evaluation)")
-    p.add_argument("--dataset", required=True, help="digits, cifar10:PATH, cifar100:PATH (these need the 'train' extra), "
-                   "FILE.npz (array x, optional labels y; or npz:FILE) or an image folder DIR[/<class>]/*.png (or images:DIR; needs --bundle)")
-    p.add_argument("--bundle", help="bundle whose normalisation, classes and input size apply to images or uint8 arrays")
-    p.add_argument("--split", default="test", choices=("train", "val", "test"), help="digits/cifar: which split (default test)")
+    where.add_argument(
+        "--spec", help="spec file: each sample goes to the node that assign_entries picks (as the offline evaluation)"
+    )
+    p.add_argument(
+        "--dataset",
+        required=True,
+        help="digits, cifar10:PATH, cifar100:PATH (these need the 'train' extra), "
+        "FILE.npz (array x, optional labels y; or npz:FILE) or an image folder DIR[/<class>]/*.png "
+        "(or images:DIR; needs --bundle)",
+    )
+    p.add_argument(
+        "--bundle", help="bundle whose normalisation, classes and input size apply to images or uint8 arrays"
+    )
+    p.add_argument(
+        "--split", default="test", choices=("train", "val", "test"), help="digits/cifar: which split (default test)"
+    )
     p.add_argument("--n", type=int, help="first N samples only")
     p.add_argument("--rate", type=float, help="requests per second (default: as fast as --window allows)")
     p.add_argument("--window", type=int, default=32, help="requests in flight per node (default 32)")
@@ -31,7 +42,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="data split seed and entry assignment seed")
     p.add_argument("--curve-key", help="own CurveZMQ .key_secret")
     p.add_argument("--server-key", help="the node's public .key")
-    p.add_argument("--out", help="CSV file: one row per sample (sample, file, label, class, confidence, exit, node, degraded, capped, error)")
+    p.add_argument(
+        "--out",
+        help="CSV file: one row per sample "
+        "(sample, file, label, class, confidence, exit, node, degraded, capped, error)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -73,8 +88,13 @@ def run(args: argparse.Namespace) -> int:
         lat = summary["latency_ms"]
         acc = f"accuracy {summary['accuracy'] * 100:.2f}%   " if "accuracy" in summary else "no labels   "
         lines.append(f"{acc}degraded {summary['degraded']}   capped {summary['capped']}")
-        lines.append("served per exit: " + ", ".join(f"exit {e} {s * 100:.1f}%" for e, s in summary["served_share_per_exit"].items()))
-        lines.append("served per node: " + ", ".join(f"{k} {s * 100:.1f}%" for k, s in summary["served_share_per_node"].items()))
+        lines.append(
+            "served per exit: "
+            + ", ".join(f"exit {e} {s * 100:.1f}%" for e, s in summary["served_share_per_exit"].items())
+        )
+        lines.append(
+            "served per node: " + ", ".join(f"{k} {s * 100:.1f}%" for k, s in summary["served_share_per_node"].items())
+        )
         lines.append(f"latency ms: mean {lat['mean']:.2f}  p50 {lat['p50']:.2f}  p99 {lat['p99']:.2f}")
     if args.out:
         write_rows(args.out, results, y, data.names)
@@ -113,6 +133,10 @@ def write_rows(path: str, results: list, labels, names: list[str] | None) -> Non
             ok = r is not None and r.error is None
             err = "" if ok else ("timeout" if r is None else r.error.code)
             for s in r.samples() if ok else [None] * (1 if r is None else len(r)):
-                cells = [s["class"], f"{s['confidence']:.6g}", s["exit"], s["node"], int(s["degraded"]), int(s["capped"])] if s else [""] * 6
+                cells = (
+                    [s["class"], f"{s['confidence']:.6g}", s["exit"], s["node"], int(s["degraded"]), int(s["capped"])]
+                    if s
+                    else [""] * 6
+                )
                 w.writerow([i, names[i] if names else "", "" if labels is None else int(labels[i]), *cells, err])
                 i += 1

@@ -39,8 +39,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("train", help="federated training of an early-exit model for a CIS (Algorithm 1)")
     p.add_argument("--method", help=" | ".join(METHODS) + " (default cis: Algorithm 1)")
-    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="a method option, repeatable (see docs/training.md, 'Methods'), e.g. --option layout=resnet20")
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a method option, repeatable (see docs/training.md, 'Methods'), e.g. --option layout=resnet20",
+    )
     p.add_argument(
         "--no-distill", action="store_true", help="reefl/depthfl: no self-distillation (option distill=false)"
     )
@@ -53,10 +58,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--serving", help="x-y-z shares served at exits 1-2-3 for the built-in topology (default 33-33-33)")
     p.add_argument("--topology", help="built-in topology when no --spec (default paper-7)")
     p.add_argument("--dataset", help="digits | cifar10:PATH | cifar100:PATH (default digits)")
-    p.add_argument("--strategy", choices=STRATEGIES,
-                   help="aggregation weights Lambda~ (default serving-rate; auto: chosen by pilots, docs/training.md)")
-    p.add_argument("--auto-pilot", type=float, metavar="FRACTION",
-                   help="strategy auto: pilot length as a fraction of the rounds (default 0.2)")
+    p.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        help="aggregation weights Lambda~ (default serving-rate; auto: chosen by pilots, docs/training.md)",
+    )
+    p.add_argument(
+        "--auto-pilot",
+        type=float,
+        metavar="FRACTION",
+        help="strategy auto: pilot length as a fraction of the rounds (default 0.2)",
+    )
     p.add_argument("--weights", type=_floats, help="explicit Lambda~, e.g. 0.6,0.3,0.1 (implies --strategy explicit)")
     p.add_argument("--rounds", type=int, help="communication rounds T (default 30 digits, 100 CIFAR)")
     p.add_argument("--out", help="run directory")
@@ -66,12 +78,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--p", type=float, help="probability of training each lower exit (paper's ablation; default 0)")
     p.add_argument("--p-rule", choices=P_RULES, help="paper: p per lower exit; code: p/(E_i-1) per lower exit")
     p.add_argument("--p-mode", choices=P_MODES, help="divide by p_ie (paper) or multiply (authors' code)")
-    p.add_argument("--coefficient-rule", choices=COEFFICIENT_RULES,
-                   help="line 12's pair coefficients as written (default), capped at 1, or self-normalised per exit")
-    p.add_argument("--bn-rule", choices=BN_RULES,
-                   help="BatchNorm running statistics: line 12 shortened where it would overshoot (default), or literal")
-    p.add_argument("--lower-exit-steps", choices=STEP_RULES,
-                   help="local steps when a node trains a lower exit: same J (default) or J x flops(own) / flops(exit)")
+    p.add_argument(
+        "--coefficient-rule",
+        choices=COEFFICIENT_RULES,
+        help="line 12's pair coefficients as written (default), capped at 1, or self-normalised per exit",
+    )
+    p.add_argument(
+        "--bn-rule",
+        choices=BN_RULES,
+        help="BatchNorm running statistics: line 12 shortened where it would overshoot (default), or literal",
+    )
+    p.add_argument(
+        "--lower-exit-steps",
+        choices=STEP_RULES,
+        help="local steps when a node trains a lower exit: same J (default) or J x flops(own) / flops(exit)",
+    )
     p.add_argument("--participation", type=float, help="fraction of nodes taking part per round (default 1)")
     p.add_argument("--width", type=float, help="channel width multiplier (default 1)")
     p.add_argument("--lr", type=float, help="local SGD learning rate (cosine annealed over rounds)")
@@ -80,9 +101,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--local-steps", type=int, help="J directly (overrides --local-epochs)")
     p.add_argument("--confidence", choices=CONFIDENCE_MEASURES, help="confidence measure for evaluation")
     p.add_argument("--threads", type=int, help="torch threads (default: 1 for digits, torch's default otherwise)")
-    p.add_argument("--device", metavar="auto|cpu|cuda", help="where to train: auto (default: cuda when torch sees a GPU), cpu, "
-                   "cuda or cuda:K; --resume may change it (docs/training.md, 'Devices')")
-    p.add_argument("--amp", choices=("off", "bf16"), help="bf16: local steps under torch.autocast(bfloat16) (default off)")
+    p.add_argument(
+        "--device",
+        metavar="auto|cpu|cuda",
+        help="where to train: auto (default: cuda when torch sees a GPU), cpu, "
+        "cuda or cuda:K; --resume may change it (docs/training.md, 'Devices')",
+    )
+    p.add_argument(
+        "--amp", choices=("off", "bf16"), help="bf16: local steps under torch.autocast(bfloat16) (default off)"
+    )
     p.add_argument("--eval-every", type=int, help="validate every N rounds (default 1)")
     p.add_argument("--config", help="JSON or TOML file with train settings (flags override it)")
     p.add_argument("--resume", action="store_true", help="continue RUN_DIR from its last checkpoint")
@@ -92,15 +119,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default="builtin",
         help="builtin (one process, default) or flower (Flower ServerApp + one ClientApp per node; docs/flower.md)",
     )
-    p.add_argument("--flower-mode", choices=("simulation", "deployment"), default="simulation",
-                   help="flower: simulation engine on this machine, or deployment engine (SuperLink + SuperNodes)")
-    p.add_argument("--flower-superlink", metavar="HOST:PORT",
-                   help="flower deployment: submit to this running SuperLink (default: start one on loopback)")
+    p.add_argument(
+        "--flower-mode",
+        choices=("simulation", "deployment"),
+        default="simulation",
+        help="flower: simulation engine on this machine, or deployment engine (SuperLink + SuperNodes)",
+    )
+    p.add_argument(
+        "--flower-superlink",
+        metavar="HOST:PORT",
+        help="flower deployment: submit to this running SuperLink (default: start one on loopback)",
+    )
     p.add_argument(
         "--flower-root-certificates", metavar="PATH", help="flower deployment: CA certificate for TLS to the SuperLink"
     )
-    p.add_argument("--measure-grad-variance", action="store_true",
-                   help="print the per-exit gradient variance of the initial model (Appendix C) and exit")
+    p.add_argument(
+        "--measure-grad-variance",
+        action="store_true",
+        help="print the per-exit gradient variance of the initial model (Appendix C) and exit",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--stop-after", type=int, help=argparse.SUPPRESS)  # simulates a kill after round N (tests)
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -108,12 +145,33 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 _FLAG_KEYS = {
-    "spec": "spec", "serving": "serving", "topology": "topology", "dataset": "dataset", "strategy": "strategy",
-    "weights": "weights", "rounds": "rounds", "seed": "seed", "partition": "partition", "dirichlet": "dirichlet",
-    "p": "p", "p_rule": "p_rule", "p_mode": "p_mode", "participation": "participation", "width": "width", "lr": "lr",
-    "batch_size": "batch_size", "local_epochs": "local_epochs", "local_steps": "local_steps",
-    "confidence": "confidence", "threads": "threads", "eval_every": "eval_every", "device": "device", "amp": "amp",
-    "auto_pilot": "auto_pilot", "coefficient_rule": "coefficient_rule", "bn_rule": "bn_rule",
+    "spec": "spec",
+    "serving": "serving",
+    "topology": "topology",
+    "dataset": "dataset",
+    "strategy": "strategy",
+    "weights": "weights",
+    "rounds": "rounds",
+    "seed": "seed",
+    "partition": "partition",
+    "dirichlet": "dirichlet",
+    "p": "p",
+    "p_rule": "p_rule",
+    "p_mode": "p_mode",
+    "participation": "participation",
+    "width": "width",
+    "lr": "lr",
+    "batch_size": "batch_size",
+    "local_epochs": "local_epochs",
+    "local_steps": "local_steps",
+    "confidence": "confidence",
+    "threads": "threads",
+    "eval_every": "eval_every",
+    "device": "device",
+    "amp": "amp",
+    "auto_pilot": "auto_pilot",
+    "coefficient_rule": "coefficient_rule",
+    "bn_rule": "bn_rule",
     "lower_exit_steps": "lower_exit_steps",
 }
 # settings of where a run computes, not of what: --resume may change them
@@ -145,8 +203,12 @@ def run(args: argparse.Namespace) -> int:
             "grad_variance": var,
             "sigma": [v**0.5 for v in var],
         }
-        print_result(args, result, "per-exit gradient variance (Appendix C): "
-                     + ", ".join(f"exit {e} {v:.5g}" for e, v in enumerate(var, start=1)))
+        print_result(
+            args,
+            result,
+            "per-exit gradient variance (Appendix C): "
+            + ", ".join(f"exit {e} {v:.5g}" for e, v in enumerate(var, start=1)),
+        )
         return 0
 
     if not args.out:
@@ -165,7 +227,8 @@ def run(args: argparse.Namespace) -> int:
         if differing:
             k = differing[0]
             raise CisError(
-                f"--resume: --{k.replace('_', '-')} {flags[k]!r} differs from the run's {stored.get(k, defaults.get(k))!r}; "
+                f"--resume: --{k.replace('_', '-')} {flags[k]!r} differs from the run's "
+                f"{stored.get(k, defaults.get(k))!r}; "
                 "a resumed run keeps its config"
             )
         try:
@@ -199,8 +262,14 @@ def run(args: argparse.Namespace) -> int:
             )
         from training.flower.run import run_flower
 
-        result = run_flower(config, args.out, mode=args.flower_mode, superlink=args.flower_superlink,
-                            root_certificates=args.flower_root_certificates, log=log)
+        result = run_flower(
+            config,
+            args.out,
+            mode=args.flower_mode,
+            superlink=args.flower_superlink,
+            root_certificates=args.flower_root_certificates,
+            log=log,
+        )
     else:
         result = train_run(
             config, args.out, resume=args.resume, progress=not args.no_progress, stop_after=args.stop_after, log=log

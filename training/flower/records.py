@@ -67,7 +67,9 @@ def node_setup(config_text: str):
     the CPU: the ClientApp moves its own node's data to the training device per round."""
     from training.run import build_setup
 
-    config = dataclasses.replace(config_from_text(config_text), strategy="equal", weights=None, sigma=None, device="cpu")
+    config = dataclasses.replace(
+        config_from_text(config_text), strategy="equal", weights=None, sigma=None, device="cpu"
+    )
     return build_setup(config)
 
 

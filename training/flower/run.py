@@ -48,7 +48,10 @@ def run_flower(
     if mode not in MODES:
         raise CisError(f"--engine flower: mode {mode!r}; expected one of {', '.join(MODES)}")
     if config.method != "cis":
-        raise CisError(f"--engine flower: runs Algorithm 1 (method 'cis'); method {config.method!r} runs on the built-in engine only")
+        raise CisError(
+            f"--engine flower: runs Algorithm 1 (method 'cis'); "
+            f"method {config.method!r} runs on the built-in engine only"
+        )
     require("flower", "--engine flower")
     out = Path(out)
     if (out / "checkpoint.pt").exists():
@@ -96,7 +99,9 @@ def _simulate(
     from training.flower.server_app import serve
     from training.run import build_setup
 
-    n = len(build_setup(dataclasses.replace(config, device="cpu")).clients)  # cheap for the built-in datasets; the ServerApp builds its own
+    n = len(
+        build_setup(dataclasses.replace(config, device="cpu")).clients
+    )  # cheap for the built-in datasets; the ServerApp builds its own
     # ray hides the GPUs from actors that ask for none: on a GPU, each ClientApp asks for a share of one
     gpus = 1.0 / n if run_device(config).type == "cuda" else 0.0
     result: dict = {}

@@ -45,7 +45,17 @@ from training.flower.records import (
     state_to_record,
 )
 
-TRAINER_FIELDS = ("lr", "momentum", "weight_decay", "batch_size", "steps", "total_rounds", "schedule", "augment", "exit_flops")
+TRAINER_FIELDS = (
+    "lr",
+    "momentum",
+    "weight_decay",
+    "batch_size",
+    "steps",
+    "total_rounds",
+    "schedule",
+    "augment",
+    "exit_flops",
+)
 
 
 class CisStrategy(Strategy):
@@ -66,8 +76,12 @@ class CisStrategy(Strategy):
         self.model_text = json.dumps(engine.model.config())
 
     def summary(self) -> None:
-        log(INFO, "\t├──> CIS Algorithm 1: %d nodes, exit sampling matrix rows %s", len(self.engine.clients),
-            [list(map(float, r)) for r in np.asarray(getattr(self.engine.chooser, "matrix", []))])
+        log(
+            INFO,
+            "\t├──> CIS Algorithm 1: %d nodes, exit sampling matrix rows %s",
+            len(self.engine.clients),
+            [list(map(float, r)) for r in np.asarray(getattr(self.engine.chooser, "matrix", []))],
+        )
         log(INFO, "\t└──> aggregation: %s (training/aggregation.py)", type(self.engine.aggregator).__name__)
 
     # --- which Flower node is which CIS node -------------------------------------------------
@@ -192,7 +206,9 @@ class CisStrategy(Strategy):
             m = by_index[i]
             got = int(m.content[STATS_RECORD]["exit"])
             if got != e:
-                raise CisError(f"flower round {server_round}: node {engine.clients[i].id} trained exit {got}, expected {e}")
+                raise CisError(
+                    f"flower round {server_round}: node {engine.clients[i].id} trained exit {got}, expected {e}"
+                )
             agg.add(engine.clients[i], e, _on(record_to_state(m.content[ARRAYS_KEY]), device))
             records.append({"node": engine.clients[i].id, "exit": e, **json.loads(m.content[STATS_RECORD]["json"])})
         agg.finish(engine.global_state)

@@ -23,8 +23,11 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 RESULTS = REPO / "benchmarks" / "results"
 CIFAR_ZIP = next(
-    (p for p in (REPO.parent / "shared" / "data" / "cifar10-jpeg.zip", Path("/work/shared/data/cifar10-jpeg.zip"))
-     if p.is_file()),
+    (
+        p
+        for p in (REPO.parent / "shared" / "data" / "cifar10-jpeg.zip", Path("/work/shared/data/cifar10-jpeg.zip"))
+        if p.is_file()
+    ),
     REPO.parent / "shared" / "data" / "cifar10-jpeg.zip",
 )
 
@@ -52,8 +55,15 @@ def write_results(name: str, data: dict, markdown: str | list[str] | None = None
     print(f"wrote {RESULTS / name}.json" + (" and .md" if markdown is not None else ""), file=sys.stderr)
 
 
-def scale_args(ap: argparse.ArgumentParser, quick_help: str, rounds: int, train_subset: int, seed: int = 0,
-               threads: int = 2, threads_help: str | None = None) -> None:
+def scale_args(
+    ap: argparse.ArgumentParser,
+    quick_help: str,
+    rounds: int,
+    train_subset: int,
+    seed: int = 0,
+    threads: int = 2,
+    threads_help: str | None = None,
+) -> None:
     """The flags of every training benchmark's scale: --quick, --data (CIFAR-10), --rounds, --train-subset,
     --seed, --threads."""
     ap.add_argument("--quick", action="store_true", help=quick_help)
@@ -67,30 +77,25 @@ def scale_args(ap: argparse.ArgumentParser, quick_help: str, rounds: int, train_
 # ---------------------------------------------------------------- the paper tables (table1.py, table2.py)
 
 
-def common_args(ap: argparse.ArgumentParser) -> None:
-    scale_args(ap, "smoke setting: tiny width, 1 round, 1400 images", rounds=15, train_subset=7000, seed=9)
-    ap.add_argument("--width", type=float, default=0.125)
-    ap.add_argument("--val-size", type=int, default=2000)
-    ap.add_argument("--local-epochs", type=float, default=1.0)
-    ap.add_argument("--runs", default=None, help="folder for the runs (default /tmp/cis-bench/<script>)")
-
-
-def quick(args: argparse.Namespace) -> None:
-    if args.quick:
-        args.width, args.rounds, args.train_subset, args.val_size, args.local_epochs = 0.0625, 1, 1400, 500, 0.25
-
-
-def train(out: Path, dataset: str, strategy: str, serving: str, args: argparse.Namespace, **extra: Any) -> dict:
-    """A ``cis train`` run at the tables' scale into ``out``; a finished run there is reused."""
+def train(out: Path, dataset: str, strategy: str, serving: str, args, **extra) -> dict:
     from training.config import make_config
     from training.run import train_run
 
     if (out / "summary.json").is_file():  # finished earlier: reuse
         return json.loads((out / "summary.json").read_text())
     overrides = dict(
-        dataset=dataset, strategy=strategy, serving=serving, rounds=args.rounds, width=args.width, seed=args.seed,
-        train_subset=args.train_subset, val_size=args.val_size, eval_every=args.rounds, threads=args.threads,
-        local_epochs=args.local_epochs, **extra,
+        dataset=dataset,
+        strategy=strategy,
+        serving=serving,
+        rounds=args.rounds,
+        width=args.width,
+        seed=args.seed,
+        train_subset=args.train_subset,
+        val_size=args.val_size,
+        eval_every=args.eval_every or args.rounds,
+        threads=args.threads,
+        local_epochs=args.local_epochs,
+        **extra,
     )
     config = make_config(overrides=overrides)
     resume = (out / "checkpoint.pt").is_file()
@@ -101,7 +106,6 @@ def train(out: Path, dataset: str, strategy: str, serving: str, args: argparse.N
 
 
 def evaluate(run: Path, serving: str) -> float:
-    """CIS accuracy (%) of a trained run under another serving setting of its topology."""
     from cis.spec import parse_spec
     from cis.topologies import apply_serving, parse_serving
     from training.run import evaluate_run
@@ -109,6 +113,86 @@ def evaluate(run: Path, serving: str) -> float:
     meta = json.loads((run / "checkpoint.json").read_text())
     spec = apply_serving(parse_spec(meta["spec"]), parse_serving(serving, 3))
     return 100 * evaluate_run(run, spec)["cis_accuracy"]
+
+
+def common_args(ap: argparse.ArgumentParser, rounds: int = 60, local_epochs: float = 0.25) -> None:
+    ap.add_argument("--quick", action="store_true", help="smoke setting: tiny width, 2 rounds, 1400 images, 1 seed")
+    ap.add_argument("--data", default="/tmp/cifar10")
+    ap.add_argument("--width", type=float, default=0.125)
+    ap.add_argument("--rounds", type=int, default=rounds)
+    ap.add_argument("--train-subset", type=int, default=7000)
+    ap.add_argument("--val-size", type=int, default=2000)
+    ap.add_argument("--local-epochs", type=float, default=local_epochs)
+    ap.add_argument("--seeds", default="1,2,3,4,5", help="comma-separated seeds (default 1,2,3,4,5)")
+    ap.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")
+    ap.add_argument("--eval-every", type=int, default=10, help="validation every N rounds (metrics.jsonl)")
+    ap.add_argument("--runs", default=None, help="folder for the run dirs (default /tmp/cis-bench/<script>)")
+    ap.add_argument("--report", action="store_true", help="only rebuild the result files from the per-run files")
+    ap.add_argument("--commit", action="store_true", help="git-commit each finished run's file (long campaigns)")
+
+
+def quick(args) -> None:
+    if args.quick:
+        args.width, args.rounds, args.train_subset, args.val_size, args.local_epochs = 0.0625, 2, 1400, 500, 0.25
+        args.seeds = args.seeds if args.seeds != "1,2,3,4,5" else "1"
+
+
+def seeds_of(args) -> list[int]:
+    return [int(s) for s in str(args.seeds).split(",") if s.strip()]
+
+
+def scale_of(args, keys=("width", "rounds", "train_subset", "val_size", "local_epochs", "threads")) -> dict:
+    return {k: getattr(args, k) for k in keys}
+
+
+def claim(path: Path) -> bool:
+    """Take the run whose result file is ``path`` for this process (``path``.lock holds the owner's pid).
+
+    Several campaign processes (one per core) can then share one campaign; a lock
+    left by a process that died is taken over.
+    """
+    lock = path.with_suffix(".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        try:
+            os.kill(int(lock.read_text() or 0), 0)
+            return False  # its owner is alive
+        except (ProcessLookupError, ValueError):
+            lock.write_text(str(os.getpid()))
+            return True
+    os.write(fd, str(os.getpid()).encode())
+    os.close(fd)
+    return True
+
+
+def save_run(path: Path, record: dict, commit: bool) -> None:
+    """One finished run's numbers, written at once (and committed with --commit)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record, indent=1))
+    path.with_suffix(".lock").unlink(missing_ok=True)
+    if commit:
+        subprocess.run(["git", "-C", str(REPO), "add", str(path)], check=False)
+        subprocess.run(
+            ["git", "-C", str(REPO), "commit", "-q", "-m", f"{path.parent.parent.name}: {path.stem}", "--", str(path)],
+            check=False,
+        )
+
+
+def stats(values: list[float]) -> dict:
+    a = np.asarray(values, dtype=float)
+    return {"mean": float(a.mean()), "sd": float(a.std(ddof=1)) if len(a) > 1 else 0.0, "n": len(a)}
+
+
+def paired(values: list[float], base: list[float]) -> dict:
+    """The per-seed difference against a baseline: mean, sd and the sign per seed."""
+    d = np.asarray(values, dtype=float) - np.asarray(base, dtype=float)
+    return {
+        **stats(d.tolist()),
+        "per_seed": [round(float(x), 2) for x in d],
+        "signs": "".join("+" if x > 0 else "-" if x < 0 else "0" for x in d),
+    }
 
 
 # ---------------------------------------------------------------- the ViT benchmarks (flame.py, reefl.py)
@@ -134,8 +218,11 @@ def vit_result(
 ) -> dict:
     """The result object of flame.py / reefl.py: its scale (the named args), its cells, its seconds."""
     return {
-        "benchmark": benchmark, "quick": args.quick, "scale": {k: getattr(args, k) for k in scale_keys},
-        "cells": cells, "seconds": time.perf_counter() - start,
+        "benchmark": benchmark,
+        "quick": args.quick,
+        "scale": {k: getattr(args, k) for k in scale_keys},
+        "cells": cells,
+        "seconds": time.perf_counter() - start,
     }
 
 
@@ -188,8 +275,9 @@ def nested_args(description: str, argv: list[str] | None = None, **defaults: Any
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--val", type=int, default=1000)
     p.add_argument("--test", type=int, default=2000)
-    p.add_argument("--width", type=float, default=defaults.get("width", 0.5),
-                   help="channel multiplier of ResNet20 (default 0.5)")
+    p.add_argument(
+        "--width", type=float, default=defaults.get("width", 0.5), help="channel multiplier of ResNet20 (default 0.5)"
+    )
     p.add_argument("--only", help="comma-separated run names")
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args(argv)
@@ -225,11 +313,22 @@ def make_setup(method: str, options: dict, splits, args: argparse.Namespace, **e
     from training.config import make_config
     from training.run import build_setup
 
-    config = make_config(overrides=dict(
-        dataset=args.dataset, method=method, options=options, strategy="equal", rounds=args.rounds, seed=args.seed,
-        train_subset=args.train_subset, local_steps=args.local_steps, batch_size=args.batch_size,
-        threads=args.threads, width=args.width, **extra,
-    ))
+    config = make_config(
+        overrides=dict(
+            dataset=args.dataset,
+            method=method,
+            options=options,
+            strategy="equal",
+            rounds=args.rounds,
+            seed=args.seed,
+            train_subset=args.train_subset,
+            local_steps=args.local_steps,
+            batch_size=args.batch_size,
+            threads=args.threads,
+            width=args.width,
+            **extra,
+        )
+    )
     return build_setup(config, splits=splits)
 
 
@@ -247,13 +346,24 @@ def train_and_report(name: str, s, args: argparse.Namespace) -> dict:
     report = final_report(s)
     acc = {int(e): float(v) for e, v in report["exit_accuracy"].items()}
     out = {
-        "method": s.config.method, "options": s.config.options, "submodel_accuracy": acc,
-        "smallest": acc[1], "largest": acc[max(acc)], "mean": float(np.mean(list(acc.values()))),
-        "cis_accuracy": float(report["cis_accuracy"]), "train_seconds": train_s,
+        "method": s.config.method,
+        "options": s.config.options,
+        "submodel_accuracy": acc,
+        "smallest": acc[1],
+        "largest": acc[max(acc)],
+        "mean": float(np.mean(list(acc.values()))),
+        "cis_accuracy": float(report["cis_accuracy"]),
+        "train_seconds": train_s,
         "total_seconds": time.perf_counter() - t0,
-        "params": [int(sum(v.numel() for v in s.model.submodel(k).state_dict().values() if v.is_floating_point()))
-                   for k in range(1, s.model.num_exits + 1)],
+        "params": [
+            int(sum(v.numel() for v in s.model.submodel(k).state_dict().values() if v.is_floating_point()))
+            for k in range(1, s.model.num_exits + 1)
+        ],
     }
-    print(f"{name:15s} sub-models " + " ".join(f"{100 * v:5.1f}" for v in acc.values())
-          + f"  CIS {100 * out['cis_accuracy']:5.1f}  ({out['total_seconds']:.0f} s)", file=sys.stderr)
+    print(
+        f"{name:15s} sub-models "
+        + " ".join(f"{100 * v:5.1f}" for v in acc.values())
+        + f"  CIS {100 * out['cis_accuracy']:5.1f}  ({out['total_seconds']:.0f} s)",
+        file=sys.stderr,
+    )
     return out

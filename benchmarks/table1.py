@@ -24,20 +24,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
+from _common import (
+    RESULTS,
+    claim,
+    common_args,
+    ensure_cifar,
+    evaluate,
+    paired,
+    quick,
+    save_run,
+    scale_of,
+    seeds_of,
+    stats,
+    train,
+)
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-RESULTS = REPO / "benchmarks" / "results"
-ZIP = REPO.parent / "shared" / "data" / "cifar10-jpeg.zip"
-if not ZIP.is_file():
-    ZIP = Path("/work/shared/data/cifar10-jpeg.zip")
 SETTINGS = ["80-15-5", "33-33-33", "5-15-80"]
 STRATEGIES = ["equal", "flops", "serving-rate", "balanced-adj", "auto"]
 SHARED = ("equal", "flops")  # weights independent of the serving setting: trained once per seed
@@ -55,131 +59,6 @@ PAPER_TABLE1 = {  # CIFAR-10, equal partition, mean of 3 seeds (paper Table 1)
     "serving-rate": {"80-15-5": 54.2, "33-33-33": 74.9, "5-15-80": 86.7},
     "balanced-adj": {"80-15-5": 53.4, "33-33-33": 74.9, "5-15-80": 87.6},
 }
-
-
-def ensure_cifar(path: Path) -> Path:
-    if not (path / "train").is_dir():
-        path.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["unzip", "-q", "-o", str(ZIP), "-d", str(path)], check=True)
-    return path
-
-
-def train(out: Path, dataset: str, strategy: str, serving: str, args, **extra) -> dict:
-    from training.config import make_config
-    from training.run import train_run
-
-    if (out / "summary.json").is_file():  # finished earlier: reuse
-        return json.loads((out / "summary.json").read_text())
-    overrides = dict(
-        dataset=dataset,
-        strategy=strategy,
-        serving=serving,
-        rounds=args.rounds,
-        width=args.width,
-        seed=args.seed,
-        train_subset=args.train_subset,
-        val_size=args.val_size,
-        eval_every=args.eval_every or args.rounds,
-        threads=args.threads,
-        local_epochs=args.local_epochs,
-        **extra,
-    )
-    config = make_config(overrides=overrides)
-    resume = (out / "checkpoint.pt").is_file()
-    t = time.perf_counter()
-    summary = train_run(config, out, resume=resume, progress=True)
-    summary["train_wall_seconds"] = time.perf_counter() - t
-    return summary
-
-
-def evaluate(run: Path, serving: str) -> float:
-    from cis.spec import parse_spec
-    from cis.topologies import apply_serving, parse_serving
-    from training.run import evaluate_run
-
-    meta = json.loads((run / "checkpoint.json").read_text())
-    spec = apply_serving(parse_spec(meta["spec"]), parse_serving(serving, 3))
-    return 100 * evaluate_run(run, spec)["cis_accuracy"]
-
-
-def common_args(ap: argparse.ArgumentParser, rounds: int = 60, local_epochs: float = 0.25) -> None:
-    ap.add_argument("--quick", action="store_true", help="smoke setting: tiny width, 2 rounds, 1400 images, 1 seed")
-    ap.add_argument("--data", default="/tmp/cifar10")
-    ap.add_argument("--width", type=float, default=0.125)
-    ap.add_argument("--rounds", type=int, default=rounds)
-    ap.add_argument("--train-subset", type=int, default=7000)
-    ap.add_argument("--val-size", type=int, default=2000)
-    ap.add_argument("--local-epochs", type=float, default=local_epochs)
-    ap.add_argument("--seeds", default="1,2,3,4,5", help="comma-separated seeds (default 1,2,3,4,5)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")
-    ap.add_argument("--eval-every", type=int, default=10, help="validation every N rounds (metrics.jsonl)")
-    ap.add_argument("--runs", default=None, help="folder for the run dirs (default /tmp/cis-bench/<script>)")
-    ap.add_argument("--report", action="store_true", help="only rebuild the result files from the per-run files")
-    ap.add_argument("--commit", action="store_true", help="git-commit each finished run's file (long campaigns)")
-
-
-def quick(args) -> None:
-    if args.quick:
-        args.width, args.rounds, args.train_subset, args.val_size, args.local_epochs = 0.0625, 2, 1400, 500, 0.25
-        args.seeds = args.seeds if args.seeds != "1,2,3,4,5" else "1"
-
-
-def seeds_of(args) -> list[int]:
-    return [int(s) for s in str(args.seeds).split(",") if s.strip()]
-
-
-def scale_of(args, keys=("width", "rounds", "train_subset", "val_size", "local_epochs", "threads")) -> dict:
-    return {k: getattr(args, k) for k in keys}
-
-
-def claim(path: Path) -> bool:
-    """Take the run whose result file is ``path`` for this process (``path``.lock holds the owner's pid).
-
-    Several campaign processes (one per core) can then share one campaign; a lock
-    left by a process that died is taken over.
-    """
-    lock = path.with_suffix(".lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        try:
-            os.kill(int(lock.read_text() or 0), 0)
-            return False  # its owner is alive
-        except (ProcessLookupError, ValueError):
-            lock.write_text(str(os.getpid()))
-            return True
-    os.write(fd, str(os.getpid()).encode())
-    os.close(fd)
-    return True
-
-
-def save_run(path: Path, record: dict, commit: bool) -> None:
-    """One finished run's numbers, written at once (and committed with --commit)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1))
-    path.with_suffix(".lock").unlink(missing_ok=True)
-    if commit:
-        subprocess.run(["git", "-C", str(REPO), "add", str(path)], check=False)
-        subprocess.run(
-            ["git", "-C", str(REPO), "commit", "-q", "-m", f"{path.parent.parent.name}: {path.stem}", "--", str(path)],
-            check=False,
-        )
-
-
-def stats(values: list[float]) -> dict:
-    a = np.asarray(values, dtype=float)
-    return {"mean": float(a.mean()), "sd": float(a.std(ddof=1)) if len(a) > 1 else 0.0, "n": len(a)}
-
-
-def paired(values: list[float], base: list[float]) -> dict:
-    """The per-seed difference against a baseline: mean, sd and the sign per seed."""
-    d = np.asarray(values, dtype=float) - np.asarray(base, dtype=float)
-    return {
-        **stats(d.tolist()),
-        "per_seed": [round(float(x), 2) for x in d],
-        "signs": "".join("+" if x > 0 else "-" if x < 0 else "0" for x in d),
-    }
 
 
 def run_record(

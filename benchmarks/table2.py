@@ -30,8 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from table1 import (  # noqa: E402
+from _common import (
     RESULTS,
     claim,
     common_args,

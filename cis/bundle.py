@@ -3,6 +3,7 @@
 A bundle is a folder::
 
     manifest.json                 schema version, model, stages, nodes, policy, profiles, file hashes
+    manifest.sig                  optional: Ed25519 signature of manifest.json (cis export --sign; cis.signing)
     stages/stage1.onnx ...        one static graph per stage (TensorRT engines beside them, optional)
     profiles/confidence.npz       per validation sample and exit: confidence and correctness
     profiles/latency.json         seconds per stage at batch sizes 1, 8, 32 on the exporting machine
@@ -29,6 +30,7 @@ from cis.spec import CisSpec, parse_spec
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
+SIGNATURE = "manifest.sig"  # written after the manifest, so never listed in it
 CONFIDENCE_PROFILE = "profiles/confidence.npz"
 LATENCY_PROFILE = "profiles/latency.json"
 
@@ -156,14 +158,23 @@ class Bundle:
         return {int(k): {int(b): float(s) for b, s in v.items()} for k, v in raw["stages"].items()}
 
 
-def load_bundle(path: str | Path, verify: bool = True) -> Bundle:
-    """Read a bundle's manifest and check every listed file's sha256."""
+def load_bundle(path: str | Path, verify: bool = True, trust: str | Path | None = None) -> Bundle:
+    """Read a bundle's manifest and check every listed file's sha256.
+
+    ``trust``: an Ed25519 public key (PEM); the manifest must carry a valid
+    signature by it (``manifest.sig``, see :mod:`cis.signing`), checked on the
+    same bytes that are then parsed, before any file hash."""
     root = Path(path)
     mpath = root / MANIFEST
     if not mpath.is_file():
         raise BundleError(f"{root}: no {MANIFEST}; expected a bundle folder written by 'cis export'")
+    raw = mpath.read_bytes()
+    if trust is not None:
+        from cis.signing import verify_manifest
+
+        verify_manifest(root, raw, trust)
     try:
-        manifest = json.loads(mpath.read_text())
+        manifest = json.loads(raw.decode())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BundleError(f"{mpath}: not valid JSON ({exc})") from None
     version = manifest.get("schema_version")
@@ -186,7 +197,7 @@ def load_bundle(path: str | Path, verify: bool = True) -> Bundle:
 def write_manifest(root: str | Path, manifest: dict[str, Any]) -> Path:
     """Fill in the schema version and the sha256 of every file under ``root`` and write manifest.json."""
     root = Path(root)
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.relative_to(root).as_posix() not in (MANIFEST, SIGNATURE))
     manifest = {"schema_version": SCHEMA_VERSION, **manifest, "files": {str(p.relative_to(root)): sha256_file(p) for p in files}}
     out = root / MANIFEST
     out.write_text(json.dumps(manifest, indent=2, default=str))

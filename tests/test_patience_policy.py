@@ -14,8 +14,9 @@ from cis.errors import CisError
 from cis.policy import ExitPolicy, evaluate_patience
 from cis.runtime import protocol as P
 from cis.runtime.client import Client
+from cis.runtime.feeds import check_feeds as _check_feeds
 from cis.runtime.launcher import free_port
-from cis.runtime.node import Node, NodeConfig, _check_feeds
+from cis.runtime.node import Node, NodeConfig
 from cis.topologies import make_spec
 from test_runtime_node import Running
 
@@ -109,7 +110,7 @@ def test_node_carries_the_patience_state_to_the_parent():
     kw = dict(measure="patience", patience=2)
     root = Running(Node(NodeConfig("root", 3, bind=raddr, **kw), stages))
     leaf_node = Node(NodeConfig("leaf", 1, bind=laddr, parent=raddr, heartbeat=0.05, heartbeat_timeout=0.5, forward_timeout=1.0, **kw), {1: stages[1]})
-    assert leaf_node.controller is None and leaf_node.carry_names == ["features_1"]
+    assert leaf_node.executor.controller is None and leaf_node.executor.carry_names == ["features_1"]
     leaf = Running(leaf_node)
     try:
         import time

@@ -32,15 +32,22 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--no-cap", action="store_true", help="do not enforce max_transfer_rate (forward whatever the policy says)")
     p.add_argument("--max-batch", type=int, default=32, help="samples per micro-batch (default 32)")
     p.add_argument("--max-wait", type=float, default=0.0, help="seconds a request may wait for a fuller batch (default 0: run when idle)")
-    p.add_argument("--queue-limit", type=int, help="samples that may wait; beyond, 'overloaded' (default: spec queue_limit or 1024)")
+    p.add_argument("--queue-limit", type=int, help="samples that may wait; beyond, 'overloaded'; a bigger request gets 'too_many_samples' (default: spec queue_limit or 1024)")
     p.add_argument("--forward-timeout", type=float, default=1.0, help="seconds a forward waits per tier above (default 1)")
     p.add_argument("--heartbeat", type=float, default=0.2, help="seconds between heartbeats to the parent (default 0.2)")
-    p.add_argument("--max-message-bytes", type=int, default=64 << 20, help="larger messages get 'too_large' (default 64 MiB)")
+    p.add_argument("--max-message-bytes", type=int, default=64 << 20,
+                   help="larger messages get 'too_large'; a single larger frame drops the sender's connection (default 64 MiB)")
+    p.add_argument("--rcv-hwm", type=int, default=64, help="messages ZeroMQ may hold per peer before the node reads them (default 64)")
+    p.add_argument("--nonfinite", choices=("refuse", "flag"), default="refuse",
+                   help="input with NaN/inf: 'refuse' answers bad_input (default); 'flag' answers those samples here with flag 4")
     p.add_argument("--adapt", action="store_true", help="move the threshold online to hold the spec's forwarded share")
     p.add_argument("--threads", type=int, default=1, help="onnxruntime threads per stage (default 1)")
     p.add_argument("--curve-key", help="own CurveZMQ .key_secret: encrypt the node's sockets")
     p.add_argument("--allow", help="folder of authorised public .key files; other peers are refused")
     p.add_argument("--server-key", help="the parent's public .key (default: the node's own public key)")
+    p.add_argument("--trust", help="Ed25519 public key (PEM): refuse a bundle whose manifest is not signed by it")
+    p.add_argument("--log-dir", help="with --all: each node's output in LOG_DIR/ID.log, the cluster's state in LOG_DIR/cluster.json")
+    p.add_argument("--restarts", type=int, default=0, help=argparse.SUPPRESS)  # set by --all when it restarts a node
     p.add_argument("--json", action="store_true", help="with --all: print the addresses as one JSON line")
     p.set_defaults(func=run)
 
@@ -50,8 +57,9 @@ def _node_options(args: argparse.Namespace) -> list[str]:
     for flag, value in (
         ("--threshold", args.threshold), ("--max-batch", args.max_batch), ("--max-wait", args.max_wait),
         ("--queue-limit", args.queue_limit), ("--forward-timeout", args.forward_timeout), ("--heartbeat", args.heartbeat),
-        ("--max-message-bytes", args.max_message_bytes), ("--threads", args.threads), ("--curve-key", args.curve_key),
-        ("--allow", args.allow), ("--server-key", args.server_key),
+        ("--max-message-bytes", args.max_message_bytes), ("--rcv-hwm", args.rcv_hwm), ("--nonfinite", args.nonfinite),
+        ("--threads", args.threads), ("--curve-key", args.curve_key), ("--allow", args.allow), ("--server-key", args.server_key),
+        ("--trust", args.trust),
     ):
         if value is not None:
             out += [flag, str(value)]
@@ -66,12 +74,14 @@ def run(args: argparse.Namespace) -> int:
     from cis.bundle import load_bundle
     from cis.spec import load_spec
 
-    bundle = load_bundle(args.bundle)
+    bundle = load_bundle(args.bundle, trust=args.trust)
     spec = load_spec(args.spec) if args.spec else bundle.spec
     if spec is None:
         raise CisError(f"{args.bundle}: bundle has no spec; pass --spec")
     if args.all:
         return _run_all(args, spec)
+    if args.log_dir:
+        raise CisError("--log-dir goes with --all; a single node writes to its own stderr")
     return _run_node(args, bundle, spec)
 
 
@@ -92,6 +102,7 @@ def _run_node(args: argparse.Namespace, bundle, spec) -> int:
     opts = dict(
         max_batch=args.max_batch, max_wait=args.max_wait, forward_timeout=args.forward_timeout, heartbeat=args.heartbeat,
         heartbeat_timeout=max(1.0, 5 * args.heartbeat), max_message_bytes=args.max_message_bytes, adapt=args.adapt, curve=_curve(args),
+        rcv_hwm=args.rcv_hwm, nonfinite=args.nonfinite, restarts=args.restarts,
     )
     if args.queue_limit is not None:
         opts["queue_limit"] = args.queue_limit
@@ -134,7 +145,7 @@ def _run_all(args: argparse.Namespace, spec) -> int:
     signal.signal(signal.SIGINT, on_signal)
     # the launcher's readiness probes use the nodes' own key pair, which every node trusts
     probe = CurveConfig(args.curve_key, None, str(args.curve_key).removesuffix("_secret")) if args.curve_key else None
-    cluster = launch(args.bundle, spec, args.spec, args.free_ports, extra, per_node, curve=probe)
+    cluster = launch(args.bundle, spec, args.spec, args.free_ports, extra, per_node, log_dir=args.log_dir, curve=probe)
     try:
         if args.json:
             print(json.dumps({"nodes": {n.id: {"address": cluster.addresses[n.id], "exit": n.exit, "parent": n.parent, "pid": cluster.procs[n.id].pid} for n in spec.nodes}}), flush=True)
@@ -143,6 +154,7 @@ def _run_all(args: argparse.Namespace, spec) -> int:
                 print(f"{n.id:<12} exit {n.exit}  {cluster.addresses[n.id]}  pid {cluster.procs[n.id].pid}", flush=True)
             print("serving; Ctrl-C stops every node", file=sys.stderr, flush=True)
         while not stop["now"]:
+            cluster.supervise()  # restart nodes that died (backoff), reap them: no zombies
             time.sleep(0.1)
     finally:
         codes = cluster.stop()

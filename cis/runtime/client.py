@@ -50,6 +50,11 @@ class Result:
     def capped(self) -> np.ndarray:
         return (self.flags & P.FLAG_CAPPED).astype(bool)
 
+    @property
+    def nonfinite(self) -> np.ndarray:
+        """Samples whose input held NaN/inf, answered with class -1 (only from nodes run with --nonfinite flag)."""
+        return (self.flags & P.FLAG_NONFINITE).astype(bool)
+
     def __len__(self) -> int:
         return len(self.cls)
 
@@ -114,7 +119,7 @@ class Client:
     def _parse(self, frames) -> tuple[int, Result] | None:
         now = time.perf_counter()
         try:
-            msg = P.decode(frames)
+            msg = P.decode(frames, kinds=P.REPLY_KINDS)
         except P.ProtocolError:
             return None
         sent = self._sent.pop(msg.id, None)
@@ -199,7 +204,7 @@ class Client:
             if not self.sock.poll(int(max(end - time.monotonic(), 0) * 1000) + 1, zmq.POLLIN):
                 continue
             try:
-                msg = P.decode(self.sock.recv_multipart(zmq.NOBLOCK, copy=False))
+                msg = P.decode(self.sock.recv_multipart(zmq.NOBLOCK, copy=False), kinds=P.REPLY_KINDS)
             except (zmq.Again, P.ProtocolError):
                 continue
             if msg.kind == P.STATUS_REPLY and msg.id == rid:
@@ -295,6 +300,7 @@ def summarize(results: list[Result | None], labels: np.ndarray | None = None) ->
     out["served_share_per_node"] = {k: nodes.count(k) / n_ok for k in sorted(set(nodes))}
     out["degraded"] = int((flags & P.FLAG_DEGRADED).astype(bool).sum())
     out["capped"] = int((flags & P.FLAG_CAPPED).astype(bool).sum())
+    out["nonfinite"] = int((flags & P.FLAG_NONFINITE).astype(bool).sum())
     out["latency_ms"] = {"mean": float(lat.mean()), "p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99))}
     return out
 

@@ -309,3 +309,52 @@ def test_serve_all_with_curve_encrypts_and_authenticates_every_link(bundle_dir, 
         assert set(r.served_by) == {spec.root.id}
     finally:
         _terminate(proc, 30)
+
+
+def test_serve_all_restarts_a_killed_node_and_status_shows_it(bundle_dir, test_set, tmp_path, run_cli):
+    """``serve --all --log-dir --trust``: a signed bundle is served; a SIGKILLed node is reaped (no
+    zombie) and restarted by the launcher, with its log and its restart count in ``cis status``."""
+    import shutil
+
+    from cis.signing import make_signing_key, sign_bundle
+
+    x, _ = test_set
+    signed = tmp_path / "bundle"
+    shutil.copytree(bundle_dir, signed)
+    private, public = make_signing_key(tmp_path / "keys", "release")
+    sign_bundle(signed, private)
+    logs = tmp_path / "logs"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cis.cli", "serve", str(signed), "--all", "--free-ports", "--json", "--log-dir", str(logs),
+         "--trust", str(public), *FAST],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        nodes = json.loads(_read_line(proc, 90))["nodes"]
+        victim = next(nid for nid, v in nodes.items() if v["parent"] is not None and v["exit"] == 2)
+        old = nodes[victim]["pid"]
+        os.kill(old, signal.SIGKILL)
+        state = {}
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            state = json.loads((logs / "cluster.json").read_text())["nodes"][victim]
+            if state["restarts"] == 1 and state["state"] == "up":
+                break
+            time.sleep(0.05)
+        assert state["restarts"] == 1 and state["pid"] != old and state["last_exit"] == -signal.SIGKILL
+        with pytest.raises(ProcessLookupError):  # reaped by the launcher: not even a zombie is left
+            os.kill(old, 0)
+        end = time.monotonic() + 30
+        while True:
+            st = run_cli("status", "--cluster", logs, "--json", "--timeout", "0.5")
+            node = st.json()["nodes"][victim]
+            if node["live"] or time.monotonic() > end:
+                break
+        assert node["live"] and node["restarts"] == 1 and node["launcher"]["restarts"] == 1, node
+        assert st.code == 0 and "restarted" in (logs / f"{victim}.log").read_text()
+        leaf = next(nid for nid in nodes if nodes[nid]["parent"] == victim)
+        with Client(nodes[leaf]["address"], timeout=10) as c:
+            assert len(c.infer(x[:4])) == 4
+    finally:
+        _terminate(proc, 30)
+    assert proc.returncode == 0

@@ -125,7 +125,7 @@ class Node:
             "queue_limit": self.cfg.queue_limit,
             "in_flight_forwarded": sum(p.n for p in self.pending.values()),
             **self.latency.summary(),
-            "transfer_cap": {"rate": _num(bucket.rate), "burst": bucket.burst, "tokens": bucket.tokens},
+            "transfer_cap": {"rate": _num(bucket.rate), "burst": _num(bucket.burst), "tokens": _num(bucket.tokens)},
             "adapt": ex.controller.to_json() if ex.controller else None,
             "restarts": self.cfg.restarts,
             "uptime": time.time() - self.started,

@@ -38,6 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-message-bytes", type=int, default=64 << 20,
                    help="larger messages get 'too_large'; a single larger frame drops the sender's connection (default 64 MiB)")
     p.add_argument("--rcv-hwm", type=int, default=64, help="messages ZeroMQ may hold per peer before the node reads them (default 64)")
+    p.add_argument("--rcv-buf", type=int, default=-1,
+                   help="kernel receive buffer (SO_RCVBUF) per connection in bytes: small keeps the waiting visible to the node (default: OS)")
     p.add_argument("--nonfinite", choices=("refuse", "flag"), default="refuse",
                    help="input with NaN/inf: 'refuse' answers bad_input (default); 'flag' answers those samples here with flag 4")
     p.add_argument("--adapt", action="store_true", help="move the threshold online to hold the spec's forwarded share")
@@ -57,7 +59,7 @@ def _node_options(args: argparse.Namespace) -> list[str]:
     for flag, value in (
         ("--threshold", args.threshold), ("--max-batch", args.max_batch), ("--max-wait", args.max_wait),
         ("--queue-limit", args.queue_limit), ("--forward-timeout", args.forward_timeout), ("--heartbeat", args.heartbeat),
-        ("--max-message-bytes", args.max_message_bytes), ("--rcv-hwm", args.rcv_hwm), ("--nonfinite", args.nonfinite),
+        ("--max-message-bytes", args.max_message_bytes), ("--rcv-hwm", args.rcv_hwm), ("--rcv-buf", args.rcv_buf), ("--nonfinite", args.nonfinite),
         ("--threads", args.threads), ("--curve-key", args.curve_key), ("--allow", args.allow), ("--server-key", args.server_key),
         ("--trust", args.trust),
     ):
@@ -102,7 +104,7 @@ def _run_node(args: argparse.Namespace, bundle, spec) -> int:
     opts = dict(
         max_batch=args.max_batch, max_wait=args.max_wait, forward_timeout=args.forward_timeout, heartbeat=args.heartbeat,
         heartbeat_timeout=max(1.0, 5 * args.heartbeat), max_message_bytes=args.max_message_bytes, adapt=args.adapt, curve=_curve(args),
-        rcv_hwm=args.rcv_hwm, nonfinite=args.nonfinite, restarts=args.restarts,
+        rcv_hwm=args.rcv_hwm, rcv_buf=args.rcv_buf, nonfinite=args.nonfinite, restarts=args.restarts,
     )
     if args.queue_limit is not None:
         opts["queue_limit"] = args.queue_limit

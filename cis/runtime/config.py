@@ -27,6 +27,7 @@ class NodeConfig:
     max_wait: float = 0.0  # seconds the oldest queued request may wait for company
     queue_limit: int = 1024  # samples admitted and waiting; beyond: "overloaded"; a bigger request: "too_many_samples"
     rcv_hwm: int = 64  # messages ZeroMQ may hold per peer before the node reads them (then TCP pushes back)
+    rcv_buf: int = -1  # SO_RCVBUF of the ROUTER's connections in bytes; -1: the OS default (autotuned)
     forward_timeout: float = 1.0  # seconds a forward waits for the parent (per tier above)
     tiers_above: int = 1
     heartbeat: float = 0.2

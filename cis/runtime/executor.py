@@ -32,7 +32,7 @@ from cis.policy import ExitPolicy, TokenBucket
 from cis.runtime import protocol as P
 from cis.runtime.adapt import ThresholdController
 from cis.runtime.config import NodeConfig
-from cis.runtime.feeds import TensorSpec, check_feeds, nonfinite_rows
+from cis.runtime.feeds import FeedContract, TensorSpec, nonfinite_rows
 
 
 class Stage(Protocol):
@@ -120,6 +120,7 @@ class Executor:
         )
         self.carry_names = [t.name for t in self.stages[config.exit].outputs if t.name != "logits"]
         self.state_names = (pt.LABEL, pt.COUNT) if self.patient else ()
+        self.contracts = {k: FeedContract(stage.inputs, self.state_names) for k, stage in self.stages.items()}
         self.queue: collections.deque[Request] = collections.deque()
         self.queued = 0  # samples in the queue
 
@@ -134,7 +135,7 @@ class Executor:
         stage = h.get("stage", 1)
         if stage not in self.stages or stage > self.cfg.exit:
             return "bad_stage", f"entry stage {stage!r}; node {nid} runs stages {sorted(self.stages)}"
-        problem, n = check_feeds(self.stages[stage].inputs, msg.tensors, self.state_names)
+        problem, n = self.contracts[stage].check(msg.tensors)
         if problem:
             return "bad_tensor", f"stage {stage}: {problem}"
         if n > limit:

@@ -14,44 +14,50 @@ class TensorSpec(Protocol):
     dtype: str
 
 
-def check_feeds(inputs: Sequence[TensorSpec], tensors: Mapping[str, np.ndarray], state: Sequence[str] = ()) -> tuple[str | None, int]:
-    """Check the tensors against the entry stage's inputs: (problem or None, samples).
+class FeedContract:
+    """The tensors a stage takes, compiled once: names, dtypes, per-sample shapes (the first
+    dimension is the batch). ``state``: the patience state's names, which may come along
+    (both or neither, int64 (N,)) and start fresh when absent."""
 
-    ``state``: the patience state's names, which may come along (both or neither,
-    int64 (N,)) and start fresh when absent."""
-    want = {t.name: t for t in inputs}
-    extra = set(tensors) - set(want)
-    if state and extra:
-        if extra != set(state):
-            return f"tensors {sorted(tensors)}; expected {sorted(want)} plus optionally both of {list(state)}", 0
-        for name in state:
+    def __init__(self, inputs: Sequence[TensorSpec], state: Sequence[str] = ()):
+        self.want = {t.name: (np.dtype(t.dtype), tuple(t.shape)) for t in inputs}
+        self.names = set(self.want)
+        self.state = tuple(state)
+        self.with_state = self.names | set(state)
+        self.int64 = np.dtype("int64")
+
+    def check(self, tensors: Mapping[str, np.ndarray]) -> tuple[str | None, int]:
+        """(problem or None, samples)."""
+        got = tensors.keys()
+        if got != self.names:
+            if not self.state or got != self.with_state:
+                extra = f" plus optionally both of {list(self.state)}" if self.state else ""
+                return f"tensors {sorted(got)}; expected {sorted(self.names)}{extra}", 0
+            for name in self.state:
+                a = tensors[name]
+                if a.dtype != self.int64 or a.ndim != 1:
+                    return f"tensor {name!r} has dtype {a.dtype.name} and shape {list(a.shape)}; expected int64 [N]", 0
+        n = None
+        for name, (dtype, shape) in self.want.items():
             a = tensors[name]
-            if a.dtype.name != "int64" or a.ndim != 1:
-                return f"tensor {name!r} has dtype {a.dtype.name} and shape {list(a.shape)}; expected int64 [N]", 0
-        n0 = tensors[state[0]].shape[0]
-        if tensors[state[1]].shape[0] != n0:
-            return f"tensors {list(state)} disagree on the batch size", 0
-        problem, n = check_feeds(inputs, {k: v for k, v in tensors.items() if k not in extra})
-        if problem is None and n != n0:
-            return f"tensors disagree on the batch size ({n} vs {n0})", 0
-        return problem, n
-    if set(tensors) != set(want):
-        return f"tensors {sorted(tensors)}; expected {sorted(want)}", 0
-    n = None
-    for name, spec in want.items():
-        a = tensors[name]
-        if a.dtype.name != np.dtype(spec.dtype).name:
-            return f"tensor {name!r} has dtype {a.dtype.name}; expected {np.dtype(spec.dtype).name}", 0
-        shape = tuple(spec.shape)
-        if a.ndim != len(shape) or any(s is not None and s != d for s, d in zip(shape[1:], a.shape[1:])):
-            return f"tensor {name!r} has shape {list(a.shape)}; expected {[('N' if s is None else s) for s in shape]}", 0
-        if n is None:
-            n = a.shape[0]
-        elif a.shape[0] != n:
-            return f"tensors disagree on the batch size ({n} vs {a.shape[0]})", 0
-    if not n:
-        return "empty batch; expected at least one sample", 0
-    return None, int(n)
+            if a.dtype != dtype:
+                return f"tensor {name!r} has dtype {a.dtype.name}; expected {dtype.name}", 0
+            if a.ndim != len(shape) or any(s is not None and s != d for s, d in zip(shape[1:], a.shape[1:])):
+                return f"tensor {name!r} has shape {list(a.shape)}; expected {[('N' if s is None else s) for s in shape]}", 0
+            if n is None:
+                n = a.shape[0]
+            elif a.shape[0] != n:
+                return f"tensors disagree on the batch size ({n} vs {a.shape[0]})", 0
+        if got != self.names and any(tensors[s].shape[0] != n for s in self.state):
+            return f"tensors {list(self.state)} disagree with the inputs on the batch size", 0
+        if not n:
+            return "empty batch; expected at least one sample", 0
+        return None, int(n)
+
+
+def check_feeds(inputs: Sequence[TensorSpec], tensors: Mapping[str, np.ndarray], state: Sequence[str] = ()) -> tuple[str | None, int]:
+    """:meth:`FeedContract.check` without keeping the contract."""
+    return FeedContract(inputs, state).check(tensors)
 
 
 def nonfinite_rows(tensors: Mapping[str, np.ndarray], n: int) -> np.ndarray | None:
@@ -66,4 +72,3 @@ def nonfinite_rows(tensors: Mapping[str, np.ndarray], n: int) -> np.ndarray | No
         rows = ~ok.reshape(n, -1).all(axis=1)
         bad = rows if bad is None else bad | rows
     return bad
-

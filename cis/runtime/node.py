@@ -149,6 +149,7 @@ class Node:
         front.linger = 0
         front.maxmsgsize = self.cfg.max_message_bytes  # per frame: a bigger frame can never be valid; ZeroMQ drops the peer
         front.rcvhwm = self.cfg.rcv_hwm
+        front.rcvbuf = self.cfg.rcv_buf
         front.sndhwm = 10000
         front.router_mandatory = True  # a reply that cannot be delivered raises, so it is counted, not lost unseen
         secure_server(front, self.cfg.curve)
@@ -159,7 +160,7 @@ class Node:
             up.linger = 0
             up.immediate = True  # no queueing towards a parent that is not connected
             up.reconnect_ivl = 100
-            up.reconnect_ivl_max = 1000
+            up.reconnect_ivl_max = 250  # a restarted parent is found again within a quarter second
             up.maxmsgsize = self.cfg.max_message_bytes
             if self.cfg.curve.enabled:
                 secure_client(up, CurveConfig(self.cfg.curve.secret_file, None, self.cfg.curve.server_public_file or None))

@@ -64,6 +64,7 @@ FLAG_NONFINITE = 4  # input held NaN/inf (node option nonfinite="flag"): answere
 
 DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
 _ITEMSIZE = {d: np.dtype(d).itemsize for d in DTYPES}
+_NAME = {np.dtype(d): d for d in DTYPES}  # dtype.name is a slow Python property
 COPY_THRESHOLD = 65536  # frames at least this large are sent without copying
 
 # limits of the header schema (docs/protocol.md, "Header fields")
@@ -121,7 +122,7 @@ def encode(kind: str, req_id: int = 0, tensors: Mapping[str, np.ndarray] | None 
         "kind": kind,
         "id": int(req_id),
         "names": list(tensors.keys()),
-        "dtypes": [a.dtype.name for a in arrays],
+        "dtypes": [_NAME.get(a.dtype) or a.dtype.name for a in arrays],
         "shapes": [list(a.shape) for a in arrays],
         **fields,
     }
@@ -300,9 +301,9 @@ def send(socket: Any, frames: Sequence[Any], prefix: Sequence[bytes] = (), flags
     """Send frames; buffers of COPY_THRESHOLD bytes or more go without a copy."""
     import zmq
 
+    more, flags = int(zmq.SNDMORE) | int(flags), int(flags)  # plain ints: IntFlag arithmetic is slow Python
     parts = [*prefix, *frames]
     last = len(parts) - 1
     for i, part in enumerate(parts):
-        more = zmq.SNDMORE if i < last else 0
         big = isinstance(part, np.ndarray) and part.nbytes >= COPY_THRESHOLD
-        socket.send(part, flags | more, copy=not big)
+        socket.send(part, more if i < last else flags, copy=not big)

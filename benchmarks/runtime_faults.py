@@ -23,12 +23,10 @@ import signal
 import time
 from pathlib import Path
 
-import numpy as np
 import zmq
-
 from runtime_live import HERE, ServeAll, demo_bundle, machine
 
-from cis.runtime.client import Client  # noqa: E402
+from cis.runtime.client import Client
 
 
 def main() -> int:
@@ -37,7 +35,9 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=30.0)
     ap.add_argument("--kill-edge", type=float, default=8.0, help="seconds into the run to SIGKILL an edge node")
     ap.add_argument("--kill-root", type=float, default=18.0, help="seconds into the run to SIGKILL the root")
-    ap.add_argument("--timeout", type=float, default=10.0, help="client timeout: a request without a reply by then is lost")
+    ap.add_argument(
+        "--timeout", type=float, default=10.0, help="client timeout: a request without a reply by then is lost"
+    )
     ap.add_argument("--work", default="/tmp/cis-bench/runtime-live", help="folder for the digits bundle")
     ap.add_argument("--bundle", help="a bundle to serve instead of the digits demo bundle")
     ap.add_argument("--quick", action="store_true", help="16 s: kills at 4 s and 10 s")
@@ -76,7 +76,7 @@ def main() -> int:
                 break
             while i < args.rate * min(now, args.seconds) and now < args.seconds:
                 leaf = leaves[i % len(leaves)]
-                sent[(leaf, clients[leaf].submit(x[i % len(x): i % len(x) + 1]))] = now
+                sent[(leaf, clients[leaf].submit(x[i % len(x) : i % len(x) + 1]))] = now
                 i += 1
             for sock, _ in poller.poll(5):
                 leaf = by_sock[sock]
@@ -84,7 +84,9 @@ def main() -> int:
                     t0 = sent.pop((leaf, rid), None)
                     if t0 is not None:
                         outcome = res.error.code if res.error else "result"
-                        records.append((t0, leaf, outcome, int(res.exit.max()) if not res.error else 0, bool(res.degraded.any())))
+                        records.append(
+                            (t0, leaf, outcome, int(res.exit.max()) if not res.error else 0, bool(res.degraded.any()))
+                        )
             for key, t0 in list(sent.items()):
                 if now - t0 > args.timeout:
                     del sent[key]
@@ -97,7 +99,12 @@ def main() -> int:
                     os.kill(k["pid"], signal.SIGKILL)
                     k["killed"] = now
                     say(f"SIGKILL {nid} (pid {k['pid']}) at {now:.2f} s")
-                elif "killed" in k and "restarted" not in k and int(state[nid]["pid"]) != k["pid"] and state[nid]["state"] == "up":
+                elif (
+                    "killed" in k
+                    and "restarted" not in k
+                    and int(state[nid]["pid"]) != k["pid"]
+                    and state[nid]["state"] == "up"
+                ):
                     k["restarted"] = now
                 elif "restarted" in k and "ready" not in k:
                     with Client(cluster.address(nid)) as probe:
@@ -112,26 +119,45 @@ def main() -> int:
         code = cluster.stop()
     # forwarding resumed: the first request sent after the node was ready that reached the root through it
     for nid, k in kills.items():
-        through = [r for r in records if nid in below[r[1]] and r[2] == "result" and r[3] == 3 and not r[4] and r[0] >= k.get("ready", 1e9)]
+        through = [
+            r
+            for r in records
+            if nid in below[r[1]] and r[2] == "result" and r[3] == 3 and not r[4] and r[0] >= k.get("ready", 1e9)
+        ]
         k["forwarding_resumed"] = min((r[0] for r in through), default=None)
         k["restart_after_kill_s"] = k["restarted"] - k["killed"] if "restarted" in k else None
         k["ready_after_kill_s"] = k["ready"] - k["killed"] if "ready" in k else None
-        k["resumed_after_kill_s"] = k["forwarding_resumed"] - k["killed"] if k["forwarding_resumed"] is not None else None
+        k["resumed_after_kill_s"] = (
+            k["forwarding_resumed"] - k["killed"] if k["forwarding_resumed"] is not None else None
+        )
     outcomes: dict[str, int] = {}
     for r in records:
         outcomes[r[2]] = outcomes.get(r[2], 0) + 1
     summary = {
-        "requests": len(records), "without_reply": outcomes.get("no_reply", 0), "outcomes": outcomes,
-        "degraded": sum(r[4] for r in records), "served_at_root": sum(r[3] == 3 for r in records),
-        "kills": {nid: {key: (round(v, 3) if isinstance(v, float) else v) for key, v in k.items()} for nid, k in kills.items()},
-        "restarts": restarts, "launcher_exit": code,
+        "requests": len(records),
+        "without_reply": outcomes.get("no_reply", 0),
+        "outcomes": outcomes,
+        "degraded": sum(r[4] for r in records),
+        "served_at_root": sum(r[3] == 3 for r in records),
+        "kills": {
+            nid: {key: (round(v, 3) if isinstance(v, float) else v) for key, v in k.items()} for nid, k in kills.items()
+        },
+        "restarts": restarts,
+        "launcher_exit": code,
     }
-    out = {"summary": summary, "settings": vars(args), "machine_before": before, "machine_after": machine(),
-           "command": "python benchmarks/runtime_faults.py" + (" --quick" if args.quick else "")}
+    out = {
+        "summary": summary,
+        "settings": vars(args),
+        "machine_before": before,
+        "machine_after": machine(),
+        "command": "python benchmarks/runtime_faults.py" + (" --quick" if args.quick else ""),
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2, default=str))
     say(json.dumps(summary))
-    ok = summary["without_reply"] == 0 and all((k["restart_after_kill_s"] or 99) <= 2 and k["resumed_after_kill_s"] for k in kills.values())
+    ok = summary["without_reply"] == 0 and all(
+        (k["restart_after_kill_s"] or 99) <= 2 and k["resumed_after_kill_s"] for k in kills.values()
+    )
     return 0 if ok else 1
 
 

@@ -42,8 +42,12 @@ def rss_mb(pid: int) -> float:
 
 def machine() -> dict:
     load = os.getloadavg()
-    return {"cpus": os.cpu_count(), "loadavg_1_5_15": [round(x, 2) for x in load], "python": platform.python_version(),
-            "note": "shared 2-core VM unless said otherwise; timings are noisy"}
+    return {
+        "cpus": os.cpu_count(),
+        "loadavg_1_5_15": [round(x, 2) for x in load],
+        "python": platform.python_version(),
+        "note": "shared 2-core VM unless said otherwise; timings are noisy",
+    }
 
 
 class ServeAll:
@@ -52,8 +56,22 @@ class ServeAll:
     def __init__(self, bundle: Path, logs: Path, args: list[str] = ()):
         self.logs = logs
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "cis.cli", "serve", str(bundle), "--all", "--free-ports", "--json", "--log-dir", str(logs), *args],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "cis.cli",
+                "serve",
+                str(bundle),
+                "--all",
+                "--free-ports",
+                "--json",
+                "--log-dir",
+                str(logs),
+                *args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
         line = self.proc.stdout.readline()
         if not line:

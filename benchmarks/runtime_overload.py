@@ -31,7 +31,6 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import zmq
-
 from runtime_live import HERE, ServeAll, demo_bundle, machine, rss_mb
 
 QUEUE_LIMIT = 1024
@@ -48,8 +47,17 @@ class Sender:
         self.sock.rcvhwm = 0
         self.sock.connect(addr)
         self.payload = np.ascontiguousarray(x, np.float32)
-        self.head = {"v": 1, "kind": "infer", "id": 0, "names": ["input"], "dtypes": ["float32"], "shapes": [list(x.shape)],
-                     "stage": 1, "deadline": 0, "route": []}
+        self.head = {
+            "v": 1,
+            "kind": "infer",
+            "id": 0,
+            "names": ["input"],
+            "dtypes": ["float32"],
+            "shapes": [list(x.shape)],
+            "stage": 1,
+            "deadline": 0,
+            "route": [],
+        }
         self.n = len(x)
         self.next_id = 1
         self.sent: dict[int, float] = {}
@@ -155,11 +163,20 @@ def burst(ctx, addr: str, pid: int, x: np.ndarray, rate: float, seconds: float, 
             rss_peak = max(rss_peak, rss_mb(pid))
         got = answer()
         if got is not None:
-            s.receive(1 << 30)  # every reply that came before the status answer: outstanding is what the client still waits for
+            s.receive(
+                1 << 30
+            )  # every reply that came before the status answer: outstanding is what the client still waits for
             recent = np.array([lat for _, lat in s.results[-4096:]]) if s.results else np.zeros(1)
-            snaps.append({"t": time.perf_counter() - start, "node_queue": got["queue_depth"] + got["in_flight_forwarded"],
-                          "node_queue_depth": got["queue_depth"], "client_outstanding": s.outstanding_samples,
-                          "node_p99": got["latency_p99"], "client_p99": float(np.percentile(recent, 99))})
+            snaps.append(
+                {
+                    "t": time.perf_counter() - start,
+                    "node_queue": got["queue_depth"] + got["in_flight_forwarded"],
+                    "node_queue_depth": got["queue_depth"],
+                    "client_outstanding": s.outstanding_samples,
+                    "node_p99": got["latency_p99"],
+                    "client_p99": float(np.percentile(recent, 99)),
+                }
+            )
         if not s.sock.poll(0):
             s.sock.poll(1)
     sent_total = s.next_id - 1
@@ -185,16 +202,32 @@ def burst(ctx, addr: str, pid: int, x: np.ndarray, rate: float, seconds: float, 
     little = len(window) * s.n / (t_hi - t_lo) * float(np.mean(window)) if window else None
     node_mean = float(np.mean([p["node_queue"] for p in steady])) if steady else None
     return {
-        "offered_rate": rate, "seconds": seconds, "sent": sent_total, "achieved_rate": sent_total / seconds,
-        "pushed_back_ticks": pushed_back, "replies": dict(s.codes), "without_reply": len(s.sent),
+        "offered_rate": rate,
+        "seconds": seconds,
+        "sent": sent_total,
+        "achieved_rate": sent_total / seconds,
+        "pushed_back_ticks": pushed_back,
+        "replies": dict(s.codes),
+        "without_reply": len(s.sent),
         "first_overloaded_after_start_ms": None if first_over is None else (first_over - start) * 1000,
-        "first_overloaded_after_saturation_ms": None if first_over is None or saturated_at is None else (first_over - saturated_at) * 1000,
+        "first_overloaded_after_saturation_ms": None
+        if first_over is None or saturated_at is None
+        else (first_over - saturated_at) * 1000,
         "rss_mb": {"before": rss0, "peak": rss_peak, "after": rss_mb(pid), "growth_peak": rss_peak - rss0},
-        "little_client_samples_in_system": little, "node_mean_queue": node_mean,
+        "little_client_samples_in_system": little,
+        "node_mean_queue": node_mean,
         "little_rel_diff": rel(node_mean, little) if little and node_mean is not None else None,
-        "queue_rel_diff": {"median": float(np.median(q_rel)) if q_rel else None, "p90": float(np.percentile(q_rel, 90)) if q_rel else None},
-        "p99_rel_diff": {"median": float(np.median(p99_rel)) if p99_rel else None, "p90": float(np.percentile(p99_rel, 90)) if p99_rel else None},
-        "client_latency_ms": {q: float(np.percentile([lat for _, lat in s.results], q)) * 1000 for q in (50, 99)} if s.results else None,
+        "queue_rel_diff": {
+            "median": float(np.median(q_rel)) if q_rel else None,
+            "p90": float(np.percentile(q_rel, 90)) if q_rel else None,
+        },
+        "p99_rel_diff": {
+            "median": float(np.median(p99_rel)) if p99_rel else None,
+            "p90": float(np.percentile(p99_rel, 90)) if p99_rel else None,
+        },
+        "client_latency_ms": {q: float(np.percentile([lat for _, lat in s.results], q)) * 1000 for q in (50, 99)}
+        if s.results
+        else None,
         "snapshots": snaps,
     }
 
@@ -205,8 +238,15 @@ def main() -> int:
     ap.add_argument("--factor", type=float, default=10.0, help="offered load as a multiple of the measured capacity")
     ap.add_argument("--seconds", type=float, default=20.0, help="burst length")
     ap.add_argument("--measure", type=float, default=5.0, help="seconds of the capacity measurement")
-    ap.add_argument("--client-hwm", type=int, default=128, help="the sending DEALER's send high-water mark in samples (messages x size)")
-    ap.add_argument("--client-sndbuf", type=int, default=65536, help="the sending DEALER's SO_SNDBUF in bytes (-1: OS default)")
+    ap.add_argument(
+        "--client-hwm",
+        type=int,
+        default=128,
+        help="the sending DEALER's send high-water mark in samples (messages x size)",
+    )
+    ap.add_argument(
+        "--client-sndbuf", type=int, default=65536, help="the sending DEALER's SO_SNDBUF in bytes (-1: OS default)"
+    )
     ap.add_argument("--rcv-buf", type=int, default=65536, help="the nodes' --rcv-buf (SO_RCVBUF bytes; -1: OS default)")
     ap.add_argument("--work", default="/tmp/cis-bench/runtime-live", help="folder for the digits bundle")
     ap.add_argument("--bundle", help="a bundle to serve instead of the digits demo bundle")
@@ -230,17 +270,45 @@ def main() -> int:
             addr, pid = cluster.address(leaf), cluster.pid(leaf)
             window = max(1, min(256, QUEUE_LIMIT // (2 * size)))
             cap = capacity(ctx, addr, x, window, args.measure)
-            print(f"runtime_overload: size {size}: capacity {cap:.0f} requests/s ({cap * size:.0f} samples/s), window {window}", flush=True)
-            res = burst(ctx, addr, pid, x, args.factor * cap, args.seconds, max(1, args.client_hwm // size), args.client_sndbuf)
-            res.update({"capacity_requests_per_s": cap, "capacity_samples_per_s": cap * size, "leaf": leaf,
-                        "restarts": {k: v["restarts"] for k, v in cluster.state().items()}})
+            print(
+                f"runtime_overload: size {size}: capacity {cap:.0f} requests/s ({cap * size:.0f} samples/s), "
+                f"window {window}",
+                flush=True,
+            )
+            res = burst(
+                ctx, addr, pid, x, args.factor * cap, args.seconds, max(1, args.client_hwm // size), args.client_sndbuf
+            )
+            res.update(
+                {
+                    "capacity_requests_per_s": cap,
+                    "capacity_samples_per_s": cap * size,
+                    "leaf": leaf,
+                    "restarts": {k: v["restarts"] for k, v in cluster.state().items()},
+                }
+            )
             out["sizes"][str(size)] = res
-            brief = {k: res[k] for k in ("achieved_rate", "pushed_back_ticks", "without_reply", "little_rel_diff", "first_overloaded_after_start_ms", "first_overloaded_after_saturation_ms",
-                                         "queue_rel_diff", "p99_rel_diff", "replies")}
+            brief = {
+                k: res[k]
+                for k in (
+                    "achieved_rate",
+                    "pushed_back_ticks",
+                    "without_reply",
+                    "little_rel_diff",
+                    "first_overloaded_after_start_ms",
+                    "first_overloaded_after_saturation_ms",
+                    "queue_rel_diff",
+                    "p99_rel_diff",
+                    "replies",
+                )
+            }
             print(f"runtime_overload: size {size}: {json.dumps(brief, default=str)}; RSS {res['rss_mb']}", flush=True)
     out["machine_after"] = machine()
     out["command"] = "python benchmarks/runtime_overload.py" + (" --quick" if args.quick else "")
-    out["settings"] = {"rcv_buf": args.rcv_buf, "client_hwm_samples": args.client_hwm, "client_sndbuf": args.client_sndbuf}
+    out["settings"] = {
+        "rcv_buf": args.rcv_buf,
+        "client_hwm_samples": args.client_hwm,
+        "client_sndbuf": args.client_sndbuf,
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2, default=str))
     Path(args.out).with_suffix(".md").write_text(report(out))
@@ -252,28 +320,41 @@ def report(out: dict) -> str:
         return "-" if v is None else format(v, fmt)
 
     rows = [
-        "| samples per request | capacity req/s | offered req/s | sent req/s | first `overloaded` after start / after saturation (ms) "
-        "| without reply | leaf RSS before -> peak (MB) | queue: node vs client, median rel. diff | Little's law rel. diff | p99: node vs client, median rel. diff |",
+        "| samples per request | capacity req/s | offered req/s | sent req/s | first `overloaded` after start / "
+        "after saturation (ms) "
+        "| without reply | leaf RSS before -> peak (MB) | queue: node vs client, median rel. diff | Little's "
+        "law rel. diff | p99: node vs client, median rel. diff |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for size, r in out["sizes"].items():
         rows.append(
             f"| {size} | {f(r['capacity_requests_per_s'])} | {f(r['offered_rate'])} | {f(r['achieved_rate'])} "
-            f"| {f(r['first_overloaded_after_start_ms'])} / {f(r['first_overloaded_after_saturation_ms'])} | {r['without_reply']} "
-            f"| {f(r['rss_mb']['before'], '.1f')} -> {f(r['rss_mb']['peak'], '.1f')} | {f(r['queue_rel_diff']['median'], '.2f')} "
+            f"| {f(r['first_overloaded_after_start_ms'])} / {f(r['first_overloaded_after_saturation_ms'])} | "
+            f"{r['without_reply']} "
+            f"| {f(r['rss_mb']['before'], '.1f')} -> {f(r['rss_mb']['peak'], '.1f')} | "
+            f"{f(r['queue_rel_diff']['median'], '.2f')} "
             f"| {f(r['little_rel_diff'], '.2f')} | {f(r['p99_rel_diff']['median'], '.2f')} |"
         )
     m0, m1 = out["machine_before"], out["machine_after"]
-    return "\n".join([
-        "# Runtime overload: a leaf of `cis serve --all` (digits bundle) at 10x its capacity", "",
-        f"Command: `{out['command']}`; settings {out['settings']}; queue limit {out['queue_limit']} samples.",
-        f"Machine: {m0['cpus']} CPUs, load average before {m0['loadavg_1_5_15']}, after {m1['loadavg_1_5_15']} (shared and noisy).", "",
-        *rows, "",
-        "Queue: the node's `queue_depth + in_flight_forwarded` against the samples the client has sent and not had answered, "
-        "per status snapshot (what the client counts includes its own send queue and the TCP buffers in between). "
-        "Little's law: the client's mean samples in the system (result rate x mean latency) against the node's mean queue. "
-        "p99: the node's `latency_p99` against the p99 of the client's last 4,096 results at the same moment.", "",
-    ])
+    return "\n".join(
+        [
+            "# Runtime overload: a leaf of `cis serve --all` (digits bundle) at 10x its capacity",
+            "",
+            f"Command: `{out['command']}`; settings {out['settings']}; queue limit {out['queue_limit']} samples.",
+            f"Machine: {m0['cpus']} CPUs, load average before {m0['loadavg_1_5_15']}, after "
+            f"{m1['loadavg_1_5_15']} (shared and noisy).",
+            "",
+            *rows,
+            "",
+            "Queue: the node's `queue_depth + in_flight_forwarded` against the samples the client has sent and "
+            "not had answered, "
+            "per status snapshot (what the client counts includes its own send queue and the TCP buffers in between). "
+            "Little's law: the client's mean samples in the system (result rate x mean latency) against the "
+            "node's mean queue. "
+            "p99: the node's `latency_p99` against the p99 of the client's last 4,096 results at the same moment.",
+            "",
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -197,7 +197,8 @@ def load_bundle(path: str | Path, verify: bool = True, trust: str | Path | None 
 def write_manifest(root: str | Path, manifest: dict[str, Any]) -> Path:
     """Fill in the schema version and the sha256 of every file under ``root`` and write manifest.json."""
     root = Path(root)
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.relative_to(root).as_posix() not in (MANIFEST, SIGNATURE))
+    skip = (MANIFEST, SIGNATURE)
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.relative_to(root).as_posix() not in skip)
     manifest = {"schema_version": SCHEMA_VERSION, **manifest, "files": {str(p.relative_to(root)): sha256_file(p) for p in files}}
     out = root / MANIFEST
     out.write_text(json.dumps(manifest, indent=2, default=str))

@@ -56,7 +56,10 @@ def load_private_key(path: str | Path):
 
     path = Path(path)
     if not path.is_file():
-        raise CisError(f"{path}: signing key not found; expected an Ed25519 private key (PEM) from 'cis keys DIR --name NAME --signing'")
+        raise CisError(
+            f"{path}: signing key not found; expected an Ed25519 private key (PEM) "
+            "from 'cis keys DIR --name NAME --signing'"
+        )
     try:
         key = ser.load_pem_private_key(path.read_bytes(), password=None)
     except (ValueError, TypeError) as exc:
@@ -94,26 +97,36 @@ def sign_bundle(root: str | Path, key_path: str | Path) -> Path:
         raise BundleError(f"{root}: no {MANIFEST} to sign")
     sig = key.sign(manifest.read_bytes())
     out = root / SIGNATURE
-    record = {"algorithm": ALGORITHM, "key_id": _key_id(_raw(key.public_key())), "signature": base64.b64encode(sig).decode()}
+    record = {
+        "algorithm": ALGORITHM,
+        "key_id": _key_id(_raw(key.public_key())),
+        "signature": base64.b64encode(sig).decode(),
+    }
     out.write_text(json.dumps(record, indent=2) + "\n")
     return out
 
 
 def verify_manifest(root: Path, manifest_bytes: bytes, trusted_key: str | Path) -> None:
-    """Raise :class:`BundleError` (one line) unless ``root``/manifest.sig signs ``manifest_bytes`` with ``trusted_key``."""
+    """Raise :class:`BundleError` (one line) unless ``root``/manifest.sig signs ``manifest_bytes``
+    with ``trusted_key``."""
     from cryptography.exceptions import InvalidSignature
 
     key = load_public_key(trusted_key)
     sig_path = root / SIGNATURE
     if not sig_path.is_file():
-        raise BundleError(f"{root}: bundle is not signed (no {SIGNATURE}); --trust {trusted_key} accepts only bundles signed with 'cis export --sign'")
+        raise BundleError(
+            f"{root}: bundle is not signed (no {SIGNATURE}); --trust {trusted_key} accepts only bundles "
+            "signed with 'cis export --sign'"
+        )
     try:
         record = json.loads(sig_path.read_text())
         if record.get("algorithm") != ALGORITHM:
             raise ValueError(f"algorithm {record.get('algorithm')!r}")
         sig = base64.b64decode(record["signature"], validate=True)
     except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError) as exc:
-        raise BundleError(f"{sig_path}: not a cis signature record ({exc}); expected ed25519 JSON from 'cis export --sign'") from None
+        raise BundleError(
+            f"{sig_path}: not a cis signature record ({exc}); expected ed25519 JSON from 'cis export --sign'"
+        ) from None
     try:
         key.verify(sig, manifest_bytes)
     except InvalidSignature:

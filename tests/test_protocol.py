@@ -13,7 +13,11 @@ from cis.runtime.adapt import ThresholdController
 
 
 def test_round_trip_keeps_names_dtypes_shapes_and_fields():
-    tensors = {"input": np.arange(24, dtype=np.float32).reshape(2, 3, 4), "mask": np.array([1, -2], np.int8), "h": np.ones((2, 5), np.float16)}
+    tensors = {
+        "input": np.arange(24, dtype=np.float32).reshape(2, 3, 4),
+        "mask": np.array([1, -2], np.int8),
+        "h": np.ones((2, 5), np.float16),
+    }
     frames = P.encode(P.INFER, 7, tensors, stage=2, deadline=12.5, route=["device0"])
     msg = P.decode([bytes(memoryview(f)) for f in frames])
     assert msg.kind == P.INFER and msg.id == 7
@@ -89,10 +93,22 @@ def test_controller_holds_the_target_share():
 
 # ---------------------------------------------------------------- strict header schema
 
+
 def _infer(**fields):
     """A valid one-tensor infer message whose header fields are replaced by ``fields`` (None removes one)."""
-    header = {"v": 1, "kind": "infer", "id": 77, "names": ["x"], "dtypes": ["float32"], "shapes": [[2, 3]],
-              "stage": 1, "deadline": 0, "route": [], "sender": "a", "node": "b"}
+    header = {
+        "v": 1,
+        "kind": "infer",
+        "id": 77,
+        "names": ["x"],
+        "dtypes": ["float32"],
+        "shapes": [[2, 3]],
+        "stage": 1,
+        "deadline": 0,
+        "route": [],
+        "sender": "a",
+        "node": "b",
+    }
     for k, v in fields.items():
         if v is None:
             header.pop(k)
@@ -108,7 +124,10 @@ BAD_VALUES = {  # header field -> (code, values of the wrong type or out of rang
     "id": ("bad_message", [True, False, 1.5, -1, "1", b"1", [1], {"a": 1}, [], {}]),
     "names": ("bad_tensor", [True, 1.5, -1, "x", b"x", {"a": 1}, [1], [b"x"], [""], ["x" * 200], [["x"]]]),
     "dtypes": ("bad_tensor", [True, 1.5, "float32", {"a": 1}, [1], [b"float32"], ["object"], ["float"], [True]]),
-    "shapes": ("bad_tensor", [True, 1.5, "2,3", {"a": 1}, [2], [[2.0, 3]], [[True, 3]], [[-2, 3]], [["2", 3]], [[2] * 9], [[2, 1 << 40]]]),
+    "shapes": (
+        "bad_tensor",
+        [True, 1.5, "2,3", {"a": 1}, [2], [[2.0, 3]], [[True, 3]], [[-2, 3]], [["2", 3]], [[2] * 9], [[2, 1 << 40]]],
+    ),
     "stage": ("bad_stage", [True, False, 1.5, -1, 0, 256, "1", b"1", [1], {"a": 1}, []]),
     "deadline": ("bad_message", [True, -1, -0.5, float("nan"), float("inf"), "1", b"1", [1], {"a": 1}]),
     "route": ("bad_message", [True, 1, 1.5, "a", {"a": 1}, [1], [b"a"], [""], ["a"] * 17, [["a"]]]),
@@ -149,7 +168,12 @@ def test_kinds_a_receiver_does_not_accept_are_unknown_and_replies_are_checked():
         P.decode([msgpack.packb({"v": 1, "kind": "result", "id": 3})], kinds=P.REQUEST_KINDS)
     assert err.value.code == "unknown_kind" and err.value.req_id == 3
     assert _code(P.encode(P.STATUS, 3, {"x": np.zeros(2, np.float32)})) == "bad_message"  # status carries no tensors
-    ok = {"class": np.zeros(2, np.int64), "confidence": np.zeros(2, np.float32), "exit": np.ones(2, np.int32), "flags": np.zeros(2, np.uint8)}
+    ok = {
+        "class": np.zeros(2, np.int64),
+        "confidence": np.zeros(2, np.float32),
+        "exit": np.ones(2, np.int32),
+        "flags": np.zeros(2, np.uint8),
+    }
     assert P.decode(P.encode(P.RESULT, 4, ok, served_by=["a", "b"])).id == 4
     assert _code(P.encode(P.RESULT, 4, ok, served_by=["a"])) == "bad_message"
     assert _code(P.encode(P.RESULT, 4, ok, served_by=["a", 1])) == "bad_message"
@@ -160,11 +184,39 @@ def test_kinds_a_receiver_does_not_accept_are_unknown_and_replies_are_checked():
 
 # ---------------------------------------------------------------- property-based: the schema holds for all input
 
-_scalars = st.one_of(st.none(), st.booleans(), st.integers(-(1 << 63), (1 << 64) - 1), st.floats(allow_nan=True),
-                     st.text(max_size=8), st.binary(max_size=8))
-_values = st.recursive(_scalars, lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4), max_leaves=12)
-_keys = st.sampled_from(["v", "kind", "id", "names", "dtypes", "shapes", "stage", "deadline", "route", "sender", "node",
-                         "served_by", "code", "message", "status", "other"])
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(1 << 63), (1 << 64) - 1),
+    st.floats(allow_nan=True),
+    st.text(max_size=8),
+    st.binary(max_size=8),
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+    max_leaves=12,
+)
+_keys = st.sampled_from(
+    [
+        "v",
+        "kind",
+        "id",
+        "names",
+        "dtypes",
+        "shapes",
+        "stage",
+        "deadline",
+        "route",
+        "sender",
+        "node",
+        "served_by",
+        "code",
+        "message",
+        "status",
+        "other",
+    ]
+)
 
 
 def _accepted_header_is_in_schema(h: dict, tensors: dict) -> None:

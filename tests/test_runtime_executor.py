@@ -106,9 +106,11 @@ def test_non_finite_samples_flagged_are_answered_here_and_never_forwarded():
     x[0, 3] = -np.inf
     assert ex.admit([b"a"], msg(1, x), 0.0) is None
     ex.run_batch()
-    (pending, carry), = out.forwards
+    ((pending, carry),) = out.forwards
     assert pending.n == 1 and np.isfinite(carry["features"]).all()  # only the finite unsure sample goes up
-    ex.scatter(pending, np.array([2]), np.array([0.9], np.float32), np.array([2], np.int32), np.zeros(1, np.uint8), ["root"])
+    ex.scatter(
+        pending, np.array([2]), np.array([0.9], np.float32), np.array([2], np.int32), np.zeros(1, np.uint8), ["root"]
+    )
     (r,) = out.replies
     assert r.cls.tolist() == [-1, 2, 0] and r.flags.tolist() == [P.FLAG_NONFINITE, 0, 0]
     assert np.isnan(r.conf[0]) and r.served_by == ["leaf", "root", "leaf"] and r.exit.tolist() == [1, 2, 1]

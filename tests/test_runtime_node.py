@@ -37,11 +37,17 @@ class FakeStage:
 
 def _stages():
     # stage 1: logits from the first 3 inputs (large first value -> confident), carry = the input doubled
-    s1 = FakeStage((T("input", (None, 4), "float32"),), (T("logits", (None, 3), "float32"), T("features", (None, 4), "float32")),
-                   lambda f: {"logits": f["input"][:, :3] * 10, "features": f["input"] * 2})
+    s1 = FakeStage(
+        (T("input", (None, 4), "float32"),),
+        (T("logits", (None, 3), "float32"), T("features", (None, 4), "float32")),
+        lambda f: {"logits": f["input"][:, :3] * 10, "features": f["input"] * 2},
+    )
     # stage 2: always confident in class 2
-    s2 = FakeStage((T("features", (None, 4), "float32"),), (T("logits", (None, 3), "float32"),),
-                   lambda f: {"logits": np.tile(np.array([0, 0, 50], np.float32), (len(f["features"]), 1))})
+    s2 = FakeStage(
+        (T("features", (None, 4), "float32"),),
+        (T("logits", (None, 3), "float32"),),
+        lambda f: {"logits": np.tile(np.array([0, 0, 50], np.float32), (len(f["features"]), 1))},
+    )
     return {1: s1, 2: s2}
 
 
@@ -50,7 +56,11 @@ class Running:
         self.node = node
         self.stop = threading.Event()
         self.ready = threading.Event()
-        self.thread = threading.Thread(target=node.run, kwargs=dict(install_signals=False, ready=self.ready.set, stop=self.stop.is_set), daemon=True)
+        self.thread = threading.Thread(
+            target=node.run,
+            kwargs=dict(install_signals=False, ready=self.ready.set, stop=self.stop.is_set),
+            daemon=True,
+        )
         self.thread.start()
         assert self.ready.wait(5)
 
@@ -197,6 +207,8 @@ def test_status_reports_the_queue_and_the_wait_clients_see(tree):
     assert all(r.error is None for _, r in got)
     # the node's latency starts at arrival and includes the queue: its max is the client's last wait, not a stage's time
     assert st["latency_p99"] > 0.45 and lat[-1] >= st["latency_p99"] * 0.9
+
+
 def test_no_parent_means_degraded_not_lost(tree):
     laddr, _, leaf = tree(root=False)
     with Client(laddr, timeout=5) as c:
@@ -291,9 +303,13 @@ def test_curve_allow_list_refuses_unknown_keys(tmp_path):
     run = Running(Node(NodeConfig("root", 2, bind=addr, curve=curve), _stages()))
     try:
         server_pub = str(tmp_path / "server" / "node.key")
-        with Client(addr, timeout=3, curve=CurveConfig(str(tmp_path / "allowed" / "friend.key_secret"), None, server_pub)) as c:
+        with Client(
+            addr, timeout=3, curve=CurveConfig(str(tmp_path / "allowed" / "friend.key_secret"), None, server_pub)
+        ) as c:
             assert c.infer(_batch()).exit.tolist() == [2, 2, 2, 2]
-        with Client(addr, timeout=1, curve=CurveConfig(str(tmp_path / "other" / "stranger.key_secret"), None, server_pub)) as c:
+        with Client(
+            addr, timeout=1, curve=CurveConfig(str(tmp_path / "other" / "stranger.key_secret"), None, server_pub)
+        ) as c:
             with pytest.raises(TimeoutError):
                 c.infer(_batch())
         with Client(addr, timeout=1) as c:  # plain text: no service either
@@ -314,3 +330,56 @@ def test_a_failing_decision_answers_internal_and_the_node_keeps_serving(tree):
         assert err.value.code == "internal" and "boom" in err.value.message
         leaf.policy.decide = real
         assert c.infer(_batch()[:1]).cls.tolist() == [0]
+
+
+def test_a_parent_that_answers_garbage_cannot_break_its_child(tree):
+    """Reply-side fields (served_by, code, message, tensors) type-confused by a bad parent: the child serves
+    those samples itself, degraded, and keeps going."""
+    ok = {
+        "class": np.zeros(1, np.int64),
+        "confidence": np.ones(1, np.float32),
+        "exit": np.full(1, 2, np.int32),
+        "flags": np.zeros(1, np.uint8),
+    }
+    garbage = [
+        lambda rid: P.encode(P.RESULT, rid, ok, served_by=[7]),
+        lambda rid: P.encode(P.RESULT, rid, ok, served_by="root"),
+        lambda rid: P.encode(P.RESULT, rid, {**ok, "flags": np.zeros(1, np.int64)}, served_by=["root"]),
+        lambda rid: P.encode(P.RESULT, rid, {k: v.repeat(2) for k, v in ok.items()}, served_by=["root"] * 2),
+        lambda rid: P.encode(P.ERROR, rid, code=["x"], message=1),
+        lambda rid: [msgpack.packb({"v": 1, "kind": "result", "id": rid})],
+        lambda rid: [b"\xc1 not msgpack"],  # the id cannot be read: the forward times out
+    ]
+    paddr = f"tcp://127.0.0.1:{free_port()}"
+    answers = list(garbage)
+    stop = threading.Event()
+
+    def bad_parent():
+        sock = zmq.Context.instance().socket(zmq.ROUTER)
+        sock.linger = 0
+        sock.bind(paddr)
+        while not stop.is_set():
+            if not sock.poll(50):
+                continue
+            ident, *frames = sock.recv_multipart()
+            msg = P.decode(frames)
+            reply = P.encode(P.PONG, msg.id) if msg.kind == P.PING else answers.pop(0)(msg.id)
+            sock.send_multipart([ident, *[bytes(memoryview(f)) for f in reply]])
+        sock.close()
+
+    thread = threading.Thread(target=bad_parent, daemon=True)
+    thread.start()
+    try:
+        laddr, _, leaf = tree(root=False, leaf_kw=dict(parent=paddr, forward_timeout=0.3))
+        end = time.monotonic() + 5
+        while not leaf.parent_up and time.monotonic() < end:
+            time.sleep(0.02)
+        with Client(laddr, timeout=10) as c:
+            results = [c.infer(_batch()[2:3]) for _ in garbage]  # unsure: each is forwarded, answered with garbage
+            st = c.status()
+    finally:
+        stop.set()
+        thread.join(5)
+    assert not answers  # every forward reached the bad parent
+    assert all(r.degraded.all() and r.exit.tolist() == [1] and r.served_by == ["leaf"] for r in results)
+    assert st["degraded"] == len(garbage) and st["errors"] == 0

@@ -86,4 +86,7 @@ def test_keys_write_only_public_keys_into_an_allow_folder(tmp_path, run_cli):
     assert run_cli("keys", tmp_path / "allow", "--add", tmp_path / "other" / "tablet.key").code == 0
     assert sorted(p.name for p in (tmp_path / "allow").iterdir()) == ["phone.key", "tablet.key"]
     res = run_cli("keys", tmp_path / "sign", "--name", "release", "--signing", "--json")
-    assert res.code == 0 and sorted(p.name for p in (tmp_path / "sign").iterdir()) == ["release.sign.pem", "release.sign.pub.pem"]
+    assert res.code == 0 and sorted(p.name for p in (tmp_path / "sign").iterdir()) == [
+        "release.sign.pem",
+        "release.sign.pub.pem",
+    ]

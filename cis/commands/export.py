@@ -24,7 +24,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trt-fp32", action="store_true", help="build the TensorRT engines in FP32 instead of FP16")
     p.add_argument("--patience", type=int, help="FLAME models: inference patience p_ev of the bundle's patience policy (default: 4)")
     p.add_argument("--latency-repeats", type=int, default=20, help="timed runs per stage and batch size for the latency profile")
-    p.add_argument("--sign", metavar="KEYFILE", help="Ed25519 private key (PEM): sign the finished bundle's manifest (manifest.sig)")
+    p.add_argument(
+        "--sign", metavar="KEYFILE", help="Ed25519 private key (PEM): sign the finished bundle's manifest (manifest.sig)"
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 

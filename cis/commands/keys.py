@@ -19,8 +19,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("folder", help="folder to write the keys into")
     p.add_argument("--name", action="append", help="key pair name (repeatable; default 'node')")
     p.add_argument("--allow", metavar="FOLDER", help="also copy each new public key (only) into this allow folder")
-    p.add_argument("--add", action="append", metavar="KEYFILE", help="copy this public .key into FOLDER (an allow folder); repeatable")
-    p.add_argument("--signing", action="store_true", help="make Ed25519 bundle-signing keys (NAME.sign.pem, NAME.sign.pub.pem)")
+    p.add_argument(
+        "--add",
+        action="append",
+        metavar="KEYFILE",
+        help="copy this public .key into FOLDER (an allow folder); repeatable",
+    )
+    p.add_argument(
+        "--signing", action="store_true", help="make Ed25519 bundle-signing keys (NAME.sign.pem, NAME.sign.pub.pem)"
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -50,10 +57,19 @@ def run(args: argparse.Namespace) -> int:
             made[name]["allowed"] = str(add_public(args.allow, public))
     if args.signing:
         lines = [f"{n}: private {v['private']}  public {v['public']}" for n, v in made.items()]
-        lines.append("sign bundles with 'cis export --sign PRIVATE'; serve them with 'cis serve --trust PUBLIC'; keep the private key private")
+        lines.append(
+            "sign bundles with 'cis export --sign PRIVATE'; serve them with 'cis serve --trust PUBLIC'; "
+            "keep the private key private"
+        )
     else:
-        lines = [f"{n}: public {v['public']}  secret {v['secret']}" + (f"  (public copied to {v['allowed']})" if "allowed" in v else "")
-                 for n, v in made.items()]
-        lines.append("authorise a peer with 'cis keys ALLOW_DIR --add PEER.key' (public key only); keep .key_secret files private")
+        lines = [
+            f"{n}: public {v['public']}  secret {v['secret']}"
+            + (f"  (public copied to {v['allowed']})" if "allowed" in v else "")
+            for n, v in made.items()
+        ]
+        lines.append(
+            "authorise a peer with 'cis keys ALLOW_DIR --add PEER.key' (public key only); "
+            "keep .key_secret files private"
+        )
     print_result(args, {"keys": made}, "\n".join(lines))
     return 0

@@ -20,7 +20,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("status", help="show the counters of live nodes (and restarts / down nodes of 'serve --all')")
     p.add_argument("--spec", help="spec file: ask every node at its address")
     p.add_argument("--connect", action="append", help="a node address (repeatable)")
-    p.add_argument("--cluster", help="the --log-dir of 'cis serve --all' (or its cluster.json): its nodes and their restarts")
+    p.add_argument(
+        "--cluster", help="the --log-dir of 'cis serve --all' (or its cluster.json): its nodes and their restarts"
+    )
     p.add_argument("--timeout", type=float, default=1.0, help="seconds to wait for each node (default 1)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
@@ -37,7 +39,9 @@ def _cluster(path: str) -> dict[str, dict]:
     if f.is_dir():
         f = f / CLUSTER_FILE
     if not f.is_file():
-        raise CisError(f"{f}: not found; expected the {CLUSTER_FILE} that 'cis serve --all --log-dir DIR' writes in DIR")
+        raise CisError(
+            f"{f}: not found; expected the {CLUSTER_FILE} that 'cis serve --all --log-dir DIR' writes in DIR"
+        )
     try:
         nodes = json.loads(f.read_text())["nodes"]
         return {nid: dict(v) for nid, v in nodes.items() if isinstance(v["address"], str)}
@@ -73,22 +77,34 @@ def run(args: argparse.Namespace) -> int:
             except TimeoutError:
                 result[key] = {"address": addr, "live": False}
         if key in launcher:
-            result[key]["launcher"] = {k: launcher[key].get(k) for k in ("state", "pid", "restarts", "last_exit", "log")}
+            result[key]["launcher"] = {
+                k: launcher[key].get(k) for k in ("state", "pid", "restarts", "last_exit", "log")
+            }
     print_result(args, {"nodes": result}, _table(result))
     return 0 if all(s["live"] for s in result.values()) else 1
 
 
 def _table(result: dict[str, dict]) -> str:
     cols = ("served", "forwarded", "degraded", "capped", "errors", "overloaded", "queue_depth", "restarts")
-    lines = [f"{'node':<12}{'live':>5}" + "".join(f"{c.replace('_depth', ''):>11}" for c in cols) + f"{'p50 ms':>9}{'p99 ms':>9}  threshold"]
+    lines = [
+        f"{'node':<12}{'live':>5}"
+        + "".join(f"{c.replace('_depth', ''):>11}" for c in cols)
+        + f"{'p50 ms':>9}{'p99 ms':>9}  threshold"
+    ]
     for key, st in result.items():
         sup = st.get("launcher")
         if not st["live"]:
-            seen = f"; launcher: {sup['state']}, pid {sup['pid']}, restarts {sup['restarts']}, last exit {sup['last_exit']}" if sup else ""
+            seen = (
+                f"; launcher: {sup['state']}, pid {sup['pid']}, restarts {sup['restarts']}, "
+                f"last exit {sup['last_exit']}"
+                if sup
+                else ""
+            )
             lines.append(f"{key:<12}{'no':>5}  (no answer from {st['address']}{seen})")
             continue
         lines.append(
-            f"{key:<12}{'yes':>5}" + "".join(f"{st.get(c, 0):>11}" for c in cols)
+            f"{key:<12}{'yes':>5}"
+            + "".join(f"{st.get(c, 0):>11}" for c in cols)
             + f"{_ms(st.get('latency_p50')):>9}{_ms(st.get('latency_p99')):>9}  {_threshold(st.get('threshold'))}"
             + (f"  adapt {st['adapt']['threshold']:.4f}" if st.get("adapt") else "")
         )

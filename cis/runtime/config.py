@@ -45,4 +45,6 @@ class NodeConfig:
         if self.nonfinite not in NONFINITE_MODES:
             raise CisError(f"nonfinite is {self.nonfinite!r}; expected one of {', '.join(NONFINITE_MODES)}")
         if self.queue_limit < 1 or self.max_batch < 1 or self.rcv_hwm < 1 or self.max_message_bytes < 1:
-            raise CisError(f"node {self.node_id}: queue_limit, max_batch, rcv_hwm and max_message_bytes must be at least 1")
+            raise CisError(
+                f"node {self.node_id}: queue_limit, max_batch, rcv_hwm and max_message_bytes must be at least 1"
+            )

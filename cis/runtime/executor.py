@@ -59,12 +59,39 @@ class BundleStage:
 class Request:
     """One request (a client's INFER or a child's FORWARD) while the node works on it."""
 
-    __slots__ = ("prefix", "req_id", "stage", "feeds", "n", "t0", "deadline", "route", "forward", "bad",
-                 "cls", "conf", "exit", "flags", "served_by", "remaining", "answered")
+    __slots__ = (
+        "prefix",
+        "req_id",
+        "stage",
+        "feeds",
+        "n",
+        "t0",
+        "deadline",
+        "route",
+        "forward",
+        "bad",
+        "cls",
+        "conf",
+        "exit",
+        "flags",
+        "served_by",
+        "remaining",
+        "answered",
+    )
 
-    def __init__(self, prefix: Sequence[bytes], req_id: int, stage: int, feeds: dict[str, np.ndarray], n: int,
-                 t0: float, deadline: float | None = None, route: Sequence[str] = (), forward: bool = False,
-                 bad: np.ndarray | None = None):
+    def __init__(
+        self,
+        prefix: Sequence[bytes],
+        req_id: int,
+        stage: int,
+        feeds: dict[str, np.ndarray],
+        n: int,
+        t0: float,
+        deadline: float | None = None,
+        route: Sequence[str] = (),
+        forward: bool = False,
+        bad: np.ndarray | None = None,
+    ):
         self.prefix, self.req_id, self.stage, self.feeds, self.n = prefix, req_id, stage, feeds, n
         self.t0 = t0  # monotonic seconds when the request reached the node (status latencies start here)
         self.deadline, self.route, self.forward, self.bad = deadline, list(route), forward, bad
@@ -103,7 +130,9 @@ class Outbox(Protocol):
 
 
 class Executor:
-    def __init__(self, config: NodeConfig, stages: Mapping[int, Stage], out: Outbox, counters: collections.Counter | None = None):
+    def __init__(
+        self, config: NodeConfig, stages: Mapping[int, Stage], out: Outbox, counters: collections.Counter | None = None
+    ):
         self.cfg = config
         self.stages = dict(stages)
         if config.exit not in self.stages:
@@ -139,18 +168,31 @@ class Executor:
         if problem:
             return "bad_tensor", f"stage {stage}: {problem}"
         if n > limit:
-            return "too_many_samples", f"request of {n} samples; node {nid} admits at most {limit} (its queue limit): split it"
+            return (
+                "too_many_samples",
+                f"request of {n} samples; node {nid} admits at most {limit} (its queue limit): split it",
+            )
         deadline = h.get("deadline") or None
         if deadline is not None and deadline <= time.time():
-            return "deadline_exceeded", f"deadline {deadline:.3f} passed {time.time() - deadline:.3f} s before node {nid} got the request"
+            return (
+                "deadline_exceeded",
+                f"deadline {deadline:.3f} passed {time.time() - deadline:.3f} s before node {nid} got the request",
+            )
         if self.queued + n > limit:
             self.counters["overloaded"] += 1
             return "overloaded", f"node {nid}: {self.queued} samples queued, limit {limit}; retry later"
         bad = nonfinite_rows(msg.tensors, n)
         if bad is not None and self.cfg.nonfinite == "refuse":
             rows = np.flatnonzero(bad)
-            return "bad_input", f"{len(rows)} of {n} samples hold NaN or infinity (first: sample {rows[0]}); expected finite values"
-        self.queue.append(Request(prefix, msg.id, stage, msg.tensors, n, t0, deadline, h.get("route") or (), msg.kind == P.FORWARD, bad))
+            return (
+                "bad_input",
+                f"{len(rows)} of {n} samples hold NaN or infinity (first: sample {rows[0]}); expected finite values",
+            )
+        self.queue.append(
+            Request(
+                prefix, msg.id, stage, msg.tensors, n, t0, deadline, h.get("route") or (), msg.kind == P.FORWARD, bad
+            )
+        )
         self.queued += n
         self.counters["requests"] += 1
         self.counters["samples"] += n
@@ -158,7 +200,9 @@ class Executor:
 
     def due(self, now: float, draining: bool = False) -> bool:
         """Whether a batch should run now: a full batch waits, the oldest waited max_wait, or the node drains."""
-        return bool(self.queue) and (self.queued >= self.cfg.max_batch or now - self.queue[0].t0 >= self.cfg.max_wait or draining)
+        return bool(self.queue) and (
+            self.queued >= self.cfg.max_batch or now - self.queue[0].t0 >= self.cfg.max_wait or draining
+        )
 
     # ------------------------------------------------------------ running
 
@@ -171,7 +215,11 @@ class Executor:
             self.queued -= req.n
             if req.deadline is not None and req.deadline <= wall:
                 self.counters["expired"] += 1
-                self._fail(req, "deadline_exceeded", f"deadline passed {wall - req.deadline:.3f} s before node {self.cfg.node_id} could run it")
+                self._fail(
+                    req,
+                    "deadline_exceeded",
+                    f"deadline passed {wall - req.deadline:.3f} s before node {self.cfg.node_id} could run it",
+                )
                 continue
             batch.append(req)
             total += req.n
@@ -223,7 +271,9 @@ class Executor:
             if not parts:
                 continue
             order.extend(joining)
-            run_feeds = {nm: (parts[0][nm] if len(parts) == 1 else np.concatenate([p[nm] for p in parts])) for nm in names}
+            run_feeds = {
+                nm: (parts[0][nm] if len(parts) == 1 else np.concatenate([p[nm] for p in parts])) for nm in names
+            }
             out = stage.run(run_feeds)
             if self.patient:
                 fresh = [pt.from_carry(req.feeds, req.n) for req in joining]
@@ -248,7 +298,13 @@ class Executor:
 
     # ------------------------------------------------------------ deciding
 
-    def _decide(self, order: list[Request], logits: np.ndarray, carry: dict[str, np.ndarray], hit: dict[str, np.ndarray] | None = None) -> None:
+    def _decide(
+        self,
+        order: list[Request],
+        logits: np.ndarray,
+        carry: dict[str, np.ndarray],
+        hit: dict[str, np.ndarray] | None = None,
+    ) -> None:
         nid, now = self.cfg.node_id, time.monotonic()
         cls = logits.argmax(axis=-1)
         n = len(cls)
@@ -306,7 +362,12 @@ class Executor:
             if not len(here) or req.answered:
                 continue
             src = here + starts[k]
-            req.cls[here], req.conf[here], req.exit[here], req.flags[here] = cls[src], conf[src], exit_at[src], flags[src]
+            req.cls[here], req.conf[here], req.exit[here], req.flags[here] = (
+                cls[src],
+                conf[src],
+                exit_at[src],
+                flags[src],
+            )
             for j in here:
                 req.served_by[j] = nid
             req.remaining -= len(here)
@@ -323,7 +384,12 @@ class Executor:
         for req, idx in pending.parts:
             m = len(idx)
             if not req.answered:
-                req.cls[idx], req.conf[idx], req.exit[idx], req.flags[idx] = cls[off : off + m], conf[off : off + m], ex[off : off + m], flags[off : off + m]
+                req.cls[idx], req.conf[idx], req.exit[idx], req.flags[idx] = (
+                    cls[off : off + m],
+                    conf[off : off + m],
+                    ex[off : off + m],
+                    flags[off : off + m],
+                )
                 for j, s in zip(idx, served_by[off : off + m]):
                     req.served_by[j] = str(s)
                 req.remaining -= m
@@ -339,4 +405,11 @@ class Executor:
             self.counters["forwarded"] -= pending.n
             self.counters["forward_failed"] += pending.n
         n = pending.n
-        self.scatter(pending, pending.cls, pending.conf, np.full(n, self.cfg.exit, np.int32), np.full(n, P.FLAG_DEGRADED, np.uint8), [self.cfg.node_id] * n)
+        self.scatter(
+            pending,
+            pending.cls,
+            pending.conf,
+            np.full(n, self.cfg.exit, np.int32),
+            np.full(n, P.FLAG_DEGRADED, np.uint8),
+            [self.cfg.node_id] * n,
+        )

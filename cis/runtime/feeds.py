@@ -43,7 +43,10 @@ class FeedContract:
             if a.dtype != dtype:
                 return f"tensor {name!r} has dtype {a.dtype.name}; expected {dtype.name}", 0
             if a.ndim != len(shape) or any(s is not None and s != d for s, d in zip(shape[1:], a.shape[1:])):
-                return f"tensor {name!r} has shape {list(a.shape)}; expected {[('N' if s is None else s) for s in shape]}", 0
+                return (
+                    f"tensor {name!r} has shape {list(a.shape)}; expected {[('N' if s is None else s) for s in shape]}",
+                    0,
+                )
             if n is None:
                 n = a.shape[0]
             elif a.shape[0] != n:
@@ -55,7 +58,9 @@ class FeedContract:
         return None, int(n)
 
 
-def check_feeds(inputs: Sequence[TensorSpec], tensors: Mapping[str, np.ndarray], state: Sequence[str] = ()) -> tuple[str | None, int]:
+def check_feeds(
+    inputs: Sequence[TensorSpec], tensors: Mapping[str, np.ndarray], state: Sequence[str] = ()
+) -> tuple[str | None, int]:
     """:meth:`FeedContract.check` without keeping the contract."""
     return FeedContract(inputs, state).check(tensors)
 

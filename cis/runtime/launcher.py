@@ -97,7 +97,17 @@ class Cluster:
 
     def command(self, node_id: str) -> list[str]:
         node = self.spec.node(node_id)
-        cmd = [sys.executable, "-m", "cis.cli", "serve", str(self.bundle), "--node", node_id, "--bind", self.addresses[node_id]]
+        cmd = [
+            sys.executable,
+            "-m",
+            "cis.cli",
+            "serve",
+            str(self.bundle),
+            "--node",
+            node_id,
+            "--bind",
+            self.addresses[node_id],
+        ]
         if node.parent is not None:
             cmd += ["--parent", self.addresses[node.parent]]
         if self.spec_file:
@@ -121,8 +131,11 @@ class Cluster:
             out = open(log, "ab")
         try:
             self.procs[node_id] = subprocess.Popen(
-                self.command(node_id), stdin=subprocess.DEVNULL, stdout=out if out else subprocess.DEVNULL,
-                stderr=out if out else None, preexec_fn=_die_with_parent if _PRCTL is not None else None,
+                self.command(node_id),
+                stdin=subprocess.DEVNULL,
+                stdout=out if out else subprocess.DEVNULL,
+                stderr=out if out else None,
+                preexec_fn=_die_with_parent if _PRCTL is not None else None,
             )
         finally:
             if out is not None:
@@ -147,9 +160,14 @@ class Cluster:
                 while True:
                     proc = self.procs.get(nid)
                     if proc is not None and proc.poll() is not None:
-                        raise CisError(f"node {nid!r} exited with status {proc.returncode} while starting" + self._see_log(nid))
+                        raise CisError(
+                            f"node {nid!r} exited with status {proc.returncode} while starting" + self._see_log(nid)
+                        )
                     if time.monotonic() > end:
-                        raise CisError(f"node {nid!r} at {self.addresses[nid]}: not ready within {timeout:.0f} s" + self._see_log(nid))
+                        raise CisError(
+                            f"node {nid!r} at {self.addresses[nid]}: not ready within {timeout:.0f} s"
+                            + self._see_log(nid)
+                        )
                     try:
                         st = c.status(timeout=0.5)
                     except TimeoutError:
@@ -178,7 +196,9 @@ class Cluster:
             if sup.down_since is None:
                 sup.down_since, sup.last_exit = now, code
                 sup.restart_at = now + sup.backoff
-                events.append((nid, f"node {nid} exited with status {code}; restart {sup.restarts + 1} in {sup.backoff:.1f} s"))
+                events.append(
+                    (nid, f"node {nid} exited with status {code}; restart {sup.restarts + 1} in {sup.backoff:.1f} s")
+                )
                 sup.backoff = min(MAX_BACKOFF, max(FIRST_BACKOFF, 2 * sup.backoff))
                 self.write_state()
             if sup.restart_at is not None and now >= sup.restart_at:
@@ -199,8 +219,13 @@ class Cluster:
             proc, sup = self.procs.get(n.id), self.supervision.get(n.id, Supervision())
             up = proc is not None and proc.returncode is None and sup.down_since is None
             nodes[n.id] = {
-                "address": self.addresses[n.id], "exit": n.exit, "parent": n.parent, "pid": proc.pid if proc else None,
-                "state": "stopped" if self.stopping else ("up" if up else "down"), "restarts": sup.restarts, "last_exit": sup.last_exit,
+                "address": self.addresses[n.id],
+                "exit": n.exit,
+                "parent": n.parent,
+                "pid": proc.pid if proc else None,
+                "state": "stopped" if self.stopping else ("up" if up else "down"),
+                "restarts": sup.restarts,
+                "last_exit": sup.last_exit,
                 "log": str(self.log_path(n.id)) if self.log_dir else None,
             }
         return {"launcher_pid": os.getpid(), "nodes": nodes}
@@ -256,7 +281,16 @@ def launch(
     curve: CurveConfig | None = None,
 ) -> Cluster:
     """Start all nodes and wait until they serve; on failure, stop what was started."""
-    cluster = Cluster(str(bundle), spec, plan_addresses(spec, free_ports), spec_file, list(extra_args), dict(node_args or {}), log_dir=log_dir, curve=curve)
+    cluster = Cluster(
+        str(bundle),
+        spec,
+        plan_addresses(spec, free_ports),
+        spec_file,
+        list(extra_args),
+        dict(node_args or {}),
+        log_dir=log_dir,
+        curve=curve,
+    )
     try:
         cluster.start_all()
         cluster.wait_ready(ready_timeout)

@@ -72,7 +72,11 @@ class LatencyWindow:
         lat = np.array(self.values)
         if not len(lat):
             return {"latency_mean": None, "latency_p50": None, "latency_p99": None}
-        return {"latency_mean": float(lat.mean()), "latency_p50": float(np.percentile(lat, 50)), "latency_p99": float(np.percentile(lat, 99))}
+        return {
+            "latency_mean": float(lat.mean()),
+            "latency_p50": float(np.percentile(lat, 50)),
+            "latency_p99": float(np.percentile(lat, 99)),
+        }
 
 
 class Node:
@@ -117,8 +121,24 @@ class Node:
             "parent": self.cfg.parent,
             "parent_up": self.parent_up,
             "threshold": _num(ex.policy.thresholds[self.cfg.node_id]),
-            **{key: c[key] for key in ("requests", "samples", "served", "forwarded", "degraded", "capped", "nonfinite",
-                                       "errors", "overloaded", "expired", "isolated", "undeliverable", "batches")},
+            **{
+                key: c[key]
+                for key in (
+                    "requests",
+                    "samples",
+                    "served",
+                    "forwarded",
+                    "degraded",
+                    "capped",
+                    "nonfinite",
+                    "errors",
+                    "overloaded",
+                    "expired",
+                    "isolated",
+                    "undeliverable",
+                    "batches",
+                )
+            },
             "errors_by_code": dict(self.errors_by_code),
             "queue_depth": ex.queued,
             "queue_requests": len(ex.queue),
@@ -137,17 +157,29 @@ class Node:
     def request_stop(self, *_: Any) -> None:
         self.stopping = True
 
-    def run(self, ctx: zmq.Context | None = None, install_signals: bool = True, ready: Callable[[], None] | None = None, stop: Callable[[], bool] | None = None) -> None:
+    def run(
+        self,
+        ctx: zmq.Context | None = None,
+        install_signals: bool = True,
+        ready: Callable[[], None] | None = None,
+        stop: Callable[[], bool] | None = None,
+    ) -> None:
         """Serve until SIGTERM/SIGINT (or ``stop()`` returns True), then drain and return."""
         own_ctx = ctx is None
         ctx = ctx or zmq.Context()
-        auth = start_authenticator(ctx, self.cfg.curve.allow_dir, self.cfg.curve.secret_file) if self.cfg.curve.allow_dir else None
+        auth = (
+            start_authenticator(ctx, self.cfg.curve.allow_dir, self.cfg.curve.secret_file)
+            if self.cfg.curve.allow_dir
+            else None
+        )
         if install_signals:
             signal.signal(signal.SIGTERM, self.request_stop)
             signal.signal(signal.SIGINT, self.request_stop)
         front = ctx.socket(zmq.ROUTER)
         front.linger = 0
-        front.maxmsgsize = self.cfg.max_message_bytes  # per frame: a bigger frame can never be valid; ZeroMQ drops the peer
+        front.maxmsgsize = (
+            self.cfg.max_message_bytes
+        )  # per frame: a bigger frame can never be valid; ZeroMQ drops the peer
         front.rcvhwm = self.cfg.rcv_hwm
         front.rcvbuf = self.cfg.rcv_buf
         front.sndhwm = 10000
@@ -163,7 +195,9 @@ class Node:
             up.reconnect_ivl_max = 250  # a restarted parent is found again within a quarter second
             up.maxmsgsize = self.cfg.max_message_bytes
             if self.cfg.curve.enabled:
-                secure_client(up, CurveConfig(self.cfg.curve.secret_file, None, self.cfg.curve.server_public_file or None))
+                secure_client(
+                    up, CurveConfig(self.cfg.curve.secret_file, None, self.cfg.curve.server_public_file or None)
+                )
             up.connect(self.cfg.parent)
         self.front, self.up = front, up
         poller = zmq.Poller()
@@ -251,7 +285,9 @@ class Node:
             self.counters["errors"] += 1
             return
         try:
-            msg = P.decode(body, self.cfg.max_message_bytes, total - len(prefix[0]), count - len(prefix), P.REQUEST_KINDS)
+            msg = P.decode(
+                body, self.cfg.max_message_bytes, total - len(prefix[0]), count - len(prefix), P.REQUEST_KINDS
+            )
         except P.ProtocolError as exc:
             return self._error(prefix, exc.req_id, exc.code, exc.message)
         kind = msg.kind
@@ -292,7 +328,11 @@ class Node:
 
     def reply(self, req: Request) -> None:
         tensors = {"class": req.cls, "confidence": req.conf, "exit": req.exit, "flags": req.flags}
-        self._send(self.front, P.encode(P.RESULT, req.req_id, tensors, served_by=req.served_by, node=self.cfg.node_id), req.prefix)
+        self._send(
+            self.front,
+            P.encode(P.RESULT, req.req_id, tensors, served_by=req.served_by, node=self.cfg.node_id),
+            req.prefix,
+        )
         self.latency.add(time.monotonic() - req.t0)
         self.counters["replies"] += 1
 
@@ -309,8 +349,18 @@ class Node:
         if wait <= 0:
             return False
         fid = next(self.fwd_ids)
-        route = list(dict.fromkeys([r for req, _ in pending.parts for r in req.route] + [self.cfg.node_id]))[-P.MAX_ROUTE:]
-        frames = P.encode(P.FORWARD, fid, carry, stage=self.cfg.exit + 1, deadline=wall + wait - 0.02, route=route, sender=self.cfg.node_id)
+        route = list(dict.fromkeys([r for req, _ in pending.parts for r in req.route] + [self.cfg.node_id]))[
+            -P.MAX_ROUTE :
+        ]
+        frames = P.encode(
+            P.FORWARD,
+            fid,
+            carry,
+            stage=self.cfg.exit + 1,
+            deadline=wall + wait - 0.02,
+            route=route,
+            sender=self.cfg.node_id,
+        )
         if not self._send(self.up, frames):
             return False
         pending.expires = now + wait

@@ -43,10 +43,11 @@ REPLY_KINDS = (RESULT, ERROR, STATUS_REPLY, PONG)  # what comes back
 
 # error codes (header "code" of an ERROR reply); docs/protocol.md says when each is sent
 ERROR_CODES = {
-    "bad_message": "the frames are not a valid message (header not msgpack, not a map, a field missing, of the wrong type or out of range)",
+    "bad_message": "the frames are not a valid message (header not msgpack, not a map, a field missing, "
+    "of the wrong type or out of range)",
     "bad_version": "the header's version is not one this node speaks",
     "unknown_kind": "the header's kind is not one of the request kinds",
-    "bad_tensor": "a tensor's name, dtype, shape or byte size is invalid or does not match what the entry stage expects",
+    "bad_tensor": "a tensor's name, dtype, shape or byte size is invalid or does not match the entry stage",
     "bad_stage": "the entry stage is not one this node runs",
     "bad_input": "a tensor holds NaN or infinity",
     "too_large": "the message is larger than the node's max_message_bytes",
@@ -171,11 +172,17 @@ def _check_fields(h: dict) -> None:
         _fail("bad_stage", f"stage is {_show(stage)}; expected an integer 1..{MAX_STAGE}")
     deadline = h.get("deadline")
     if deadline is not None and not (type(deadline) in (int, float) and math.isfinite(deadline) and deadline >= 0):
-        _fail("bad_message", f"deadline is {_show(deadline)}; expected seconds since the epoch (a finite number >= 0) or 0 for none")
+        _fail(
+            "bad_message",
+            f"deadline is {_show(deadline)}; expected seconds since the epoch (a finite number >= 0) or 0 for none",
+        )
     route = h.get("route")
     if route is not None:
         if type(route) is not list or len(route) > MAX_ROUTE or not all(map(_is_name, route)):
-            _fail("bad_message", f"route is {_show(route)}; expected at most {MAX_ROUTE} node ids (strings of 1..{MAX_NAME} characters)")
+            _fail(
+                "bad_message",
+                f"route is {_show(route)}; expected at most {MAX_ROUTE} node ids (strings of 1..{MAX_NAME} characters)",
+            )
     _optional_text(h, "sender")
     _optional_text(h, "node")
     kind = h["kind"]
@@ -194,7 +201,11 @@ def _check_tensors(h: dict, n_frames: int, max_bytes: int | None) -> list[tuple[
     if type(names) is not list or type(dtypes) is not list or type(shapes) is not list:
         _fail("bad_tensor", "names, dtypes and shapes must be arrays")
     if not (len(names) == len(dtypes) == len(shapes) == n_frames):
-        _fail("bad_message", f"{len(names)} names, {len(dtypes)} dtypes, {len(shapes)} shapes and {n_frames} tensor frames; expected equal counts")
+        _fail(
+            "bad_message",
+            f"{len(names)} names, {len(dtypes)} dtypes, {len(shapes)} shapes and {n_frames} tensor frames; "
+            "expected equal counts",
+        )
     if n_frames > MAX_TENSORS:
         _fail("bad_message", f"{n_frames} tensors; at most {MAX_TENSORS}")
     if n_frames and h["kind"] in (STATUS, PING, ERROR, STATUS_REPLY, PONG):
@@ -207,7 +218,10 @@ def _check_tensors(h: dict, n_frames: int, max_bytes: int | None) -> list[tuple[
         if type(dt) is not str or dt not in _ITEMSIZE:
             _fail("bad_tensor", f"tensor {name!r}: dtype {_show(dt)}; expected one of {', '.join(DTYPES)}")
         if type(shape) is not list or len(shape) > MAX_DIMS or not all(_is_int(d, 0, MAX_DIM) for d in shape):
-            _fail("bad_tensor", f"tensor {name!r}: shape {_show(shape)}; expected at most {MAX_DIMS} integers 0..{MAX_DIM}")
+            _fail(
+                "bad_tensor",
+                f"tensor {name!r}: shape {_show(shape)}; expected at most {MAX_DIMS} integers 0..{MAX_DIM}",
+            )
         declared += math.prod(shape) * _ITEMSIZE[dt]
         out.append((name, dt, shape))
     if max_bytes is not None and declared > max_bytes:
@@ -226,7 +240,11 @@ def _check_result(h: dict, tensors: dict[str, np.ndarray]) -> None:
 
 
 def decode(
-    frames: Sequence[Any], max_bytes: int | None = None, total: int | None = None, count: int | None = None, kinds: Sequence[str] = KINDS
+    frames: Sequence[Any],
+    max_bytes: int | None = None,
+    total: int | None = None,
+    count: int | None = None,
+    kinds: Sequence[str] = KINDS,
 ) -> Message:
     """Decode frames (bytes or zmq.Frame) into a checked Message; tensors are views of the frames.
 
@@ -260,7 +278,9 @@ def decode(
             buf = _buffer(frame)
             expected = math.prod(shape) * _ITEMSIZE[dt]
             if len(buf) != expected:
-                _fail("bad_tensor", f"tensor {name!r}: frame has {len(buf)} bytes; shape {shape} of {dt} needs {expected}")
+                _fail(
+                    "bad_tensor", f"tensor {name!r}: frame has {len(buf)} bytes; shape {shape} of {dt} needs {expected}"
+                )
             tensors[name] = np.frombuffer(buf, dtype=dt).reshape(shape)
         if header["kind"] == RESULT:
             _check_result(header, tensors)

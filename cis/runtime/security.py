@@ -37,7 +37,10 @@ def add_public(folder: str | Path, key_file: str | Path) -> Path:
     key_file, folder = Path(key_file), Path(folder)
     load_public(key_file)  # a readable certificate
     if zmq.auth.load_certificate(key_file)[1] is not None:
-        raise CisError(f"{key_file}: holds a secret key; an allow folder takes only public .key files (the peer keeps its .key_secret)")
+        raise CisError(
+            f"{key_file}: holds a secret key; an allow folder takes only public .key files "
+            "(the peer keeps its .key_secret)"
+        )
     folder.mkdir(parents=True, exist_ok=True)
     name = key_file.name if key_file.suffix == ".key" else key_file.name + ".key"
     return Path(shutil.copyfile(key_file, folder / name))
@@ -81,7 +84,9 @@ class CurveConfig:
         return self.secret_file is not None
 
 
-def start_authenticator(ctx: zmq.Context, allow_dir: str | Path, own_secret: str | Path | None = None) -> ThreadAuthenticator:
+def start_authenticator(
+    ctx: zmq.Context, allow_dir: str | Path, own_secret: str | Path | None = None
+) -> ThreadAuthenticator:
     """Refuse every peer whose public key is not in ``allow_dir``, except peers holding the
     node's own key pair (``own_secret``): the other nodes of one ``cis serve --all``, which
     share it, and whoever holds that secret could pose as the node anyway."""
@@ -90,7 +95,11 @@ def start_authenticator(ctx: zmq.Context, allow_dir: str | Path, own_secret: str
         raise CisError(f"{folder}: allow-list folder not found; expected a folder of public .key files")
     leaked = sorted(p.name for p in folder.glob("*.key_secret"))
     if leaked:
-        print(f"cis: warning: {folder} holds secret keys ({', '.join(leaked)}); an allow folder needs only public .key files", file=sys.stderr)
+        print(
+            f"cis: warning: {folder} holds secret keys ({', '.join(leaked)}); "
+            "an allow folder needs only public .key files",
+            file=sys.stderr,
+        )
     own = load_keypair(own_secret)[0] if own_secret else None
     auth = ThreadAuthenticator(ctx)
     auth.start()

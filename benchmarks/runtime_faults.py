@@ -154,11 +154,31 @@ def main() -> int:
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2, default=str))
+    Path(args.out).with_suffix(".md").write_text(report(out))
     say(json.dumps(summary))
     ok = summary["without_reply"] == 0 and all(
         (k["restart_after_kill_s"] or 99) <= 2 and k["resumed_after_kill_s"] for k in kills.values()
     )
     return 0 if ok else 1
+
+
+def report(out: dict) -> str:
+    s, m0, m1 = out["summary"], out["machine_before"], out["machine_after"]
+    rows = ["| node killed | at (s) | new process after (s) | answers status after (s) | forwarding resumed after (s) |",
+            "|---|---|---|---|---|"]
+    for nid, k in s["kills"].items():
+        rows.append(f"| {nid} | {k['at']} | {k['restart_after_kill_s']} | {k['ready_after_kill_s']} | {k['resumed_after_kill_s']} |")
+    return "\n".join([
+        "# Runtime faults: SIGKILL of an edge and of the root under load (`cis serve --all`, digits bundle)", "",
+        f"Command: `{out['command']}` ({out['settings']['rate']:g} requests/s for {out['settings']['seconds']:g} s, "
+        f"all to the leaves, every sample forced to the root). Machine: {m0['cpus']} CPUs, load average before "
+        f"{m0['loadavg_1_5_15']}, after {m1['loadavg_1_5_15']} (shared and noisy).", "",
+        f"- requests: {s['requests']}; without a reply: {s['without_reply']}; outcomes {s['outcomes']}",
+        f"- served at the root: {s['served_at_root']}; degraded (served lower while a node was down): {s['degraded']}",
+        f"- launcher restarts: {s['restarts']}", "", *rows, "",
+        "Times are from the SIGKILL: the launcher's new process (cluster.json), its first `status` answer, and the "
+        "first request sent after that which was served at the root through it.", "",
+    ])
 
 
 if __name__ == "__main__":

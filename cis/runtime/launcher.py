@@ -63,6 +63,13 @@ def _resolve_prctl() -> Callable | None:
 _PRCTL = _resolve_prctl()
 
 
+def _main_thread() -> bool:
+    """PR_SET_PDEATHSIG fires when the *thread* that started the child ends: only use it from the main thread."""
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     """The node gets SIGTERM when the launcher dies, even by SIGKILL (no orphans)."""
     _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -135,7 +142,7 @@ class Cluster:
                 stdin=subprocess.DEVNULL,
                 stdout=out if out else subprocess.DEVNULL,
                 stderr=out if out else None,
-                preexec_fn=_die_with_parent if _PRCTL is not None else None,
+                preexec_fn=_die_with_parent if _PRCTL is not None and _main_thread() else None,
             )
         finally:
             if out is not None:

@@ -96,6 +96,7 @@ class Node:
         self.seen_empty = time.monotonic()  # when the node last found its ROUTER empty
         self.front: zmq.Socket | None = None
         self.up: zmq.Socket | None = None
+        self.status_asked: list[tuple[list[bytes], int]] = []  # answered at the end of the drain
 
     @property
     def stages(self) -> dict[int, Stage]:
@@ -248,14 +249,19 @@ class Node:
 
     def _drain(self, sock: zmq.Socket, handler: Callable[[list, int, int], None], limit: int = 4096) -> None:
         """Read every waiting message (at most ``limit``, so batches still run under a flood)."""
-        for _ in range(limit):
-            try:
-                frames, total, count = P.recv(sock, self.cfg.max_message_bytes)
-            except zmq.Again:
-                if sock is self.front:
-                    self.seen_empty = time.monotonic()
-                return
-            handler(frames, total, count)
+        try:
+            for _ in range(limit):
+                try:
+                    frames, total, count = P.recv(sock, self.cfg.max_message_bytes)
+                except zmq.Again:
+                    if sock is self.front:
+                        self.seen_empty = time.monotonic()
+                    return
+                handler(frames, total, count)
+        finally:  # status is answered after what waited with it was read: its queue depth includes that
+            for prefix, rid in self.status_asked:
+                self._send(self.front, P.encode(P.STATUS_REPLY, rid, status=self.status()), prefix)
+            self.status_asked.clear()
 
     def _send(self, sock: zmq.Socket | None, frames: list, prefix: Sequence[bytes] = ()) -> bool:
         if sock is None:
@@ -294,7 +300,7 @@ class Node:
         if kind == P.PING:
             self._send(self.front, P.encode(P.PONG, msg.id, node=self.cfg.node_id), prefix)
         elif kind == P.STATUS:
-            self._send(self.front, P.encode(P.STATUS_REPLY, msg.id, status=self.status()), prefix)
+            self.status_asked.append((prefix, msg.id))
         elif self.stopping:
             self._error(prefix, msg.id, "shutting_down", f"node {self.cfg.node_id} is stopping")
         else:

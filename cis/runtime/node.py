@@ -86,8 +86,7 @@ class Node:
         self.errors_by_code: collections.Counter = collections.Counter()
         self.executor = Executor(config, stages, self, self.counters)
         self.pending: dict[int, Pending] = {}
-        self.fwd_ids = itertools.count(1)
-        self.ping_ids = itertools.count(1)
+        self.up_ids = itertools.count(1)  # ids of forwards and pings: one counter, so a reply names one of them
         self.last_pong = -math.inf
         self.next_ping = 0.0
         self.stopping = False
@@ -354,7 +353,7 @@ class Node:
             wait = min(wait, pending.deadline - wall)
         if wait <= 0:
             return False
-        fid = next(self.fwd_ids)
+        fid = next(self.up_ids)
         route = list(dict.fromkeys([r for req, _ in pending.parts for r in req.route] + [self.cfg.node_id]))[
             -P.MAX_ROUTE :
         ]
@@ -377,7 +376,7 @@ class Node:
         now = time.monotonic()
         if self.cfg.parent and now >= self.next_ping:
             self.next_ping = now + self.cfg.heartbeat
-            self._send(self.up, P.encode(P.PING, next(self.ping_ids), node=self.cfg.node_id))
+            self._send(self.up, P.encode(P.PING, next(self.up_ids), node=self.cfg.node_id))
         if self.pending:
             for fid in [f for f, p in self.pending.items() if p.expires <= now]:
                 self.executor.fallback(self.pending.pop(fid))

@@ -29,7 +29,7 @@ import numpy as np
 
 from _common import RESULTS, machine
 
-HANDLERS = ("_on_front", "_on_parent", "_run_batch", "_reply", "_forward")
+HANDLERS = ("_on_front", "_on_parent", "reply", "forward")  # on the node; run_batch is the executor's
 
 
 def serve(bundle_dir: str, node_id: str, addresses: dict, parent: str | None, log_path: str, ready, stop) -> None:
@@ -60,6 +60,7 @@ def serve(bundle_dir: str, node_id: str, addresses: dict, parent: str | None, lo
 
     for name in HANDLERS:
         setattr(node, name, traced(name, getattr(node, name)))
+    node.executor.run_batch = traced("run_batch", node.executor.run_batch)
     for k, stage in node.stages.items():
         stage.runner.run = traced(f"stage{k}", stage.runner.run)
     node.run(install_signals=False, ready=ready.set, stop=stop.is_set)
@@ -73,11 +74,11 @@ def steps(path: list[str], exits: dict[str, int]) -> list[str]:
         k = exits[nid]
         up += [f"{nid}._on_front.in", f"{nid}.stage{k}.in", f"{nid}.stage{k}.out"]
         if nid != path[-1]:
-            up += [f"{nid}._forward.out"]
+            up += [f"{nid}.forward.out"]
     for nid in reversed(path):
         if nid != path[-1]:
             down += [f"{nid}._on_parent.in"]
-        down += [f"{nid}._reply.in", f"{nid}._reply.out"]
+        down += [f"{nid}.reply.in", f"{nid}.reply.out"]
     return up + down
 
 
@@ -154,7 +155,7 @@ def main() -> int:
         first: dict[str, float] = {}
         for nid, log in logs.items():
             for name, io, t in log:
-                if t_send <= t <= t_recv and name != "_run_batch":
+                if t_send <= t <= t_recv and name != "run_batch":
                     first.setdefault(f"{nid}.{name}.{io}", t)
         last = t_send
         for k in order:

@@ -3,6 +3,7 @@
 A bundle is a folder::
 
     manifest.json                 schema version, model, stages, nodes, policy, profiles, file hashes
+    manifest.sig                  optional: Ed25519 signature of manifest.json (cis export --sign; cis.signing)
     stages/stage1.onnx ...        one static graph per stage (TensorRT engines beside them, optional)
     profiles/confidence.npz       per validation sample and exit: confidence and correctness
     profiles/latency.json         seconds per stage at batch sizes 1, 8, 32 on the exporting machine
@@ -30,6 +31,7 @@ from cis.stages import LOGITS
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
+SIGNATURE = "manifest.sig"  # cis.signing.signature_path(MANIFEST): written after the manifest, never listed in it
 CONFIDENCE_PROFILE = "profiles/confidence.npz"
 LATENCY_PROFILE = "profiles/latency.json"
 
@@ -155,14 +157,30 @@ class Bundle:
         return {int(k): {int(b): float(s) for b, s in v.items()} for k, v in raw["stages"].items()}
 
 
-def load_bundle(path: str | Path, verify: bool = True) -> Bundle:
-    """Read a bundle's manifest and check every listed file's sha256."""
+def sign_bundle(root: str | Path, key_path: str | Path) -> Path:
+    """Sign a finished bundle's manifest (``cis export --sign``); writes manifest.sig beside it."""
+    from cis.signing import sign_manifest
+
+    return sign_manifest(Path(root) / MANIFEST, key_path)
+
+
+def load_bundle(path: str | Path, verify: bool = True, trust: str | Path | None = None) -> Bundle:
+    """Read a bundle's manifest and check every listed file's sha256.
+
+    ``trust``: an Ed25519 public key (PEM); the manifest must carry a valid
+    signature by it (``manifest.sig``, see :mod:`cis.signing`), checked on the
+    same bytes that are then parsed, before any file hash."""
     root = Path(path)
     mpath = root / MANIFEST
     if not mpath.is_file():
         raise BundleError(f"{root}: no {MANIFEST}; expected a bundle folder written by 'cis export'")
+    raw = mpath.read_bytes()
+    if trust is not None:
+        from cis.signing import verify_manifest
+
+        verify_manifest(mpath, raw, trust)
     try:
-        manifest = json.loads(mpath.read_text())
+        manifest = json.loads(raw.decode())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BundleError(f"{mpath}: not valid JSON ({exc})") from None
     version = manifest.get("schema_version")
@@ -188,7 +206,8 @@ def load_bundle(path: str | Path, verify: bool = True) -> Bundle:
 def write_manifest(root: str | Path, manifest: dict[str, Any]) -> Path:
     """Fill in the schema version and the sha256 of every file under ``root`` and write manifest.json."""
     root = Path(root)
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
+    skip = (MANIFEST, SIGNATURE)
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.relative_to(root).as_posix() not in skip)
     manifest = {
         "schema_version": SCHEMA_VERSION,
         **manifest,

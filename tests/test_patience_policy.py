@@ -15,8 +15,9 @@ from cis.errors import CisError
 from cis.policy import ExitPolicy, evaluate_patience
 from cis.runtime import protocol as P
 from cis.runtime.client import Client
+from cis.runtime.feeds import check_feeds as _check_feeds
 from cis.runtime.launcher import free_port
-from cis.runtime.node import Node, NodeConfig, _check_feeds
+from cis.runtime.node import Node, NodeConfig
 from cis.topologies import make_spec
 
 T = namedtuple("T", "name shape dtype")
@@ -116,7 +117,7 @@ def test_node_carries_the_patience_state_to_the_parent():
         ),
         {1: stages[1]},
     )
-    assert leaf_node.controller is None and leaf_node.carry_names == ["features_1"]
+    assert leaf_node.executor.controller is None and leaf_node.executor.carry_names == ["features_1"]
     leaf = Running(leaf_node)
     try:
         import time

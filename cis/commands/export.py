@@ -44,6 +44,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--latency-repeats", type=int, default=20, help="timed runs per stage and batch size for the latency profile"
     )
+    p.add_argument(
+        "--sign", metavar="KEYFILE", help="Ed25519 private key (PEM): sign the finished bundle's manifest "
+        "(manifest.sig)"
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -53,6 +57,11 @@ def _progress(msg: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from cis.bundle import sign_bundle
+    from cis.signing import load_private_key
+
+    if args.sign:
+        load_private_key(args.sign)  # a bad key fails now, not after minutes of export
     from export.bundle_writer import export_bundle
 
     report = export_bundle(
@@ -68,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
         patience=args.patience,
         progress=_progress,
     )
+    if args.sign:
+        report["signature"] = str(sign_bundle(args.out, args.sign))
     print_result(args, report, summary(report))
     return 0
 
@@ -117,6 +128,8 @@ def summary(report: dict) -> str:
     lines.append("latency (onnxruntime, ms per call at batch " + "/".join(next(iter(lat.values()))) + "): " + "  ".join(
         f"stage {k}: " + "/".join(f"{s * 1e3:.3f}" for s in v.values()) for k, v in lat.items()
     ))
+    if report.get("signature"):
+        lines.append(f"signed: {report['signature']} (serve with --trust and the matching public key)")
     if report.get("tensorrt"):
         lines.append(f"TensorRT engines ({report['tensorrt']['precision']}) built and verified against onnxruntime")
     return "\n".join(lines)

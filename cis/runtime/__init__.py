@@ -67,7 +67,10 @@ def build_node(
     from cis.stages import StageRunner
 
     threads = options.pop("threads", 1)
-    stages = {k: BundleStage(bundle.stage(k).inputs, bundle.stage(k).outputs, StageRunner(bundle, k, threads=threads)) for k in indices}
+    stages = {
+        k: BundleStage(bundle.stage(k).inputs, bundle.stage(k).outputs, StageRunner(bundle, k, threads=threads))
+        for k in indices
+    }
     options.setdefault("measure", bundle.policy.measure if bundle.policy else spec.confidence)
     if options["measure"] == "patience":
         options.setdefault("patience", patience)

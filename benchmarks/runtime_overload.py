@@ -15,7 +15,7 @@ and after the client's outstanding samples first exceed the node's queue
 limit), requests without a reply, the leaf's RSS (before, peak, after), and
 per status snapshot the node's queue (``queue_depth`` + ``in_flight_forwarded``)
 against the samples the client has sent and not had answered, and the node's
-``latency_p99`` against the p99 of the client's last 4,096 results.
+``latency.p99_s`` against the p99 of the client's last 4,096 results.
 
     python benchmarks/runtime_overload.py            # 20 s bursts
     python benchmarks/runtime_overload.py --quick    # 4 s bursts
@@ -174,7 +174,7 @@ def burst(ctx, addr: str, pid: int, x: np.ndarray, rate: float, seconds: float, 
                     "node_queue": got["queue_depth"] + got["in_flight_forwarded"],
                     "node_queue_depth": got["queue_depth"],
                     "client_outstanding": s.outstanding_samples,
-                    "node_p99": got["latency_p99"],
+                    "node_p99": got["latency"]["p99_s"],
                     "client_p99": float(np.percentile(recent, 99)),
                 }
             )
@@ -352,7 +352,7 @@ def report(out: dict) -> str:
             "per status snapshot (what the client counts includes its own send queue and the TCP buffers in between). "
             "Little's law: the client's mean samples in the system (result rate x mean latency) against the "
             "node's mean queue. "
-            "p99: the node's `latency_p99` against the p99 of the client's last 4,096 results at the same moment.",
+            "p99: the node's `latency.p99_s` against the p99 of the client's last 4,096 results at the same moment.",
             "",
         ]
     )

@@ -12,6 +12,7 @@ import argparse
 
 from cis.cli import print_result
 from cis.errors import CisError
+from cis.metrics import format_ms
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -85,7 +86,7 @@ def run(args: argparse.Namespace) -> int:
     summary = summarize(results, y)
     lines = [f"{summary['samples_answered']} of {len(x)} samples answered; errors: {summary['errors'] or 'none'}"]
     if "served_share_per_exit" in summary:
-        lat = summary["latency_ms"]
+        lat = summary["latency"]
         acc = f"accuracy {summary['accuracy'] * 100:.2f}%   " if "accuracy" in summary else "no labels   "
         lines.append(f"{acc}degraded {summary['degraded']}   capped {summary['capped']}")
         lines.append(
@@ -95,7 +96,9 @@ def run(args: argparse.Namespace) -> int:
         lines.append(
             "served per node: " + ", ".join(f"{k} {s * 100:.1f}%" for k, s in summary["served_share_per_node"].items())
         )
-        lines.append(f"latency ms: mean {lat['mean']:.2f}  p50 {lat['p50']:.2f}  p99 {lat['p99']:.2f}")
+        lines.append(
+            f"latency ms: mean {format_ms(lat['mean_s'])}  p50 {format_ms(lat['p50_s'])}  p99 {format_ms(lat['p99_s'])}"
+        )
     if args.out:
         write_rows(args.out, results, y, data.names)
         summary["out"] = args.out

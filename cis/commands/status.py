@@ -14,6 +14,7 @@ from pathlib import Path
 
 from cis.cli import print_result
 from cis.errors import CisError
+from cis.metrics import format_ms
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -26,10 +27,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float, default=1.0, help="seconds to wait for each node (default 1)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
-
-
-def _ms(v) -> str:
-    return "-" if v is None else f"{v * 1000:.2f}"
 
 
 def _cluster(path: str) -> dict[str, dict]:
@@ -102,10 +99,11 @@ def _table(result: dict[str, dict]) -> str:
             )
             lines.append(f"{key:<12}{'no':>5}  (no answer from {st['address']}{seen})")
             continue
+        lat = st.get("latency") or {}
         lines.append(
             f"{key:<12}{'yes':>5}"
             + "".join(f"{st.get(c, 0):>11}" for c in cols)
-            + f"{_ms(st.get('latency_p50')):>9}{_ms(st.get('latency_p99')):>9}  {_threshold(st.get('threshold'))}"
+            + f"{format_ms(lat.get('p50_s')):>9}{format_ms(lat.get('p99_s')):>9}  {_threshold(st.get('threshold'))}"
             + (f"  adapt {st['adapt']['threshold']:.4f}" if st.get("adapt") else "")
         )
     return "\n".join(lines)

@@ -19,6 +19,7 @@ import numpy as np
 import zmq
 
 from cis.errors import CisError
+from cis.metrics import latency_summary
 from cis.runtime import protocol as P
 from cis.runtime.security import CurveConfig, secure_client
 
@@ -314,7 +315,7 @@ def infer_spread(
 
 
 def summarize(results: list[Result | None], labels: np.ndarray | None = None) -> dict:
-    """Accuracy, served share per exit and per node, latency mean/p50/p99 (ms), errors."""
+    """Accuracy, served share per exit and per node, latency (cis.metrics.latency_summary, seconds), errors."""
     ok = [r for r in results if r is not None and r.error is None]
     errors: dict[str, int] = {}
     for r in results:
@@ -329,7 +330,6 @@ def summarize(results: list[Result | None], labels: np.ndarray | None = None) ->
     ex = np.concatenate([r.exit for r in ok])
     flags = np.concatenate([r.flags for r in ok])
     nodes = [s for r in ok for s in r.served_by]
-    lat = np.array([r.latency for r in ok]) * 1000
     if labels is not None:
         lab = np.concatenate(
             [labels[i : i + len(r)] for i, r in _positions(results) if r is not None and r.error is None]
@@ -340,11 +340,7 @@ def summarize(results: list[Result | None], labels: np.ndarray | None = None) ->
     out["degraded"] = int((flags & P.FLAG_DEGRADED).astype(bool).sum())
     out["capped"] = int((flags & P.FLAG_CAPPED).astype(bool).sum())
     out["nonfinite"] = int((flags & P.FLAG_NONFINITE).astype(bool).sum())
-    out["latency_ms"] = {
-        "mean": float(lat.mean()),
-        "p50": float(np.percentile(lat, 50)),
-        "p99": float(np.percentile(lat, 99)),
-    }
+    out["latency"] = latency_summary([r.latency for r in ok])
     return out
 
 

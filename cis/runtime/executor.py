@@ -34,6 +34,7 @@ from cis.runtime import protocol as P
 from cis.runtime.adapt import ThresholdController
 from cis.runtime.config import NodeConfig
 from cis.runtime.feeds import FeedContract, TensorSpec, nonfinite_rows
+from cis.stages import LOGITS
 
 
 class Stage(Protocol):
@@ -148,7 +149,7 @@ class Executor:
             if config.adapt and config.parent and not self.patient  # no threshold to move under patience
             else None
         )
-        self.carry_names = [t.name for t in self.stages[config.exit].outputs if t.name != "logits"]
+        self.carry_names = [t.name for t in self.stages[config.exit].outputs if t.name != LOGITS]
         self.state_names = (pt.LABEL, pt.COUNT) if self.patient else ()
         self.contracts = {k: FeedContract(stage.inputs, self.state_names) for k, stage in self.stages.items()}
         self.queue: collections.deque[Request] = collections.deque()
@@ -282,7 +283,7 @@ class Executor:
                 m = sum(req.n for req in joining)
                 new_hit = {"exit": np.zeros(m, np.int32), "cls": np.zeros(m, np.int64), "conf": np.zeros(m, np.float32)}
                 hit = new_hit if hit is None else {key: np.concatenate([hit[key], new_hit[key]]) for key in hit}
-                done, state = self.policy.decide_patience(out["logits"], state)
+                done, state = self.policy.decide_patience(out[LOGITS], state)
                 first = done & (hit["exit"] == 0)
                 hit["exit"][first] = k
                 hit["cls"][first] = state.label[first]
@@ -295,7 +296,7 @@ class Executor:
             assert state is not None and hit is not None
             carry.update(pt.to_carry(state))
             hit["state_count"] = state.count
-        return out["logits"], carry, order, hit
+        return out[LOGITS], carry, order, hit
 
     # ------------------------------------------------------------ deciding
 

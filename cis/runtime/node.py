@@ -52,6 +52,7 @@ from typing import Any
 import numpy as np
 import zmq
 
+from cis.metrics import latency_summary
 from cis.runtime import protocol as P
 from cis.runtime.config import NodeConfig
 from cis.runtime.executor import BundleStage, Executor, Pending, Request, Stage
@@ -70,14 +71,8 @@ class LatencyWindow:
         self.values.append(seconds)
 
     def summary(self) -> dict[str, float | None]:
-        lat = np.array(self.values)
-        if not len(lat):
-            return {"latency_mean": None, "latency_p50": None, "latency_p99": None}
-        return {
-            "latency_mean": float(lat.mean()),
-            "latency_p50": float(np.percentile(lat, 50)),
-            "latency_p99": float(np.percentile(lat, 99)),
-        }
+        """The one latency summary of cis.metrics (seconds: count, mean_s, p50_s, p95_s, p99_s, max_s)."""
+        return latency_summary(np.fromiter(self.values, float, len(self.values)))
 
 
 class Node:
@@ -145,7 +140,7 @@ class Node:
             "queue_requests": len(ex.queue),
             "queue_limit": self.cfg.queue_limit,
             "in_flight_forwarded": sum(p.n for p in self.pending.values()),
-            **self.latency.summary(),
+            "latency": self.latency.summary(),
             "transfer_cap": {"rate": _num(bucket.rate), "burst": _num(bucket.burst), "tokens": _num(bucket.tokens)},
             "adapt": ex.controller.to_json() if ex.controller else None,
             "restarts": self.cfg.restarts,

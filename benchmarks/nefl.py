@@ -15,11 +15,12 @@ papers' weighting (``--strategy equal``: every client weighs |S_i|):
 Every run reports the test accuracy of sub-models 1..3 (a CIS tier serves its
 sub-model) and the CIS accuracy at 33-33-33. The papers' directions: NeFL-D's
 smallest sub-model well above the DepthFL-style prefix; HeteroFL's smallest
-sub-model the worst among the width methods (NeFL-W, HeteroFL, FjORD).
+sub-model the worst among the width methods (NeFL-W, HeteroFL, FjORD); HeteroFL's
+largest sub-model above its smaller ones (its accuracy grows with size in NeFL's tables).
 
 Reduced scale (say so with any number): ResNet20 at half width (channels 8/16/32), 10k training images,
 16 rounds of 6 local steps of 64, test on 2,000 and validation on 1,000 images, one seed. The full run
-takes about 17 minutes on this 2-core CPU at a load of 3 (about 64 s per round for all six runs),
+of the six runs before ``heterofl-tracked-bn`` took about 17 minutes on this 2-core CPU at a load of 3,
 roughly twice that when the machine is as busy as it was while this was written (load 10); ``--quick`` is a smoke test.
 
     python benchmarks/nefl.py [--quick] [--rounds 16] [--train-subset 10000] [--only heterofl,... [--merge]]

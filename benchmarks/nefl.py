@@ -19,9 +19,9 @@ sub-model the worst among the width methods (NeFL-W, HeteroFL, FjORD); HeteroFL'
 largest sub-model above its smaller ones (its accuracy grows with size in NeFL's tables).
 
 Reduced scale (say so with any number): ResNet20 at half width (channels 8/16/32), 10k training images,
-16 rounds of 6 local steps of 64, test on 2,000 and validation on 1,000 images, one seed. The full run
-of the six runs before ``heterofl-tracked-bn`` took about 17 minutes on this 2-core CPU at a load of 3,
-roughly twice that when the machine is as busy as it was while this was written (load 10); ``--quick`` is a smoke test.
+16 rounds of 6 local steps of 64, test on 2,000 and validation on 1,000 images, one seed. The six runs
+before ``heterofl-tracked-bn`` took about 17 minutes together on this 2-core CPU at a load of 3 (each row
+takes 2-3 minutes), roughly twice that when the machine is busy (load 10); ``--quick`` is a smoke test.
 
     python benchmarks/nefl.py [--quick] [--rounds 16] [--train-subset 10000] [--only heterofl,... [--merge]]
 Writes benchmarks/results/nefl.json and nefl.md. ``--merge`` (with ``--only``) keeps the other rows of

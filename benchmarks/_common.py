@@ -261,7 +261,10 @@ def spec_file(num_exits: int, folder: Path) -> Path:
 # ---------------------------------------------------------------- the nested-method benchmarks (nefl.py, slt.py)
 
 
-def nested_args(description: str, argv: list[str] | None = None, **defaults: Any) -> argparse.Namespace:
+def nested_args(
+    description: str, argv: list[str] | None = None, extra: Any = None, **defaults: Any
+) -> argparse.Namespace:
+    """The nested-method benchmarks' flags; ``extra(parser)`` adds a benchmark's own."""
     p = argparse.ArgumentParser(description=description)
     scale_args(
         p,
@@ -280,6 +283,8 @@ def nested_args(description: str, argv: list[str] | None = None, **defaults: Any
     )
     p.add_argument("--only", help="comma-separated run names")
     p.add_argument("--verbose", action="store_true")
+    if extra is not None:
+        extra(p)
     args = p.parse_args(argv)
     if args.quick:
         args.rounds, args.local_steps, args.batch_size = 2, 2, 32

@@ -4,41 +4,60 @@ Runs, all through ``build_setup`` (the engine of ``cis train --method``), with t
 papers' weighting (``--strategy equal``: every client weighs |S_i|):
 
 - ``nefl-WD`` / ``nefl-W`` / ``nefl-D``: NeFL with width and depth, width only, depth only;
-- ``heterofl``, ``fjord``: the width baselines (shared / per-sub-model BN, ordered dropout);
+- ``heterofl``, ``fjord``: the width baselines (shared / per-sub-model BN, ordered dropout); HeteroFL
+  with its static BatchNorm (the default, as the NeFL paper runs it: no running statistics while
+  training, each sub-model's recomputed over the training data afterwards), and
+  ``heterofl-tracked-bn`` with option ``static_bn=false`` (shared running statistics tracked while
+  training: the HeteroFL row of the results before static BN);
 - ``depthfl-prefix``: DepthFL as NeFL implements it (Appendix B.3): sub-model k is a
   contiguous prefix of the blocks (plus the downsampling blocks), unit steps, not learned.
 
 Every run reports the test accuracy of sub-models 1..3 (a CIS tier serves its
 sub-model) and the CIS accuracy at 33-33-33. The papers' directions: NeFL-D's
 smallest sub-model well above the DepthFL-style prefix; HeteroFL's smallest
-sub-model the worst among the width methods (NeFL-W, HeteroFL, FjORD).
+sub-model the worst among the width methods (NeFL-W, HeteroFL, FjORD); HeteroFL's
+largest sub-model above its smaller ones (its accuracy grows with size in NeFL's tables).
 
 Reduced scale (say so with any number): ResNet20 at half width (channels 8/16/32), 10k training images,
-16 rounds of 6 local steps of 64, test on 2,000 and validation on 1,000 images, one seed. The full run
-takes about 17 minutes on this 2-core CPU at a load of 3 (about 64 s per round for all six runs),
-roughly twice that when the machine is as busy as it was while this was written (load 10); ``--quick`` is a smoke test.
+16 rounds of 6 local steps of 64, test on 2,000 and validation on 1,000 images, one seed. The six runs
+before ``heterofl-tracked-bn`` took about 17 minutes together on this 2-core CPU at a load of 3 (each row
+takes 2-3 minutes), roughly twice that when the machine is busy (load 10); ``--quick`` is a smoke test.
 
-    python benchmarks/nefl.py [--quick] [--rounds 16] [--train-subset 10000]
-Writes benchmarks/results/nefl.json and nefl.md. CIFAR-10 comes from
+    python benchmarks/nefl.py [--quick] [--rounds 16] [--train-subset 10000] [--only heterofl,... [--merge]]
+Writes benchmarks/results/nefl.json and nefl.md. ``--merge`` (with ``--only``) keeps the other rows of
+the saved results, which must have the same scale, and replaces the rows it reruns. CIFAR-10 comes from
 ../shared/data/cifar10-jpeg.zip, unzipped to /tmp/cifar10.
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 
-from _common import load_splits, make_setup, nested_args, nested_head, train_and_report, write_results
+from _common import (
+    RESULTS,
+    load_splits,
+    machine,
+    make_setup,
+    nested_args,
+    nested_head,
+    train_and_report,
+    write_results,
+)
 
 RUNS = {  # name -> (method, options)
     "nefl-WD": ("nefl", {"nefl_mode": "WD"}),
     "nefl-W": ("nefl", {"nefl_mode": "W"}),
     "nefl-D": ("nefl", {"nefl_mode": "D"}),
     "heterofl": ("heterofl", {}),
+    "heterofl-tracked-bn": ("heterofl", {"static_bn": False}),
     "fjord": ("fjord", {}),
     "depthfl-prefix": ("heterofl", {}),  # its model is swapped for the prefix sub-models below
 }
 WIDTH_METHODS = ("nefl-W", "heterofl", "fjord")
+SCALE = ("quick", "rounds", "local_steps", "batch_size", "train_subset", "val", "test", "seed", "width")
+"""The flags that make two runs' numbers comparable (``--merge`` refuses saved results at another scale)."""
 
 
 def depthfl_prefix(s, args):
@@ -72,7 +91,27 @@ def directions(results: dict) -> dict:
     if "heterofl" in width and len(width) > 1:
         worst = min(width, key=lambda m: r[m]["smallest"])
         out["heterofl_smallest_worst_of_width_methods"] = {"worst": worst, "holds": worst == "heterofl"}
+    if "heterofl" in r:  # larger sub-models more accurate, as in the NeFL paper's HeteroFL rows
+        acc = r["heterofl"]["submodel_accuracy"]
+        largest = max(acc, key=int)
+        gap = acc[largest] - max(v for k, v in acc.items() if k != largest)
+        out["heterofl_largest_above_smaller"] = {"gap_pp": 100 * gap, "holds": gap > 0}
     return out
+
+
+def merge_saved(data: dict, names: list[str]) -> dict:
+    """``data`` (the rerun rows) merged into the saved results/nefl.json; the saved run's order and scale."""
+    saved = json.loads((RESULTS / "nefl.json").read_text())
+    differ = {k: (saved["args"].get(k), data["args"][k]) for k in SCALE if saved["args"].get(k) != data["args"][k]}
+    if differ:
+        raise SystemExit(f"--merge: results/nefl.json has another scale (saved, now): {differ}; rerun every row")
+    runs = {**saved["runs"], **data["runs"]}
+    runs = {n: runs[n] for n in [*RUNS, *runs] if n in runs}
+    merges = [*saved.get("merges", []), {"rerun": names, "seconds": data["seconds"], "machine": machine()}]
+    return {
+        **saved, "runs": runs, "directions": directions(runs), "merges": merges,
+        "seconds": sum(r["total_seconds"] for r in runs.values()),
+    }
 
 
 def markdown(data: dict) -> list[str]:
@@ -95,17 +134,33 @@ def markdown(data: dict) -> list[str]:
             f"{a}={b:+.1f}" if isinstance(b, float) else f"{a}={b}" for a, b in v.items() if a != "holds"
         )
         lines.append(f"- {k}: {'holds' if v['holds'] else 'does NOT hold'} ({detail})")
-    lines.append(f"\nTotal {data['seconds']:.0f} s.")
+    lines.append(
+        "\nheterofl: static BatchNorm (no running statistics while training; each sub-model's own, a cumulative "
+        "average over the training data after training); heterofl-tracked-bn: option static_bn=false (shared "
+        "running statistics tracked and averaged while training)."
+    )
+    for m in data.get("merges", []):
+        lines.append(
+            f"\nRerun with --merge: {', '.join(m['rerun'])} ({m['seconds']:.0f} s, load average "
+            f"{m['machine']['load_avg'][0]:.1f}); the other rows are from the earlier run of the same scale."
+        )
+    lines.append(f"\nTotal {data['seconds']:.0f} s (the rows' own seconds).")
     return lines
 
 
 def main(argv=None) -> int:
-    args = nested_args(__doc__.split("\n")[0], argv)
+    args = nested_args(__doc__.split("\n")[0], argv, extra=lambda p: p.add_argument(
+        "--merge", action="store_true", help="with --only: keep the saved results' other rows (same scale)"))
+    if args.merge and not args.only:
+        raise SystemExit("--merge: give --only with the rows to rerun")
     from training.data import load_dataset  # noqa: F401  (fail early on a missing dataset)
 
     t0 = time.perf_counter()
     splits = load_splits(args.dataset, args.seed, args.val, args.test)
     names = args.only.split(",") if args.only else list(RUNS)
+    unknown = [n for n in names if n not in RUNS]
+    if unknown:
+        raise SystemExit(f"--only: unknown run(s) {unknown}; expected names from {list(RUNS)}")
     results = {}
     for name in names:
         method, options = RUNS[name]
@@ -117,6 +172,8 @@ def main(argv=None) -> int:
         "benchmark": "nefl", "args": {k: v for k, v in vars(args).items() if k != "dataset"},
         "runs": results, "directions": directions(results), "seconds": time.perf_counter() - t0,
     }
+    if args.merge:
+        data = merge_saved(data, names)
     write_results("nefl", data, markdown(data))
     return 0
 

@@ -131,7 +131,7 @@ def test_bad_method_or_option_is_a_one_line_error(argv, words, tmp_path, run_cli
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["nefl", "reefl"])
+@pytest.mark.parametrize("method", ["nefl", "heterofl", "reefl"])
 def test_resume_ends_with_the_same_weights(method, tmp_path, run_cli):
     from training.checkpoint import load_checkpoint
 
@@ -152,7 +152,7 @@ def test_resume_ends_with_the_same_weights(method, tmp_path, run_cli):
             tmp_path / "b",
             "--resume",
             "--option",
-            "tiers=dynamic" if method == "nefl" else "distill=false",
+            {"nefl": "tiers=dynamic", "heterofl": "static_bn=false"}.get(method, "distill=false"),
         )
     )
     assert "differs" in line

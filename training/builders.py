@@ -75,7 +75,8 @@ def method_model(config, num_exits: int, train) -> EarlyExitNet:
             channels=tuple(max(2, round(c * config.width)) for c in base.channels),
         )
         return subset_model(
-            config.method, layout, num_exits, opts["gammas"], opts["nefl_mode"], opts["nefl_init"], opts["learn_steps"]
+            config.method, layout, num_exits, opts["gammas"], opts["nefl_mode"], opts["nefl_init"], opts["learn_steps"],
+            opts["static_bn"],
         )
     from training.methods.setup import method_model_config
 

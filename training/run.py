@@ -38,6 +38,7 @@ from training.evaluate import cis_report, predict_exits
 from training.flops import exit_costs
 from training.grad_variance import gradient_variance
 from training.local import Client, local_steps
+from training.methods.static_bn import refresh_statistics
 from training.models import EarlyExitNet
 from training.partition import partition
 from training.strategies import AUTO_CANDIDATES, Weights, make_weights
@@ -183,8 +184,15 @@ def checkpoint_meta(s: Setup) -> dict[str, Any]:
     }
 
 
+def served_model(s: Setup) -> EarlyExitNet:
+    """The global model as it is evaluated, checkpointed and exported: the engine's weights, and for
+    HeteroFL's static BatchNorm its per-sub-model statistics recomputed over the nodes' training data
+    when the weights changed since (training/methods/static_bn.py)."""
+    return refresh_statistics(s.engine, [c.x for c in s.clients], s.config.batch_size)
+
+
 def evaluate_round(s: Setup) -> dict:
-    model = s.engine.sync_model()
+    model = served_model(s)
     logits = predict_exits(model, s.splits.val.x)
     ev = evaluate_cis(
         s.spec, logits, s.splits.val.y, measure=s.config.confidence or s.spec.confidence, seed=s.config.seed
@@ -193,7 +201,7 @@ def evaluate_round(s: Setup) -> dict:
 
 
 def final_report(s: Setup) -> dict:
-    model = s.engine.sync_model()
+    model = served_model(s)
     val = predict_exits(model, s.splits.val.x)
     test = predict_exits(model, s.splits.test.x)
     return cis_report(s.spec, val, s.splits.val.y, test, s.splits.test.y, s.config.confidence, s.config.seed)
@@ -309,7 +317,7 @@ def train_run(
             metrics.write(json.dumps(line) + "\n")
             metrics.flush()
             if t % config.checkpoint_every == 0 or t == config.rounds:
-                save_checkpoint(out, s.engine.sync_model(), checkpoint_meta(s), {"engine": s.engine.state_dict()})
+                save_checkpoint(out, served_model(s), checkpoint_meta(s), {"engine": s.engine.state_dict()})
             bar.update(1)
             if stop_after is not None and t >= stop_after and t < config.rounds:
                 bar.close()
@@ -363,7 +371,7 @@ def choose_strategy(s: Setup, out: Path, bar, log: Callable[[str], None]) -> Non
             line["seconds"] = line["train_seconds"]
             metrics.write(json.dumps(line) + "\n")
     write_json(out / "weights.json", w.describe())
-    save_checkpoint(out, s.engine.sync_model(), checkpoint_meta(s), {"engine": s.engine.state_dict()})
+    save_checkpoint(out, served_model(s), checkpoint_meta(s), {"engine": s.engine.state_dict()})
 
 
 def run_summary(s: Setup) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from training.checkpoint import save_checkpoint
 from training.config import RunConfig
 from training.flower.records import config_from_text, config_to_text, state_to_record
 from training.flower.strategy import CisStrategy
-from training.run import build_setup, checkpoint_meta, evaluate_round, round_line, run_summary, write_json
+from training.run import build_setup, checkpoint_meta, evaluate_round, round_line, run_summary, served_model, write_json
 
 
 def serve(
@@ -69,7 +69,7 @@ def serve(
             # the momentum buffers stay on the nodes (context.state): the checkpoint holds the round only
             save_checkpoint(
                 out,
-                s.engine.sync_model(),
+                served_model(s),
                 {**checkpoint_meta(s), "engine": "flower"},
                 {"engine": {"round": s.engine.round}},
             )

@@ -12,10 +12,14 @@ Pieces (the compact networks themselves, :class:`~training.methods.resnet.ResNet
 - :class:`NestedNet`: the server model. Shared convolutions and classifier at full
   width; BatchNorm either shared (sliced per sub-model: HeteroFL, FedRolex, FD,
   SLT, small model) or one set per sub-model (NeFL, FjORD); step sizes one row per
-  sub-model. Its "exits" are the sub-models, so ``forward(x, upto=e)`` returns the
-  logits of sub-models 1..e and the CIS machinery (evaluation, policy, export)
-  treats a nested model like an early-exit one. Each stage re-runs its sub-model
-  on the raw input, which is its carry.
+  sub-model. With ``static_bn`` (HeteroFL's static BatchNorm,
+  :mod:`training.methods.static_bn`) the shared BatchNorm keeps no running
+  statistics: each sub-model has its own (``sub_stats``, computed after training),
+  stored like NeFL's per-sub-model sets, so evaluation and export pick them up through
+  :meth:`NestedNet.selection` as they pick up NeFL's. Its "exits" are the sub-models,
+  so ``forward(x, upto=e)`` returns the logits of sub-models 1..e and the CIS
+  machinery (evaluation, policy, export) treats a nested model like an early-exit one.
+  Each stage re-runs its sub-model on the raw input, which is its carry.
 """
 
 from __future__ import annotations
@@ -132,12 +136,31 @@ def _flat(name: str) -> str:
     return name.replace(".", "_")
 
 
-class BatchNormSet(nn.Module):
-    """One sub-model's own BatchNorm layers (NeFL's inconsistent parameters)."""
+BN_STATISTICS = ("running_mean", "running_var", "num_batches_tracked")
+"""A BatchNorm's running statistics (buffers), as opposed to its affine parameters."""
+STATISTICS_MODULE = "sub_stats"
+"""Where a static-BN :class:`NestedNet` keeps each sub-model's own running statistics."""
 
-    def __init__(self, layout: ResNetLayout, widths: Sequence[int], kept: Sequence[int]) -> None:
+
+class BatchNormSet(nn.Module):
+    """One sub-model's own BatchNorm layers (NeFL's inconsistent parameters); ``affine=False``: its
+    running statistics only (static BN: the affine parameters stay shared)."""
+
+    def __init__(self, layout: ResNetLayout, widths: Sequence[int], kept: Sequence[int], affine: bool = True) -> None:
         super().__init__()
-        self.bns = nn.ModuleDict({_flat(n): nn.BatchNorm2d(widths[k]) for n, k in _bn_names(layout, kept)})
+        self.bns = nn.ModuleDict(
+            {_flat(n): nn.BatchNorm2d(widths[k], affine=affine) for n, k in _bn_names(layout, kept)}
+        )
+
+
+def batch_statistics_only_(net: nn.Module) -> nn.Module:
+    """Drop every BatchNorm's running statistics: it normalises with each batch's own, in training and
+    evaluation alike, and its state holds only the affine parameters (static BN while training)."""
+    for m in net.modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.track_running_stats = False
+            m.running_mean = m.running_var = m.num_batches_tracked = None
+    return net
 
 
 def compact_selection(
@@ -146,6 +169,7 @@ def compact_selection(
     kept: Sequence[int] | None = None,
     bn_prefix: dict[str, str] | None = None,
     step_row: int | None = None,
+    stats_prefix: dict[str, str] | None = None,
 ) -> Selection:
     """Where every tensor of a compact network sits in the server model.
 
@@ -153,6 +177,9 @@ def compact_selection(
     previous layer's). ``bn_prefix``: compact BN name -> server key prefix of that
     sub-model's own BatchNorm (decoupled, taken whole); by default BN is shared and sliced.
     ``step_row``: row of the server's ``steps`` tensor this sub-model uses.
+    ``stats_prefix``: compact BN name -> server key prefix of that sub-model's own running
+    statistics (static BN: taken whole; the affine parameters stay as ``bn_prefix`` says);
+    an empty dict leaves the statistics out (what a static-BN client trains).
     """
     kept = list(range(layout.num_blocks)) if kept is None else list(kept)
     down = layout.downsamples()
@@ -163,8 +190,11 @@ def compact_selection(
 
     def bn(ck: str, gk: str, o: Tensor) -> None:
         own = (bn_prefix or {}).get(ck)
-        for leaf in ("weight", "bias", "running_mean", "running_var", "num_batches_tracked"):
-            if own is not None:
+        for leaf in ("weight", "bias", *BN_STATISTICS):
+            if stats_prefix is not None and leaf in BN_STATISTICS:
+                if ck in stats_prefix:
+                    sel[f"{ck}.{leaf}"] = (f"{stats_prefix[ck]}.{leaf}", ())
+            elif own is not None:
                 sel[f"{ck}.{leaf}"] = (f"{own}.{leaf}", ())
             else:
                 sel[f"{ck}.{leaf}"] = (f"{gk}.{leaf}", () if leaf == "num_batches_tracked" else (o,))
@@ -228,10 +258,15 @@ class NestedNet(EarlyExitNet):
         decoupled_bn: bool = True,
         use_steps: bool = True,
         learn_steps: bool = True,
+        static_bn: bool = False,
     ) -> None:
         specs = list(specs)
         if not specs:
             raise CisError("nested model: expected at least one sub-model spec")
+        if static_bn and decoupled_bn:
+            raise CisError(
+                "nested model: static BatchNorm re-estimates shared BatchNorm; expected decoupled_bn=False"
+            )
         for k, s in enumerate(specs, start=1):
             if len(s.steps) != layout.num_blocks:
                 raise CisError(
@@ -244,6 +279,7 @@ class NestedNet(EarlyExitNet):
             "decoupled_bn": bool(decoupled_bn),
             "use_steps": bool(use_steps),
             "learn_steps": bool(learn_steps),
+            "static_bn": bool(static_bn),
             "exits": list(range(1, len(specs) + 1)),
             "input_size": layout.input_size,
             "in_channels": layout.in_channels,
@@ -252,10 +288,16 @@ class NestedNet(EarlyExitNet):
         super().__init__([], config)
         self.layout, self.specs = layout, specs
         self.decoupled_bn, self.use_steps, self.learn_steps = decoupled_bn, use_steps, learn_steps
+        self.static_bn = static_bn
         self.shared = CompactResNet(layout, layout.conv_channels())
         if decoupled_bn:
             self.sub_bns = nn.ModuleList(
                 BatchNormSet(layout, self.widths(k), s.kept()) for k, s in enumerate(specs, start=1)
+            )
+        if static_bn:  # running statistics per sub-model, computed after training (training/methods/static_bn.py)
+            batch_statistics_only_(self.shared)
+            self.sub_stats = nn.ModuleList(  # the name is STATISTICS_MODULE
+                BatchNormSet(layout, self.widths(k), s.kept(), affine=False) for k, s in enumerate(specs, start=1)
             )
         if use_steps:
             steps = torch.tensor([list(s.steps) for s in specs], dtype=torch.float32)
@@ -272,16 +314,27 @@ class NestedNet(EarlyExitNet):
     def widths(self, k: int) -> list[int]:
         return uniform_widths(self.layout, self.specs[k - 1].channel_ratio)
 
-    def selection(self, k: int) -> Selection:
-        """Sub-model k's tensors in this model's state dict (ordered width slices)."""
+    def selection(self, k: int, statistics: bool = True) -> Selection:
+        """Sub-model k's tensors in this model's state dict (ordered width slices). Under static BN its
+        running statistics are its own (``sub_stats``), or left out with ``statistics=False``."""
         spec = self.specs[k - 1]
         kept = spec.kept()
-        own = None
-        if self.decoupled_bn:
-            own = {n: f"sub_bns.{k - 1}.bns.{_flat(n)}" for n, _ in _bn_names(self.layout, kept)}
+        names = [n for n, _ in _bn_names(self.layout, kept)]
+        own = {n: f"sub_bns.{k - 1}.bns.{_flat(n)}" for n in names} if self.decoupled_bn else None
+        stats = None
+        if self.static_bn:
+            stats = {n: f"{STATISTICS_MODULE}.{k - 1}.bns.{_flat(n)}" for n in names} if statistics else {}
         return compact_selection(
-            self.layout, [prefix(w) for w in self.widths(k)], kept, own, k - 1 if self.use_steps else None
+            self.layout, [prefix(w) for w in self.widths(k)], kept, own, k - 1 if self.use_steps else None, stats
         )
+
+    def trainee(self, k: int) -> tuple[CompactResNet, Selection]:
+        """What a client trains as sub-model k: a fresh compact network and the selection it loads and
+        uploads. Under static BN the network keeps no running statistics (each batch normalises with its
+        own) and the selection leaves them out, so training never reads or writes them."""
+        if not self.static_bn:
+            return self.compact(k), self.selection(k)
+        return batch_statistics_only_(self.compact(k)), self.selection(k, statistics=False)
 
     def compact(self, k: int, frozen: int = 0) -> CompactResNet:
         """A fresh stand-alone network shaped like sub-model k (untrained weights)."""
@@ -349,7 +402,8 @@ def build_nested(config: dict[str, Any]) -> NestedNet:
         layout = ResNetLayout(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["layout"].items()})
         specs = [SubModelSpec(float(s["width"]), tuple(float(x) for x in s["steps"])) for s in config["specs"]]
         return NestedNet(
-            layout, specs, bool(config["decoupled_bn"]), bool(config["use_steps"]), bool(config["learn_steps"])
+            layout, specs, bool(config["decoupled_bn"]), bool(config["use_steps"]), bool(config["learn_steps"]),
+            bool(config.get("static_bn", False)),  # absent in checkpoints from before static BN
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise CisError(

@@ -216,6 +216,15 @@ OPTIONS: dict[str, Option] = {
         ),
         Option("learn_steps", "bool", ("nefl",), True, "NeFL: learn the step sizes (false: fixed, the paper's N/L)"),
         Option(
+            "static_bn",
+            "bool",
+            ("heterofl",),
+            True,
+            "HeteroFL static BatchNorm: no running statistics while training; after training each sub-model's "
+            "own, a cumulative average over the nodes' training data (false: shared running statistics tracked "
+            "and averaged while training)",
+        ),
+        Option(
             "tiers",
             "str",
             _NESTED,

@@ -37,6 +37,7 @@ from training.methods.nested import NestedNet
 from training.methods.registry import NESTED_METHODS, OPTIONS
 from training.methods.resnet import CompactResNet
 from training.methods.slicing import Selection, SelectionAverage, gather, scatter_
+from training.methods.static_bn import mark_stale_
 
 DeviceChoice = tuple[CompactResNet, Selection, Selection]
 """(compact network, selection it loads, selection it uploads)."""
@@ -55,8 +56,8 @@ class NestedDevice(DeviceModel):
     """NeFL / HeteroFL / small model / DepthFL-style: the server model's own sub-model k."""
 
     def choose(self, model: NestedNet, client: Client, k: int, round: int, gen: torch.Generator) -> DeviceChoice:
-        sel = model.selection(k)
-        return model.compact(k), sel, sel
+        net, sel = model.trainee(k)
+        return net, sel, sel
 
 
 class FjordDevice(NestedDevice):
@@ -183,11 +184,19 @@ def _size(idx: tuple) -> float:
 
 
 class SubsetAggregator:
-    """Element-wise weighted average of the uploaded slices (see :mod:`training.methods.slicing`)."""
+    """Element-wise weighted average of the uploaded slices (see :mod:`training.methods.slicing`).
+    ``static_bn``: the round's new weights make the per-sub-model statistics stale
+    (:mod:`training.methods.static_bn`)."""
 
-    def __init__(self, trainer: SubsetTrainer, weight: Callable[[Client, int, int], float] | None = None) -> None:
+    def __init__(
+        self,
+        trainer: SubsetTrainer,
+        weight: Callable[[Client, int, int], float] | None = None,
+        static_bn: bool = False,
+    ) -> None:
         self.trainer = trainer
         self.weight = weight or (lambda client, k, round: float(client.size))
+        self.static_bn = static_bn
         self._avg = SelectionAverage(torch.float64)
         self._global: dict[str, Tensor] = {}
         self._round = 0
@@ -203,6 +212,8 @@ class SubsetAggregator:
 
     def finish(self, global_state: dict[str, Tensor]) -> None:
         self._avg.write(global_state)
+        if self.static_bn:
+            mark_stale_(global_state)
 
 
 def tier_matrix(allowed: Sequence[Sequence[int]], num_submodels: int) -> np.ndarray:
@@ -234,8 +245,10 @@ def subset_model(
     mode: str = OPTIONS["nefl_mode"].default,
     init: str = OPTIONS["nefl_init"].default,
     learn_steps: bool = OPTIONS["learn_steps"].default,
+    static_bn: bool = OPTIONS["static_bn"].default,
 ) -> NestedNet:
-    """The server model a method trains; its sub-models 1..E are what the CIS tiers serve."""
+    """The server model a method trains; its sub-models 1..E are what the CIS tiers serve.
+    ``static_bn`` applies to heterofl only (its static BatchNorm, :mod:`training.methods.static_bn`)."""
     from training.methods.nested import nefl_specs
 
     if method not in NESTED_METHODS:
@@ -247,7 +260,10 @@ def subset_model(
         )
     if method == "small":
         gammas = [min(gammas)] * len(gammas)
-    return NestedNet(layout, nefl_specs(layout, gammas, "W"), decoupled_bn=method == "fjord", use_steps=False)
+    return NestedNet(
+        layout, nefl_specs(layout, gammas, "W"), decoupled_bn=method == "fjord", use_steps=False,
+        static_bn=static_bn and method == "heterofl",
+    )
 
 
 def build_subset_method(
@@ -279,4 +295,5 @@ def build_subset_method(
     else:
         raise ValueError(f"method {method!r}: expected one of {NESTED_METHODS}")
     trainer = SubsetTrainer(device, **sgd)
-    return ExitSampler(tier_matrix(allowed, E), participation), trainer, SubsetAggregator(trainer, weight)
+    aggregator = SubsetAggregator(trainer, weight, static_bn=model.static_bn)
+    return ExitSampler(tier_matrix(allowed, E), participation), trainer, aggregator

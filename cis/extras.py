@@ -22,7 +22,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "flower": ("torch", "sklearn", "PIL", "flwr"),
     "plot": ("matplotlib",),
     "metrics": ("prometheus_client",),
-    "tensorrt": ("tensorrt",),
+    "tensorrt": ("tensorrt", "cuda"),
 }
 
 

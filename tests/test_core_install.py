@@ -272,3 +272,13 @@ def test_tomli_fallback_reads_specs_and_configs_where_tomllib_is_missing(core, t
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "log").read_text().split()[0] == "tomllib"  # the fallback really ran
+
+
+def test_metrics_port_without_prometheus_client_is_one_line(core, bundle):
+    """A core install serves without --metrics-port (above); with it, the node names the extra to install."""
+    res = core.run("serve", bundle, "--node", "cloud", "--bind", "tcp://127.0.0.1:0", "--metrics-port", "0")
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        "cis serve: --metrics-port needs the 'metrics' extra: pip install 'cis[metrics]' "
+        "(not installed: prometheus_client)"
+    ]

@@ -141,6 +141,8 @@ class EngineSession:
 
     def __del__(self) -> None:
         cudart = getattr(self, "cudart", None)
+        if cudart is None:
+            return
         for ptr, _ in getattr(self, "buffers", {}).values():
             cudart.cudaFree(ptr)
         if getattr(self, "stream", None) is not None:

@@ -78,7 +78,7 @@ def _session(model: str | Path | bytes, provider: str, threads: int | None):
     """An onnxruntime session on ``provider`` (cpu, cuda or tensorrt) and nothing else.
 
     A GPU provider gets the CPU provider behind it for the operators it lacks
-    (onnxruntime's usual placement); if onnxruntime could not start the GPU
+    (TensorRT: CUDA, then the CPU; onnxruntime's usual placement); if onnxruntime could not start the GPU
     provider at all (no GPU, missing CUDA libraries), it would silently run
     everything on the CPU: that is refused with :class:`ProviderError`.
     """
@@ -96,7 +96,8 @@ def _session(model: str | Path | bytes, provider: str, threads: int | None):
     if threads:
         opts.intra_op_num_threads = int(threads)
         opts.inter_op_num_threads = 1
-    chain = [wanted] if provider == "cpu" else [wanted, ORT_PROVIDERS["cpu"]]
+    behind = [p for p in (ORT_PROVIDERS["cuda"], ORT_PROVIDERS["cpu"]) if p in available and p != wanted]
+    chain = [wanted] if provider == "cpu" else [wanted, *behind]
     source = model if isinstance(model, bytes) else str(model)
     try:
         session = ort.InferenceSession(source, sess_options=opts, providers=chain)

@@ -95,7 +95,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         metavar="PORT",
         help="serve Prometheus /metrics and /healthz over HTTP on PORT (0: a free port; with --all, node i of the "
-        "spec gets PORT+i, or a free port each with 0). Needs the 'metrics' extra",
+        "spec gets PORT+i, or a free port each with 0)",
     )
     p.add_argument(
         "--metrics-host",

@@ -1,7 +1,7 @@
 """Prometheus metrics and a health probe for one node: ``cis serve --metrics-port PORT``.
 
-An HTTP server thread beside the node's poll loop (prometheus-client, the
-``metrics`` extra) answers
+An HTTP server thread beside the node's poll loop (prometheus-client, part of
+the core install) answers
 
 - ``GET /metrics``: Prometheus text. Every value but the latency histogram is
   read from the node's own counters when Prometheus scrapes (a custom

@@ -76,18 +76,23 @@ def start(*args) -> subprocess.Popen:
 
 
 def read_until(stream, proc: subprocess.Popen, wanted: str, timeout: float = 90) -> list[str]:
-    """Lines of ``stream`` up to the first that contains ``wanted``."""
-    lines: list[str] = []
+    """Complete lines of ``stream`` up to the first that contains ``wanted``. Reads the raw pipe: a buffered
+    readline may take two lines at once and leave select() nothing to wake on."""
+    text = ""
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        if select.select([stream], [], [], 0.2)[0]:
-            line = stream.readline()
-            lines.append(line)
-            if wanted in line:
-                return lines
+        if select.select([stream.fileno()], [], [], 0.2)[0]:
+            chunk = os.read(stream.fileno(), 65536).decode()
+            if not chunk:
+                break
+            text += chunk
+            lines = text.splitlines(keepends=True)
+            hit = [i for i, line in enumerate(lines) if wanted in line and line.endswith("\n")]
+            if hit:
+                return lines[: hit[0] + 1]
         elif proc.poll() is not None:
             break
-    raise AssertionError(f"no line with {wanted!r} (exit {proc.poll()}): {''.join(lines)}{stream.read()[-3000:]}")
+    raise AssertionError(f"no line with {wanted!r} (exit {proc.poll()}): {text[-3000:]}")
 
 
 def stop(proc: subprocess.Popen) -> int:

@@ -203,17 +203,20 @@ def _run_node(args: argparse.Namespace, bundle, spec) -> int:
         backend = cfg.backend
         if backend is not None and backend.note:
             print(f"cis serve: node {cfg.node_id}: {backend.note}", file=sys.stderr, flush=True)
-        if metrics is not None:
-            metrics.attach(node)
-        print(
-            f"cis serve: node {cfg.node_id} (exit {cfg.exit}) at {cfg.bind}"
-            + (f", parent {cfg.parent}" if cfg.parent else " (root)")
-            + (f"; stages on {backend.describe()}" if backend is not None else "")
-            + (f"; metrics {metrics.url}" if metrics is not None else ""),
-            file=sys.stderr,
-            flush=True,
-        )
-        node.run()
+
+        def ready() -> None:  # sockets bound, signal handlers set: the node serves from here on
+            if metrics is not None:
+                metrics.attach(node)
+            print(
+                f"cis serve: node {cfg.node_id} (exit {cfg.exit}) at {cfg.bind}"
+                + (f", parent {cfg.parent}" if cfg.parent else " (root)")
+                + (f"; stages on {backend.describe()}" if backend is not None else "")
+                + (f"; metrics {metrics.url}" if metrics is not None else ""),
+                file=sys.stderr,
+                flush=True,
+            )
+
+        node.run(ready=ready)
     finally:
         if metrics is not None:
             metrics.close()

@@ -10,7 +10,7 @@ the core install) answers
   the node's ``observe_latency`` hook);
 - ``GET /healthz``: ``200 {"node": ID, "state": "serving"}`` while the node
   serves, ``503`` with the state otherwise: ``loading`` (the server is up, the
-  stages are not loaded yet), ``stage_failed`` (the last stage run raised, so
+  node does not serve yet: stages loading, sockets not bound), ``stage_failed`` (the last stage run raised, so
   a request was answered ``internal``; until a stage run succeeds again),
   ``shutting_down`` (SIGTERM: draining) or ``stopped``.
 
@@ -78,7 +78,7 @@ class LatencyBuckets:
 
 
 class MetricsServer:
-    """The HTTP server of one node; :meth:`attach` the node once its stages are loaded."""
+    """The HTTP server of one node; :meth:`attach` the node once it serves (Node.run's ``ready``)."""
 
     def __init__(self, node_id: str, host: str, port: int) -> None:
         from prometheus_client import CollectorRegistry

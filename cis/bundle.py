@@ -6,7 +6,7 @@ A bundle is a folder::
     manifest.sig                  optional: Ed25519 signature of manifest.json (cis export --sign; cis.signing)
     stages/stage1.onnx ...        one static graph per stage (TensorRT engines beside them, optional)
     profiles/confidence.npz       per validation sample and exit: confidence and correctness
-    profiles/latency.json         seconds per stage at batch sizes 1, 8, 32 on the exporting machine
+    profiles/latency.json         seconds per stage at batch sizes 1, 8, 32 on the exporting machine, per backend
 
 Every file listed in the manifest's ``files`` table carries its sha256; loading
 verifies each one before use and refuses a tampered or missing file. This
@@ -151,10 +151,21 @@ class Bundle:
         with np.load(self.path(CONFIDENCE_PROFILE)) as z:
             return z["predicted"].astype(np.int64) if "predicted" in z.files else None
 
-    def latency_profile(self) -> dict[int, dict[int, float]]:
-        """Seconds per call of each stage, by batch size: {stage: {batch: seconds}}."""
+    def latency_profile(self, backend: str = "cpu") -> dict[int, dict[int, float]]:
+        """Seconds per call of each stage on ``backend``, by batch size: {stage: {batch: seconds}}.
+
+        The main profile is onnxruntime on the CPU (``backend``: ``cpu``); an export on a GPU machine
+        adds ``cuda`` and ``tensorrt`` under ``backends``. A backend the bundle has no profile for
+        raises :class:`BundleError` naming those it has."""
         raw = json.loads(self.path(LATENCY_PROFILE).read_text())
-        return {int(k): {int(b): float(s) for b, s in v.items()} for k, v in raw["stages"].items()}
+        profiles = {raw.get("backend", "cpu"): raw["stages"]}
+        profiles.update({name: p["stages"] for name, p in raw.get("backends", {}).items()})
+        if backend not in profiles:
+            raise BundleError(
+                f"{self.path(LATENCY_PROFILE)}: no latency profile for backend {backend!r} "
+                f"(it has {', '.join(profiles)})"
+            )
+        return {int(k): {int(b): float(s) for b, s in v.items()} for k, v in profiles[backend].items()}
 
 
 def sign_bundle(root: str | Path, key_path: str | Path) -> Path:
@@ -224,11 +235,14 @@ def write_profiles(
     correct: np.ndarray,
     latency: dict[int, dict[int, float]],
     predicted: np.ndarray | None = None,
+    backends: dict[str, dict[int, dict[int, float]]] | None = None,
 ) -> None:
     """Write the confidence profile (N, E) and the latency profile {stage: {batch: seconds}}.
 
     ``predicted`` (N, E), the class each exit predicts, is stored too when given
-    (the patience rule decides from labels, not from a confidence).
+    (the patience rule decides from labels, not from a confidence). ``latency`` is
+    onnxruntime on the CPU (``"backend": "cpu"``); ``backends`` adds the profiles of
+    other backends ({"cuda": ..., "tensorrt": ...}) under ``"backends"``.
     """
     root = Path(root)
     (root / "profiles").mkdir(parents=True, exist_ok=True)
@@ -236,6 +250,10 @@ def write_profiles(
     np.savez_compressed(
         root / CONFIDENCE_PROFILE, confidence=confidence.astype(np.float32), correct=correct.astype(bool), **extra
     )
-    (root / LATENCY_PROFILE).write_text(
-        json.dumps({"stages": {str(k): {str(b): s for b, s in v.items()} for k, v in latency.items()}}, indent=2)
-    )
+    def table(profile: dict[int, dict[int, float]]) -> dict:
+        return {"stages": {str(k): {str(b): s for b, s in v.items()} for k, v in profile.items()}}
+
+    doc = {"backend": "cpu", **table(latency)}
+    if backends:
+        doc["backends"] = {name: table(p) for name, p in backends.items()}
+    (root / LATENCY_PROFILE).write_text(json.dumps(doc, indent=2))

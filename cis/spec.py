@@ -46,6 +46,9 @@ import tomli_w
 from cis.errors import SpecError
 
 CONFIDENCE_MEASURES = ("max_softmax", "entropy", "margin")
+# where a node runs its stages (cis serve --provider; cis.backends): onnxruntime's CPU or CUDA provider,
+# TensorRT (the bundle's engines, or onnxruntime's TensorRT provider), or auto (CUDA when it runs, else the CPU)
+PROVIDERS = ("cpu", "cuda", "tensorrt", "auto")
 
 _CIS_KEYS = {"exits", "classes", "confidence", "name"}
 _NODE_KEYS = {
@@ -59,6 +62,7 @@ _NODE_KEYS = {
     "address",
     "workers",
     "queue_limit",
+    "provider",
 }
 _LINK_KEYS = {"bandwidth", "latency"}
 
@@ -85,6 +89,7 @@ class Node:
     address: str | None = None
     workers: int = 1
     queue_limit: int | None = None
+    provider: str | None = None  # one of PROVIDERS; None: cpu (cis serve --provider overrides)
 
 
 @dataclass(frozen=True)
@@ -213,6 +218,9 @@ def _parse_node(raw: Any, index: int, source: str) -> Node:
     if address is not None and not isinstance(address, str):
         raise SpecError(f"{where}: field 'address' is {address!r}; expected a ZeroMQ endpoint such as 'tcp://127.0.0.1:5555'")
     queue_limit = raw.get("queue_limit")
+    provider = raw.get("provider")
+    if provider is not None and provider not in PROVIDERS:
+        raise SpecError(f"{where}: field 'provider' is {provider!r}; expected one of {', '.join(PROVIDERS)}")
     return Node(
         id=node_id,
         exit=int(_number(raw["exit"], "exit", where, 1, integer=True)),
@@ -224,6 +232,7 @@ def _parse_node(raw: Any, index: int, source: str) -> Node:
         address=address,
         workers=int(_number(raw.get("workers", 1), "workers", where, 1, integer=True)),
         queue_limit=None if queue_limit is None else int(_number(queue_limit, "queue_limit", where, 1, integer=True)),
+        provider=provider,
     )
 
 
@@ -296,6 +305,8 @@ def spec_to_dict(spec: CisSpec) -> dict:
             d["queue_limit"] = n.queue_limit
         if n.address is not None:
             d["address"] = n.address
+        if n.provider is not None:
+            d["provider"] = n.provider
         if n.parent is not None:
             d["link"] = {"bandwidth": n.link.bandwidth, "latency": n.link.latency}
         nodes.append(d)

@@ -1,4 +1,4 @@
-"""The stage contract, and running a bundle's stages with onnxruntime (no torch).
+"""The stage contract, and running a bundle's stages with onnxruntime or TensorRT engines (no torch).
 
 **The contract**, which the models' stage plans (training/stage_plan.py), the
 exporter, the bundle, the runtime node and the simulator all follow: a model is
@@ -58,62 +58,100 @@ def carry_of(outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     return {k: v for k, v in outputs.items() if k != LOGITS}
 
 
-def _session(model: str | Path | bytes, providers: Sequence[str] | None, threads: int | None):
+# onnxruntime's execution provider for each provider of cis serve (cis.spec.PROVIDERS but auto)
+ORT_PROVIDERS = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+}
+
+
+class ProviderError(BundleError):
+    """A stage cannot run on the provider asked for here (never a silent CPU fallback)."""
+
+    def __init__(self, provider: str, reason: str) -> None:
+        self.provider, self.reason = provider, reason
+        super().__init__(f"provider {provider}: {reason}")
+
+
+def _session(model: str | Path | bytes, provider: str, threads: int | None):
+    """An onnxruntime session on ``provider`` (cpu, cuda or tensorrt) and nothing else.
+
+    A GPU provider gets the CPU provider behind it for the operators it lacks
+    (TensorRT: CUDA, then the CPU; onnxruntime's usual placement); if onnxruntime could not start the GPU
+    provider at all (no GPU, missing CUDA libraries), it would silently run
+    everything on the CPU: that is refused with :class:`ProviderError`.
+    """
     import onnxruntime as ort
 
+    wanted = ORT_PROVIDERS[provider]
+    available = ort.get_available_providers()
+    if wanted not in available:
+        hint = "; it comes with onnxruntime-gpu on a machine with an NVIDIA GPU" if provider != "cpu" else ""
+        raise ProviderError(
+            provider, f"this onnxruntime {ort.__version__} has no {wanted} (it has {', '.join(available)}){hint}"
+        )
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     if threads:
         opts.intra_op_num_threads = int(threads)
         opts.inter_op_num_threads = 1
-    available = ort.get_available_providers()
-    chosen = [p for p in (providers or ["CPUExecutionProvider"]) if p in available] or ["CPUExecutionProvider"]
+    behind = [p for p in (ORT_PROVIDERS["cuda"], ORT_PROVIDERS["cpu"]) if p in available and p != wanted]
+    chain = [wanted] if provider == "cpu" else [wanted, *behind]
     source = model if isinstance(model, bytes) else str(model)
     try:
-        return ort.InferenceSession(source, sess_options=opts, providers=chosen)
+        session = ort.InferenceSession(source, sess_options=opts, providers=chain)
     except Exception as exc:  # a corrupt graph: one line, not a traceback
         where = "<in-memory graph>" if isinstance(model, bytes) else str(model)
         raise BundleError(
             f"{where}: onnxruntime cannot load it ({type(exc).__name__}: {str(exc).splitlines()[0]})"
         ) from None
+    if session.get_providers()[0] != wanted:
+        raise ProviderError(
+            provider,
+            f"onnxruntime could not start {wanted} here (no usable NVIDIA GPU, or its CUDA libraries are missing) "
+            "and would run on the CPU",
+        )
+    return session
 
 
 class StageRunner:
-    """One stage of a bundle in an onnxruntime session.
+    """One stage of a bundle in an onnxruntime session (or a session-like TensorRT engine).
 
-    ``StageRunner(bundle, k)`` loads ``bundle.stage(k).file``; the bundle was
-    verified (sha256) by :func:`cis.bundle.load_bundle`. ``StageRunner.from_model``
-    wraps a graph given as bytes or a path with its :class:`StageInfo` (the
-    exporter checks graphs this way before it writes them).
+    ``StageRunner(bundle, k)`` loads ``bundle.stage(k).file`` on onnxruntime's
+    CPU provider (``provider="cuda"`` or ``"tensorrt"``: its GPU providers, or a
+    :class:`ProviderError`); the bundle was verified (sha256) by
+    :func:`cis.bundle.load_bundle`. ``StageRunner.from_model`` wraps a graph given
+    as bytes or a path with its :class:`StageInfo` (the exporter checks graphs
+    this way before it writes them); ``StageRunner.from_session`` wraps any object
+    with onnxruntime's ``get_inputs()`` and ``run(names, feeds)``, such as
+    :class:`cis.engines.EngineSession` (cis.backends picks which).
     """
 
-    def __init__(
-        self,
-        bundle: Bundle,
-        stage_index: int,
-        providers: Sequence[str] | None = None,
-        threads: int | None = None,
-    ) -> None:
+    def __init__(self, bundle: Bundle, stage_index: int, provider: str = "cpu", threads: int | None = None) -> None:
         if not 1 <= stage_index <= bundle.num_exits:
             raise BundleError(f"{bundle.root}: no stage {stage_index}; expected 1..{bundle.num_exits}")
         info = bundle.stage(stage_index)
-        self._init(info, _session(bundle.path(info.file), providers, threads))
+        self._init(info, _session(bundle.path(info.file), provider, threads), provider, "onnxruntime")
 
     @classmethod
     def from_model(
-        cls,
-        model: str | Path | bytes,
-        info: StageInfo,
-        providers: Sequence[str] | None = None,
-        threads: int | None = None,
+        cls, model: str | Path | bytes, info: StageInfo, provider: str = "cpu", threads: int | None = None
     ) -> StageRunner:
+        return cls.from_session(info, _session(model, provider, threads), provider, "onnxruntime")
+
+    @classmethod
+    def from_session(cls, info: StageInfo, session, backend: str, runtime: str) -> StageRunner:
+        """A runner on a ready session: ``backend`` is the latency profile it matches (cpu, cuda,
+        tensorrt), ``runtime`` what runs it, for errors (onnxruntime, TensorRT)."""
         self = cls.__new__(cls)
-        self._init(info, _session(model, providers, threads))
+        self._init(info, session, backend, runtime)
         return self
 
-    def _init(self, info: StageInfo, session) -> None:
+    def _init(self, info: StageInfo, session, backend: str, runtime: str) -> None:
         self.info = info
         self.session = session
+        self.backend, self.runtime = backend, runtime
         self.input_names = [t.name for t in info.inputs]
         self.output_names = [t.name for t in info.outputs]
         self._dtypes = {t.name: np.dtype(t.dtype) for t in info.inputs}
@@ -147,17 +185,17 @@ class StageRunner:
             values = self.session.run(self.output_names, ready)
         except Exception as exc:  # shape mismatch and the like
             raise BundleError(
-                f"stage {self.index}: onnxruntime failed ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+                f"stage {self.index}: {self.runtime} failed ({type(exc).__name__}: {str(exc).splitlines()[0]})"
             ) from None
         return dict(zip(self.output_names, values))
 
 
 def stage_runners(
-    bundle: Bundle, upto: int | None = None, providers: Sequence[str] | None = None, threads: int | None = None
+    bundle: Bundle, upto: int | None = None, provider: str = "cpu", threads: int | None = None
 ) -> list[StageRunner]:
     """Runners for stages 1..upto (default: all)."""
     upto = bundle.num_exits if upto is None else upto
-    return [StageRunner(bundle, k, providers, threads) for k in range(1, upto + 1)]
+    return [StageRunner(bundle, k, provider, threads) for k in range(1, upto + 1)]
 
 
 def run_stages(

@@ -23,7 +23,7 @@ import torch
 import cis
 from cis.bundle import StageInfo, sha256_file, write_manifest, write_profiles
 from cis.spec import CisSpec, spec_to_dict
-from cis.stages import StageRunner
+from cis.stages import ProviderError, StageRunner
 from export.profile import confidence_profile, latency_profile
 from export.tensorrt import build_engines
 from training.stage_plan import StagePlan
@@ -100,10 +100,13 @@ def write_bundle(
         say("profiling latency (onnxruntime)")
         runners = [StageRunner.from_model(tmp / info.file, info, threads=fields["threads"]) for info in infos]
         latency = latency_profile(runners, fields["latency_batches"], fields["latency_repeats"])
+        trt_report, trt_runners = None, []
+        if trt:
+            trt_report, trt_runners = build_engines(tmp, models, infos, runners, run.val.x, trt_fp16, say)
+        gpu = gpu_profiles(tmp, infos, trt_runners, fields, say)
         c_arr, ok_arr = confidence_profile(logits, run.val.y, fields["measure"])
         predicted = np.stack([logits[e].argmax(-1) for e in sorted(logits)], axis=1)
-        write_profiles(tmp, c_arr, ok_arr, latency, predicted)
-        trt_report = build_engines(tmp, models, infos, runners, run.val.x, trt_fp16, say) if trt else None
+        write_profiles(tmp, c_arr, ok_arr, latency, predicted, gpu)
         engines = {int(k): v["engine"] for k, v in trt_report["stages"].items()} if trt_report else {}
         stages = stage_entries(tmp, infos, fields["flops"], fields["params"], engines)
         write_manifest(tmp, manifest(run, report, fields, stages, trt_report))
@@ -114,6 +117,23 @@ def write_bundle(
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return latency, stages, trt_report
+
+
+def gpu_profiles(
+    root: Path, infos: list[StageInfo], trt_runners: list[StageRunner], fields: dict[str, Any], say: Progress
+) -> dict[str, dict[int, dict[int, float]]]:
+    """Latency profiles of the GPU backends this machine has, by backend (cis serve --provider, the simulator):
+    ``cuda`` when onnxruntime's CUDA provider runs here, ``tensorrt`` for the engines just built."""
+    out = {}
+    try:
+        cuda = [StageRunner.from_model(root / info.file, info, "cuda") for info in infos]
+    except ProviderError:
+        cuda = []
+    for name, runners in (("cuda", cuda), ("tensorrt", trt_runners)):
+        if runners:
+            say(f"profiling latency ({name})")
+            out[name] = latency_profile(runners, fields["latency_batches"], fields["latency_repeats"])
+    return out
 
 
 def manifest(run: ExportRun, report: dict[str, Any], fields: dict[str, Any], stages: list[dict],

@@ -105,9 +105,13 @@ def _positive(value: float, flag: str) -> None:
 
 
 def override_nodes(
-    spec: CisSpec, workers: int | None = None, queue_limit: int | None = None, scale: float = 1.0
+    spec: CisSpec,
+    workers: int | None = None,
+    queue_limit: int | None = None,
+    scale: float = 1.0,
+    provider: str | None = None,
 ) -> CisSpec:
-    """The spec with every node's workers / queue limit replaced and arrival rates scaled."""
+    """The spec with every node's workers / queue limit / provider replaced and arrival rates scaled."""
     if workers is not None and workers < 1:
         raise CisError(f"simulate: --workers is {workers}; expected an integer >= 1")
     if queue_limit is not None and queue_limit < 1:
@@ -119,6 +123,7 @@ def override_nodes(
                 "workers": n.workers if workers is None else workers,
                 "queue_limit": n.queue_limit if queue_limit is None else queue_limit,
                 "arrival_rate": n.arrival_rate * scale,
+                "provider": n.provider if provider is None else provider,
             }
         )
         for n in spec.nodes

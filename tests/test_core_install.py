@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 import numpy as np
 import pytest
@@ -28,8 +29,8 @@ pytest.importorskip("onnx")
 
 # never imported by a core command (torch and what needs it)
 FORBIDDEN = ("torch", "sklearn", "onnx", "onnxscript", "PIL", "flwr")
-# also absent from a core install, but a core command may look for them (plots, metrics)
-OPTIONAL = ("matplotlib", "prometheus_client")
+# also absent from a core install, but a core command may look for them (plots)
+OPTIONAL = ("matplotlib",)
 
 SITECUSTOMIZE = '''\
 import os
@@ -157,7 +158,7 @@ def test_core_commands_run_without_torch(core, bundle, tmp_path):
 
 def _serve_all(core, bundle) -> tuple[subprocess.Popen, dict]:
     proc = subprocess.Popen(
-        core.argv("serve", bundle, "--all", "--free-ports", "--json"),
+        core.argv("serve", bundle, "--all", "--free-ports", "--metrics-port", "0", "--json"),
         env=core.env,
         cwd=core.cwd,
         stdout=subprocess.PIPE,
@@ -178,6 +179,12 @@ def test_serve_all_and_infer_on_arrays_and_images_without_torch(core, bundle, di
     core.clear_log()
     proc, nodes = _serve_all(core, bundle)
     try:
+        for node in nodes.values():  # every node's Prometheus endpoint and health probe
+            with urllib.request.urlopen(node["metrics"], timeout=10) as r:
+                text = r.read().decode()
+            assert all(f"# TYPE {name} " in text for name in ("cis_requests_total", "cis_parent_up")), text[:500]
+            with urllib.request.urlopen(node["metrics"].replace("/metrics", "/healthz"), timeout=10) as r:
+                assert r.status == 200 and json.loads(r.read())["state"] == "serving"
         root = next(a["address"] for a in nodes.values() if a["parent"] is None)
         leaf = next(a["address"] for n, a in nodes.items() if a["exit"] == 1)
         out = json.loads(
@@ -272,3 +279,15 @@ def test_tomli_fallback_reads_specs_and_configs_where_tomllib_is_missing(core, t
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "log").read_text().split()[0] == "tomllib"  # the fallback really ran
+
+
+def test_metrics_port_without_prometheus_client_is_one_line(core, bundle):
+    """An install without prometheus-client (pip install --no-deps) names the extra to install."""
+    env = {**core.env, "CIS_TEST_BLOCK": core.env["CIS_TEST_BLOCK"] + ",prometheus_client"}
+    argv = core.argv("serve", bundle, "--node", "cloud", "--bind", "tcp://127.0.0.1:0", "--metrics-port", "0")
+    res = subprocess.run(argv, env=env, cwd=core.cwd, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        "cis serve: --metrics-port needs the 'metrics' extra: pip install 'cis[metrics]' "
+        "(not installed: prometheus_client)"
+    ]

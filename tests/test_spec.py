@@ -109,3 +109,17 @@ def test_error_names_the_node(tmp_path):
 def test_parse_spec_rejects_non_table():
     with pytest.raises(SpecError):
         parse_spec([], "x")
+
+
+def test_provider_per_node_is_checked_and_round_trips(tmp_path):
+    data = {
+        "cis": {"exits": 2},
+        "nodes": [{"id": "root", "exit": 2, "provider": "cuda"}, {"id": "leaf", "parent": "root", "exit": 1}],
+    }
+    spec = parse_spec(data, "t.toml")
+    assert spec.node("root").provider == "cuda" and spec.node("leaf").provider is None
+    write_spec(spec, tmp_path / "s.toml")
+    assert load_spec(tmp_path / "s.toml").node("root").provider == "cuda"
+    data["nodes"][0]["provider"] = "gpu"
+    with pytest.raises(SpecError, match="'root': field 'provider' is 'gpu'; expected one of cpu, cuda, tensorrt, auto"):
+        parse_spec(data, "t.toml")

@@ -9,6 +9,7 @@ import sys
 import time
 
 from cis.errors import CisError
+from cis.spec import PROVIDERS
 
 
 def _float(text: str) -> float:
@@ -82,6 +83,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--adapt", action="store_true", help="move the threshold online to hold the spec's forwarded share")
     p.add_argument("--threads", type=int, default=1, help="onnxruntime threads per stage (default 1)")
+    p.add_argument(
+        "--provider",
+        choices=PROVIDERS,
+        help="what runs the stages: onnxruntime on the cpu or cuda, tensorrt (the bundle's engines, else "
+        "onnxruntime's TensorRT provider), or auto (cuda when it runs here, else the cpu, said at start); "
+        "default: the spec's provider per node, else cpu. A provider that cannot run here stops the node",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=int,
+        metavar="PORT",
+        help="serve Prometheus /metrics and /healthz over HTTP on PORT (0: a free port; with --all, node i of the "
+        "spec gets PORT+i, or a free port each with 0)",
+    )
+    p.add_argument(
+        "--metrics-host",
+        help="address the metrics server binds (default: the host of the node's ZeroMQ address; 0.0.0.0 for *)",
+    )
     p.add_argument("--curve-key", help="own CurveZMQ .key_secret: encrypt the node's sockets")
     p.add_argument("--allow", help="folder of authorised public .key files; other peers are refused")
     p.add_argument("--server-key", help="the parent's public .key (default: the node's own public key)")
@@ -109,6 +128,8 @@ def _node_options(args: argparse.Namespace) -> list[str]:
         ("--rcv-buf", args.rcv_buf),
         ("--nonfinite", args.nonfinite),
         ("--threads", args.threads),
+        ("--provider", args.provider),
+        ("--metrics-host", args.metrics_host),
         ("--curve-key", args.curve_key),
         ("--allow", args.allow),
         ("--server-key", args.server_key),
@@ -127,11 +148,18 @@ def run(args: argparse.Namespace) -> int:
     from cis.bundle import load_bundle
     from cis.spec import load_spec
 
+    if args.metrics_port is not None:
+        from cis.extras import require
+
+        if not 0 <= args.metrics_port <= 65535:
+            raise CisError(f"--metrics-port is {args.metrics_port}; expected 0 (a free port) to 65535")
+        require("metrics", "--metrics-port")
     bundle = load_bundle(args.bundle, trust=args.trust)
     spec = load_spec(args.spec) if args.spec else bundle.spec
     if spec is None:
         raise CisError(f"{args.bundle}: bundle has no spec; pass --spec")
     if args.all:
+        _check_providers(args, bundle, spec)
         return _run_all(args, spec)
     if args.log_dir:
         raise CisError("--log-dir goes with --all; a single node writes to its own stderr")
@@ -168,17 +196,42 @@ def _run_node(args: argparse.Namespace, bundle, spec) -> int:
     )
     if args.queue_limit is not None:
         opts["queue_limit"] = args.queue_limit
-    node = _build(bundle, args, spec, opts)
-    cfg = node.cfg
-    print(
-        f"cis serve: node {cfg.node_id} (exit {cfg.exit}) at {cfg.bind}"
-        + (f", parent {cfg.parent}" if cfg.parent else " (root)"),
-        file=sys.stderr,
-        flush=True,
-    )
-    node.run()
+    metrics = _metrics_server(args, spec)  # up before the stages load: /healthz says "loading" meanwhile
+    try:
+        node = _build(bundle, args, spec, opts)
+        cfg = node.cfg
+        backend = cfg.backend
+        if backend is not None and backend.note:
+            print(f"cis serve: node {cfg.node_id}: {backend.note}", file=sys.stderr, flush=True)
+
+        def ready() -> None:  # sockets bound, signal handlers set: the node serves from here on
+            if metrics is not None:
+                metrics.attach(node)
+            print(
+                f"cis serve: node {cfg.node_id} (exit {cfg.exit}) at {cfg.bind}"
+                + (f", parent {cfg.parent}" if cfg.parent else " (root)")
+                + (f"; stages on {backend.describe()}" if backend is not None else "")
+                + (f"; metrics {metrics.url}" if metrics is not None else ""),
+                file=sys.stderr,
+                flush=True,
+            )
+
+        node.run(ready=ready)
+    finally:
+        if metrics is not None:
+            metrics.close()
     print(f"cis serve: node {cfg.node_id} stopped", file=sys.stderr, flush=True)
     return 0
+
+
+def _metrics_server(args: argparse.Namespace, spec):
+    """The node's metrics server (state: loading) with --metrics-port, else None."""
+    if args.metrics_port is None:
+        return None
+    from cis.runtime.metrics_http import MetricsServer, http_host
+
+    host = args.metrics_host or http_host(args.bind or spec.node(args.node).address or "")
+    return MetricsServer(args.node, host, args.metrics_port)
 
 
 def _build(bundle, args, spec, opts):
@@ -196,10 +249,28 @@ def _build(bundle, args, spec, opts):
             args.threshold,
             transfer_cap=not args.no_cap,
             threads=args.threads,
+            provider=args.provider,
             **opts,
         )
     except zmq.ZMQError as exc:
         raise CisError(f"node {args.node}: {exc}") from None
+
+
+def _check_providers(args: argparse.Namespace, bundle, spec) -> None:
+    """Before --all starts any node: one line if a node's provider (cuda, tensorrt) cannot run here."""
+    from cis.backends import node_provider, open_stages, refusal
+    from cis.stages import ProviderError
+
+    tried: set[str] = set()
+    for n in spec.nodes:
+        provider, source = node_provider(n, args.provider)
+        if provider in ("cpu", "auto") or provider in tried:
+            continue
+        tried.add(provider)
+        try:
+            open_stages(bundle, [1], provider)
+        except ProviderError as exc:
+            raise refusal(n.id, exc, source) from None
 
 
 def _run_all(args: argparse.Namespace, spec) -> int:
@@ -224,7 +295,18 @@ def _run_all(args: argparse.Namespace, spec) -> int:
     signal.signal(signal.SIGINT, on_signal)
     # the launcher's readiness probes use the nodes' own key pair, which every node trusts
     probe = CurveConfig(args.curve_key, None, str(args.curve_key).removesuffix("_secret")) if args.curve_key else None
-    cluster = launch(args.bundle, spec, args.spec, args.free_ports, extra, per_node, log_dir=args.log_dir, curve=probe)
+    cluster = launch(
+        args.bundle,
+        spec,
+        args.spec,
+        args.free_ports,
+        extra,
+        per_node,
+        log_dir=args.log_dir,
+        curve=probe,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+    )
     try:
         if args.json:
             print(
@@ -236,6 +318,7 @@ def _run_all(args: argparse.Namespace, spec) -> int:
                                 "exit": n.exit,
                                 "parent": n.parent,
                                 "pid": cluster.procs[n.id].pid,
+                                "metrics": cluster.metrics.get(n.id),
                             }
                             for n in spec.nodes
                         }
@@ -245,7 +328,11 @@ def _run_all(args: argparse.Namespace, spec) -> int:
             )
         else:
             for n in spec.nodes:
-                print(f"{n.id:<12} exit {n.exit}  {cluster.addresses[n.id]}  pid {cluster.procs[n.id].pid}", flush=True)
+                url = f"  {cluster.metrics[n.id]}" if n.id in cluster.metrics else ""
+                print(
+                    f"{n.id:<12} exit {n.exit}  {cluster.addresses[n.id]}  pid {cluster.procs[n.id].pid}{url}",
+                    flush=True,
+                )
             print("serving; Ctrl-C stops every node", file=sys.stderr, flush=True)
         while not stop["now"]:
             cluster.supervise()  # restart nodes that died (backoff), reap them: no zombies

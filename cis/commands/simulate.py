@@ -13,6 +13,7 @@ from pathlib import Path
 
 from cis.cli import print_result
 from cis.errors import CisError
+from cis.spec import PROVIDERS
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -72,6 +73,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="SECONDS|FILE",
         help="messaging cost per node visit: a number of seconds, or a file of them (one per line) to draw from, e.g. "
              "a calibration load's (docs/simulator.md)",
+    )
+    p.add_argument(
+        "--provider",
+        choices=PROVIDERS,
+        help="with --bundle: every node's stage times from this backend's latency profile (cpu, cuda, tensorrt; "
+        "auto is simulated as cpu), as cis serve --provider; default: each node's spec provider, else cpu",
     )
     p.add_argument("--workers", type=int, help="workers at every node (default: the spec's, 1)")
     p.add_argument(
@@ -143,7 +150,9 @@ def run(args: argparse.Namespace) -> int:
     from sim.run import simulate
     from sim.sweep import capacity_table, parse_sweep, sweep, write_sweep
 
-    spec = override_nodes(load_spec(args.spec), workers=args.workers, queue_limit=args.queue_limit)
+    spec = override_nodes(
+        load_spec(args.spec), workers=args.workers, queue_limit=args.queue_limit, provider=args.provider
+    )
     bundle = load_bundle(args.bundle) if args.bundle else None
     kind, _, trace = args.arrivals.partition(":")
     config = SimConfig(

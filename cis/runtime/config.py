@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from cis.errors import CisError
 from cis.runtime.security import CurveConfig
+
+if TYPE_CHECKING:
+    from cis.backends import Backend
 
 NONFINITE_MODES = ("refuse", "flag")
 
@@ -40,6 +44,7 @@ class NodeConfig:
     curve: CurveConfig = field(default_factory=CurveConfig)
     drain_timeout: float = 10.0  # seconds to finish in-flight work after SIGTERM
     restarts: int = 0  # how often the launcher restarted this node (shown by status)
+    backend: Backend | None = None  # what runs the bundle's stages (cis.backends; None: stages given directly)
 
     def __post_init__(self) -> None:
         if self.nonfinite not in NONFINITE_MODES:

@@ -154,6 +154,8 @@ class Executor:
         self.contracts = {k: FeedContract(stage.inputs, self.state_names) for k, stage in self.stages.items()}
         self.queue: collections.deque[Request] = collections.deque()
         self.queued = 0  # samples in the queue
+        self.stage_ok = True  # False after a stage raised, until a stage run succeeds (health: stage_failed)
+        self.served_early = np.zeros(config.exit, np.int64)  # patience: samples answered at exit e < the node's
 
     # ------------------------------------------------------------ admission
 
@@ -239,8 +241,10 @@ class Executor:
                 for req in batch:
                     self._process([req])
             else:
+                self.stage_ok = False
                 self._fail(batch[0], "internal", f"node {nid}: stage failed: {type(exc).__name__}: {exc}")
             return
+        self.stage_ok = True
         try:
             self._decide(order, logits, carry, hit)
         except Exception as exc:  # a bug in deciding must not kill the node: every unanswered request gets one error
@@ -341,6 +345,8 @@ class Executor:
                         if not self.bucket.take(now):
                             flags[i] = P.FLAG_CAPPED
                             serve[i] = True
+        if hit is not None:  # answered before this node's exit (cis_samples_total{exit})
+            self.served_early += np.bincount(exit_at[serve], minlength=self.cfg.exit + 1)[: self.cfg.exit]
         self.counters["served"] += int(np.count_nonzero(serve))
         self.counters["degraded"] += int(np.count_nonzero(flags & P.FLAG_DEGRADED))
         self.counters["capped"] += int(np.count_nonzero(flags & P.FLAG_CAPPED))

@@ -13,6 +13,9 @@ a log folder, each node's stdout and stderr go to ``LOG_DIR/ID.log`` (the
 launcher adds a line for every exit and restart) and ``LOG_DIR/cluster.json``
 holds every node's address, pid, state (up/down), restarts and last exit status
 (``cis status --cluster LOG_DIR``). Nodes get SIGTERM if the launcher itself dies.
+With a metrics port (``--metrics-port``) node i of the spec serves Prometheus metrics
+on PORT+i, or on a free port of its own when PORT is 0 (:func:`plan_metrics`); a
+restarted node keeps its port, and :attr:`Cluster.metrics` holds every node's URL.
 :meth:`Cluster.stop` sends SIGTERM (drain, then exit) and SIGKILL after a grace period.
 """
 
@@ -47,6 +50,22 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def plan_addresses(spec: CisSpec, free_ports: bool = False) -> dict[str, str]:
     return {n.id: (n.address if n.address and not free_ports else f"tcp://127.0.0.1:{free_port()}") for n in spec.nodes}
+
+
+def plan_metrics(
+    spec: CisSpec, addresses: dict[str, str], port: int | None, host: str | None = None
+) -> tuple[dict[str, int], dict[str, str]]:
+    """({node: metrics port}, {node: metrics URL}): PORT+i for node i of the spec, or free ports for 0."""
+    if port is None:
+        return {}, {}
+    from cis.runtime.metrics_http import http_host, metrics_url
+
+    ports, urls = {}, {}
+    for i, n in enumerate(spec.nodes):
+        where = host or http_host(addresses[n.id])
+        ports[n.id] = port + i if port else free_port("127.0.0.1" if where == "0.0.0.0" else where)
+        urls[n.id] = metrics_url(where, ports[n.id])
+    return ports, urls
 
 
 def _resolve_prctl() -> Callable | None:
@@ -99,6 +118,8 @@ class Cluster:
     log_dir: str | None = None
     curve: CurveConfig | None = None  # how the launcher's own probes reach nodes that run CurveZMQ
     supervision: dict[str, Supervision] = field(default_factory=dict)
+    metrics_ports: dict[str, int] = field(default_factory=dict)  # --metrics-port of each node (none: no metrics)
+    metrics: dict[str, str] = field(default_factory=dict)  # each node's metrics URL (ends in /metrics)
     stopping: bool = False
     say: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
 
@@ -122,6 +143,8 @@ class Cluster:
         restarts = self.supervision.get(node_id, Supervision()).restarts
         if restarts:
             cmd += ["--restarts", str(restarts)]
+        if node_id in self.metrics_ports:
+            cmd += ["--metrics-port", str(self.metrics_ports[node_id])]
         return cmd + list(self.extra_args) + list(self.node_args.get(node_id, ()))
 
     def log_path(self, node_id: str) -> Path | None:
@@ -286,17 +309,26 @@ def launch(
     ready_timeout: float = 60.0,
     log_dir: str | None = None,
     curve: CurveConfig | None = None,
+    metrics_port: int | None = None,
+    metrics_host: str | None = None,
 ) -> Cluster:
-    """Start all nodes and wait until they serve; on failure, stop what was started."""
+    """Start all nodes and wait until they serve; on failure, stop what was started.
+
+    ``metrics_port``: every node serves /metrics and /healthz (see :func:`plan_metrics`);
+    ``metrics_host`` is passed on in ``extra_args`` by ``cis serve`` and only names the URLs here."""
+    addresses = plan_addresses(spec, free_ports)
+    ports, urls = plan_metrics(spec, addresses, metrics_port, metrics_host)
     cluster = Cluster(
         str(bundle),
         spec,
-        plan_addresses(spec, free_ports),
+        addresses,
         spec_file,
         list(extra_args),
         dict(node_args or {}),
         log_dir=log_dir,
         curve=curve,
+        metrics_ports=ports,
+        metrics=urls,
     )
     try:
         cluster.start_all()

@@ -92,6 +92,7 @@ class Node:
         self.front: zmq.Socket | None = None
         self.up: zmq.Socket | None = None
         self.status_asked: list[tuple[list[bytes], int]] = []  # answered at the end of the drain
+        self.observe_latency: Callable[[float], None] | None = None  # each result's latency (metrics_http)
 
     @property
     def stages(self) -> dict[int, Stage]:
@@ -334,7 +335,10 @@ class Node:
             P.encode(P.RESULT, req.req_id, tensors, served_by=req.served_by, node=self.cfg.node_id),
             req.prefix,
         )
-        self.latency.add(time.monotonic() - req.t0)
+        seconds = time.monotonic() - req.t0
+        self.latency.add(seconds)
+        if self.observe_latency is not None:
+            self.observe_latency(seconds)
         self.counters["replies"] += 1
 
     def error(self, req: Request, code: str, message: str) -> None:

@@ -158,6 +158,15 @@ class TokenBucket:
             return True
         return False
 
+    def grant(self, now: float, n: int) -> int:
+        """Take up to ``n`` tokens, one per sample: how many of the n samples may go (``take`` n times at once)."""
+        if math.isinf(self.rate):
+            return n
+        self.take(now, 0.0)  # refill
+        k = min(n, int(self.tokens))
+        self.tokens -= k
+        return k
+
 
 # ---------------------------------------------------------------- routing
 

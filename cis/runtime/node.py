@@ -91,6 +91,8 @@ class Node:
         self.seen_empty = time.monotonic()  # when the node last found its ROUTER empty
         self.front: zmq.Socket | None = None
         self.up: zmq.Socket | None = None
+        self.poller: zmq.Poller | None = None
+        self.busy = True  # something may have arrived since the ROUTER was last found empty
         self.status_asked: list[tuple[list[bytes], int]] = []  # answered at the end of the drain
 
     @property
@@ -171,6 +173,28 @@ class Node:
         if install_signals:
             signal.signal(signal.SIGTERM, self.request_stop)
             signal.signal(signal.SIGINT, self.request_stop)
+        self.open(ctx)
+        if ready:
+            ready()
+        drain_until = None
+        try:
+            while True:
+                if stop is not None and stop():
+                    self.stopping = True
+                if self.stopping:
+                    drain_until = drain_until or time.monotonic() + self.cfg.drain_timeout
+                    if (not self.executor.queue and not self.pending) or time.monotonic() > drain_until:
+                        break
+                self.step()
+        finally:
+            self.close()
+            if auth is not None:
+                auth.stop()
+            if own_ctx:
+                ctx.term()
+
+    def open(self, ctx: zmq.Context) -> None:
+        """Bind the ROUTER, connect the DEALER to the parent."""
         front = ctx.socket(zmq.ROUTER)
         front.linger = 0
         front.maxmsgsize = (
@@ -196,40 +220,44 @@ class Node:
                 )
             up.connect(self.cfg.parent)
         self.front, self.up = front, up
-        poller = zmq.Poller()
-        poller.register(front, zmq.POLLIN)
+        self.poller = zmq.Poller()
+        self.poller.register(front, zmq.POLLIN)
         if up is not None:
-            poller.register(up, zmq.POLLIN)
-        if ready:
-            ready()
-        drain_until = None
-        try:
-            while True:
-                if stop is not None and stop():
-                    self.stopping = True
-                if self.stopping:
-                    drain_until = drain_until or time.monotonic() + self.cfg.drain_timeout
-                    if (not self.executor.queue and not self.pending) or time.monotonic() > drain_until:
-                        break
-                events = dict(poller.poll(0))  # what came while the node was busy arrived after seen_empty
-                if not events:
-                    events = dict(poller.poll(self._poll_timeout_ms()))
-                    self.seen_empty = time.monotonic()  # what wakes the poll arrived just now
-                if front in events:
-                    self._drain(front, self._on_front)
-                if up is not None and up in events:
-                    self._drain(up, self._on_parent)
-                if self.executor.due(time.monotonic(), self.stopping):
-                    self.executor.run_batch()
-                self._timers()
-        finally:
-            front.close(0)
-            if up is not None:
-                up.close(0)
-            if auth is not None:
-                auth.stop()
-            if own_ctx:
-                ctx.term()
+            self.poller.register(up, zmq.POLLIN)
+
+    def close(self) -> None:
+        for sock in (self.front, self.up):
+            if sock is not None:
+                sock.close(0)
+
+    def step(self) -> None:
+        """One turn of the loop: wait for a message or a timer, read every waiting message, run a batch, timers.
+
+        After a batch the node first looks without waiting: what arrived while it ran is timed from
+        before the batch (``seen_empty``); a message that wakes a wait is timed from the wake-up."""
+        events = self.poller.poll(0) if self.busy else None
+        if not events:
+            events = self._wait(self._poll_timeout_ms())
+            self.seen_empty = time.monotonic()
+        self.busy = False
+        if events:
+            self._read(events)
+        ex = self.executor
+        if ex.queue and ex.due(time.monotonic(), self.stopping):
+            ex.run_batch()
+            self.busy = True
+        self._timers()
+
+    def _wait(self, timeout_ms: int) -> list:
+        """Block in poll until a message comes or the timeout passes; with ``spin``, busy-poll instead
+        (no sleep and wake-up per message, for a node that owns a core)."""
+        if not self.cfg.spin:
+            return self.poller.poll(timeout_ms)
+        poll, end = self.poller.poll, time.monotonic() + timeout_ms / 1000
+        while True:
+            events = poll(0)
+            if events or time.monotonic() >= end:
+                return events
 
     def _poll_timeout_ms(self) -> int:
         now = time.monotonic()
@@ -242,17 +270,26 @@ class Node:
             t = min(t, (min(p.expires for p in self.pending.values()) - now) * 1000)
         return max(0, int(math.ceil(t)))
 
-    def _drain(self, sock: zmq.Socket, handler: Callable[[list, int, int], None], limit: int = 4096) -> None:
-        """Read every waiting message (at most ``limit``, so batches still run under a flood)."""
+    def _read(self, events: list, limit: int = 4096) -> None:
+        """Read every waiting message, one per readable socket per round, until none waits (at most
+        ``limit`` rounds, so batches still run under a flood); then answer the status requests among them."""
+        front, poll, max_bytes = self.front, self.poller.poll, self.cfg.max_message_bytes
         try:
             for _ in range(limit):
-                try:
-                    frames, total, count = P.recv(sock, self.cfg.max_message_bytes)
-                except zmq.Again:
-                    if sock is self.front:
-                        self.seen_empty = time.monotonic()
+                for sock, _ in events:
+                    try:
+                        frames, total, count = P.recv(sock, max_bytes)
+                    except zmq.Again:
+                        continue
+                    if sock is front:
+                        self._on_front(frames, total, count)
+                    else:
+                        self._on_parent(frames, total, count)
+                events = poll(0)
+                if not events:
+                    self.seen_empty = time.monotonic()
                     return
-                handler(frames, total, count)
+            self.busy = True  # stopped reading with messages waiting: look again before waiting
         finally:  # status is answered after what waited with it was read: its queue depth includes that
             for prefix, rid in self.status_asked:
                 self._send(self.front, P.encode(P.STATUS_REPLY, rid, status=self.status()), prefix)
@@ -321,19 +358,15 @@ class Node:
         self.last_pong = time.monotonic()  # any reply shows the parent is alive
         t = msg.tensors
         if msg.kind == P.RESULT and len(t["class"]) == pending.n:
-            self.executor.scatter(pending, t["class"], t["confidence"], t["exit"], t["flags"], msg.header["served_by"])
+            self.executor.scatter(pending, t["class"], t["confidence"], t["exit"], t["flags"], msg.head.served_by)
         else:
             self.executor.fallback(pending)
 
     # ------------------------------------------------------------ the executor's outbox
 
     def reply(self, req: Request) -> None:
-        tensors = {"class": req.cls, "confidence": req.conf, "exit": req.exit, "flags": req.flags}
-        self._send(
-            self.front,
-            P.encode(P.RESULT, req.req_id, tensors, served_by=req.served_by, node=self.cfg.node_id),
-            req.prefix,
-        )
+        frames = P.result_frames(req.req_id, req.cls, req.conf, req.exit, req.flags, req.served_by, self.cfg.node_id)
+        self._send(self.front, frames, req.prefix)
         self.latency.add(time.monotonic() - req.t0)
         self.counters["replies"] += 1
 

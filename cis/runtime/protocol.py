@@ -15,16 +15,26 @@ one sample or ten thousand (no per-sample Python loops). What a node adds on top
 in :mod:`cis.runtime.feeds`. Tensors are decoded zero-copy (``np.frombuffer``
 over the received frame) and large ones are sent without copying. Only plain
 msgpack types and raw buffers cross the wire; nothing on the wire can run code.
+
+Two passes, one contract: the header schema is compiled once into msgspec
+structs (:data:`_SCHEMA`), which decode *and* check every field in one C pass;
+a header they accept, whose counts and frames also agree, is a valid message
+(the fast path of every message that a correct peer sends). Anything else goes
+to the Python checks below, which find the *first* failure in the documented
+order and raise its code, or accept the few valid headers the structs are
+stricter about (a bytes key, a repeated key). The structs never accept what the
+checks refuse; tests/test_protocol.py holds both to that.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgpack
+import msgspec
 import numpy as np
 
 VERSION = 1
@@ -66,6 +76,7 @@ FLAG_NONFINITE = 4  # input held NaN/inf (node option nonfinite="flag"): answere
 
 DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
 _ITEMSIZE = {d: np.dtype(d).itemsize for d in DTYPES}
+_DTYPE = {d: np.dtype(d) for d in DTYPES}
 _NAME = {np.dtype(d): d for d in DTYPES}  # dtype.name is a slow Python property
 COPY_THRESHOLD = 65536  # frames at least this large are sent without copying
 
@@ -80,6 +91,7 @@ MAX_NAME = 128  # characters of a tensor name, node id or route entry
 MAX_ROUTE = 16
 MAX_TEXT = 4096  # characters of an error message
 RESULT_TENSORS = {"class": "int64", "confidence": "float32", "exit": "int32", "flags": "uint8"}
+TENSOR_KINDS = (INFER, FORWARD, RESULT)  # the other kinds carry no tensors
 
 
 class ProtocolError(Exception):
@@ -93,18 +105,127 @@ class ProtocolError(Exception):
         self.req_id = req_id
 
 
-@dataclass
+# ---------------------------------------------------------------- the header schema in one C pass (msgspec)
+
+_Name = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME)]
+_Text = Annotated[str, msgspec.Meta(max_length=MAX_NAME)]
+_Shape = Annotated[list[Annotated[int, msgspec.Meta(ge=0, le=MAX_DIM)]], msgspec.Meta(max_length=MAX_DIMS)]
+
+
+class Header(msgspec.Struct, tag_field="kind"):
+    """A checked header; its class says its ``kind``. Absent optional fields are None (names etc. [])."""
+
+    kind: ClassVar[str]
+    v: Literal[1]
+    id: Annotated[int, msgspec.Meta(ge=0)]  # msgpack integers end at 2^64-1
+    names: list[_Name] = []
+    dtypes: list[Literal[DTYPES]] = []  # type: ignore[valid-type]
+    shapes: list[_Shape] = []
+    stage: Annotated[int, msgspec.Meta(ge=1, le=MAX_STAGE)] | None = None
+    deadline: Annotated[float, msgspec.Meta(ge=0, le=sys.float_info.max)] | None = None  # finite: at most max
+    route: Annotated[list[_Name], msgspec.Meta(max_length=MAX_ROUTE)] | None = None
+    sender: _Text | None = None
+    node: _Text | None = None
+
+
+class InferHeader(Header, tag=INFER):
+    kind = INFER
+
+
+class ForwardHeader(Header, tag=FORWARD):
+    kind = FORWARD
+
+
+class ResultHeader(Header, tag=RESULT, kw_only=True):
+    kind = RESULT
+    served_by: list[str]
+
+
+class ErrorHeader(Header, tag=ERROR, kw_only=True):
+    kind = ERROR
+    code: _Text
+    message: Annotated[str, msgspec.Meta(max_length=MAX_TEXT)]
+
+
+class StatusHeader(Header, tag=STATUS):
+    kind = STATUS
+
+
+class StatusReplyHeader(Header, tag=STATUS_REPLY, kw_only=True):
+    kind = STATUS_REPLY
+    status: dict
+
+
+class PingHeader(Header, tag=PING):
+    kind = PING
+
+
+class PongHeader(Header, tag=PONG):
+    kind = PONG
+
+
+_SCHEMA: dict[str, type[Header]] = {
+    h.kind: h
+    for h in (
+        InferHeader,
+        ForwardHeader,
+        ResultHeader,
+        ErrorHeader,
+        StatusHeader,
+        StatusReplyHeader,
+        PingHeader,
+        PongHeader,
+    )
+}
+_DECODERS: dict[tuple[str, ...], msgspec.msgpack.Decoder] = {}
+
+
+def _decoder(kinds: Sequence[str]) -> msgspec.msgpack.Decoder:
+    key = tuple(kinds)
+    dec = _DECODERS.get(key)
+    if dec is None:
+        types = tuple(_SCHEMA[k] for k in key)
+        dec = _DECODERS[key] = msgspec.msgpack.Decoder(types[0] if len(types) == 1 else _union(types))
+    return dec
+
+
+def _union(types: tuple) -> Any:
+    from typing import Union
+
+    return Union[types]  # noqa: UP007  (a runtime tuple of types)
+
+
+def _numpy_scalar(obj: Any) -> Any:
+    if isinstance(obj, np.generic):  # e.g. a float64 in a status field
+        return obj.item()
+    raise TypeError(f"cannot encode {type(obj).__name__} in a header")
+
+
+_ENCODER = msgspec.msgpack.Encoder(enc_hook=_numpy_scalar)
+
+
 class Message:
-    header: dict[str, Any]
-    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    """A checked message: its ``head`` (a :class:`Header`), its tensors (views of the frames), and the
+    header as a plain dict (``header``, decoded on first use)."""
+
+    __slots__ = ("head", "tensors", "_raw", "_header")
+
+    def __init__(self, head: Header, tensors: dict[str, np.ndarray], raw: Any = None, header: dict | None = None):
+        self.head, self.tensors, self._raw, self._header = head, tensors, raw, header
 
     @property
     def kind(self) -> str:
-        return self.header["kind"]
+        return self.head.kind
 
     @property
     def id(self) -> int:
-        return self.header["id"]
+        return self.head.id
+
+    @property
+    def header(self) -> dict[str, Any]:
+        if self._header is None:
+            self._header = msgpack.unpackb(self._raw, raw=False, strict_map_key=False)
+        return self._header
 
 
 def _buffer(frame: Any) -> memoryview:
@@ -117,18 +238,45 @@ def _buffer(frame: Any) -> memoryview:
 
 def encode(kind: str, req_id: int = 0, tensors: Mapping[str, np.ndarray] | None = None, **fields: Any) -> list:
     """Frames of one message: the header, then one C-contiguous buffer per tensor."""
-    tensors = tensors or {}
+    if not tensors:
+        return [_ENCODER.encode({"v": VERSION, "kind": kind, "id": int(req_id), **fields})]
     arrays = [np.ascontiguousarray(a) for a in tensors.values()]
     header = {
         "v": VERSION,
         "kind": kind,
         "id": int(req_id),
-        "names": list(tensors.keys()),
+        "names": list(tensors),
         "dtypes": [_NAME.get(a.dtype) or a.dtype.name for a in arrays],
         "shapes": [list(a.shape) for a in arrays],
         **fields,
     }
-    return [msgpack.packb(header, use_bin_type=True), *arrays]
+    return [_ENCODER.encode(header), *arrays]
+
+
+_RESULT_NAMES, _RESULT_DTYPES = list(RESULT_TENSORS), list(RESULT_TENSORS.values())
+
+
+def result_frames(req_id: int, cls, conf, ex, flags, served_by: list[str], node: str) -> list:
+    """The frames of a RESULT: what :func:`encode` makes of the four (N,) tensors, without its generic work."""
+    n = len(cls)
+    header = {
+        "v": VERSION,
+        "kind": RESULT,
+        "id": req_id,
+        "names": _RESULT_NAMES,
+        "dtypes": _RESULT_DTYPES,
+        "shapes": [[n], [n], [n], [n]],
+        "served_by": served_by,
+        "node": node,
+    }
+    asarray = np.asarray
+    return [
+        _ENCODER.encode(header),
+        asarray(cls, np.int64),
+        asarray(conf, np.float32),
+        asarray(ex, np.int32),
+        asarray(flags, np.uint8),
+    ]
 
 
 def _fail(code: str, message: str) -> None:
@@ -260,7 +408,58 @@ def decode(
     if len(head) > MAX_HEADER_BYTES:
         raise ProtocolError("too_large", f"header frame is {len(head)} bytes; at most {MAX_HEADER_BYTES}")
     try:
-        header = msgpack.unpackb(head, raw=False, strict_map_key=True)
+        h = _decoder(kinds).decode(head)
+    except Exception:  # any failure: the checks below name it
+        h = None
+    if h is not None:
+        msg = _fast(h, head, frames, max_bytes, total, count)
+        if msg is not None:
+            return msg
+    return _checked(head, frames, max_bytes, total, count, kinds)
+
+
+def _fast(h: Header, head: memoryview, frames: Sequence[Any], max_bytes, total, count) -> Message | None:
+    """The rest of the checks on a header the schema accepted; None at the first doubt (the slow path decides)."""
+    n = len(frames) - 1
+    if count is not None and count - 1 != n:
+        return None
+    if max_bytes is not None and (total if total is not None else sum(len(_buffer(f)) for f in frames)) > max_bytes:
+        return None
+    tensors: dict[str, np.ndarray] = {}
+    if n or h.names or h.dtypes or h.shapes:
+        names, dtypes, shapes = h.names, h.dtypes, h.shapes
+        if not (len(names) == len(dtypes) == len(shapes) == n) or n > MAX_TENSORS or h.kind not in TENSOR_KINDS:
+            return None
+        if n > 1 and len(set(names)) != n:
+            return None
+        declared = 0
+        for i in range(n):
+            dt, shape = dtypes[i], shapes[i]
+            size = math.prod(shape) * _ITEMSIZE[dt]
+            buf = _buffer(frames[i + 1])
+            if len(buf) != size:
+                return None
+            declared += size
+            tensors[names[i]] = np.frombuffer(buf, _DTYPE[dt]).reshape(shape)
+        if max_bytes is not None and declared > max_bytes:
+            return None
+    if h.kind == RESULT:
+        shapes = h.shapes
+        if (
+            n != 4
+            or dict(zip(h.names, h.dtypes)) != RESULT_TENSORS
+            or len(shapes[0]) != 1
+            or shapes.count(shapes[0]) != 4
+            or len(h.served_by) != shapes[0][0]
+        ):
+            return None
+    return Message(h, tensors, head)
+
+
+def _checked(head: memoryview, frames: Sequence[Any], max_bytes, total, count, kinds: Sequence[str]) -> Message:
+    """Every check in the documented order: raises the first failure's ProtocolError, or returns the message."""
+    try:
+        header = msgpack.unpackb(head, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several types for garbage
         raise ProtocolError("bad_message", f"header frame is not msgpack ({type(exc).__name__})") from None
     if type(header) is not dict:
@@ -285,10 +484,14 @@ def decode(
             tensors[name] = np.frombuffer(buf, dtype=dt).reshape(shape)
         if header["kind"] == RESULT:
             _check_result(header, tensors)
+        try:  # what passed the checks in the schema's form (keys that are not strings are unknown keys)
+            h = msgspec.convert({k: v for k, v in header.items() if type(k) is str}, _SCHEMA[header["kind"]])
+        except msgspec.ValidationError as exc:
+            _fail("bad_message", f"header: {exc}")
     except ProtocolError as exc:
         exc.req_id = echo
         raise
-    return Message(header, tensors)
+    return Message(h, tensors, head, header)
 
 
 def recv(sock: Any, max_bytes: int, keep: int = MAX_TENSORS + 3) -> tuple[list, int, int]:

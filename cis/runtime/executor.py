@@ -33,7 +33,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from cis import patience as pt
-from cis.policy import ExitPolicy, TokenBucket
+from cis.policy import ExitPolicy, TokenBucket, confidence
 from cis.runtime import protocol as P
 from cis.runtime.adapt import ThresholdController
 from cis.runtime.config import NodeConfig
@@ -57,6 +57,9 @@ class BundleStage:
     inputs: Sequence[TensorSpec]
     outputs: Sequence[TensorSpec]
     runner: Any
+
+    def __post_init__(self) -> None:
+        self.run = self.runner.run  # type: ignore[method-assign]  (one call less per stage)
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.runner.run(feeds)
@@ -161,6 +164,7 @@ class Executor:
         self.input_names = {k: [t.name for t in self.stages[k].inputs] for k in runs}
         self.queue: collections.deque[Request] = collections.deque()
         self.queued = 0  # samples in the queue
+        self._const: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     # ------------------------------------------------------------ admission
 
@@ -317,55 +321,65 @@ class Executor:
         carry: dict[str, np.ndarray],
         hit: dict[str, np.ndarray] | None = None,
     ) -> None:
-        nid, ex = self.cfg.node_id, self.cfg.exit
+        nid, root = self.cfg.node_id, self.cfg.parent is None
         cls = logits.argmax(axis=-1)
         n = len(cls)
-        exit_at = np.full(n, ex, np.int32)
-        if hit is None:
-            serve, conf = self.policy.decide(nid, logits)
-            conf = conf.astype(np.float32)
-        else:  # patience: served at the first exit here that reached p; the confidence reported is the count
+        exit_at, flags = self._constants(n)  # read-only; copied before a flag is set
+        if hit is not None:  # patience: served at the first exit here that reached p; the confidence is the count
             serve = hit["exit"] > 0
             cls = np.where(serve, hit["cls"], cls)
             conf = np.where(serve, hit["conf"], hit["state_count"].astype(np.float32))
             exit_at = np.where(serve, hit["exit"], exit_at).astype(np.int32)
-        flags = np.zeros(n, np.uint8)
-        if any(req.bad is not None for req in order):  # nonfinite="flag": answered here, never forwarded
-            bad = np.concatenate([req.bad if req.bad is not None else np.zeros(req.n, bool) for req in order])
-            serve, cls, conf = serve | bad, np.where(bad, -1, cls), np.where(bad, np.float32(np.nan), conf)
-            flags[bad] = P.FLAG_NONFINITE
-            self.counters["nonfinite"] += int(np.count_nonzero(bad))
-        if self.cfg.parent is None:
-            serve = None  # the root serves everything
+        elif root:  # the root serves everything: only the confidence to report
+            serve, conf = None, confidence(logits, self.policy.measure)
         else:
-            want = ~serve
-            wanted = int(np.count_nonzero(want))
-            if self.controller is not None:
-                self.controller.update(wanted, n)
-                self.policy.thresholds[nid] = self.controller.threshold
-            if wanted:
-                if not self.out.parent_up:
-                    flags[want] = P.FLAG_DEGRADED
-                    self.counters["degraded"] += wanted
-                    serve = None
-                else:
-                    granted = self.bucket.grant(time.monotonic(), wanted)
-                    if granted < wanted:  # the first ``granted`` of them go up; the rest are served here, capped
-                        over = np.flatnonzero(want)[granted:]
-                        flags[over] = P.FLAG_CAPPED
-                        serve[over] = True
-                        self.counters["capped"] += wanted - granted
-            else:
-                serve = None
-        if serve is None:  # everything is served here
-            self.counters["served"] += n
-            self._answer_all(order, cls, conf, exit_at, flags)
-            return
-        self.counters["served"] += n - int(np.count_nonzero(~serve))
-        self._forward_and_answer(order, serve, cls, conf, exit_at, flags, carry)
+            serve, conf = self.policy.decide(nid, logits)
+        bad = [req.bad for req in order if req.bad is not None]
+        if bad:  # nonfinite="flag": answered here, never forwarded
+            bad = np.concatenate([req.bad if req.bad is not None else np.zeros(req.n, bool) for req in order])
+            serve = None if serve is None else serve | bad
+            cls, conf = np.where(bad, -1, cls), np.where(bad, np.float32(np.nan), conf)
+            flags = np.where(bad, np.uint8(P.FLAG_NONFINITE), flags)
+            self.counters["nonfinite"] += int(np.count_nonzero(bad))
+        wanted = 0 if root else n - int(np.add.reduce(serve))
+        if self.controller is not None:
+            self.controller.update(wanted, n)
+            self.policy.thresholds[nid] = self.controller.threshold
+        if wanted and not self.out.parent_up:
+            flags = np.where(serve, flags, np.uint8(P.FLAG_DEGRADED))
+            self.counters["degraded"] += wanted
+            wanted = 0
+        elif wanted:
+            granted = self.bucket.grant(time.monotonic(), wanted)
+            if granted < wanted:  # the first ``granted`` of them go up; the rest are served here, capped
+                over = np.flatnonzero(~serve)[granted:]
+                flags, serve = flags.copy(), serve.copy()
+                flags[over], serve[over] = P.FLAG_CAPPED, True
+                self.counters["capped"] += wanted - granted
+                wanted = granted
+        self.counters["served"] += n - wanted
+        if wanted == n:  # all of it goes up (the confidence kept as float64 until a fallback needs it)
+            self._forward_and_answer(order, None, cls, conf, exit_at, flags, carry)
+        elif not wanted:
+            self._answer_all(order, cls, conf.astype(np.float32, copy=False), exit_at, flags)
+        else:
+            self._forward_and_answer(order, serve, cls, conf.astype(np.float32, copy=False), exit_at, flags, carry)
+
+    def _constants(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """This node's exit and zero flags for n samples (read-only; cached up to max_batch)."""
+        got = self._const.get(n)
+        if got is None:
+            got = (np.full(n, self.cfg.exit, np.int32), np.zeros(n, np.uint8))
+            for a in got:
+                a.flags.writeable = False
+            if n <= self.cfg.max_batch:
+                self._const[n] = got
+        return got
 
     def _answer_all(self, order: list[Request], cls, conf, exit_at, flags) -> None:
         nid, start = self.cfg.node_id, 0
+        if len(order) == 1:
+            return self._fill(order[0], None, cls, conf, exit_at, flags, nid)
         for req in order:
             end = start + req.n
             if not req.answered:
@@ -373,18 +387,15 @@ class Executor:
             start = end
 
     def _forward_and_answer(self, order: list[Request], serve, cls, conf, exit_at, flags, carry) -> None:
-        """Forward the samples not served here (one FORWARD for the batch); answer the others."""
-        nid, n = self.cfg.node_id, len(serve)
-        fwd = np.flatnonzero(~serve)
-        whole = len(fwd) == n  # nothing served here: the carry goes as it is, without a copy
-        parts: list[tuple[Request, np.ndarray | None]] = []
-        here: list[tuple[Request, int, np.ndarray | None]] = []
-        start = 0
-        for req in order:
-            end = start + req.n
-            if whole:
-                parts.append((req, None))
-            else:
+        """Forward the samples not served here (one FORWARD for the batch; ``serve`` None: all of them);
+        answer the others."""
+        if serve is None:
+            parts: list[tuple[Request, np.ndarray | None]] = [(req, None) for req in order]
+            pending = Pending(parts, cls, conf)
+        else:
+            parts, here, start = [], [], 0
+            for req in order:
+                end = start + req.n
                 up = np.flatnonzero(~serve[start:end])
                 if len(up) == req.n:
                     parts.append((req, None))
@@ -393,27 +404,25 @@ class Executor:
                     here.append((req, start, np.flatnonzero(serve[start:end])))
                 else:
                     here.append((req, start, None))
-            start = end
-        pending = Pending(parts, cls[fwd], conf[fwd])
-        if self.out.forward(pending, carry if whole else {k: v[fwd] for k, v in carry.items()}):
+                start = end
+            fwd = np.flatnonzero(~serve)
+            pending = Pending(parts, cls[fwd], conf[fwd])
+            carry = {k: v[fwd] for k, v in carry.items()}
+        if self.out.forward(pending, carry):
             self.counters["forwarded"] += pending.n
         else:
             self.counters["degraded"] += pending.n
             self.counters["served"] += pending.n
             self.fallback(pending, count=False)
+        if serve is None:
+            return
+        nid = self.cfg.node_id
         for req, s, idx in here:
             if req.answered:
                 continue
             if idx is None:
-                self._fill(
-                    req,
-                    None,
-                    cls[s : s + req.n],
-                    conf[s : s + req.n],
-                    exit_at[s : s + req.n],
-                    flags[s : s + req.n],
-                    nid,
-                )
+                e = s + req.n
+                self._fill(req, None, cls[s:e], conf[s:e], exit_at[s:e], flags[s:e], nid)
             else:
                 src = idx + s
                 self._fill(req, idx, cls[src], conf[src], exit_at[src], flags[src], nid)
@@ -440,7 +449,14 @@ class Executor:
             self.out.reply(req)
 
     def scatter(self, pending: Pending, cls, conf, ex, flags, served_by: Sequence[Any]) -> None:
-        """Fill the forwarded samples with the parent's answer (or this node's own); reply to complete requests."""
+        """Fill the forwarded samples with the parent's answer (or this node's own); reply to complete requests.
+
+        With one part the answer is passed as it is (it may be the parent's frames: see Node._on_parent)."""
+        if len(pending.parts) == 1:
+            req, idx = pending.parts[0]
+            if not req.answered:
+                self._fill(req, idx, cls, conf, ex, flags, served_by)
+            return
         off = 0
         for req, idx in pending.parts:
             m = req.n if idx is None else len(idx)
@@ -460,7 +476,7 @@ class Executor:
         self.scatter(
             pending,
             pending.cls,
-            pending.conf,
+            pending.conf.astype(np.float32, copy=False),
             np.full(n, self.cfg.exit, np.int32),
             np.full(n, P.FLAG_DEGRADED, np.uint8),
             [self.cfg.node_id] * n,

@@ -36,6 +36,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import msgpack
 import msgspec
 import numpy as np
+import zmq
 
 VERSION = 1
 
@@ -78,7 +79,7 @@ DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int16", "int32", "i
 _ITEMSIZE = {d: np.dtype(d).itemsize for d in DTYPES}
 _DTYPE = {d: np.dtype(d) for d in DTYPES}
 _NAME = {np.dtype(d): d for d in DTYPES}  # dtype.name is a slow Python property
-COPY_THRESHOLD = 65536  # frames at least this large are sent without copying
+COPY_THRESHOLD = 1 << 20  # arrays at least this large are sent without a copy (see send)
 
 # limits of the header schema (docs/protocol.md, "Header fields")
 MAX_HEADER_BYTES = 1 << 20
@@ -181,11 +182,10 @@ _DECODERS: dict[tuple[str, ...], msgspec.msgpack.Decoder] = {}
 
 
 def _decoder(kinds: Sequence[str]) -> msgspec.msgpack.Decoder:
-    key = tuple(kinds)
-    dec = _DECODERS.get(key)
+    dec = _DECODERS.get(kinds)  # type: ignore[call-overload]  (callers pass their constant tuple)
     if dec is None:
-        types = tuple(_SCHEMA[k] for k in key)
-        dec = _DECODERS[key] = msgspec.msgpack.Decoder(types[0] if len(types) == 1 else _union(types))
+        types = tuple(_SCHEMA[k] for k in kinds)
+        dec = _DECODERS[tuple(kinds)] = msgspec.msgpack.Decoder(types[0] if len(types) == 1 else _union(types))
     return dec
 
 
@@ -205,21 +205,32 @@ _ENCODER = msgspec.msgpack.Encoder(enc_hook=_numpy_scalar)
 
 
 class Message:
-    """A checked message: its ``head`` (a :class:`Header`), its tensors (views of the frames), and the
-    header as a plain dict (``header``, decoded on first use)."""
+    """A checked message: ``kind``, ``id``, its ``head`` (a :class:`Header`), its tensor ``frames``
+    (checked: one per name, each of its shape's byte length), ``tensors`` (numpy views of those frames,
+    made on first use: a node that passes a reply on never needs them) and the header as a plain dict
+    (``header``, decoded on first use)."""
 
-    __slots__ = ("head", "tensors", "_raw", "_header")
+    __slots__ = ("kind", "id", "head", "frames", "_tensors", "_raw", "_header")
 
-    def __init__(self, head: Header, tensors: dict[str, np.ndarray], raw: Any = None, header: dict | None = None):
-        self.head, self.tensors, self._raw, self._header = head, tensors, raw, header
+    def __init__(
+        self,
+        head: Header,
+        frames: Sequence[Any] = (),
+        raw: Any = None,
+        header: dict | None = None,
+        tensors: dict[str, np.ndarray] | None = None,
+    ):
+        self.kind, self.id, self.head, self.frames = head.kind, head.id, head, frames
+        self._raw, self._header, self._tensors = raw, header, tensors
 
     @property
-    def kind(self) -> str:
-        return self.head.kind
-
-    @property
-    def id(self) -> int:
-        return self.head.id
+    def tensors(self) -> dict[str, np.ndarray]:
+        if self._tensors is None:
+            h = self.head
+            self._tensors = {
+                name: _view(f, dt, shape) for name, dt, shape, f in zip(h.names, h.dtypes, h.shapes, self.frames)
+            }
+        return self._tensors
 
     @property
     def header(self) -> dict[str, Any]:
@@ -228,12 +239,20 @@ class Message:
         return self._header
 
 
-def _buffer(frame: Any) -> memoryview:
-    if isinstance(frame, np.ndarray):
+def _view(buf: Any, dtype: str, shape: list[int]) -> np.ndarray:
+    a = np.frombuffer(buf, _DTYPE[dtype])
+    return a if len(shape) == 1 else a.reshape(shape)
+
+
+def _buffer(frame: Any) -> Any:
+    """The bytes of a frame: a zmq.Frame or bytes as they are (both have the buffer protocol and their
+    length in bytes), anything else (an array, a memoryview) as a flat byte view."""
+    t = type(frame)
+    if t is _FRAME or t is bytes:
+        return frame
+    if t is np.ndarray:
         return memoryview(np.ascontiguousarray(frame).reshape(-1).view(np.uint8))
-    if isinstance(frame, (bytes, bytearray, memoryview)):
-        return memoryview(frame)
-    return frame.buffer  # zmq.Frame
+    return memoryview(frame).cast("B")
 
 
 def encode(kind: str, req_id: int = 0, tensors: Mapping[str, np.ndarray] | None = None, **fields: Any) -> list:
@@ -253,30 +272,24 @@ def encode(kind: str, req_id: int = 0, tensors: Mapping[str, np.ndarray] | None 
     return [_ENCODER.encode(header), *arrays]
 
 
-_RESULT_NAMES, _RESULT_DTYPES = list(RESULT_TENSORS), list(RESULT_TENSORS.values())
+RESULT_NAMES, _RESULT_DTYPES = list(RESULT_TENSORS), list(RESULT_TENSORS.values())
 
 
-def result_frames(req_id: int, cls, conf, ex, flags, served_by: list[str], node: str) -> list:
-    """The frames of a RESULT: what :func:`encode` makes of the four (N,) tensors, without its generic work."""
-    n = len(cls)
+def result_frames(req_id: int, n: int, cls, conf, ex, flags, served_by: list[str], node: str) -> list:
+    """The frames of a RESULT of n samples: what :func:`encode` makes of the four (n,) tensors, without its
+    generic work (so they must be contiguous int64, float32, int32 and uint8 arrays already, or the frames
+    of a checked result in that order)."""
     header = {
         "v": VERSION,
         "kind": RESULT,
         "id": req_id,
-        "names": _RESULT_NAMES,
+        "names": RESULT_NAMES,
         "dtypes": _RESULT_DTYPES,
         "shapes": [[n], [n], [n], [n]],
         "served_by": served_by,
         "node": node,
     }
-    asarray = np.asarray
-    return [
-        _ENCODER.encode(header),
-        asarray(cls, np.int64),
-        asarray(conf, np.float32),
-        asarray(ex, np.int32),
-        asarray(flags, np.uint8),
-    ]
+    return [_ENCODER.encode(header), cls, conf, ex, flags]
 
 
 def _fail(code: str, message: str) -> None:
@@ -425,35 +438,35 @@ def _fast(h: Header, head: memoryview, frames: Sequence[Any], max_bytes, total, 
         return None
     if max_bytes is not None and (total if total is not None else sum(len(_buffer(f)) for f in frames)) > max_bytes:
         return None
-    tensors: dict[str, np.ndarray] = {}
-    if n or h.names or h.dtypes or h.shapes:
-        names, dtypes, shapes = h.names, h.dtypes, h.shapes
-        if not (len(names) == len(dtypes) == len(shapes) == n) or n > MAX_TENSORS or h.kind not in TENSOR_KINDS:
+    names = h.names
+    if not (n or names or h.dtypes or h.shapes):
+        return None if h.kind == RESULT else Message(h, (), head)  # a result carries its four tensors
+    dtypes, shapes = h.dtypes, h.shapes
+    if len(names) != n or len(dtypes) != n or len(shapes) != n or n > MAX_TENSORS or h.kind not in TENSOR_KINDS:
+        return None
+    if n > 1 and len(set(names)) != n:
+        return None
+    declared, bufs = 0, []
+    for i in range(n):
+        size = math.prod(shapes[i]) * _ITEMSIZE[dtypes[i]]
+        buf = _buffer(frames[i + 1])
+        if len(buf) != size:
             return None
-        if n > 1 and len(set(names)) != n:
-            return None
-        declared = 0
-        for i in range(n):
-            dt, shape = dtypes[i], shapes[i]
-            size = math.prod(shape) * _ITEMSIZE[dt]
-            buf = _buffer(frames[i + 1])
-            if len(buf) != size:
-                return None
-            declared += size
-            tensors[names[i]] = np.frombuffer(buf, _DTYPE[dt]).reshape(shape)
-        if max_bytes is not None and declared > max_bytes:
-            return None
+        declared += size
+        bufs.append(buf)
+    if max_bytes is not None and declared > max_bytes:
+        return None
     if h.kind == RESULT:
-        shapes = h.shapes
+        s0 = shapes[0]
         if (
             n != 4
-            or dict(zip(h.names, h.dtypes)) != RESULT_TENSORS
-            or len(shapes[0]) != 1
-            or shapes.count(shapes[0]) != 4
-            or len(h.served_by) != shapes[0][0]
+            or len(s0) != 1
+            or shapes.count(s0) != 4
+            or len(h.served_by) != s0[0]
+            or dict(zip(names, dtypes)) != RESULT_TENSORS
         ):
             return None
-    return Message(h, tensors, head)
+    return Message(h, bufs, head)
 
 
 def _checked(head: memoryview, frames: Sequence[Any], max_bytes, total, count, kinds: Sequence[str]) -> Message:
@@ -491,7 +504,7 @@ def _checked(head: memoryview, frames: Sequence[Any], max_bytes, total, count, k
     except ProtocolError as exc:
         exc.req_id = echo
         raise
-    return Message(h, tensors, head, header)
+    return Message(h, [_buffer(f) for f in frames[1 : len(tensors) + 1]], head, header, tensors)
 
 
 def recv(sock: Any, max_bytes: int, keep: int = MAX_TENSORS + 3) -> tuple[list, int, int]:
@@ -504,8 +517,6 @@ def recv(sock: Any, max_bytes: int, keep: int = MAX_TENSORS + 3) -> tuple[list, 
     ZeroMQ itself holds a whole multipart message before its first frame can be read;
     ZMQ_MAXMSGSIZE (set by the node) bounds each frame there.
     """
-    import zmq
-
     frame = sock.recv(zmq.NOBLOCK, copy=False)
     frames, total, count = [frame], len(frame), 1
     while frame.more:
@@ -522,12 +533,19 @@ def error_frames(req_id: int, code: str, message: str, **fields: Any) -> list:
 
 
 def send(socket: Any, frames: Sequence[Any], prefix: Sequence[bytes] = (), flags: int = 0) -> None:
-    """Send frames; buffers of COPY_THRESHOLD bytes or more go without a copy."""
-    import zmq
-
-    more, flags = int(zmq.SNDMORE) | int(flags), int(flags)  # plain ints: IntFlag arithmetic is slow Python
-    parts = [*prefix, *frames]
-    last = len(parts) - 1
+    """Send one message: the ``prefix`` frames (a ROUTER's peer identity), then ``frames``. Arrays of
+    COPY_THRESHOLD bytes or more go without a copy (ZeroMQ reads them in place); smaller ones are copied,
+    which is cheaper: pyzmq frees a zero-copy frame through a garbage-collector thread, one more thread
+    to wake and one more taker of the GIL per message."""
+    send = _zmq_send  # the C call itself: pyzmq's Python layer adds nothing a node needs
+    parts = [*prefix, *frames] if prefix else frames
+    flags = int(flags)
+    more, last = _SNDMORE | flags, len(parts) - 1
     for i, part in enumerate(parts):
-        big = isinstance(part, np.ndarray) and part.nbytes >= COPY_THRESHOLD
-        socket.send(part, more if i < last else flags, copy=not big)
+        big = type(part) is np.ndarray and part.nbytes >= COPY_THRESHOLD
+        send(socket, part, more if i < last else flags, not big)
+
+
+_FRAME = zmq.Frame
+_SNDMORE = int(zmq.SNDMORE)  # a plain int: IntFlag arithmetic is slow Python
+_zmq_send = zmq.backend.Socket.send

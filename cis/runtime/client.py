@@ -163,6 +163,18 @@ class Client:
     def in_flight(self) -> int:
         return len(self._sent)
 
+    def _expired(self, timeout: float) -> list[tuple[int, tuple[float, int]]]:
+        """Forget and return the requests sent more than ``timeout`` s ago. They were sent in id order, so
+        only the oldest few are looked at, not every request in flight."""
+        out, now, sent = [], time.perf_counter(), self._sent
+        for rid, (t0, n) in sent.items():
+            if now - t0 <= timeout:
+                break
+            out.append((rid, (t0, n)))
+        for rid, _ in out:
+            del sent[rid]
+        return out
+
     # ------------------------------------------------------------ blocking forms
 
     def infer(self, batch: np.ndarray | dict, timeout: float | None = None, deadline: float | None = None) -> Result:
@@ -224,13 +236,10 @@ class Client:
                 wait = max(0.0, min(wait, start + nxt / rate - time.perf_counter()))
             for rid, res in self.poll(wait):
                 results[rid] = res
-            now = time.perf_counter()
-            for rid, (t0, n) in list(self._sent.items()):
-                if now - t0 > timeout:
-                    del self._sent[rid]
-                    results[rid] = _error_result(
-                        n, ServerError("timeout", f"no reply within {timeout:.1f} s"), now - t0
-                    )
+            for rid, (t0, n) in self._expired(timeout):
+                results[rid] = _error_result(
+                    n, ServerError("timeout", f"no reply within {timeout:.1f} s"), time.perf_counter() - t0
+                )
             while emitted < len(ids) and ids[emitted] in results:
                 yield results.pop(ids[emitted])
                 emitted += 1
@@ -303,17 +312,14 @@ def infer_spread(
                 if i is not None:
                     results[i] = res
                     done += 1
-        now = time.perf_counter()
         for nid, c in clients.items():
-            for rid, (t0, n) in list(c._sent.items()):
-                if now - t0 > timeout:
-                    del c._sent[rid]
-                    i = owner.pop((nid, rid), None)
-                    if i is not None:
-                        results[i] = _error_result(
-                            n, ServerError("timeout", f"no reply within {timeout:.1f} s"), now - t0
-                        )
-                        done += 1
+            for rid, (t0, n) in c._expired(timeout):
+                i = owner.pop((nid, rid), None)
+                if i is not None:
+                    results[i] = _error_result(
+                        n, ServerError("timeout", f"no reply within {timeout:.1f} s"), time.perf_counter() - t0
+                    )
+                    done += 1
     return results
 
 

@@ -341,7 +341,7 @@ class Executor:
             cls, conf = np.where(bad, -1, cls), np.where(bad, np.float32(np.nan), conf)
             flags = np.where(bad, np.uint8(P.FLAG_NONFINITE), flags)
             self.counters["nonfinite"] += int(np.count_nonzero(bad))
-        wanted = 0 if root else n - int(np.add.reduce(serve))
+        wanted = 0 if root else (0 if serve[0] else 1) if n == 1 else n - int(np.add.reduce(serve))
         if self.controller is not None:
             self.controller.update(wanted, n)
             self.policy.thresholds[nid] = self.controller.threshold

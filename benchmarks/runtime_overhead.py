@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import RESULTS, ensure_cifar, machine, write_results
+from _common import ensure_cifar, machine, write_results
 
 HOPS = 3  # client -> device -> edge -> cloud
 
@@ -301,12 +301,19 @@ def throughput(bundle_dir: Path, x: np.ndarray, args, node_args: list[str]) -> d
                         "cis_samples_per_s": remote,
                         "ratio": remote / local,
                         "errors": errors,
-                        "mean_batch": (after["samples"] - before["samples"]) / max(1, after["batches"] - before["batches"]),
+                        "mean_batch": (after["samples"] - before["samples"])
+                        / max(1, after["batches"] - before["batches"]),
                     }
                 )
     finally:
         cluster.stop()
-    return {"max_batch": bs, "onnxruntime_threads": threads, "seconds": args.seconds, **median_of(blocks), "blocks": blocks}
+    return {
+        "max_batch": bs,
+        "onnxruntime_threads": threads,
+        "seconds": args.seconds,
+        **median_of(blocks),
+        "blocks": blocks,
+    }
 
 
 def carry_bytes(bundle_dir: Path) -> dict:
@@ -415,7 +422,9 @@ def main() -> int:
         r["a_latency"] = latency(bundle_dir, x, args, node_args)
         print(f"width {w:g} (a): {json.dumps({k: v for k, v in r['a_latency'].items() if k != 'blocks'})}", flush=True)
         r["b_throughput"] = throughput(bundle_dir, x, args, node_args)
-        print(f"width {w:g} (b): {json.dumps({k: v for k, v in r['b_throughput'].items() if k != 'blocks'})}", flush=True)
+        print(
+            f"width {w:g} (b): {json.dumps({k: v for k, v in r['b_throughput'].items() if k != 'blocks'})}", flush=True
+        )
         r["c_bytes_per_forwarded_request"] = carry_bytes(bundle_dir)
         result["widths"][f"{w:g}"] = r
     result["machine"]["load_avg_end"] = os.getloadavg()

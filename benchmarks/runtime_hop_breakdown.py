@@ -183,7 +183,7 @@ def main() -> int:
         "stages_in_nodes_ms": float(sum(stage_ms.values())),
         "everything_else_ms": float(sum(step_ms.values()) - sum(stage_ms.values())),
         "note": "step = time since the previous event of the same request; '.in' of _on_front / _on_parent is the "
-                "transit of the message before it",
+        "message before it: encoding and sending (from the entry of forward / reply), the transit and the wake-up",
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))

@@ -477,6 +477,8 @@ def _checked(head: memoryview, frames: Sequence[Any], max_bytes, total, count, k
         raise ProtocolError("bad_message", f"header frame is not msgpack ({type(exc).__name__})") from None
     if type(header) is not dict:
         raise ProtocolError("bad_message", f"header is a {type(header).__name__}; expected a msgpack map")
+    if not all(type(k) is str or type(k) is bytes for k in header):  # maps inside values are not looked into
+        raise ProtocolError("bad_message", "header keys must be strings")
     rid = header.get("id")
     echo = rid if _is_int(rid, 0, MAX_ID) else 0
     try:

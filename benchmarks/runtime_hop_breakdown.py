@@ -10,7 +10,7 @@ requests back to back. For every request the time between consecutive events
 is attributed to a step (client -> device transit, device stage 1, device
 decision + forward, ...); the medians per step are written out.
 
-    python benchmarks/runtime_hop_breakdown.py --bundle /tmp/cis-runtime-bench-w1/bundle
+    python benchmarks/runtime_hop_breakdown.py --bundle /tmp/cis-runtime-bench/w0.25/bundle
 Writes benchmarks/results/runtime_hop_breakdown.json.
 """
 
@@ -62,29 +62,34 @@ def serve(bundle_dir: str, node_id: str, addresses: dict, parent: str | None, lo
         setattr(node, name, traced(name, getattr(node, name)))
     node.executor.run_batch = traced("run_batch", node.executor.run_batch)
     for k, stage in node.stages.items():
-        stage.runner.run = traced(f"stage{k}", stage.runner.run)
+        stage.run = traced(f"stage{k}", stage.run)
     node.run(install_signals=False, ready=ready.set, stop=stop.is_set)
     Path(log_path).write_text(json.dumps(log))
 
 
 def steps(path: list[str], exits: dict[str, int]) -> list[str]:
-    """The events of one forced request, in the order they happen."""
+    """The events of one forced request, in the order they happen. A message's send is timed from the
+    entry of ``forward``/``reply``: the receiver often starts before the sender's call returns (the send
+    wakes ZeroMQ's I/O thread, which may take the sender's core), so each transit step holds encoding,
+    sending and the transit itself."""
     up, down = [], []
     for nid in path:
         k = exits[nid]
         up += [f"{nid}._on_front.in", f"{nid}.stage{k}.in", f"{nid}.stage{k}.out"]
         if nid != path[-1]:
-            up += [f"{nid}.forward.out"]
+            up += [f"{nid}.forward.in"]
     for nid in reversed(path):
         if nid != path[-1]:
             down += [f"{nid}._on_parent.in"]
-        down += [f"{nid}.reply.in", f"{nid}.reply.out"]
+        down += [f"{nid}.reply.in"]
     return up + down
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--bundle", required=True, help="a paper-7 bundle (runtime_overhead.py makes one in --work)")
+    ap.add_argument(
+        "--bundle", required=True, help="a paper-7 bundle (runtime_overhead.py caches them in WORK/w<width>/bundle)"
+    )
     ap.add_argument("--n", type=int, default=200)
     ap.add_argument("--out", default=str(RESULTS / "runtime_hop_breakdown.json"))
     args = ap.parse_args()
@@ -178,7 +183,7 @@ def main() -> int:
         "stages_in_nodes_ms": float(sum(stage_ms.values())),
         "everything_else_ms": float(sum(step_ms.values()) - sum(stage_ms.values())),
         "note": "step = time since the previous event of the same request; '.in' of _on_front / _on_parent is the "
-                "transit of the message before it",
+        "message before it: encoding and sending (from the entry of forward / reply), the transit and the wake-up",
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))

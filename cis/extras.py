@@ -1,6 +1,6 @@
 """The optional parts of cis (pip extras) and the one line a command prints when one is missing.
 
-The core install (``pip install cis``: numpy, pyzmq, msgpack, onnxruntime, simpy,
+The core install (``pip install cis``: numpy, pyzmq, msgpack, msgspec, onnxruntime, simpy,
 tomli-w, tqdm, prometheus-client) runs ``cis spec``, ``rates``, ``inspect``, ``serve`` (with
 ``--metrics-port``), ``status``,
 ``keys``, ``simulate``, ``report`` and ``infer`` on arrays or image folders: what

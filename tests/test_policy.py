@@ -32,6 +32,17 @@ def test_confidence_measures():
         confidence(logits, "nope")
 
 
+def test_max_softmax_is_the_largest_softmax_probability_to_the_bit():
+    """The runtime's cheaper max_softmax (1 / sum exp(z - max z)) decides exactly as softmax(z).max() would."""
+    from cis.policy import softmax
+
+    rng = np.random.default_rng(3)
+    for dtype in (np.float16, np.float32, np.float64):
+        for scale in (0.01, 1.0, 30.0, 1000.0):
+            z = (rng.standard_normal((500, 10)) * scale).astype(dtype)
+            np.testing.assert_array_equal(confidence(z, "max_softmax"), softmax(z).max(axis=-1))
+
+
 def test_assign_entries_follows_arrival_rates():
     spec = make_spec("paper-7", "80-15-5")
     entries = assign_entries(spec, 1000, seed=1)
@@ -111,3 +122,16 @@ def test_token_bucket_caps_rate():
     assert granted == pytest.approx(100, abs=2)
     assert not TokenBucket(0.0, burst=0.0).take(1.0)
     assert TokenBucket(math.inf).take(0.0)
+
+
+def test_token_bucket_grants_a_batch_as_takes_one_by_one():
+    rng = np.random.default_rng(0)
+    one, many = TokenBucket(rate=50.0, burst=20.0), TokenBucket(rate=50.0, burst=20.0)
+    now = 0.0
+    for _ in range(300):
+        now += float(rng.exponential(0.05))
+        n = int(rng.integers(0, 12))
+        one.take(now, 0.0)  # a refill, as grant does
+        assert many.grant(now, n) == sum(one.take(now) for _ in range(n))
+        assert many.tokens == pytest.approx(one.tokens)
+    assert TokenBucket(math.inf).grant(0.0, 7) == 7 and TokenBucket(0.0, burst=0.0).grant(1.0, 3) == 0

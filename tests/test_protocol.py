@@ -259,3 +259,91 @@ def test_one_field_of_a_valid_request_replaced_by_anything(key, value):
         assert exc.code in P.ERROR_CODES and exc.req_id == (77 if key != "id" else value if readable else 0)
         return
     _accepted_header_is_in_schema(msg.header, msg.tensors)
+
+
+# ---------------------------------------------------------------- the C schema and the Python checks agree
+
+
+def _checked_or_none(frames, kinds):
+    try:
+        return P._checked(P._buffer(frames[0]), frames, 1 << 16, None, None, kinds)
+    except P.ProtocolError:
+        return None
+
+
+_BASES = {
+    "infer": {"names": ["x"], "dtypes": ["float32"], "shapes": [[1]], "stage": 1, "deadline": 0, "route": []},
+    "forward": {"names": ["x"], "dtypes": ["float32"], "shapes": [[1]], "stage": 2, "route": ["a"], "sender": "a"},
+    "result": {
+        "names": ["class", "confidence", "exit", "flags"],
+        "dtypes": ["int64", "float32", "int32", "uint8"],
+        "shapes": [[1], [1], [1], [1]],
+        "served_by": ["a"],
+        "node": "a",
+    },
+    "error": {"code": "overloaded", "message": "full", "node": "a"},
+    "status": {},
+    "status_reply": {"status": {"node": "a"}},
+    "ping": {"node": "a"},
+    "pong": {"node": "a"},
+}
+_FRAMES = {"infer": [4], "forward": [4], "result": [8, 4, 4, 1]}
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    st.sampled_from(sorted(_BASES)),
+    st.lists(st.tuples(_keys, _values), max_size=3),
+    st.sampled_from([P.KINDS, P.REQUEST_KINDS, P.REPLY_KINDS]),
+    st.integers(-1, 1),
+)
+def test_the_schema_never_accepts_what_the_checks_refuse(kind, changes, kinds, extra_frames):
+    """decode's one-pass path (msgspec schema + counts and sizes) may only accept a message that the
+    documented checks accept too, as the same kind and id: valid messages with up to three fields
+    replaced by anything, and a frame too many or too few."""
+    header = {"v": 1, "kind": kind, "id": 77, **_BASES[kind]}
+    for key, value in changes:
+        header[key] = value
+    sizes = _FRAMES.get(kind, [])
+    sizes = sizes[: len(sizes) + extra_frames] if extra_frames < 0 else sizes + [4] * extra_frames
+    frames = [msgpack.packb(header, use_bin_type=True)] + [bytes(k) for k in sizes]
+    try:
+        fast = P._decoder(kinds).decode(frames[0])
+    except Exception:
+        return
+    msg = P._fast(fast, frames[0], frames, 1 << 16, None, None)
+    if msg is not None:
+        slow = _checked_or_none(frames, kinds)
+        assert slow is not None and (slow.kind, slow.id) == (msg.kind, msg.id), header
+
+
+@pytest.mark.parametrize("kinds", [P.REQUEST_KINDS, P.REPLY_KINDS])
+def test_valid_messages_take_the_one_pass_path(kinds):
+    x = np.arange(6, dtype=np.float32).reshape(2, 3)
+    msgs = {
+        P.INFER: P.encode(P.INFER, 5, {"x": x}, stage=1, deadline=0.0, route=[]),
+        P.FORWARD: P.encode(P.FORWARD, 6, {"x": x}, stage=2, deadline=1.5e9, route=["a"], sender="a"),
+        P.STATUS: P.encode(P.STATUS, 7),
+        P.PING: P.encode(P.PING, 8, node="a"),
+        P.RESULT: P.result_frames(
+            9,
+            2,
+            np.zeros(2, np.int64),
+            np.ones(2, np.float32),
+            np.ones(2, np.int32),
+            np.zeros(2, np.uint8),
+            ["a", "b"],
+            "b",
+        ),
+        P.ERROR: P.error_frames(10, "overloaded", "full", node="a"),
+        P.STATUS_REPLY: P.encode(P.STATUS_REPLY, 11, status={"node": "a"}),
+        P.PONG: P.encode(P.PONG, 12, node="a"),
+    }
+    for kind in kinds:
+        frames = [bytes(P._buffer(f)) for f in msgs[kind]]
+        head = P._decoder(kinds).decode(frames[0])
+        msg = P._fast(head, frames[0], frames, 1 << 20, None, None)
+        assert msg is not None and msg.kind == kind, kind
+        assert msg.header == msgpack.unpackb(frames[0])  # the plain header, decoded on demand
+        for name, a in msg.tensors.items():
+            assert a.shape == tuple(msg.header["shapes"][msg.header["names"].index(name)])

@@ -384,3 +384,23 @@ def test_a_parent_that_answers_garbage_cannot_break_its_child(tree):
     assert not answers  # every forward reached the bad parent
     assert all(r.degraded.all() and r.exit.tolist() == [1] and r.served_by == ["leaf"] for r in results)
     assert st["degraded"] == len(garbage) and st["errors"] == 0
+
+
+def test_a_spinning_node_serves_and_forwards_like_a_sleeping_one(tree):
+    """--spin busy-polls instead of sleeping in poll; the answers and the heartbeat are the same."""
+    laddr, raddr, leaf = tree(leaf_kw={"spin": True}, root_kw={"spin": True})
+    assert leaf.parent_up  # heartbeats are sent and answered while both nodes spin
+    with Client(laddr, timeout=5) as c:
+        r = c.infer(_batch())
+        assert r.cls.tolist() == [0, 1, 2, 2] and r.served_by == ["leaf", "leaf", "root", "root"]
+        many = c.infer_many(np.tile(_batch(), (5, 1)), batch_size=1, window=8)
+        assert [int(x.exit[0]) for x in many] == [1, 1, 2, 2] * 5
+
+
+def test_serve_all_passes_spin_to_every_node():
+    from cis.cli import build_parser
+    from cis.commands.serve import _node_options
+
+    args = build_parser().parse_args(["serve", "bundle", "--all", "--spin"])
+    assert args.spin and "--spin" in _node_options(args)
+    assert "--spin" not in _node_options(build_parser().parse_args(["serve", "bundle", "--all"]))

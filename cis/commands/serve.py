@@ -82,6 +82,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="input with NaN/inf: 'refuse' answers bad_input (default); 'flag' answers those samples here with flag 4",
     )
     p.add_argument("--adapt", action="store_true", help="move the threshold online to hold the spec's forwarded share")
+    p.add_argument(
+        "--spin",
+        action="store_true",
+        help="busy-poll instead of sleeping between messages: less latency per hop for a node that owns a CPU core "
+        "(it keeps that core busy)",
+    )
     p.add_argument("--threads", type=int, default=1, help="onnxruntime threads per stage (default 1)")
     p.add_argument(
         "--provider",
@@ -141,6 +147,8 @@ def _node_options(args: argparse.Namespace) -> list[str]:
         out.append("--no-cap")
     if args.adapt:
         out.append("--adapt")
+    if args.spin:
+        out.append("--spin")
     return out
 
 
@@ -192,6 +200,7 @@ def _run_node(args: argparse.Namespace, bundle, spec) -> int:
         rcv_hwm=args.rcv_hwm,
         rcv_buf=args.rcv_buf,
         nonfinite=args.nonfinite,
+        spin=args.spin,
         restarts=args.restarts,
     )
     if args.queue_limit is not None:

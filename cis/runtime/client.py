@@ -23,6 +23,8 @@ from cis.metrics import latency_summary
 from cis.runtime import protocol as P
 from cis.runtime.security import CurveConfig, secure_client
 
+_NO_LIMIT = 1 << 62  # a client reads whatever its node sends
+
 
 class ServerError(CisError):
     def __init__(self, code: str, message: str):
@@ -107,6 +109,8 @@ class Client:
         if curve is not None and curve.enabled:
             secure_client(self.sock, curve)
         self.sock.connect(address)
+        self._poller = zmq.Poller()  # one poller for the socket's life (Socket.poll builds one per call)
+        self._poller.register(self.sock, zmq.POLLIN)
         self._ids = itertools.count(1)
         self._sent: dict[int, tuple[float, int]] = {}
 
@@ -126,16 +130,16 @@ class Client:
     def poll(self, timeout: float) -> list[tuple[int, Result]]:
         """Results that arrive within ``timeout`` seconds (at least one if any comes)."""
         out: list[tuple[int, Result]] = []
-        if not self.sock.poll(int(max(timeout, 0) * 1000), zmq.POLLIN):
+        poll = self._poller.poll
+        if not poll(int(max(timeout, 0) * 1000)):
             return out
         while True:
-            try:
-                frames = self.sock.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return out
+            frames, _, _ = P.recv(self.sock, _NO_LIMIT)
             got = self._parse(frames)
             if got is not None:
                 out.append(got)
+            if not poll(0):
+                return out
 
     def _parse(self, frames) -> tuple[int, Result] | None:
         now = time.perf_counter()
@@ -147,38 +151,49 @@ class Client:
         if sent is None or msg.kind not in (P.RESULT, P.ERROR):
             return None
         t0, n = sent
+        h = msg.head
         if msg.kind == P.ERROR:
-            return msg.id, _error_result(
-                n, ServerError(str(msg.header.get("code")), str(msg.header.get("message"))), now - t0
-            )
+            return msg.id, _error_result(n, ServerError(h.code, h.message), now - t0)
         t = msg.tensors
         return msg.id, Result(
-            np.array(t["class"]),
-            np.array(t["confidence"]),
-            np.array(t["exit"]),
-            np.array(t["flags"]),
-            [str(s) for s in msg.header.get("served_by", [])],
-            now - t0,
+            t["class"].copy(), t["confidence"].copy(), t["exit"].copy(), t["flags"].copy(), h.served_by, now - t0
         )
 
     @property
     def in_flight(self) -> int:
         return len(self._sent)
 
+    def _expired(self, timeout: float) -> list[tuple[int, tuple[float, int]]]:
+        """Forget and return the requests sent more than ``timeout`` s ago. They were sent in id order, so
+        only the oldest few are looked at, not every request in flight."""
+        out, now, sent = [], time.perf_counter(), self._sent
+        for rid, (t0, n) in sent.items():
+            if now - t0 <= timeout:
+                break
+            out.append((rid, (t0, n)))
+        for rid, _ in out:
+            del sent[rid]
+        return out
+
     # ------------------------------------------------------------ blocking forms
 
     def infer(self, batch: np.ndarray | dict, timeout: float | None = None, deadline: float | None = None) -> Result:
         """Send one request and wait for its answer; raises ServerError or TimeoutError."""
         rid = self.submit(batch, deadline)
-        end = time.monotonic() + (self.timeout if timeout is None else timeout)
-        while time.monotonic() < end:
-            for got_id, res in self.poll(end - time.monotonic()):
-                if got_id == rid:
-                    if res.error is not None:
-                        raise res.error
-                    return res
+        wait = self.timeout if timeout is None else timeout
+        end = time.monotonic() + wait
+        poll = self._poller.poll
+        while True:  # one message at a time: the answer ends the wait, no look for more
+            left = end - time.monotonic()
+            if left <= 0 or not poll(max(1, int(left * 1000))):
+                break
+            got = self._parse(P.recv(self.sock, _NO_LIMIT)[0])
+            if got is not None and got[0] == rid:
+                if got[1].error is not None:
+                    raise got[1].error
+                return got[1]
         self._sent.pop(rid, None)
-        raise TimeoutError(f"no reply from {self.address} within {self.timeout if timeout is None else timeout:.1f} s")
+        raise TimeoutError(f"no reply from {self.address} within {wait:.1f} s")
 
     def infer_many(
         self,
@@ -221,13 +236,10 @@ class Client:
                 wait = max(0.0, min(wait, start + nxt / rate - time.perf_counter()))
             for rid, res in self.poll(wait):
                 results[rid] = res
-            now = time.perf_counter()
-            for rid, (t0, n) in list(self._sent.items()):
-                if now - t0 > timeout:
-                    del self._sent[rid]
-                    results[rid] = _error_result(
-                        n, ServerError("timeout", f"no reply within {timeout:.1f} s"), now - t0
-                    )
+            for rid, (t0, n) in self._expired(timeout):
+                results[rid] = _error_result(
+                    n, ServerError("timeout", f"no reply within {timeout:.1f} s"), time.perf_counter() - t0
+                )
             while emitted < len(ids) and ids[emitted] in results:
                 yield results.pop(ids[emitted])
                 emitted += 1
@@ -240,11 +252,11 @@ class Client:
             if not self.sock.poll(int(max(end - time.monotonic(), 0) * 1000) + 1, zmq.POLLIN):
                 continue
             try:
-                msg = P.decode(self.sock.recv_multipart(zmq.NOBLOCK, copy=False), kinds=P.REPLY_KINDS)
+                msg = P.decode(P.recv(self.sock, _NO_LIMIT)[0], kinds=P.REPLY_KINDS)
             except (zmq.Again, P.ProtocolError):
                 continue
             if msg.kind == P.STATUS_REPLY and msg.id == rid:
-                return msg.header.get("status", {})
+                return msg.head.status
         raise TimeoutError(f"no status from {self.address} within {timeout:.1f} s")
 
     def close(self) -> None:
@@ -300,17 +312,14 @@ def infer_spread(
                 if i is not None:
                     results[i] = res
                     done += 1
-        now = time.perf_counter()
         for nid, c in clients.items():
-            for rid, (t0, n) in list(c._sent.items()):
-                if now - t0 > timeout:
-                    del c._sent[rid]
-                    i = owner.pop((nid, rid), None)
-                    if i is not None:
-                        results[i] = _error_result(
-                            n, ServerError("timeout", f"no reply within {timeout:.1f} s"), now - t0
-                        )
-                        done += 1
+            for rid, (t0, n) in c._expired(timeout):
+                i = owner.pop((nid, rid), None)
+                if i is not None:
+                    results[i] = _error_result(
+                        n, ServerError("timeout", f"no reply within {timeout:.1f} s"), time.perf_counter() - t0
+                    )
+                    done += 1
     return results
 
 

@@ -42,6 +42,7 @@ class NodeConfig:
     adapt_target: float = 0.0  # target forwarded share
     adapt_gain: float = 0.05
     curve: CurveConfig = field(default_factory=CurveConfig)
+    spin: bool = False  # busy-poll instead of sleeping in poll (a node that owns a core): no wake-up per message
     drain_timeout: float = 10.0  # seconds to finish in-flight work after SIGTERM
     restarts: int = 0  # how often the launcher restarted this node (shown by status)
     backend: Backend | None = None  # what runs the bundle's stages (cis.backends; None: stages given directly)

@@ -15,6 +15,10 @@ drive it directly:
   the parent refuses, serves here with a flag;
 - :meth:`Executor.scatter` / :meth:`Executor.fallback` complete the samples a
   forward took, with the parent's answer or with this node's own.
+
+The work per batch is a fixed number of numpy calls plus a few Python operations
+per *request*, never per sample; a request answered whole (all here, or all by
+the parent) is answered with the batch's arrays, or the parent's, as they are.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from cis import patience as pt
-from cis.policy import ExitPolicy, TokenBucket
+from cis.policy import ExitPolicy, TokenBucket, confidence
 from cis.runtime import protocol as P
 from cis.runtime.adapt import ThresholdController
 from cis.runtime.config import NodeConfig
@@ -54,12 +58,18 @@ class BundleStage:
     outputs: Sequence[TensorSpec]
     runner: Any
 
+    def __post_init__(self) -> None:
+        self.run = self.runner.run  # type: ignore[method-assign]  (one call less per stage)
+
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.runner.run(feeds)
 
 
 class Request:
-    """One request (a client's INFER or a child's FORWARD) while the node works on it."""
+    """One request (a client's INFER or a child's FORWARD) while the node works on it.
+
+    ``cls``, ``conf``, ``exit``, ``flags`` (arrays of N) and ``served_by`` (N node ids) hold its
+    answer once it is complete; they are allocated only for a request answered in parts."""
 
     __slots__ = (
         "prefix",
@@ -96,22 +106,20 @@ class Request:
     ):
         self.prefix, self.req_id, self.stage, self.feeds, self.n = prefix, req_id, stage, feeds, n
         self.t0 = t0  # monotonic seconds when the request reached the node (status latencies start here)
-        self.deadline, self.route, self.forward, self.bad = deadline, list(route), forward, bad
-        self.cls = np.zeros(n, np.int64)
-        self.conf = np.zeros(n, np.float32)
-        self.exit = np.zeros(n, np.int32)
-        self.flags = np.zeros(n, np.uint8)
-        self.served_by: list[str] = [""] * n
+        self.deadline, self.route, self.forward, self.bad = deadline, route, forward, bad
+        self.cls = self.conf = self.exit = self.flags = None
+        self.served_by: Any = None
         self.remaining = n
         self.answered = False
 
 
 class Pending:
-    """Samples forwarded to the parent, with this node's own answer kept as the fallback."""
+    """Samples forwarded to the parent, with this node's own answer kept as the fallback.
+    ``parts``: (request, its samples: an index array, or None for all of them), in carry order."""
 
     __slots__ = ("parts", "cls", "conf", "n", "deadline", "expires")
 
-    def __init__(self, parts: list[tuple[Request, np.ndarray]], cls: np.ndarray, conf: np.ndarray):
+    def __init__(self, parts: list[tuple[Request, np.ndarray | None]], cls: np.ndarray, conf: np.ndarray):
         self.parts, self.cls, self.conf = parts, cls, conf
         self.n = len(cls)
         deadlines = [req.deadline for req, _ in parts if req.deadline]
@@ -151,11 +159,14 @@ class Executor:
         )
         self.carry_names = [t.name for t in self.stages[config.exit].outputs if t.name != LOGITS]
         self.state_names = (pt.LABEL, pt.COUNT) if self.patient else ()
-        self.contracts = {k: FeedContract(stage.inputs, self.state_names) for k, stage in self.stages.items()}
+        runs = [k for k in sorted(self.stages) if k <= config.exit]  # entry stages this node accepts
+        self.contracts = {k: FeedContract(self.stages[k].inputs, self.state_names) for k in runs}
+        self.input_names = {k: [t.name for t in self.stages[k].inputs] for k in runs}
         self.queue: collections.deque[Request] = collections.deque()
         self.queued = 0  # samples in the queue
         self.stage_ok = True  # False after a stage raised, until a stage run succeeds (health: stage_failed)
         self.served_early = np.zeros(config.exit, np.int64)  # patience: samples answered at exit e < the node's
+        self._const: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     # ------------------------------------------------------------ admission
 
@@ -164,27 +175,29 @@ class Executor:
 
         Checked in this order: entry stage, tensors against that stage, samples
         against the queue limit, deadline, room in the queue, finite values."""
-        h, nid, limit = msg.header, self.cfg.node_id, self.cfg.queue_limit
-        stage = h.get("stage", 1)
-        if stage not in self.stages or stage > self.cfg.exit:
-            return "bad_stage", f"entry stage {stage!r}; node {nid} runs stages {sorted(self.stages)}"
-        problem, n = self.contracts[stage].check(msg.tensors)
+        h, limit = msg.head, self.cfg.queue_limit
+        stage = 1 if h.stage is None else h.stage
+        contract = self.contracts.get(stage)
+        if contract is None:
+            return "bad_stage", f"entry stage {stage!r}; node {self.cfg.node_id} runs stages {sorted(self.stages)}"
+        problem, n = contract.check(msg.tensors)
         if problem:
             return "bad_tensor", f"stage {stage}: {problem}"
         if n > limit:
             return (
                 "too_many_samples",
-                f"request of {n} samples; node {nid} admits at most {limit} (its queue limit): split it",
+                f"request of {n} samples; node {self.cfg.node_id} admits at most {limit} (its queue limit): split it",
             )
-        deadline = h.get("deadline") or None
+        deadline = h.deadline or None
         if deadline is not None and deadline <= time.time():
             return (
                 "deadline_exceeded",
-                f"deadline {deadline:.3f} passed {time.time() - deadline:.3f} s before node {nid} got the request",
+                f"deadline {deadline:.3f} passed {time.time() - deadline:.3f} s before node {self.cfg.node_id} "
+                "got the request",
             )
         if self.queued + n > limit:
             self.counters["overloaded"] += 1
-            return "overloaded", f"node {nid}: {self.queued} samples queued, limit {limit}; retry later"
+            return "overloaded", f"node {self.cfg.node_id}: {self.queued} samples queued, limit {limit}; retry later"
         bad = nonfinite_rows(msg.tensors, n)
         if bad is not None and self.cfg.nonfinite == "refuse":
             rows = np.flatnonzero(bad)
@@ -193,9 +206,7 @@ class Executor:
                 f"{len(rows)} of {n} samples hold NaN or infinity (first: sample {rows[0]}); expected finite values",
             )
         self.queue.append(
-            Request(
-                prefix, msg.id, stage, msg.tensors, n, t0, deadline, h.get("route") or (), msg.kind == P.FORWARD, bad
-            )
+            Request(prefix, h.id, stage, msg.tensors, n, t0, deadline, h.route or (), h.kind == P.FORWARD, bad)
         )
         self.queued += n
         self.counters["requests"] += 1
@@ -213,9 +224,9 @@ class Executor:
     def run_batch(self) -> None:
         """Run the next micro-batch: up to max_batch samples in arrival order (a bigger request runs alone)."""
         batch: list[Request] = []
-        total, wall = 0, time.time()
-        while self.queue and (not batch or total + self.queue[0].n <= self.cfg.max_batch):
-            req = self.queue.popleft()
+        total, wall, queue = 0, time.time(), self.queue
+        while queue and (not batch or total + queue[0].n <= self.cfg.max_batch):
+            req = queue.popleft()
             self.queued -= req.n
             if req.deadline is not None and req.deadline <= wall:
                 self.counters["expired"] += 1
@@ -264,6 +275,12 @@ class Executor:
         advanced after every stage, and ``hit`` records per sample the first
         exit here whose count reached p, with that exit's class and the count.
         """
+        if len(batch) == 1 and not self.patient:  # one request: its own feeds, no concatenation
+            k, out = batch[0].stage, self.stages[batch[0].stage].run(batch[0].feeds)
+            while k < self.cfg.exit:
+                k += 1
+                out = self.stages[k].run({nm: out[nm] for nm in self.input_names[k]})
+            return out[LOGITS], {nm: out[nm] for nm in self.carry_names}, batch, None
         order: list[Request] = []
         feeds: dict[str, np.ndarray] | None = None
         out: dict[str, np.ndarray] = {}
@@ -271,16 +288,15 @@ class Executor:
         hit: dict[str, np.ndarray] | None = None
         for k in range(min(req.stage for req in batch), self.cfg.exit + 1):
             joining = [req for req in batch if req.stage == k]
-            stage = self.stages[k]
-            names = [t.name for t in stage.inputs]
             parts = ([feeds] if feeds is not None else []) + [req.feeds for req in joining]
             if not parts:
                 continue
             order.extend(joining)
             run_feeds = {
-                nm: (parts[0][nm] if len(parts) == 1 else np.concatenate([p[nm] for p in parts])) for nm in names
+                nm: (parts[0][nm] if len(parts) == 1 else np.concatenate([p[nm] for p in parts]))
+                for nm in self.input_names[k]
             }
-            out = stage.run(run_feeds)
+            out = self.stages[k].run(run_feeds)
             if self.patient:
                 fresh = [pt.from_carry(req.feeds, req.n) for req in joining]
                 state = pt.concat(([state] if state is not None else []) + fresh)
@@ -292,9 +308,7 @@ class Executor:
                 hit["exit"][first] = k
                 hit["cls"][first] = state.label[first]
                 hit["conf"][first] = state.count[first]
-            if k < self.cfg.exit:
-                nxt = [t.name for t in self.stages[k + 1].inputs]
-                feeds = {nm: out[nm] for nm in nxt}
+            feeds = out
         carry = {nm: out[nm] for nm in self.carry_names}
         if self.patient:
             assert state is not None and hit is not None
@@ -311,98 +325,150 @@ class Executor:
         carry: dict[str, np.ndarray],
         hit: dict[str, np.ndarray] | None = None,
     ) -> None:
-        nid, now = self.cfg.node_id, time.monotonic()
+        nid, root = self.cfg.node_id, self.cfg.parent is None
         cls = logits.argmax(axis=-1)
         n = len(cls)
-        exit_at = np.full(n, self.cfg.exit, np.int32)
-        if hit is None:
-            serve, conf = self.policy.decide(nid, logits)
-        else:  # patience: served at the first exit here that reached p; the confidence reported is the count
+        exit_at, flags = self._constants(n)  # read-only; copied before a flag is set
+        if hit is not None:  # patience: served at the first exit here that reached p; the confidence is the count
             serve = hit["exit"] > 0
-            conf = hit["state_count"].astype(np.float32)
             cls = np.where(serve, hit["cls"], cls)
-            conf = np.where(serve, hit["conf"], conf)
+            conf = np.where(serve, hit["conf"], hit["state_count"].astype(np.float32))
             exit_at = np.where(serve, hit["exit"], exit_at).astype(np.int32)
-        flags = np.zeros(n, np.uint8)
-        if any(req.bad is not None for req in order):  # nonfinite="flag": answered here, never forwarded
-            bad = np.concatenate([req.bad if req.bad is not None else np.zeros(req.n, bool) for req in order])
-            serve, cls, conf = serve | bad, np.where(bad, -1, cls), np.where(bad, np.float32(np.nan), conf)
-            flags[bad] = P.FLAG_NONFINITE
-            self.counters["nonfinite"] += int(bad.sum())
-        if self.cfg.parent is None:
-            serve = np.ones(n, bool)
+        elif root:  # the root serves everything: only the confidence to report
+            serve, conf = None, confidence(logits, self.policy.measure)
         else:
-            want = ~serve
-            if self.controller is not None:
-                self.controller.update(int(want.sum()), n)
-                self.policy.thresholds[nid] = self.controller.threshold
-            if want.any():
-                if not self.out.parent_up:
-                    flags[want] = P.FLAG_DEGRADED
-                    serve = np.ones(n, bool)
-                else:
-                    for i in np.flatnonzero(want):
-                        if not self.bucket.take(now):
-                            flags[i] = P.FLAG_CAPPED
-                            serve[i] = True
+            serve, conf = self.policy.decide(nid, logits)
+        bad = [req.bad for req in order if req.bad is not None]
+        if bad:  # nonfinite="flag": answered here, never forwarded
+            bad = np.concatenate([req.bad if req.bad is not None else np.zeros(req.n, bool) for req in order])
+            serve = None if serve is None else serve | bad
+            cls, conf = np.where(bad, -1, cls), np.where(bad, np.float32(np.nan), conf)
+            flags = np.where(bad, np.uint8(P.FLAG_NONFINITE), flags)
+            self.counters["nonfinite"] += int(np.count_nonzero(bad))
+        wanted = 0 if root else (0 if serve[0] else 1) if n == 1 else n - int(np.add.reduce(serve))
+        if self.controller is not None:
+            self.controller.update(wanted, n)
+            self.policy.thresholds[nid] = self.controller.threshold
+        if wanted and not self.out.parent_up:
+            flags = np.where(serve, flags, np.uint8(P.FLAG_DEGRADED))
+            self.counters["degraded"] += wanted
+            wanted = 0
+        elif wanted:
+            granted = self.bucket.grant(time.monotonic(), wanted)
+            if granted < wanted:  # the first ``granted`` of them go up; the rest are served here, capped
+                over = np.flatnonzero(~serve)[granted:]
+                flags, serve = flags.copy(), serve.copy()
+                flags[over], serve[over] = P.FLAG_CAPPED, True
+                self.counters["capped"] += wanted - granted
+                wanted = granted
         if hit is not None:  # answered before this node's exit (cis_samples_total{exit})
-            self.served_early += np.bincount(exit_at[serve], minlength=self.cfg.exit + 1)[: self.cfg.exit]
-        self.counters["served"] += int(np.count_nonzero(serve))
-        self.counters["degraded"] += int(np.count_nonzero(flags & P.FLAG_DEGRADED))
-        self.counters["capped"] += int(np.count_nonzero(flags & P.FLAG_CAPPED))
-        starts = np.cumsum([0] + [req.n for req in order])  # request k holds samples starts[k]:starts[k+1]
-        fwd = np.flatnonzero(~serve)
-        if len(fwd):
-            # samples are in request order, so each request's forwarded samples are one run of ``fwd``
-            owners = np.searchsorted(starts, fwd, side="right") - 1
-            cut = np.flatnonzero(np.diff(owners)) + 1
-            parts = [(order[o[0]], g - starts[o[0]]) for g, o in zip(np.split(fwd, cut), np.split(owners, cut))]
-            whole = len(fwd) == n  # nothing served here: the carry goes as it is, without a copy
-            pending = Pending(parts, cls[fwd], conf[fwd])
-            if self.out.forward(pending, carry if whole else {k: v[fwd] for k, v in carry.items()}):
-                self.counters["forwarded"] += pending.n
-            else:
-                self.counters["degraded"] += pending.n
-                self.counters["served"] += pending.n
-                self.fallback(pending, count=False)
-        for k, req in enumerate(order):
-            here = np.flatnonzero(serve[starts[k] : starts[k + 1]])
-            if not len(here) or req.answered:
-                continue
-            src = here + starts[k]
-            req.cls[here], req.conf[here], req.exit[here], req.flags[here] = (
-                cls[src],
-                conf[src],
-                exit_at[src],
-                flags[src],
-            )
-            for j in here:
-                req.served_by[j] = nid
-            req.remaining -= len(here)
-            if req.remaining == 0:
-                self._finish(req)
+            self.served_early += np.bincount(exit_at, minlength=self.cfg.exit + 1)[: self.cfg.exit]
+        self.counters["served"] += n - wanted
+        if wanted == n:  # all of it goes up (the confidence kept as float64 until a fallback needs it)
+            self._forward_and_answer(order, None, cls, conf, exit_at, flags, carry)
+        elif not wanted:
+            self._answer_all(order, cls, conf.astype(np.float32, copy=False), exit_at, flags)
+        else:
+            self._forward_and_answer(order, serve, cls, conf.astype(np.float32, copy=False), exit_at, flags, carry)
 
-    def _finish(self, req: Request) -> None:
-        req.answered = True
-        self.out.reply(req)
+    def _constants(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """This node's exit and zero flags for n samples (read-only; cached up to max_batch)."""
+        got = self._const.get(n)
+        if got is None:
+            got = (np.full(n, self.cfg.exit, np.int32), np.zeros(n, np.uint8))
+            for a in got:
+                a.flags.writeable = False
+            if n <= self.cfg.max_batch:
+                self._const[n] = got
+        return got
+
+    def _answer_all(self, order: list[Request], cls, conf, exit_at, flags) -> None:
+        nid, start = self.cfg.node_id, 0
+        if len(order) == 1:
+            return self._fill(order[0], None, cls, conf, exit_at, flags, nid)
+        for req in order:
+            end = start + req.n
+            if not req.answered:
+                self._fill(req, None, cls[start:end], conf[start:end], exit_at[start:end], flags[start:end], nid)
+            start = end
+
+    def _forward_and_answer(self, order: list[Request], serve, cls, conf, exit_at, flags, carry) -> None:
+        """Forward the samples not served here (one FORWARD for the batch; ``serve`` None: all of them);
+        answer the others."""
+        if serve is None:
+            parts: list[tuple[Request, np.ndarray | None]] = [(req, None) for req in order]
+            pending = Pending(parts, cls, conf)
+        else:
+            parts, here, start = [], [], 0
+            for req in order:
+                end = start + req.n
+                up = np.flatnonzero(~serve[start:end])
+                if len(up) == req.n:
+                    parts.append((req, None))
+                elif len(up):
+                    parts.append((req, up))
+                    here.append((req, start, np.flatnonzero(serve[start:end])))
+                else:
+                    here.append((req, start, None))
+                start = end
+            fwd = np.flatnonzero(~serve)
+            pending = Pending(parts, cls[fwd], conf[fwd])
+            carry = {k: v[fwd] for k, v in carry.items()}
+        if self.out.forward(pending, carry):
+            self.counters["forwarded"] += pending.n
+        else:
+            self.counters["degraded"] += pending.n
+            self.counters["served"] += pending.n
+            self.fallback(pending, count=False)
+        if serve is None:
+            return
+        nid = self.cfg.node_id
+        for req, s, idx in here:
+            if req.answered:
+                continue
+            if idx is None:
+                e = s + req.n
+                self._fill(req, None, cls[s:e], conf[s:e], exit_at[s:e], flags[s:e], nid)
+            else:
+                src = idx + s
+                self._fill(req, idx, cls[src], conf[src], exit_at[src], flags[src], nid)
+
+    def _fill(self, req: Request, idx: np.ndarray | None, cls, conf, ex, flags, served_by: str | Sequence[str]) -> None:
+        """Answer samples ``idx`` of ``req`` (None: all of them; the arrays are then its answer as they are)."""
+        m = req.n if idx is None else len(idx)
+        if m == req.n and req.remaining == req.n:  # the whole request at once: no copies
+            req.cls, req.conf, req.exit, req.flags = cls, conf, ex, flags
+            req.served_by = [served_by] * m if type(served_by) is str else list(served_by)
+        else:
+            if req.cls is None:
+                req.cls, req.conf = np.zeros(req.n, np.int64), np.zeros(req.n, np.float32)
+                req.exit, req.flags = np.zeros(req.n, np.int32), np.zeros(req.n, np.uint8)
+                req.served_by = np.full(req.n, "", object)
+            at = slice(None) if idx is None else idx
+            req.cls[at], req.conf[at], req.exit[at], req.flags[at] = cls, conf, ex, flags
+            req.served_by[at] = served_by if type(served_by) is str else np.array(served_by, object)
+        req.remaining -= m
+        if req.remaining == 0:
+            if type(req.served_by) is np.ndarray:
+                req.served_by = req.served_by.tolist()
+            req.answered = True
+            self.out.reply(req)
 
     def scatter(self, pending: Pending, cls, conf, ex, flags, served_by: Sequence[Any]) -> None:
-        """Fill the forwarded samples with the parent's answer (or this node's own); reply to complete requests."""
+        """Fill the forwarded samples with the parent's answer (or this node's own); reply to complete requests.
+
+        With one part the answer is passed as it is (it may be the parent's frames: see Node._on_parent)."""
+        if len(pending.parts) == 1:
+            req, idx = pending.parts[0]
+            if not req.answered:
+                self._fill(req, idx, cls, conf, ex, flags, served_by)
+            return
         off = 0
         for req, idx in pending.parts:
-            m = len(idx)
+            m = req.n if idx is None else len(idx)
             if not req.answered:
-                req.cls[idx], req.conf[idx], req.exit[idx], req.flags[idx] = (
-                    cls[off : off + m],
-                    conf[off : off + m],
-                    ex[off : off + m],
-                    flags[off : off + m],
-                )
-                for j, s in zip(idx, served_by[off : off + m]):
-                    req.served_by[j] = str(s)
-                req.remaining -= m
-                if req.remaining == 0:
-                    self._finish(req)
+                end = off + m
+                self._fill(req, idx, cls[off:end], conf[off:end], ex[off:end], flags[off:end], served_by[off:end])
             off += m
 
     def fallback(self, pending: Pending, count: bool = True) -> None:
@@ -416,7 +482,7 @@ class Executor:
         self.scatter(
             pending,
             pending.cls,
-            pending.conf,
+            pending.conf.astype(np.float32, copy=False),
             np.full(n, self.cfg.exit, np.int32),
             np.full(n, P.FLAG_DEGRADED, np.uint8),
             [self.cfg.node_id] * n,

@@ -3,6 +3,7 @@ and finite values. Both cost the same Python work for one sample or many (numpy 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Protocol
 
@@ -22,6 +23,8 @@ class FeedContract:
 
     def __init__(self, inputs: Sequence[TensorSpec], state: Sequence[str] = ()):
         self.want = {t.name: (np.dtype(t.dtype), tuple(t.shape)) for t in inputs}
+        # per tensor: name, dtype, rank, per-sample shape (None: a dimension of any size)
+        self.items = [(k, dt, len(sh), tuple(sh[1:])) for k, (dt, sh) in self.want.items()]
         self.names = set(self.want)
         self.state = tuple(state)
         self.with_state = self.names | set(state)
@@ -39,19 +42,18 @@ class FeedContract:
                 if a.dtype != self.int64 or a.ndim != 1:
                     return f"tensor {name!r} has dtype {a.dtype.name} and shape {list(a.shape)}; expected int64 [N]", 0
         n = None
-        for name, (dtype, shape) in self.want.items():
+        for name, dtype, rank, tail in self.items:
             a = tensors[name]
             if a.dtype != dtype:
                 return f"tensor {name!r} has dtype {a.dtype.name}; expected {dtype.name}", 0
-            if a.ndim != len(shape) or any(s is not None and s != d for s, d in zip(shape[1:], a.shape[1:])):
-                return (
-                    f"tensor {name!r} has shape {list(a.shape)}; expected {[('N' if s is None else s) for s in shape]}",
-                    0,
-                )
+            shape = a.shape
+            if len(shape) != rank or (shape[1:] != tail and any(s not in (None, d) for s, d in zip(tail, shape[1:]))):
+                want = [("N" if s is None else s) for s in self.want[name][1]]
+                return f"tensor {name!r} has shape {list(shape)}; expected {want}", 0
             if n is None:
-                n = a.shape[0]
-            elif a.shape[0] != n:
-                return f"tensors disagree on the batch size ({n} vs {a.shape[0]})", 0
+                n = shape[0]
+            elif shape[0] != n:
+                return f"tensors disagree on the batch size ({n} vs {shape[0]})", 0
         if got != self.names and any(tensors[s].shape[0] != n for s in self.state):
             return f"tensors {list(self.state)} disagree with the inputs on the batch size", 0
         if not n:
@@ -67,10 +69,13 @@ def check_feeds(
 
 
 def nonfinite_rows(tensors: Mapping[str, np.ndarray], n: int) -> np.ndarray | None:
-    """Per sample, whether any float tensor holds NaN or infinity there; None when all are finite."""
+    """Per sample, whether any float tensor holds NaN or infinity there; None when all are finite.
+
+    One pass per tensor when all is well: a sum is finite only if every term is (NaN and infinity
+    propagate); only a sum that is not (or overflowed) looks at the values one by one."""
     bad: np.ndarray | None = None
     for a in tensors.values():
-        if a.dtype.kind != "f":
+        if a.dtype.kind != "f" or math.isfinite(np.add.reduce(a, axis=None)):
             continue
         ok = np.isfinite(a)
         if ok.all():

@@ -60,6 +60,9 @@ from cis.runtime.security import CurveConfig, secure_client, secure_server, star
 
 __all__ = ["BundleStage", "LatencyWindow", "Node", "NodeConfig", "Stage"]
 
+_NOBLOCK = int(zmq.NOBLOCK)
+_poll = zmq.zmq_poll  # (socket, POLLIN) pairs -> the ready ones; zmq.Poller adds a Python layer
+
 
 class LatencyWindow:
     """Seconds from a request's arrival at the node to its result, over the last ``size`` results."""
@@ -85,12 +88,15 @@ class Node:
         self.up_ids = itertools.count(1)  # ids of forwards and pings: one counter, so a reply names one of them
         self.last_pong = -math.inf
         self.next_ping = 0.0
+        self.next_timer = 0.0  # when _timers has work: the next heartbeat or the first forward to give up on
         self.stopping = False
         self.latency = LatencyWindow()
         self.started = time.time()
         self.seen_empty = time.monotonic()  # when the node last found its ROUTER empty
         self.front: zmq.Socket | None = None
         self.up: zmq.Socket | None = None
+        self.poll_items: list[tuple[zmq.Socket, int]] = []
+        self.busy = True  # something may have arrived since the ROUTER was last found empty
         self.status_asked: list[tuple[list[bytes], int]] = []  # answered at the end of the drain
         self.observe_latency: Callable[[float], None] | None = None  # each result's latency (metrics_http)
 
@@ -172,6 +178,28 @@ class Node:
         if install_signals:
             signal.signal(signal.SIGTERM, self.request_stop)
             signal.signal(signal.SIGINT, self.request_stop)
+        self.open(ctx)
+        if ready:
+            ready()
+        drain_until = None
+        try:
+            while True:
+                if stop is not None and stop():
+                    self.stopping = True
+                if self.stopping:
+                    drain_until = drain_until or time.monotonic() + self.cfg.drain_timeout
+                    if (not self.executor.queue and not self.pending) or time.monotonic() > drain_until:
+                        break
+                self.step()
+        finally:
+            self.close()
+            if auth is not None:
+                auth.stop()
+            if own_ctx:
+                ctx.term()
+
+    def open(self, ctx: zmq.Context) -> None:
+        """Bind the ROUTER, connect the DEALER to the parent."""
         front = ctx.socket(zmq.ROUTER)
         front.linger = 0
         front.maxmsgsize = (
@@ -197,63 +225,70 @@ class Node:
                 )
             up.connect(self.cfg.parent)
         self.front, self.up = front, up
-        poller = zmq.Poller()
-        poller.register(front, zmq.POLLIN)
-        if up is not None:
-            poller.register(up, zmq.POLLIN)
-        if ready:
-            ready()
-        drain_until = None
-        try:
-            while True:
-                if stop is not None and stop():
-                    self.stopping = True
-                if self.stopping:
-                    drain_until = drain_until or time.monotonic() + self.cfg.drain_timeout
-                    if (not self.executor.queue and not self.pending) or time.monotonic() > drain_until:
-                        break
-                events = dict(poller.poll(0))  # what came while the node was busy arrived after seen_empty
-                if not events:
-                    events = dict(poller.poll(self._poll_timeout_ms()))
-                    self.seen_empty = time.monotonic()  # what wakes the poll arrived just now
-                if front in events:
-                    self._drain(front, self._on_front)
-                if up is not None and up in events:
-                    self._drain(up, self._on_parent)
-                if self.executor.due(time.monotonic(), self.stopping):
-                    self.executor.run_batch()
-                self._timers()
-        finally:
-            front.close(0)
-            if up is not None:
-                up.close(0)
-            if auth is not None:
-                auth.stop()
-            if own_ctx:
-                ctx.term()
+        self.poll_items = [(front, zmq.POLLIN)] + ([(up, zmq.POLLIN)] if up is not None else [])
+
+    def close(self) -> None:
+        for sock in (self.front, self.up):
+            if sock is not None:
+                sock.close(0)
+
+    def step(self) -> None:
+        """One turn of the loop: wait for a message or a timer, read every waiting message, run a batch, timers.
+
+        After a batch the node first looks without waiting: what arrived while it ran is timed from
+        before the batch (``seen_empty``); a message that wakes a wait is timed from the wake-up."""
+        events = _poll(self.poll_items, 0) if self.busy else None
+        if not events:
+            events = self._wait(self._poll_timeout_ms())
+            self.seen_empty = time.monotonic()
+        self.busy = False
+        if events:
+            self._read(events)
+        ex = self.executor
+        if ex.queue and ex.due(time.monotonic(), self.stopping):
+            ex.run_batch()
+            self.busy = True
+        now = time.monotonic()
+        if now >= self.next_timer:
+            self._timers(now)
+
+    def _wait(self, timeout_ms: int) -> list:
+        """Block in poll until a message comes or the timeout passes; with ``spin``, busy-poll instead
+        (no sleep and wake-up per message, for a node that owns a core)."""
+        if not self.cfg.spin:
+            return _poll(self.poll_items, timeout_ms)
+        items, end = self.poll_items, time.monotonic() + timeout_ms / 1000
+        while True:
+            events = _poll(items, 0)
+            if events or time.monotonic() >= end:
+                return events
 
     def _poll_timeout_ms(self) -> int:
         now = time.monotonic()
         if self.executor.queue:
             return max(0, int((self.executor.queue[0].t0 + self.cfg.max_wait - now) * 1000))
-        t = 100.0
-        if self.cfg.parent:
-            t = min(t, (self.next_ping - now) * 1000)
-        if self.pending:
-            t = min(t, (min(p.expires for p in self.pending.values()) - now) * 1000)
-        return max(0, int(math.ceil(t)))
+        return max(0, int(math.ceil(min(100.0, (self.next_timer - now) * 1000))))
 
-    def _drain(self, sock: zmq.Socket, handler: Callable[[list, int, int], None], limit: int = 4096) -> None:
-        """Read every waiting message (at most ``limit``, so batches still run under a flood)."""
+    def _read(self, events: list, limit: int = 4096) -> None:
+        """Read every waiting message, one per readable socket per round, until none waits (at most
+        ``limit`` rounds, so batches still run under a flood); then answer the status requests among them."""
+        front, items, max_bytes = self.front, self.poll_items, self.cfg.max_message_bytes
         try:
             for _ in range(limit):
-                try:
-                    frames, total, count = P.recv(sock, self.cfg.max_message_bytes)
-                except zmq.Again:
-                    if sock is self.front:
-                        self.seen_empty = time.monotonic()
+                for sock, _ in events:
+                    try:
+                        frames, total, count = P.recv(sock, max_bytes)
+                    except zmq.Again:
+                        continue
+                    if sock is front:
+                        self._on_front(frames, total, count)
+                    else:
+                        self._on_parent(frames, total, count)
+                events = _poll(items, 0)
+                if not events:
+                    self.seen_empty = time.monotonic()
                     return
-                handler(frames, total, count)
+            self.busy = True  # stopped reading with messages waiting: look again before waiting
         finally:  # status is answered after what waited with it was read: its queue depth includes that
             for prefix, rid in self.status_asked:
                 self._send(self.front, P.encode(P.STATUS_REPLY, rid, status=self.status()), prefix)
@@ -263,7 +298,7 @@ class Node:
         if sock is None:
             return False
         try:
-            P.send(sock, frames, prefix, zmq.NOBLOCK)
+            P.send(sock, frames, prefix, _NOBLOCK)
             return True
         except zmq.ZMQError:  # the asker is gone or does not read its replies (EHOSTUNREACH, EAGAIN)
             if sock is self.front:
@@ -320,21 +355,22 @@ class Node:
         if pending is None:
             return  # a late answer to a forward already answered from here
         self.last_pong = time.monotonic()  # any reply shows the parent is alive
-        t = msg.tensors
-        if msg.kind == P.RESULT and len(t["class"]) == pending.n:
-            self.executor.scatter(pending, t["class"], t["confidence"], t["exit"], t["flags"], msg.header["served_by"])
-        else:
+        h = msg.head
+        if msg.kind != P.RESULT or len(h.served_by) != pending.n:
             self.executor.fallback(pending)
+        elif len(pending.parts) == 1 and pending.parts[0][1] is None and h.names == P.RESULT_NAMES:
+            self.executor.scatter(pending, *msg.frames, h.served_by)  # one whole request: its answer goes on as is
+        else:
+            t = msg.tensors
+            self.executor.scatter(pending, t["class"], t["confidence"], t["exit"], t["flags"], h.served_by)
 
     # ------------------------------------------------------------ the executor's outbox
 
     def reply(self, req: Request) -> None:
-        tensors = {"class": req.cls, "confidence": req.conf, "exit": req.exit, "flags": req.flags}
-        self._send(
-            self.front,
-            P.encode(P.RESULT, req.req_id, tensors, served_by=req.served_by, node=self.cfg.node_id),
-            req.prefix,
+        frames = P.result_frames(
+            req.req_id, req.n, req.cls, req.conf, req.exit, req.flags, req.served_by, self.cfg.node_id
         )
+        self._send(self.front, frames, req.prefix)
         seconds = time.monotonic() - req.t0
         self.latency.add(seconds)
         if self.observe_latency is not None:
@@ -353,33 +389,39 @@ class Node:
             wait = min(wait, pending.deadline - wall)
         if wait <= 0:
             return False
-        fid = next(self.up_ids)
-        route = list(dict.fromkeys([r for req, _ in pending.parts for r in req.route] + [self.cfg.node_id]))[
-            -P.MAX_ROUTE :
-        ]
+        fid, nid, parts = next(self.up_ids), self.cfg.node_id, pending.parts
+        if len(parts) == 1:
+            route = parts[0][0].route
+            route = list(route) if nid in route else [*route, nid]
+        else:  # every node that ran stages for these samples, once, in order
+            route = list(dict.fromkeys([r for req, _ in parts for r in req.route] + [nid]))
         frames = P.encode(
             P.FORWARD,
             fid,
             carry,
             stage=self.cfg.exit + 1,
             deadline=wall + wait - 0.02,
-            route=route,
-            sender=self.cfg.node_id,
+            route=route[-P.MAX_ROUTE :],
+            sender=nid,
         )
         if not self._send(self.up, frames):
             return False
         pending.expires = now + wait
         self.pending[fid] = pending
+        self.next_timer = min(self.next_timer, pending.expires)
         return True
 
-    def _timers(self) -> None:
-        now = time.monotonic()
+    def _timers(self, now: float) -> None:
+        """The heartbeat and forwards past their wait; ``next_timer`` is when this has work again."""
         if self.cfg.parent and now >= self.next_ping:
             self.next_ping = now + self.cfg.heartbeat
             self._send(self.up, P.encode(P.PING, next(self.up_ids), node=self.cfg.node_id))
         if self.pending:
             for fid in [f for f, p in self.pending.items() if p.expires <= now]:
                 self.executor.fallback(self.pending.pop(fid))
+        self.next_timer = min(
+            [self.next_ping if self.cfg.parent else math.inf, *(p.expires for p in self.pending.values())]
+        )
 
 
 def _num(v: float) -> float | str:

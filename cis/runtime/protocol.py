@@ -15,17 +15,28 @@ one sample or ten thousand (no per-sample Python loops). What a node adds on top
 in :mod:`cis.runtime.feeds`. Tensors are decoded zero-copy (``np.frombuffer``
 over the received frame) and large ones are sent without copying. Only plain
 msgpack types and raw buffers cross the wire; nothing on the wire can run code.
+
+Two passes, one contract: the header schema is compiled once into msgspec
+structs (:data:`_SCHEMA`), which decode *and* check every field in one C pass;
+a header they accept, whose counts and frames also agree, is a valid message
+(the fast path of every message that a correct peer sends). Anything else goes
+to the Python checks below, which find the *first* failure in the documented
+order and raise its code, or accept the few valid headers the structs are
+stricter about (a bytes key, a repeated key). The structs never accept what the
+checks refuse; tests/test_protocol.py holds both to that.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from typing import Annotated, Any, ClassVar, Literal
 
 import msgpack
+import msgspec
 import numpy as np
+import zmq
 
 VERSION = 1
 
@@ -66,8 +77,9 @@ FLAG_NONFINITE = 4  # input held NaN/inf (node option nonfinite="flag"): answere
 
 DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
 _ITEMSIZE = {d: np.dtype(d).itemsize for d in DTYPES}
+_DTYPE = {d: np.dtype(d) for d in DTYPES}
 _NAME = {np.dtype(d): d for d in DTYPES}  # dtype.name is a slow Python property
-COPY_THRESHOLD = 65536  # frames at least this large are sent without copying
+COPY_THRESHOLD = 1 << 20  # arrays at least this large are sent without a copy (see send)
 
 # limits of the header schema (docs/protocol.md, "Header fields")
 MAX_HEADER_BYTES = 1 << 20
@@ -80,6 +92,7 @@ MAX_NAME = 128  # characters of a tensor name, node id or route entry
 MAX_ROUTE = 16
 MAX_TEXT = 4096  # characters of an error message
 RESULT_TENSORS = {"class": "int64", "confidence": "float32", "exit": "int32", "flags": "uint8"}
+TENSOR_KINDS = (INFER, FORWARD, RESULT)  # the other kinds carry no tensors
 
 
 class ProtocolError(Exception):
@@ -93,42 +106,190 @@ class ProtocolError(Exception):
         self.req_id = req_id
 
 
-@dataclass
+# ---------------------------------------------------------------- the header schema in one C pass (msgspec)
+
+_Name = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME)]
+_Text = Annotated[str, msgspec.Meta(max_length=MAX_NAME)]
+_Shape = Annotated[list[Annotated[int, msgspec.Meta(ge=0, le=MAX_DIM)]], msgspec.Meta(max_length=MAX_DIMS)]
+
+
+class Header(msgspec.Struct, tag_field="kind"):
+    """A checked header; its class says its ``kind``. Absent optional fields are None (names etc. [])."""
+
+    kind: ClassVar[str]
+    v: Literal[1]
+    id: Annotated[int, msgspec.Meta(ge=0)]  # msgpack integers end at 2^64-1
+    names: list[_Name] = []
+    dtypes: list[Literal[DTYPES]] = []  # type: ignore[valid-type]
+    shapes: list[_Shape] = []
+    stage: Annotated[int, msgspec.Meta(ge=1, le=MAX_STAGE)] | None = None
+    deadline: Annotated[float, msgspec.Meta(ge=0, le=sys.float_info.max)] | None = None  # finite: at most max
+    route: Annotated[list[_Name], msgspec.Meta(max_length=MAX_ROUTE)] | None = None
+    sender: _Text | None = None
+    node: _Text | None = None
+
+
+class InferHeader(Header, tag=INFER):
+    kind = INFER
+
+
+class ForwardHeader(Header, tag=FORWARD):
+    kind = FORWARD
+
+
+class ResultHeader(Header, tag=RESULT, kw_only=True):
+    kind = RESULT
+    served_by: list[str]
+
+
+class ErrorHeader(Header, tag=ERROR, kw_only=True):
+    kind = ERROR
+    code: _Text
+    message: Annotated[str, msgspec.Meta(max_length=MAX_TEXT)]
+
+
+class StatusHeader(Header, tag=STATUS):
+    kind = STATUS
+
+
+class StatusReplyHeader(Header, tag=STATUS_REPLY, kw_only=True):
+    kind = STATUS_REPLY
+    status: dict
+
+
+class PingHeader(Header, tag=PING):
+    kind = PING
+
+
+class PongHeader(Header, tag=PONG):
+    kind = PONG
+
+
+_SCHEMA: dict[str, type[Header]] = {
+    h.kind: h
+    for h in (
+        InferHeader,
+        ForwardHeader,
+        ResultHeader,
+        ErrorHeader,
+        StatusHeader,
+        StatusReplyHeader,
+        PingHeader,
+        PongHeader,
+    )
+}
+_DECODERS: dict[tuple[str, ...], msgspec.msgpack.Decoder] = {}
+
+
+def _decoder(kinds: Sequence[str]) -> msgspec.msgpack.Decoder:
+    dec = _DECODERS.get(kinds)  # type: ignore[call-overload]  (callers pass their constant tuple)
+    if dec is None:
+        types = tuple(_SCHEMA[k] for k in kinds)
+        dec = _DECODERS[tuple(kinds)] = msgspec.msgpack.Decoder(types[0] if len(types) == 1 else _union(types))
+    return dec
+
+
+def _union(types: tuple) -> Any:
+    from typing import Union
+
+    return Union[types]  # noqa: UP007  (a runtime tuple of types)
+
+
+def _numpy_scalar(obj: Any) -> Any:
+    if isinstance(obj, np.generic):  # e.g. a float64 in a status field
+        return obj.item()
+    raise TypeError(f"cannot encode {type(obj).__name__} in a header")
+
+
+_ENCODER = msgspec.msgpack.Encoder(enc_hook=_numpy_scalar)
+
+
 class Message:
-    header: dict[str, Any]
-    tensors: dict[str, np.ndarray] = field(default_factory=dict)
+    """A checked message: ``kind``, ``id``, its ``head`` (a :class:`Header`), its tensor ``frames``
+    (checked: one per name, each of its shape's byte length), ``tensors`` (numpy views of those frames,
+    made on first use: a node that passes a reply on never needs them) and the header as a plain dict
+    (``header``, decoded on first use)."""
+
+    __slots__ = ("kind", "id", "head", "frames", "_tensors", "_raw", "_header")
+
+    def __init__(
+        self,
+        head: Header,
+        frames: Sequence[Any] = (),
+        raw: Any = None,
+        header: dict | None = None,
+        tensors: dict[str, np.ndarray] | None = None,
+    ):
+        self.kind, self.id, self.head, self.frames = head.kind, head.id, head, frames
+        self._raw, self._header, self._tensors = raw, header, tensors
 
     @property
-    def kind(self) -> str:
-        return self.header["kind"]
+    def tensors(self) -> dict[str, np.ndarray]:
+        if self._tensors is None:
+            h = self.head
+            self._tensors = {
+                name: _view(f, dt, shape) for name, dt, shape, f in zip(h.names, h.dtypes, h.shapes, self.frames)
+            }
+        return self._tensors
 
     @property
-    def id(self) -> int:
-        return self.header["id"]
+    def header(self) -> dict[str, Any]:
+        if self._header is None:
+            self._header = msgpack.unpackb(self._raw, raw=False, strict_map_key=False)
+        return self._header
 
 
-def _buffer(frame: Any) -> memoryview:
-    if isinstance(frame, np.ndarray):
+def _view(buf: Any, dtype: str, shape: list[int]) -> np.ndarray:
+    a = np.frombuffer(buf, _DTYPE[dtype])
+    return a if len(shape) == 1 else a.reshape(shape)
+
+
+def _buffer(frame: Any) -> Any:
+    """The bytes of a frame: a zmq.Frame or bytes as they are (both have the buffer protocol and their
+    length in bytes), anything else (an array, a memoryview) as a flat byte view."""
+    t = type(frame)
+    if t is _FRAME or t is bytes:
+        return frame
+    if t is np.ndarray:
         return memoryview(np.ascontiguousarray(frame).reshape(-1).view(np.uint8))
-    if isinstance(frame, (bytes, bytearray, memoryview)):
-        return memoryview(frame)
-    return frame.buffer  # zmq.Frame
+    return memoryview(frame).cast("B")
 
 
 def encode(kind: str, req_id: int = 0, tensors: Mapping[str, np.ndarray] | None = None, **fields: Any) -> list:
     """Frames of one message: the header, then one C-contiguous buffer per tensor."""
-    tensors = tensors or {}
+    if not tensors:
+        return [_ENCODER.encode({"v": VERSION, "kind": kind, "id": int(req_id), **fields})]
     arrays = [np.ascontiguousarray(a) for a in tensors.values()]
     header = {
         "v": VERSION,
         "kind": kind,
         "id": int(req_id),
-        "names": list(tensors.keys()),
+        "names": list(tensors),
         "dtypes": [_NAME.get(a.dtype) or a.dtype.name for a in arrays],
         "shapes": [list(a.shape) for a in arrays],
         **fields,
     }
-    return [msgpack.packb(header, use_bin_type=True), *arrays]
+    return [_ENCODER.encode(header), *arrays]
+
+
+RESULT_NAMES, _RESULT_DTYPES = list(RESULT_TENSORS), list(RESULT_TENSORS.values())
+
+
+def result_frames(req_id: int, n: int, cls, conf, ex, flags, served_by: list[str], node: str) -> list:
+    """The frames of a RESULT of n samples: what :func:`encode` makes of the four (n,) tensors, without its
+    generic work (so they must be contiguous int64, float32, int32 and uint8 arrays already, or the frames
+    of a checked result in that order)."""
+    header = {
+        "v": VERSION,
+        "kind": RESULT,
+        "id": req_id,
+        "names": RESULT_NAMES,
+        "dtypes": _RESULT_DTYPES,
+        "shapes": [[n], [n], [n], [n]],
+        "served_by": served_by,
+        "node": node,
+    }
+    return [_ENCODER.encode(header), cls, conf, ex, flags]
 
 
 def _fail(code: str, message: str) -> None:
@@ -260,11 +421,64 @@ def decode(
     if len(head) > MAX_HEADER_BYTES:
         raise ProtocolError("too_large", f"header frame is {len(head)} bytes; at most {MAX_HEADER_BYTES}")
     try:
-        header = msgpack.unpackb(head, raw=False, strict_map_key=True)
+        h = _decoder(kinds).decode(head)
+    except Exception:  # any failure: the checks below name it
+        h = None
+    if h is not None:
+        msg = _fast(h, head, frames, max_bytes, total, count)
+        if msg is not None:
+            return msg
+    return _checked(head, frames, max_bytes, total, count, kinds)
+
+
+def _fast(h: Header, head: memoryview, frames: Sequence[Any], max_bytes, total, count) -> Message | None:
+    """The rest of the checks on a header the schema accepted; None at the first doubt (the slow path decides)."""
+    n = len(frames) - 1
+    if count is not None and count - 1 != n:
+        return None
+    if max_bytes is not None and (total if total is not None else sum(len(_buffer(f)) for f in frames)) > max_bytes:
+        return None
+    names = h.names
+    if not (n or names or h.dtypes or h.shapes):
+        return None if h.kind == RESULT else Message(h, (), head)  # a result carries its four tensors
+    dtypes, shapes = h.dtypes, h.shapes
+    if len(names) != n or len(dtypes) != n or len(shapes) != n or n > MAX_TENSORS or h.kind not in TENSOR_KINDS:
+        return None
+    if n > 1 and len(set(names)) != n:
+        return None
+    declared, bufs = 0, []
+    for i in range(n):
+        size = math.prod(shapes[i]) * _ITEMSIZE[dtypes[i]]
+        buf = _buffer(frames[i + 1])
+        if len(buf) != size:
+            return None
+        declared += size
+        bufs.append(buf)
+    if max_bytes is not None and declared > max_bytes:
+        return None
+    if h.kind == RESULT:
+        s0 = shapes[0]
+        if (
+            n != 4
+            or len(s0) != 1
+            or shapes.count(s0) != 4
+            or len(h.served_by) != s0[0]
+            or dict(zip(names, dtypes)) != RESULT_TENSORS
+        ):
+            return None
+    return Message(h, bufs, head)
+
+
+def _checked(head: memoryview, frames: Sequence[Any], max_bytes, total, count, kinds: Sequence[str]) -> Message:
+    """Every check in the documented order: raises the first failure's ProtocolError, or returns the message."""
+    try:
+        header = msgpack.unpackb(head, raw=False, strict_map_key=False)
     except Exception as exc:  # msgpack raises several types for garbage
         raise ProtocolError("bad_message", f"header frame is not msgpack ({type(exc).__name__})") from None
     if type(header) is not dict:
         raise ProtocolError("bad_message", f"header is a {type(header).__name__}; expected a msgpack map")
+    if not all(type(k) is str or type(k) is bytes for k in header):  # maps inside values are not looked into
+        raise ProtocolError("bad_message", "header keys must be strings")
     rid = header.get("id")
     echo = rid if _is_int(rid, 0, MAX_ID) else 0
     try:
@@ -285,10 +499,14 @@ def decode(
             tensors[name] = np.frombuffer(buf, dtype=dt).reshape(shape)
         if header["kind"] == RESULT:
             _check_result(header, tensors)
+        try:  # what passed the checks in the schema's form (keys that are not strings are unknown keys)
+            h = msgspec.convert({k: v for k, v in header.items() if type(k) is str}, _SCHEMA[header["kind"]])
+        except msgspec.ValidationError as exc:
+            _fail("bad_message", f"header: {exc}")
     except ProtocolError as exc:
         exc.req_id = echo
         raise
-    return Message(header, tensors)
+    return Message(h, [_buffer(f) for f in frames[1 : len(tensors) + 1]], head, header, tensors)
 
 
 def recv(sock: Any, max_bytes: int, keep: int = MAX_TENSORS + 3) -> tuple[list, int, int]:
@@ -301,8 +519,6 @@ def recv(sock: Any, max_bytes: int, keep: int = MAX_TENSORS + 3) -> tuple[list, 
     ZeroMQ itself holds a whole multipart message before its first frame can be read;
     ZMQ_MAXMSGSIZE (set by the node) bounds each frame there.
     """
-    import zmq
-
     frame = sock.recv(zmq.NOBLOCK, copy=False)
     frames, total, count = [frame], len(frame), 1
     while frame.more:
@@ -319,12 +535,19 @@ def error_frames(req_id: int, code: str, message: str, **fields: Any) -> list:
 
 
 def send(socket: Any, frames: Sequence[Any], prefix: Sequence[bytes] = (), flags: int = 0) -> None:
-    """Send frames; buffers of COPY_THRESHOLD bytes or more go without a copy."""
-    import zmq
-
-    more, flags = int(zmq.SNDMORE) | int(flags), int(flags)  # plain ints: IntFlag arithmetic is slow Python
-    parts = [*prefix, *frames]
-    last = len(parts) - 1
+    """Send one message: the ``prefix`` frames (a ROUTER's peer identity), then ``frames``. Arrays of
+    COPY_THRESHOLD bytes or more go without a copy (ZeroMQ reads them in place); smaller ones are copied,
+    which is cheaper: pyzmq frees a zero-copy frame through a garbage-collector thread, one more thread
+    to wake and one more taker of the GIL per message."""
+    send = _zmq_send  # the C call itself: pyzmq's Python layer adds nothing a node needs
+    parts = [*prefix, *frames] if prefix else frames
+    flags = int(flags)
+    more, last = _SNDMORE | flags, len(parts) - 1
     for i, part in enumerate(parts):
-        big = isinstance(part, np.ndarray) and part.nbytes >= COPY_THRESHOLD
-        socket.send(part, more if i < last else flags, copy=not big)
+        big = type(part) is np.ndarray and part.nbytes >= COPY_THRESHOLD
+        send(socket, part, more if i < last else flags, not big)
+
+
+_FRAME = zmq.Frame
+_SNDMORE = int(zmq.SNDMORE)  # a plain int: IntFlag arithmetic is slow Python
+_zmq_send = zmq.backend.Socket.send

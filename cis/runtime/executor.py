@@ -24,11 +24,9 @@ the parent) is answered with the batch's arrays, or the parent's, as they are.
 from __future__ import annotations
 
 import collections
-import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 
@@ -37,106 +35,9 @@ from cis.policy import ExitPolicy, TokenBucket, confidence
 from cis.runtime import protocol as P
 from cis.runtime.adapt import ThresholdController
 from cis.runtime.config import NodeConfig
-from cis.runtime.feeds import FeedContract, TensorSpec, nonfinite_rows
+from cis.runtime.feeds import FeedContract, nonfinite_rows
+from cis.runtime.work import Outbox, Pending, Request, Stage
 from cis.stages import LOGITS
-
-
-class Stage(Protocol):
-    """What a node needs of a stage: its tensor contract and a way to run it."""
-
-    inputs: Sequence[TensorSpec]
-    outputs: Sequence[TensorSpec]
-
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
-
-
-@dataclass
-class BundleStage:
-    """A bundle stage (manifest contract) run by :class:`cis.stages.StageRunner`."""
-
-    inputs: Sequence[TensorSpec]
-    outputs: Sequence[TensorSpec]
-    runner: Any
-
-    def __post_init__(self) -> None:
-        self.run = self.runner.run  # type: ignore[method-assign]  (one call less per stage)
-
-    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return self.runner.run(feeds)
-
-
-class Request:
-    """One request (a client's INFER or a child's FORWARD) while the node works on it.
-
-    ``cls``, ``conf``, ``exit``, ``flags`` (arrays of N) and ``served_by`` (N node ids) hold its
-    answer once it is complete; they are allocated only for a request answered in parts."""
-
-    __slots__ = (
-        "prefix",
-        "req_id",
-        "stage",
-        "feeds",
-        "n",
-        "t0",
-        "deadline",
-        "route",
-        "forward",
-        "bad",
-        "cls",
-        "conf",
-        "exit",
-        "flags",
-        "served_by",
-        "remaining",
-        "answered",
-    )
-
-    def __init__(
-        self,
-        prefix: Sequence[bytes],
-        req_id: int,
-        stage: int,
-        feeds: dict[str, np.ndarray],
-        n: int,
-        t0: float,
-        deadline: float | None = None,
-        route: Sequence[str] = (),
-        forward: bool = False,
-        bad: np.ndarray | None = None,
-    ):
-        self.prefix, self.req_id, self.stage, self.feeds, self.n = prefix, req_id, stage, feeds, n
-        self.t0 = t0  # monotonic seconds when the request reached the node (status latencies start here)
-        self.deadline, self.route, self.forward, self.bad = deadline, route, forward, bad
-        self.cls = self.conf = self.exit = self.flags = None
-        self.served_by: Any = None
-        self.remaining = n
-        self.answered = False
-
-
-class Pending:
-    """Samples forwarded to the parent, with this node's own answer kept as the fallback.
-    ``parts``: (request, its samples: an index array, or None for all of them), in carry order."""
-
-    __slots__ = ("parts", "cls", "conf", "n", "deadline", "expires")
-
-    def __init__(self, parts: list[tuple[Request, np.ndarray | None]], cls: np.ndarray, conf: np.ndarray):
-        self.parts, self.cls, self.conf = parts, cls, conf
-        self.n = len(cls)
-        deadlines = [req.deadline for req, _ in parts if req.deadline]
-        self.deadline = min(deadlines) if deadlines else None
-        self.expires = math.inf  # set by whoever sends it
-
-
-class Outbox(Protocol):
-    @property
-    def parent_up(self) -> bool: ...
-
-    def reply(self, req: Request) -> None: ...
-
-    def error(self, req: Request, code: str, message: str) -> None: ...
-
-    def forward(self, pending: Pending, carry: dict[str, np.ndarray]) -> bool:
-        """Send the carry to the parent; False when it cannot go (then the executor serves it here)."""
 
 
 class Executor:

@@ -55,8 +55,9 @@ import zmq
 from cis.metrics import latency_summary
 from cis.runtime import protocol as P
 from cis.runtime.config import NodeConfig
-from cis.runtime.executor import BundleStage, Executor, Pending, Request, Stage
+from cis.runtime.executor import Executor
 from cis.runtime.security import CurveConfig, secure_client, secure_server, start_authenticator
+from cis.runtime.work import BundleStage, Pending, Request, Stage
 
 __all__ = ["BundleStage", "LatencyWindow", "Node", "NodeConfig", "Stage"]
 

@@ -1,0 +1,191 @@
+"""The header's vocabulary and its documented checks (see docs/protocol.md, the contract).
+
+Kinds, error codes, flags, dtypes and limits; :class:`ProtocolError`; and the Python
+checks that find the *first* failure of a header in the documented order.
+:mod:`cis.runtime.protocol` decodes with a compiled schema first and falls back to
+these checks only for a header the schema refuses (or is stricter about).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+VERSION = 1
+
+# kinds
+INFER = "infer"  # client -> node: tensors enter at header "stage" (1 = the raw input)
+FORWARD = "forward"  # child node -> parent: the carry of the samples the child did not serve
+RESULT = "result"  # node -> asker: per-sample class, confidence, exit, flags (+ served_by)
+ERROR = "error"  # node -> asker: header "code" and "message"
+STATUS = "status"  # asker -> node: counters request
+STATUS_REPLY = "status_reply"  # node -> asker: header "status"
+PING = "ping"  # child -> parent heartbeat
+PONG = "pong"  # parent -> child
+KINDS = (INFER, FORWARD, RESULT, ERROR, STATUS, STATUS_REPLY, PING, PONG)
+REQUEST_KINDS = (INFER, FORWARD, STATUS, PING)  # what a node accepts from clients and children
+REPLY_KINDS = (RESULT, ERROR, STATUS_REPLY, PONG)  # what comes back
+
+# error codes (header "code" of an ERROR reply); docs/protocol.md says when each is sent
+ERROR_CODES = {
+    "bad_message": "the frames are not a valid message (header not msgpack, not a map, a field missing, "
+    "of the wrong type or out of range)",
+    "bad_version": "the header's version is not one this node speaks",
+    "unknown_kind": "the header's kind is not one of the request kinds",
+    "bad_tensor": "a tensor's name, dtype, shape or byte size is invalid or does not match the entry stage",
+    "bad_stage": "the entry stage is not one this node runs",
+    "bad_input": "a tensor holds NaN or infinity",
+    "too_large": "the message is larger than the node's max_message_bytes",
+    "too_many_samples": "the request has more samples than the node's queue limit; it can never be admitted, split it",
+    "overloaded": "the node's queue is full; retry later",
+    "deadline_exceeded": "the request's deadline passed before its stages ran",
+    "shutting_down": "the node is stopping and takes no new requests",
+    "internal": "running a stage or the exit decision failed; the message says why",
+}
+
+# result flags (bit mask per sample)
+FLAG_DEGRADED = 1  # parent unreachable, past deadline or refused: served at a lower exit than the policy wanted
+FLAG_CAPPED = 2  # transfer cap (token bucket) empty: served locally at the node's own exit
+FLAG_NONFINITE = 4  # input held NaN/inf (node option nonfinite="flag"): answered here, class -1, never forwarded
+
+DTYPES = ("float32", "float16", "float64", "int8", "uint8", "int16", "int32", "int64", "bool")
+ITEMSIZE = {d: np.dtype(d).itemsize for d in DTYPES}
+NUMPY_DTYPE = {d: np.dtype(d) for d in DTYPES}
+DTYPE_NAME = {np.dtype(d): d for d in DTYPES}  # dtype.name is a slow Python property
+COPY_THRESHOLD = 1 << 20  # arrays at least this large are sent without a copy (see send)
+
+# limits of the header schema (docs/protocol.md, "Header fields")
+MAX_HEADER_BYTES = 1 << 20
+MAX_ID = (1 << 64) - 1
+MAX_STAGE = 255
+MAX_TENSORS = 64
+MAX_DIMS = 8
+MAX_DIM = (1 << 31) - 1
+MAX_NAME = 128  # characters of a tensor name, node id or route entry
+MAX_ROUTE = 16
+MAX_TEXT = 4096  # characters of an error message
+RESULT_TENSORS = {"class": "int64", "confidence": "float32", "exit": "int32", "flags": "uint8"}
+TENSOR_KINDS = (INFER, FORWARD, RESULT)  # the other kinds carry no tensors
+
+
+class ProtocolError(Exception):
+    """A message that cannot be accepted; ``code`` is one of ERROR_CODES, ``req_id`` the
+    request id when it could be read (else 0), for the error reply to echo."""
+
+    def __init__(self, code: str, message: str, req_id: int = 0):
+        super().__init__(message)
+        self.code = code
+        self.message = message
+        self.req_id = req_id
+
+
+def fail(code: str, message: str) -> None:
+    raise ProtocolError(code, message)
+
+
+def is_int(v: Any, lo: int, hi: int) -> bool:
+    return type(v) is int and lo <= v <= hi  # type(): True/False are not integers here
+
+
+def is_name(v: Any) -> bool:
+    return type(v) is str and 0 < len(v) <= MAX_NAME
+
+
+def optional_text(h: dict, key: str, limit: int = MAX_NAME) -> None:
+    v = h.get(key)
+    if v is not None and not (type(v) is str and len(v) <= limit):
+        fail("bad_message", f"{key} is {show(v)}; expected a string of at most {limit} characters")
+
+
+def show(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_common(h: dict, kinds: Sequence[str]) -> None:
+    """v, kind, id (in this order: the first failure is the one reported)."""
+    v = h.get("v")
+    if not is_int(v, VERSION, VERSION):
+        fail("bad_version", f"header version v is {show(v)}; expected the integer {VERSION}")
+    kind = h.get("kind")
+    if type(kind) is not str or kind not in kinds:
+        fail("unknown_kind", f"kind is {show(kind)}; expected one of {', '.join(kinds)}")
+    if not is_int(h.get("id"), 0, MAX_ID):
+        fail("bad_message", f"id is {show(h.get('id'))}; expected an unsigned 64-bit integer")
+
+
+def check_fields(h: dict) -> None:
+    """The optional request and reply fields other than the tensor description."""
+    stage = h.get("stage")
+    if stage is not None and not is_int(stage, 1, MAX_STAGE):
+        fail("bad_stage", f"stage is {show(stage)}; expected an integer 1..{MAX_STAGE}")
+    deadline = h.get("deadline")
+    if deadline is not None and not (type(deadline) in (int, float) and math.isfinite(deadline) and deadline >= 0):
+        fail(
+            "bad_message",
+            f"deadline is {show(deadline)}; expected seconds since the epoch (a finite number >= 0) or 0 for none",
+        )
+    route = h.get("route")
+    if route is not None:
+        if type(route) is not list or len(route) > MAX_ROUTE or not all(map(is_name, route)):
+            fail(
+                "bad_message",
+                f"route is {show(route)}; expected at most {MAX_ROUTE} node ids (strings of 1..{MAX_NAME} characters)",
+            )
+    optional_text(h, "sender")
+    optional_text(h, "node")
+    kind = h["kind"]
+    if kind == ERROR:
+        for key, limit in (("code", MAX_NAME), ("message", MAX_TEXT)):
+            if type(h.get(key)) is not str or len(h[key]) > limit:
+                fail("bad_message", f"error {key} is {show(h.get(key))}; expected a string")
+    elif kind == STATUS_REPLY and type(h.get("status")) is not dict:
+        fail("bad_message", f"status is {show(h.get('status'))}; expected a map")
+
+
+def check_tensors(h: dict, n_frames: int, max_bytes: int | None) -> list[tuple[str, str, list]]:
+    """names, dtypes and shapes: equal counts, equal to the tensor frames; known dtypes; shapes of
+    non-negative dimensions whose declared total fits ``max_bytes``. Returns (name, dtype, shape)."""
+    names, dtypes, shapes = h.get("names", []), h.get("dtypes", []), h.get("shapes", [])
+    if type(names) is not list or type(dtypes) is not list or type(shapes) is not list:
+        fail("bad_tensor", "names, dtypes and shapes must be arrays")
+    if not (len(names) == len(dtypes) == len(shapes) == n_frames):
+        fail(
+            "bad_message",
+            f"{len(names)} names, {len(dtypes)} dtypes, {len(shapes)} shapes and {n_frames} tensor frames; "
+            "expected equal counts",
+        )
+    if n_frames > MAX_TENSORS:
+        fail("bad_message", f"{n_frames} tensors; at most {MAX_TENSORS}")
+    if n_frames and h["kind"] in (STATUS, PING, ERROR, STATUS_REPLY, PONG):
+        fail("bad_message", f"a {h['kind']} message carries no tensors; got {n_frames}")
+    if len(set(n for n in names if type(n) is str)) != n_frames or not all(map(is_name, names)):
+        fail("bad_tensor", f"tensor names {show(names)}; expected unique strings of 1..{MAX_NAME} characters")
+    declared = 0
+    out = []
+    for name, dt, shape in zip(names, dtypes, shapes):
+        if type(dt) is not str or dt not in ITEMSIZE:
+            fail("bad_tensor", f"tensor {name!r}: dtype {show(dt)}; expected one of {', '.join(DTYPES)}")
+        if type(shape) is not list or len(shape) > MAX_DIMS or not all(is_int(d, 0, MAX_DIM) for d in shape):
+            fail(
+                "bad_tensor",
+                f"tensor {name!r}: shape {show(shape)}; expected at most {MAX_DIMS} integers 0..{MAX_DIM}",
+            )
+        declared += math.prod(shape) * ITEMSIZE[dt]
+        out.append((name, dt, shape))
+    if max_bytes is not None and declared > max_bytes:
+        fail("bad_tensor", f"the shapes declare {declared} bytes of tensors; this node accepts at most {max_bytes}")
+    return out
+
+
+def check_result(h: dict, tensors: dict[str, np.ndarray]) -> None:
+    """A result carries class, confidence, exit, flags (N,) in the documented dtypes and N served_by strings."""
+    got = {k: a.dtype.name for k, a in tensors.items()}
+    if got != RESULT_TENSORS or len({a.shape for a in tensors.values()}) != 1 or tensors["class"].ndim != 1:
+        fail("bad_tensor", f"result tensors {got}; expected {RESULT_TENSORS}, all of shape (N,)")
+    served = h.get("served_by")
+    if type(served) is not list or len(served) != len(tensors["class"]) or not set(map(type, served)) <= {str}:
+        fail("bad_message", f"served_by is {show(served)}; expected one node id (string) per sample")

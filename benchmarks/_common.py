@@ -33,8 +33,9 @@ CIFAR_ZIP = next(
 
 
 def ensure_cifar(path: Path) -> Path:
-    """CIFAR-10 as an image folder at ``path``, unzipped from ../shared/data/cifar10-jpeg.zip when missing."""
-    if not (path / "train").is_dir():
+    """CIFAR-10 at ``path`` (an image folder, unzipped from ../shared/data/cifar10-jpeg.zip when missing, or the
+    python-pickle layout ``path``/cifar-10-batches-py)."""
+    if not (path / "train").is_dir() and not (path / "cifar-10-batches-py").is_dir():
         path.mkdir(parents=True, exist_ok=True)
         subprocess.run(["unzip", "-q", "-o", str(CIFAR_ZIP), "-d", str(path)], check=True)
     return path

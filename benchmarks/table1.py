@@ -72,6 +72,7 @@ def run_record(
         "exit_accuracy": summary["test"]["exit_accuracy"],
         "weights": summary["weights"],
         "train_wall_seconds": summary.get("train_wall_seconds"),
+        "device": summary.get("device"),
         "run_dir": str(run),
     }
 

@@ -117,6 +117,7 @@ def one_run(
         "exit_accuracy": summary["test"]["exit_accuracy"],
         "served_share_per_exit": summary["test"].get("served_share_per_exit"),
         "train_wall_seconds": summary.get("train_wall_seconds"),
+        "device": summary.get("device"),
         "aggregation": aggregation_trace(run),
     }
     save_run(path, record, args.commit)

@@ -257,8 +257,9 @@ def test_flower_trains_on_cuda(tmp_path, run_cli):
 def test_predict_exits_on_cuda_matches_the_cpu():
     import numpy as np
 
+    from training.architectures import build_model
     from training.evaluate import predict_exits
-    from training.models import build_model, default_model_config
+    from training.models import default_model_config
 
     torch.manual_seed(0)
     model = build_model(default_model_config("digits"))

@@ -21,12 +21,11 @@ import json
 import os
 import signal
 import time
-from pathlib import Path
 
 import zmq
 
 from cis.runtime.client import Client
-from runtime_live import HERE, ServeAll, demo_bundle, machine
+from runtime_live import ServeAll, add_live_args, live_bundle, machine, write_out
 
 
 def main() -> int:
@@ -38,15 +37,11 @@ def main() -> int:
     ap.add_argument(
         "--timeout", type=float, default=10.0, help="client timeout: a request without a reply by then is lost"
     )
-    ap.add_argument("--work", default="/tmp/cis-bench/runtime-live", help="folder for the digits bundle")
-    ap.add_argument("--bundle", help="a bundle to serve instead of the digits demo bundle")
-    ap.add_argument("--quick", action="store_true", help="16 s: kills at 4 s and 10 s")
-    ap.add_argument("--out", default=str(HERE / "results" / "runtime_faults.json"))
+    add_live_args(ap, "runtime_faults", "16 s: kills at 4 s and 10 s")
     args = ap.parse_args()
     if args.quick:
         args.seconds, args.kill_edge, args.kill_root = 16.0, 4.0, 10.0
-    work = Path(args.work)
-    bundle = Path(args.bundle) if args.bundle else demo_bundle(work)
+    work, bundle = live_bundle(args)
     from training.data import load_dataset
 
     x = load_dataset("digits", seed=0).test.x
@@ -152,9 +147,7 @@ def main() -> int:
         "machine_after": machine(),
         "command": "python benchmarks/runtime_faults.py" + (" --quick" if args.quick else ""),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2, default=str))
-    Path(args.out).with_suffix(".md").write_text(report(out))
+    write_out(args.out, out, report(out))
     say(json.dumps(summary))
     ok = summary["without_reply"] == 0 and all(
         (k["restart_after_kill_s"] or 99) <= 2 and k["resumed_after_kill_s"] for k in kills.values()

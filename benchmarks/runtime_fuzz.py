@@ -18,14 +18,13 @@ import argparse
 import json
 import threading
 import time
-from pathlib import Path
 
 import msgpack
 import numpy as np
 import zmq
 
 from cis.runtime import protocol as P
-from runtime_live import HERE, ServeAll, demo_bundle, machine, rss_mb
+from runtime_live import ServeAll, add_live_args, live_bundle, machine, rss_mb, write_out
 
 MAX_BYTES = 4 << 20  # --max-message-bytes of the fuzzed cluster: room for a too-large header frame
 QUEUE_LIMIT = 1024
@@ -362,14 +361,10 @@ def main() -> int:
     ap.add_argument("--messages", type=int, default=100_000, help="malformed messages per target (leaf and root)")
     ap.add_argument("--silent", type=int, default=50, help="oversized-frame messages per target (documented silence)")
     ap.add_argument("--window", type=int, default=64, help="replies outstanding per target")
-    ap.add_argument("--work", default="/tmp/cis-bench/runtime-live", help="folder for the digits bundle")
-    ap.add_argument("--bundle", help="a bundle to serve instead of the digits demo bundle")
-    ap.add_argument("--quick", action="store_true", help="5,000 messages per target")
-    ap.add_argument("--out", default=str(HERE / "results" / "runtime_fuzz.json"))
+    add_live_args(ap, "runtime_fuzz", "5,000 messages per target")
     args = ap.parse_args()
     n = 5000 if args.quick else args.messages
-    work = Path(args.work)
-    bundle = Path(args.bundle) if args.bundle else demo_bundle(work)
+    work, bundle = live_bundle(args)
     say = lambda m: print(f"runtime_fuzz: {m}", flush=True)  # noqa: E731
     rng = np.random.default_rng(0)
     ctx = zmq.Context()
@@ -457,9 +452,7 @@ def main() -> int:
         "machine_after": machine(),
         "command": "python benchmarks/runtime_fuzz.py" + (" --quick" if args.quick else f" --messages {n}"),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2, default=str))
-    Path(args.out).with_suffix(".md").write_text(report(out))
+    write_out(args.out, out, report(out))
     say(json.dumps(summary))
     ok = (
         summary["node_deaths"] == 0

@@ -1,8 +1,10 @@
 """Helpers of the runtime robustness benchmarks (runtime_fuzz, runtime_overload, runtime_faults):
-a digits demo bundle, a live ``cis serve --all`` cluster in a subprocess, process RSS, machine load."""
+their common flags, a digits demo bundle, a live ``cis serve --all`` cluster in a subprocess, process RSS,
+machine load."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -16,17 +18,35 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
 
 
+def add_live_args(ap: argparse.ArgumentParser, name: str, quick_help: str) -> None:
+    """The flags every runtime robustness benchmark ends with: --work, --bundle, --quick, --out (results/NAME.json)."""
+    ap.add_argument("--work", default="/tmp/cis-bench/runtime-live", help="folder for the digits bundle")
+    ap.add_argument("--bundle", help="a bundle to serve instead of the digits demo bundle")
+    ap.add_argument("--quick", action="store_true", help=quick_help)
+    ap.add_argument("--out", default=str(HERE / "results" / f"{name}.json"))
+
+
+def live_bundle(args: argparse.Namespace) -> tuple[Path, Path]:
+    """(the --work folder, the bundle to serve): --bundle, else the digits demo bundle cached in --work."""
+    work = Path(args.work)
+    return work, Path(args.bundle) if args.bundle else demo_bundle(work)
+
+
+def write_out(path: str, out: dict, markdown: str) -> None:
+    """``out`` as JSON at ``path`` (--out) and ``markdown`` beside it, with the suffix .md."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(json.dumps(out, indent=2, default=str))
+    Path(path).with_suffix(".md").write_text(markdown)
+
+
 def demo_bundle(work: Path, steps: int = 300) -> Path:
     """The paper-7 digits bundle the runtime tests use (trained for ``steps`` steps), cached in ``work``."""
     bundle = work / "bundle"
     if (bundle / "manifest.json").is_file():
         return bundle
-    from export import export_bundle
-    from export.demo import make_demo_run
+    from export.demo import make_demo_bundle
 
-    run = make_demo_run(work / "run", steps=steps)
-    export_bundle(run, bundle, latency_repeats=2)
-    return bundle
+    return make_demo_bundle(work, steps=steps)
 
 
 def rss_mb(pid: int) -> float:

@@ -26,13 +26,12 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
 import msgpack
 import numpy as np
 import zmq
 
-from runtime_live import HERE, ServeAll, demo_bundle, machine, rss_mb
+from runtime_live import ServeAll, add_live_args, live_bundle, machine, rss_mb, write_out
 
 QUEUE_LIMIT = 1024
 
@@ -249,15 +248,11 @@ def main() -> int:
         "--client-sndbuf", type=int, default=65536, help="the sending DEALER's SO_SNDBUF in bytes (-1: OS default)"
     )
     ap.add_argument("--rcv-buf", type=int, default=65536, help="the nodes' --rcv-buf (SO_RCVBUF bytes; -1: OS default)")
-    ap.add_argument("--work", default="/tmp/cis-bench/runtime-live", help="folder for the digits bundle")
-    ap.add_argument("--bundle", help="a bundle to serve instead of the digits demo bundle")
-    ap.add_argument("--quick", action="store_true", help="4 s bursts, 2 s capacity runs")
-    ap.add_argument("--out", default=str(HERE / "results" / "runtime_overload.json"))
+    add_live_args(ap, "runtime_overload", "4 s bursts, 2 s capacity runs")
     args = ap.parse_args()
     if args.quick:
         args.seconds, args.measure = 4.0, 2.0
-    work = Path(args.work)
-    bundle = Path(args.bundle) if args.bundle else demo_bundle(work)
+    work, bundle = live_bundle(args)
     from training.data import load_dataset
 
     test = load_dataset("digits", seed=0).test.x
@@ -310,9 +305,7 @@ def main() -> int:
         "client_hwm_samples": args.client_hwm,
         "client_sndbuf": args.client_sndbuf,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=2, default=str))
-    Path(args.out).with_suffix(".md").write_text(report(out))
+    write_out(args.out, out, report(out))
     return 0
 
 

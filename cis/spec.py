@@ -51,19 +51,12 @@ CONFIDENCE_MEASURES = ("max_softmax", "entropy", "margin")
 PROVIDERS = ("cpu", "cuda", "tensorrt", "auto")
 
 _CIS_KEYS = {"exits", "classes", "confidence", "name"}
-_NODE_KEYS = {
-    "id",
-    "parent",
-    "exit",
-    "arrival_rate",
-    "max_transfer_rate",
-    "link",
-    "speed",
-    "address",
-    "workers",
-    "queue_limit",
+# a node's fields as spec_to_dict writes them, in order (those that are None left out), before its link table
+_NODE_FIELDS = (
+    "id", "parent", "exit", "arrival_rate", "max_transfer_rate", "speed", "workers", "queue_limit", "address",
     "provider",
-}
+)
+_NODE_KEYS = {*_NODE_FIELDS, "link"}
 _LINK_KEYS = {"bandwidth", "latency"}
 
 
@@ -291,22 +284,7 @@ def spec_to_dict(spec: CisSpec) -> dict:
     """The TOML tables of a spec (defaults written out, so the file documents itself)."""
     nodes = []
     for n in spec.nodes:
-        d: dict[str, Any] = {"id": n.id}
-        if n.parent is not None:
-            d["parent"] = n.parent
-        d.update(
-            exit=n.exit,
-            arrival_rate=n.arrival_rate,
-            max_transfer_rate=n.max_transfer_rate,
-            speed=n.speed,
-            workers=n.workers,
-        )
-        if n.queue_limit is not None:
-            d["queue_limit"] = n.queue_limit
-        if n.address is not None:
-            d["address"] = n.address
-        if n.provider is not None:
-            d["provider"] = n.provider
+        d: dict[str, Any] = {k: getattr(n, k) for k in _NODE_FIELDS if getattr(n, k) is not None}
         if n.parent is not None:
             d["link"] = {"bandwidth": n.link.bandwidth, "latency": n.link.latency}
         nodes.append(d)

@@ -7,6 +7,8 @@ exporter, the runtime and the simulator use it to get a real bundle quickly:
 
     run = make_demo_run(tmp / "run")
     export_bundle(run, tmp / "bundle")
+
+or, both at once, ``make_demo_bundle(tmp, steps)`` (``tmp/run`` and ``tmp/bundle``).
 """
 
 from __future__ import annotations
@@ -67,3 +69,12 @@ def make_demo_run(
     }
     save_checkpoint(run_dir, model, meta)
     return Path(run_dir)
+
+
+def make_demo_bundle(folder: str | Path, steps: int = 200, latency_repeats: int = 2) -> Path:
+    """``make_demo_run(folder/run, steps)`` exported to ``folder/bundle`` (few latency repeats: fast); the bundle."""
+    from export.bundle_writer import export_bundle
+
+    folder = Path(folder)
+    export_bundle(make_demo_run(folder / "run", steps=steps), folder / "bundle", latency_repeats=latency_repeats)
+    return folder / "bundle"

@@ -14,11 +14,8 @@ from __future__ import annotations
 import csv
 import json
 import os
-import select
-import signal
 import subprocess
 import sys
-import time
 import urllib.request
 
 import numpy as np
@@ -26,6 +23,8 @@ import pytest
 
 pytest.importorskip("torch")
 pytest.importorskip("onnx")
+
+from cli_process import cis_argv, start, started_nodes, stop  # noqa: E402
 
 # never imported by a core command (torch and what needs it)
 FORBIDDEN = ("torch", "sklearn", "onnx", "onnxscript", "PIL", "flwr")
@@ -74,11 +73,11 @@ def core(tmp_path_factory):
         def __init__(self) -> None:
             self.env, self.log, self.cwd = env, log, root
 
-        def argv(self, *args) -> list[str]:
-            return [sys.executable, "-m", "cis.cli", *map(str, args)]
-
         def run(self, *args, timeout: float = 120) -> subprocess.CompletedProcess:
-            return subprocess.run(self.argv(*args), env=env, cwd=root, capture_output=True, text=True, timeout=timeout)
+            return subprocess.run(cis_argv(*args), env=env, cwd=root, capture_output=True, text=True, timeout=timeout)
+
+        def start(self, *args) -> subprocess.Popen:
+            return start(*args, env=env, cwd=root)
 
         def clear_log(self) -> None:
             log.unlink(missing_ok=True)
@@ -92,13 +91,9 @@ def core(tmp_path_factory):
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
     """A paper-7 digits bundle exported with the full install (as on the machine that trains)."""
-    from export import export_bundle
-    from export.demo import make_demo_run
+    from export.demo import make_demo_bundle
 
-    root = tmp_path_factory.mktemp("core-bundle")
-    run = make_demo_run(root / "run", steps=150)
-    export_bundle(run, root / "bundle", latency_repeats=2)
-    return root / "bundle"
+    return make_demo_bundle(tmp_path_factory.mktemp("core-bundle"), steps=150)
 
 
 @pytest.fixture(scope="module")
@@ -156,29 +151,11 @@ def test_core_commands_run_without_torch(core, bundle, tmp_path):
     assert not tried, f"a core command tried to import {sorted(tried)}"
 
 
-def _serve_all(core, bundle) -> tuple[subprocess.Popen, dict]:
-    proc = subprocess.Popen(
-        core.argv("serve", bundle, "--all", "--free-ports", "--metrics-port", "0", "--json"),
-        env=core.env,
-        cwd=core.cwd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    end = time.monotonic() + 90
-    while time.monotonic() < end:
-        if select.select([proc.stdout], [], [], 0.2)[0]:
-            return proc, json.loads(proc.stdout.readline())["nodes"]
-        if proc.poll() is not None:
-            break
-    proc.kill()
-    raise AssertionError(f"cis serve --all gave no addresses (exit {proc.poll()}): {proc.stderr.read()[-3000:]}")
-
-
 def test_serve_all_and_infer_on_arrays_and_images_without_torch(core, bundle, digits_files, tmp_path):
     core.clear_log()
-    proc, nodes = _serve_all(core, bundle)
+    proc = core.start("serve", bundle, "--all", "--free-ports", "--metrics-port", "0", "--json")
     try:
+        nodes = started_nodes(proc)
         for node in nodes.values():  # every node's Prometheus endpoint and health probe
             with urllib.request.urlopen(node["metrics"], timeout=10) as r:
                 text = r.read().decode()
@@ -213,12 +190,7 @@ def test_serve_all_and_infer_on_arrays_and_images_without_torch(core, bundle, di
         status = _ok(core.run("status", "--connect", root, "--json"))
         assert status.stdout.strip()
     finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            code = proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code = proc.wait(5)
+        code = stop(proc)
     assert code == 0, proc.stderr.read()[-3000:]
     tried = core.attempted() & set(FORBIDDEN)
     assert not tried, f"serving or infer tried to import {sorted(tried)}"
@@ -284,7 +256,7 @@ def test_tomli_fallback_reads_specs_and_configs_where_tomllib_is_missing(core, t
 def test_metrics_port_without_prometheus_client_is_one_line(core, bundle):
     """An install without prometheus-client (pip install --no-deps) names the extra to install."""
     env = {**core.env, "CIS_TEST_BLOCK": core.env["CIS_TEST_BLOCK"] + ",prometheus_client"}
-    argv = core.argv("serve", bundle, "--node", "cloud", "--bind", "tcp://127.0.0.1:0", "--metrics-port", "0")
+    argv = cis_argv("serve", bundle, "--node", "cloud", "--bind", "tcp://127.0.0.1:0", "--metrics-port", "0")
     res = subprocess.run(argv, env=env, cwd=core.cwd, capture_output=True, text=True, timeout=60)
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [

@@ -18,7 +18,13 @@ CUDA = torch.cuda.is_available()
 needs_cuda = pytest.mark.skipif(not CUDA, reason="no CUDA GPU")
 no_cuda = pytest.mark.skipif(CUDA, reason="a CUDA GPU is present: auto and cuda run on it")
 
-SHORT = ["--rounds", "2", "--local-steps", "15", "--threads", "1", "--no-progress", "--json"]
+
+def brief(rounds: int, steps: int) -> list[str]:
+    """``cis train`` flags of a short run: ``rounds`` rounds of ``steps`` local steps, JSON out, no progress bar."""
+    return ["--rounds", str(rounds), "--local-steps", str(steps), "--no-progress", "--json"]
+
+
+SHORT = [*brief(2, 15), "--threads", "1"]
 AUGMENT = {"augment": True, "p": 0.3}  # crop augmentation and lower-exit sampling: every random draw of a round
 
 # (round, loss per exit, validation accuracy per exit, validation CIS accuracy) of `cis train` + SHORT at 0a7dc08
@@ -129,8 +135,7 @@ def test_bf16_autocast_trains_on_the_cpu(tmp_path, run_cli):
 
 def test_resume_may_move_a_run_to_another_device_but_not_change_amp(tmp_path, run_cli):
     out = tmp_path / "r"
-    args = ["--rounds", "2", "--local-steps", "3", "--no-progress", "--json"]
-    r = run_cli("train", "--out", out, *args, "--device", "cpu", "--stop-after", "1")
+    r = run_cli("train", "--out", out, *brief(2, 3), "--device", "cpu", "--stop-after", "1")
     assert r.code == 0, r.err
     r = run_cli("train", "--out", out, "--resume", "--amp", "bf16")
     assert r.code == 2 and "--amp 'bf16' differs from the run's 'off'" in r.err
@@ -172,8 +177,7 @@ def test_cuda_with_augmentation_bf16_and_resume(tmp_path, run_cli):
     assert r.code == 0, r.err
     assert all(math.isfinite(v) for m in metrics(tmp_path / "aug") for v in m["loss"].values())
     out = tmp_path / "resume"
-    args = ["--rounds", "3", "--local-steps", "3", "--no-progress", "--json"]
-    assert run_cli("train", "--out", out, *args, "--device", "cuda", "--stop-after", "1").code == 0
+    assert run_cli("train", "--out", out, *brief(3, 3), "--device", "cuda", "--stop-after", "1").code == 0
     assert run_cli("train", "--out", out, "--resume", "--device", "cuda", "--stop-after", "2", "--json").code == 0
     r = run_cli(
         "train", "--out", out, "--resume", "--device", "cpu", "--no-progress", "--json"
@@ -186,21 +190,7 @@ def test_cuda_with_augmentation_bf16_and_resume(tmp_path, run_cli):
 @needs_cuda
 @pytest.mark.parametrize("method", ["reefl", "depthfl", "inclusivefl", "scalefl", "flame"])
 def test_early_exit_methods_train_on_cuda(method, tmp_path, run_cli):
-    r = run_cli(
-        "train",
-        "--out",
-        tmp_path / method,
-        "--method",
-        method,
-        "--device",
-        "cuda",
-        "--rounds",
-        "1",
-        "--local-steps",
-        "3",
-        "--no-progress",
-        "--json",
-    )
+    r = run_cli("train", "--out", tmp_path / method, "--method", method, "--device", "cuda", *brief(1, 3))
     assert r.code == 0, r.err
     assert r.json()["device"].startswith("cuda:")
     assert all(math.isfinite(v) for v in metrics(tmp_path / method)[0]["loss"].values())
@@ -211,19 +201,7 @@ def test_early_exit_methods_train_on_cuda(method, tmp_path, run_cli):
 def test_nested_methods_stay_on_the_cpu(tmp_path, run_cli):
     r = run_cli("train", "--out", tmp_path / "a", "--method", "heterofl", "--device", "cuda", "--rounds", "1")
     assert r.code == 2 and "trains on the CPU only" in r.err
-    r = run_cli(
-        "train",
-        "--out",
-        tmp_path / "b",
-        "--method",
-        "heterofl",
-        "--rounds",
-        "1",
-        "--local-steps",
-        "2",
-        "--no-progress",
-        "--json",
-    )
+    r = run_cli("train", "--out", tmp_path / "b", "--method", "heterofl", *brief(1, 2))
     assert r.code == 0, r.err
     assert r.json()["device"] == "cpu"
 
@@ -232,21 +210,7 @@ def test_nested_methods_stay_on_the_cpu(tmp_path, run_cli):
 @needs_cuda
 def test_flower_trains_on_cuda(tmp_path, run_cli):
     pytest.importorskip("flwr")
-    r = run_cli(
-        "train",
-        "--out",
-        tmp_path / "f",
-        "--engine",
-        "flower",
-        "--device",
-        "cuda",
-        "--rounds",
-        "2",
-        "--local-steps",
-        "5",
-        "--no-progress",
-        "--json",
-    )
+    r = run_cli("train", "--out", tmp_path / "f", "--engine", "flower", "--device", "cuda", *brief(2, 5))
     assert r.code == 0, r.err
     assert r.json()["device"].startswith("cuda:")
     assert all(math.isfinite(v) for m in metrics(tmp_path / "f") for v in m["loss"].values())

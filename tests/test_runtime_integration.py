@@ -12,10 +12,8 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
-import sys
 import threading
 import time
 
@@ -26,6 +24,8 @@ import zmq
 
 pytest.importorskip("torch")
 pytest.importorskip("onnx")
+
+from cli_process import start, started_nodes, stop  # noqa: E402
 
 from cis.bundle import load_bundle  # noqa: E402
 from cis.policy import assign_entries, evaluate_cis  # noqa: E402
@@ -63,13 +63,9 @@ def serve_through_leaves(bundle_dir, x) -> list:
 
 @pytest.fixture(scope="module")
 def bundle_dir(tmp_path_factory):
-    from export import export_bundle
-    from export.demo import make_demo_run
+    from export.demo import make_demo_bundle
 
-    root = tmp_path_factory.mktemp("runtime")
-    run = make_demo_run(root / "run", steps=300)
-    export_bundle(run, root / "bundle", latency_repeats=2)
-    return root / "bundle"
+    return make_demo_bundle(tmp_path_factory.mktemp("runtime"), steps=300)
 
 
 @pytest.fixture(scope="module")
@@ -78,29 +74,6 @@ def test_set():
 
     d = load_dataset("digits", seed=0).test
     return d.x, d.y
-
-
-def _read_line(proc: subprocess.Popen, timeout: float) -> str:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        ready, _, _ = select.select([proc.stdout], [], [], 0.2)
-        if ready:
-            return proc.stdout.readline()
-        if proc.poll() is not None:
-            break
-    raise AssertionError(
-        f"no line from the launcher (exit {proc.poll()}): {proc.stderr.read() if proc.poll() is not None else ''}"
-    )
-
-
-def _terminate(proc: subprocess.Popen, grace: float) -> None:
-    """SIGTERM, then SIGKILL if it has not exited within ``grace`` seconds."""
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(grace)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
 
 
 def _gone(pid: int) -> bool:
@@ -123,26 +96,10 @@ def test_serve_all_matches_offline_cis_evaluation(bundle_dir, test_set, tmp_path
     bundle = load_bundle(bundle_dir)
     spec = bundle.spec
     offline = evaluate_cis(spec, run_chain(bundle, x), y, policy=bundle.policy)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "cis.cli",
-            "serve",
-            str(bundle_dir),
-            "--all",
-            "--free-ports",
-            "--no-cap",
-            "--json",
-            *FAST,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start("serve", bundle_dir, "--all", "--free-ports", "--no-cap", "--json", *FAST)
     pids = []
     try:
-        nodes = json.loads(_read_line(proc, 90))["nodes"]
+        nodes = started_nodes(proc)
         pids = [v["pid"] for v in nodes.values()]
         assert set(nodes) == set(spec.ids)
         entries = assign_entries(spec, len(y), 0)
@@ -168,7 +125,7 @@ def test_serve_all_matches_offline_cis_evaluation(bundle_dir, test_set, tmp_path
         assert sum(s["served"] for s in counters.values()) == len(y)
         assert counters[spec.root.id]["served"] == round(offline.exit_shares[3] * len(y))
     finally:
-        _terminate(proc, 30)
+        stop(proc)
         for pid in pids:  # the launcher stopped every node
             end = time.monotonic() + 10
             while not _gone(pid) and time.monotonic() < end:
@@ -228,11 +185,8 @@ def test_ten_thousand_bad_messages_leave_the_node_serving(bundle_dir, test_set):
     spec = load_bundle(bundle_dir).spec
     root = spec.root.id
     addr = f"tcp://127.0.0.1:{free_port()}"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "cis.cli", "serve", str(bundle_dir), "--node", root, "--bind", addr],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.DEVNULL}
+    proc = start("serve", bundle_dir, "--node", root, "--bind", addr, **quiet)
     ctx = zmq.Context.instance()
     s = ctx.socket(zmq.DEALER)
     s.linger = 0
@@ -282,13 +236,7 @@ def test_ten_thousand_bad_messages_leave_the_node_serving(bundle_dir, test_set):
         assert len(r) == 8 and (r.exit == 3).all()
     finally:
         s.close()
-        proc.send_signal(signal.SIGTERM)
-        try:
-            assert proc.wait(20) == 0
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
-            raise
+        assert stop(proc, 20) == 0  # SIGTERM: drained and exited cleanly (SIGKILLed after 20 s: fails)
 
 
 def test_client_without_authorised_key_gets_no_service(bundle_dir, test_set, tmp_path):
@@ -298,25 +246,11 @@ def test_client_without_authorised_key_gets_no_service(bundle_dir, test_set, tmp
     make_keys(tmp_path / "allow", "friend")
     make_keys(tmp_path / "other", "stranger")
     addr = f"tcp://127.0.0.1:{free_port()}"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "cis.cli",
-            "serve",
-            str(bundle_dir),
-            "--node",
-            spec.root.id,
-            "--bind",
-            addr,
-            "--curve-key",
-            str(tmp_path / "keys" / "node.key_secret"),
-            "--allow",
-            str(tmp_path / "allow"),
-        ],
+    proc = start(
+        "serve", bundle_dir, "--node", spec.root.id, "--bind", addr,
+        "--curve-key", tmp_path / "keys" / "node.key_secret", "--allow", tmp_path / "allow",
         stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    )  # fmt: skip
     server = str(tmp_path / "keys" / "node.key")
     try:
         friend = CurveConfig(str(tmp_path / "allow" / "friend.key_secret"), None, server)
@@ -330,7 +264,7 @@ def test_client_without_authorised_key_gets_no_service(bundle_dir, test_set, tmp
                     c.infer(x[:4])
         assert proc.poll() is None
     finally:
-        _terminate(proc, 20)
+        stop(proc, 20)
 
 
 def test_serve_all_with_curve_encrypts_and_authenticates_every_link(bundle_dir, test_set, tmp_path):
@@ -340,30 +274,12 @@ def test_serve_all_with_curve_encrypts_and_authenticates_every_link(bundle_dir, 
     spec = load_bundle(bundle_dir).spec
     make_keys(tmp_path / "keys", "node")
     make_keys(tmp_path / "allow", "friend")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "cis.cli",
-            "serve",
-            str(bundle_dir),
-            "--all",
-            "--free-ports",
-            "--json",
-            "--threshold",
-            "inf",
-            *FAST,
-            "--curve-key",
-            str(tmp_path / "keys" / "node.key_secret"),
-            "--allow",
-            str(tmp_path / "allow"),
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start(
+        "serve", bundle_dir, "--all", "--free-ports", "--json", "--threshold", "inf", *FAST,
+        "--curve-key", tmp_path / "keys" / "node.key_secret", "--allow", tmp_path / "allow",
+    )  # fmt: skip
     try:
-        nodes = json.loads(_read_line(proc, 90))["nodes"]
+        nodes = started_nodes(proc)
         friend = CurveConfig(str(tmp_path / "allow" / "friend.key_secret"), None, str(tmp_path / "keys" / "node.key"))
         leaf = spec.leaves[0].id
         with Client(nodes[leaf]["address"], timeout=30, curve=friend) as c:
@@ -376,7 +292,7 @@ def test_serve_all_with_curve_encrypts_and_authenticates_every_link(bundle_dir, 
         assert (r.exit == 3).all() and not r.degraded.any(), (r.exit, r.served_by)
         assert set(r.served_by) == {spec.root.id}
     finally:
-        _terminate(proc, 30)
+        stop(proc)
 
 
 def test_serve_all_restarts_a_killed_node_and_status_shows_it(bundle_dir, test_set, tmp_path, run_cli):
@@ -393,28 +309,9 @@ def test_serve_all_restarts_a_killed_node_and_status_shows_it(bundle_dir, test_s
     private, public = make_signing_key(tmp_path / "keys", "release")
     sign_bundle(signed, private)
     logs = tmp_path / "logs"
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "cis.cli",
-            "serve",
-            str(signed),
-            "--all",
-            "--free-ports",
-            "--json",
-            "--log-dir",
-            str(logs),
-            "--trust",
-            str(public),
-            *FAST,
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    proc = start("serve", signed, "--all", "--free-ports", "--json", "--log-dir", logs, "--trust", public, *FAST)
     try:
-        nodes = json.loads(_read_line(proc, 90))["nodes"]
+        nodes = started_nodes(proc)
         victim = next(nid for nid, v in nodes.items() if v["parent"] is not None and v["exit"] == 2)
         old = nodes[victim]["pid"]
         os.kill(old, signal.SIGKILL)
@@ -440,5 +337,5 @@ def test_serve_all_restarts_a_killed_node_and_status_shows_it(bundle_dir, test_s
         with Client(nodes[leaf]["address"], timeout=10) as c:
             assert len(c.infer(x[:4])) == 4
     finally:
-        _terminate(proc, 30)
+        stop(proc)
     assert proc.returncode == 0

@@ -14,10 +14,8 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import signal
 import subprocess
-import sys
 import time
 
 import numpy as np
@@ -27,6 +25,7 @@ pytest.importorskip("torch")
 pytest.importorskip("onnx")
 pytest.importorskip("prometheus_client")
 
+from cli_process import cis_argv, read_until, start, started_nodes, stop  # noqa: E402
 from test_runtime_metrics import REQUIRED, health, names, scrape  # noqa: E402
 
 from cis.bundle import load_bundle, write_manifest  # noqa: E402
@@ -47,13 +46,9 @@ def _ort_has(provider: str) -> bool:
 
 @pytest.fixture(scope="module")
 def bundle_dir(tmp_path_factory):
-    from export import export_bundle
-    from export.demo import make_demo_run
+    from export.demo import make_demo_bundle
 
-    root = tmp_path_factory.mktemp("tiers")
-    run = make_demo_run(root / "run", steps=150)
-    export_bundle(run, root / "bundle", latency_repeats=2)
-    return root / "bundle"
+    return make_demo_bundle(tmp_path_factory.mktemp("tiers"), steps=150)
 
 
 @pytest.fixture(scope="module")
@@ -64,44 +59,7 @@ def digits():
 
 
 def cis(*args, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "cis.cli", *map(str, args)], capture_output=True, text=True, timeout=timeout
-    )
-
-
-def start(*args) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "cis.cli", *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    )
-
-
-def read_until(stream, proc: subprocess.Popen, wanted: str, timeout: float = 90) -> list[str]:
-    """Complete lines of ``stream`` up to the first that contains ``wanted``. Reads the raw pipe: a buffered
-    readline may take two lines at once and leave select() nothing to wake on."""
-    text = ""
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        if select.select([stream.fileno()], [], [], 0.2)[0]:
-            chunk = os.read(stream.fileno(), 65536).decode()
-            if not chunk:
-                break
-            text += chunk
-            lines = text.splitlines(keepends=True)
-            hit = [i for i, line in enumerate(lines) if wanted in line and line.endswith("\n")]
-            if hit:
-                return lines[: hit[0] + 1]
-        elif proc.poll() is not None:
-            break
-    raise AssertionError(f"no line with {wanted!r} (exit {proc.poll()}): {text[-3000:]}")
-
-
-def stop(proc: subprocess.Popen) -> int:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        return proc.wait(30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        return proc.wait(5)
+    return subprocess.run(cis_argv(*args), capture_output=True, text=True, timeout=timeout)
 
 
 def one_line(res: subprocess.CompletedProcess) -> str:
@@ -121,7 +79,7 @@ def test_serve_all_metrics_port_0_every_node_answers_metrics_and_healthz(bundle_
     )  # fmt: skip
     stopped = None
     try:
-        nodes = json.loads(read_until(proc.stdout, proc, "{")[-1])["nodes"]
+        nodes = started_nodes(proc)
         urls = {nid: n["metrics"] for nid, n in nodes.items()}
         assert set(urls) == set(spec.ids) and all(u.endswith("/metrics") for u in urls.values())
         assert len({u for u in urls.values()}) == len(urls)  # a port of its own per node

@@ -158,21 +158,48 @@ def _conv_bn_relu(in_channels: int, out_channels: int, stride: int) -> list[nn.M
     return [nn.Conv2d(in_channels, out_channels, 3, stride, 1, bias=False), nn.BatchNorm2d(out_channels), nn.ReLU()]
 
 
-class ResNet18EE(EarlyExitNet):
-    """Early-exit ResNet-18 for 32x32 images; the stem belongs to stage 1."""
+_DEFAULT: Any = object()  # a field the caller did not give: the architecture's default (None stays an error)
 
-    arch = "resnet18"
-    num_blocks = 8
+
+class ConvEarlyExitNet(EarlyExitNet):
+    """An early-exit CNN: its config checked, its ``num_blocks`` blocks (:meth:`build_blocks`) cut after the exits.
+
+    A subclass names its architecture and block count, builds its blocks, and gives the ``defaults``
+    (exits, in_channels, input_size) of the inputs it is made for.
+    """
+
+    num_blocks: int
+    defaults: dict[str, Any]
 
     def __init__(
         self,
         num_classes: int = 10,
-        exits: Sequence[int] = CIFAR10_EXITS,
+        exits: Sequence[int] = _DEFAULT,
         width: float = 1.0,
-        in_channels: int = 3,
-        input_size: int = 32,
+        in_channels: int = _DEFAULT,
+        input_size: int = _DEFAULT,
     ) -> None:
-        config = _validated(self.arch, self.num_blocks, num_classes, exits, width, in_channels, input_size)
+        given = {"exits": exits, "in_channels": in_channels, "input_size": input_size}
+        f = {k: self.defaults[k] if v is _DEFAULT else v for k, v in given.items()}
+        config = _validated(
+            self.arch, self.num_blocks, num_classes, f["exits"], width, f["in_channels"], f["input_size"]
+        )
+        blocks, channels = self.build_blocks(width, f["in_channels"])
+        super().__init__(_group_into_stages(blocks, channels, f["exits"], num_classes), config)
+
+    def build_blocks(self, width: float, in_channels: int) -> tuple[list[nn.Module], list[int]]:
+        """The blocks in order and each one's output channel count."""
+        raise NotImplementedError
+
+
+class ResNet18EE(ConvEarlyExitNet):
+    """Early-exit ResNet-18 for 32x32 images; the stem belongs to stage 1."""
+
+    arch = "resnet18"
+    num_blocks = 8
+    defaults = {"exits": CIFAR10_EXITS, "in_channels": 3, "input_size": 32}
+
+    def build_blocks(self, width: float, in_channels: int) -> tuple[list[nn.Module], list[int]]:
         base = _channels(64, width)
         stem = nn.Sequential(*_conv_bn_relu(in_channels, base, 1))
         blocks: list[nn.Module] = []
@@ -185,24 +212,17 @@ class ResNet18EE(EarlyExitNet):
                 channels.append(c_out)
                 c_in = c_out
         blocks[0] = nn.Sequential(stem, blocks[0])
-        super().__init__(_group_into_stages(blocks, channels, exits, num_classes), config)
+        return blocks, channels
 
 
-class DigitsCNN(EarlyExitNet):
+class DigitsCNN(ConvEarlyExitNet):
     """Small early-exit CNN for 8x8 digits: three conv blocks at 8x8, 4x4 and 2x2."""
 
     arch = "digits-cnn"
     num_blocks = 3
+    defaults = {"exits": DIGITS_EXITS, "in_channels": 1, "input_size": 8}
 
-    def __init__(
-        self,
-        num_classes: int = 10,
-        exits: Sequence[int] = DIGITS_EXITS,
-        width: float = 1.0,
-        in_channels: int = 1,
-        input_size: int = 8,
-    ) -> None:
-        config = _validated(self.arch, self.num_blocks, num_classes, exits, width, in_channels, input_size)
+    def build_blocks(self, width: float, in_channels: int) -> tuple[list[nn.Module], list[int]]:
         channels = [_channels(16 * 2**b, width) for b in range(self.num_blocks)]
         blocks: list[nn.Module] = []
         c_in = in_channels
@@ -210,7 +230,7 @@ class DigitsCNN(EarlyExitNet):
             stride = 1 if b == 0 else 2
             blocks.append(nn.Sequential(*_conv_bn_relu(c_in, c_out, stride), *_conv_bn_relu(c_out, c_out, 1)))
             c_in = c_out
-        super().__init__(_group_into_stages(blocks, channels, exits, num_classes), config)
+        return blocks, channels
 
 
 def _is_int(v: object) -> bool:

@@ -46,29 +46,27 @@ def add_public(folder: str | Path, key_file: str | Path) -> Path:
     return Path(shutil.copyfile(key_file, folder / name))
 
 
+def _certificate(path: Path, expected: str) -> tuple[bytes, bytes | None]:
+    """(public, secret or None) from a ZeroMQ certificate file, which should be ``expected`` made by 'cis keys'."""
+    if not path.is_file():
+        raise CisError(f"{path}: key file not found; expected {expected} made by 'cis keys'")
+    try:
+        return zmq.auth.load_certificate(path)
+    except Exception as exc:
+        raise CisError(f"{path}: not a ZeroMQ certificate ({exc})") from None
+
+
 def load_keypair(path: str | Path) -> tuple[bytes, bytes]:
     """(public, secret) from a ``.key_secret`` file."""
     path = Path(path)
-    if not path.is_file():
-        raise CisError(f"{path}: key file not found; expected a .key_secret file made by 'cis keys'")
-    try:
-        public, secret = zmq.auth.load_certificate(path)
-    except Exception as exc:
-        raise CisError(f"{path}: not a ZeroMQ certificate ({exc})") from None
+    public, secret = _certificate(path, "a .key_secret file")
     if secret is None:
         raise CisError(f"{path}: holds no secret key; expected the .key_secret file")
     return public, secret
 
 
 def load_public(path: str | Path) -> bytes:
-    path = Path(path)
-    if not path.is_file():
-        raise CisError(f"{path}: key file not found; expected a public .key file made by 'cis keys'")
-    try:
-        public, _ = zmq.auth.load_certificate(path)
-    except Exception as exc:
-        raise CisError(f"{path}: not a ZeroMQ certificate ({exc})") from None
-    return public
+    return _certificate(Path(path), "a public .key file")[0]
 
 
 @dataclass

@@ -237,6 +237,11 @@ def plot(stem: str, result: dict, settings: list[str]) -> None:
     fig.savefig(RESULTS / f"{stem}.png", dpi=120)
 
 
+def devices(out: Path) -> list[str]:
+    """The devices the run files of ``out`` say they were trained on."""
+    return sorted({json.loads(f.read_text()).get("device") or "?" for f in (out / "runs").glob("seed*.json")})
+
+
 def load_scale(out: Path) -> tuple[dict, list[int]] | None:
     """The scale and seeds a campaign folder was run with (written when it started)."""
     if not (out / "scale.json").is_file():
@@ -247,13 +252,16 @@ def load_scale(out: Path) -> tuple[dict, list[int]] | None:
 
 def report(out: Path, large_out: Path, stem: str) -> dict:
     scale, seeds = load_scale(out) or ({}, [])
-    result = {"scale": scale, "seeds": seeds, "paper": PAPER_TABLE1, **summarise(collect(out, seeds), seeds, SETTINGS)}
+    table = collect(out, seeds)
+    done = sorted({seed for cells in table.values() for accs in cells.values() for seed in accs})
+    result = {"scale": scale, "seeds": seeds, "paper": PAPER_TABLE1, **summarise(table, seeds, SETTINGS)}
     result["auto_goal"] = auto_goal(result["summary"], SETTINGS)
     result["auto_choices"] = auto_choices(out)
     note = (
         f"Reduced scale: ResNet-18 width {scale.get('width')}, {scale.get('rounds')} rounds, "
         f"{scale.get('train_subset')} training images, local epochs {scale.get('local_epochs')}, "
-        f"seeds {','.join(map(str, seeds))}. Paper: full ResNet-18, 100 rounds, 45k images, 3 seeds."
+        f"seeds {','.join(map(str, seeds))} planned, runs finished for seeds {','.join(map(str, done)) or 'none'}. "
+        "Paper: full ResNet-18, 100 rounds, 45k images, 3 seeds."
     )
     if (large := load_scale(large_out)) is not None:
         lscale, lseeds = large
@@ -262,7 +270,8 @@ def report(out: Path, large_out: Path, stem: str) -> dict:
         result["large"]["auto_goal"] = auto_goal(result["large"]["summary"], cell)
         note += (
             f"\n\nLarger scale, {LARGE['serving']} only: width {lscale['width']}, {lscale['rounds']} rounds, "
-            f"{lscale['train_subset']} images, seeds {','.join(map(str, lseeds))}: "
+            f"{lscale['train_subset']} images, seeds {','.join(map(str, lseeds))}, trained on "
+            f"{', '.join(devices(large_out)) or 'an unrecorded device'}: "
             + ", ".join(f"{k} {fmt(v.get(LARGE['serving']))}" for k, v in result["large"]["summary"].items())
         )
         if pv := result["large"]["paired_vs_equal"]:

@@ -18,21 +18,22 @@ import os
 import platform
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import onnxruntime
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import RESULTS, machine
+from cis.bundle import StageInfo
+from cis.stages import StageRunner
+from export.onnx_export import export_stage, resolve_exporter, tensor_infos
+from training.architectures import build_model
+from training.models import default_model_config
+from training.stage_plan import describe_stages, run_plan
 
-from cis.bundle import StageInfo  # noqa: E402
-from cis.stages import StageRunner  # noqa: E402
-from export.onnx_export import export_stage, resolve_exporter, tensor_infos  # noqa: E402
-from export.stages import describe_stages, run_plan  # noqa: E402
-from training.models import build_model, default_model_config  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results" / "export_latency.json"
+OUT = RESULTS / "export_latency.json"
 
 
 def interleaved_medians(a, b, repeats: int, warmup: int = 2) -> tuple[float, float]:
@@ -46,6 +47,11 @@ def interleaved_medians(a, b, repeats: int, warmup: int = 2) -> tuple[float, flo
             fn()
             times.append(time.perf_counter() - t0)
     return float(np.median(ta)), float(np.median(tb))
+
+
+def _run_torch(module: torch.nn.Module, inputs: tuple[torch.Tensor, ...]) -> None:
+    with torch.inference_mode():
+        module(*inputs)
 
 
 def bench_width(width: float, batches: list[int], repeats: int, threads: int, exporter: str) -> dict:
@@ -67,11 +73,9 @@ def bench_width(width: float, batches: list[int], repeats: int, threads: int, ex
             inputs = tuple(torch.randn((b, *a.shape[1:])) for a in args)
             feeds = {n: t.numpy() for n, t in zip(st.inputs, inputs)}
 
-            def run_torch():
-                with torch.inference_mode():
-                    st.module(*inputs)
-
-            t_ort, t_torch = interleaved_medians(lambda: runner.run(feeds), run_torch, repeats)
+            t_ort, t_torch = interleaved_medians(
+                partial(runner.run, feeds), partial(_run_torch, st.module, inputs), repeats
+            )
             with torch.inference_mode():
                 ref = st.module(*inputs)[0].numpy()
             diff = float(np.abs(runner.run(feeds)["logits"] - ref).max())
@@ -82,7 +86,8 @@ def bench_width(width: float, batches: list[int], repeats: int, threads: int, ex
                 "max_abs_logit_diff": diff,
             }
             print(
-                f"width {width:<5} stage {st.index} batch {b:>3}: onnxruntime {t_ort * 1e3:9.3f} ms  torch {t_torch * 1e3:9.3f} ms  "
+                f"width {width:<5} stage {st.index} batch {b:>3}: onnxruntime {t_ort * 1e3:9.3f} ms  "
+                f"torch {t_torch * 1e3:9.3f} ms  "
                 f"ratio torch/ort {t_torch / t_ort:5.2f}  (max |diff| {diff:.1e})",
                 flush=True,
             )
@@ -105,18 +110,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--threads", type=int, default=min(4, os.cpu_count() or 1))
     p.add_argument("--exporter", default="auto", choices=["auto", "torchscript", "dynamo"])
-    p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     exporter, opset = resolve_exporter(args.exporter, 17)
     results = {
         "benchmark": "export_latency",
-        "what": "median seconds per call of each stage, onnxruntime CPU vs torch eager (inference_mode), random weights",
+        "what": "median seconds per call of each stage, onnxruntime CPU vs torch eager (inference_mode), "
+        "random weights",
         "repeats": args.repeats,
         "threads": args.threads,
         "exporter": exporter,
         "opset": opset,
-        "machine": {"platform": platform.platform(), "processor": platform.processor(), "cpus": os.cpu_count()},
+        "machine": {**machine(), "processor": platform.processor()},
         "versions": {"torch": torch.__version__, "onnxruntime": onnxruntime.__version__},
         "models": [bench_width(w, args.batches, args.repeats, args.threads, exporter) for w in args.widths],
     }

@@ -1,4 +1,4 @@
-"""FLAME on reduced-scale CIFAR-10: setting-A patience vs training without exits vs fixed exits at the same average depth.
+"""FLAME on reduced-scale CIFAR-10: setting-A patience vs no exits vs fixed exits at the same average depth.
 
 Runs of the same model (the small early-exit ViT, per-exit heads), data,
 partition and rounds (``--method flame`` through training.run.build_setup), all
@@ -39,71 +39,55 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-RESULTS = REPO / "benchmarks" / "results"
-EVAL_PATIENCE = 4
+from _common import RESULTS, spec_file, vit_args, vit_head, vit_quick, vit_result, write_results
+from training.methods.registry import FLAME_EVAL_PATIENCE, FLAME_GROUP_STEPS, FLAME_OPTIMIZERS, FLAME_SETTING_A
+
 # AdamW's lr for this small ViT (our choice: the paper's 2e-5 fine-tunes BERT); weight decay 0 (the paper names none)
 ADAMW_LR = 1e-3
 
 
 def args_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smoke setting: 1 round, 700 images, narrow model")
-    ap.add_argument("--data", default="/tmp/cifar10", help="CIFAR-10 folder (image-folder or pickle layout)")
-    ap.add_argument("--rounds", type=int, default=8)
-    ap.add_argument("--train-subset", type=int, default=5000)
-    ap.add_argument("--val-size", type=int, default=1000)
-    ap.add_argument("--width", type=float, default=1.0, help="ViT width multiplier (dim 64 x width)")
-    ap.add_argument("--local-epochs", type=float, default=1.0)
-    ap.add_argument("--exits", default="1,2,3,4,5,6", help="ViT blocks with an exit (vit_exits); the spec gets as many exits")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--out", default=None, help="result name (default flame, flame-quick with --quick)")
-    ap.add_argument("--grouping", default="exit", help="FLAME grouped backpropagation (exit: the paper's; full: one update per batch)")
-    ap.add_argument("--group-step", default="mean", choices=("share", "mean"),
+    ap = vit_args(__doc__.splitlines()[0], rounds=8, exits="1,2,3,4,5,6")
+    ap.add_argument(
+        "--grouping",
+        default="exit",
+        help="FLAME grouped backpropagation (exit: the paper's; full: one update per batch)",
+    )
+    ap.add_argument("--group-step", default="mean", choices=FLAME_GROUP_STEPS,
                     help="size of each group's update (mean: the paper's Algorithm 2; share: x |group|/b, for SGD)")
-    ap.add_argument("--optimizer", default="adamw", choices=("sgd", "adamw"),
-                    help="local optimizer of every run after the warm start: the paper's AdamW or the config's momentum SGD")
-    ap.add_argument("--lr", type=float, default=None, help=f"local lr (default: the config's for sgd, {ADAMW_LR:g} for adamw)")
-    ap.add_argument("--warmup-rounds", type=int, default=6, help="rounds of all-exit training every run starts from (the paper fine-tunes a pretrained model; 0: from scratch)")
-    ap.add_argument("--report-only", action="store_true", help="rewrite the markdown (and directions) from the saved json")
+    ap.add_argument(
+        "--optimizer",
+        default="adamw",
+        choices=FLAME_OPTIMIZERS,
+        help="local optimizer of every run after the warm start: the paper's AdamW or the config's momentum SGD",
+    )
+    ap.add_argument(
+        "--lr", type=float, default=None, help=f"local lr (default: the config's for sgd, {ADAMW_LR:g} for adamw)"
+    )
+    ap.add_argument(
+        "--warmup-rounds",
+        type=int,
+        default=6,
+        help="rounds of all-exit training every run starts from (the paper fine-tunes a pretrained model; 0: from "
+             "scratch)",
+    )
     return ap
 
 
 def quick(args) -> None:
+    vit_quick(args)
     if args.quick:
-        args.rounds, args.train_subset, args.val_size, args.width, args.local_epochs = 1, 700, 300, 0.5, 0.25
         args.exits, args.warmup_rounds = "1,2,3", 1
 
 
-def spec_file(num_exits: int, folder: Path) -> Path:
-    """The paper-7 tree (4 devices, 2 edges, a cloud: 7 clients) with its three tiers at exits
-    E/3, 2E/3, E of a model with ``num_exits`` = E exits (E a multiple of 3)."""
-    from cis.spec import parse_spec, spec_to_dict, write_spec
-    from cis.topologies import make_spec
-
-    if num_exits % 3:
-        raise SystemExit(f"--exits: {num_exits} exits; expected a multiple of 3 (the paper-7 tree has three tiers)")
-    d = spec_to_dict(make_spec("paper-7", "33-33-34", num_classes=10))
-    d["cis"]["exits"] = num_exits
-    for node in d["nodes"]:
-        node["exit"] = node["exit"] * num_exits // 3
-    spec = parse_spec(d, "<flame bench>")
-    path = folder / f"spec-{num_exits}.toml"
-    folder.mkdir(parents=True, exist_ok=True)
-    write_spec(spec, path)
-    return path
-
-
 def fixed_exits(clients, target: float, num_exits: int) -> dict[str, int]:
-    """Each client one exit in {floor(target), ceil(target)}, greedily keeping the sample-weighted mean near ``target``."""
+    """Each client one exit in {floor(target), ceil(target)}, greedily keeping the sample-weighted mean
+    near ``target``."""
     lo, hi = max(1, math.floor(target)), min(num_exits, math.ceil(target))
     out, samples, weighted = {}, 0, 0.0
     for c in sorted(clients, key=lambda c: -c.size):
@@ -127,13 +111,26 @@ def warm_start(args, spec: Path) -> dict | None:
 
     exits = [int(e) for e in args.exits.split(",")]
     E = len(exits)
-    config = make_config(overrides=dict(
-        method="exclusivefl", options={"vit_exits": exits, "depth": exits[-1]}, dataset=f"cifar10:{args.data}", spec=str(spec),
-        rounds=args.warmup_rounds, width=args.width, seed=args.seed + 1000, train_subset=args.train_subset, val_size=args.val_size,
-        local_epochs=args.local_epochs, threads=args.threads, eval_every=args.warmup_rounds,
-    ))
+    config = make_config(
+        overrides=dict(
+            method="exclusivefl",
+            options={"vit_exits": exits, "depth": exits[-1]},
+            dataset=f"cifar10:{args.data}",
+            spec=str(spec),
+            rounds=args.warmup_rounds,
+            width=args.width,
+            seed=args.seed + 1000,
+            train_subset=args.train_subset,
+            val_size=args.val_size,
+            local_epochs=args.local_epochs,
+            threads=args.threads,
+            eval_every=args.warmup_rounds,
+        )
+    )
     s = build_setup(config)
-    s.engine.chooser = BudgetChooser([E] * len(s.clients))  # every client trains every exit: a warm start, not ExclusiveFL's rule
+    s.engine.chooser = BudgetChooser(
+        [E] * len(s.clients)
+    )  # every client trains every exit: a warm start, not ExclusiveFL's rule
     for _ in range(config.rounds):
         s.engine.run_round()
     return {k: v.detach().clone() for k, v in s.engine.sync_model().state_dict().items()}
@@ -179,7 +176,7 @@ def run_cell(
     test = predict_exits(model, s.splits.test.x)
     y = s.splits.test.y
     acc = {str(e): float((test[e].argmax(-1) == y).mean()) for e in sorted(test)}
-    ev = evaluate_patience(s.spec, test, y, EVAL_PATIENCE)
+    ev = evaluate_patience(s.spec, test, y, FLAME_EVAL_PATIENCE)
     avg_exit = float(np.mean([r["avg_train_exit"] for r in rounds]))
     return {
         "name": name, "patience": patience, "fixed_exits": getattr(s.engine.trainer, "fixed_exits", {}) or None,
@@ -200,12 +197,11 @@ def main() -> None:
     if args.report_only:
         out = json.loads((RESULTS / f"{name}.json").read_text())
         out["directions"] = directions(out["cells"], E)
-        (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=2))
-        (RESULTS / f"{name}.md").write_text(markdown(out))
+        write_results(name, out, markdown(out))
         print(markdown(out))
         return
     spec = spec_file(E, Path(f"/tmp/cis-bench/{name}"))
-    setting_a = [2, 2, 3, 3, 4, 4, 5, 5, 6, 6]
+    setting_a = list(FLAME_SETTING_A)
     start = time.perf_counter()
     cells = {}
     warm = warm_start(args, spec)
@@ -217,12 +213,11 @@ def main() -> None:
     base = cells["no-exits"]["train_flops"]
     for c in cells.values():
         c["flops_vs_no_exits"] = c["train_flops"] / base if base else None
-    scale = {k: getattr(args, k) for k in ("rounds", "warmup_rounds", "grouping", "group_step", "optimizer", "lr", "train_subset", "val_size", "width", "local_epochs", "exits", "seed", "threads")}
-    out = {"benchmark": "flame", "quick": args.quick, "scale": scale, "cells": cells, "seconds": time.perf_counter() - start}
+    keys = ("rounds", "warmup_rounds", "grouping", "group_step", "optimizer", "lr", "train_subset", "val_size", "width",
+            "local_epochs", "exits", "seed", "threads")
+    out = vit_result("flame", args, keys, cells, start)
     out["directions"] = directions(cells, E)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=2))
-    (RESULTS / f"{name}.md").write_text(markdown(out))
+    write_results(name, out, markdown(out))
     print(markdown(out))
 
 
@@ -235,47 +230,72 @@ def directions(cells: dict, E: int) -> dict:
         "flame_minus_no_exits_last_exit_pp": 100 * (f["test_exit_accuracy"][str(E)] - n["test_exit_accuracy"][str(E)]),
         "fixed_minus_flame_patience_pp": 100 * (x["patience_accuracy"] - f["patience_accuracy"]),
         "flame_wall_vs_no_exits": f["wall_seconds"] / n["wall_seconds"],
-        **({"mean_steps_minus_share_patience_pp": 100 * (cells["flame mean-steps"]["patience_accuracy"] - f["patience_accuracy"])}
-           if "flame mean-steps" in cells else {}),
+        **(
+            {
+                "mean_steps_minus_share_patience_pp": 100
+                * (cells["flame mean-steps"]["patience_accuracy"] - f["patience_accuracy"])
+            }
+            if "flame mean-steps" in cells
+            else {}
+        ),
     }
 
 
 def markdown(out: dict) -> str:
     cells, scale = out["cells"], out["scale"]
-    E = len(str(scale["exits"]).split(","))
+    start = "from scratch" if not scale.get("warmup_rounds") else "from a common multi-exit warm start"
+    E, head = vit_head("FLAME", out, f"ViT {start}, paper-7 tree. Patience accuracy uses p_ev = {FLAME_EVAL_PATIENCE}.")
     lines = [
-        f"# FLAME benchmark{' (quick smoke run)' if out['quick'] else ''}", "",
-        f"Scale: {scale}; ViT {'from scratch' if not scale.get('warmup_rounds') else 'from a common multi-exit warm start'}, paper-7 tree. Patience accuracy uses p_ev = {EVAL_PATIENCE}. Total {out['seconds'] / 60:.1f} min.", "",
-        "| run | mean exit acc % | last exit acc % | patience acc % | avg train exit | train FLOPs | vs no-exits | wall s |",
+        *head,
+        "",
+        "| run | mean exit acc % | last exit acc % | patience acc % | avg train exit | train FLOPs | vs no-exits | "
+        "wall s |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for k, c in cells.items():
         lines.append(
-            f"| {k} | {100 * c['mean_exit_accuracy']:.1f} | {100 * c['test_exit_accuracy'][str(E)]:.1f} | {100 * c['patience_accuracy']:.1f} | "
-            f"{c['avg_train_exit']:.2f} | {c['train_flops']:.3g} | {c['flops_vs_no_exits']:.2f} | {c['wall_seconds']:.0f} |"
+            f"| {k} | {100 * c['mean_exit_accuracy']:.1f} | {100 * c['test_exit_accuracy'][str(E)]:.1f} "
+            f"| {100 * c['patience_accuracy']:.1f} | "
+            f"{c['avg_train_exit']:.2f} | {c['train_flops']:.3g} | {c['flops_vs_no_exits']:.2f} "
+            f"| {c['wall_seconds']:.0f} |"
         )
-    lines += ["", "Paper's direction: FLAME 20-50 % less training compute than no-exit training at about the same accuracy; fixed exits clearly worse."]
+    lines += [
+        "",
+        "Paper's direction: FLAME 20-50 % less training compute than no-exit training at about the same accuracy; "
+        "fixed exits clearly worse.",
+    ]
     d = out.get("directions")
     if d:
         saving = 100 * d["flame_compute_saving"]
+        low = "does NOT hold (less than 20 %)"
+        compute = "holds" if 20 <= saving <= 50 else "more than the paper" if saving > 50 else low
+        worse = d["fixed_minus_flame_patience_pp"] <= -2
+        fixed = "clearly worse: holds" if worse else "not clearly worse: does NOT hold"
         lines += [
             "",
-            f"- compute: FLAME trains with {saving:.0f} % less than no-exit training: {'holds' if 20 <= saving <= 50 else ('more than the paper' if saving > 50 else 'does NOT hold (less than 20 %)')}",
-            f"- accuracy: FLAME {d['flame_minus_no_exits_patience_pp']:+.1f} points under patience inference, {d['flame_minus_no_exits_last_exit_pp']:+.1f} at the last exit, against no-exit training"
-            f" ({'about the same' if abs(d['flame_minus_no_exits_patience_pp']) <= 2 else 'NOT about the same'}, tolerance 2 points)",
-            f"- fixed exits at the same average depth: {d['fixed_minus_flame_patience_pp']:+.1f} points against FLAME under patience inference"
-            f" ({'clearly worse: holds' if d['fixed_minus_flame_patience_pp'] <= -2 else 'not clearly worse: does NOT hold'})",
+            f"- compute: FLAME trains with {saving:.0f} % less than no-exit "
+            f"training: {compute}",
+            f"- accuracy: FLAME {d['flame_minus_no_exits_patience_pp']:+.1f} points under patience "
+            f"inference, {d['flame_minus_no_exits_last_exit_pp']:+.1f} at the last exit, against no-exit training"
+            f" ({'about the same' if abs(d['flame_minus_no_exits_patience_pp']) <= 2 else 'NOT about the same'}, "
+            "tolerance 2 points)",
+            f"- fixed exits at the same average depth: {d['fixed_minus_flame_patience_pp']:+.1f} points against FLAME "
+            f"under patience inference ({fixed})",
         ]
         if "flame_wall_vs_no_exits" in d:
             lines.append(
-                f"- wall time: FLAME {d['flame_wall_vs_no_exits']:.2f}x no-exit training's. The FLOPs count the layers each sample ran; "
-                "the wall time also pays one backward pass per exit group, each through the whole batch's activations in the shared "
+                f"- wall time: FLAME {d['flame_wall_vs_no_exits']:.2f}x no-exit training's. The FLOPs count the "
+                "layers each sample ran; "
+                "the wall time also pays one backward pass per exit group, each through the whole batch's activations "
+                "in the shared "
                 "layers (the forward runs batched, not per sample as in the paper)"
             )
         if "mean_steps_minus_share_patience_pp" in d:
             lines.append(
-                f"- group steps: a full step per group on its mean loss (the paper's Algorithm 2, with {scale.get('optimizer', 'sgd')}) "
-                f"{d['mean_steps_minus_share_patience_pp']:+.1f} points against steps scaled by the group's share of the batch"
+                "- group steps: a full step per group on its mean loss (the paper's Algorithm 2, "
+                f"with {scale.get('optimizer', 'sgd')}) "
+                f"{d['mean_steps_minus_share_patience_pp']:+.1f} points against steps scaled by the group's share of "
+                "the batch"
             )
     return "\n".join(lines) + "\n"
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -34,12 +33,11 @@ from pathlib import Path
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _common import RESULTS, machine
+from training.config import make_config
+from training.run import train_run
 
-from training.config import make_config  # noqa: E402
-from training.run import train_run  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results" / "flower_overhead.json"
+OUT = RESULTS / "flower_overhead.json"
 
 
 def rounds_of(out: Path) -> list[dict]:
@@ -72,7 +70,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--skip-deployment", action="store_true")
-    ap.add_argument("--out", type=Path, default=RESULTS)
+    ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     torch.set_num_threads(1)
     from training.flower.run import run_flower
@@ -109,7 +107,7 @@ def main() -> None:
     report = {
         "config": {"dataset": "digits", "spec": "paper-7", "rounds": args.rounds, "seed": 0, "threads": 1},
         "flwr": flwr.__version__ if hasattr(flwr, "__version__") else "",
-        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "load_average": os.getloadavg()},
+        "machine": machine(),
         "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)

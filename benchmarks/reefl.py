@@ -24,7 +24,6 @@ Writes benchmarks/results/reefl.json and reefl.md (or --out's name).
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import time
@@ -32,10 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "benchmarks"))
-from flame import RESULTS, spec_file  # noqa: E402
+from _common import RESULTS, spec_file, vit_args, vit_head, vit_quick, vit_result, write_results
 
 PAPER_SGD = {"lr": 0.05, "momentum": 0.0, "weight_decay": 0.0, "batch_size": 32}
 PAPER_CLIP = 1.0
@@ -51,30 +47,21 @@ CELLS = (
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smoke setting: 1 round, 700 images, narrow model")
-    ap.add_argument("--data", default="/tmp/cifar10")
-    ap.add_argument("--rounds", type=int, default=12)
-    ap.add_argument("--train-subset", type=int, default=5000)
-    ap.add_argument("--val-size", type=int, default=1000)
-    ap.add_argument("--width", type=float, default=1.0, help="ViT width multiplier (dim 64 x width)")
-    ap.add_argument("--local-epochs", type=float, default=1.0)
-    ap.add_argument("--exits", default="2,4,6", help="ViT blocks with an exit; depth = the last")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--threads", type=int, default=2)
+    ap = vit_args(__doc__.splitlines()[0], rounds=12, exits="2,4,6")
     ap.add_argument("--only", default=None, help="comma-separated cell names to run")
-    ap.add_argument("--sgd", default="paper", choices=("engine", "paper"), help="local SGD: the project's CIFAR setting or the ReeFL paper's")
-    ap.add_argument("--out", default=None, help="result name (default reefl, reefl-quick with --quick)")
-    ap.add_argument("--report-only", action="store_true", help="rewrite the markdown (and directions) from the saved json")
+    ap.add_argument(
+        "--sgd",
+        default="paper",
+        choices=("engine", "paper"),
+        help="local SGD: the project's CIFAR setting or the ReeFL paper's",
+    )
     args = ap.parse_args()
-    if args.quick:
-        args.rounds, args.train_subset, args.val_size, args.width, args.local_epochs = 1, 700, 300, 0.5, 0.25
+    vit_quick(args)
     name = args.out or ("reefl-quick" if args.quick else "reefl")
     if args.report_only:
         out = json.loads((RESULTS / f"{name}.json").read_text())
         out["directions"] = directions(out["cells"])
-        (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=2))
-        (RESULTS / f"{name}.md").write_text(markdown(out))
+        write_results(name, out, markdown(out))
         print(markdown(out))
         return
     exits = [int(e) for e in args.exits.split(",")]
@@ -89,13 +76,15 @@ def main() -> None:
         ramp = {"kd_ramp_rounds": max(1, round(0.3 * args.rounds))} if method in ("reefl", "depthfl") else {}
         clip = {"clip_value": PAPER_CLIP} if args.sgd == "paper" else {}
         cells[label] = run_cell(method, {**opts, **ramp, **clip, "vit_exits": exits, "depth": exits[-1]}, args, spec)
-        print(f"{label}: mean exit accuracy {100 * cells[label]['mean_exit_accuracy']:.1f}% ({cells[label]['wall_seconds']:.0f} s)", file=sys.stderr)
-    scale = {k: getattr(args, k) for k in ("rounds", "sgd", "train_subset", "val_size", "width", "local_epochs", "exits", "seed", "threads")}
-    out = {"benchmark": "reefl", "quick": args.quick, "scale": scale, "cells": cells, "seconds": time.perf_counter() - start}
+        print(
+            f"{label}: mean exit accuracy {100 * cells[label]['mean_exit_accuracy']:.1f}% "
+            f"({cells[label]['wall_seconds']:.0f} s)",
+            file=sys.stderr,
+        )
+    keys = ("rounds", "sgd", "train_subset", "val_size", "width", "local_epochs", "exits", "seed", "threads")
+    out = vit_result("reefl", args, keys, cells, start)
     out["directions"] = directions(cells)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"{name}.json").write_text(json.dumps(out, indent=2))
-    (RESULTS / f"{name}.md").write_text(markdown(out))
+    write_results(name, out, markdown(out))
     print(markdown(out))
 
 
@@ -112,12 +101,15 @@ def directions(cells: dict) -> dict:
 
 
 def markdown(out: dict) -> str:
-    cells, scale = out["cells"], out["scale"]
-    E = len(str(scale["exits"]).split(","))
+    cells = out["cells"]
+    setting = (
+        "paper-7 tree, clients' budgets = their tier's exit; ViT from scratch (the paper fine-tunes a pretrained one); "
+        "the distillation weight ramps over 30 % of the rounds (the paper: 300 of 1k)."
+    )
+    E, head = vit_head("ReeFL", out, setting)
     lines = [
-        f"# ReeFL benchmark{' (quick smoke run)' if out['quick'] else ''}", "",
-        f"Scale: {scale}; paper-7 tree, clients' budgets = their tier's exit; ViT from scratch (the paper fine-tunes a pretrained one); "
-        f"the distillation weight ramps over 30 % of the rounds (the paper: 300 of 1k). Total {out['seconds'] / 60:.1f} min.", "",
+        *head,
+        "",
         "| run | " + " | ".join(f"exit {e} %" for e in range(1, E + 1)) + " | mean % | wall s |",
         "|---|" + "---|" * (E + 2),
     ]
@@ -125,14 +117,23 @@ def markdown(out: dict) -> str:
         accs = " | ".join(f"{100 * c['test_exit_accuracy'][str(e)]:.1f}" for e in range(1, E + 1))
         lines.append(f"| {k} | {accs} | {100 * c['mean_exit_accuracy']:.1f} | {c['wall_seconds']:.0f} |")
     d = out.get("directions", {})
-    lines += ["", "Paper's direction: ReeFL ahead of per-exit heads (DepthFL, ExclusiveFL); modulation and distillation add a little.", ""]
+    lines += [
+        "",
+        "Paper's direction: ReeFL ahead of per-exit heads (DepthFL, ExclusiveFL); modulation and distillation add a "
+        "little.",
+        "",
+    ]
     checks = {
         "reefl_minus_depthfl_pp": "ReeFL ahead of DepthFL", "reefl_minus_exclusivefl_pp": "ReeFL ahead of ExclusiveFL",
         "modulation_gain_pp": "modulation adds", "distillation_gain_pp": "distillation adds",
     }
     for k, what in checks.items():
         if k in d:
-            verdict = "within one seed's noise (under 1 point)" if abs(d[k]) < 1 else ("holds" if d[k] > 0 else "does NOT hold")
+            verdict = (
+                "within one seed's noise (under 1 point)"
+                if abs(d[k]) < 1
+                else ("holds" if d[k] > 0 else "does NOT hold")
+            )
             lines.append(f"- {what}: {verdict} ({d[k]:+.1f} points)")
     return "\n".join(lines) + "\n"
 

@@ -20,7 +20,6 @@ import argparse
 import json
 import math
 import multiprocessing as mp
-import os
 import sys
 import tempfile
 import time
@@ -28,10 +27,9 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+from _common import RESULTS, machine
 
-HANDLERS = ("_on_front", "_on_parent", "_run_batch", "_reply", "_forward")
+HANDLERS = ("_on_front", "_on_parent", "reply", "forward")  # on the node; run_batch is the executor's
 
 
 def serve(bundle_dir: str, node_id: str, addresses: dict, parent: str | None, log_path: str, ready, stop) -> None:
@@ -39,7 +37,16 @@ def serve(bundle_dir: str, node_id: str, addresses: dict, parent: str | None, lo
     from cis.runtime import build_node
 
     bundle = load_bundle(bundle_dir)
-    node = build_node(bundle, node_id, bundle.spec, addresses[node_id], parent, math.inf if parent else None, transfer_cap=False, threads=1)
+    node = build_node(
+        bundle,
+        node_id,
+        bundle.spec,
+        addresses[node_id],
+        parent,
+        math.inf if parent else None,
+        transfer_cap=False,
+        threads=1,
+    )
     log: list[tuple[str, str, float]] = []
 
     def traced(name: str, fn):
@@ -53,6 +60,7 @@ def serve(bundle_dir: str, node_id: str, addresses: dict, parent: str | None, lo
 
     for name in HANDLERS:
         setattr(node, name, traced(name, getattr(node, name)))
+    node.executor.run_batch = traced("run_batch", node.executor.run_batch)
     for k, stage in node.stages.items():
         stage.runner.run = traced(f"stage{k}", stage.runner.run)
     node.run(install_signals=False, ready=ready.set, stop=stop.is_set)
@@ -66,11 +74,11 @@ def steps(path: list[str], exits: dict[str, int]) -> list[str]:
         k = exits[nid]
         up += [f"{nid}._on_front.in", f"{nid}.stage{k}.in", f"{nid}.stage{k}.out"]
         if nid != path[-1]:
-            up += [f"{nid}._forward.out"]
+            up += [f"{nid}.forward.out"]
     for nid in reversed(path):
         if nid != path[-1]:
             down += [f"{nid}._on_parent.in"]
-        down += [f"{nid}._reply.in", f"{nid}._reply.out"]
+        down += [f"{nid}.reply.in", f"{nid}.reply.out"]
     return up + down
 
 
@@ -78,7 +86,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bundle", required=True, help="a paper-7 bundle (runtime_overhead.py makes one in --work)")
     ap.add_argument("--n", type=int, default=200)
-    ap.add_argument("--out", default=str(HERE / "results" / "runtime_hop_breakdown.json"))
+    ap.add_argument("--out", default=str(RESULTS / "runtime_hop_breakdown.json"))
     args = ap.parse_args()
 
     from cis.bundle import load_bundle
@@ -113,7 +121,18 @@ def main() -> int:
     for nid in reversed(path):  # the root first
         parent = sub.node(nid).parent
         ready = ctx.Event()
-        p = ctx.Process(target=serve, args=(str(args.bundle), nid, addresses, addresses[parent] if parent else None, str(tmp / f"{nid}.json"), ready, stop))
+        p = ctx.Process(
+            target=serve,
+            args=(
+                str(args.bundle),
+                nid,
+                addresses,
+                addresses[parent] if parent else None,
+                str(tmp / f"{nid}.json"),
+                ready,
+                stop,
+            ),
+        )
         p.start()
         ready.wait(60)
         procs.append(p)
@@ -136,7 +155,7 @@ def main() -> int:
         first: dict[str, float] = {}
         for nid, log in logs.items():
             for name, io, t in log:
-                if t_send <= t <= t_recv and name != "_run_batch":
+                if t_send <= t <= t_recv and name != "run_batch":
                     first.setdefault(f"{nid}.{name}.{io}", t)
         last = t_send
         for k in order:
@@ -148,22 +167,28 @@ def main() -> int:
     total = float(np.median([b - a for a, b in sends[20:]]) * 1e3)
     stage_ms = {k: v for k, v in step_ms.items() if ".stage" in k and k.endswith(".out")}
     result = {
-        "bundle": str(args.bundle), "requests": args.n, "path": path,
-        "machine": {"cpus": os.cpu_count(), "load_avg": os.getloadavg()},
+        "bundle": str(args.bundle),
+        "requests": args.n,
+        "path": path,
+        "machine": machine(),
         "request_p50_ms": total,
         "in_process_stage_p50_ms": hot_ms,
         "in_process_chain_ms": float(sum(hot_ms)),
         "step_p50_ms": step_ms,
         "stages_in_nodes_ms": float(sum(stage_ms.values())),
         "everything_else_ms": float(sum(step_ms.values()) - sum(stage_ms.values())),
-        "note": "step = time since the previous event of the same request; '.in' of _on_front / _on_parent is the transit of the message before it",
+        "note": "step = time since the previous event of the same request; '.in' of _on_front / _on_parent is the "
+                "transit of the message before it",
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2))
     for k, v in step_ms.items():
         print(f"{k:28s} +{v:7.3f} ms")
-    print(f"request p50 {total:.2f} ms; stages in the nodes {result['stages_in_nodes_ms']:.2f} ms (in process, hot: {result['in_process_chain_ms']:.2f} ms); "
-          f"everything else {result['everything_else_ms']:.2f} ms; wrote {args.out}")
+    print(
+        f"request p50 {total:.2f} ms; stages in the nodes {result['stages_in_nodes_ms']:.2f} ms (in process, "
+        f"hot: {result['in_process_chain_ms']:.2f} ms); "
+        f"everything else {result['everything_else_ms']:.2f} ms; wrote {args.out}"
+    )
     return 0
 
 

@@ -28,14 +28,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
+from _common import RESULTS, machine
 
 
 def make_bundle(out: Path, dataset: str, width: float) -> Path:
@@ -44,9 +43,10 @@ def make_bundle(out: Path, dataset: str, width: float) -> Path:
     from cis.spec import spec_to_dict
     from cis.topologies import make_spec
     from export import export_bundle
+    from training.architectures import build_model
     from training.checkpoint import save_checkpoint
     from training.data import CIFAR10_MEAN, CIFAR10_STD
-    from training.models import build_model, default_model_config
+    from training.models import default_model_config
 
     torch.manual_seed(0)
     model = build_model(default_model_config("cifar10", width=width)).eval()
@@ -83,15 +83,21 @@ def p(values, q):
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--dataset", default="cifar10:/tmp/cifar10", help="CIFAR-10 folder for calibration (unzip ../shared/data/cifar10-jpeg.zip there)")
+    ap.add_argument(
+        "--dataset",
+        default="cifar10:/tmp/cifar10",
+        help="CIFAR-10 folder for calibration (unzip ../shared/data/cifar10-jpeg.zip there)",
+    )
     ap.add_argument("--bundle", help="reuse a bundle instead of exporting one")
     ap.add_argument("--work", default="/tmp/cis-runtime-bench")
     ap.add_argument("--width", type=float, default=0.25)
     ap.add_argument("--n", type=int, default=150, help="sequential requests per block of (a)")
     ap.add_argument("--repeats", type=int, default=5, help="blocks of (a), each timing both sides; medians over blocks")
-    ap.add_argument("--gap", type=float, default=0.05, help="seconds between paced requests in (a), the light-load variant")
+    ap.add_argument(
+        "--gap", type=float, default=0.05, help="seconds between paced requests in (a), the light-load variant"
+    )
     ap.add_argument("--seconds", type=float, default=5.0, help="duration of each throughput run (b)")
-    ap.add_argument("--out", default=str(HERE / "results" / "runtime_overhead.json"))
+    ap.add_argument("--out", default=str(RESULTS / "runtime_overhead.json"))
     args = ap.parse_args()
 
     from cis.bundle import load_bundle
@@ -108,8 +114,8 @@ def main() -> int:
     rng = np.random.default_rng(0)
     shape = tuple(bundle.stage(1).inputs[0].shape[1:])
     x = rng.standard_normal((max(args.n, 256), *shape)).astype(np.float32)
-    result: dict = {"bundle": str(bundle_dir), "model": "ResNet18EE (untrained), width %g, CIFAR-10 input" % args.width,
-                    "machine": {"cpus": os.cpu_count(), "python": sys.version.split()[0], "platform": platform.platform()}}
+    result: dict = {"bundle": str(bundle_dir), "model": f"ResNet18EE (untrained), width {args.width:g}, CIFAR-10 input",
+                    "machine": {**machine(), "python": sys.version.split()[0]}}
 
     # ---------------------------------------------------------------- (a) latency, in-process chain
     runners = stage_runners(bundle, threads=1)
@@ -182,7 +188,12 @@ def main() -> int:
     local_tput = done / (time.perf_counter() - t0)
     root = spec.root.id
     solo = spec.replace_nodes([n for n in spec.nodes if n.id == root])
-    cluster = launch(bundle_dir, solo, free_ports=True, extra_args=["--threads", str(threads), "--max-batch", str(bs), "--queue-limit", "4096"])
+    cluster = launch(
+        bundle_dir,
+        solo,
+        free_ports=True,
+        extra_args=["--threads", str(threads), "--max-batch", str(bs), "--queue-limit", "4096"],
+    )
     try:
         with Client(cluster.addresses[root], timeout=60) as c:
             c.infer_many(x[:256], window=128)
@@ -215,7 +226,15 @@ def main() -> int:
         per = {}
         for dt in ("float32", "float16", "int8"):
             carry = {t.name: np.zeros((1, *t.shape[1:]), dt) for t in stage.carry_outputs}
-            frames = P.encode(P.FORWARD, 1, carry, stage=stage.index + 1, deadline=time.time(), route=["device0", "edge0"], sender="edge0")
+            frames = P.encode(
+                P.FORWARD,
+                1,
+                carry,
+                stage=stage.index + 1,
+                deadline=time.time(),
+                route=["device0", "edge0"],
+                sender="edge0",
+            )
             per[{"float32": "fp32", "float16": "fp16", "int8": "int8"}[dt]] = {
                 "carry_bytes": int(sum(a.nbytes for a in carry.values())),
                 "message_bytes": int(sum(len(memoryview(f).cast("B")) for f in frames)),

@@ -115,7 +115,11 @@ def main() -> None:
     medians = {name: median_of(r) for name, r in runs.items()}
     bare = medians["bare_mm1"]
     result = {
-        "machine": {"python": platform.python_version(), "simpy": simpy.__version__, "processor": platform.processor() or platform.machine()},
+        "machine": {
+            "python": platform.python_version(),
+            "simpy": simpy.__version__,
+            "processor": platform.processor() or platform.machine(),
+        },
         "serving": SERVING,
         "burst_s": BURST_S,
         "clock": "process CPU time",

@@ -25,11 +25,8 @@ from __future__ import annotations
 
 import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from nefl import load_splits, make_setup, parse_args, train_and_report, write_results  # noqa: E402
+from _common import load_splits, make_setup, nested_args, nested_head, train_and_report, write_results
 
 METHODS = ("slt", "small", "fedrolex", "fd")
 
@@ -56,21 +53,22 @@ def directions(rows: dict) -> dict:
 
 
 def markdown(data: dict) -> list[str]:
-    a = data["args"]
     lines = [
-        "# SLT at tight budgets (reduced-scale CIFAR-10, ResNet20, paper-7)",
-        "",
-        f"{'QUICK SMOKE RUN, not a result. ' if a['quick'] else ''}Reduced scale: ResNet20 at width {a['width']}, "
-        f"{a['train_subset']} training images, {a['rounds']} rounds x {a['local_steps']} local steps of {a['batch_size']}, "
-        f"test on {a['test']} images, seed {a['seed']}; every device has budget s; papers' weighting (--strategy equal). "
-        "Test accuracy (%) of the server's full model (the small model: itself).",
-        "",
+        *nested_head(
+            "SLT at tight budgets (reduced-scale CIFAR-10, ResNet20, paper-7)",
+            data["args"],
+            "Every device has budget s. Test accuracy (%) of the server's full model (the small model: itself).",
+        ),
         "| budget s | " + " | ".join(METHODS) + " | seconds |",
         "|---|" + "---|" * (len(METHODS) + 1),
     ]
     for s, r in data["runs"].items():
         secs = sum(v["total_seconds"] for v in r.values())
-        lines.append(f"| {s} | " + " | ".join(f"{100 * r[m]['largest']:.1f}" if m in r else "-" for m in METHODS) + f" | {secs:.0f} |")
+        lines.append(
+            f"| {s} | "
+            + " | ".join(f"{100 * r[m]['largest']:.1f}" if m in r else "-" for m in METHODS)
+            + f" | {secs:.0f} |"
+        )
     lines += ["", "Direction from the paper (SLT > small model, and > FedRolex / FD by more than 5 pp):", ""]
     for k, v in data["directions"].items():
         lines.append(f"- {k}: {'holds' if v['holds'] else 'does NOT hold'} ("
@@ -86,7 +84,7 @@ def main(argv=None) -> int:
         i = argv.index("--budgets")
         budgets = [float(v) for v in argv[i + 1].split(",")]
         del argv[i : i + 2]
-    args = parse_args(argv, rounds=24, width=1.0)
+    args = nested_args(__doc__.split("\n")[0], argv, rounds=24, width=1.0)
     t0 = time.perf_counter()
     splits = load_splits(args.dataset, args.seed, args.val, args.test)
     methods = args.only.split(",") if args.only else list(METHODS)

@@ -24,25 +24,35 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
-import time
 from pathlib import Path
 
-import numpy as np
+from _common import (
+    RESULTS,
+    claim,
+    common_args,
+    ensure_cifar,
+    evaluate,
+    paired,
+    quick,
+    save_run,
+    scale_of,
+    seeds_of,
+    stats,
+    train,
+)
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-RESULTS = REPO / "benchmarks" / "results"
-ZIP = REPO.parent / "shared" / "data" / "cifar10-jpeg.zip"
-if not ZIP.is_file():
-    ZIP = Path("/work/shared/data/cifar10-jpeg.zip")
 SETTINGS = ["80-15-5", "33-33-33", "5-15-80"]
 STRATEGIES = ["equal", "flops", "serving-rate", "balanced-adj", "auto"]
 SHARED = ("equal", "flops")  # weights independent of the serving setting: trained once per seed
-LARGE = {"serving": "80-15-5", "width": 0.25, "rounds": 100, "train_subset": 20000, "seeds": [1, 2, 3],
-         "strategies": ["equal", "serving-rate", "balanced-adj", "auto"]}
+LARGE = {
+    "serving": "80-15-5",
+    "width": 0.25,
+    "rounds": 100,
+    "train_subset": 20000,
+    "seeds": [1, 2, 3],
+    "strategies": ["equal", "serving-rate", "balanced-adj", "auto"],
+}
 PAPER_TABLE1 = {  # CIFAR-10, equal partition, mean of 3 seeds (paper Table 1)
     "equal": {"80-15-5": 49.9, "33-33-33": 74.9, "5-15-80": 85.1},
     "flops": {"80-15-5": 32.1, "33-33-33": 67.3, "5-15-80": 86.3},
@@ -51,127 +61,24 @@ PAPER_TABLE1 = {  # CIFAR-10, equal partition, mean of 3 seeds (paper Table 1)
 }
 
 
-def ensure_cifar(path: Path) -> Path:
-    if not (path / "train").is_dir():
-        path.mkdir(parents=True, exist_ok=True)
-        subprocess.run(["unzip", "-q", "-o", str(ZIP), "-d", str(path)], check=True)
-    return path
-
-
-def train(out: Path, dataset: str, strategy: str, serving: str, args, **extra) -> dict:
-    from training.config import make_config
-    from training.run import train_run
-
-    if (out / "summary.json").is_file():  # finished earlier: reuse
-        return json.loads((out / "summary.json").read_text())
-    overrides = dict(
-        dataset=dataset, strategy=strategy, serving=serving, rounds=args.rounds, width=args.width, seed=args.seed,
-        train_subset=args.train_subset, val_size=args.val_size, eval_every=args.eval_every or args.rounds,
-        threads=args.threads, local_epochs=args.local_epochs, **extra,
-    )
-    config = make_config(overrides=overrides)
-    resume = (out / "checkpoint.pt").is_file()
-    t = time.perf_counter()
-    summary = train_run(config, out, resume=resume, progress=True)
-    summary["train_wall_seconds"] = time.perf_counter() - t
-    return summary
-
-
-def evaluate(run: Path, serving: str) -> float:
-    from cis.spec import parse_spec
-    from cis.topologies import apply_serving, parse_serving
-    from training.run import evaluate_run
-
-    meta = json.loads((run / "checkpoint.json").read_text())
-    spec = apply_serving(parse_spec(meta["spec"]), parse_serving(serving, 3))
-    return 100 * evaluate_run(run, spec)["cis_accuracy"]
-
-
-def common_args(ap: argparse.ArgumentParser, rounds: int = 60, local_epochs: float = 0.25) -> None:
-    ap.add_argument("--quick", action="store_true", help="smoke setting: tiny width, 2 rounds, 1400 images, 1 seed")
-    ap.add_argument("--data", default="/tmp/cifar10")
-    ap.add_argument("--width", type=float, default=0.125)
-    ap.add_argument("--rounds", type=int, default=rounds)
-    ap.add_argument("--train-subset", type=int, default=7000)
-    ap.add_argument("--val-size", type=int, default=2000)
-    ap.add_argument("--local-epochs", type=float, default=local_epochs)
-    ap.add_argument("--seeds", default="1,2,3,4,5", help="comma-separated seeds (default 1,2,3,4,5)")
-    ap.add_argument("--threads", type=int, default=1, help="torch threads per run (default 1)")
-    ap.add_argument("--eval-every", type=int, default=10, help="validation every N rounds (metrics.jsonl)")
-    ap.add_argument("--runs", default=None, help="folder for the run dirs (default /tmp/cis-bench/<script>)")
-    ap.add_argument("--report", action="store_true", help="only rebuild the result files from the per-run files")
-    ap.add_argument("--commit", action="store_true", help="git-commit each finished run's file (long campaigns)")
-
-
-def quick(args) -> None:
-    if args.quick:
-        args.width, args.rounds, args.train_subset, args.val_size, args.local_epochs = 0.0625, 2, 1400, 500, 0.25
-        args.seeds = args.seeds if args.seeds != "1,2,3,4,5" else "1"
-
-
-def seeds_of(args) -> list[int]:
-    return [int(s) for s in str(args.seeds).split(",") if s.strip()]
-
-
-def scale_of(args, keys=("width", "rounds", "train_subset", "val_size", "local_epochs", "threads")) -> dict:
-    return {k: getattr(args, k) for k in keys}
-
-
-def claim(path: Path) -> bool:
-    """Take the run whose result file is ``path`` for this process (``path``.lock holds the owner's pid).
-
-    Several campaign processes (one per core) can then share one campaign; a lock
-    left by a process that died is taken over.
-    """
-    lock = path.with_suffix(".lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        try:
-            os.kill(int(lock.read_text() or 0), 0)
-            return False  # its owner is alive
-        except (ProcessLookupError, ValueError):
-            lock.write_text(str(os.getpid()))
-            return True
-    os.write(fd, str(os.getpid()).encode())
-    os.close(fd)
-    return True
-
-
-def save_run(path: Path, record: dict, commit: bool) -> None:
-    """One finished run's numbers, written at once (and committed with --commit)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=1))
-    path.with_suffix(".lock").unlink(missing_ok=True)
-    if commit:
-        subprocess.run(["git", "-C", str(REPO), "add", str(path)], check=False)
-        subprocess.run(["git", "-C", str(REPO), "commit", "-q", "-m", f"{path.parent.parent.name}: {path.stem}", "--", str(path)],
-                       check=False)
-
-
-def stats(values: list[float]) -> dict:
-    a = np.asarray(values, dtype=float)
-    return {"mean": float(a.mean()), "sd": float(a.std(ddof=1)) if len(a) > 1 else 0.0, "n": len(a)}
-
-
-def paired(values: list[float], base: list[float]) -> dict:
-    """The per-seed difference against a baseline: mean, sd and the sign per seed."""
-    d = np.asarray(values, dtype=float) - np.asarray(base, dtype=float)
-    return {**stats(d.tolist()), "per_seed": [round(float(x), 2) for x in d],
-            "signs": "".join("+" if x > 0 else "-" if x < 0 else "0" for x in d)}
-
-
-def run_record(run: Path, summary: dict, seed: int, strategy: str, trained_for: str, accuracy: dict[str, float]) -> dict:
+def run_record(
+    run: Path, summary: dict, seed: int, strategy: str, trained_for: str, accuracy: dict[str, float]
+) -> dict:
     return {
-        "seed": seed, "strategy": strategy, "trained_for": trained_for, "cis_accuracy": accuracy,
-        "exit_accuracy": summary["test"]["exit_accuracy"], "weights": summary["weights"],
-        "train_wall_seconds": summary.get("train_wall_seconds"), "run_dir": str(run),
+        "seed": seed,
+        "strategy": strategy,
+        "trained_for": trained_for,
+        "cis_accuracy": accuracy,
+        "exit_accuracy": summary["test"]["exit_accuracy"],
+        "weights": summary["weights"],
+        "train_wall_seconds": summary.get("train_wall_seconds"),
+        "run_dir": str(run),
     }
 
 
-def campaign(args, dataset: str, runs: Path, out: Path, cells: list[tuple[str, str]], seeds: list[int],
-             on_run=lambda: None) -> None:
+def campaign(
+    args, dataset: str, runs: Path, out: Path, cells: list[tuple[str, str]], seeds: list[int], on_run=lambda: None
+) -> None:
     """Train every (strategy, trained-for setting) cell per seed; write each run's file as it finishes."""
     todo = [(seed, strategy, trained_for) for seed in seeds for strategy, trained_for in cells]
     for k, (seed, strategy, trained_for) in enumerate(todo, 1):
@@ -215,8 +122,10 @@ def summarise(table: dict, seeds: list[int], settings: list[str]) -> dict:
             base = table.get("equal", {}).get(serving, {})
             both = [s for s in have if s in base]
             if strategy != "equal" and both:
-                vs_equal.setdefault(strategy, {})[serving] = {**paired([got[s] for s in both], [base[s] for s in both]),
-                                                              "seeds": both}
+                vs_equal.setdefault(strategy, {})[serving] = {
+                    **paired([got[s] for s in both], [base[s] for s in both]),
+                    "seeds": both,
+                }
     return {"per_seed": per_seed, "summary": summary, "paired_vs_equal": vs_equal}
 
 
@@ -232,8 +141,14 @@ def auto_goal(summary: dict, settings: list[str]) -> dict:
         best = max(fixed, key=lambda s: fixed[s]["mean"])
         bar = fixed[best]["mean"] - fixed[best]["sd"]
         got = summary["auto"][serving]["mean"]
-        out[serving] = {"auto_mean": got, "best_fixed": best, "best_mean": fixed[best]["mean"], "best_sd": fixed[best]["sd"],
-                        "bar": bar, "met": bool(got >= bar)}
+        out[serving] = {
+            "auto_mean": got,
+            "best_fixed": best,
+            "best_mean": fixed[best]["mean"],
+            "best_sd": fixed[best]["sd"],
+            "bar": bar,
+            "met": bool(got >= bar),
+        }
     return out
 
 
@@ -256,24 +171,40 @@ def write_report(stem: str, result: dict, settings: list[str], title: str, note:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=1))
     s = result["summary"]
-    lines = [f"# {title}\n", note + "\n", "CIS accuracy on the test split (%), mean ± sd over seeds; paper: Table 1 (3 seeds).\n",
-             "| strategy | " + " | ".join(f"{x} ours | {x} paper" for x in settings) + " |",
-             "|---|" + "---|---|" * len(settings)]
+    lines = [
+        f"# {title}\n",
+        note + "\n",
+        "CIS accuracy on the test split (%), mean ± sd over seeds; paper: Table 1 (3 seeds).\n",
+        "| strategy | " + " | ".join(f"{x} ours | {x} paper" for x in settings) + " |",
+        "|---|" + "---|---|" * len(settings),
+    ]
     for strategy in [x for x in STRATEGIES if x in s]:
-        row = [f"{fmt(s[strategy].get(x))} | {PAPER_TABLE1.get(strategy, {}).get(x, float('nan')):.1f}" for x in settings]
+        row = [
+            f"{fmt(s[strategy].get(x))} | {PAPER_TABLE1.get(strategy, {}).get(x, float('nan')):.1f}" for x in settings
+        ]
         lines.append(f"| {strategy} | " + " | ".join(row).replace("nan", "–") + " |")
-    lines += ["", "Paired difference against equal (same seed): mean ± sd, and the sign per seed.\n",
-              "| strategy | " + " | ".join(settings) + " |", "|---|" + "---|" * len(settings)]
+    lines += [
+        "",
+        "Paired difference against equal (same seed): mean ± sd, and the sign per seed.\n",
+        "| strategy | " + " | ".join(settings) + " |",
+        "|---|" + "---|" * len(settings),
+    ]
     for strategy, cells in result["paired_vs_equal"].items():
         row = [(f"{c['mean']:+.1f} ± {c['sd']:.1f} ({c['signs']})" if (c := cells.get(x)) else "–") for x in settings]
         lines.append(f"| {strategy} | " + " | ".join(row) + " |")
     if result.get("auto_goal"):
-        lines += ["", "auto against its goal (mean >= best fixed strategy's mean - that strategy's sd):\n",
-                  "| serving | auto | best fixed | bar | met | auto chose |", "|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            "auto against its goal (mean >= best fixed strategy's mean - that strategy's sd):\n",
+            "| serving | auto | best fixed | bar | met | auto chose |",
+            "|---|---|---|---|---|---|",
+        ]
         for x, g in result["auto_goal"].items():
             chose = ", ".join(f"{k} {v}x" for k, v in result.get("auto_choices", {}).get(x, {}).items()) or "–"
-            lines.append(f"| {x} | {g['auto_mean']:.1f} | {g['best_fixed']} {g['best_mean']:.1f} ± {g['best_sd']:.1f} | "
-                         f"{g['bar']:.1f} | {'yes' if g['met'] else 'NO'} | {chose} |")
+            lines.append(
+                f"| {x} | {g['auto_mean']:.1f} | {g['best_fixed']} {g['best_mean']:.1f} ± {g['best_sd']:.1f} | "
+                f"{g['bar']:.1f} | {'yes' if g['met'] else 'NO'} | {chose} |"
+            )
     (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n" + result.get("findings", ""))
     plot(stem, result, settings)
 
@@ -318,20 +249,25 @@ def report(out: Path, large_out: Path, stem: str) -> dict:
     result = {"scale": scale, "seeds": seeds, "paper": PAPER_TABLE1, **summarise(collect(out, seeds), seeds, SETTINGS)}
     result["auto_goal"] = auto_goal(result["summary"], SETTINGS)
     result["auto_choices"] = auto_choices(out)
-    note = (f"Reduced scale: ResNet-18 width {scale.get('width')}, {scale.get('rounds')} rounds, "
-            f"{scale.get('train_subset')} training images, local epochs {scale.get('local_epochs')}, "
-            f"seeds {','.join(map(str, seeds))}. Paper: full ResNet-18, 100 rounds, 45k images, 3 seeds.")
+    note = (
+        f"Reduced scale: ResNet-18 width {scale.get('width')}, {scale.get('rounds')} rounds, "
+        f"{scale.get('train_subset')} training images, local epochs {scale.get('local_epochs')}, "
+        f"seeds {','.join(map(str, seeds))}. Paper: full ResNet-18, 100 rounds, 45k images, 3 seeds."
+    )
     if (large := load_scale(large_out)) is not None:
         lscale, lseeds = large
         cell = [LARGE["serving"]]
         result["large"] = {"scale": lscale, "seeds": lseeds, **summarise(collect(large_out, lseeds), lseeds, cell)}
         result["large"]["auto_goal"] = auto_goal(result["large"]["summary"], cell)
-        note += (f"\n\nLarger scale, {LARGE['serving']} only: width {lscale['width']}, {lscale['rounds']} rounds, "
-                 f"{lscale['train_subset']} images, seeds {','.join(map(str, lseeds))}: "
-                 + ", ".join(f"{k} {fmt(v.get(LARGE['serving']))}" for k, v in result["large"]["summary"].items()))
+        note += (
+            f"\n\nLarger scale, {LARGE['serving']} only: width {lscale['width']}, {lscale['rounds']} rounds, "
+            f"{lscale['train_subset']} images, seeds {','.join(map(str, lseeds))}: "
+            + ", ".join(f"{k} {fmt(v.get(LARGE['serving']))}" for k, v in result["large"]["summary"].items())
+        )
         if pv := result["large"]["paired_vs_equal"]:
             note += "; against equal: " + ", ".join(
-                f"{k} {c['mean']:+.1f} ({c['signs']})" for k, v in pv.items() for c in [v[LARGE['serving']]])
+                f"{k} {c['mean']:+.1f} ({c['signs']})" for k, v in pv.items() for c in [v[LARGE["serving"]]]
+            )
     findings = RESULTS / f"{stem}_findings.md"
     result["findings"] = findings.read_text() if findings.is_file() else ""
     write_report(stem, result, SETTINGS, "Table 1 over seeds (CIFAR-10, paper-7, equal partition)", note)
@@ -342,8 +278,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common_args(ap)
     ap.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated (default all five)")
-    ap.add_argument("--large", action="store_true", help="the 80-15-5 cell at a larger scale (width 0.25, 100 rounds, "
-                    "20k images, seeds 1,2,3, equal/serving-rate/balanced-adj/auto; the flags override each)")
+    ap.add_argument(
+        "--large",
+        action="store_true",
+        help="the 80-15-5 cell at a larger scale (width 0.25, 100 rounds, "
+        "20k images, seeds 1,2,3, equal/serving-rate/balanced-adj/auto; the flags override each)",
+    )
     args = ap.parse_args()
     quick(args)
     stem = "table1_quick" if args.quick else "table1"
@@ -368,8 +308,12 @@ def main() -> None:
             cells = [(s, LARGE["serving"]) for s in strategies]
         else:
             cells = [(s, "33-33-33") for s in strategies if s in SHARED]
-            cells += [(s, x) for x in SETTINGS for s in strategies
-                      if s not in SHARED and not (s == "serving-rate" and x == "33-33-33")]
+            cells += [
+                (s, x)
+                for x in SETTINGS
+                for s in strategies
+                if s not in SHARED and not (s == "serving-rate" and x == "33-33-33")
+            ]
         campaign(args, dataset, runs, target, cells, seeds_of(args), on_run=lambda: report(out, large_out, stem))
     report(out, large_out, stem)
     print((RESULTS / f"{stem}.md").read_text())

@@ -30,9 +30,18 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from table1 import (  # noqa: E402
-    RESULTS, claim, common_args, ensure_cifar, paired, quick, save_run, scale_of, seeds_of, stats, train,
+from _common import (
+    RESULTS,
+    claim,
+    common_args,
+    ensure_cifar,
+    paired,
+    quick,
+    save_run,
+    scale_of,
+    seeds_of,
+    stats,
+    train,
 )
 
 PAPER = {"equal p=0": 36.5, "serving-rate p=0": 41.3, "serving-rate p=0.2": 49.2}
@@ -46,13 +55,18 @@ VARIANTS: dict[str, dict] = {  # at p = 0.2 under the paper's p rule (p per lowe
     "flops-steps": {"lower_exit_steps": "flops"},
     "self-normalised+flops-steps": {"coefficient_rule": "self-normalised", "lower_exit_steps": "flops"},
 }
-DIAGNOSE = [("p=0", "serving-rate", 0.0, {})] + [(f"p=0.2 {name}", "serving-rate", 0.2, extra) for name, extra in VARIANTS.items()]
+DIAGNOSE = [("p=0", "serving-rate", 0.0, {})] + [
+    (f"p=0.2 {name}", "serving-rate", 0.2, extra) for name, extra in VARIANTS.items()
+]
 
 
 def campaign_runs(variants: list[str]) -> list[tuple[str, str, float, dict]]:
     """(run name, strategy, p, config overrides) of the multi-seed table: the paper's three runs, then the variants."""
-    runs = [("equal p=0", "equal", 0.0, {}), ("serving-rate p=0", "serving-rate", 0.0, {}),
-            ("serving-rate p=0.2", "serving-rate", 0.2, {})]
+    runs = [
+        ("equal p=0", "equal", 0.0, {}),
+        ("serving-rate p=0", "serving-rate", 0.0, {}),
+        ("serving-rate p=0.2", "serving-rate", 0.2, {}),
+    ]
     return runs + [(f"serving-rate p=0.2 {v}", "serving-rate", 0.2, VARIANTS[v]) for v in variants if v != "paper"]
 
 
@@ -68,8 +82,10 @@ def aggregation_trace(run: Path) -> dict:
     head = np.array([a["coefficients"]["head"] for a in agg])
     val = {ln["round"]: ln["val_exit_accuracy"] for ln in lines if "val_exit_accuracy" in ln}
     return {
-        "stage_mean": stage.mean(0).tolist(), "stage_max": stage.max(0).tolist(),
-        "head_mean": head.mean(0).tolist(), "head_max": head.max(0).tolist(),
+        "stage_mean": stage.mean(0).tolist(),
+        "stage_max": stage.max(0).tolist(),
+        "head_mean": head.mean(0).tolist(),
+        "head_max": head.max(0).tolist(),
         "head_sd": head.std(0).tolist(),
         "rounds_head_over_1": (head > 1).sum(0).tolist(),
         "bn_clamped_total": int(sum(a.get("bn_clamped", 0) for a in agg)),
@@ -79,7 +95,9 @@ def aggregation_trace(run: Path) -> dict:
     }
 
 
-def one_run(args, dataset: str, runs: Path, out: Path, seed: int, name: str, strategy: str, p: float, extra: dict) -> dict:
+def one_run(
+    args, dataset: str, runs: Path, out: Path, seed: int, name: str, strategy: str, p: float, extra: dict
+) -> dict:
     path = out / "runs" / f"seed{seed}_{slug(name)}.json"
     if path.is_file():
         return json.loads(path.read_text())
@@ -89,10 +107,18 @@ def one_run(args, dataset: str, runs: Path, out: Path, seed: int, name: str, str
     args.seed = seed
     run = runs / f"seed{seed}" / slug(name)
     summary = train(run, dataset, strategy, "80-15-5", args, p=p, **SETTING, **extra)
-    record = {"seed": seed, "run": name, "strategy": strategy, "p": p, "overrides": extra,
-              "cis_accuracy": 100 * summary["cis_accuracy"], "exit_accuracy": summary["test"]["exit_accuracy"],
-              "served_share_per_exit": summary["test"].get("served_share_per_exit"),
-              "train_wall_seconds": summary.get("train_wall_seconds"), "aggregation": aggregation_trace(run)}
+    record = {
+        "seed": seed,
+        "run": name,
+        "strategy": strategy,
+        "p": p,
+        "overrides": extra,
+        "cis_accuracy": 100 * summary["cis_accuracy"],
+        "exit_accuracy": summary["test"]["exit_accuracy"],
+        "served_share_per_exit": summary["test"].get("served_share_per_exit"),
+        "train_wall_seconds": summary.get("train_wall_seconds"),
+        "aggregation": aggregation_trace(run),
+    }
     save_run(path, record, args.commit)
     return record
 
@@ -115,33 +141,49 @@ def report(out: Path, stem: str, names: list[str]) -> dict:
         have = [s for s in seeds if s in table[name]]
         accs = [table[name][s]["cis_accuracy"] for s in have]
         per_seed[name] = accs
-        summary[name] = {**stats(accs), "seeds": have,
-                         "exit_accuracy": {e: stats([table[name][s]["exit_accuracy"][e] * 100 for s in have])["mean"]
-                                           for e in ("1", "2", "3")},
-                         "bn_clamped_total": sum(table[name][s]["aggregation"]["bn_clamped_total"] for s in have),
-                         "head_max": np.max([table[name][s]["aggregation"]["head_max"] for s in have], axis=0).tolist()}
+        summary[name] = {
+            **stats(accs),
+            "seeds": have,
+            "exit_accuracy": {
+                e: stats([table[name][s]["exit_accuracy"][e] * 100 for s in have])["mean"] for e in ("1", "2", "3")
+            },
+            "bn_clamped_total": sum(table[name][s]["aggregation"]["bn_clamped_total"] for s in have),
+            "head_max": np.max([table[name][s]["aggregation"]["head_max"] for s in have], axis=0).tolist(),
+        }
         for base in ("serving-rate p=0", "equal p=0"):
             if name != base and base in table:
                 both = [s for s in have if s in table[base]]
                 if both:
-                    vs.setdefault(name, {})[base] = {**paired([table[name][s]["cis_accuracy"] for s in both],
-                                                              [table[base][s]["cis_accuracy"] for s in both]), "seeds": both}
+                    vs.setdefault(name, {})[base] = {
+                        **paired(
+                            [table[name][s]["cis_accuracy"] for s in both],
+                            [table[base][s]["cis_accuracy"] for s in both],
+                        ),
+                        "seeds": both,
+                    }
     result = {"scale": scale, "seeds": seeds, "per_seed": per_seed, "summary": summary, "paired": vs, "paper": PAPER}
     (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=1))
-    lines = ["# Table 2 over seeds (CIFAR-10, paper-7, highly biased partition, 80-15-5)\n",
-             f"Scale: {scale}; seeds {','.join(map(str, seeds))}. CIS accuracy on the test split (%), mean ± sd; "
-             "exit accuracies are means over the seeds.\n",
-             "| run | CIS accuracy | paper | vs serving-rate p=0 (signs) | exit 1 | exit 2 | exit 3 | BN vars clamped | max head coef (1/2/3) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Table 2 over seeds (CIFAR-10, paper-7, highly biased partition, 80-15-5)\n",
+        f"Scale: {scale}; seeds {','.join(map(str, seeds))}. CIS accuracy on the test split (%), mean ± sd; "
+        "exit accuracies are means over the seeds.\n",
+        "| run | CIS accuracy | paper | vs serving-rate p=0 (signs) | exit 1 | exit 2 | exit 3 | BN vars clamped "
+        "| max head coef (1/2/3) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, c in summary.items():
         d = vs.get(name, {}).get("serving-rate p=0")
         diff = f"{d['mean']:+.1f} ± {d['sd']:.1f} ({d['signs']})" if d else "–"
         paper = f"{PAPER[name]:.1f}" if name in PAPER else "–"
         ex = c["exit_accuracy"]
-        lines.append(f"| {name} | {c['mean']:.1f} ± {c['sd']:.1f} | {paper} | {diff} | {ex['1']:.1f} | {ex['2']:.1f} | "
-                     f"{ex['3']:.1f} | {c['bn_clamped_total']} | {'/'.join(f'{h:.2f}' for h in c['head_max'])} |")
+        lines.append(
+            f"| {name} | {c['mean']:.1f} ± {c['sd']:.1f} | {paper} | {diff} | {ex['1']:.1f} | {ex['2']:.1f} | "
+            f"{ex['3']:.1f} | {c['bn_clamped_total']} | {'/'.join(f'{h:.2f}' for h in c['head_max'])} |"
+        )
     findings = RESULTS / f"{stem}_findings.md"
-    (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n\n" + (findings.read_text() if findings.is_file() else ""))
+    (RESULTS / f"{stem}.md").write_text(
+        "\n".join(lines) + "\n\n" + (findings.read_text() if findings.is_file() else "")
+    )
     return result
 
 
@@ -149,34 +191,45 @@ def diagnose_report(out: Path, seed: int) -> None:
     found = {r["run"]: r for r in (json.loads(f.read_text()) for f in (out / "runs").glob(f"seed{seed}_*.json"))}
     rows = {name: found[name] for name, *_ in DIAGNOSE if name in found}
     (RESULTS / f"{out.name}.json").write_text(json.dumps({"seed": seed, "runs": rows}, indent=1))
-    lines = ["# Table 2 diagnostics: why p = 0.2 hurts at reduced scale\n",
-             f"Seed {seed}; serving-rate weights at 80-15-5, highly biased partition; p = 0.2 under the paper's rule unless "
-             "said. Coefficients are per-round totals of c_ie: head k sums the pairs that trained exit k, stage k the pairs "
-             "with exit >= k (line 12 at p = 0 gives head k a total of Lambda~_k every round).\n",
-             "| run | CIS acc | exit 1/2/3 acc | head 1 coef mean (sd, max) | head 2 mean (max) | head 3 mean (max) | "
-             "stage 1 mean (max) | rounds head1 > 1 | BN vars clamped (rounds) | last val exit 1/2/3 |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "# Table 2 diagnostics: why p = 0.2 hurts at reduced scale\n",
+        f"Seed {seed}; serving-rate weights at 80-15-5, highly biased partition; p = 0.2 under the paper's rule unless "
+        "said. Coefficients are per-round totals of c_ie: head k sums the pairs that trained exit k, stage k the pairs "
+        "with exit >= k (line 12 at p = 0 gives head k a total of Lambda~_k every round).\n",
+        "| run | CIS acc | exit 1/2/3 acc | head 1 coef mean (sd, max) | head 2 mean (max) | head 3 mean (max) | "
+        "stage 1 mean (max) | rounds head1 > 1 | BN vars clamped (rounds) | last val exit 1/2/3 |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for name, r in rows.items():
         a = r["aggregation"]
         ex = "/".join(f"{100 * r['exit_accuracy'][e]:.1f}" for e in ("1", "2", "3"))
         last = a["val_exit_accuracy"][max(a["val_exit_accuracy"], key=int)] if a["val_exit_accuracy"] else {}
         val = "/".join(f"{100 * last[e]:.1f}" for e in ("1", "2", "3")) if last else "–"
         lines.append(
-            f"| {name} | {r['cis_accuracy']:.1f} | {ex} | {a['head_mean'][0]:.2f} ({a['head_sd'][0]:.2f}, {a['head_max'][0]:.2f}) | "
+            f"| {name} | {r['cis_accuracy']:.1f} | {ex} | "
+            f"{a['head_mean'][0]:.2f} ({a['head_sd'][0]:.2f}, {a['head_max'][0]:.2f}) | "
             f"{a['head_mean'][1]:.2f} ({a['head_max'][1]:.2f}) | {a['head_mean'][2]:.2f} ({a['head_max'][2]:.2f}) | "
             f"{a['stage_mean'][0]:.2f} ({a['stage_max'][0]:.2f}) | {a['rounds_head_over_1'][0]} | "
-            f"{a['bn_clamped_total']} ({a['rounds_with_clamping']}) | {val} |")
+            f"{a['bn_clamped_total']} ({a['rounds_with_clamping']}) | {val} |"
+        )
     findings = RESULTS / f"{out.name}_findings.md"
-    (RESULTS / f"{out.name}.md").write_text("\n".join(lines) + "\n\n" + (findings.read_text() if findings.is_file() else ""))
+    (RESULTS / f"{out.name}.md").write_text(
+        "\n".join(lines) + "\n\n" + (findings.read_text() if findings.is_file() else "")
+    )
     print("\n".join(lines))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common_args(ap)
-    ap.add_argument("--variants", default="bn-literal,self-normalised",
-                    help=f"p = 0.2 variants besides the paper's rule, comma-separated, of: {', '.join(VARIANTS)}")
-    ap.add_argument("--diagnose", action="store_true", help="one seed (the first of --seeds), every variant, with traces")
+    ap.add_argument(
+        "--variants",
+        default="bn-literal,self-normalised",
+        help=f"p = 0.2 variants besides the paper's rule, comma-separated, of: {', '.join(VARIANTS)}",
+    )
+    ap.add_argument(
+        "--diagnose", action="store_true", help="one seed (the first of --seeds), every variant, with traces"
+    )
     args = ap.parse_args()
     quick(args)
     variants = [v for v in args.variants.split(",") if v]
@@ -199,8 +252,12 @@ def main() -> None:
         dataset = f"cifar10:{ensure_cifar(Path(args.data))}"
         runs = Path(args.runs or f"/tmp/cis-bench/{stem}")
         out.mkdir(parents=True, exist_ok=True)
-        (out / "scale.json").write_text(json.dumps({**scale_of(args), "partition": "highly-biased", "serving": "80-15-5",
-                                                    "seeds": seeds_of(args)}, indent=1))
+        (out / "scale.json").write_text(
+            json.dumps(
+                {**scale_of(args), "partition": "highly-biased", "serving": "80-15-5", "seeds": seeds_of(args)},
+                indent=1,
+            )
+        )
         for seed in seeds_of(args):
             for name, strategy, p, extra in campaign_runs(variants):
                 one_run(args, dataset, runs, out, seed, name, strategy, p, extra)

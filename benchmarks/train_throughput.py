@@ -24,10 +24,11 @@ import torch
 import torch.nn.functional as F
 
 from cis.topologies import make_spec
+from training.architectures import build_model
 from training.data import load_dataset
 from training.engine import CisAggregator, ExitSampler, FederatedEngine, derived_generator
 from training.local import Client, ExitSGDTrainer, batch_indices
-from training.models import build_model, default_model_config
+from training.models import default_model_config
 from training.partition import partition
 from training.sampling import sampling_matrix
 from training.strategies import make_weights
@@ -46,7 +47,10 @@ def setup(case: str, seed: int = 0):
         x, y = torch.randn(1400, 3, 32, 32, generator=g), torch.randint(0, 10, (1400,), generator=g)
         mcfg, batch = default_model_config("cifar10", 0.125), 64
     parts = partition(y.numpy(), spec.nodes, "equal", seed=seed)
-    clients = [Client(n.id, k, n.exit, x[torch.from_numpy(parts[n.id])], y[torch.from_numpy(parts[n.id])]) for k, n in enumerate(spec.nodes)]
+    clients = [
+        Client(n.id, k, n.exit, x[torch.from_numpy(parts[n.id])], y[torch.from_numpy(parts[n.id])])
+        for k, n in enumerate(spec.nodes)
+    ]
     matrix = sampling_matrix([n.exit for n in spec.nodes], 3)
     steps = -(-max(c.size for c in clients) // batch)
     return spec, clients, matrix, mcfg, batch, steps
@@ -56,7 +60,9 @@ def run_engine(case: str, rounds: int) -> tuple[float, int]:
     spec, clients, matrix, mcfg, batch, steps = setup(case)
     torch.manual_seed(0)
     model = build_model(mcfg)
-    trainer = ExitSGDTrainer(lr=0.05, momentum=0.9, weight_decay=5e-4, batch_size=batch, steps=steps, total_rounds=rounds)
+    trainer = ExitSGDTrainer(
+        lr=0.05, momentum=0.9, weight_decay=5e-4, batch_size=batch, steps=steps, total_rounds=rounds
+    )
     agg = CisAggregator(make_weights("equal", 3), matrix, [c.size for c in clients])
     engine = FederatedEngine(model, clients, ExitSampler(matrix), trainer, agg, seed=0)
     t = time.perf_counter()
@@ -98,7 +104,13 @@ def main() -> None:
     if args.quick:
         args.repeats, args.rounds = 1, 1
     torch.set_num_threads(args.threads)
-    out = {"threads": args.threads, "rounds": args.rounds, "repeats": args.repeats, "machine": platform.processor() or platform.machine(), "cases": {}}
+    out = {
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "repeats": args.repeats,
+        "machine": platform.processor() or platform.machine(),
+        "cases": {},
+    }
     for case in args.cases.split(","):
         run_engine(case, 1), run_plain(case, 1)  # warm-up
         eng, pln, ratios = [], [], []
@@ -116,8 +128,11 @@ def main() -> None:
             "samples_per_run": se,
         }
         out["cases"][case] = res
-        print(f"{case}: engine {res['engine_samples_per_s']:.0f} samples/s, plain {res['plain_samples_per_s']:.0f} samples/s, "
-              f"ratio {res['ratio_median']:.3f} (overhead {100 * res['overhead_median']:.1f} %)")
+        print(
+            f"{case}: engine {res['engine_samples_per_s']:.0f} samples/s, plain {res['plain_samples_per_s']:.0f} "
+            "samples/s, "
+            f"ratio {res['ratio_median']:.3f} (overhead {100 * res['overhead_median']:.1f} %)"
+        )
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = "train_throughput_quick.json" if args.quick else "train_throughput.json"
     (RESULTS / name).write_text(json.dumps(out, indent=2))

@@ -3,9 +3,10 @@
 A bundle is a folder::
 
     manifest.json                 schema version, model, stages, nodes, policy, profiles, file hashes
+    manifest.sig                  optional: Ed25519 signature of manifest.json (cis export --sign; cis.signing)
     stages/stage1.onnx ...        one static graph per stage (TensorRT engines beside them, optional)
     profiles/confidence.npz       per validation sample and exit: confidence and correctness
-    profiles/latency.json         seconds per stage at batch sizes 1, 8, 32 on the exporting machine
+    profiles/latency.json         seconds per stage at batch sizes 1, 8, 32 on the exporting machine, per backend
 
 Every file listed in the manifest's ``files`` table carries its sha256; loading
 verifies each one before use and refuses a tampered or missing file. This
@@ -23,18 +24,16 @@ from typing import Any
 
 import numpy as np
 
-from cis.errors import CisError
+from cis.errors import BundleError
 from cis.policy import ExitPolicy
 from cis.spec import CisSpec, parse_spec
+from cis.stages import LOGITS
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
+SIGNATURE = "manifest.sig"  # cis.signing.signature_path(MANIFEST): written after the manifest, never listed in it
 CONFIDENCE_PROFILE = "profiles/confidence.npz"
 LATENCY_PROFILE = "profiles/latency.json"
-
-
-class BundleError(CisError):
-    """A bundle is missing, malformed or tampered with."""
 
 
 def sha256_file(path: Path) -> str:
@@ -55,7 +54,7 @@ class TensorInfo:
     zero_point: int | None = None
 
     @classmethod
-    def from_json(cls, d: dict) -> "TensorInfo":
+    def from_json(cls, d: dict) -> TensorInfo:
         scale = d.get("scale")
         zero_point = d.get("zero_point")
         return cls(
@@ -83,13 +82,13 @@ class StageInfo:
     exit: int
     file: str
     inputs: tuple[TensorInfo, ...]
-    outputs: tuple[TensorInfo, ...]  # "logits" plus the carry tensors
+    outputs: tuple[TensorInfo, ...]  # LOGITS plus the carry tensors (cis.stages: the stage contract)
     flops: int
     params: int
     engine: str | None = None  # TensorRT engine file, when built
 
     @classmethod
-    def from_json(cls, d: dict) -> "StageInfo":
+    def from_json(cls, d: dict) -> StageInfo:
         return cls(
             d["index"],
             d["exit"],
@@ -103,7 +102,7 @@ class StageInfo:
 
     @property
     def carry_outputs(self) -> tuple[TensorInfo, ...]:
-        return tuple(t for t in self.outputs if t.name != "logits")
+        return tuple(t for t in self.outputs if t.name != LOGITS)
 
     def carry_bytes_per_sample(self) -> int:
         """Bytes per request that a node forwards after this stage."""
@@ -117,7 +116,9 @@ class Bundle:
         self.root = root
         self.manifest = manifest
         self.stages = [StageInfo.from_json(s) for s in manifest["stages"]]
-        self.spec: CisSpec | None = parse_spec(manifest["spec"], f"{root}/{MANIFEST}: spec") if manifest.get("spec") else None
+        self.spec: CisSpec | None = (
+            parse_spec(manifest["spec"], f"{root}/{MANIFEST}: spec") if manifest.get("spec") else None
+        )
         self.policy = ExitPolicy.from_json(manifest["policy"]) if manifest.get("policy") else None
 
     @property
@@ -150,20 +151,47 @@ class Bundle:
         with np.load(self.path(CONFIDENCE_PROFILE)) as z:
             return z["predicted"].astype(np.int64) if "predicted" in z.files else None
 
-    def latency_profile(self) -> dict[int, dict[int, float]]:
-        """Seconds per call of each stage, by batch size: {stage: {batch: seconds}}."""
+    def latency_profile(self, backend: str = "cpu") -> dict[int, dict[int, float]]:
+        """Seconds per call of each stage on ``backend``, by batch size: {stage: {batch: seconds}}.
+
+        The main profile is onnxruntime on the CPU (``backend``: ``cpu``); an export on a GPU machine
+        adds ``cuda`` and ``tensorrt`` under ``backends``. A backend the bundle has no profile for
+        raises :class:`BundleError` naming those it has."""
         raw = json.loads(self.path(LATENCY_PROFILE).read_text())
-        return {int(k): {int(b): float(s) for b, s in v.items()} for k, v in raw["stages"].items()}
+        profiles = {raw.get("backend", "cpu"): raw["stages"]}
+        profiles.update({name: p["stages"] for name, p in raw.get("backends", {}).items()})
+        if backend not in profiles:
+            raise BundleError(
+                f"{self.path(LATENCY_PROFILE)}: no latency profile for backend {backend!r} "
+                f"(it has {', '.join(profiles)})"
+            )
+        return {int(k): {int(b): float(s) for b, s in v.items()} for k, v in profiles[backend].items()}
 
 
-def load_bundle(path: str | Path, verify: bool = True) -> Bundle:
-    """Read a bundle's manifest and check every listed file's sha256."""
+def sign_bundle(root: str | Path, key_path: str | Path) -> Path:
+    """Sign a finished bundle's manifest (``cis export --sign``); writes manifest.sig beside it."""
+    from cis.signing import sign_manifest
+
+    return sign_manifest(Path(root) / MANIFEST, key_path)
+
+
+def load_bundle(path: str | Path, verify: bool = True, trust: str | Path | None = None) -> Bundle:
+    """Read a bundle's manifest and check every listed file's sha256.
+
+    ``trust``: an Ed25519 public key (PEM); the manifest must carry a valid
+    signature by it (``manifest.sig``, see :mod:`cis.signing`), checked on the
+    same bytes that are then parsed, before any file hash."""
     root = Path(path)
     mpath = root / MANIFEST
     if not mpath.is_file():
         raise BundleError(f"{root}: no {MANIFEST}; expected a bundle folder written by 'cis export'")
+    raw = mpath.read_bytes()
+    if trust is not None:
+        from cis.signing import verify_manifest
+
+        verify_manifest(mpath, raw, trust)
     try:
-        manifest = json.loads(mpath.read_text())
+        manifest = json.loads(raw.decode())
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BundleError(f"{mpath}: not valid JSON ({exc})") from None
     version = manifest.get("schema_version")
@@ -179,32 +207,53 @@ def load_bundle(path: str | Path, verify: bool = True) -> Bundle:
                 raise BundleError(f"{f}: listed in the manifest but missing")
             actual = sha256_file(f)
             if actual != digest:
-                raise BundleError(f"{f}: sha256 is {actual[:16]}..., manifest says {digest[:16]}...; the file was changed after export")
+                raise BundleError(
+                    f"{f}: sha256 is {actual[:16]}..., manifest says {digest[:16]}...; the file was changed after "
+                    "export"
+                )
     return Bundle(root, manifest)
 
 
 def write_manifest(root: str | Path, manifest: dict[str, Any]) -> Path:
     """Fill in the schema version and the sha256 of every file under ``root`` and write manifest.json."""
     root = Path(root)
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.name != MANIFEST)
-    manifest = {"schema_version": SCHEMA_VERSION, **manifest, "files": {str(p.relative_to(root)): sha256_file(p) for p in files}}
+    skip = (MANIFEST, SIGNATURE)
+    files = sorted(p for p in root.rglob("*") if p.is_file() and p.relative_to(root).as_posix() not in skip)
+    manifest = {
+        "schema_version": SCHEMA_VERSION,
+        **manifest,
+        "files": {str(p.relative_to(root)): sha256_file(p) for p in files},
+    }
     out = root / MANIFEST
     out.write_text(json.dumps(manifest, indent=2, default=str))
     return out
 
 
 def write_profiles(
-    root: str | Path, confidence: np.ndarray, correct: np.ndarray, latency: dict[int, dict[int, float]], predicted: np.ndarray | None = None
+    root: str | Path,
+    confidence: np.ndarray,
+    correct: np.ndarray,
+    latency: dict[int, dict[int, float]],
+    predicted: np.ndarray | None = None,
+    backends: dict[str, dict[int, dict[int, float]]] | None = None,
 ) -> None:
     """Write the confidence profile (N, E) and the latency profile {stage: {batch: seconds}}.
 
     ``predicted`` (N, E), the class each exit predicts, is stored too when given
-    (the patience rule decides from labels, not from a confidence).
+    (the patience rule decides from labels, not from a confidence). ``latency`` is
+    onnxruntime on the CPU (``"backend": "cpu"``); ``backends`` adds the profiles of
+    other backends ({"cuda": ..., "tensorrt": ...}) under ``"backends"``.
     """
     root = Path(root)
     (root / "profiles").mkdir(parents=True, exist_ok=True)
     extra = {} if predicted is None else {"predicted": np.asarray(predicted).astype(np.int32)}
-    np.savez_compressed(root / CONFIDENCE_PROFILE, confidence=confidence.astype(np.float32), correct=correct.astype(bool), **extra)
-    (root / LATENCY_PROFILE).write_text(
-        json.dumps({"stages": {str(k): {str(b): s for b, s in v.items()} for k, v in latency.items()}}, indent=2)
+    np.savez_compressed(
+        root / CONFIDENCE_PROFILE, confidence=confidence.astype(np.float32), correct=correct.astype(bool), **extra
     )
+    def table(profile: dict[int, dict[int, float]]) -> dict:
+        return {"stages": {str(k): {str(b): s for b, s in v.items()} for k, v in profile.items()}}
+
+    doc = {"backend": "cpu", **table(latency)}
+    if backends:
+        doc["backends"] = {name: table(p) for name, p in backends.items()}
+    (root / LATENCY_PROFILE).write_text(json.dumps(doc, indent=2))

@@ -17,7 +17,8 @@ import argparse
 import importlib
 import json
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from cis.errors import CisError
 from cis.extras import MissingExtra, require
@@ -43,7 +44,9 @@ NEEDS = {"train": "train", "evaluate": "train", "export": "export", "demo": "exp
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="cis", description="Collaborative inference systems: train, export, serve, simulate.")
+    parser = argparse.ArgumentParser(
+        prog="cis", description="Collaborative inference systems: train, export, serve, simulate."
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:

@@ -11,3 +11,7 @@ class CisError(Exception):
 
 class SpecError(CisError):
     """The CIS spec (TOML) is invalid."""
+
+
+class BundleError(CisError):
+    """A bundle is missing, malformed or tampered with."""

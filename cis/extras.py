@@ -1,7 +1,8 @@
 """The optional parts of cis (pip extras) and the one line a command prints when one is missing.
 
 The core install (``pip install cis``: numpy, pyzmq, msgpack, onnxruntime, simpy,
-tomli-w, tqdm) runs ``cis spec``, ``rates``, ``inspect``, ``serve``, ``status``,
+tomli-w, tqdm, prometheus-client) runs ``cis spec``, ``rates``, ``inspect``, ``serve`` (with
+``--metrics-port``), ``status``,
 ``keys``, ``simulate``, ``report`` and ``infer`` on arrays or image folders: what
 an edge tier needs. Training, export and Flower need torch and friends, which
 come with an extra; a command that needs one checks here first (by module
@@ -22,7 +23,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "flower": ("torch", "sklearn", "PIL", "flwr"),
     "plot": ("matplotlib",),
     "metrics": ("prometheus_client",),
-    "tensorrt": ("tensorrt",),
+    "tensorrt": ("tensorrt", "cuda"),
 }
 
 
@@ -32,7 +33,9 @@ class MissingExtra(CisError):
     def __init__(self, extra: str, missing: list[str], what: str = "") -> None:
         self.extra, self.missing = extra, missing
         lead = f"{what} needs" if what else "needs"
-        super().__init__(f"{lead} the '{extra}' extra: pip install 'cis[{extra}]' (not installed: {', '.join(missing)})")
+        super().__init__(
+            f"{lead} the '{extra}' extra: pip install 'cis[{extra}]' (not installed: {', '.join(missing)})"
+        )
 
 
 def installed(module: str) -> bool:

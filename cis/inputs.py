@@ -68,14 +68,19 @@ def load_npz(path: str | Path, bundle: Bundle | None = None) -> Inputs:
     except (OSError, ValueError, zipfile.BadZipFile) as exc:
         raise CisError(f"{path}: cannot read ({exc}); expected a .npz written by numpy.savez") from None
     if "x" not in arrays:
-        raise CisError(f"{path}: no array 'x' (has {', '.join(sorted(arrays)) or 'nothing'}); expected 'x' (N, C, H, W)")
+        raise CisError(
+            f"{path}: no array 'x' (has {', '.join(sorted(arrays)) or 'nothing'}); expected 'x' (N, C, H, W)"
+        )
     x, y = arrays["x"], arrays.get("y")
     if x.ndim != 4:
         raise CisError(f"{path}: 'x' has shape {x.shape}; expected (N, C, H, W)")
     if y is not None and (y.shape != (len(x),) or not np.issubdtype(y.dtype, np.integer)):
         raise CisError(f"{path}: 'y' has shape {y.shape} and dtype {y.dtype}; expected {len(x)} integer labels")
     if bundle is not None and tuple(x.shape[1:]) != _input_shape(bundle)[1:]:
-        raise CisError(f"{path}: 'x' has samples of shape {tuple(x.shape[1:])}; the bundle's model takes {_input_shape(bundle)[1:]}")
+        raise CisError(
+            f"{path}: 'x' has samples of shape {tuple(x.shape[1:])}; "
+            f"the bundle's model takes {_input_shape(bundle)[1:]}"
+        )
     if x.dtype == np.uint8:
         x = normalise_pixels(x, _need_bundle(bundle, f"{path}: 'x' is uint8 pixels"), str(path))
     elif np.issubdtype(x.dtype, np.floating):
@@ -99,7 +104,10 @@ def load_image_folder(path: str | Path, bundle: Bundle | None = None) -> Inputs:
         classes = [str(c) for c in bundle.manifest.get("classes", [])]
         unknown = [d.name for d in class_dirs if d.name not in classes]
         if unknown:
-            raise CisError(f"{root}: class folder {unknown[0]!r} is not a class of the bundle; expected one of {', '.join(classes)}")
+            raise CisError(
+                f"{root}: class folder {unknown[0]!r} is not a class of the bundle; "
+                f"expected one of {', '.join(classes)}"
+            )
         labelled = [(f, classes.index(d.name)) for d in class_dirs for f in _images(d)]
         files, y = [f for f, _ in labelled], np.array([lab for _, lab in labelled], np.int64)
     if not files:
@@ -117,8 +125,13 @@ def normalise_pixels(pixels: np.ndarray, bundle: Bundle, where: str) -> np.ndarr
     std = np.asarray(norm.get("std", []), np.float32)
     channels = pixels.shape[1]
     if mean.shape != (channels,) or std.shape != (channels,):
-        raise CisError(f"{where}: {channels} channels, but the bundle's normalisation has mean {norm.get('mean')} std {norm.get('std')}")
-    return ((pixels.astype(np.float32) / 255.0 - mean[None, :, None, None]) / std[None, :, None, None]).astype(np.float32)
+        raise CisError(
+            f"{where}: {channels} channels, but the bundle's normalisation has "
+            f"mean {norm.get('mean')} std {norm.get('std')}"
+        )
+    return ((pixels.astype(np.float32) / 255.0 - mean[None, :, None, None]) / std[None, :, None, None]).astype(
+        np.float32
+    )
 
 
 def decode_image(path: Path) -> np.ndarray:
@@ -130,7 +143,9 @@ def decode_image(path: Path) -> np.ndarray:
             if not installed("PIL"):
                 raise CisError(f"{exc}: needs pillow (pip install pillow)") from None
     elif not installed("PIL"):
-        raise CisError(f"image {path}: decoding {path.suffix} needs pillow (pip install pillow); PNG needs nothing more")
+        raise CisError(
+            f"image {path}: decoding {path.suffix} needs pillow (pip install pillow); PNG needs nothing more"
+        )
     return _pillow_decode(path)
 
 
@@ -151,19 +166,25 @@ def _fit(img: np.ndarray, channels: int, height: int, width: int, path: Path) ->
     if img.shape[2] != channels:
         if channels == 1:  # ITU-R 601-2 luma, pillow's integer form
             rgb = img.astype(np.uint32)
-            img = ((rgb[:, :, 0] * 19595 + rgb[:, :, 1] * 38470 + rgb[:, :, 2] * 7471 + 0x8000) >> 16).astype(np.uint8)[:, :, None]
+            img = ((rgb[:, :, 0] * 19595 + rgb[:, :, 1] * 38470 + rgb[:, :, 2] * 7471 + 0x8000) >> 16).astype(np.uint8)[
+                :, :, None
+            ]
         elif channels == 3 and img.shape[2] == 1:
             img = np.repeat(img, 3, axis=2)
         else:
             raise CisError(f"image {path}: {img.shape[2]} channels; the model takes {channels}")
     if img.shape[:2] != (height, width):
         if not installed("PIL"):
-            raise CisError(f"image {path}: {img.shape[1]}x{img.shape[0]}; the model takes {width}x{height}: "
-                           "resize it, or install pillow (pip install pillow) to resize on load")
+            raise CisError(
+                f"image {path}: {img.shape[1]}x{img.shape[0]}; the model takes {width}x{height}: "
+                "resize it, or install pillow (pip install pillow) to resize on load"
+            )
         from PIL import Image
 
         mode = "L" if channels == 1 else "RGB"
-        img = np.asarray(Image.fromarray(img[:, :, 0] if channels == 1 else img, mode).resize((width, height), Image.BILINEAR))
+        img = np.asarray(
+            Image.fromarray(img[:, :, 0] if channels == 1 else img, mode).resize((width, height), Image.BILINEAR)
+        )
         img = img[:, :, None] if img.ndim == 2 else img
     return img
 

@@ -18,7 +18,8 @@ label yet) and count 0, which no prediction can agree with.
 
 from __future__ import annotations
 
-from typing import Mapping, NamedTuple, Sequence
+from collections.abc import Mapping, Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -45,7 +46,9 @@ def check_patience(patience: int) -> int:
     return int(patience)
 
 
-def step(state: PatienceState, logits: np.ndarray, patience: int, last: bool = False) -> tuple[PatienceState, np.ndarray]:
+def step(
+    state: PatienceState, logits: np.ndarray, patience: int, last: bool = False
+) -> tuple[PatienceState, np.ndarray]:
     """Advance the state by one exit's logits (N, C); returns (new state, exit-now mask).
 
     The count goes up by one where the predicted label equals the current one
@@ -54,7 +57,9 @@ def step(state: PatienceState, logits: np.ndarray, patience: int, last: bool = F
     return step_labels(state, np.asarray(logits).argmax(axis=-1), patience, last)
 
 
-def step_labels(state: PatienceState, pred: np.ndarray, patience: int, last: bool = False) -> tuple[PatienceState, np.ndarray]:
+def step_labels(
+    state: PatienceState, pred: np.ndarray, patience: int, last: bool = False
+) -> tuple[PatienceState, np.ndarray]:
     """:func:`step` from the exit's predicted labels (N,) (what a confidence profile stores)."""
     patience = check_patience(patience)
     pred = np.asarray(pred).astype(np.int64)

@@ -61,7 +61,9 @@ def decode_png(data: bytes) -> np.ndarray:
     stride = (width * bits_per_pixel + 7) // 8
     if len(raw) < height * (stride + 1):
         raise PngError(f"image data too short ({len(raw)} bytes for {height} rows of {stride + 1})")
-    rows = _unfilter(np.frombuffer(raw, np.uint8, height * (stride + 1)).reshape(height, stride + 1), max(1, bits_per_pixel // 8))
+    rows = _unfilter(
+        np.frombuffer(raw, np.uint8, height * (stride + 1)).reshape(height, stride + 1), max(1, bits_per_pixel // 8)
+    )
     pixels = _samples(rows, width, samples, depth)  # (H, W, samples) uint8
     if colour == 3:
         if palette is None:

@@ -20,16 +20,16 @@ Confidence at a node is always computed at that node's own largest exit.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping
 
 import numpy as np
 
 from cis import patience as patience_rule
 from cis.errors import CisError
+from cis.metrics import json_float
 from cis.rates import Rates, compute_rates
 from cis.spec import CONFIDENCE_MEASURES, CisSpec
-
 
 # ---------------------------------------------------------------- confidence
 
@@ -97,13 +97,15 @@ class ExitPolicy:
     def decide(self, node_id: str, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Return (serve mask, confidence) for a batch of logits at ``node_id``."""
         if self.uses_patience:
-            raise CisError("exit policy 'patience': the decision needs the requests' patience state; use decide_patience")
+            raise CisError(
+                "exit policy 'patience': the decision needs the requests' patience state; use decide_patience"
+            )
         conf = confidence(logits, self.measure)
         return conf >= self.thresholds[node_id], conf
 
     def decide_patience(
-        self, logits: np.ndarray, state: "patience_rule.PatienceState", last: bool = False
-    ) -> tuple[np.ndarray, "patience_rule.PatienceState"]:
+        self, logits: np.ndarray, state: patience_rule.PatienceState, last: bool = False
+    ) -> tuple[np.ndarray, patience_rule.PatienceState]:
         """(serve mask, new state) after one exit's logits, for requests arriving with ``state``."""
         if not self.uses_patience:
             raise CisError(f"exit policy {self.measure!r}: thresholds decide, not patience")
@@ -111,19 +113,15 @@ class ExitPolicy:
         return done, new
 
     def to_json(self) -> dict:
-        out: dict = {"measure": self.measure, "thresholds": {k: _finite_or_str(v) for k, v in self.thresholds.items()}}
+        out: dict = {"measure": self.measure, "thresholds": {k: json_float(v) for k, v in self.thresholds.items()}}
         if self.patience is not None:
             out["patience"] = self.patience
         return out
 
     @classmethod
-    def from_json(cls, data: Mapping) -> "ExitPolicy":
+    def from_json(cls, data: Mapping) -> ExitPolicy:
         p = data.get("patience")
         return cls(data["measure"], {k: float(v) for k, v in data["thresholds"].items()}, None if p is None else int(p))
-
-
-def _finite_or_str(v: float) -> float | str:
-    return v if math.isfinite(v) else ("inf" if v > 0 else "-inf")
 
 
 DEFAULT_BURST_SECONDS = 10.0
@@ -185,10 +183,15 @@ class Routing:
         return float((hits * self.weight).sum() / max(self.num_requests, 1))
 
     def exit_shares(self, num_exits: int) -> dict[int, float]:
-        return {e: float(self.weight[self.exit == e].sum() / max(self.num_requests, 1)) for e in range(1, num_exits + 1)}
+        return {
+            e: float(self.weight[self.exit == e].sum() / max(self.num_requests, 1)) for e in range(1, num_exits + 1)
+        }
 
     def node_shares(self) -> dict[str, float]:
-        return {nid: float(self.weight[self.node == k].sum() / max(self.num_requests, 1)) for k, nid in enumerate(self.node_ids)}
+        return {
+            nid: float(self.weight[self.node == k].sum() / max(self.num_requests, 1))
+            for k, nid in enumerate(self.node_ids)
+        }
 
 
 def assign_entries(spec: CisSpec, num_requests: int, seed: int = 0) -> dict[str, np.ndarray]:
@@ -232,7 +235,12 @@ def route(
             if len(idx):
                 boundary[node.id] = _boundary(c, served, w)
         keep = served > 0
-        out_s.append(idx[keep]), out_n.append(np.full(keep.sum(), ids.index(node.id))), out_e.append(np.full(keep.sum(), node.exit)), out_w.append(served[keep])
+        (
+            out_s.append(idx[keep]),
+            out_n.append(np.full(keep.sum(), ids.index(node.id))),
+            out_e.append(np.full(keep.sum(), node.exit)),
+            out_w.append(served[keep]),
+        )
         rest = w - served
         fwd = rest > 1e-12
         if node.parent is not None and fwd.any():
@@ -281,14 +289,16 @@ def threshold_decider(policy: ExitPolicy) -> Decider:
 
 
 def exit_confidences(logits: Mapping[int, np.ndarray], measure: str) -> dict[int, np.ndarray]:
-    return {e: confidence(l, measure) for e, l in logits.items()}
+    return {e: confidence(v, measure) for e, v in logits.items()}
 
 
 def exit_correct(logits: Mapping[int, np.ndarray], labels: np.ndarray) -> dict[int, np.ndarray]:
-    return {e: (np.asarray(l).argmax(axis=-1) == labels) for e, l in logits.items()}
+    return {e: (np.asarray(v).argmax(axis=-1) == labels) for e, v in logits.items()}
 
 
-def calibrate_thresholds(spec: CisSpec, conf: Mapping[int, np.ndarray], seed: int = 0, measure: str | None = None) -> ExitPolicy:
+def calibrate_thresholds(
+    spec: CisSpec, conf: Mapping[int, np.ndarray], seed: int = 0, measure: str | None = None
+) -> ExitPolicy:
     """Per-node thresholds that make each node serve its target share on this (validation) data."""
     n = len(next(iter(conf.values())))
     routing = route(spec, conf, assign_entries(spec, n, seed), quota_decider(spec))

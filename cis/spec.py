@@ -31,9 +31,10 @@ Example::
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 try:  # Python 3.11+
     import tomllib  # novermin (3.10 takes the tomli fallback below)
@@ -45,9 +46,24 @@ import tomli_w
 from cis.errors import SpecError
 
 CONFIDENCE_MEASURES = ("max_softmax", "entropy", "margin")
+# where a node runs its stages (cis serve --provider; cis.backends): onnxruntime's CPU or CUDA provider,
+# TensorRT (the bundle's engines, or onnxruntime's TensorRT provider), or auto (CUDA when it runs, else the CPU)
+PROVIDERS = ("cpu", "cuda", "tensorrt", "auto")
 
 _CIS_KEYS = {"exits", "classes", "confidence", "name"}
-_NODE_KEYS = {"id", "parent", "exit", "arrival_rate", "max_transfer_rate", "link", "speed", "address", "workers", "queue_limit"}
+_NODE_KEYS = {
+    "id",
+    "parent",
+    "exit",
+    "arrival_rate",
+    "max_transfer_rate",
+    "link",
+    "speed",
+    "address",
+    "workers",
+    "queue_limit",
+    "provider",
+}
 _LINK_KEYS = {"bandwidth", "latency"}
 
 
@@ -73,6 +89,7 @@ class Node:
     address: str | None = None
     workers: int = 1
     queue_limit: int | None = None
+    provider: str | None = None  # one of PROVIDERS; None: cpu (cis serve --provider overrides)
 
 
 @dataclass(frozen=True)
@@ -125,7 +142,7 @@ class CisSpec:
             out.append(self.node(out[-1].parent))
         return out
 
-    def replace_nodes(self, nodes: Iterable[Node]) -> "CisSpec":
+    def replace_nodes(self, nodes: Iterable[Node]) -> CisSpec:
         """A new validated spec with the same [cis] table and other nodes."""
         return validate(CisSpec(tuple(nodes), self.num_exits, self.num_classes, self.confidence, self.name))
 
@@ -165,7 +182,9 @@ def parse_spec(data: dict, source: str = "<spec>") -> CisSpec:
     num_classes = int(_number(cis_table.get("classes", 10), "classes", f"{source}: [cis]", 2, integer=True))
     confidence = cis_table.get("confidence", "max_softmax")
     if confidence not in CONFIDENCE_MEASURES:
-        raise SpecError(f"{source}: [cis] confidence is {confidence!r}; expected one of {', '.join(CONFIDENCE_MEASURES)}")
+        raise SpecError(
+            f"{source}: [cis] confidence is {confidence!r}; expected one of {', '.join(CONFIDENCE_MEASURES)}"
+        )
     raw_nodes = data.get("nodes")
     if not isinstance(raw_nodes, list) or not raw_nodes:
         raise SpecError(f"{source}: no [[nodes]]; expected at least one node")
@@ -199,6 +218,9 @@ def _parse_node(raw: Any, index: int, source: str) -> Node:
     if address is not None and not isinstance(address, str):
         raise SpecError(f"{where}: field 'address' is {address!r}; expected a ZeroMQ endpoint such as 'tcp://127.0.0.1:5555'")
     queue_limit = raw.get("queue_limit")
+    provider = raw.get("provider")
+    if provider is not None and provider not in PROVIDERS:
+        raise SpecError(f"{where}: field 'provider' is {provider!r}; expected one of {', '.join(PROVIDERS)}")
     return Node(
         id=node_id,
         exit=int(_number(raw["exit"], "exit", where, 1, integer=True)),
@@ -210,6 +232,7 @@ def _parse_node(raw: Any, index: int, source: str) -> Node:
         address=address,
         workers=int(_number(raw.get("workers", 1), "workers", where, 1, integer=True)),
         queue_limit=None if queue_limit is None else int(_number(queue_limit, "queue_limit", where, 1, integer=True)),
+        provider=provider,
     )
 
 
@@ -238,7 +261,9 @@ def validate(spec: CisSpec, source: str | None = None) -> CisSpec:
             if steps > len(spec.nodes):
                 raise SpecError(f"{_where(source, n.id)}: parent links form a cycle; expected a tree with one root")
     if len(roots) != 1:
-        raise SpecError(f"{source}: {len(roots)} roots ({', '.join(roots)}); expected exactly one node without a parent")
+        raise SpecError(
+            f"{source}: {len(roots)} roots ({', '.join(roots)}); expected exactly one node without a parent"
+        )
     by_id = {n.id: n for n in spec.nodes}
     for n in spec.nodes:
         if n.parent is not None and by_id[n.parent].exit <= n.exit:
@@ -269,11 +294,19 @@ def spec_to_dict(spec: CisSpec) -> dict:
         d: dict[str, Any] = {"id": n.id}
         if n.parent is not None:
             d["parent"] = n.parent
-        d.update(exit=n.exit, arrival_rate=n.arrival_rate, max_transfer_rate=n.max_transfer_rate, speed=n.speed, workers=n.workers)
+        d.update(
+            exit=n.exit,
+            arrival_rate=n.arrival_rate,
+            max_transfer_rate=n.max_transfer_rate,
+            speed=n.speed,
+            workers=n.workers,
+        )
         if n.queue_limit is not None:
             d["queue_limit"] = n.queue_limit
         if n.address is not None:
             d["address"] = n.address
+        if n.provider is not None:
+            d["provider"] = n.provider
         if n.parent is not None:
             d["link"] = {"bandwidth": n.link.bandwidth, "latency": n.link.latency}
         nodes.append(d)

@@ -1,12 +1,28 @@
-"""Run a bundle's stages with onnxruntime (no torch).
+"""The stage contract, and running a bundle's stages with onnxruntime or TensorRT engines (no torch).
 
-One implementation shared by the exporter's verification, the runtime node and
-the tests. A :class:`StageRunner` wraps one stage graph; feeds and results are
-dicts of named numpy arrays, following the names the manifest records (stage 1
-reads ``input``; stage k > 1 reads the carry tensors stage k-1 returned; every
-stage returns ``logits`` plus, except the last, its carry). Carries are moved
-as they come out, in the dtype the manifest states (float32, float16, or int8
-with the scale baked into both graphs), so a caller never converts anything.
+**The contract**, which the models' stage plans (training/stage_plan.py), the
+exporter, the bundle, the runtime node and the simulator all follow: a model is
+cut at its exits into stages 1..E; each stage is a graph of named tensors.
+
+- stage 1 reads the request, :data:`INPUT` (``"input"``);
+- stage k returns :data:`LOGITS` (``"logits"``) for exit k and, except the last
+  stage, its *carry*: the tensors stage k+1 reads. A carry tensor ``name``
+  leaving stage k is called :func:`carry_name` ``(name, k)`` (``features_1``):
+  one ONNX graph names each tensor once, so a stage's inputs and outputs must
+  differ. The early-exit default carries :data:`FEATURES`; other models carry
+  what they need (ReeFL: ``tokens_k``, ``history_k``; nested models the raw
+  input, ``input_k``). A FLAME request's patience state travels beside the
+  carry (:data:`cis.patience.LABEL`, :data:`cis.patience.COUNT`).
+
+The manifest records every stage's input and output names, so a node or the
+simulator never needs to know the method: it moves carries and reads logits.
+
+**Running stages**: one implementation shared by the exporter's verification,
+the runtime node and the tests. A :class:`StageRunner` wraps one stage graph;
+feeds and results are dicts of named numpy arrays, following the names the
+manifest records. Carries are moved as they come out, in the dtype the manifest
+states (float32, float16, or int8 with the scale baked into both graphs), so a
+caller never converts anything.
 
     bundle = load_bundle("bundle/")              # verifies every sha256
     logits = run_chain(bundle, x)                 # {exit: (N, classes)}
@@ -16,77 +32,134 @@ with the scale baked into both graphs), so a caller never converts anything.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cis.bundle import Bundle, BundleError, StageInfo
+from cis.errors import BundleError
 
+if TYPE_CHECKING:  # cis.bundle imports this module for the contract's names
+    from cis.bundle import Bundle, StageInfo
+
+INPUT = "input"
 LOGITS = "logits"
+FEATURES = "features"
 
 
-def _session(model: str | Path | bytes, providers: Sequence[str] | None, threads: int | None):
+def carry_name(name: str, stage: int) -> str:
+    """The name of carry tensor ``name`` leaving stage ``stage`` (e.g. ``features_1``)."""
+    return f"{name}_{stage}"
+
+
+def carry_of(outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """What a stage forwards: its outputs without the logits."""
+    return {k: v for k, v in outputs.items() if k != LOGITS}
+
+
+# onnxruntime's execution provider for each provider of cis serve (cis.spec.PROVIDERS but auto)
+ORT_PROVIDERS = {
+    "cpu": "CPUExecutionProvider",
+    "cuda": "CUDAExecutionProvider",
+    "tensorrt": "TensorrtExecutionProvider",
+}
+
+
+class ProviderError(BundleError):
+    """A stage cannot run on the provider asked for here (never a silent CPU fallback)."""
+
+    def __init__(self, provider: str, reason: str) -> None:
+        self.provider, self.reason = provider, reason
+        super().__init__(f"provider {provider}: {reason}")
+
+
+def _session(model: str | Path | bytes, provider: str, threads: int | None):
+    """An onnxruntime session on ``provider`` (cpu, cuda or tensorrt) and nothing else.
+
+    A GPU provider gets the CPU provider behind it for the operators it lacks
+    (TensorRT: CUDA, then the CPU; onnxruntime's usual placement); if onnxruntime could not start the GPU
+    provider at all (no GPU, missing CUDA libraries), it would silently run
+    everything on the CPU: that is refused with :class:`ProviderError`.
+    """
     import onnxruntime as ort
 
+    wanted = ORT_PROVIDERS[provider]
+    available = ort.get_available_providers()
+    if wanted not in available:
+        hint = "; it comes with onnxruntime-gpu on a machine with an NVIDIA GPU" if provider != "cpu" else ""
+        raise ProviderError(
+            provider, f"this onnxruntime {ort.__version__} has no {wanted} (it has {', '.join(available)}){hint}"
+        )
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     if threads:
         opts.intra_op_num_threads = int(threads)
         opts.inter_op_num_threads = 1
-    available = ort.get_available_providers()
-    chosen = [p for p in (providers or ["CPUExecutionProvider"]) if p in available] or ["CPUExecutionProvider"]
+    behind = [p for p in (ORT_PROVIDERS["cuda"], ORT_PROVIDERS["cpu"]) if p in available and p != wanted]
+    chain = [wanted] if provider == "cpu" else [wanted, *behind]
     source = model if isinstance(model, bytes) else str(model)
     try:
-        return ort.InferenceSession(source, sess_options=opts, providers=chosen)
+        session = ort.InferenceSession(source, sess_options=opts, providers=chain)
     except Exception as exc:  # a corrupt graph: one line, not a traceback
         where = "<in-memory graph>" if isinstance(model, bytes) else str(model)
-        raise BundleError(f"{where}: onnxruntime cannot load it ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+        raise BundleError(
+            f"{where}: onnxruntime cannot load it ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+        ) from None
+    if session.get_providers()[0] != wanted:
+        raise ProviderError(
+            provider,
+            f"onnxruntime could not start {wanted} here (no usable NVIDIA GPU, or its CUDA libraries are missing) "
+            "and would run on the CPU",
+        )
+    return session
 
 
 class StageRunner:
-    """One stage of a bundle in an onnxruntime session.
+    """One stage of a bundle in an onnxruntime session (or a session-like TensorRT engine).
 
-    ``StageRunner(bundle, k)`` loads ``bundle.stage(k).file``; the bundle was
-    verified (sha256) by :func:`cis.bundle.load_bundle`. ``StageRunner.from_model``
-    wraps a graph given as bytes or a path with its :class:`StageInfo` (the
-    exporter checks graphs this way before it writes them).
+    ``StageRunner(bundle, k)`` loads ``bundle.stage(k).file`` on onnxruntime's
+    CPU provider (``provider="cuda"`` or ``"tensorrt"``: its GPU providers, or a
+    :class:`ProviderError`); the bundle was verified (sha256) by
+    :func:`cis.bundle.load_bundle`. ``StageRunner.from_model`` wraps a graph given
+    as bytes or a path with its :class:`StageInfo` (the exporter checks graphs
+    this way before it writes them); ``StageRunner.from_session`` wraps any object
+    with onnxruntime's ``get_inputs()`` and ``run(names, feeds)``, such as
+    :class:`cis.engines.EngineSession` (cis.backends picks which).
     """
 
-    def __init__(
-        self,
-        bundle: Bundle,
-        stage_index: int,
-        providers: Sequence[str] | None = None,
-        threads: int | None = None,
-    ) -> None:
+    def __init__(self, bundle: Bundle, stage_index: int, provider: str = "cpu", threads: int | None = None) -> None:
         if not 1 <= stage_index <= bundle.num_exits:
             raise BundleError(f"{bundle.root}: no stage {stage_index}; expected 1..{bundle.num_exits}")
         info = bundle.stage(stage_index)
-        self._init(info, _session(bundle.path(info.file), providers, threads))
+        self._init(info, _session(bundle.path(info.file), provider, threads), provider, "onnxruntime")
 
     @classmethod
     def from_model(
-        cls,
-        model: str | Path | bytes,
-        info: StageInfo,
-        providers: Sequence[str] | None = None,
-        threads: int | None = None,
-    ) -> "StageRunner":
+        cls, model: str | Path | bytes, info: StageInfo, provider: str = "cpu", threads: int | None = None
+    ) -> StageRunner:
+        return cls.from_session(info, _session(model, provider, threads), provider, "onnxruntime")
+
+    @classmethod
+    def from_session(cls, info: StageInfo, session, backend: str, runtime: str) -> StageRunner:
+        """A runner on a ready session: ``backend`` is the latency profile it matches (cpu, cuda,
+        tensorrt), ``runtime`` what runs it, for errors (onnxruntime, TensorRT)."""
         self = cls.__new__(cls)
-        self._init(info, _session(model, providers, threads))
+        self._init(info, session, backend, runtime)
         return self
 
-    def _init(self, info: StageInfo, session) -> None:
+    def _init(self, info: StageInfo, session, backend: str, runtime: str) -> None:
         self.info = info
         self.session = session
+        self.backend, self.runtime = backend, runtime
         self.input_names = [t.name for t in info.inputs]
         self.output_names = [t.name for t in info.outputs]
         self._dtypes = {t.name: np.dtype(t.dtype) for t in info.inputs}
         graph_inputs = [i.name for i in session.get_inputs()]
         if sorted(graph_inputs) != sorted(self.input_names):
             raise BundleError(
-                f"stage {info.index} ({info.file}): graph inputs {graph_inputs} differ from the manifest's {self.input_names}"
+                f"stage {info.index} ({info.file}): graph inputs {graph_inputs} differ from the "
+                f"manifest's {self.input_names}"
             )
 
     @property
@@ -111,19 +184,18 @@ class StageRunner:
         try:
             values = self.session.run(self.output_names, ready)
         except Exception as exc:  # shape mismatch and the like
-            raise BundleError(f"stage {self.index}: onnxruntime failed ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+            raise BundleError(
+                f"stage {self.index}: {self.runtime} failed ({type(exc).__name__}: {str(exc).splitlines()[0]})"
+            ) from None
         return dict(zip(self.output_names, values))
 
-    @staticmethod
-    def carry(outputs: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """What a stage forwards: its outputs without the logits."""
-        return {k: v for k, v in outputs.items() if k != LOGITS}
 
-
-def stage_runners(bundle: Bundle, upto: int | None = None, providers: Sequence[str] | None = None, threads: int | None = None) -> list[StageRunner]:
+def stage_runners(
+    bundle: Bundle, upto: int | None = None, provider: str = "cpu", threads: int | None = None
+) -> list[StageRunner]:
     """Runners for stages 1..upto (default: all)."""
     upto = bundle.num_exits if upto is None else upto
-    return [StageRunner(bundle, k, providers, threads) for k in range(1, upto + 1)]
+    return [StageRunner(bundle, k, provider, threads) for k in range(1, upto + 1)]
 
 
 def run_stages(
@@ -139,7 +211,7 @@ def run_stages(
     for runner in runners:
         out = runner.run(carry)
         logits[runner.info.exit] = out[LOGITS]
-        carry = StageRunner.carry(out)
+        carry = carry_of(out)
     return logits, carry
 
 
@@ -154,7 +226,7 @@ def run_chain(
     ``x`` is the array for stage 1's single input (normalised images) or a dict
     of stage 1's named inputs; it is processed in batches of ``batch_size``.
     """
-    runners = list(bundle) if not isinstance(bundle, Bundle) else stage_runners(bundle, upto)
+    runners = list(bundle) if isinstance(bundle, Sequence) else stage_runners(bundle, upto)
     if upto is not None:
         runners = runners[:upto]
     if not runners:

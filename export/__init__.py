@@ -7,6 +7,5 @@ See docs/export.md for the steps and docs/bundle.md for what the bundle holds.
 """
 
 from export.bundle_writer import export_bundle
-from export.stages import ExportStage, StagePlan, describe_stages
 
-__all__ = ["export_bundle", "ExportStage", "StagePlan", "describe_stages"]
+__all__ = ["export_bundle"]

@@ -5,7 +5,7 @@ Steps, in order (each failure is one CisError line):
 1. load the checkpoint (refused when its tensors do not match its metadata's
    architecture) and the spec (``--spec`` or the one in the checkpoint meta);
 2. rebuild the validation split the trainer used (dataset + seed from the meta);
-3. cut the model by its own stage description (:mod:`export.stages`) and
+3. cut the model by its own stage description (:mod:`training.stage_plan`) and
    export every stage to a static ONNX graph with a dynamic batch dimension;
 4. verify with onnxruntime: stage vs torch and chain vs full model at batch 1,
    an odd batch and a validation batch (fp32 graphs, max abs diff <= 1e-4);
@@ -26,34 +26,29 @@ place at the end, so a failed export never leaves half a bundle behind.
 
 from __future__ import annotations
 
-import datetime as _dt
-import hashlib
-import math
-import platform
-import shutil
-import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import onnx
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-import cis
-from cis.bundle import MANIFEST, StageInfo, TensorInfo, sha256_file, write_manifest, write_profiles
+from cis.bundle import MANIFEST, StageInfo, TensorInfo
 from cis.errors import CisError
+from cis.metrics import json_float
 from cis.policy import ExitPolicy, calibrate_thresholds, evaluate_cis, evaluate_patience, exit_confidences
 from cis.rates import compute_rates
-from cis.spec import CisSpec, load_spec, parse_spec, spec_to_dict
-from cis.stages import StageRunner, run_chain
+from cis.spec import CisSpec, load_spec, parse_spec
+from cis.stages import INPUT, StageRunner, run_chain
+from export.bundle_files import ExportRun, write_bundle
 from export.onnx_export import export_stage, resolve_exporter, tensor_infos, thread_count
-from export.profile import LATENCY_BATCHES, confidence_profile, latency_profile, random_feeds
+from export.profile import LATENCY_BATCHES, random_feeds
 from export.quantize import FEATURE_DTYPES, apply_feature_dtype, calibrate_int8, check_feature_dtype
-from export.stages import INPUT, StagePlan, describe_stages, run_plan
-from export.verify import DEFAULT_ATOL, verify_stages
+from export.verify import DEFAULT_ATOL, ODD_BATCH, verify_stages
+from training.stage_plan import StagePlan, describe_stages, run_plan
 
-ODD_BATCH = 17
 VAL_BATCH = 64
 Progress = Callable[[str], None]
 
@@ -81,24 +76,6 @@ def _stage_flops(module: torch.nn.Module, example: tuple[torch.Tensor, ...]) -> 
     return int(counter.get_total_flops())
 
 
-def _versions(trt: bool) -> dict[str, str]:
-    import onnxruntime
-
-    out = {
-        "cis": cis.__version__,
-        "torch": torch.__version__,
-        "onnx": onnx.__version__,
-        "onnxruntime": onnxruntime.__version__,
-        "numpy": np.__version__,
-        "python": platform.python_version(),
-    }
-    if trt:
-        import tensorrt  # type: ignore[import-not-found]
-
-        out["tensorrt"] = tensorrt.__version__
-    return out
-
-
 def inference_patience(meta: dict, override: int | None = None) -> int | None:
     """The patience p_ev a bundle's policy uses: FLAME-trained runs get ``override``, else
     the run's option ``eval_patience``, else the paper's 4; other methods use thresholds (None)."""
@@ -107,24 +84,27 @@ def inference_patience(meta: dict, override: int | None = None) -> int | None:
     method = str(meta.get("method", "cis"))
     if method != "flame":
         if override is not None:
-            raise CisError(f"--patience: the run's method is {method!r}; a patience policy applies to FLAME-trained models (method 'flame')")
+            raise CisError(
+                f"--patience: the run's method is {method!r}; a patience policy applies to FLAME-trained models "
+                "(method 'flame')"
+            )
         return None
-    from training.methods.flame import EVAL_PATIENCE
+    from training.methods.registry import effective_options
 
-    options = meta.get("options") or {}
-    value = override if override is not None else options.get("eval_patience") or EVAL_PATIENCE
+    value = override if override is not None else effective_options(method, meta.get("options"))["eval_patience"]
     return check_patience(int(value))
 
 
-def _finite(v: float) -> float | str:
-    return v if math.isfinite(v) else ("inf" if v > 0 else "-inf")
-
-
-def _stage_info(k: int, exit_: int, model: onnx.ModelProto, qparams: dict[str, tuple[float, int]], feature_dtype: str) -> StageInfo:
+def _stage_info(
+    k: int, exit_: int, model: onnx.ModelProto, qparams: dict[str, tuple[float, int]], feature_dtype: str
+) -> StageInfo:
     def annotate(infos: tuple[TensorInfo, ...]) -> tuple[TensorInfo, ...]:
         if feature_dtype != "int8":
             return infos
-        return tuple(TensorInfo(t.name, t.shape, t.dtype, *qparams[t.name]) if t.dtype == "int8" and t.name in qparams else t for t in infos)
+        return tuple(
+            TensorInfo(t.name, t.shape, t.dtype, *qparams[t.name]) if t.dtype == "int8" and t.name in qparams else t
+            for t in infos
+        )
 
     return StageInfo(
         index=k,
@@ -163,7 +143,161 @@ def _prepare_out(out_dir: Path) -> None:
         if not out_dir.is_dir():
             raise CisError(f"{out_dir}: exists and is not a folder; expected a new or existing bundle folder for --out")
         if any(out_dir.iterdir()) and not (out_dir / MANIFEST).is_file():
-            raise CisError(f"{out_dir}: folder is not empty and holds no bundle; expected a new folder (or an old bundle to replace)")
+            raise CisError(
+                f"{out_dir}: folder is not empty and holds no bundle; expected a new folder (or an old bundle to "
+                "replace)"
+            )
+
+
+def _load_run(run_dir: Path, spec: str | Path | CisSpec | dict | None, say: Progress) -> ExportRun:
+    """Step 1-2: the checkpoint, the spec, the trainer's validation split and the model's stage plan."""
+    from training.checkpoint import META, WEIGHTS, load_checkpoint
+    from training.data import load_dataset
+
+    say(f"loading checkpoint {run_dir}")
+    model, meta, _ = load_checkpoint(run_dir)
+    meta_path = str(run_dir / META) if run_dir.is_dir() else str(run_dir.with_suffix(".json"))
+    weights_path = run_dir / WEIGHTS if run_dir.is_dir() else run_dir
+    spec_obj = _resolve_spec(spec, meta, meta_path)
+    num_classes = int(model.config().get("num_classes", len(meta["classes"])))
+    if spec_obj.num_exits != model.num_exits:
+        raise CisError(
+            f"spec {spec_obj.name!r}: [cis] exits is {spec_obj.num_exits}; the model in {run_dir} "
+            f"has {model.num_exits} exits"
+        )
+    if spec_obj.num_classes != num_classes:
+        raise CisError(
+            f"spec {spec_obj.name!r}: [cis] classes is {spec_obj.num_classes}; the model in {run_dir} has {num_classes}"
+        )
+
+    say(f"loading validation split of {meta['dataset']!r}")
+    val = load_dataset(str(meta["dataset"]), seed=int(meta.get("seed", 0)), val_size=meta.get("val_size")).val
+    if len(val) == 0:
+        raise CisError(
+            f"dataset {meta['dataset']!r}: empty validation split; expected validation data to calibrate thresholds"
+        )
+    plan = describe_stages(model)
+    if list(plan.inputs) != [INPUT] or tuple(val.x.shape[1:]) != tuple(plan.inputs[INPUT]):
+        raise CisError(
+            f"dataset {meta['dataset']!r}: samples of shape {tuple(val.x.shape[1:])}; the model expects {plan.inputs}"
+        )
+    return ExportRun(run_dir, model, meta, weights_path, spec_obj, val, plan)
+
+
+def _export_stages(
+    plan: StagePlan, gen: torch.Generator, opset: int, exporter: str, say: Progress
+) -> tuple[list[onnx.ModelProto], list[int], list[int]]:
+    """Step 3: every stage to a static fp32 ONNX graph; with its FLOPs and parameter count."""
+    example = plan.example_inputs(2, gen)
+    torch_chain = run_plan(plan, example)
+    models, flops, params = [], [], []
+    carry = dict(example)
+    for st, touts in zip(plan.stages, torch_chain):
+        say(f"exporting stage {st.index}/{plan.num_exits} ({exporter}, opset {opset})")
+        args = tuple(carry[n] for n in st.inputs)
+        models.append(export_stage(st, args, opset, exporter))
+        flops.append(_stage_flops(st.module, tuple(a[:1] for a in args)))
+        params.append(sum(p.numel() for p in st.module.parameters()))
+        carry = {n: touts[n] for n in st.carry}
+    return models, flops, params
+
+
+def _verify(
+    plan: StagePlan, models: list[onnx.ModelProto], val_x: np.ndarray, gen: torch.Generator, atol: float, threads: int,
+    say: Progress,
+) -> tuple[dict, list[StageInfo], list[StageRunner]]:
+    """Step 4: the fp32 graphs against torch, stage by stage and chained; (figures, infos, runners)."""
+    say("verifying stages and chain against torch (onnxruntime, CPU)")
+    _, infos = _variant(plan, models, "fp32", {})
+    runners = _runners(models, infos, threads)
+    batches = {
+        "batch1": plan.example_inputs(1, gen),
+        f"batch{ODD_BATCH}": plan.example_inputs(ODD_BATCH, gen),
+        "validation": {INPUT: torch.from_numpy(val_x[:VAL_BATCH])},
+    }
+    return verify_stages(plan, runners, batches, atol), infos, runners
+
+
+def _feature_dtypes(
+    plan: StagePlan, fp32: tuple[list[onnx.ModelProto], list[StageInfo], list[StageRunner]], val: Any,
+    feature_dtype: str, threads: int, say: Progress,
+) -> tuple[dict[str, Any], list[onnx.ModelProto], list[StageInfo], dict[int, np.ndarray]]:
+    """Step 5: int8 scales from validation carries; every carry dtype's accuracy and bytes; the chosen
+    variant's (report, graphs, infos, validation logits)."""
+    say("calibrating int8 carries and comparing feature dtypes on validation data")
+    samples: dict[str, list[np.ndarray]] = {}
+    for start in range(0, len(val), 256):
+        outs = run_plan(plan, {INPUT: torch.from_numpy(val.x[start : start + 256])})
+        for st, o in zip(plan.stages, outs):
+            for n in st.carry:
+                samples.setdefault(n, []).append(o[n].numpy())
+    qparams = calibrate_int8(samples)
+    del samples
+    report: dict[str, Any] = {}
+    chosen = None
+    base_acc: dict[int, float] = {}
+    fp32_logits: dict[int, np.ndarray] = {}
+    for name in ["fp32"] + [d for d in FEATURE_DTYPES if d != "fp32"]:
+        if name == "fp32":
+            models, infos, runners = fp32
+        else:
+            models, infos = _variant(plan, fp32[0], name, qparams)
+            runners = _runners(models, infos, threads)
+        logits = run_chain(runners, val.x)
+        acc = _accuracy(logits, val.y)
+        if name == "fp32":
+            base_acc, fp32_logits = acc, logits
+        else:  # the variant must run at odd batch sizes too
+            rng = np.random.default_rng(0)
+            for b in (1, ODD_BATCH):
+                run_chain(runners, random_feeds(infos[0].inputs, b, rng))
+        report[name] = {
+            "val_accuracy": {str(e): a for e, a in acc.items()},
+            "val_accuracy_change": {str(e): a - base_acc[e] for e, a in acc.items()},
+            "max_abs_logit_diff_vs_fp32": {str(e): float(np.max(np.abs(logits[e] - fp32_logits[e]))) for e in logits},
+            "bytes_per_forwarded_request": {str(i.exit): i.carry_bytes_per_sample() for i in infos if i.carry_outputs},
+        }
+        if name == feature_dtype:
+            chosen = (models, infos, logits)
+    assert chosen is not None
+    return (report, *chosen)
+
+
+def _decide(
+    spec: CisSpec, meta: dict, patience: int | None, logits: dict[int, np.ndarray], labels: np.ndarray, say: Progress
+) -> tuple[ExitPolicy, str, dict, dict]:
+    """Step 6: the exit policy on the shipped graphs' validation logits; (policy, confidence measure of the
+    profile, the manifest's nodes table, the calibration block)."""
+    targets = compute_rates(spec).exit_share
+    patience = inference_patience(meta, patience)
+    measure = spec.confidence  # with patience too: the confidence profile (the simulator's service-time rows)
+    nodes = {n.id: {"exit": n.exit, "stages": list(range(1, n.exit + 1))} for n in spec.nodes}
+    if patience is None:
+        say("calibrating thresholds per node")
+        policy = calibrate_thresholds(spec, exit_confidences(logits, measure))
+        evaluation = evaluate_cis(spec, logits, labels, policy=policy)
+        for n in spec.nodes:
+            nodes[n.id]["threshold"] = json_float(policy.thresholds[n.id])
+    else:
+        # FLAME: the patience rule decides; no threshold to calibrate. The nodes table
+        # then has "threshold": null and "patience": p; the calibration block reports the
+        # shares and accuracy the rule gives on validation (the spec's targets only for reference).
+        say(f"patience policy (p = {patience}): no thresholds to calibrate")
+        policy = ExitPolicy("patience", {}, patience)
+        evaluation = evaluate_patience(spec, logits, labels, patience)
+        for n in spec.nodes:
+            nodes[n.id].update(threshold=None, patience=patience)
+    calibration = {
+        "target_share_per_exit": {str(e): s for e, s in targets.items()},
+        "achieved_share_per_exit": {str(e): s for e, s in evaluation.exit_shares.items()},
+        "max_share_error": max(abs(evaluation.exit_shares[e] - targets[e]) for e in targets),
+        "cis_accuracy": evaluation.accuracy,
+        "exit_accuracy": {str(e): a for e, a in evaluation.exit_accuracy.items()},
+        "samples": int(len(labels)),
+    }
+    if patience is not None:
+        calibration.update(kind="patience", patience=patience)
+    return policy, measure, nodes, calibration
 
 
 def export_bundle(
@@ -199,221 +333,29 @@ def export_bundle(
         from export.tensorrt import require_tensorrt
 
         require_tensorrt()
-
-    from training.checkpoint import META, WEIGHTS, load_checkpoint
-    from training.data import load_dataset
-
-    run_dir = Path(run_dir)
-    say(f"loading checkpoint {run_dir}")
-    model, meta, _ = load_checkpoint(run_dir)
-    meta_path = str(run_dir / META) if run_dir.is_dir() else str(run_dir.with_suffix(".json"))
-    weights_path = run_dir / WEIGHTS if run_dir.is_dir() else run_dir
-    spec_obj = _resolve_spec(spec, meta, meta_path)
-    config = model.config()
-    num_classes = int(config.get("num_classes", len(meta["classes"])))
-    if spec_obj.num_exits != model.num_exits:
-        raise CisError(f"spec {spec_obj.name!r}: [cis] exits is {spec_obj.num_exits}; the model in {run_dir} has {model.num_exits} exits")
-    if spec_obj.num_classes != num_classes:
-        raise CisError(f"spec {spec_obj.name!r}: [cis] classes is {spec_obj.num_classes}; the model in {run_dir} has {num_classes}")
-
-    say(f"loading validation split of {meta['dataset']!r}")
-    splits = load_dataset(str(meta["dataset"]), seed=int(meta.get("seed", 0)), val_size=meta.get("val_size"))
-    val = splits.val
-    if len(val) == 0:
-        raise CisError(f"dataset {meta['dataset']!r}: empty validation split; expected validation data to calibrate thresholds")
-    plan = describe_stages(model)
-    if list(plan.inputs) != [INPUT] or tuple(val.x.shape[1:]) != tuple(plan.inputs[INPUT]):
-        raise CisError(f"dataset {meta['dataset']!r}: samples of shape {tuple(val.x.shape[1:])}; the model expects {plan.inputs}")
-
-    # ---------------------------------------------------------------- export
+    run = _load_run(Path(run_dir), spec, say)
     threads = thread_count()
-    gen = torch.Generator().manual_seed(0)
-    example = plan.example_inputs(2, gen)
-    torch_chain = run_plan(plan, example)
-    fp32_models, flops, params = [], [], []
-    carry = dict(example)
-    for st, touts in zip(plan.stages, torch_chain):
-        say(f"exporting stage {st.index}/{plan.num_exits} ({exporter}, opset {opset})")
-        args = tuple(carry[n] for n in st.inputs)
-        fp32_models.append(export_stage(st, args, opset, exporter))
-        flops.append(_stage_flops(st.module, tuple(a[:1] for a in args)))
-        params.append(sum(p.numel() for p in st.module.parameters()))
-        carry = {n: touts[n] for n in st.carry}
-
-    # ---------------------------------------------------------------- verify (fp32)
-    say("verifying stages and chain against torch (onnxruntime, CPU)")
-    _, fp32_infos = _variant(plan, fp32_models, "fp32", {})
-    fp32_runners = _runners(fp32_models, fp32_infos, threads)
-    val_batch = {INPUT: torch.from_numpy(val.x[:VAL_BATCH])}
-    batches = {
-        "batch1": plan.example_inputs(1, gen),
-        f"batch{ODD_BATCH}": plan.example_inputs(ODD_BATCH, gen),
-        "validation": val_batch,
+    gen = torch.Generator().manual_seed(0)  # the example inputs of the export, then of the verification
+    fp32_models, flops, params = _export_stages(run.plan, gen, opset, exporter, say)
+    verification, fp32_infos, fp32_runners = _verify(run.plan, fp32_models, run.val.x, gen, atol, threads, say)
+    dtype_report, models, infos, logits = _feature_dtypes(
+        run.plan, (fp32_models, fp32_infos, fp32_runners), run.val, feature_dtype, threads, say
+    )
+    policy, measure, nodes, calibration = _decide(run.spec, run.meta, patience, logits, run.val.y, say)
+    report = {
+        "feature_dtype": feature_dtype, "opset": opset, "exporter": exporter, "verification": _json_keys(verification),
+        "feature_dtypes": dtype_report, "calibration": calibration, "nodes": nodes, "policy": policy.to_json(),
     }
-    verification = verify_stages(plan, fp32_runners, batches, atol)
-
-    # ---------------------------------------------------------------- feature dtypes
-    say("calibrating int8 carries and comparing feature dtypes on validation data")
-    samples: dict[str, list[np.ndarray]] = {}
-    for start in range(0, len(val), 256):
-        outs = run_plan(plan, {INPUT: torch.from_numpy(val.x[start : start + 256])})
-        for st, o in zip(plan.stages, outs):
-            for n in st.carry:
-                samples.setdefault(n, []).append(o[n].numpy())
-    qparams = calibrate_int8(samples)
-    del samples
-    dtype_report: dict[str, Any] = {}
-    chosen: tuple[list[onnx.ModelProto], list[StageInfo], dict[int, np.ndarray]] | None = None
-    base_acc: dict[int, float] | None = None
-    fp32_logits: dict[int, np.ndarray] | None = None
-    for name in ["fp32"] + [d for d in FEATURE_DTYPES if d != "fp32"]:
-        models, infos = (fp32_models, fp32_infos) if name == "fp32" else _variant(plan, fp32_models, name, qparams)
-        runners = fp32_runners if name == "fp32" else _runners(models, infos, threads)
-        logits = run_chain(runners, val.x)
-        acc = _accuracy(logits, val.y)
-        if name == "fp32":
-            base_acc, fp32_logits = acc, logits
-        else:  # the variant must run at odd batch sizes too
-            rng = np.random.default_rng(0)
-            for b in (1, ODD_BATCH):
-                run_chain(runners, random_feeds(infos[0].inputs, b, rng))
-        assert base_acc is not None and fp32_logits is not None
-        dtype_report[name] = {
-            "val_accuracy": {str(e): a for e, a in acc.items()},
-            "val_accuracy_change": {str(e): a - base_acc[e] for e, a in acc.items()},
-            "max_abs_logit_diff_vs_fp32": {str(e): float(np.max(np.abs(logits[e] - fp32_logits[e]))) for e in logits},
-            "bytes_per_forwarded_request": {str(i.exit): i.carry_bytes_per_sample() for i in infos if i.carry_outputs},
-        }
-        if name == feature_dtype:
-            chosen = (models, infos, logits)
-    assert chosen is not None
-    models, infos, logits = chosen
-
-    # ---------------------------------------------------------------- thresholds
-    targets = compute_rates(spec_obj).exit_share
-    patience = inference_patience(meta, patience)
-    if patience is None:
-        say("calibrating thresholds per node")
-        measure = spec_obj.confidence
-        conf = exit_confidences(logits, measure)
-        policy = calibrate_thresholds(spec_obj, conf)
-        evaluation = evaluate_cis(spec_obj, logits, val.y, policy=policy)
-        nodes = {
-            n.id: {"exit": n.exit, "stages": list(range(1, n.exit + 1)), "threshold": _finite(policy.thresholds[n.id])}
-            for n in spec_obj.nodes
-        }
-    else:
-        # FLAME: the patience rule decides; no threshold to calibrate. The nodes table
-        # then has "threshold": null and "patience": p; the calibration block reports the
-        # shares and accuracy the rule gives on validation (the spec's targets only for reference).
-        say(f"patience policy (p = {patience}): no thresholds to calibrate")
-        measure = spec_obj.confidence  # for the confidence profile (the simulator's service-time rows)
-        policy = ExitPolicy("patience", {}, patience)
-        evaluation = evaluate_patience(spec_obj, logits, val.y, patience)
-        nodes = {
-            n.id: {"exit": n.exit, "stages": list(range(1, n.exit + 1)), "threshold": None, "patience": patience}
-            for n in spec_obj.nodes
-        }
-    calibration = {
-        "target_share_per_exit": {str(e): s for e, s in targets.items()},
-        "achieved_share_per_exit": {str(e): s for e, s in evaluation.exit_shares.items()},
-        "max_share_error": max(abs(evaluation.exit_shares[e] - targets[e]) for e in targets),
-        "cis_accuracy": evaluation.accuracy,
-        "exit_accuracy": {str(e): a for e, a in evaluation.exit_accuracy.items()},
-        "samples": int(len(val)),
-    }
-    if patience is not None:
-        calibration.update(kind="patience", patience=patience)
-
-    # ---------------------------------------------------------------- write
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
-        tmp.chmod(0o755)  # mkdtemp makes it private; a bundle is meant to be shared
-        (tmp / "stages").mkdir()
-        for m, info in zip(models, infos):
-            onnx.save_model(m, str(tmp / info.file))
-        say("profiling latency (onnxruntime)")
-        runners = [StageRunner.from_model(tmp / info.file, info, threads=threads) for info in infos]
-        latency = latency_profile(runners, latency_batches, latency_repeats)
-        c_arr, ok_arr = confidence_profile(logits, val.y, measure)
-        predicted = np.stack([logits[e].argmax(-1) for e in sorted(logits)], axis=1)
-        write_profiles(tmp, c_arr, ok_arr, latency, predicted)
-
-        engines: dict[int, str] = {}
-        trt_report: dict[str, Any] | None = None
-        if trt:
-            trt_report = _build_engines(tmp, models, infos, runners, val.x, trt_fp16, say)
-            engines = {int(k): v["engine"] for k, v in trt_report["stages"].items()}
-
-        stages_json = []
-        for info, f, p in zip(infos, flops, params):
-            entry: dict[str, Any] = {
-                "index": info.index,
-                "exit": info.exit,
-                "file": info.file,
-                "sha256": sha256_file(tmp / info.file),
-                "bytes": (tmp / info.file).stat().st_size,
-                "inputs": [t.to_json() for t in info.inputs],
-                "outputs": [t.to_json() for t in info.outputs],
-                "carry_bytes_per_sample": info.carry_bytes_per_sample(),
-                "flops": f,
-                "params": p,
-            }
-            if info.index in engines:
-                entry["engine"] = engines[info.index]
-            stages_json.append(entry)
-        manifest = {
-            "method": str(meta.get("method", "cis")),
-            "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "model": config,
-            "classes": list(meta["classes"]),
-            "normalisation": meta["normalisation"],
-            "dataset": meta["dataset"],
-            "seed": int(meta.get("seed", 0)),
-            "feature_dtype": feature_dtype,
-            "opset": opset,
-            "exporter": exporter,
-            "stages": stages_json,
-            "nodes": nodes,
-            "policy": policy.to_json(),
-            "spec": spec_to_dict(spec_obj),
-            "calibration": calibration,
-            "feature_dtypes": dtype_report,
-            "verification": _json_keys(verification),
-            "profiles": {
-                "confidence": "profiles/confidence.npz",
-                "latency": "profiles/latency.json",
-                "measure": measure,
-                "latency_batches": list(latency_batches),
-                "latency_repeats": latency_repeats,
-                "machine": f"{platform.machine()} {platform.processor() or ''}".strip(),
-                "threads": threads,
-            },
-            "source": {"run_dir": str(run_dir), "checkpoint_sha256": sha256_file(weights_path)},
-            "versions": _versions(trt),
-        }
-        if trt_report is not None:
-            manifest["tensorrt"] = trt_report
-        write_manifest(tmp, manifest)
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        tmp.replace(out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    manifest_fields = {"measure": measure, "flops": flops, "params": params, "threads": threads,
+                       "latency_batches": latency_batches, "latency_repeats": latency_repeats}
+    latency, stages, trt_report = write_bundle(out_dir, run, models, infos, logits, report, manifest_fields,
+                                                trt, trt_fp16, say)
     say(f"wrote {out_dir}")
     return {
         "bundle": str(out_dir),
-        "stages": len(stages_json),
-        "feature_dtype": feature_dtype,
-        "opset": opset,
-        "exporter": exporter,
-        "verification": manifest["verification"],
-        "feature_dtypes": dtype_report,
-        "calibration": calibration,
-        "nodes": nodes,
-        "policy": manifest["policy"],
+        "stages": len(stages),
+        **{k: report[k] for k in ("feature_dtype", "opset", "exporter", "verification", "feature_dtypes",
+                                  "calibration", "nodes", "policy")},
         "latency": {str(k): {str(b): s for b, s in v.items()} for k, v in latency.items()},
         "tensorrt": trt_report,
     }
@@ -423,31 +365,3 @@ def _json_keys(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {str(k): _json_keys(v) for k, v in obj.items()}
     return obj
-
-
-def _build_engines(root: Path, models, infos, runners, x: np.ndarray, fp16: bool, say: Progress) -> dict[str, Any]:
-    from export.tensorrt import PROFILE, EngineRunner, TensorRTError, build_engine, compare
-
-    report: dict[str, Any] = {"precision": "fp16" if fp16 else "fp32", "profile": list(PROFILE), "stages": {}}
-    rng = np.random.default_rng(0)
-    carry: dict[str, dict[str, np.ndarray]] = {
-        "batch1": random_feeds(infos[0].inputs, 1, rng),
-        f"batch{ODD_BATCH}": random_feeds(infos[0].inputs, ODD_BATCH, rng),
-        "validation": {infos[0].inputs[0].name: np.ascontiguousarray(x[: PROFILE[2]])},
-    }
-    for m, info, runner in zip(models, infos, runners):
-        say(f"building TensorRT engine for stage {info.index}")
-        engine = build_engine(m.SerializeToString(), fp16=fp16, where=f"stage {info.index}")
-        rel = f"stages/stage{info.index}.plan"
-        (root / rel).write_bytes(engine)
-        trt_runner = EngineRunner(engine)
-        checks = {}
-        for label, feeds in carry.items():
-            ref = runner.run(feeds)
-            got = trt_runner.run(feeds)
-            checks[label] = compare(ref, got, fp16)
-            if not checks[label]["passed"]:
-                raise TensorRTError(f"stage {info.index}: TensorRT engine differs from onnxruntime at {label}: {checks[label]}")
-            carry[label] = StageRunner.carry(ref)
-        report["stages"][str(info.index)] = {"engine": rel, "checks": checks, "sha256": hashlib.sha256(engine).hexdigest()}
-    return report

@@ -1,4 +1,4 @@
-"""Export one stage of a :class:`~export.stages.StagePlan` to a static ONNX graph.
+"""Export one stage of a :class:`~training.stage_plan.StagePlan` to a static ONNX graph.
 
 Two torch exporters exist in torch 2.x; both give the same clean graphs for the
 models here (Conv/Relu/pooling/Gemm, BatchNorm folded, no If or Loop):
@@ -27,7 +27,7 @@ import torch
 
 from cis.bundle import TensorInfo
 from cis.errors import CisError
-from export.stages import ExportStage
+from training.stage_plan import ExportStage
 
 EXPORTERS = ("auto", "torchscript", "dynamo")
 MIN_OPSET = 17
@@ -90,7 +90,9 @@ def _quiet():
                 lg.setLevel(lv)
 
 
-def export_stage(stage: ExportStage, example: tuple[torch.Tensor, ...], opset: int = MIN_OPSET, exporter: str = "auto") -> onnx.ModelProto:
+def export_stage(
+    stage: ExportStage, example: tuple[torch.Tensor, ...], opset: int = MIN_OPSET, exporter: str = "auto"
+) -> onnx.ModelProto:
     """Trace ``stage.module`` on ``example`` and return its ONNX model (checked)."""
     exporter, opset = resolve_exporter(exporter, opset)
     module = stage.module.eval()
@@ -130,7 +132,9 @@ def export_stage(stage: ExportStage, example: tuple[torch.Tensor, ...], opset: i
         raise
     except Exception as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise ExportError(f"stage {stage.index}: {exporter} ONNX export failed ({type(exc).__name__}: {first})") from None
+        raise ExportError(
+            f"stage {stage.index}: {exporter} ONNX export failed ({type(exc).__name__}: {first})"
+        ) from None
     model.producer_name = "cis export"
     _fill_static_output_dims(model)
     check_graph(model, stage, opset)
@@ -169,23 +173,37 @@ def check_graph(model: onnx.ModelProto, stage: ExportStage, opset: int | None = 
         onnx.checker.check_model(model)
     except onnx.checker.ValidationError as exc:
         raise ExportError(f"{where}: the ONNX graph is invalid ({str(exc).splitlines()[0]})") from None
-    flow = sorted({n.op_type for n in model.graph.node if n.op_type in CONTROL_FLOW or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute)})
+    flow = sorted(
+        {
+            n.op_type
+            for n in model.graph.node
+            if n.op_type in CONTROL_FLOW
+            or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute)
+        }
+    )
     if flow:
-        raise ExportError(f"{where}: the graph has data-dependent control flow ({', '.join(flow)}); expected a static graph")
+        raise ExportError(
+            f"{where}: the graph has data-dependent control flow ({', '.join(flow)}); expected a static graph"
+        )
     version = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
     if version < MIN_OPSET:
         raise ExportError(f"{where}: opset {version}; expected >= {MIN_OPSET}")
     got_in = [i.name for i in model.graph.input]
     got_out = [o.name for o in model.graph.output]
     if got_in != list(stage.inputs) or got_out != list(stage.outputs):
-        raise ExportError(f"{where}: graph reads {got_in} and returns {got_out}; expected {list(stage.inputs)} -> {list(stage.outputs)}")
+        raise ExportError(
+            f"{where}: graph reads {got_in} and returns {got_out}; expected {list(stage.inputs)} "
+            f"-> {list(stage.outputs)}"
+        )
     for vi in list(model.graph.input) + list(model.graph.output):
         dims = vi.type.tensor_type.shape.dim
         if not dims or not dims[0].dim_param or dims[0].dim_value:
             raise ExportError(f"{where}: tensor {vi.name!r} has no dynamic batch dimension")
         rest = [d for d in dims[1:] if not d.dim_value]
         if rest:
-            raise ExportError(f"{where}: tensor {vi.name!r} has dynamic dimensions beyond the batch; expected static shapes")
+            raise ExportError(
+                f"{where}: tensor {vi.name!r} has dynamic dimensions beyond the batch; expected static shapes"
+            )
 
 
 def tensor_infos(values) -> tuple[TensorInfo, ...]:

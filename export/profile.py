@@ -10,7 +10,8 @@
 from __future__ import annotations
 
 import time
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from functools import partial
 
 import numpy as np
 
@@ -21,7 +22,9 @@ from cis.stages import StageRunner
 LATENCY_BATCHES = (1, 8, 32)
 
 
-def confidence_profile(logits: Mapping[int, np.ndarray], labels: np.ndarray, measure: str) -> tuple[np.ndarray, np.ndarray]:
+def confidence_profile(
+    logits: Mapping[int, np.ndarray], labels: np.ndarray, measure: str
+) -> tuple[np.ndarray, np.ndarray]:
     """(confidence, correct), each (N, E), exits in order."""
     exits = sorted(logits)
     conf = np.stack([confidence(logits[e], measure) for e in exits], axis=1)
@@ -63,5 +66,5 @@ def latency_profile(
         out[runner.index] = {}
         for b in batches:
             feeds = random_feeds(runner.info.inputs, b, rng)
-            out[runner.index][b] = median_seconds(lambda: runner.run(feeds), repeats)
+            out[runner.index][b] = median_seconds(partial(runner.run, feeds), repeats)
     return out

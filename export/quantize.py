@@ -20,7 +20,7 @@ works the same way.
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import numpy as np
 import onnx
@@ -80,7 +80,7 @@ def apply_feature_dtype(
             raise CisError(f"int8 carry {missing[0]!r}: no calibrated scale")
     inner = onnx.compose.add_prefix(model, _PREFIX)
     g = inner.graph
-    pre, post, consts = [], [], []
+    consts: list[onnx.TensorProto] = []
 
     def qnames(name: str) -> tuple[str, str]:
         scale, zp = qparams[name]  # type: ignore[index]
@@ -90,32 +90,28 @@ def apply_feature_dtype(
             consts.append(numpy_helper.from_array(np.array(zp, dtype=np.int8), z_name))
         return s_name, z_name
 
-    new_inputs = []
-    for vi in model.graph.input:
-        name, target = vi.name, _PREFIX + vi.name
-        if name in carry_in:
-            new_inputs.append(_retyped(vi, _ELEM[dtype]))
+    def boundary(values, carries: tuple[str, ...], inward: bool) -> tuple[list, list]:
+        """The graph's inputs (``inward``) or outputs, retyped where they carry, and the nodes that
+        convert between them and the float32 inner graph (Identity where nothing changes)."""
+        kept, nodes = [], []
+        for vi in values:
+            name = vi.name
+            src, dst = (name, _PREFIX + name) if inward else (_PREFIX + name, name)
+            if name not in carries:
+                kept.append(vi)
+                nodes.append(helper.make_node("Identity", [src], [dst], name=f"{name}/{'in' if inward else 'out'}"))
+                continue
+            kept.append(_retyped(vi, _ELEM[dtype]))
             if feature_dtype == "fp16":
-                pre.append(helper.make_node("Cast", [name], [target], to=TensorProto.FLOAT, name=f"{name}/to_float"))
+                to, what = (TensorProto.FLOAT, "to_float") if inward else (TensorProto.FLOAT16, "to_half")
+                nodes.append(helper.make_node("Cast", [src], [dst], to=to, name=f"{name}/{what}"))
             else:
-                s, z = qnames(name)
-                pre.append(helper.make_node("DequantizeLinear", [name, s, z], [target], name=f"{name}/dequantize"))
-        else:
-            new_inputs.append(vi)
-            pre.append(helper.make_node("Identity", [name], [target], name=f"{name}/in"))
-    new_outputs = []
-    for vi in model.graph.output:
-        name, source = vi.name, _PREFIX + vi.name
-        if name in carry_out:
-            new_outputs.append(_retyped(vi, _ELEM[dtype]))
-            if feature_dtype == "fp16":
-                post.append(helper.make_node("Cast", [source], [name], to=TensorProto.FLOAT16, name=f"{name}/to_half"))
-            else:
-                s, z = qnames(name)
-                post.append(helper.make_node("QuantizeLinear", [source, s, z], [name], name=f"{name}/quantize"))
-        else:
-            new_outputs.append(vi)
-            post.append(helper.make_node("Identity", [source], [name], name=f"{name}/out"))
+                op, what = ("DequantizeLinear", "dequantize") if inward else ("QuantizeLinear", "quantize")
+                nodes.append(helper.make_node(op, [src, *qnames(name)], [dst], name=f"{name}/{what}"))
+        return kept, nodes
+
+    new_inputs, pre = boundary(model.graph.input, carry_in, inward=True)
+    new_outputs, post = boundary(model.graph.output, carry_out, inward=False)
     graph = helper.make_graph(
         pre + list(g.node) + post,
         model.graph.name or "stage",

@@ -3,20 +3,28 @@
 One engine per stage graph, built with the TensorRT 10 Python API
 (``build_serialized_network``, explicit batch, one optimisation profile with
 the batch dimension at min 1 / opt 8 / max 64), FP16 by default. Every engine
-is run on the GPU and compared with onnxruntime's outputs of the same graph;
-buffers are torch CUDA tensors (torch is there at export time anyway).
+is run on the GPU by the serving backend itself (:class:`cis.engines.EngineSession`,
+torch-free) and compared with onnxruntime's outputs of the same graph; the
+manifest records the GPU it was built for (``tensorrt.device``), which
+``cis serve --provider tensorrt`` checks.
 
-Without an importable ``tensorrt`` or without a CUDA GPU, :func:`require_tensorrt`
-raises one clear :class:`~cis.errors.CisError` line.
+Without an importable ``tensorrt`` and cuda-python, or without a CUDA GPU,
+:func:`require_tensorrt` raises one clear :class:`~cis.errors.CisError` line.
+Never run on a real GPU so far (no session has had one with TensorRT).
 """
 
 from __future__ import annotations
 
-from typing import Mapping
+import hashlib
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from cis.engines import EngineSession, gpu_info, runtime_missing
 from cis.errors import CisError
+from cis.stages import StageRunner
 
 PROFILE = (1, 8, 64)  # min, opt, max batch
 
@@ -26,21 +34,30 @@ class TensorRTError(CisError):
 
 
 def require_tensorrt():
-    """The ``tensorrt`` module, when it is importable and a CUDA GPU is present."""
-    try:
-        import tensorrt as trt  # type: ignore[import-not-found]
-    except Exception as exc:  # ImportError, or a broken install (missing libnvinfer)
+    """The ``tensorrt`` module, when it, cuda-python and a CUDA GPU are present."""
+    problem = runtime_missing()
+    if problem:
         raise TensorRTError(
-            f"--trt needs TensorRT, which is not importable here ({type(exc).__name__}); install the optional extra 'cis[tensorrt]' on a machine with an NVIDIA GPU, or export without --trt"
-        ) from None
-    import torch
+            f"--trt needs TensorRT, cuda-python and an NVIDIA GPU, and here {problem}; install the optional extra "
+            "'cis[tensorrt]' on a machine with an NVIDIA GPU, or export without --trt"
+        )
+    import tensorrt as trt  # type: ignore[import-not-found]
 
-    if not torch.cuda.is_available():
-        raise TensorRTError("--trt needs an NVIDIA GPU with CUDA, and torch sees none here; export without --trt or run on a GPU machine")
     return trt
 
 
-def build_engine(onnx_bytes: bytes, fp16: bool = True, profile: tuple[int, int, int] = PROFILE, workspace: int = 1 << 30, where: str = "stage") -> bytes:
+def engine_runner(engine: bytes, info, where: str) -> StageRunner:
+    """A stage runner on a serialized engine: the same one ``cis serve --provider tensorrt`` uses."""
+    return StageRunner.from_session(info, EngineSession(engine, where=where), "tensorrt", "TensorRT")
+
+
+def build_engine(
+    onnx_bytes: bytes,
+    fp16: bool = True,
+    profile: tuple[int, int, int] = PROFILE,
+    workspace: int = 1 << 30,
+    where: str = "stage",
+) -> bytes:
     """Serialized engine for one ONNX stage graph."""
     trt = require_tensorrt()
     logger = trt.Logger(trt.Logger.WARNING)
@@ -71,46 +88,6 @@ def build_engine(onnx_bytes: bytes, fp16: bool = True, profile: tuple[int, int, 
     return bytes(serialized)
 
 
-class EngineRunner:
-    """Runs a serialized engine on CUDA tensors; ``run(feeds) -> {name: numpy}``."""
-
-    def __init__(self, engine_bytes: bytes) -> None:
-        trt = require_tensorrt()
-        import torch
-
-        self.trt, self.torch = trt, torch
-        self.logger = trt.Logger(trt.Logger.WARNING)
-        self.runtime = trt.Runtime(self.logger)
-        self.engine = self.runtime.deserialize_cuda_engine(engine_bytes)
-        if self.engine is None:
-            raise TensorRTError("TensorRT could not deserialize the engine")
-        self.context = self.engine.create_execution_context()
-        names = [self.engine.get_tensor_name(i) for i in range(self.engine.num_io_tensors)]
-        self.inputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
-        self.outputs = [n for n in names if self.engine.get_tensor_mode(n) == trt.TensorIOMode.OUTPUT]
-
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        torch, trt = self.torch, self.trt
-        keep = []
-        for name in self.inputs:
-            t = torch.from_numpy(np.ascontiguousarray(feeds[name])).cuda()
-            keep.append(t)
-            self.context.set_input_shape(name, tuple(t.shape))
-            self.context.set_tensor_address(name, t.data_ptr())
-        results = {}
-        for name in self.outputs:
-            shape = tuple(self.context.get_tensor_shape(name))
-            dtype = torch.from_numpy(np.empty(0, dtype=trt.nptype(self.engine.get_tensor_dtype(name)))).dtype
-            t = torch.empty(shape, dtype=dtype, device="cuda")
-            results[name] = t
-            self.context.set_tensor_address(name, t.data_ptr())
-        stream = torch.cuda.current_stream()
-        if not self.context.execute_async_v3(stream.cuda_stream):
-            raise TensorRTError("TensorRT execution failed")
-        stream.synchronize()
-        return {k: v.cpu().numpy() for k, v in results.items()}
-
-
 def compare(reference: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], fp16: bool) -> dict:
     """Max abs difference per output and argmax agreement of the logits."""
     atol, rtol = (5e-2, 2e-2) if fp16 else (1e-3, 1e-3)
@@ -130,3 +107,52 @@ def compare(reference: Mapping[str, np.ndarray], got: Mapping[str, np.ndarray], 
         out["argmax_agreement"] = agree
         out["passed"] &= agree >= 0.98
     return out
+
+
+
+def build_engines(
+    root: Path, models, infos, runners, x: np.ndarray, fp16: bool, say: Callable[[str], None]
+) -> tuple[dict[str, Any], list[StageRunner]]:
+    """One engine per stage graph beside it (``stages/stageK.plan``), each checked against onnxruntime at
+    batch 1, an odd batch and a validation batch; the manifest's ``tensorrt`` block, and the engines'
+    runners (for the tensorrt latency profile)."""
+    from cis.stages import carry_of
+    from export.profile import random_feeds
+    from export.verify import ODD_BATCH
+
+    report: dict[str, Any] = {
+        "precision": "fp16" if fp16 else "fp32",
+        "profile": list(PROFILE),
+        "device": gpu_info(),  # the GPU model the engines are for: cis serve --provider tensorrt checks it
+        "stages": {},
+    }
+    rng = np.random.default_rng(0)
+    carry: dict[str, dict[str, np.ndarray]] = {
+        "batch1": random_feeds(infos[0].inputs, 1, rng),
+        f"batch{ODD_BATCH}": random_feeds(infos[0].inputs, ODD_BATCH, rng),
+        "validation": {infos[0].inputs[0].name: np.ascontiguousarray(x[: PROFILE[2]])},
+    }
+    trt_runners = []
+    for m, info, runner in zip(models, infos, runners):
+        say(f"building TensorRT engine for stage {info.index}")
+        engine = build_engine(m.SerializeToString(), fp16=fp16, where=f"stage {info.index}")
+        rel = f"stages/stage{info.index}.plan"
+        (root / rel).write_bytes(engine)
+        trt_runner = engine_runner(engine, info, f"stage {info.index}")
+        trt_runners.append(trt_runner)
+        checks = {}
+        for label, feeds in carry.items():
+            ref = runner.run(feeds)
+            got = trt_runner.run(feeds)
+            checks[label] = compare(ref, got, fp16)
+            if not checks[label]["passed"]:
+                raise TensorRTError(
+                    f"stage {info.index}: TensorRT engine differs from onnxruntime at {label}: {checks[label]}"
+                )
+            carry[label] = carry_of(ref)
+        report["stages"][str(info.index)] = {
+            "engine": rel,
+            "checks": checks,
+            "sha256": hashlib.sha256(engine).hexdigest(),
+        }
+    return report, trt_runners

@@ -15,16 +15,17 @@ either way). A failed check raises :class:`VerificationError` with the numbers.
 
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
 
 from cis.errors import CisError
 from cis.stages import LOGITS, StageRunner, run_stages
-from export.stages import StagePlan, run_plan
+from training.stage_plan import StagePlan, run_plan
 
 DEFAULT_ATOL = 1e-4
+ODD_BATCH = 17  # the odd batch size every check runs at besides 1 (catches batch-dependent shapes)
 
 
 class VerificationError(CisError):
@@ -46,6 +47,18 @@ def _argmax_mismatch(reference: np.ndarray, got: np.ndarray, atol: float) -> tup
     return int(decisive.sum()), int(differ.sum())
 
 
+def _check(what: str, diff: float, reference: np.ndarray, got: np.ndarray, atol: float, n: int,
+           failures: list[str]) -> dict:
+    """One comparison's figures (``diff``: its max abs difference; ``reference``/``got``: the logits);
+    a failure line for each bound it breaks."""
+    decisive, ties = _argmax_mismatch(reference, got, atol)
+    if not diff <= atol:
+        failures.append(f"{what} (batch {n}): max abs diff {diff:.3g} > {atol:g}")
+    if decisive:
+        failures.append(f"{what} (batch {n}): argmax differs on {decisive} of {n} samples")
+    return {"max_abs_diff": diff, "argmax_mismatch": decisive, "argmax_ties": ties - decisive}
+
+
 def verify_stages(
     plan: StagePlan,
     runners: Sequence[StageRunner],
@@ -65,30 +78,25 @@ def verify_stages(
         carry = {k: _np(v) for k, v in feeds.items()}
         for st, runner, touts in zip(plan.stages, runners, torch_outs):
             got = runner.run({name: carry[name] for name in st.inputs})
-            diff = max(float(np.max(np.abs(got[name] - _np(touts[name])))) if got[name].size else 0.0 for name in st.outputs)
-            decisive, ties = _argmax_mismatch(_np(touts[LOGITS]), got[LOGITS], atol)
-            entry["stages"][st.index] = {"max_abs_diff": diff, "argmax_mismatch": decisive, "argmax_ties": ties - decisive}
+            diff = max(float(np.max(np.abs(got[name] - _np(touts[name])))) if got[name].size else 0.0
+                       for name in st.outputs)
+            entry["stages"][st.index] = _check(f"stage {st.index} vs torch at {label}", diff, _np(touts[LOGITS]),
+                                               got[LOGITS], atol, n, failures)
             report["stage_max_abs_diff"][st.index] = max(report["stage_max_abs_diff"].get(st.index, 0.0), diff)
-            if not diff <= atol:
-                failures.append(f"stage {st.index} vs torch at {label} (batch {n}): max abs diff {diff:.3g} > {atol:g}")
-            if decisive:
-                failures.append(f"stage {st.index} vs torch at {label} (batch {n}): argmax differs on {decisive} of {n} samples")
             carry = {name: _np(touts[name]) for name in st.carry}
         # chain vs full
         logits, _ = run_stages(runners, {k: _np(v) for k, v in feeds.items()})
         for st, ref in zip(plan.stages, full):
             got = logits[st.exit]
             diff = float(np.max(np.abs(got - ref))) if got.size else 0.0
-            decisive, ties = _argmax_mismatch(ref, got, atol)
-            entry["chain"][st.exit] = {"max_abs_diff": diff, "argmax_mismatch": decisive, "argmax_ties": ties - decisive}
+            entry["chain"][st.exit] = _check(
+                f"chain vs full model, exit {st.exit}, at {label}", diff, ref, got, atol, n, failures
+            )
             report["chain_max_abs_diff"][st.exit] = max(report["chain_max_abs_diff"].get(st.exit, 0.0), diff)
-            if not diff <= atol:
-                failures.append(f"chain vs full model, exit {st.exit}, at {label} (batch {n}): max abs diff {diff:.3g} > {atol:g}")
-            if decisive:
-                failures.append(f"chain vs full model, exit {st.exit}, at {label} (batch {n}): argmax differs on {decisive} of {n} samples")
         report["batches"][label] = entry
     report["max_abs_diff"] = max([*report["stage_max_abs_diff"].values(), *report["chain_max_abs_diff"].values(), 0.0])
     report["passed"] = not failures
     if failures:
-        raise VerificationError(f"verification failed: {failures[0]}" + (f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""))
+        more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+        raise VerificationError(f"verification failed: {failures[0]}" + more)
     return report

@@ -21,7 +21,10 @@ fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 python3 -c "import torch; assert torch.cuda.is_available(), 'torch sees no CUDA GPU'; print('torch', torch.__version__, torch.cuda.get_device_name(0))" | tee "$out/device.txt"
 # every test marked gpu (training on CUDA, TensorRT engines where TensorRT is installed), then the device tests' CPU half
-python3 -m pytest -q -rs -m gpu tests/test_device.py tests/test_export.py 2>&1 | tee "$out/gpu-tests.log"
+# (serving: tests/test_serve_tiers.py, onnxruntime's CUDA provider with onnxruntime-gpu, the engines with
+# tensorrt and cuda-python; add their wheels to .whl/ with prometheus-client)
+python3 -m pytest -q -rs -m gpu tests/test_device.py tests/test_export.py tests/test_serve_tiers.py 2>&1 \
+    | tee "$out/gpu-tests.log"
 python3 -m pytest -q -rs tests/test_device.py -m "not gpu" 2>&1 | tail -3 | tee -a "$out/gpu-tests.log"
 # the same short digits run on the CPU and on the GPU: seconds per round from metrics.jsonl
 for device in cpu cuda; do

@@ -12,13 +12,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import numpy as np
 
 from cis.errors import CisError
-from sim.streams import unit_exponentials, uniforms
+from sim.streams import uniforms, unit_exponentials
 
 ARRIVALS = ("poisson", "deterministic", "mmpp")
 
@@ -71,7 +71,10 @@ def parse_trace(lines: Sequence[str], source: str) -> list[tuple[str | None, flo
         node = parts[0] if len(parts) == 2 else None
         t = _seconds(parts[-1]) if len(parts) <= 2 else None
         if t is None or node == "":
-            raise CisError(f"trace {source} line {number}: {line!r}; expected 'timestamp' or 'node_id,timestamp' with a timestamp >= 0 in seconds")
+            raise CisError(
+                f"trace {source} line {number}: {line!r}; expected 'timestamp' or 'node_id,timestamp' with a "
+                "timestamp >= 0 in seconds"
+            )
         out.append((node, t))
     if not out:
         raise CisError(f"trace {source}: no timestamps; expected one 'timestamp' or 'node_id,timestamp' per line")
@@ -94,11 +97,16 @@ def assign_trace(
     senders = [n for n, r in rates.items() if r > 0]
     weights = np.array([rates[n] for n in senders])
     out: dict[str, list[float]] = {n: [] for n in rates}
-    picks = iter(rng.choice(len(senders), size=len(entries), p=weights / weights.sum()).tolist()) if senders else iter(())
+    picks = (
+        iter(rng.choice(len(senders), size=len(entries), p=weights / weights.sum()).tolist()) if senders else iter(())
+    )
     for node, t in entries:
         if node is None:
             if not senders:
-                raise CisError(f"trace {source}: untagged timestamps but no node has an arrival_rate > 0; expected 'node_id,timestamp' lines")
+                raise CisError(
+                    f"trace {source}: untagged timestamps but no node has an arrival_rate > 0; expected "
+                    "'node_id,timestamp' lines"
+                )
             node = senders[next(picks)]
         elif node not in out:
             raise CisError(f"trace {source}: unknown node {node!r}; expected one of {', '.join(rates)}")
@@ -111,5 +119,7 @@ def read_trace(path: str | Path, rates: dict[str, float], rng: np.random.Generat
     try:
         lines = path.read_text().splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise CisError(f"trace {path}: cannot read ({exc.__class__.__name__}); expected a text file of timestamps") from None
+        raise CisError(
+            f"trace {path}: cannot read ({exc.__class__.__name__}); expected a text file of timestamps"
+        ) from None
     return assign_trace(parse_trace(lines, str(path)), rates, rng, str(path))

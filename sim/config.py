@@ -41,7 +41,7 @@ class SimConfig:
     # half on the way in and half on the way back; and ``visit_overhead`` seconds of node work
     # on top of the stage times (decode, batching, policy, encode), holding the worker.
     # benchmarks/sim_vs_runtime.py and cis demo fill ``hop_rtt`` with the per-visit costs of a
-    # calibration load on the running cluster (cis.pipeline.calibrate_visits: messaging and node
+    # calibration load on the running cluster (cis.app.calibration.calibrate_visits: messaging and node
     # work together) and leave ``visit_overhead`` at 0.
     loopback: bool = False
     hop_rtt: tuple[float, ...] = ()
@@ -64,7 +64,9 @@ def check_config(config: SimConfig, spec: CisSpec, with_bundle: bool) -> SimConf
     if config.duration is not None and not (math.isfinite(config.duration) and config.duration > 0):
         raise CisError(f"simulate: --duration is {config.duration}; expected seconds > 0")
     if config.arrivals not in (*ARRIVALS, "trace"):
-        raise CisError(f"simulate: --arrivals is {config.arrivals!r}; expected one of {', '.join(ARRIVALS)} or trace:FILE")
+        raise CisError(
+            f"simulate: --arrivals is {config.arrivals!r}; expected one of {', '.join(ARRIVALS)} or trace:FILE"
+        )
     if config.arrivals == "trace" and not config.trace:
         raise CisError("simulate: --arrivals trace needs a file; expected trace:FILE")
     if config.arrivals != "trace" and not any(n.arrival_rate > 0 for n in spec.nodes):
@@ -78,13 +80,18 @@ def check_config(config: SimConfig, spec: CisSpec, with_bundle: bool) -> SimConf
         _positive(config.burst, "--burst")
     for value, name in [*((v, "hop_rtt") for v in config.hop_rtt), (config.visit_overhead, "visit_overhead")]:
         if not (math.isfinite(value) and value >= 0):
-            raise CisError(f"simulate: {name} is {value}; expected seconds >= 0" + (" (--visit-cost)" if name == "hop_rtt" else ""))
+            raise CisError(
+                f"simulate: {name} is {value}; expected seconds >= 0" + (" (--visit-cost)" if name == "hop_rtt" else "")
+            )
     service = config.service or ("deterministic" if with_bundle else "exponential")
     if service not in SERVICES:
         raise CisError(f"simulate: --service is {service!r}; expected one of {', '.join(SERVICES)}")
     for node_id, share in config.shares.items():
         if node_id not in spec.ids:
-            raise CisError(f"simulate: --share {node_id}={share}: no node {node_id!r} in spec {spec.name!r}; expected one of {', '.join(spec.ids)}")
+            raise CisError(
+                f"simulate: --share {node_id}={share}: no node {node_id!r} in spec {spec.name!r}; expected one "
+                f"of {', '.join(spec.ids)}"
+            )
         if not 0.0 <= share <= 1.0:
             raise CisError(f"simulate: --share {node_id}={share}; expected a fraction in [0, 1]")
     if config.shares and with_bundle:
@@ -97,8 +104,14 @@ def _positive(value: float, flag: str) -> None:
         raise CisError(f"simulate: {flag} is {value}; expected a number > 0")
 
 
-def override_nodes(spec: CisSpec, workers: int | None = None, queue_limit: int | None = None, scale: float = 1.0) -> CisSpec:
-    """The spec with every node's workers / queue limit replaced and arrival rates scaled."""
+def override_nodes(
+    spec: CisSpec,
+    workers: int | None = None,
+    queue_limit: int | None = None,
+    scale: float = 1.0,
+    provider: str | None = None,
+) -> CisSpec:
+    """The spec with every node's workers / queue limit / provider replaced and arrival rates scaled."""
     if workers is not None and workers < 1:
         raise CisError(f"simulate: --workers is {workers}; expected an integer >= 1")
     if queue_limit is not None and queue_limit < 1:
@@ -110,6 +123,7 @@ def override_nodes(spec: CisSpec, workers: int | None = None, queue_limit: int |
                 "workers": n.workers if workers is None else workers,
                 "queue_limit": n.queue_limit if queue_limit is None else queue_limit,
                 "arrival_rate": n.arrival_rate * scale,
+                "provider": n.provider if provider is None else provider,
             }
         )
         for n in spec.nodes

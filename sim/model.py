@@ -12,8 +12,8 @@ from __future__ import annotations
 import itertools
 import math
 from array import array
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Callable, Iterator
 
 import numpy as np
 import simpy
@@ -132,7 +132,10 @@ class Log:
         self.finish.append(finish)
 
     def arrays(self) -> dict[str, np.ndarray]:
-        cols = {k: np.frombuffer(getattr(self, k), dtype=getattr(self, k).typecode) for k in ("id", "entry", "node", "exit", "correct", "arrive", "finish")}
+        cols = {
+            k: np.frombuffer(getattr(self, k), dtype=getattr(self, k).typecode)
+            for k in ("id", "entry", "node", "exit", "correct", "arrive", "finish")
+        }
         order = np.argsort(cols["id"], kind="stable")
         return {k: v[order] for k, v in cols.items()}
 
@@ -147,7 +150,9 @@ class Model:
     correct: dict[int, list[int]] | None
     limit: float  # stop after this many arrivals
     horizon: float  # stop arrivals after this time
-    hops: Iterator[float] | None = None  # messaging round trip per node visit, one draw per request (None: no cost, the spec's links only)
+    hops: Iterator[float] | None = (
+        None  # messaging round trip per node visit, one draw per request (None: no cost, the spec's links only)
+    )
     exit_at: list[int] | None = None  # patience rule: the exit that serves each profile row (else the node's own)
     log: Log = field(default_factory=Log)
     arrived: int = 0
@@ -165,7 +170,7 @@ def request(env: simpy.Environment, model: Model, rid: int, station: Station, ro
     """The story of one request, from its arrival at ``station`` to the node that serves (or drops) it."""
     entry, arrived, done, back = station.index, env.now, 0, 0.0
     # one messaging cost per request, paid on every node visit: its visits happen within
-    # milliseconds, under the same machine load (and cis.pipeline.calibrate_visits measures
+    # milliseconds, under the same machine load (and cis.app.calibration.calibrate_visits measures
     # exactly this, each request's average cost per visit)
     rtt = next(model.hops) if model.hops is not None else 0.0
     if rtt:  # the client's message to the entry node: half a round trip, the reply the other half
@@ -222,14 +227,25 @@ def build(plan: Plan) -> tuple[Model, list[tuple[Station, Iterator[float], Itera
     spec, config = plan.spec, plan.config
     env = simpy.Environment()
     rngs = iter(spawn(config.seed, 4 * len(spec.nodes) + 1))
-    trace = read_trace(config.trace, {n.id: n.arrival_rate for n in spec.nodes}, next(rngs)) if config.arrivals == "trace" else None
+    trace = (
+        read_trace(config.trace, {n.id: n.arrival_rate for n in spec.nodes}, next(rngs))
+        if config.arrivals == "trace"
+        else None
+    )
     stations: dict[str, Station] = {}
     feeds = []
     for index, node in enumerate(spec.nodes):
         arrival_rng, service_rng, decision_rng, row_rng = (next(rngs) for _ in range(4))
         units = unit_exponentials(service_rng) if config.service == "exponential" else itertools.repeat(1.0)
         station = Station(
-            env, node, index, plan.visit_means[node.id], units, _keeper(plan, node.id, decision_rng), _bucket(node, config.burst), config.visit_overhead
+            env,
+            node,
+            index,
+            plan.visit_means[node.id],
+            units,
+            _keeper(plan, node.id, decision_rng),
+            _bucket(node, config.burst),
+            config.visit_overhead,
         )
         stations[node.id] = station
         if plan.rows is not None:  # replay: this node's arrivals take these rows, in order
@@ -251,7 +267,11 @@ def build(plan: Plan) -> tuple[Model, list[tuple[Station, Iterator[float], Itera
     hops = None
     if config.hop_rtt:  # its own stream, spawned after the others: runs without it keep their numbers
         hop_rng = spawn(config.seed, 4 * len(spec.nodes) + 2)[-1]
-        hops = itertools.repeat(config.hop_rtt[0]) if len(config.hop_rtt) == 1 else (config.hop_rtt[i] for i in indices(hop_rng, len(config.hop_rtt)))
+        hops = (
+            itertools.repeat(config.hop_rtt[0])
+            if len(config.hop_rtt) == 1
+            else (config.hop_rtt[i] for i in indices(hop_rng, len(config.hop_rtt)))
+        )
     return Model(env, stations, plan.payloads, correct, limit, horizon, hops, plan.exit_at), feeds
 
 
@@ -268,7 +288,9 @@ def _bucket(node: Node, burst_seconds: float | None) -> TokenBucket:
     return TokenBucket(node.max_transfer_rate, burst)
 
 
-def _times(node: Node, config: SimConfig, rng: np.random.Generator, trace: dict[str, list[float]] | None) -> Iterator[float] | None:
+def _times(
+    node: Node, config: SimConfig, rng: np.random.Generator, trace: dict[str, list[float]] | None
+) -> Iterator[float] | None:
     if trace is not None:
         return iter(trace[node.id]) if trace[node.id] else None
     if node.arrival_rate <= 0:

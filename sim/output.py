@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
+from cis.metrics import draw_latency_cdf, write_requests
+
 NODE_COLUMNS = (
     "exit", "workers", "queue_limit", "arrival_rate", "incoming_rate", "served_rate", "forwarded_rate",
     "capped_rate", "dropped", "utilisation", "mean_queue", "max_queue",
@@ -19,19 +21,20 @@ def write_json(path: Path, data: dict) -> None:
 
 
 def write_requests_csv(path: Path, requests: dict[str, np.ndarray], node_ids: list[str]) -> None:
-    """One row per request: where it arrived, where it ended, when, and (with a bundle) whether it was right."""
-    latency = requests["finish"] - requests["arrive"]
-    with open(path, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["id", "entry", "node", "exit", "outcome", "correct", "arrive_s", "finish_s", "latency_s"])
-        for rid, entry, node, exit_, correct, arrive, finish, lat in zip(
-            requests["id"].tolist(), requests["entry"].tolist(), requests["node"].tolist(), requests["exit"].tolist(),
-            requests["correct"].tolist(), requests["arrive"].tolist(), requests["finish"].tolist(), latency.tolist(),
-        ):
-            w.writerow([
-                rid, node_ids[entry], node_ids[node], exit_ or "", "served" if exit_ else "dropped",
-                "" if correct < 0 else correct, f"{arrive:.9f}", f"{finish:.9f}", f"{lat:.9f}",
-            ])
+    """One row per request (:data:`cis.metrics.REQUEST_COLUMNS`): where it arrived, where it ended, when,
+    and (with a bundle) whether it was right."""
+    exits = requests["exit"].tolist()
+    write_requests(path, {
+        "id": requests["id"].tolist(),
+        "entry": [node_ids[i] for i in requests["entry"].tolist()],
+        "node": [node_ids[i] for i in requests["node"].tolist()],
+        "exit": [e or None for e in exits],
+        "outcome": ["served" if e else "dropped" for e in exits],
+        "correct": [None if c < 0 else c for c in requests["correct"].tolist()],
+        "arrive_s": requests["arrive"].tolist(),
+        "finish_s": requests["finish"].tolist(),
+        "latency_s": (requests["finish"] - requests["arrive"]).tolist(),
+    })
 
 
 def write_nodes_csv(path: Path, summary: dict) -> None:
@@ -41,10 +44,15 @@ def write_nodes_csv(path: Path, summary: dict) -> None:
         links = {name.split("->")[0]: link for name, link in summary["links"].items()}
         for nid, n in summary["nodes"].items():
             link = links.get(nid)
-            w.writerow([
-                nid, *("" if n[c] is None else n[c] for c in NODE_COLUMNS),
-                n["calculus"]["serving_rate"], n["calculus"]["transfer_rate"], "" if link is None else link["utilisation"],
-            ])
+            w.writerow(
+                [
+                    nid,
+                    *("" if n[c] is None else n[c] for c in NODE_COLUMNS),
+                    n["calculus"]["serving_rate"],
+                    n["calculus"]["transfer_rate"],
+                    "" if link is None else link["utilisation"],
+                ]
+            )
 
 
 def write_plots(out: Path, summary: dict, requests: dict[str, np.ndarray]) -> list[str]:
@@ -56,15 +64,10 @@ def write_plots(out: Path, summary: dict, requests: dict[str, np.ndarray]) -> li
         import matplotlib.pyplot as plt
     except ImportError:
         return ["matplotlib is not installed (pip install 'cis[plot]'); plots skipped"]
-    latency = (requests["finish"] - requests["arrive"]) * 1000
+    served = requests["exit"] > 0
     fig, ax = plt.subplots(figsize=(6, 4))
-    for e in summary["exits"]:
-        lat = np.sort(latency[requests["exit"] == int(e)])
-        if len(lat):
-            ax.plot(lat, np.arange(1, len(lat) + 1) / len(lat), label=f"exit {e}")
-    ax.set(xlabel="end-to-end latency (ms)", ylabel="fraction of requests", title=f"{summary['spec']}: latency CDF per exit")
-    ax.grid(alpha=0.3)
-    ax.legend()
+    latency = (requests["finish"] - requests["arrive"])[served]
+    draw_latency_cdf(ax, {"simulator": (latency, requests["exit"][served])}, f"{summary['spec']}: latency CDF")
     fig.tight_layout()
     fig.savefig(out / "latency_cdf.png", dpi=120)
     plt.close(fig)
@@ -73,7 +76,9 @@ def write_plots(out: Path, summary: dict, requests: dict[str, np.ndarray]) -> li
     util = [summary["nodes"][n]["utilisation"] or 0.0 for n in names]
     fig, ax = plt.subplots(figsize=(max(4, 0.6 * len(names) + 2), 4))
     ax.bar(names, util)
-    ax.set(ylabel="utilisation", ylim=(0, max(1.0, max(util, default=0))), title=f"{summary['spec']}: utilisation per node")
+    ax.set(
+        ylabel="utilisation", ylim=(0, max(1.0, max(util, default=0))), title=f"{summary['spec']}: utilisation per node"
+    )
     ax.tick_params(axis="x", rotation=45)
     fig.tight_layout()
     fig.savefig(out / "utilisation.png", dpi=120)

@@ -9,27 +9,11 @@ total waiting time / makespan.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
+from cis.metrics import format_ms, latency_summary
 from cis.rates import compute_rates
 from sim.model import Model, Plan
-
-PERCENTILES = (50, 95, 99)
-
-
-def latency_stats(latency: np.ndarray) -> dict:
-    """Count, mean, p50/p95/p99 and max of latencies in seconds (None when empty)."""
-    if len(latency) == 0:
-        return {"count": 0, "mean_s": None, **{f"p{q}_s": None for q in PERCENTILES}, "max_s": None}
-    pct = np.percentile(latency, PERCENTILES)
-    return {
-        "count": int(len(latency)),
-        "mean_s": float(latency.mean()),
-        **{f"p{q}_s": float(v) for q, v in zip(PERCENTILES, pct)},
-        "max_s": float(latency.max()),
-    }
 
 
 def per_second(count: float, seconds: float) -> float | None:
@@ -86,7 +70,7 @@ def summarise(plan: Plan, model: Model, requests: dict[str, np.ndarray]) -> dict
             "share": share(int(here.sum()), arrived),
             "calculus_rate": rates.exit_serving_rate[e],
             "calculus_share": calculus_share[e],
-            "latency": latency_stats(latency[here]),
+            "latency": latency_summary(latency[here]),
             "accuracy": mean_correct(requests["correct"][here]),
         }
 
@@ -107,7 +91,7 @@ def summarise(plan: Plan, model: Model, requests: dict[str, np.ndarray]) -> dict
         "requests": {"arrived": arrived, "served": int(served.sum()), "dropped": int(arrived - served.sum())},
         "horizon_s": horizon,
         "makespan_s": makespan,
-        "latency": latency_stats(latency[served]),
+        "latency": latency_summary(latency[served]),
         "accuracy": mean_correct(requests["correct"][served]),
         "drop_share": share(int(arrived - served.sum()), arrived),
         "nodes": nodes,
@@ -121,10 +105,6 @@ def _decision(plan: Plan) -> dict:
         kind = "patience" if plan.policy.uses_patience else "thresholds"
         return {"kind": kind, **plan.policy.to_json(), "profile_samples": plan.profile.samples}
     return {"kind": "shares", "shares": plan.shares}
-
-
-def _ms(seconds: float | None) -> str:
-    return "-" if seconds is None or math.isnan(seconds) else f"{seconds * 1000:.2f}"
 
 
 def _pct(value: float | None) -> str:
@@ -141,7 +121,8 @@ def human_summary(summary: dict) -> str:
     lines = [
         f"{summary['spec']}: {r['arrived']} requests over {summary['horizon_s']:.1f} s simulated, "
         f"{r['served']} served, {r['dropped']} dropped ({_pct(summary['drop_share'])})",
-        f"latency ms: mean {_ms(lat['mean_s'])}  p50 {_ms(lat['p50_s'])}  p95 {_ms(lat['p95_s'])}  p99 {_ms(lat['p99_s'])}",
+        f"latency ms: mean {format_ms(lat['mean_s'])}  p50 {format_ms(lat['p50_s'])}  p95 {format_ms(lat['p95_s'])}  "
+        f"p99 {format_ms(lat['p99_s'])}",
     ]
     if summary["accuracy"] is not None:
         lines.append(f"estimated CIS accuracy: {summary['accuracy'] * 100:.2f}%")
@@ -149,9 +130,13 @@ def human_summary(summary: dict) -> str:
     for e, x in summary["exits"].items():
         lines.append(
             f"{e:<6}{_num(x['rate']):>9}{x['calculus_rate']:>9.2f}{_pct(x['share']):>8}{_pct(x['calculus_share']):>8}"
-            f"{_ms(x['latency']['p50_s']):>9}{_ms(x['latency']['p99_s']):>9}{_pct(x['accuracy']):>8}"
+            f"{format_ms(x['latency']['p50_s']):>9}{format_ms(x['latency']['p99_s']):>9}{_pct(x['accuracy']):>8}"
         )
-    lines += ["", f"{'node':<12}{'exit':>5}{'in/s':>9}{'served/s':>10}{'calc':>9}{'fwd/s':>8}{'calc':>8}{'capped/s':>10}{'util':>8}{'queue':>7}{'max q':>7}{'drops':>7}"]
+    lines += [
+        "",
+        f"{'node':<12}{'exit':>5}{'in/s':>9}{'served/s':>10}{'calc':>9}{'fwd/s':>8}{'calc':>8}{'capped/s':>10}"
+        f"{'util':>8}{'queue':>7}{'max q':>7}{'drops':>7}",
+    ]
     for nid, n in summary["nodes"].items():
         lines.append(
             f"{nid:<12}{n['exit']:>5}{_num(n['incoming_rate']):>9}{_num(n['served_rate']):>10}{n['calculus']['serving_rate']:>9.2f}"

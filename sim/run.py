@@ -17,10 +17,10 @@ from sim.workload import (
     Profile,
     bundle_payloads,
     bundle_policy,
+    bundle_profile,
+    node_stage_seconds,
     patience_exits,
     patience_payload,
-    bundle_profile,
-    bundle_stage_seconds,
     serve_masks,
     served_shares,
     visit_means,
@@ -53,19 +53,28 @@ def plan_run(
     if bundle is None:
         per_stage = [config.service_mean] * spec.num_exits
         payloads = {k: config.payload_bytes for k in range(1, spec.num_exits + 1)}
-        return Plan(spec, config, visit_means(spec, per_stage), payloads, shares=served_shares(spec, config.shares))
+        means = visit_means(spec, {n.id: per_stage for n in spec.nodes})
+        return Plan(spec, config, means, payloads, shares=served_shares(spec, config.shares))
     profile = profile if profile is not None else bundle_profile(bundle, spec.num_exits)
     if rows is not None:
         bad = [r for rs in rows.values() for r in rs if not 0 <= r < profile.samples]
         if bad:
             raise CisError(f"simulate: replay row {bad[0]} is outside the profile's {profile.samples} samples")
     payloads = bundle_payloads(bundle, spec.num_exits)
-    means = visit_means(spec, bundle_stage_seconds(bundle, spec.num_exits))
+    means = visit_means(spec, node_stage_seconds(spec, bundle))
     policy = bundle_policy(spec, bundle, profile, config.calibrate, config.seed)
     payloads = {k: b + patience_payload(policy) for k, b in payloads.items()}
     exit_at = patience_exits(policy, profile).tolist() if policy.uses_patience else None
     return Plan(
-        spec, config, means, payloads, masks=serve_masks(spec, policy, profile), profile=profile, policy=policy, rows=rows, exit_at=exit_at
+        spec,
+        config,
+        means,
+        payloads,
+        masks=serve_masks(spec, policy, profile),
+        profile=profile,
+        policy=policy,
+        rows=rows,
+        exit_at=exit_at,
     )
 
 

@@ -9,7 +9,7 @@ and changing one stream (say, the service distribution) leaves the arrivals alon
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import numpy as np
 

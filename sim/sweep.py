@@ -21,20 +21,35 @@ from tqdm import tqdm
 
 from cis.bundle import load_bundle
 from cis.errors import CisError
+from cis.metrics import format_ms
 from cis.spec import CisSpec
 from sim.config import SimConfig, override_nodes
 from sim.output import write_json
 from sim.run import simulate
 
 SLO_QUANTILE = 0.99
-POINT_COLUMNS = ("scale", "total_rate", "mean_s", "p50_s", "p99_s", "dropped", "drop_share", "accuracy", "within_slo", "meets_slo")
+POINT_COLUMNS = (
+    "scale",
+    "total_rate",
+    "mean_s",
+    "p50_s",
+    "p99_s",
+    "dropped",
+    "drop_share",
+    "accuracy",
+    "within_slo",
+    "meets_slo",
+)
 
 
 def parse_sweep(text: str) -> list[float]:
     """``arrival_rate=0.5,1,2`` -> the load factors [0.5, 1.0, 2.0]."""
     key, _, values = text.partition("=")
     if key.strip() != "arrival_rate" or not values:
-        raise CisError(f"--sweep {text!r}: expected arrival_rate=LIST, such as arrival_rate=0.5,1,1.5 (factors on every node's arrival rate)")
+        raise CisError(
+            f"--sweep {text!r}: expected arrival_rate=LIST, such as arrival_rate=0.5,1,1.5 (factors on every node's "
+            "arrival rate)"
+        )
     try:
         scales = [float(v) for v in values.split(",")]
     except ValueError:
@@ -80,14 +95,19 @@ def sweep(
 ) -> dict:
     """Run every load in parallel; the capacity is the largest load that meets the SLO."""
     if config.arrivals == "trace":
-        raise CisError("--sweep scales the spec's arrival rates; expected generated arrivals (poisson, deterministic, mmpp), not a trace")
+        raise CisError(
+            "--sweep scales the spec's arrival rates; expected generated arrivals (poisson, deterministic, mmpp), not "
+            "a trace"
+        )
     config = replace(config, progress=False)
     slo_s = None if slo_ms is None else slo_ms / 1000
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(scales)))
     points: dict[float, dict] = {}
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         futures = [pool.submit(run_point, spec, config, bundle_path, s, slo_s) for s in scales]
-        for future in tqdm(as_completed(futures), total=len(futures), desc="sweep", unit="load", leave=False, disable=None):
+        for future in tqdm(
+            as_completed(futures), total=len(futures), desc="sweep", unit="load", leave=False, disable=None
+        ):
             point = future.result()
             points[point["scale"]] = point
     ordered = [points[s] for s in scales]
@@ -105,11 +125,13 @@ def sweep(
 def capacity_table(result: dict) -> str:
     """The text table ``cis simulate --sweep`` prints."""
     slo = result["slo_p99_ms"]
-    lines = [f"{'load':>6}{'req/s':>10}{'mean ms':>10}{'p99 ms':>10}{'drops':>8}{'accuracy':>10}" + (f"{'in SLO':>9}" if slo else "")]
+    lines = [
+        f"{'load':>6}{'req/s':>10}{'mean ms':>10}{'p99 ms':>10}{'drops':>8}{'accuracy':>10}"
+        + (f"{'in SLO':>9}" if slo else "")
+    ]
     for p in result["points"]:
         acc = "-" if p["accuracy"] is None else f"{p['accuracy'] * 100:.2f}%"
-        p99 = "-" if p["p99_s"] is None else f"{p['p99_s'] * 1000:.2f}"
-        mean = "-" if p["mean_s"] is None else f"{p['mean_s'] * 1000:.2f}"
+        mean, p99 = format_ms(p["mean_s"]), format_ms(p["p99_s"])
         row = f"{p['scale']:>6g}{p['total_rate']:>10.1f}{mean:>10}{p99:>10}{p['dropped']:>8}{acc:>10}"
         if slo:
             row += f"{p['within_slo'] * 100:>8.1f}%"

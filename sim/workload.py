@@ -13,10 +13,10 @@ import numpy as np
 
 from cis import patience as patience_rule
 from cis.bundle import Bundle
-from cis.errors import CisError
+from cis.errors import BundleError, CisError
 from cis.policy import ExitPolicy, calibrate_thresholds, threshold_decider
 from cis.rates import compute_rates
-from cis.spec import CisSpec
+from cis.spec import CisSpec, Node
 
 
 @dataclass(frozen=True)
@@ -38,9 +38,14 @@ def bundle_profile(bundle: Bundle, num_exits: int) -> Profile:
     try:
         conf, correct = bundle.confidence_profile()
     except (OSError, KeyError, ValueError) as exc:
-        raise CisError(f"{where}: cannot read ({exc.__class__.__name__}: {exc}); expected arrays 'confidence' and 'correct'") from None
+        raise CisError(
+            f"{where}: cannot read ({exc.__class__.__name__}: {exc}); expected arrays 'confidence' and 'correct'"
+        ) from None
     if conf.ndim != 2 or conf.shape != correct.shape or conf.shape[0] == 0:
-        raise CisError(f"{where}: confidence {conf.shape} and correct {correct.shape}; expected two equal (N, E) arrays with N >= 1")
+        raise CisError(
+            f"{where}: confidence {conf.shape} and correct {correct.shape}; expected two equal (N, E) arrays with N "
+            ">= 1"
+        )
     if conf.shape[1] != num_exits:
         raise CisError(f"{where}: {conf.shape[1]} exits; expected {num_exits} (the spec's [cis] exits)")
     if not np.isfinite(conf).all():
@@ -51,37 +56,71 @@ def bundle_profile(bundle: Bundle, num_exits: int) -> Profile:
     return Profile(conf, correct, predicted)
 
 
-def bundle_stage_seconds(bundle: Bundle, num_exits: int) -> list[float]:
-    """Seconds per stage at batch 1 on the exporting machine (speed 1), stages 1..E."""
+def bundle_stage_seconds(bundle: Bundle, num_exits: int, backend: str = "cpu") -> list[float]:
+    """Seconds per stage at batch 1 on ``backend`` on the exporting machine (speed 1), stages 1..E."""
     where = f"bundle {bundle.root}: profiles/latency.json"
     try:
-        profile = bundle.latency_profile()
+        profile = bundle.latency_profile(backend)
+    except BundleError as exc:
+        raise CisError(str(exc)) from None
     except (OSError, KeyError, ValueError, AttributeError) as exc:
-        raise CisError(f"{where}: cannot read ({exc.__class__.__name__}: {exc}); expected {{\"stages\": {{stage: {{batch: seconds}}}}}}") from None
+        raise CisError(
+            f'{where}: cannot read ({exc.__class__.__name__}: {exc}); expected {{"stages": {{stage: {{batch: '
+            f'seconds}}}}}}'
+        ) from None
     seconds = []
     for stage in range(1, num_exits + 1):
         t = profile.get(stage, {}).get(1)
         if t is None or not np.isfinite(t) or t < 0:
-            raise CisError(f"{where}: stage {stage} has batch-1 time {t!r}; expected seconds >= 0 for every stage 1..{num_exits}")
+            raise CisError(
+                f"{where}: stage {stage} has batch-1 time {t!r} ({backend}); expected seconds >= 0 for every stage "
+                f"1..{num_exits}"
+            )
         seconds.append(t)
     return seconds
+
+
+def node_backend(node: Node) -> str:
+    """The latency profile a node's stages take: its spec provider; ``auto`` and none are simulated as cpu."""
+    return node.provider if node.provider in ("cuda", "tensorrt") else "cpu"
+
+
+def node_stage_seconds(spec: CisSpec, bundle: Bundle) -> dict[str, list[float]]:
+    """Per node, seconds per stage at batch 1 on the backend its ``provider`` picks (cis serve --provider)."""
+    by_backend: dict[str, list[float]] = {}
+    out = {}
+    for n in spec.nodes:
+        backend = node_backend(n)
+        if backend not in by_backend:
+            try:
+                by_backend[backend] = bundle_stage_seconds(bundle, spec.num_exits, backend)
+            except CisError as exc:
+                raise CisError(
+                    f"{exc}; node {n.id!r} has provider {n.provider!r}: export the bundle on a machine with that "
+                    "backend (cis export --trt for tensorrt), or simulate the node with provider cpu"
+                ) from None
+        out[n.id] = by_backend[backend]
+    return out
 
 
 def bundle_payloads(bundle: Bundle, num_exits: int) -> dict[int, int]:
     """Bytes forwarded after each stage: the carry outputs, in the bundle's feature dtype."""
     if bundle.num_exits < num_exits:
-        raise CisError(f"bundle {bundle.root}: {bundle.num_exits} stages; expected {num_exits} (the spec's [cis] exits)")
+        raise CisError(
+            f"bundle {bundle.root}: {bundle.num_exits} stages; expected {num_exits} (the spec's [cis] exits)"
+        )
     return {k: bundle.stage(k).carry_bytes_per_sample() for k in range(1, num_exits + 1)}
 
 
-def visit_means(spec: CisSpec, stage_seconds: list[float]) -> dict[str, dict[int, float]]:
+def visit_means(spec: CisSpec, stage_seconds: dict[str, list[float]]) -> dict[str, dict[int, float]]:
     """Mean service time of a visit, per node and per stage already done on arrival.
 
     A request that arrives having completed stage ``done`` (0 for a local
-    arrival) runs stages done+1..E_i, at the node's speed.
+    arrival) runs stages done+1..E_i, at the node's speed; ``stage_seconds``
+    holds each node's seconds per stage (its backend's, :func:`node_stage_seconds`).
     """
     return {
-        n.id: {done: sum(stage_seconds[done : n.exit]) / n.speed for done in range(n.exit)}
+        n.id: {done: sum(stage_seconds[n.id][done : n.exit]) / n.speed for done in range(n.exit)}
         for n in spec.nodes
     }
 
@@ -126,7 +165,10 @@ def serve_masks(spec: CisSpec, policy: ExitPolicy, profile: Profile) -> dict[str
 def patience_exits(policy: ExitPolicy, profile: Profile) -> np.ndarray:
     """The exit at which FLAME's patience rule serves each profile row (the same on any path up the tree)."""
     if profile.predicted is None:
-        raise CisError("simulate: the bundle's profile has no 'predicted' classes, which the patience rule needs; re-export the bundle")
+        raise CisError(
+            "simulate: the bundle's profile has no 'predicted' classes, which the patience rule needs; re-export the "
+            "bundle"
+        )
     return patience_rule.exit_points_from_labels(profile.predicted, int(policy.patience))
 
 

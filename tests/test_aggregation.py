@@ -21,8 +21,11 @@ from training.sampling import exit_data_sizes, sample_exits, sampling_matrix
 
 
 def state(w, rv, nbt=0):
-    return {"w": torch.tensor(w, dtype=torch.float64), "bn.running_var": torch.tensor(rv, dtype=torch.float64),
-            "bn.num_batches_tracked": torch.tensor(nbt)}
+    return {
+        "w": torch.tensor(w, dtype=torch.float64),
+        "bn.running_var": torch.tensor(rv, dtype=torch.float64),
+        "bn.num_batches_tracked": torch.tensor(nbt),
+    }
 
 
 def test_pair_coefficient_paper_and_code():
@@ -103,12 +106,16 @@ def test_expected_update_is_unbiased_over_the_sampling():
     se = exit_data_sizes(m, sizes)
     rng = np.random.default_rng(0)
     delta = {(i, e): rng.normal(size=4) for i in range(2) for e in (1, 2, 3)}
-    target = sum(lam[e - 1] * sizes[i] / se[e - 1] * delta[i, e] for i in range(2) for e in (1, 2, 3) if m[i, e - 1] > 0)
+    target = sum(
+        lam[e - 1] * sizes[i] / se[e - 1] * delta[i, e] for i in range(2) for e in (1, 2, 3) if m[i, e - 1] > 0
+    )
     expected = np.zeros(4)
     choices = [[e for e in (1, 2, 3) if m[i, e - 1] > 0] for i in range(2)]
     for combo in itertools.product(*choices):
         prob = np.prod([m[i, e - 1] for i, e in enumerate(combo)])
-        upd = sum(pair_coefficient(lam[e - 1], sizes[i], se[e - 1], m[i, e - 1]) * delta[i, e] for i, e in enumerate(combo))
+        upd = sum(
+            pair_coefficient(lam[e - 1], sizes[i], se[e - 1], m[i, e - 1]) * delta[i, e] for i, e in enumerate(combo)
+        )
         expected += prob * upd
     assert np.allclose(expected, target)
 
@@ -165,7 +172,9 @@ def test_convex_bn_rule_shortens_only_the_overshooting_steps_of_running_statisti
     small = [(a, 0.5), (b, 0.3)]
     assert torch.equal(aggregate(g, small)["bn.running_var"], aggregate(g, small, bn_rule="literal")["bn.running_var"])
     # a server learning rate counts: eta_s * C > 1 is shortened too
-    assert aggregate(g, small, server_lr=2.0)["bn.running_var"][0].item() == pytest.approx((0.5 * 0.2 + 0.3 * 0.4) / 0.8)
+    assert aggregate(g, small, server_lr=2.0)["bn.running_var"][0].item() == pytest.approx(
+        (0.5 * 0.2 + 0.3 * 0.4) / 0.8
+    )
     # a statistic no pair moved stays as it was
     c = state([1.0, 1.0], [1.0, 1.0])
     assert aggregate(g, [(c, 2.0)])["bn.running_var"].tolist() == [1.0, 1.0]

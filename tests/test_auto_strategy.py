@@ -53,7 +53,7 @@ def test_auto_continues_from_the_winner_so_it_equals_the_winners_own_run(tmp_pat
     scores = choice["pilot_val_cis_accuracy"]
     assert set(scores) == {"equal", "serving-rate"} and choice["pilot_rounds"] == 2
     assert choice["chosen"] == max(scores, key=scores.get)
-    for name, pilot in choice["pilots"].items():  # pilots are rounds 1..P, scored on validation
+    for pilot in choice["pilots"].values():  # pilots are rounds 1..P, scored on validation
         assert [ln["round"] for ln in pilot["lines"]] == [1, 2]
         assert pilot["val_cis_accuracy"] == pytest.approx(np.mean([ln["val_cis_accuracy"] for ln in pilot["lines"]]))
     lines = [json.loads(ln) for ln in (auto / "metrics.jsonl").read_text().splitlines()]

@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from training.architectures import build_model
 from training.engine import FederatedEngine
 from training.local import Client
 from training.methods import distill
@@ -11,9 +12,9 @@ from training.methods.baselines import (
     scalefl_widths,
     width_holds,
 )
-from training.methods.setup import METHODS, MethodOptions, build_method, method_model_config
+from training.methods.registry import EARLY_EXIT_METHODS, method_options
+from training.methods.setup import build_method, method_model_config
 from training.methods.vit import ViTEE
-from training.models import build_model
 
 
 def test_round_robin_budgets_and_exclusive_chooser():
@@ -67,19 +68,27 @@ def test_scalefl_width_masks_match_the_entries_a_sliced_sub_model_trains():
 
 def test_masked_average_is_entrywise():
     g = {"w": torch.zeros(3)}
-    out = masked_average(g, [{"w": torch.ones(3)}, {"w": torch.full((3,), 3.0)}], [1.0, 1.0],
-                         [lambda k, v: torch.tensor([True, True, False]), lambda k, v: torch.tensor([True, False, False])])
+    out = masked_average(
+        g,
+        [{"w": torch.ones(3)}, {"w": torch.full((3,), 3.0)}],
+        [1.0, 1.0],
+        [lambda k, v: torch.tensor([True, True, False]), lambda k, v: torch.tensor([True, False, False])],
+    )
     assert out["w"].tolist() == [2.0, 1.0, 0.0]
 
 
-@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("method", EARLY_EXIT_METHODS)
 def test_every_method_runs_a_round_in_the_engine(method):
     torch.manual_seed(0)
-    model = build_model(method_model_config(method, {"arch": "vit", "dim": 16, "depth": 3, "heads": 2, "exits": [1, 2, 3]}))
+    model = build_model(
+        method_model_config(method, {"arch": "vit", "dim": 16, "depth": 3, "heads": 2, "exits": [1, 2, 3]})
+    )
     budgets = round_robin_budgets(3, 3)
     clients = [Client(f"n{k}", k, e, torch.randn(8, 3, 32, 32), torch.randint(10, (8,))) for k, e in enumerate(budgets)]
     sgd = dict(lr=0.05, momentum=0.0, weight_decay=0.0, batch_size=4, steps=1, total_rounds=2)
-    opts = MethodOptions(patience=[1, 2, 6], flame_aggregation="exit-based" if method == "flame" else "fedavg")
+    opts = method_options(
+        method, **({"patience": [1, 2, 6], "flame_aggregation": "exit-based"} if method == "flame" else {})
+    )
     engine = FederatedEngine(model, clients, *build_method(method, model, clients, sgd, opts), seed=0)
     before = {k: v.clone() for k, v in engine.global_state.items()}
     record = engine.run_round()
@@ -96,11 +105,13 @@ def test_clip_value_bounds_every_step_of_the_multi_exit_methods(method):
     """The ReeFL paper clips gradients by value at 1 for every method it compares: with momentum 0
     and no weight decay, one step moves no entry further than lr x clip."""
     torch.manual_seed(0)
-    model = build_model(method_model_config(method, {"arch": "vit", "dim": 16, "depth": 3, "heads": 2, "exits": [1, 2, 3]}))
+    model = build_model(
+        method_model_config(method, {"arch": "vit", "dim": 16, "depth": 3, "heads": 2, "exits": [1, 2, 3]})
+    )
     clients = [Client("n0", 0, 3, torch.randn(8, 3, 32, 32) * 50, torch.randint(10, (8,)))]
     lr, clip = 0.5, 1e-4
     sgd = dict(lr=lr, momentum=0.0, weight_decay=0.0, batch_size=8, steps=1, total_rounds=1)
-    _, trainer, _ = build_method(method, model, clients, sgd, MethodOptions(clip_value=clip))
+    _, trainer, _ = build_method(method, model, clients, sgd, method_options(method, clip_value=clip))
     trainer.setup(model, clients)
     before = {k: v.clone() for k, v in model.state_dict().items()}
     trainer.train(model, clients[0], 3, 1, torch.Generator().manual_seed(0))

@@ -54,7 +54,10 @@ def _stage(k, w_feat, w_head, last):
 @pytest.fixture
 def weights():
     rng = np.random.default_rng(0)
-    return [(rng.standard_normal((D, D)).astype(np.float32), rng.standard_normal((D, C)).astype(np.float32)) for _ in range(3)]
+    return [
+        (rng.standard_normal((D, D)).astype(np.float32), rng.standard_normal((D, C)).astype(np.float32))
+        for _ in range(3)
+    ]
 
 
 @pytest.fixture
@@ -66,7 +69,9 @@ def bundle_dir(tmp_path, weights):
         last = k == len(weights)
         onnx.save_model(_stage(k, wf, wh, last), str(root / f"stages/stage{k}.onnx"))
         src = "input" if k == 1 else f"features_{k - 1}"
-        outputs = [TensorInfo("logits", (None, C), "float32")] + ([] if last else [TensorInfo(f"features_{k}", (None, D), "float32")])
+        outputs = [TensorInfo("logits", (None, C), "float32")] + (
+            [] if last else [TensorInfo(f"features_{k}", (None, D), "float32")]
+        )
         stages.append(
             {
                 "index": k,
@@ -81,8 +86,20 @@ def bundle_dir(tmp_path, weights):
     spec = make_spec("paper-7", "60-30-10", num_classes=C)
     policy = ExitPolicy("max_softmax", {n.id: (-np.inf if n.parent is None else 0.5) for n in spec.nodes})
     nodes = {n.id: {"exit": n.exit, "stages": list(range(1, n.exit + 1)), "threshold": 0.5} for n in spec.nodes}
-    write_profiles(root, np.full((4, 3), 0.5), np.ones((4, 3), bool), {k: {1: 1e-4, 8: 2e-4, 32: 5e-4} for k in (1, 2, 3)})
-    write_manifest(root, {"method": "cis", "stages": stages, "nodes": nodes, "policy": policy.to_json(), "spec": spec_to_dict(spec), "feature_dtype": "fp32"})
+    write_profiles(
+        root, np.full((4, 3), 0.5), np.ones((4, 3), bool), {k: {1: 1e-4, 8: 2e-4, 32: 5e-4} for k in (1, 2, 3)}
+    )
+    write_manifest(
+        root,
+        {
+            "method": "cis",
+            "stages": stages,
+            "nodes": nodes,
+            "policy": policy.to_json(),
+            "spec": spec_to_dict(spec),
+            "feature_dtype": "fp32",
+        },
+    )
     return root
 
 

@@ -4,8 +4,9 @@ Each command runs as ``python -m cis.cli ...`` in a fresh process (and ``cis ser
 starts its node processes) with a ``sitecustomize`` on PYTHONPATH that makes the
 optional packages unimportable, as on a ``pip install cis`` tier, and logs every
 attempt to import one. The core commands must succeed and never even try torch,
-scikit-learn, onnx, pillow, or the training/export packages; the commands that
-need an extra must say which one in one line.
+scikit-learn, onnx or pillow (the torch-free registries of the training package,
+which name the CLI's choices, are part of every install); the commands that need
+an extra must say which one in one line.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
+import urllib.request
 
 import numpy as np
 import pytest
@@ -27,9 +28,9 @@ pytest.importorskip("torch")
 pytest.importorskip("onnx")
 
 # never imported by a core command (torch and what needs it)
-FORBIDDEN = ("torch", "sklearn", "onnx", "onnxscript", "PIL", "training", "export", "flwr")
-# also absent from a core install, but a core command may look for them (plots, metrics)
-OPTIONAL = ("matplotlib", "prometheus_client")
+FORBIDDEN = ("torch", "sklearn", "onnx", "onnxscript", "PIL", "flwr")
+# also absent from a core install, but a core command may look for them (plots)
+OPTIONAL = ("matplotlib",)
 
 SITECUSTOMIZE = '''\
 import os
@@ -129,8 +130,22 @@ def test_core_commands_run_without_torch(core, bundle, tmp_path):
     assert json.loads(_ok(core.run("rates", tmp_path / "spec.toml", "--json")).stdout)["exits"]
     manifest = json.loads(_ok(core.run("inspect", bundle, "--json")).stdout)
     assert len(manifest["stages"]) == 3
-    sim = json.loads(_ok(core.run("simulate", "--spec", tmp_path / "spec.toml", "--bundle", bundle, "--requests", "300",
-                                  "--out", tmp_path / "sim", "--json")).stdout)
+    sim = json.loads(
+        _ok(
+            core.run(
+                "simulate",
+                "--spec",
+                tmp_path / "spec.toml",
+                "--bundle",
+                bundle,
+                "--requests",
+                "300",
+                "--out",
+                tmp_path / "sim",
+                "--json",
+            )
+        ).stdout
+    )
     assert sim["requests"]["served"] == 300
     assert (tmp_path / "sim" / "result.json").is_file()
     _ok(core.run("report", tmp_path / "sim", "--json"))
@@ -142,8 +157,14 @@ def test_core_commands_run_without_torch(core, bundle, tmp_path):
 
 
 def _serve_all(core, bundle) -> tuple[subprocess.Popen, dict]:
-    proc = subprocess.Popen(core.argv("serve", bundle, "--all", "--free-ports", "--json"), env=core.env, cwd=core.cwd,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        core.argv("serve", bundle, "--all", "--free-ports", "--metrics-port", "0", "--json"),
+        env=core.env,
+        cwd=core.cwd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     end = time.monotonic() + 90
     while time.monotonic() < end:
         if select.select([proc.stdout], [], [], 0.2)[0]:
@@ -158,15 +179,36 @@ def test_serve_all_and_infer_on_arrays_and_images_without_torch(core, bundle, di
     core.clear_log()
     proc, nodes = _serve_all(core, bundle)
     try:
+        for node in nodes.values():  # every node's Prometheus endpoint and health probe
+            with urllib.request.urlopen(node["metrics"], timeout=10) as r:
+                text = r.read().decode()
+            assert all(f"# TYPE {name} " in text for name in ("cis_requests_total", "cis_parent_up")), text[:500]
+            with urllib.request.urlopen(node["metrics"].replace("/metrics", "/healthz"), timeout=10) as r:
+                assert r.status == 200 and json.loads(r.read())["state"] == "serving"
         root = next(a["address"] for a in nodes.values() if a["parent"] is None)
         leaf = next(a["address"] for n, a in nodes.items() if a["exit"] == 1)
-        out = json.loads(_ok(core.run("infer", "--connect", root, "--dataset", digits_files / "digits.npz",
-                                      "--out", tmp_path / "rows.csv", "--json")).stdout)
+        out = json.loads(
+            _ok(
+                core.run(
+                    "infer",
+                    "--connect",
+                    root,
+                    "--dataset",
+                    digits_files / "digits.npz",
+                    "--out",
+                    tmp_path / "rows.csv",
+                    "--json",
+                )
+            ).stdout
+        )
         assert out["samples_answered"] == 60 and not out["errors"] and out["accuracy"] > 0.5
         rows = list(csv.DictReader(open(tmp_path / "rows.csv")))
         assert len(rows) == 60 and all(r["error"] == "" and r["class"] != "" for r in rows)
-        img = json.loads(_ok(core.run("infer", "--connect", leaf, "--dataset", digits_files / "images",
-                                      "--bundle", bundle, "--json")).stdout)
+        img = json.loads(
+            _ok(
+                core.run("infer", "--connect", leaf, "--dataset", digits_files / "images", "--bundle", bundle, "--json")
+            ).stdout
+        )
         assert img["samples_answered"] == 30 and not img["errors"] and img["accuracy"] > 0.5
         status = _ok(core.run("status", "--connect", root, "--json"))
         assert status.stdout.strip()
@@ -182,12 +224,15 @@ def test_serve_all_and_infer_on_arrays_and_images_without_torch(core, bundle, di
     assert not tried, f"serving or infer tried to import {sorted(tried)}"
 
 
-@pytest.mark.parametrize("argv, extra", [
-    (("train", "--out", "r"), "train"),
-    (("evaluate", "r"), "train"),
-    (("export", "r", "--out", "b"), "export"),
-    (("demo", "--quick"), "export"),
-])
+@pytest.mark.parametrize(
+    "argv, extra",
+    [
+        (("train", "--out", "r"), "train"),
+        (("evaluate", "r"), "train"),
+        (("export", "r", "--out", "b"), "export"),
+        (("demo", "--quick"), "export"),
+    ],
+)
 def test_commands_that_need_an_extra_say_which(core, argv, extra):
     res = core.run(*argv)
     assert res.returncode == 2
@@ -199,11 +244,19 @@ def test_commands_that_need_an_extra_say_which(core, argv, extra):
 def test_infer_messages_without_pillow_or_the_train_extra(core, bundle, digits_files, tmp_path):
     res = core.run("infer", "--connect", "tcp://127.0.0.1:9", "--dataset", "digits")
     assert res.returncode == 2
-    assert res.stderr.strip() == "cis infer: --dataset digits needs the 'train' extra: pip install 'cis[train]' (not installed: torch, sklearn, PIL)"
+    assert (
+        res.stderr.strip()
+        == "cis infer: --dataset digits needs the 'train' extra: pip install 'cis[train]' "
+        "(not installed: torch, sklearn, PIL)"
+    )
     (tmp_path / "jpg").mkdir()
     (tmp_path / "jpg" / "a.jpg").write_bytes(b"\xff\xd8\xff\xe0")
     res = core.run("infer", "--connect", "tcp://127.0.0.1:9", "--dataset", tmp_path / "jpg", "--bundle", bundle)
-    assert res.returncode == 2 and "needs pillow (pip install pillow)" in res.stderr and len(res.stderr.strip().splitlines()) == 1
+    assert (
+        res.returncode == 2
+        and "needs pillow (pip install pillow)" in res.stderr
+        and len(res.stderr.strip().splitlines()) == 1
+    )
     res = core.run("infer", "--connect", "tcp://127.0.0.1:9", "--dataset", digits_files / "images")
     assert res.returncode == 2 and "--bundle" in res.stderr
 
@@ -211,7 +264,7 @@ def test_infer_messages_without_pillow_or_the_train_extra(core, bundle, digits_f
 def test_tomli_fallback_reads_specs_and_configs_where_tomllib_is_missing(core, tmp_path):
     """Python 3.10 has no tomllib: cis.spec and training.config fall back to tomli (the test extra installs it)."""
     pytest.importorskip("tomli")
-    (tmp_path / "cfg.toml").write_text('rounds = 3\nseed = 7\n')
+    (tmp_path / "cfg.toml").write_text("rounds = 3\nseed = 7\n")
     code = (
         "import sys\n"
         "from cis.spec import load_spec, write_spec\n"
@@ -226,3 +279,15 @@ def test_tomli_fallback_reads_specs_and_configs_where_tomllib_is_missing(core, t
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     assert (tmp_path / "log").read_text().split()[0] == "tomllib"  # the fallback really ran
+
+
+def test_metrics_port_without_prometheus_client_is_one_line(core, bundle):
+    """An install without prometheus-client (pip install --no-deps) names the extra to install."""
+    env = {**core.env, "CIS_TEST_BLOCK": core.env["CIS_TEST_BLOCK"] + ",prometheus_client"}
+    argv = core.argv("serve", bundle, "--node", "cloud", "--bind", "tcp://127.0.0.1:0", "--metrics-port", "0")
+    res = subprocess.run(argv, env=env, cwd=core.cwd, capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        "cis serve: --metrics-port needs the 'metrics' extra: pip install 'cis[metrics]' "
+        "(not installed: prometheus_client)"
+    ]

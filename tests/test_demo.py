@@ -14,8 +14,9 @@ import sys
 import numpy as np
 import pytest
 
+from cis.app.compare import agreement, max_gap, value_gap
 from cis.cli import main
-from cis.report import agreement, latency_summary, max_gap, value_gap
+from cis.metrics import latency_summary
 
 pytest.importorskip("torch")
 pytest.importorskip("simpy")
@@ -24,7 +25,12 @@ pytest.importorskip("simpy")
 @pytest.fixture(scope="module")
 def demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo") / "d"
-    proc = subprocess.run([sys.executable, "-m", "cis.cli", "demo", "--quick", "--out", str(out), "--json"], capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [sys.executable, "-m", "cis.cli", "demo", "--quick", "--out", str(out), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     return out, json.loads(proc.stdout), proc.stderr
 
@@ -45,7 +51,9 @@ def test_three_views_agree(demo):
     assert c["agreement"]["calculus_gap_bundle_profile"] <= 0.05
     rt = report["runtime"]
     assert rt["errors"] == {} and rt["answered"] == c["settings"]["requests"] == 200
-    assert c["calibration"]["answered"] == c["calibration"]["requests"] > 0  # the load that priced a node visit for the simulator
+    assert (
+        c["calibration"]["answered"] == c["calibration"]["requests"] > 0
+    )  # the load that priced a node visit for the simulator
     for phase in ("train", "export", "serve", "replay", "stop", "simulate", "report"):
         assert f"] {phase}:" in stderr
     assert report["timings_s"]["total"] < 180
@@ -64,7 +72,15 @@ def test_report_files(demo):
     assert "## Training" in md and "## Bundle" in md and "## Simulator" in md
 
 
-@pytest.mark.parametrize("sub,kind,section", [("run", "run", "## Training"), ("bundle", "bundle", "## Bundle"), ("sim", "sim", "## Simulator"), ("", "demo", "## The three views")])
+@pytest.mark.parametrize(
+    "sub,kind,section",
+    [
+        ("run", "run", "## Training"),
+        ("bundle", "bundle", "## Bundle"),
+        ("sim", "sim", "## Simulator"),
+        ("", "demo", "## The three views"),
+    ],
+)
 def test_report_each_kind(demo, tmp_path, capsys, sub, kind, section):
     out, _, _ = demo
     path = out / sub if sub else out
@@ -96,16 +112,24 @@ def test_comparison_math():
     assert max_gap({"a": {"1": 0.5}, "b": {"1": None}}) == math.inf
     assert value_gap({"offline": 0.9, "runtime": 0.92, "sim": None}, ("offline", "runtime")) == pytest.approx(0.02)
     lat = latency_summary(np.array([0.001, 0.002, 0.003]))
-    assert lat["p50"] == pytest.approx(2.0) and lat["mean"] == pytest.approx(2.0)
-    c = {"served_share": {"calculus": {"1": 0.6}, "offline": {"1": 0.58}, "runtime": {"1": 0.58}, "sim": {"1": 0.59}, "sim_bundle_profile": {"1": 0.6}},
-         "accuracy": {"offline": 0.9, "runtime": 0.9, "sim": 0.95}}
+    assert lat["p50_s"] == pytest.approx(0.002) and lat["mean_s"] == pytest.approx(0.002) and lat["count"] == 3
+    c = {
+        "served_share": {
+            "calculus": {"1": 0.6},
+            "offline": {"1": 0.58},
+            "runtime": {"1": 0.58},
+            "sim": {"1": 0.59},
+            "sim_bundle_profile": {"1": 0.6},
+        },
+        "accuracy": {"offline": 0.9, "runtime": 0.9, "sim": 0.95},
+    }
     a = agreement(c)
     assert a["share_max_gap"] == pytest.approx(0.01) and a["calculus_gap"] == pytest.approx(0.02)
     assert not a["ok"]  # accuracy 5 points apart
 
 
 def test_visit_costs_spread_the_latency_beyond_the_stages_over_the_nodes_visited():
-    from cis.pipeline import visit_costs
+    from cis.app.calibration import visit_costs
     from cis.runtime.client import Result, ServerError
     from cis.topologies import make_spec
 
@@ -115,7 +139,14 @@ def test_visit_costs_spread_the_latency_beyond_the_stages_over_the_nodes_visited
     stage_s = {1: 0.001, 2: 0.002, 3: 0.004}
 
     def answer(node: str, exit: int, latency: float) -> Result:
-        return Result(np.zeros(1, np.int64), np.ones(1, np.float32), np.array([exit], np.int32), np.zeros(1, np.uint8), [node], latency)
+        return Result(
+            np.zeros(1, np.int64),
+            np.ones(1, np.float32),
+            np.array([exit], np.int32),
+            np.zeros(1, np.uint8),
+            [node],
+            latency,
+        )
 
     results = [
         answer(path[0], 1, 0.003),  # 1 visit, stage 1: (3 - 1) ms

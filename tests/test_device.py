@@ -24,16 +24,32 @@ AUGMENT = {"augment": True, "p": 0.3}  # crop augmentation and lower-exit sampli
 # (round, loss per exit, validation accuracy per exit, validation CIS accuracy) of `cis train` + SHORT at 0a7dc08
 PINNED = {
     "default": [
-        (1, {"1": 2.2583181103070578, "2": 2.0293302019437154, "3": 1.4383358597755431},
-         {"1": 0.09444444444444444, "2": 0.08888888888888889, "3": 0.11666666666666667}, 0.17777777777444442),
-        (2, {"1": 2.222109433015188, "2": 1.6848586400349936, "3": 0.6652301331361135},
-         {"1": 0.10555555555555556, "2": 0.4444444444444444, "3": 0.5611111111111111}, 0.47777777778444447),
+        (
+            1,
+            {"1": 2.2583181103070578, "2": 2.0293302019437154, "3": 1.4383358597755431},
+            {"1": 0.09444444444444444, "2": 0.08888888888888889, "3": 0.11666666666666667},
+            0.17777777777444442,
+        ),
+        (
+            2,
+            {"1": 2.222109433015188, "2": 1.6848586400349936, "3": 0.6652301331361135},
+            {"1": 0.10555555555555556, "2": 0.4444444444444444, "3": 0.5611111111111111},
+            0.47777777778444447,
+        ),
     ],
     "augment": [
-        (1, {"1": 2.2729781336254544, "2": 2.2123082160949705},
-         {"1": 0.10555555555555556, "2": 0.08888888888888889, "3": 0.1}, 0.09444444445111115),
-        (2, {"1": 2.210550254185994, "2": 2.1866384426752727},
-         {"1": 0.2, "2": 0.19444444444444445, "3": 0.10555555555555556}, 0.2555555555522222),
+        (
+            1,
+            {"1": 2.2729781336254544, "2": 2.2123082160949705},
+            {"1": 0.10555555555555556, "2": 0.08888888888888889, "3": 0.1},
+            0.09444444445111115,
+        ),
+        (
+            2,
+            {"1": 2.210550254185994, "2": 2.1866384426752727},
+            {"1": 0.2, "2": 0.19444444444444445, "3": 0.10555555555555556},
+            0.2555555555522222,
+        ),
     ],
 }
 
@@ -159,7 +175,9 @@ def test_cuda_with_augmentation_bf16_and_resume(tmp_path, run_cli):
     args = ["--rounds", "3", "--local-steps", "3", "--no-progress", "--json"]
     assert run_cli("train", "--out", out, *args, "--device", "cuda", "--stop-after", "1").code == 0
     assert run_cli("train", "--out", out, "--resume", "--device", "cuda", "--stop-after", "2", "--json").code == 0
-    r = run_cli("train", "--out", out, "--resume", "--device", "cpu", "--no-progress", "--json")  # momentum comes back to the CPU
+    r = run_cli(
+        "train", "--out", out, "--resume", "--device", "cpu", "--no-progress", "--json"
+    )  # momentum comes back to the CPU
     assert r.code == 0, r.err
     assert r.json()["device"] == "cpu"
 
@@ -168,8 +186,21 @@ def test_cuda_with_augmentation_bf16_and_resume(tmp_path, run_cli):
 @needs_cuda
 @pytest.mark.parametrize("method", ["reefl", "depthfl", "inclusivefl", "scalefl", "flame"])
 def test_early_exit_methods_train_on_cuda(method, tmp_path, run_cli):
-    r = run_cli("train", "--out", tmp_path / method, "--method", method, "--device", "cuda", "--rounds", "1",
-                "--local-steps", "3", "--no-progress", "--json")
+    r = run_cli(
+        "train",
+        "--out",
+        tmp_path / method,
+        "--method",
+        method,
+        "--device",
+        "cuda",
+        "--rounds",
+        "1",
+        "--local-steps",
+        "3",
+        "--no-progress",
+        "--json",
+    )
     assert r.code == 0, r.err
     assert r.json()["device"].startswith("cuda:")
     assert all(math.isfinite(v) for v in metrics(tmp_path / method)[0]["loss"].values())
@@ -180,7 +211,19 @@ def test_early_exit_methods_train_on_cuda(method, tmp_path, run_cli):
 def test_nested_methods_stay_on_the_cpu(tmp_path, run_cli):
     r = run_cli("train", "--out", tmp_path / "a", "--method", "heterofl", "--device", "cuda", "--rounds", "1")
     assert r.code == 2 and "trains on the CPU only" in r.err
-    r = run_cli("train", "--out", tmp_path / "b", "--method", "heterofl", "--rounds", "1", "--local-steps", "2", "--no-progress", "--json")
+    r = run_cli(
+        "train",
+        "--out",
+        tmp_path / "b",
+        "--method",
+        "heterofl",
+        "--rounds",
+        "1",
+        "--local-steps",
+        "2",
+        "--no-progress",
+        "--json",
+    )
     assert r.code == 0, r.err
     assert r.json()["device"] == "cpu"
 
@@ -189,8 +232,21 @@ def test_nested_methods_stay_on_the_cpu(tmp_path, run_cli):
 @needs_cuda
 def test_flower_trains_on_cuda(tmp_path, run_cli):
     pytest.importorskip("flwr")
-    r = run_cli("train", "--out", tmp_path / "f", "--engine", "flower", "--device", "cuda", "--rounds", "2",
-                "--local-steps", "5", "--no-progress", "--json")
+    r = run_cli(
+        "train",
+        "--out",
+        tmp_path / "f",
+        "--engine",
+        "flower",
+        "--device",
+        "cuda",
+        "--rounds",
+        "2",
+        "--local-steps",
+        "5",
+        "--no-progress",
+        "--json",
+    )
     assert r.code == 0, r.err
     assert r.json()["device"].startswith("cuda:")
     assert all(math.isfinite(v) for m in metrics(tmp_path / "f") for v in m["loss"].values())

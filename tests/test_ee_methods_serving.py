@@ -20,11 +20,12 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("onnx")
 
+from test_runtime_integration import serve_through_leaves  # noqa: E402
+
 from cis import patience as pt  # noqa: E402
 from cis.bundle import load_bundle  # noqa: E402
 from cis.policy import evaluate_cis, evaluate_patience  # noqa: E402
 from cis.runtime.client import summarize  # noqa: E402
-from test_runtime_integration import serve_through_leaves  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -35,7 +36,18 @@ def _train_and_export(root, method: str, *export_args: str, train_args: tuple[st
     from cis.cli import main
 
     run, bundle = root / f"{method}_run", root / f"{method}_bundle"
-    args = ["train", "--method", method, "--dataset", "digits", *train_args, "--out", str(run), "--no-progress", "--json"]
+    args = [
+        "train",
+        "--method",
+        method,
+        "--dataset",
+        "digits",
+        *train_args,
+        "--out",
+        str(run),
+        "--no-progress",
+        "--json",
+    ]
     assert main(args) == 0
     assert main(["export", str(run), "--out", str(bundle), "--latency-repeats", "2", "--json", *export_args]) == 0
     return run, bundle
@@ -48,7 +60,9 @@ def bundles(tmp_path_factory):
         "reefl": _train_and_export(root, "reefl"),
         # the digits CNN (option arch=cnn) learns in 3 rounds what the ViT needs many more for:
         # the exits must agree on some requests for patience to let them leave before the root
-        "flame": _train_and_export(root, "flame", "--patience", str(SERVE_PATIENCE), train_args=("--rounds", "3", "--option", "arch=cnn")),
+        "flame": _train_and_export(
+            root, "flame", "--patience", str(SERVE_PATIENCE), train_args=("--rounds", "3", "--option", "arch=cnn")
+        ),
     }
 
 
@@ -74,7 +88,9 @@ def test_reefl_bundle_carries_tokens_and_cls_history(bundles, test_set):
         if k < len(stages):
             tokens, history = st["outputs"][1:]
             assert (tokens["name"], history["name"]) == (f"tokens_{k}", f"history_{k}")
-            assert tokens["shape"][1:] == [17, tokens["shape"][2]] and history["shape"][1] == k  # 16 patches + CLS; l CLS tokens
+            assert (
+                tokens["shape"][1:] == [17, tokens["shape"][2]] and history["shape"][1] == k
+            )  # 16 patches + CLS; l CLS tokens
             assert all(isinstance(d, int) for d in tokens["shape"][1:] + history["shape"][1:])
         if k > 1:
             assert [t["name"] for t in st["inputs"]] == [f"tokens_{k - 1}", f"history_{k - 1}"]

@@ -2,14 +2,14 @@
 
 import copy
 
-import numpy as np
 import pytest
 import torch
 
 from training.aggregation import aggregate, pair_coefficient
+from training.architectures import build_model
 from training.engine import CisAggregator, ExitSampler, FederatedEngine, derived_generator
 from training.local import Client, ExitSGDTrainer, batch_indices, cosine_lr, local_steps
-from training.models import build_model, default_model_config
+from training.models import default_model_config
 from training.sampling import exit_data_sizes, sampling_matrix
 from training.strategies import make_weights
 
@@ -77,7 +77,11 @@ def test_unweighted_exits_leave_their_layers_untouched():
             continue
         if v.is_floating_point():
             assert torch.equal(v, g0[k]), k
-    assert any(not torch.equal(engine.global_state[k], g0[k]) for k in g0 if k.startswith("stage_list.0.") and g0[k].is_floating_point())
+    assert any(
+        not torch.equal(engine.global_state[k], g0[k])
+        for k in g0
+        if k.startswith("stage_list.0.") and g0[k].is_floating_point()
+    )
 
 
 def test_momentum_state_is_per_node_and_kept_across_rounds():

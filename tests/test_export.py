@@ -73,21 +73,42 @@ def test_export_report_and_manifest(exported):
     assert sorted(b["size"] for b in v["batches"].values()) == [1, 17, 64]
     bundle = load_bundle(out)  # verifies every sha256
     m = bundle.manifest
-    for key in ("schema_version", "model", "classes", "normalisation", "method", "stages", "nodes", "policy", "spec", "feature_dtype", "versions", "files"):
+    for key in (
+        "schema_version",
+        "model",
+        "classes",
+        "normalisation",
+        "method",
+        "stages",
+        "nodes",
+        "policy",
+        "spec",
+        "feature_dtype",
+        "versions",
+        "files",
+    ):
         assert key in m, key
     assert m["method"] == "cis" and m["feature_dtype"] == "fp32" and m["opset"] >= 17
     assert set(m["versions"]) >= {"torch", "onnx", "onnxruntime", "cis"}
     assert len(m["classes"]) == 10 and set(m["normalisation"]) == {"mean", "std"}
     assert bundle.num_exits == 3
     names = [([t.name for t in s.inputs], [t.name for t in s.outputs]) for s in bundle.stages]
-    assert names == [(["input"], ["logits", "features_1"]), (["features_1"], ["logits", "features_2"]), (["features_2"], ["logits"])]
+    assert names == [
+        (["input"], ["logits", "features_1"]),
+        (["features_1"], ["logits", "features_2"]),
+        (["features_2"], ["logits"]),
+    ]
     for s, raw in zip(bundle.stages, m["stages"]):
         assert s.flops > 0 and s.params > 0 and raw["bytes"] == (out / s.file).stat().st_size
         assert raw["sha256"] == m["files"][s.file]
         assert all(t.shape[0] is None for t in (*s.inputs, *s.outputs))  # dynamic batch
     assert bundle.stage(1).inputs[0].shape == (None, 1, 8, 8)
     # the nodes table follows the spec; thresholds are the policy's
-    assert m["nodes"]["device0"] == {"exit": 1, "stages": [1], "threshold": pytest.approx(bundle.policy.thresholds["device0"])}
+    assert m["nodes"]["device0"] == {
+        "exit": 1,
+        "stages": [1],
+        "threshold": pytest.approx(bundle.policy.thresholds["device0"]),
+    }
     assert m["nodes"]["cloud"]["threshold"] == "-inf" and bundle.stages_for_node("edge1") == [1, 2]
     assert bundle.spec.ids == [n["id"] for n in m["spec"]["nodes"]] and bundle.spec.num_exits == 3
 

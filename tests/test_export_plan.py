@@ -20,8 +20,8 @@ from cis.errors import CisError  # noqa: E402
 from cis.stages import StageRunner, run_stages  # noqa: E402
 from export.onnx_export import export_stage, tensor_infos  # noqa: E402
 from export.quantize import apply_feature_dtype, calibrate_int8, dequantize_np, quantize_np  # noqa: E402
-from export.stages import ExportStage, StagePlan, describe_stages, run_plan  # noqa: E402
 from export.verify import VerificationError, verify_stages  # noqa: E402
+from training.stage_plan import ExportStage, StagePlan, describe_stages, run_plan  # noqa: E402
 
 D, C = 12, 4
 
@@ -79,7 +79,17 @@ def _export_all(plan, exporter="torchscript"):
     for st, o in zip(plan.stages, outs):
         m = export_stage(st, tuple(carry[n] for n in st.inputs), 17, exporter)
         models.append(m)
-        infos.append(StageInfo(st.index, st.exit, f"stage{st.index}.onnx", tensor_infos(m.graph.input), tensor_infos(m.graph.output), 0, 0))
+        infos.append(
+            StageInfo(
+                st.index,
+                st.exit,
+                f"stage{st.index}.onnx",
+                tensor_infos(m.graph.input),
+                tensor_infos(m.graph.output),
+                0,
+                0,
+            )
+        )
         carry = {n: o[n] for n in st.carry}
     return models, infos
 
@@ -102,7 +112,9 @@ def test_verification_failure_reports_numbers():
     with torch.no_grad():
         other.s[2].head.bias.add_(1.0)  # the torch side no longer matches stage 3's graph
     runners = [StageRunner.from_model(m.SerializeToString(), i) for m, i in zip(models, infos)]
-    with pytest.raises(VerificationError, match=r"stage 3 vs torch at batch1 \(batch 1\): max abs diff [0-9.e+-]+ > 0.0001"):
+    with pytest.raises(
+        VerificationError, match=r"stage 3 vs torch at batch1 \(batch 1\): max abs diff [0-9.e+-]+ > 0.0001"
+    ):
         verify_stages(describe_stages(other), runners, {"batch1": plan.example_inputs(1)})
 
 
@@ -151,7 +163,8 @@ def test_bad_plans_refused():
 
 def test_dynamo_exporter_gives_a_static_graph():
     """The torch.export-based exporter (opset 18) works through the same code."""
-    from training.models import build_model, default_model_config
+    from training.architectures import build_model
+    from training.models import default_model_config
 
     plan = describe_stages(build_model(default_model_config("digits", width=0.25)))
     st = plan.stages[0]

@@ -7,9 +7,9 @@ import pytest
 
 flwr = pytest.importorskip("flwr")
 
-import torch  # noqa: E402
 from types import SimpleNamespace  # noqa: E402
 
+import torch  # noqa: E402
 from flwr.app import ConfigRecord, RecordDict  # noqa: E402
 
 from training.aggregation import aggregate, pair_coefficient  # noqa: E402
@@ -41,10 +41,18 @@ class Reply:
 
 
 def reply(node_index, exit, state):
-    content = RecordDict({
-        ARRAYS_KEY: state_to_record(state),
-        STATS_RECORD: ConfigRecord({"node-index": node_index, "exit": exit, "json": json.dumps({"loss": 1.0, "steps": 1, "samples": 1, "lr": 0.1})}),
-    })
+    content = RecordDict(
+        {
+            ARRAYS_KEY: state_to_record(state),
+            STATS_RECORD: ConfigRecord(
+                {
+                    "node-index": node_index,
+                    "exit": exit,
+                    "json": json.dumps({"loss": 1.0, "steps": 1, "samples": 1, "lr": 0.1}),
+                }
+            ),
+        }
+    )
     return Reply(content, 100 + node_index)
 
 
@@ -57,8 +65,11 @@ def test_aggregate_train_equals_training_aggregation():
     pairs = strategy.begin_round(1, state_to_record(g0))
     gen = torch.Generator().manual_seed(5)
     locals_ = {}
-    for i, e in pairs:  # hand-made local states: the global one plus noise (counts moved too)
-        locals_[i] = {k: (v + 0.01 * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v + i) for k, v in g0.items()}
+    for i, _ in pairs:  # hand-made local states: the global one plus noise (counts moved too)
+        locals_[i] = {
+            k: (v + 0.01 * torch.randn(v.shape, generator=gen) if v.is_floating_point() else v + i)
+            for k, v in g0.items()
+        }
     replies = [reply(i, e, locals_[i]) for i, e in reversed(pairs)]  # any arrival order
     arrays, metrics = strategy.aggregate_train(1, replies)
     got = record_to_state(arrays)
@@ -66,7 +77,10 @@ def test_aggregate_train_equals_training_aggregation():
     sizes = [c.size for c in s.clients]
     se = exit_data_sizes(s.matrix, sizes)
     lam = s.weights.at(1)
-    coefs = [pair_coefficient(float(lam[e - 1]), sizes[i], float(se[e - 1]), float(s.matrix[i, e - 1]), config.p_mode) for i, e in pairs]
+    coefs = [
+        pair_coefficient(float(lam[e - 1]), sizes[i], float(se[e - 1]), float(s.matrix[i, e - 1]), config.p_mode)
+        for i, e in pairs
+    ]
     want = aggregate(g0, [(locals_[i], c) for (i, _), c in zip(pairs, coefs)], config.server_lr)
     assert set(got) == set(want)
     for k in want:
@@ -85,7 +99,15 @@ def same_run(flower_out, flower_summary, builtin):
     summary, out = builtin
     assert abs(flower_summary["cis_accuracy"] - summary["cis_accuracy"]) <= 0.02
     assert abs(flower_summary["final_exit_accuracy"] - summary["final_exit_accuracy"]) <= 0.02
-    for name in ("config.json", "spec.toml", "weights.json", "metrics.jsonl", "checkpoint.pt", "checkpoint.json", "summary.json"):
+    for name in (
+        "config.json",
+        "spec.toml",
+        "weights.json",
+        "metrics.jsonl",
+        "checkpoint.pt",
+        "checkpoint.json",
+        "summary.json",
+    ):
         assert (flower_out / name).is_file(), name
     lines = [json.loads(x) for x in (flower_out / "metrics.jsonl").read_text().splitlines()]
     want = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]

@@ -16,8 +16,13 @@ MEAN, STD = [0.3, 0.4, 0.5], [0.2, 0.25, 0.3]
 
 def bundle_for(tmp_path, channels: int, size: int = 8, classes=("b", "a")) -> Bundle:
     """A manifest with what the loader reads: stage 1's input, the normalisation, the classes."""
-    stage = {"index": 1, "exit": 1, "file": "stages/stage1.onnx", "outputs": [],
-             "inputs": [{"name": "input", "shape": [None, channels, size, size], "dtype": "float32"}]}
+    stage = {
+        "index": 1,
+        "exit": 1,
+        "file": "stages/stage1.onnx",
+        "outputs": [],
+        "inputs": [{"name": "input", "shape": [None, channels, size, size], "dtype": "float32"}],
+    }
     norm = {"mean": MEAN[:channels], "std": STD[:channels]}
     return Bundle(tmp_path, {"stages": [stage], "normalisation": norm, "classes": list(classes)})
 
@@ -25,7 +30,9 @@ def bundle_for(tmp_path, channels: int, size: int = 8, classes=("b", "a")) -> Bu
 def normalised(pixels: np.ndarray, channels: int) -> np.ndarray:
     """(N, H, W, C) uint8 -> the model's input, written out independently of the loader."""
     x = pixels.astype(np.float32).transpose(0, 3, 1, 2) / 255.0
-    return ((x - np.array(MEAN[:channels], np.float32)[:, None, None]) / np.array(STD[:channels], np.float32)[:, None, None])
+    return (x - np.array(MEAN[:channels], np.float32)[:, None, None]) / np.array(STD[:channels], np.float32)[
+        :, None, None
+    ]
 
 
 def test_sources_are_told_apart(tmp_path):
@@ -38,7 +45,9 @@ def test_npz_float_inputs_go_as_they_are_and_uint8_pixels_are_normalised(tmp_pat
     x = np.random.default_rng(0).normal(size=(5, 1, 8, 8))
     np.savez(tmp_path / "f.npz", x=x, y=np.arange(5))
     got = load_inputs(str(tmp_path / "f.npz"))
-    assert got.x.dtype == np.float32 and np.array_equal(got.x, x.astype(np.float32)) and got.y.tolist() == [0, 1, 2, 3, 4]
+    assert (
+        got.x.dtype == np.float32 and np.array_equal(got.x, x.astype(np.float32)) and got.y.tolist() == [0, 1, 2, 3, 4]
+    )
     px = np.random.default_rng(1).integers(0, 256, (4, 3, 8, 8), dtype=np.uint8)
     np.savez(tmp_path / "u.npz", x=px)
     with pytest.raises(CisError, match="--bundle"):

@@ -11,7 +11,20 @@ pytest.importorskip("torch")
 
 from training.methods.registry import METHODS  # noqa: E402
 
-TINY = ["--dataset", "digits", "--rounds", "1", "--local-steps", "1", "--batch-size", "16", "--width", "0.5", "--no-progress", "--json"]
+TINY = [
+    "--dataset",
+    "digits",
+    "--rounds",
+    "1",
+    "--local-steps",
+    "1",
+    "--batch-size",
+    "16",
+    "--width",
+    "0.5",
+    "--no-progress",
+    "--json",
+]
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -52,7 +65,18 @@ def test_method_options_reach_the_model_and_the_metrics(tmp_path, run_cli):
     assert [s["width"] for s in model.config()["specs"]] == [0.25, 0.5, 1.0]  # W: width only
     assert model.config()["learn_steps"] is False
     out = tmp_path / "flame"
-    res = run_cli("train", "--method", "flame", *TINY, "--patience", "1,2", "--option", "flame_aggregation=exit-based", "--out", out)
+    res = run_cli(
+        "train",
+        "--method",
+        "flame",
+        *TINY,
+        "--patience",
+        "1,2",
+        "--option",
+        "flame_aggregation=exit-based",
+        "--out",
+        out,
+    )
     assert res.code == 0, res.err
     line = json.loads((out / "metrics.jsonl").read_text().splitlines()[0])
     stats = line["nodes"]
@@ -64,7 +88,10 @@ def test_method_options_reach_the_model_and_the_metrics(tmp_path, run_cli):
     assert model.config()["modulation"] is False and meta["options"]["distill"] is False
     res = run_cli("train", "--method", "depthfl", *TINY, "--option", "kd_ramp_rounds=1", "--out", tmp_path / "depthfl")
     assert res.code == 0, res.err
-    kd = [json.loads(line)["nodes"]["cloud"]["kd_weight"] for line in (tmp_path / "depthfl" / "metrics.jsonl").read_text().splitlines()]
+    kd = [
+        json.loads(line)["nodes"]["cloud"]["kd_weight"]
+        for line in (tmp_path / "depthfl" / "metrics.jsonl").read_text().splitlines()
+    ]
     assert kd[0] == pytest.approx(1.0)  # ramped up by round 1, not exp(-5 (1 - 1/300)^2) = 0.007
 
 
@@ -104,7 +131,7 @@ def test_bad_method_or_option_is_a_one_line_error(argv, words, tmp_path, run_cli
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("method", ["nefl", "reefl"])
+@pytest.mark.parametrize("method", ["nefl", "heterofl", "reefl"])
 def test_resume_ends_with_the_same_weights(method, tmp_path, run_cli):
     from training.checkpoint import load_checkpoint
 
@@ -118,5 +145,14 @@ def test_resume_ends_with_the_same_weights(method, tmp_path, run_cli):
     assert meta["round"] == 2
     for (k, va), vb in zip(a.state_dict().items(), b.state_dict().values()):
         assert torch.equal(va, vb), k
-    line = _one_line_error(run_cli("train", "--out", tmp_path / "b", "--resume", "--option", "tiers=dynamic" if method == "nefl" else "distill=false"))
+    line = _one_line_error(
+        run_cli(
+            "train",
+            "--out",
+            tmp_path / "b",
+            "--resume",
+            "--option",
+            {"nefl": "tiers=dynamic", "heterofl": "static_bn=false"}.get(method, "distill=false"),
+        )
+    )
     assert "differs" in line

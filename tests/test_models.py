@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from cis.errors import CisError
+from training.architectures import build_model
 from training.flops import exit_costs
-from training.models import DigitsCNN, ResNet18EE, build_model, default_model_config
+from training.models import DigitsCNN, ResNet18EE, default_model_config
 
 
 def small_resnet(**kw):

@@ -3,18 +3,19 @@ import torch
 
 from training.engine import FederatedEngine
 from training.local import Client
-from training.methods.nested import (
-    LAYOUTS,
-    CompactResNet,
-    NestedNet,
-    build_nested,
-    depthfl_specs,
-    init_steps,
-    nefl_specs,
+from training.methods.nested import NestedNet, build_nested, depthfl_specs, init_steps, nefl_specs
+from training.methods.resnet import LAYOUTS, CompactResNet
+from training.methods.slicing import (
+    average_selections,
+    gather,
+    kept_channels,
+    prefix,
+    put_,
+    scatter_,
+    take,
+    width_ratio,
 )
-from training.methods.slicing import average_selections, gather, kept_channels, prefix, put_, scatter_, take, width_ratio
 from training.methods.subfl import build_subset_method, subset_model, tier_matrix
-
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -47,7 +48,9 @@ def test_submodel_gather_scatter_round_trip_touches_only_its_slice():
     assert torch.allclose(w[:4], before["shared.stem.weight"][:4] + 1)
     assert torch.equal(w[4:], before["shared.stem.weight"][4:])
     assert torch.equal(state["sub_bns.1.bns.stem_bn.weight"], before["sub_bns.1.bns.stem_bn.weight"])
-    assert torch.allclose(state["steps"][0], before["steps"][0] + 1) and torch.equal(state["steps"][1], before["steps"][1])
+    assert torch.allclose(state["steps"][0], before["steps"][0] + 1) and torch.equal(
+        state["steps"][1], before["steps"][1]
+    )
 
 
 def test_nefedavg_rings_paper_example():
@@ -71,7 +74,10 @@ def test_per_submodel_batchnorm_and_steps_kept_apart_in_training():
     layout = LAYOUTS["digits"]
     model = subset_model("nefl", layout, 3)
     gen = torch.Generator().manual_seed(0)
-    clients = [Client(f"n{i}", i, 1, torch.randn(16, 1, 8, 8, generator=gen), torch.randint(0, 10, (16,), generator=gen)) for i in range(2)]
+    clients = [
+        Client(f"n{i}", i, 1, torch.randn(16, 1, 8, 8, generator=gen), torch.randint(0, 10, (16,), generator=gen))
+        for i in range(2)
+    ]
     sgd = dict(lr=0.1, momentum=0.0, weight_decay=0.0, batch_size=8, steps=2, total_rounds=1)
     chooser, trainer, agg = build_subset_method("nefl", model, clients, sgd)
     engine = FederatedEngine(model, clients, chooser, trainer, agg, seed=0)
@@ -81,9 +87,13 @@ def test_per_submodel_batchnorm_and_steps_kept_apart_in_training():
     changed = lambda k: not torch.equal(before[k], after[k])  # noqa: E731
     assert changed("sub_bns.0.bns.stem_bn.weight") and changed("sub_bns.0.bns.stem_bn.running_mean")
     assert not changed("sub_bns.1.bns.stem_bn.weight") and not changed("sub_bns.2.bns.stem_bn.running_mean")
-    assert not torch.equal(before["steps"][0], after["steps"][0]) and torch.equal(before["steps"][1:], after["steps"][1:])
+    assert not torch.equal(before["steps"][0], after["steps"][0]) and torch.equal(
+        before["steps"][1:], after["steps"][1:]
+    )
     w = model.widths(1)[0]
-    assert changed("shared.stem.weight") and torch.equal(before["shared.stem.weight"][w:], after["shared.stem.weight"][w:])
+    assert changed("shared.stem.weight") and torch.equal(
+        before["shared.stem.weight"][w:], after["shared.stem.weight"][w:]
+    )
 
 
 def test_step_inits_D_D0_and_fixed():
@@ -124,7 +134,7 @@ def test_stages_fold_steps_carry_the_input_and_rebuild():
 
 
 def test_export_plan_reads_and_forwards_the_raw_input():
-    stages_mod = pytest.importorskip("export.stages")
+    stages_mod = pytest.importorskip("training.stage_plan")
     layout = LAYOUTS["digits"]
     model = NestedNet(layout, nefl_specs(layout, [0.5, 1.0], "W"))
     plan = stages_mod.describe_stages(model)
@@ -143,9 +153,9 @@ def test_tier_matrix_rows():
 def test_nested_stages_export_to_onnx_and_match():
     pytest.importorskip("onnxruntime")
     onnx_export = pytest.importorskip("export.onnx_export")
-    from export.stages import describe_stages
-
     import onnxruntime as ort
+
+    from training.stage_plan import describe_stages
 
     layout = LAYOUTS["digits"]
     model = NestedNet(layout, nefl_specs(layout, [0.5, 1.0], "WD"))

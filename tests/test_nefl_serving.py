@@ -14,10 +14,11 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("onnx")
 
+from test_runtime_integration import serve_through_leaves  # noqa: E402
+
 from cis.bundle import load_bundle  # noqa: E402
 from cis.policy import evaluate_cis  # noqa: E402
 from cis.runtime.client import summarize  # noqa: E402
-from test_runtime_integration import serve_through_leaves  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -27,7 +28,21 @@ def nefl_bundle(tmp_path_factory):
     from cis.cli import main
 
     root = tmp_path_factory.mktemp("nefl")
-    code = main(["train", "--method", "nefl", "--dataset", "digits", "--rounds", "4", "--out", str(root / "run"), "--no-progress", "--json"])
+    code = main(
+        [
+            "train",
+            "--method",
+            "nefl",
+            "--dataset",
+            "digits",
+            "--rounds",
+            "4",
+            "--out",
+            str(root / "run"),
+            "--no-progress",
+            "--json",
+        ]
+    )
     assert code == 0
     assert main(["export", str(root / "run"), "--out", str(root / "bundle"), "--latency-repeats", "2", "--json"]) == 0
     return root
@@ -86,7 +101,9 @@ def test_simulator_takes_the_raw_input_carry_from_the_manifest(nefl_bundle, tmp_
 
     bundle = load_bundle(nefl_bundle / "bundle")
     write_spec(bundle.spec, tmp_path / "spec.toml")
-    res = run_cli("simulate", "--spec", tmp_path / "spec.toml", "--bundle", nefl_bundle / "bundle", "--requests", "300", "--json")
+    res = run_cli(
+        "simulate", "--spec", tmp_path / "spec.toml", "--bundle", nefl_bundle / "bundle", "--requests", "300", "--json"
+    )
     assert res.code == 0, res.err
     out = res.json()
     assert out["requests"]["served"] == 300

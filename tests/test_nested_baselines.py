@@ -4,10 +4,10 @@ import torch
 from training.engine import FederatedEngine
 from training.local import Client
 from training.methods import widthfl
-from training.methods.nested import LAYOUTS
+from training.methods.registry import NESTED_METHODS
+from training.methods.resnet import LAYOUTS
 from training.methods.slicing import gather, rolling
-from training.methods.subfl import SUBSET_METHODS, build_subset_method, subset_model
-
+from training.methods.subfl import build_subset_method, subset_model
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -36,7 +36,7 @@ def test_group_selection_builds_a_consistent_subnetwork():
     model = subset_model("fedrolex", layout, 3)
     groups = widthfl.fedrolex_groups(layout, 0.5, 5)
     sel = widthfl.group_selection(layout, groups)
-    from training.methods.nested import CompactResNet
+    from training.methods.resnet import CompactResNet
 
     net = CompactResNet(layout, widthfl.group_widths(layout, groups))
     net.load_state_dict(gather(model.state_dict(), sel))
@@ -45,7 +45,12 @@ def test_group_selection_builds_a_consistent_subnetwork():
 
 def _clients(n=4):
     gen = torch.Generator().manual_seed(0)
-    return [Client(f"n{i}", i, 1 + i % 3, torch.randn(16, 1, 8, 8, generator=gen), torch.randint(0, 10, (16,), generator=gen)) for i in range(n)]
+    return [
+        Client(
+            f"n{i}", i, 1 + i % 3, torch.randn(16, 1, 8, 8, generator=gen), torch.randint(0, 10, (16,), generator=gen)
+        )
+        for i in range(n)
+    ]
 
 
 def test_fedrolex_updates_only_its_window():
@@ -53,7 +58,9 @@ def test_fedrolex_updates_only_its_window():
     model = subset_model("fedrolex", layout, 3)
     clients = [Client(c.id, c.index, 1, c.x, c.y) for c in _clients(2)]
     sgd = dict(lr=0.1, momentum=0.0, weight_decay=0.0, batch_size=8, steps=1, total_rounds=3)
-    engine = FederatedEngine(model, clients, *build_subset_method("fedrolex", model, clients, sgd, budgets=[0.5, 0.5, 1.0]), seed=0)
+    engine = FederatedEngine(
+        model, clients, *build_subset_method("fedrolex", model, clients, sgd, budgets=[0.5, 0.5, 1.0]), seed=0
+    )
     before = engine.global_state["shared.stem.weight"].clone()
     engine.run_round()  # round 1: window of 4 of 8 stem channels starting at 1
     after = engine.global_state["shared.stem.weight"]
@@ -61,7 +68,7 @@ def test_fedrolex_updates_only_its_window():
     assert touched == [1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("method", SUBSET_METHODS)
+@pytest.mark.parametrize("method", NESTED_METHODS)
 def test_every_method_runs_a_round(method):
     layout = LAYOUTS["digits"]
     model = subset_model(method, layout, 3)

@@ -8,16 +8,17 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+from test_runtime_node import Running
 
 from cis import patience as pt
 from cis.errors import CisError
 from cis.policy import ExitPolicy, evaluate_patience
 from cis.runtime import protocol as P
 from cis.runtime.client import Client
+from cis.runtime.feeds import check_feeds as _check_feeds
 from cis.runtime.launcher import free_port
-from cis.runtime.node import Node, NodeConfig, _check_feeds
+from cis.runtime.node import Node, NodeConfig
 from cis.topologies import make_spec
-from test_runtime_node import Running
 
 T = namedtuple("T", "name shape dtype")
 
@@ -43,7 +44,9 @@ def test_policy_rule_equals_training_patience_forward():
     from training.methods.vit import ViTEE
 
     torch.manual_seed(0)
-    model = ViTEE(num_classes=3, exits=(1, 2, 3, 4), in_channels=1, input_size=8, patch=2, dim=16, depth=4, heads=2).eval()
+    model = ViTEE(
+        num_classes=3, exits=(1, 2, 3, 4), in_channels=1, input_size=8, patch=2, dim=16, depth=4, heads=2
+    ).eval()
     x = torch.randn(64, 1, 8, 8)
     with torch.no_grad():
         logits = [z.numpy() for z in model(x)]
@@ -108,8 +111,13 @@ def test_node_carries_the_patience_state_to_the_parent():
     raddr, laddr = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
     kw = dict(measure="patience", patience=2)
     root = Running(Node(NodeConfig("root", 3, bind=raddr, **kw), stages))
-    leaf_node = Node(NodeConfig("leaf", 1, bind=laddr, parent=raddr, heartbeat=0.05, heartbeat_timeout=0.5, forward_timeout=1.0, **kw), {1: stages[1]})
-    assert leaf_node.controller is None and leaf_node.carry_names == ["features_1"]
+    leaf_node = Node(
+        NodeConfig(
+            "leaf", 1, bind=laddr, parent=raddr, heartbeat=0.05, heartbeat_timeout=0.5, forward_timeout=1.0, **kw
+        ),
+        {1: stages[1]},
+    )
+    assert leaf_node.executor.controller is None and leaf_node.executor.carry_names == ["features_1"]
     leaf = Running(leaf_node)
     try:
         import time
@@ -124,7 +132,9 @@ def test_node_carries_the_patience_state_to_the_parent():
         assert r.cls.tolist() == [0, 1, 2, 2]
         assert r.served_by == ["root"] * 4 and not r.degraded.any()
         assert r.confidence.tolist() == [2, 2, 2, 1]  # the count at the serving exit
-        with Client(raddr, timeout=5) as c:  # entering at the root: it runs exits 1..3 and serves at the first patient one
+        with Client(
+            raddr, timeout=5
+        ) as c:  # entering at the root: it runs exits 1..3 and serves at the first patient one
             r = c.infer(x)
             assert r.exit.tolist() == [2, 3, 2, 3] and r.cls.tolist() == [0, 1, 2, 2]
         # a forward with a state of the wrong dtype is refused
@@ -133,7 +143,15 @@ def test_node_carries_the_patience_state_to_the_parent():
         s = zmq.Context.instance().socket(zmq.DEALER)
         s.linger = 0
         s.connect(raddr)
-        P.send(s, P.encode(P.FORWARD, 9, {"features_1": x, pt.LABEL: np.zeros(4, np.int32), pt.COUNT: np.ones(4, np.int64)}, stage=2))
+        P.send(
+            s,
+            P.encode(
+                P.FORWARD,
+                9,
+                {"features_1": x, pt.LABEL: np.zeros(4, np.int32), pt.COUNT: np.ones(4, np.int64)},
+                stage=2,
+            ),
+        )
         assert s.poll(3000)
         msg = P.decode(s.recv_multipart())
         assert msg.kind == P.ERROR and msg.header["code"] == "bad_tensor"

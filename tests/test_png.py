@@ -39,7 +39,9 @@ def _filter_row(kind: int, row: np.ndarray, prev: np.ndarray, bpp: int) -> bytes
     return bytes([kind]) + bytes(out)
 
 
-def encode_png(pixels: np.ndarray, colour: int, depth: int = 8, filters=(0,), palette=None, interlace: int = 0) -> bytes:
+def encode_png(
+    pixels: np.ndarray, colour: int, depth: int = 8, filters=(0,), palette=None, interlace: int = 0
+) -> bytes:
     """A PNG of raw samples ``pixels`` (H, W, samples) with the given per-row filter cycle."""
     h, w, samples = pixels.shape
     if depth == 16:

@@ -84,7 +84,7 @@ def test_all_at_root_equals_final_exit_accuracy():
 def test_calibrated_thresholds_reproduce_shares_on_fresh_data():
     spec = make_spec("paper-7", "60-30-10")
     val_logits, _ = synthetic_logits(seed=1)
-    conf = {e: confidence(l, "max_softmax") for e, l in val_logits.items()}
+    conf = {e: confidence(v, "max_softmax") for e, v in val_logits.items()}
     policy = calibrate_thresholds(spec, conf)
     assert policy.thresholds["cloud"] == -math.inf
     test_logits, test_labels = synthetic_logits(seed=2)

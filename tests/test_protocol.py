@@ -5,13 +5,19 @@ from __future__ import annotations
 import msgpack
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cis.runtime import protocol as P
 from cis.runtime.adapt import ThresholdController
 
 
 def test_round_trip_keeps_names_dtypes_shapes_and_fields():
-    tensors = {"input": np.arange(24, dtype=np.float32).reshape(2, 3, 4), "mask": np.array([1, -2], np.int8), "h": np.ones((2, 5), np.float16)}
+    tensors = {
+        "input": np.arange(24, dtype=np.float32).reshape(2, 3, 4),
+        "mask": np.array([1, -2], np.int8),
+        "h": np.ones((2, 5), np.float16),
+    }
     frames = P.encode(P.INFER, 7, tensors, stage=2, deadline=12.5, route=["device0"])
     msg = P.decode([bytes(memoryview(f)) for f in frames])
     assert msg.kind == P.INFER and msg.id == 7
@@ -83,3 +89,173 @@ def test_controller_holds_the_target_share():
         if step in (1499, 2999):  # the last 500 batches of each phase forward about the target share
             assert abs(np.mean(forwarded[-500:]) - 0.3) < 0.03
     assert 0.0 <= ctl.threshold <= 1.0 and ctl.to_json()["updates"] == 3000
+
+
+# ---------------------------------------------------------------- strict header schema
+
+
+def _infer(**fields):
+    """A valid one-tensor infer message whose header fields are replaced by ``fields`` (None removes one)."""
+    header = {
+        "v": 1,
+        "kind": "infer",
+        "id": 77,
+        "names": ["x"],
+        "dtypes": ["float32"],
+        "shapes": [[2, 3]],
+        "stage": 1,
+        "deadline": 0,
+        "route": [],
+        "sender": "a",
+        "node": "b",
+    }
+    for k, v in fields.items():
+        if v is None:
+            header.pop(k)
+        else:
+            header[k] = v
+    return [msgpack.packb(header, use_bin_type=True), bytes(24)]
+
+
+CONFUSED = [True, False, 1.5, -1, "1", b"1", [1], {"a": 1}, [], {}]
+BAD_VALUES = {  # header field -> (code, values of the wrong type or out of range)
+    "v": ("bad_version", [*CONFUSED, 2, 0, 1.0]),
+    "kind": ("unknown_kind", [*CONFUSED, "dance", "INFER"]),
+    "id": ("bad_message", [True, False, 1.5, -1, "1", b"1", [1], {"a": 1}, [], {}]),
+    "names": ("bad_tensor", [True, 1.5, -1, "x", b"x", {"a": 1}, [1], [b"x"], [""], ["x" * 200], [["x"]]]),
+    "dtypes": ("bad_tensor", [True, 1.5, "float32", {"a": 1}, [1], [b"float32"], ["object"], ["float"], [True]]),
+    "shapes": (
+        "bad_tensor",
+        [True, 1.5, "2,3", {"a": 1}, [2], [[2.0, 3]], [[True, 3]], [[-2, 3]], [["2", 3]], [[2] * 9], [[2, 1 << 40]]],
+    ),
+    "stage": ("bad_stage", [True, False, 1.5, -1, 0, 256, "1", b"1", [1], {"a": 1}, []]),
+    "deadline": ("bad_message", [True, -1, -0.5, float("nan"), float("inf"), "1", b"1", [1], {"a": 1}]),
+    "route": ("bad_message", [True, 1, 1.5, "a", {"a": 1}, [1], [b"a"], [""], ["a"] * 17, [["a"]]]),
+    "sender": ("bad_message", [True, 1, 1.5, b"a", [1], {"a": 1}, "a" * 200]),
+    "node": ("bad_message", [True, 1, 1.5, b"a", ["a"], {"a": 1}, "a" * 200]),
+}
+
+
+@pytest.mark.parametrize("field", sorted(BAD_VALUES))
+def test_a_type_confused_value_of_each_header_field_gets_its_code_and_echoes_the_id(field):
+    code, values = BAD_VALUES[field]
+    for value in values:
+        with pytest.raises(P.ProtocolError) as err:
+            P.decode(_infer(**{field: value}), max_bytes=1 << 20)
+        assert err.value.code == code, (field, value, err.value.message)
+        assert err.value.req_id == (0 if field == "id" else 77), (field, value)
+        assert field.rstrip("s") in err.value.message or field == "v" and "version" in err.value.message
+
+
+def test_required_fields_and_the_order_of_checks():
+    assert _code(_infer(v=None)) == "bad_version"
+    assert _code(_infer(kind=None)) == "unknown_kind"
+    assert _code(_infer(id=None)) == "bad_message"
+    assert P.decode(_infer(stage=None, deadline=None, route=None, sender=None, node=None)).header["id"] == 77
+    assert _code(_infer(v=2, kind="dance")) == "bad_version"  # the first failure is the one reported
+    assert _code(_infer(names=["x", "y"])) == "bad_message"  # names and frames disagree
+    assert _code(_infer(shapes=[[2, 4]])) == "bad_tensor"  # the frame holds 24 bytes, not 32
+    assert _code(_infer(), max_bytes=20) == "too_large"
+    assert _code(_infer(shapes=[[1 << 20, 1 << 10]]), max_bytes=1 << 20) == "bad_tensor"  # declared size over the limit
+    assert P.decode(_infer(id=(1 << 64) - 1)).id == (1 << 64) - 1
+    assert P.decode(_infer(deadline=1.5e9)).header["deadline"] == 1.5e9
+
+
+def test_kinds_a_receiver_does_not_accept_are_unknown_and_replies_are_checked():
+    status = msgpack.packb({"v": 1, "kind": "status", "id": 3})
+    assert P.decode([status], kinds=P.REQUEST_KINDS).kind == "status"
+    with pytest.raises(P.ProtocolError) as err:
+        P.decode([msgpack.packb({"v": 1, "kind": "result", "id": 3})], kinds=P.REQUEST_KINDS)
+    assert err.value.code == "unknown_kind" and err.value.req_id == 3
+    assert _code(P.encode(P.STATUS, 3, {"x": np.zeros(2, np.float32)})) == "bad_message"  # status carries no tensors
+    ok = {
+        "class": np.zeros(2, np.int64),
+        "confidence": np.zeros(2, np.float32),
+        "exit": np.ones(2, np.int32),
+        "flags": np.zeros(2, np.uint8),
+    }
+    assert P.decode(P.encode(P.RESULT, 4, ok, served_by=["a", "b"])).id == 4
+    assert _code(P.encode(P.RESULT, 4, ok, served_by=["a"])) == "bad_message"
+    assert _code(P.encode(P.RESULT, 4, ok, served_by=["a", 1])) == "bad_message"
+    assert _code(P.encode(P.RESULT, 4, {**ok, "class": np.zeros(2, np.int32)}, served_by=["a", "b"])) == "bad_tensor"
+    assert _code(P.encode(P.ERROR, 4, code=1, message="m")) == "bad_message"
+    assert _code(P.encode(P.STATUS_REPLY, 4, status=[1])) == "bad_message"
+
+
+# ---------------------------------------------------------------- property-based: the schema holds for all input
+
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(1 << 63), (1 << 64) - 1),
+    st.floats(allow_nan=True),
+    st.text(max_size=8),
+    st.binary(max_size=8),
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=4), inner, max_size=4),
+    max_leaves=12,
+)
+_keys = st.sampled_from(
+    [
+        "v",
+        "kind",
+        "id",
+        "names",
+        "dtypes",
+        "shapes",
+        "stage",
+        "deadline",
+        "route",
+        "sender",
+        "node",
+        "served_by",
+        "code",
+        "message",
+        "status",
+        "other",
+    ]
+)
+
+
+def _accepted_header_is_in_schema(h: dict, tensors: dict) -> None:
+    assert type(h["v"]) is int and h["v"] == 1
+    assert h["kind"] in P.KINDS
+    assert type(h["id"]) is int and 0 <= h["id"] < 1 << 64
+    if "stage" in h:
+        assert type(h["stage"]) is int and 1 <= h["stage"] <= P.MAX_STAGE
+    if "deadline" in h:
+        assert type(h["deadline"]) in (int, float) and h["deadline"] >= 0 and np.isfinite(h["deadline"])
+    if "route" in h:
+        assert type(h["route"]) is list and all(type(r) is str for r in h["route"])
+    for key in ("sender", "node"):
+        assert key not in h or type(h[key]) is str
+    for a in tensors.values():
+        assert a.dtype.name in P.DTYPES
+
+
+@settings(max_examples=400, deadline=None)
+@given(st.dictionaries(_keys, _values, max_size=12))
+def test_any_header_is_either_accepted_within_the_schema_or_refused_with_a_code(header):
+    frames = [msgpack.packb(header, use_bin_type=True)]
+    try:
+        msg = P.decode(frames, max_bytes=1 << 16)
+    except P.ProtocolError as exc:
+        assert exc.code in P.ERROR_CODES
+        rid = header.get("id")
+        assert exc.req_id == (rid if type(rid) is int and 0 <= rid < 1 << 64 else 0)
+        return
+    _accepted_header_is_in_schema(msg.header, msg.tensors)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_keys.filter(lambda k: k not in ("served_by", "code", "message", "status", "other")), _values)
+def test_one_field_of_a_valid_request_replaced_by_anything(key, value):
+    try:
+        msg = P.decode(_infer(**{key: value}) if value is not None else _infer(), max_bytes=1 << 16)
+    except P.ProtocolError as exc:
+        readable = type(value) is int and 0 <= value < 1 << 64
+        assert exc.code in P.ERROR_CODES and exc.req_id == (77 if key != "id" else value if readable else 0)
+        return
+    _accepted_header_is_in_schema(msg.header, msg.tensors)

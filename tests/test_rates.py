@@ -53,7 +53,9 @@ def test_exit_without_nodes_has_zero_rate():
 
 
 @pytest.mark.parametrize("topology", ["paper-7", "paper-17"])
-@pytest.mark.parametrize("setting", ["80-15-5", "60-30-10", "45-35-20", "33-33-33", "20-35-45", "5-15-80", "100-0-0", "0-0-100"])
+@pytest.mark.parametrize(
+    "setting", ["80-15-5", "60-30-10", "45-35-20", "33-33-33", "20-35-45", "5-15-80", "100-0-0", "0-0-100"]
+)
 def test_serving_settings_reproduce_their_shares(topology, setting):
     spec = make_spec(topology, setting, total_rate=120.0)
     rates = compute_rates(spec)

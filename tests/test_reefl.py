@@ -4,11 +4,11 @@ import pytest
 import torch
 
 from cis.errors import CisError
+from training.architectures import build_model
 from training.methods import distill
 from training.methods.aggregate import held_average, key_exit
 from training.methods.ree import Ree, ree_step
 from training.methods.vit import HISTORY, TOKENS, ViTEE
-from training.models import build_model
 
 
 def tiny(**kw):
@@ -113,7 +113,11 @@ def test_distillation_weight_ramp():
 def test_held_average_weights_samples_over_holders_only():
     g = {"stage_list.0.w": torch.zeros(2), "stage_list.1.w": torch.zeros(2), "ree.w": torch.zeros(1)}
     a = {"stage_list.0.w": torch.ones(2), "stage_list.1.w": torch.full((2,), 9.0), "ree.w": torch.ones(1)}
-    b = {"stage_list.0.w": torch.full((2,), 4.0), "stage_list.1.w": torch.full((2,), 5.0), "ree.w": torch.full((1,), 4.0)}
+    b = {
+        "stage_list.0.w": torch.full((2,), 4.0),
+        "stage_list.1.w": torch.full((2,), 5.0),
+        "ree.w": torch.full((1,), 4.0),
+    }
     out = held_average(g, [a, b], sizes=[1, 3], max_exits=[1, 2])
     assert torch.allclose(out["stage_list.0.w"], torch.full((2,), 3.25))
     assert torch.allclose(out["stage_list.1.w"], torch.full((2,), 5.0))  # only b holds stage 2

@@ -88,7 +88,9 @@ def _read_line(proc: subprocess.Popen, timeout: float) -> str:
             return proc.stdout.readline()
         if proc.poll() is not None:
             break
-    raise AssertionError(f"no line from the launcher (exit {proc.poll()}): {proc.stderr.read() if proc.poll() is not None else ''}")
+    raise AssertionError(
+        f"no line from the launcher (exit {proc.poll()}): {proc.stderr.read() if proc.poll() is not None else ''}"
+    )
 
 
 def _terminate(proc: subprocess.Popen, grace: float) -> None:
@@ -122,8 +124,21 @@ def test_serve_all_matches_offline_cis_evaluation(bundle_dir, test_set, tmp_path
     spec = bundle.spec
     offline = evaluate_cis(spec, run_chain(bundle, x), y, policy=bundle.policy)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cis.cli", "serve", str(bundle_dir), "--all", "--free-ports", "--no-cap", "--json", *FAST],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "cis.cli",
+            "serve",
+            str(bundle_dir),
+            "--all",
+            "--free-ports",
+            "--no-cap",
+            "--json",
+            *FAST,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     pids = []
     try:
@@ -138,13 +153,15 @@ def test_serve_all_matches_offline_cis_evaluation(bundle_dir, test_set, tmp_path
             for c in clients.values():
                 c.close()
         live = summarize(results, y)
-        assert live["errors"] == {} and live["samples_answered"] == len(y) and live["degraded"] == 0
+        assert live["errors"] == {} and live["samples_answered"] == len(y) and live["degraded"] == 0, live
         for e, share in offline.exit_shares.items():
             assert abs(live["served_share_per_exit"].get(str(e), 0.0) - share) <= 0.02, (live, offline)
         assert abs(live["accuracy"] - offline.accuracy) <= 0.02
         # cis status over a spec that names the live addresses
         spec_file = tmp_path / "live.toml"
-        write_spec(spec.replace_nodes(Node(**{**n.__dict__, "address": nodes[n.id]["address"]}) for n in spec.nodes), spec_file)
+        write_spec(
+            spec.replace_nodes(Node(**{**n.__dict__, "address": nodes[n.id]["address"]}) for n in spec.nodes), spec_file
+        )
         st = run_cli("status", "--spec", spec_file, "--json")
         assert st.code == 0, st.err
         counters = st.json()["nodes"]
@@ -175,7 +192,12 @@ def test_root_killed_under_load_loses_nothing_and_comes_back(bundle_dir, test_se
         timer = threading.Timer(kill_at, cluster.kill, args=(root,))
         with Client(cluster.addresses[leaf], timeout=10) as c:
             timer.start()
-            results = c.infer_many(x[:n].repeat(1, axis=0) if n <= len(x) else np.resize(x, (n, *x.shape[1:])), batch_size=1, rate=rate, timeout=10)
+            results = c.infer_many(
+                x[:n].repeat(1, axis=0) if n <= len(x) else np.resize(x, (n, *x.shape[1:])),
+                batch_size=1,
+                rate=rate,
+                timeout=10,
+            )
         timer.join()
         assert all(r.error is None for r in results), [r.error for r in results if r.error][:3]
         exits = np.array([int(r.exit[0]) for r in results])
@@ -206,8 +228,11 @@ def test_ten_thousand_bad_messages_leave_the_node_serving(bundle_dir, test_set):
     spec = load_bundle(bundle_dir).spec
     root = spec.root.id
     addr = f"tcp://127.0.0.1:{free_port()}"
-    proc = subprocess.Popen([sys.executable, "-m", "cis.cli", "serve", str(bundle_dir), "--node", root, "--bind", addr],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cis.cli", "serve", str(bundle_dir), "--node", root, "--bind", addr],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     ctx = zmq.Context.instance()
     s = ctx.socket(zmq.DEALER)
     s.linger = 0
@@ -225,7 +250,19 @@ def test_ten_thousand_bad_messages_leave_the_node_serving(bundle_dir, test_set):
             elif k == 1:
                 frames = [rng.bytes(8) for _ in range(int(rng.integers(1, 5)))]
             elif k == 2:
-                frames = [msgpack.packb({"v": 1, "kind": "infer", "id": i, "names": ["input"], "dtypes": ["float32"], "shapes": [[1, 9]]}), bytes(36)]
+                frames = [
+                    msgpack.packb(
+                        {
+                            "v": 1,
+                            "kind": "infer",
+                            "id": i,
+                            "names": ["input"],
+                            "dtypes": ["float32"],
+                            "shapes": [[1, 9]],
+                        }
+                    ),
+                    bytes(36),
+                ]
             elif k == 3:
                 frames = [header, rng.bytes(int(rng.integers(0, 300)))]
             else:
@@ -262,9 +299,23 @@ def test_client_without_authorised_key_gets_no_service(bundle_dir, test_set, tmp
     make_keys(tmp_path / "other", "stranger")
     addr = f"tcp://127.0.0.1:{free_port()}"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cis.cli", "serve", str(bundle_dir), "--node", spec.root.id, "--bind", addr,
-         "--curve-key", str(tmp_path / "keys" / "node.key_secret"), "--allow", str(tmp_path / "allow")],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [
+            sys.executable,
+            "-m",
+            "cis.cli",
+            "serve",
+            str(bundle_dir),
+            "--node",
+            spec.root.id,
+            "--bind",
+            addr,
+            "--curve-key",
+            str(tmp_path / "keys" / "node.key_secret"),
+            "--allow",
+            str(tmp_path / "allow"),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
     )
     server = str(tmp_path / "keys" / "node.key")
     try:
@@ -290,9 +341,26 @@ def test_serve_all_with_curve_encrypts_and_authenticates_every_link(bundle_dir, 
     make_keys(tmp_path / "keys", "node")
     make_keys(tmp_path / "allow", "friend")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cis.cli", "serve", str(bundle_dir), "--all", "--free-ports", "--json", "--threshold", "inf", *FAST,
-         "--curve-key", str(tmp_path / "keys" / "node.key_secret"), "--allow", str(tmp_path / "allow")],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "cis.cli",
+            "serve",
+            str(bundle_dir),
+            "--all",
+            "--free-ports",
+            "--json",
+            "--threshold",
+            "inf",
+            *FAST,
+            "--curve-key",
+            str(tmp_path / "keys" / "node.key_secret"),
+            "--allow",
+            str(tmp_path / "allow"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         nodes = json.loads(_read_line(proc, 90))["nodes"]
@@ -309,3 +377,68 @@ def test_serve_all_with_curve_encrypts_and_authenticates_every_link(bundle_dir, 
         assert set(r.served_by) == {spec.root.id}
     finally:
         _terminate(proc, 30)
+
+
+def test_serve_all_restarts_a_killed_node_and_status_shows_it(bundle_dir, test_set, tmp_path, run_cli):
+    """``serve --all --log-dir --trust``: a signed bundle is served; a SIGKILLed node is reaped (no
+    zombie) and restarted by the launcher, with its log and its restart count in ``cis status``."""
+    import shutil
+
+    from cis.bundle import sign_bundle
+    from cis.signing import make_signing_key
+
+    x, _ = test_set
+    signed = tmp_path / "bundle"
+    shutil.copytree(bundle_dir, signed)
+    private, public = make_signing_key(tmp_path / "keys", "release")
+    sign_bundle(signed, private)
+    logs = tmp_path / "logs"
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "cis.cli",
+            "serve",
+            str(signed),
+            "--all",
+            "--free-ports",
+            "--json",
+            "--log-dir",
+            str(logs),
+            "--trust",
+            str(public),
+            *FAST,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        nodes = json.loads(_read_line(proc, 90))["nodes"]
+        victim = next(nid for nid, v in nodes.items() if v["parent"] is not None and v["exit"] == 2)
+        old = nodes[victim]["pid"]
+        os.kill(old, signal.SIGKILL)
+        state = {}
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            state = json.loads((logs / "cluster.json").read_text())["nodes"][victim]
+            if state["restarts"] == 1 and state["state"] == "up":
+                break
+            time.sleep(0.05)
+        assert state["restarts"] == 1 and state["pid"] != old and state["last_exit"] == -signal.SIGKILL
+        with pytest.raises(ProcessLookupError):  # reaped by the launcher: not even a zombie is left
+            os.kill(old, 0)
+        end = time.monotonic() + 30
+        while True:
+            st = run_cli("status", "--cluster", logs, "--json", "--timeout", "0.5")
+            node = st.json()["nodes"][victim]
+            if node["live"] or time.monotonic() > end:
+                break
+        assert node["live"] and node["restarts"] == 1 and node["launcher"]["restarts"] == 1, node
+        assert st.code == 0 and "restarted" in (logs / f"{victim}.log").read_text()
+        leaf = next(nid for nid in nodes if nodes[nid]["parent"] == victim)
+        with Client(nodes[leaf]["address"], timeout=10) as c:
+            assert len(c.infer(x[:4])) == 4
+    finally:
+        _terminate(proc, 30)
+    assert proc.returncode == 0

@@ -37,11 +37,17 @@ class FakeStage:
 
 def _stages():
     # stage 1: logits from the first 3 inputs (large first value -> confident), carry = the input doubled
-    s1 = FakeStage((T("input", (None, 4), "float32"),), (T("logits", (None, 3), "float32"), T("features", (None, 4), "float32")),
-                   lambda f: {"logits": f["input"][:, :3] * 10, "features": f["input"] * 2})
+    s1 = FakeStage(
+        (T("input", (None, 4), "float32"),),
+        (T("logits", (None, 3), "float32"), T("features", (None, 4), "float32")),
+        lambda f: {"logits": f["input"][:, :3] * 10, "features": f["input"] * 2},
+    )
     # stage 2: always confident in class 2
-    s2 = FakeStage((T("features", (None, 4), "float32"),), (T("logits", (None, 3), "float32"),),
-                   lambda f: {"logits": np.tile(np.array([0, 0, 50], np.float32), (len(f["features"]), 1))})
+    s2 = FakeStage(
+        (T("features", (None, 4), "float32"),),
+        (T("logits", (None, 3), "float32"),),
+        lambda f: {"logits": np.tile(np.array([0, 0, 50], np.float32), (len(f["features"]), 1))},
+    )
     return {1: s1, 2: s2}
 
 
@@ -50,7 +56,11 @@ class Running:
         self.node = node
         self.stop = threading.Event()
         self.ready = threading.Event()
-        self.thread = threading.Thread(target=node.run, kwargs=dict(install_signals=False, ready=self.ready.set, stop=self.stop.is_set), daemon=True)
+        self.thread = threading.Thread(
+            target=node.run,
+            kwargs=dict(install_signals=False, ready=self.ready.set, stop=self.stop.is_set),
+            daemon=True,
+        )
         self.thread.start()
         assert self.ready.wait(5)
 
@@ -136,17 +146,68 @@ def test_bad_messages_get_error_replies_and_the_node_keeps_serving(tree):
         assert c.infer(_batch()[:1]).cls.tolist() == [0]
 
 
-def test_too_large_and_overloaded(tree):
-    laddr, _, leaf = tree(root=False, leaf_kw=dict(max_message_bytes=4096, queue_limit=2))
+def _dealer(addr):
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.linger = 0
+    s.connect(addr)
+    return s
+
+
+def _ask(s, frames):
+    P.send(s, frames)
+    assert s.poll(3000), "no reply"
+    return P.decode(s.recv_multipart())
+
+
+def test_too_large_per_message_and_per_frame(tree):
+    laddr, _, leaf = tree(root=False, leaf_kw=dict(max_message_bytes=4096))
+    s = _dealer(laddr)
+    # two frames of 2,400 bytes: each within the limit, the message over it: too_large, echoing the id
+    two = P.encode(P.INFER, 11, {"input": np.zeros((150, 4), np.float32), "more": np.zeros((150, 4), np.float32)})
+    err = _ask(s, two)
+    assert err.header["code"] == "too_large" and err.id == 11 and "4096" in err.header["message"]
+    # one frame over the limit: ZeroMQ drops the connection (documented silence); the node keeps serving
+    P.send(s, P.encode(P.INFER, 12, {"input": np.zeros((300, 4), np.float32)}))
+    assert not s.poll(500)
+    s.close()
+    with Client(laddr, timeout=5) as c:
+        assert c.infer(_batch()[:1]).cls.tolist() == [0]
+
+
+def test_overloaded_and_too_many_samples(tree):
+    laddr, _, leaf = tree(root=False, leaf_kw=dict(queue_limit=2))
     with Client(laddr, timeout=5) as c:
         with pytest.raises(ServerError) as err:
-            c.infer(np.zeros((300, 4), np.float32))
-        assert err.value.code == "too_large"
+            c.infer(np.zeros((3, 4), np.float32) + [5, 0, 0, 0])
+        assert err.value.code == "too_many_samples" and "split" in err.value.message
     leaf.stages[1].delay = 0.2  # slow stage: requests pile up
     with Client(laddr, timeout=10) as c:
         results = c.infer_many(np.zeros((8, 4), np.float32) + [5, 0, 0, 0], batch_size=1, window=8)
+        st = c.status()
     codes = [r.error.code if r.error else "ok" for r in results]
     assert "overloaded" in codes and "ok" in codes  # every request got exactly one reply
+    assert st["overloaded"] == codes.count("overloaded") == st["errors_by_code"]["overloaded"]
+    assert st["queue_limit"] == 2 and st["queue_depth"] == 0
+
+
+def test_status_reports_the_queue_and_the_wait_clients_see(tree):
+    laddr, _, leaf = tree(root=False, leaf_kw=dict(max_batch=1))
+    leaf.stages[1].delay = 0.1
+    with Client(laddr, timeout=10) as c, Client(laddr, timeout=10) as watcher:
+        for _ in range(6):
+            c.submit(_batch()[:1])
+        time.sleep(0.15)  # the first batch is running, five requests wait behind it
+        st = watcher.status()
+        assert 3 <= st["queue_depth"] == st["queue_requests"] <= 5
+        got = []
+        while len(got) < 6:
+            got += c.poll(5)
+        lat = sorted(r.latency for _, r in got)
+        st = watcher.status()
+    assert all(r.error is None for _, r in got)
+    # the node's latency starts at arrival and includes the queue: its max is the client's last wait, not a stage's time
+    p99 = st["latency"]["p99_s"]
+    assert p99 > 0.45 and lat[-1] >= p99 * 0.9 and st["latency"]["count"] > 0
 
 
 def test_no_parent_means_degraded_not_lost(tree):
@@ -178,13 +239,60 @@ def test_adapt_moves_the_threshold_to_hold_the_target_share(tree):
     assert st["capped"] == 0 and st["degraded"] == 0
 
 
-def test_past_deadline_answers_degraded_from_here(tree):
-    laddr, _, leaf = tree()
+def test_deadlines_end_work(tree):
+    laddr, _, leaf = tree(leaf_kw=dict(max_batch=1))
+    with Client(laddr, timeout=5) as c:
+        assert c.infer(_batch()[2:3]).exit.tolist() == [2]
+        with pytest.raises(ServerError) as err:  # already past on arrival: no stage runs
+            c.infer(_batch()[:1], deadline=time.time() - 0.5)
+        assert err.value.code == "deadline_exceeded"
+        leaf.stages[1].delay = 0.3
+        c.submit(_batch()[:1])  # keeps the leaf busy
+        rid = c.submit(_batch()[:1], deadline=time.time() + 0.1)  # expires while it waits
+        got = dict(c.poll(3) + c.poll(3))
+        assert got[rid].error.code == "deadline_exceeded"
+        leaf.stages[1].delay = 0.0
+        st = c.status()
+    assert st["errors_by_code"]["deadline_exceeded"] == 2  # on arrival or in the queue (tests/test_runtime_executor.py)
+
+
+def test_a_deadline_passing_at_the_parent_answers_degraded_from_here(tree):
+    laddr, raddr, leaf = tree()
     with Client(laddr, timeout=5) as c:
         assert c.infer(_batch()[2:3]).exit.tolist() == [2]
         # the deadline passes before the parent could answer: served here, marked degraded
-        r = c.infer(_batch()[2:4], deadline=time.time() + 0.0001)
+        r = c.infer(_batch()[2:4], deadline=time.time() + 0.004)
     assert r.degraded.all() and r.exit.tolist() == [1, 1]
+
+
+def test_non_finite_input_is_refused_with_bad_input(tree):
+    laddr, raddr, leaf = tree()
+    x = _batch()
+    x[3, 1] = np.nan
+    with Client(laddr, timeout=5) as c:
+        with pytest.raises(ServerError) as err:
+            c.infer(x)
+        assert err.value.code == "bad_input" and "NaN" in err.value.message
+    with Client(raddr) as c:
+        assert c.status()["requests"] == 0  # never forwarded
+
+
+def test_each_type_confused_header_field_is_answered_and_the_node_keeps_serving(tree):
+    from test_protocol import BAD_VALUES, _infer
+
+    laddr, _, leaf = tree(root=False)
+    s = _dealer(laddr)
+    sent = 0
+    for field, (code, values) in BAD_VALUES.items():
+        for value in values:
+            err = _ask(s, _infer(**{field: value}))
+            sent += 1
+            assert err.kind == P.ERROR and err.header["code"] in (code, "bad_tensor"), (field, value, err.header)
+            assert err.id == (0 if field == "id" else 77)
+    s.close()
+    with Client(laddr, timeout=5) as c:
+        assert c.infer(_batch()[:1]).cls.tolist() == [0]
+        assert c.status()["errors"] == sent
 
 
 def test_curve_allow_list_refuses_unknown_keys(tmp_path):
@@ -196,9 +304,13 @@ def test_curve_allow_list_refuses_unknown_keys(tmp_path):
     run = Running(Node(NodeConfig("root", 2, bind=addr, curve=curve), _stages()))
     try:
         server_pub = str(tmp_path / "server" / "node.key")
-        with Client(addr, timeout=3, curve=CurveConfig(str(tmp_path / "allowed" / "friend.key_secret"), None, server_pub)) as c:
+        with Client(
+            addr, timeout=3, curve=CurveConfig(str(tmp_path / "allowed" / "friend.key_secret"), None, server_pub)
+        ) as c:
             assert c.infer(_batch()).exit.tolist() == [2, 2, 2, 2]
-        with Client(addr, timeout=1, curve=CurveConfig(str(tmp_path / "other" / "stranger.key_secret"), None, server_pub)) as c:
+        with Client(
+            addr, timeout=1, curve=CurveConfig(str(tmp_path / "other" / "stranger.key_secret"), None, server_pub)
+        ) as c:
             with pytest.raises(TimeoutError):
                 c.infer(_batch())
         with Client(addr, timeout=1) as c:  # plain text: no service either
@@ -219,3 +331,56 @@ def test_a_failing_decision_answers_internal_and_the_node_keeps_serving(tree):
         assert err.value.code == "internal" and "boom" in err.value.message
         leaf.policy.decide = real
         assert c.infer(_batch()[:1]).cls.tolist() == [0]
+
+
+def test_a_parent_that_answers_garbage_cannot_break_its_child(tree):
+    """Reply-side fields (served_by, code, message, tensors) type-confused by a bad parent: the child serves
+    those samples itself, degraded, and keeps going."""
+    ok = {
+        "class": np.zeros(1, np.int64),
+        "confidence": np.ones(1, np.float32),
+        "exit": np.full(1, 2, np.int32),
+        "flags": np.zeros(1, np.uint8),
+    }
+    garbage = [
+        lambda rid: P.encode(P.RESULT, rid, ok, served_by=[7]),
+        lambda rid: P.encode(P.RESULT, rid, ok, served_by="root"),
+        lambda rid: P.encode(P.RESULT, rid, {**ok, "flags": np.zeros(1, np.int64)}, served_by=["root"]),
+        lambda rid: P.encode(P.RESULT, rid, {k: v.repeat(2) for k, v in ok.items()}, served_by=["root"] * 2),
+        lambda rid: P.encode(P.ERROR, rid, code=["x"], message=1),
+        lambda rid: [msgpack.packb({"v": 1, "kind": "result", "id": rid})],
+        lambda rid: [b"\xc1 not msgpack"],  # the id cannot be read: the forward times out
+    ]
+    paddr = f"tcp://127.0.0.1:{free_port()}"
+    answers = list(garbage)
+    stop = threading.Event()
+
+    def bad_parent():
+        sock = zmq.Context.instance().socket(zmq.ROUTER)
+        sock.linger = 0
+        sock.bind(paddr)
+        while not stop.is_set():
+            if not sock.poll(50):
+                continue
+            ident, *frames = sock.recv_multipart()
+            msg = P.decode(frames)
+            reply = P.encode(P.PONG, msg.id) if msg.kind == P.PING else answers.pop(0)(msg.id)
+            sock.send_multipart([ident, *[bytes(memoryview(f)) for f in reply]])
+        sock.close()
+
+    thread = threading.Thread(target=bad_parent, daemon=True)
+    thread.start()
+    try:
+        laddr, _, leaf = tree(root=False, leaf_kw=dict(parent=paddr, forward_timeout=0.3))
+        end = time.monotonic() + 5
+        while not leaf.parent_up and time.monotonic() < end:
+            time.sleep(0.02)
+        with Client(laddr, timeout=10) as c:
+            results = [c.infer(_batch()[2:3]) for _ in garbage]  # unsure: each is forwarded, answered with garbage
+            st = c.status()
+    finally:
+        stop.set()
+        thread.join(5)
+    assert not answers  # every forward reached the bad parent
+    assert all(r.degraded.all() and r.exit.tolist() == [1] and r.served_by == ["leaf"] for r in results)
+    assert st["degraded"] == len(garbage) and st["errors"] == 0

@@ -37,7 +37,15 @@ def test_summary_json_and_output_files(run_cli, paper7, tmp_path):
         rows = list(csv.DictReader(f))
     assert len(rows) == 2000 and rows[0]["outcome"] == "served" and rows[0]["entry"].startswith("device")
     with open(out / "nodes.csv") as f:
-        assert [r["node"] for r in csv.DictReader(f)] == ["cloud", "edge0", "edge1", "device0", "device1", "device2", "device3"]
+        assert [r["node"] for r in csv.DictReader(f)] == [
+            "cloud",
+            "edge0",
+            "edge1",
+            "device0",
+            "device1",
+            "device2",
+            "device3",
+        ]
     assert (out / "latency_cdf.png").stat().st_size > 0 and (out / "utilisation.png").stat().st_size > 0
 
 
@@ -100,12 +108,27 @@ def test_bad_spec_and_bad_trace_lines(run_cli, paper7, tmp_path):
 def test_loopback_visit_cost_adds_its_time_per_node_visit(run_cli, paper7, tmp_path):
     costs = tmp_path / "costs.txt"
     costs.write_text("# seconds per node visit\n0.002\n0.004\n")
-    common = ("simulate", "--spec", paper7, "--requests", 3000, "--seed", 1, "--service", "deterministic", "--service-mean", 0.001, "--json")
+    common = (
+        "simulate",
+        "--spec",
+        paper7,
+        "--requests",
+        3000,
+        "--seed",
+        1,
+        "--service",
+        "deterministic",
+        "--service-mean",
+        0.001,
+        "--json",
+    )
     plain = run_cli(*common, "--loopback").json()
     costly = run_cli(*common, "--loopback", "--visit-cost", costs).json()
     # every request visits at least one node, each visit draws 2 or 4 ms (mean 3 ms)
     extra = costly["latency"]["mean_s"] - plain["latency"]["mean_s"]
-    visits = sum(int(e) * v["share"] for e, v in plain["exits"].items())  # paper-7: exit e is served on the e-th node visited
+    visits = sum(
+        int(e) * v["share"] for e, v in plain["exits"].items()
+    )  # paper-7: exit e is served on the e-th node visited
     assert extra == pytest.approx(0.003 * visits, rel=0.15)
     bad = tmp_path / "bad.txt"
     bad.write_text("0.001\nfast\n")

@@ -111,10 +111,16 @@ def test_bundle_without_policy_is_calibrated_to_the_rate_calculus(tmp_path):
 def test_bad_profiles_and_policies_raise_one_clear_error(tmp_path):
     spec = leaf_and_root()
     conf, correct = profile_rows()
-    three = load_bundle(write_placeholder_bundle(tmp_path / "three", spec, np.hstack([conf, conf[:, :1]]), np.hstack([correct, correct[:, :1]])))
+    three = load_bundle(
+        write_placeholder_bundle(
+            tmp_path / "three", spec, np.hstack([conf, conf[:, :1]]), np.hstack([correct, correct[:, :1]])
+        )
+    )
     with pytest.raises(CisError, match="3 exits; expected 2"):
         simulate(spec, SimConfig(requests=10), three)
-    no_batch1 = load_bundle(write_placeholder_bundle(tmp_path / "lat", spec, conf, correct, latency={1: {8: 0.1}, 2: {1: 0.1}}))
+    no_batch1 = load_bundle(
+        write_placeholder_bundle(tmp_path / "lat", spec, conf, correct, latency={1: {8: 0.1}, 2: {1: 0.1}})
+    )
     with pytest.raises(CisError, match="stage 1 has batch-1 time None"):
         simulate(spec, SimConfig(requests=10), no_batch1)
     partial = ExitPolicy("max_softmax", {"root": -math.inf})

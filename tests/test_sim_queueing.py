@@ -30,7 +30,9 @@ def mean_time_in_system(rate: float, service: str, runs: int, requests: int = 10
     """Average over ``runs`` independent seeds of the mean end-to-end latency, service mean 1 s."""
     spec = single_node(rate)
     means = [
-        simulate(spec, SimConfig(requests=requests, seed=seed, service=service, service_mean=1.0)).summary["latency"]["mean_s"]
+        simulate(spec, SimConfig(requests=requests, seed=seed, service=service, service_mean=1.0)).summary["latency"][
+            "mean_s"
+        ]
         for seed in range(runs)
     ]
     return float(np.mean(means))
@@ -52,7 +54,9 @@ def test_queue_limit_drops_like_mm1k():
     rho, limit = 0.8, 4
     capacity = limit + 1  # the waiting room plus the one in service
     expected = (1 - rho) * rho**capacity / (1 - rho ** (capacity + 1))
-    summary = simulate(single_node(rho, queue_limit=limit), SimConfig(requests=50_000, seed=0, service_mean=1.0)).summary
+    summary = simulate(
+        single_node(rho, queue_limit=limit), SimConfig(requests=50_000, seed=0, service_mean=1.0)
+    ).summary
     assert summary["drop_share"] == pytest.approx(expected, rel=0.10)  # measured spread: 2.4 % per 50k run
     assert summary["nodes"]["solo"]["max_queue"] == limit
     assert summary["requests"]["dropped"] == summary["nodes"]["solo"]["dropped"] > 0

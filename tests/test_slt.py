@@ -1,8 +1,9 @@
 import pytest
 import torch
 
+from cis.errors import CisError
 from training.methods import slt
-from training.methods.nested import LAYOUTS
+from training.methods.resnet import LAYOUTS
 
 
 def test_planner_reproduces_table4_at_half_width_and_is_monotone():
@@ -22,7 +23,7 @@ def test_table4_tighter_budgets_differ_from_the_paper():
     exceed most of an end-to-end 1/8-width network's memory."""
     layout = LAYOUTS["resnet20"]
     assert len(slt.plan(layout, 0.25)) == 13
-    with pytest.raises(Exception):
+    with pytest.raises(CisError, match="does not fit the budget"):
         slt.plan(layout, 0.125)
 
 

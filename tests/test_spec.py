@@ -60,9 +60,12 @@ BAD = {
     "unknown parent": (GOOD.replace('parent = "edge"', 'parent = "edgy"'), "unknown parent 'edgy'"),
     "cycle": (GOOD.replace('id = "root"\nexit = 3', 'id = "root"\nparent = "leaf"\nexit = 3'), "cycle"),
     "two roots": (GOOD.replace('id = "edge"\nparent = "root"', 'id = "edge"'), "2 roots"),
-    "exit not larger": (GOOD.replace('id = "edge"\nparent = "root"\nexit = 2', 'id = "edge"\nparent = "root"\nexit = 1'), "not larger than child"),
+    "exit not larger": (
+        GOOD.replace('id = "edge"\nparent = "root"\nexit = 2', 'id = "edge"\nparent = "root"\nexit = 1'),
+        "not larger than child",
+    ),
     "exit out of range": (GOOD.replace('id = "root"\nexit = 3', 'id = "root"\nexit = 4'), "expected 1..3"),
-    "exit zero": (GOOD.replace('exit = 1', 'exit = 0'), "'exit' is 0"),
+    "exit zero": (GOOD.replace("exit = 1", "exit = 0"), "'exit' is 0"),
     "negative rate": (GOOD.replace("arrival_rate = 10.0", "arrival_rate = -1.0"), "'arrival_rate' is -1.0"),
     "non-numeric rate": (GOOD.replace("arrival_rate = 10.0", 'arrival_rate = "fast"'), "'arrival_rate' is 'fast'"),
     "bool rate": (GOOD.replace("max_transfer_rate = 5.0", "max_transfer_rate = true"), "'max_transfer_rate' is True"),
@@ -73,7 +76,10 @@ BAD = {
     "bad confidence": (GOOD.replace("classes = 10", 'classes = 10\nconfidence = "vibes"'), "confidence is 'vibes'"),
     "no nodes": ("[cis]\nexits = 3\n", "no [[nodes]]"),
     "no cis table": ('[[nodes]]\nid = "a"\nexit = 1\n', "missing [cis]"),
-    "missing exit": (GOOD.replace('id = "leaf"\nparent = "edge"\nexit = 1', 'id = "leaf"\nparent = "edge"'), "missing 'exit'"),
+    "missing exit": (
+        GOOD.replace('id = "leaf"\nparent = "edge"\nexit = 1', 'id = "leaf"\nparent = "edge"'),
+        "missing 'exit'",
+    ),
     "not toml": ("[cis\nexits=", "not valid TOML"),
 }
 
@@ -103,3 +109,17 @@ def test_error_names_the_node(tmp_path):
 def test_parse_spec_rejects_non_table():
     with pytest.raises(SpecError):
         parse_spec([], "x")
+
+
+def test_provider_per_node_is_checked_and_round_trips(tmp_path):
+    data = {
+        "cis": {"exits": 2},
+        "nodes": [{"id": "root", "exit": 2, "provider": "cuda"}, {"id": "leaf", "parent": "root", "exit": 1}],
+    }
+    spec = parse_spec(data, "t.toml")
+    assert spec.node("root").provider == "cuda" and spec.node("leaf").provider is None
+    write_spec(spec, tmp_path / "s.toml")
+    assert load_spec(tmp_path / "s.toml").node("root").provider == "cuda"
+    data["nodes"][0]["provider"] = "gpu"
+    with pytest.raises(SpecError, match="'root': field 'provider' is 'gpu'; expected one of cpu, cuda, tensorrt, auto"):
+        parse_spec(data, "t.toml")

@@ -6,8 +6,9 @@ import pytest
 from cis.errors import CisError
 from cis.rates import compute_rates
 from cis.topologies import make_spec
+from training.architectures import build_model
 from training.grad_variance import gradient_variance
-from training.models import build_model, default_model_config
+from training.models import default_model_config
 from training.sampling import sampling_matrix
 from training.strategies import balanced_adj_weights, flops_weights, make_weights
 

@@ -26,7 +26,11 @@ def test_train_reaches_85_percent_and_writes_the_run_dir(trained):
     assert sum(summary["test"]["served_share_per_exit"].values()) == pytest.approx(1.0)
     lines = [json.loads(ln) for ln in (trained / "metrics.jsonl").read_text().splitlines()]
     assert [ln["round"] for ln in lines] == list(range(1, ROUNDS + 1))
-    assert set(lines[-1]["val_exit_accuracy"]) == {"1", "2", "3"} and "val_cis_accuracy" in lines[-1] and lines[-1]["seconds"] > 0
+    assert (
+        set(lines[-1]["val_exit_accuracy"]) == {"1", "2", "3"}
+        and "val_cis_accuracy" in lines[-1]
+        and lines[-1]["seconds"] > 0
+    )
     meta = json.loads((trained / "checkpoint.json").read_text())
     for key in ("model", "classes", "normalisation", "dataset", "seed", "spec", "weights"):
         assert key in meta
@@ -61,7 +65,10 @@ def test_resume_ends_with_the_same_weights(tmp_path, run_cli):
     b = torch.load(part / "checkpoint.pt", weights_only=True)
     for k, v in a["model"].items():
         assert torch.equal(v, b["model"][k]), k
-    assert json.loads((full / "summary.json").read_text())["test"] == json.loads((part / "summary.json").read_text())["test"]
+    assert (
+        json.loads((full / "summary.json").read_text())["test"]
+        == json.loads((part / "summary.json").read_text())["test"]
+    )
     assert len((part / "metrics.jsonl").read_text().splitlines()) == 3
 
 

@@ -50,10 +50,11 @@ from collections.abc import Mapping, Sequence
 import torch
 from torch import Tensor
 
-P_MODES = ("divide", "multiply")
-COEFFICIENT_RULES = ("literal", "capped", "self-normalised")
-BN_RULES = ("convex", "literal")
-OVERSHOOT_TOL = 1e-9  # a total coefficient of 1 summed in floating point is not an overshoot (p = 0 stays line 12 exactly)
+from training.cis_options import BN_RULES, COEFFICIENT_RULES, P_MODES
+
+OVERSHOOT_TOL = (
+    1e-9  # a total coefficient of 1 summed in floating point is not an overshoot (p = 0 stays line 12 exactly)
+)
 
 
 def pair_coefficient(weight_e: float, size_i: float, exit_size_e: float, p_ie: float, mode: str = "divide") -> float:
@@ -90,7 +91,9 @@ def round_coefficients(
     return [min(c, 1.0) for c in coefs] if rule == "capped" else coefs
 
 
-def coefficient_totals(pairs: Sequence[tuple[int, int]], coefs: Sequence[float], num_exits: int) -> dict[str, list[float]]:
+def coefficient_totals(
+    pairs: Sequence[tuple[int, int]], coefs: Sequence[float], num_exits: int
+) -> dict[str, list[float]]:
     """How far a round moves each part of an early-exit model, as a total coefficient.
 
     ``stage[k-1]``: sum of c_ie over the pairs with e >= k (they all train the body of
@@ -164,7 +167,11 @@ def apply_update(
         a = acc[k]
         if is_averaged(k, g):
             step = server_lr
-            if stat_weight is not None and is_running_stat(k) and server_lr * stat_weight.get(k, 0.0) > 1.0 + OVERSHOOT_TOL:
+            if (
+                stat_weight is not None
+                and is_running_stat(k)
+                and server_lr * stat_weight.get(k, 0.0) > 1.0 + OVERSHOOT_TOL
+            ):
                 step = 1.0 / stat_weight[k]
             g.add_(a, alpha=step)
             if k.endswith("running_var"):

@@ -22,14 +22,17 @@ from typing import Any
 import torch
 
 from cis.errors import CisError
-from training.models import EarlyExitNet, build_model
+from training.architectures import build_model
+from training.models import EarlyExitNet
 
 WEIGHTS = "checkpoint.pt"
 META = "checkpoint.json"
 REQUIRED_META = ("model", "classes", "normalisation", "dataset")
 
 
-def save_checkpoint(run_dir: str | Path, model: EarlyExitNet, meta: dict[str, Any], extra_state: dict | None = None) -> Path:
+def save_checkpoint(
+    run_dir: str | Path, model: EarlyExitNet, meta: dict[str, Any], extra_state: dict | None = None
+) -> Path:
     """Write checkpoint.pt and checkpoint.json atomically (a crash never leaves half a checkpoint)."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,15 @@ DEVICES = ("auto", "cpu", "cuda")
 AMP_MODES = ("off", "bf16")
 
 DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
-    "digits": {"lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4, "batch_size": 32, "augment": False, "rounds": 30, "threads": 1},
+    "digits": {
+        "lr": 0.05,
+        "momentum": 0.9,
+        "weight_decay": 5e-4,
+        "batch_size": 32,
+        "augment": False,
+        "rounds": 30,
+        "threads": 1,
+    },
     "cifar10": {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "batch_size": 128, "augment": True, "rounds": 100},
     "cifar100": {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "batch_size": 128, "augment": True, "rounds": 100},
 }
@@ -55,7 +63,9 @@ class RunConfig:
     coefficient_rule: str = "literal"  # line 12 as written; "capped" or "self-normalised" (training/aggregation.py)
     bn_rule: str = "convex"  # BatchNorm running statistics: line 12 unless it overshoots, or "literal" (aggregation.py)
     lower_exit_steps: str = "same"  # "same" J for every exit, or "flops": J * flops(E_i) / flops(e) for a lower exit
-    auto_candidates: list[str] | None = None  # strategy "auto": the candidates (default equal, serving-rate, balanced-adj)
+    auto_candidates: list[str] | None = (
+        None  # strategy "auto": the candidates (default equal, serving-rate, balanced-adj)
+    )
     auto_pilot: float = 0.2  # strategy "auto": pilot length as a fraction of the rounds
     participation: float = 1.0
     width: float = 1.0
@@ -83,7 +93,7 @@ class RunConfig:
     def dataset_name(self) -> str:
         return self.dataset.partition(":")[0]
 
-    def resolved(self) -> "RunConfig":
+    def resolved(self) -> RunConfig:
         """Fill the per-dataset defaults."""
         d = DATASET_DEFAULTS.get(self.dataset_name)
         if d is None:
@@ -106,24 +116,34 @@ class RunConfig:
             raise bad("rounds", "an integer >= 1")
         if not 0 < self.participation <= 1:
             raise bad("participation", "a fraction in (0, 1]")
-        from training.aggregation import BN_RULES, COEFFICIENT_RULES, P_MODES
-        from training.local import STEP_RULES
+        from training.cis_options import BN_RULES, COEFFICIENT_RULES, P_MODES, STEP_RULES
         from training.strategies import AUTO_CANDIDATES
 
         if self.p_mode not in P_MODES:
             raise bad("p_mode", "'divide' or 'multiply'")
-        for f, allowed in (("coefficient_rule", COEFFICIENT_RULES), ("bn_rule", BN_RULES), ("lower_exit_steps", STEP_RULES)):
+        for f, allowed in (
+            ("coefficient_rule", COEFFICIENT_RULES),
+            ("bn_rule", BN_RULES),
+            ("lower_exit_steps", STEP_RULES),
+        ):
             if getattr(self, f) not in allowed:
                 raise bad(f, " or ".join(repr(a) for a in allowed))
-        if isinstance(self.auto_pilot, bool) or not isinstance(self.auto_pilot, (int, float)) or not 0 < self.auto_pilot < 1:
+        if (
+            isinstance(self.auto_pilot, bool)
+            or not isinstance(self.auto_pilot, (int, float))
+            or not 0 < self.auto_pilot < 1
+        ):
             raise bad("auto_pilot", "a fraction in (0, 1)")
         if self.auto_candidates is not None and (
-            not isinstance(self.auto_candidates, list) or not self.auto_candidates
+            not isinstance(self.auto_candidates, list)
+            or not self.auto_candidates
             or any(c not in AUTO_CANDIDATES for c in self.auto_candidates)
         ):
             raise bad("auto_candidates", f"a non-empty list of {', '.join(AUTO_CANDIDATES)}")
         if self.strategy == "auto" and self.method != "cis":
-            raise CisError(f"config: strategy 'auto' trains pilots of Algorithm 1; method {self.method!r} needs a fixed strategy")
+            raise CisError(
+                f"config: strategy 'auto' trains pilots of Algorithm 1; method {self.method!r} needs a fixed strategy"
+            )
         if self.schedule not in ("cosine", "constant"):
             raise bad("schedule", "'cosine' or 'constant'")
         for f in ("lr", "batch_size", "local_epochs", "server_lr", "width"):
@@ -131,7 +151,10 @@ class RunConfig:
             if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
                 raise bad(f, "a positive number")
         if self.method != "cis" and (self.p or self.p_matrix):
-            raise CisError(f"config: --p / p_matrix sample lower exits in Algorithm 1; method {self.method!r} chooses its own sub-models")
+            raise CisError(
+                f"config: --p / p_matrix sample lower exits in Algorithm 1; method {self.method!r} chooses its own "
+                "sub-models"
+            )
         if self.local_steps is not None and (not isinstance(self.local_steps, int) or self.local_steps < 1):
             raise bad("local_steps", "an integer >= 1")
         kind, _, index = str(self.device).partition(":")

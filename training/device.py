@@ -14,7 +14,8 @@ on the CPU too (slowly), which is how it is tested without a GPU.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -31,10 +32,15 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if kind == "cuda":
         if not torch.cuda.is_available():
-            build = f"torch {torch.__version__}" + (" built without CUDA" if torch.version.cuda is None else f", CUDA {torch.version.cuda}")
+            build = f"torch {torch.__version__}" + (
+                " built without CUDA" if torch.version.cuda is None else f", CUDA {torch.version.cuda}"
+            )
             raise CisError(f"--device {name}: no CUDA GPU is visible to torch ({build}); use --device cpu or auto")
         if index and int(index) >= torch.cuda.device_count():
-            raise CisError(f"--device {name}: torch sees {torch.cuda.device_count()} GPU(s), cuda:0..cuda:{torch.cuda.device_count() - 1}")
+            raise CisError(
+                f"--device {name}: torch sees {torch.cuda.device_count()} GPU(s), "
+                f"cuda:0..cuda:{torch.cuda.device_count() - 1}"
+            )
     return torch.device(name)
 
 
@@ -95,12 +101,16 @@ def run_device(config: Any, log: Callable[[str], None] = lambda s: None) -> torc
     from training.methods.registry import NESTED_METHODS
 
     if config.amp == "bf16" and config.method == "flame":  # its patience forward reads bf16 logits into numpy
-        raise CisError("--amp bf16: method 'flame' reads each batch's exit logits into numpy, which has no bfloat16; use --amp off")
+        raise CisError(
+            "--amp bf16: method 'flame' reads each batch's exit logits into numpy, which has no bfloat16; use --amp off"
+        )
     device = resolve_device(config.device)
     if device.type != "cpu" and config.method in NESTED_METHODS:
         if config.device != "auto":
-            raise CisError(f"--device {config.device}: method {config.method!r} trains on the CPU only (its sub-model "
-                           "slicing is not device-aware yet); use --device cpu or auto")
+            raise CisError(
+                f"--device {config.device}: method {config.method!r} trains on the CPU only (its sub-model "
+                "slicing is not device-aware yet); use --device cpu or auto"
+            )
         log(f"device: cpu (method {config.method!r} trains on the CPU only)")
         return torch.device("cpu")
     return device

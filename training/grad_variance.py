@@ -23,7 +23,12 @@ from training.models import EarlyExitNet
 
 
 def gradient_variance(
-    model: EarlyExitNet, x: np.ndarray, y: np.ndarray, batch_size: int = 128, max_batches: int | None = 50, seed: int = 0
+    model: EarlyExitNet,
+    x: np.ndarray,
+    y: np.ndarray,
+    batch_size: int = 128,
+    max_batches: int | None = 50,
+    seed: int = 0,
 ) -> list[float]:
     """sigma_e^2 for e = 1..E (mean point-wise variance of the mini-batch gradient)."""
     work = copy.deepcopy(model).train()

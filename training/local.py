@@ -19,8 +19,8 @@ node's data; a node with fewer samples than the batch size uses all of them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
@@ -72,9 +72,6 @@ def local_steps(sizes: list[int], batch_size: int, local_epochs: float = 1.0, st
     return max(1, math.ceil(local_epochs * max(sizes) / batch_size))
 
 
-STEP_RULES = ("same", "flops")
-
-
 def exit_steps(steps: int, flops: Sequence[float] | None, own_exit: int, exit: int) -> int:
     """Local steps for a node whose largest exit is ``own_exit`` training ``exit``.
 
@@ -118,6 +115,12 @@ class LocalSGD:
     def lr_at(self, round: int) -> float:
         return cosine_lr(self.lr, round, self.total_rounds, self.schedule)
 
+    def round_stats(self, total_loss: float, client: Client, lr: float, steps: int | None = None) -> dict:
+        """What a round of ``steps`` (default J) local steps reports: mean loss, steps, samples seen, lr."""
+        steps = self.steps if steps is None else steps
+        samples = steps * min(self.batch_size, client.size)
+        return {"loss": total_loss / steps, "steps": steps, "samples": samples, "lr": lr}
+
 
 class ExitSGDTrainer(LocalSGD):
     """SGD on the sampled exit's loss; per-node momentum; cosine lr over rounds."""
@@ -152,7 +155,7 @@ class ExitSGDTrainer(LocalSGD):
             loss.backward()
             opt.step()
             total += float(loss.detach())
-        return {"loss": total / steps, "steps": steps, "samples": steps * min(self.batch_size, client.size), "lr": lr}
+        return self.round_stats(total, client, lr, steps)
 
     # Resume: only tensors. Per node, its optimizer's per-parameter state as "<parameter index>.<name>"
     # (SGD: momentum_buffer; AdamW: exp_avg, exp_avg_sq, step).
@@ -170,7 +173,10 @@ class ExitSGDTrainer(LocalSGD):
     def load_state_dict(self, state: dict) -> None:
         per_node = state.get("optimizer")
         if per_node is None:  # checkpoints written before the optimizer state was generic: momentum buffers by index
-            per_node = {cid: {f"{k}.momentum_buffer": b for k, b in bufs.items()} for cid, bufs in state.get("momentum", {}).items()}
+            per_node = {
+                cid: {f"{k}.momentum_buffer": b for k, b in bufs.items()}
+                for cid, bufs in state.get("momentum", {}).items()
+            }
         for cid, flat in per_node.items():
             opt = self.optimizers[cid]
             opt.state.clear()

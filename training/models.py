@@ -7,7 +7,8 @@ the input image, every later stage's carry is the previous stage's feature map.
 ``forward(x, upto=e)`` runs stages 1..e and nothing beyond, so the federated
 trainer, the offline evaluation and the exporter all use one code path.
 
-Architectures (``build_model`` rebuilds them from ``model.config()``):
+Architectures (``training.architectures.build_model`` rebuilds every architecture, these and the
+methods', from ``model.config()``):
 
 - ``resnet18``: ResNet-18 for 32x32 inputs (3x3 stem, no max-pool), BasicBlocks
   [2, 2, 2, 2] = 8 residual blocks. ``exits`` are 1-based residual-block indices
@@ -67,6 +68,10 @@ class Stage(nn.Module):
 
 class EarlyExitNet(nn.Module):
     """A model made of stages 1..E; the common interface of every early-exit model."""
+
+    arch: str
+    config_fields: tuple[str, ...] = ("arch", "exits", "width", "num_classes", "in_channels", "input_size")
+    """The fields of ``config()``, which ``training.architectures.build_model`` accepts."""
 
     def __init__(self, stages: Sequence[Stage], config: dict[str, Any]) -> None:
         super().__init__()
@@ -208,18 +213,6 @@ class DigitsCNN(EarlyExitNet):
         super().__init__(_group_into_stages(blocks, channels, exits, num_classes), config)
 
 
-ARCHS: dict[str, type[EarlyExitNet]] = {ResNet18EE.arch: ResNet18EE, DigitsCNN.arch: DigitsCNN}
-_CONFIG_FIELDS = ("arch", "exits", "width", "num_classes", "in_channels", "input_size")
-_ARCH_FIELDS: dict[str, tuple[str, ...]] = {}
-
-
-def register_arch(cls: type[EarlyExitNet], fields: Sequence[str] = _CONFIG_FIELDS) -> type[EarlyExitNet]:
-    """Make ``build_model`` rebuild ``cls`` (keyed by ``cls.arch``) from a config with these fields."""
-    ARCHS[cls.arch] = cls
-    _ARCH_FIELDS[cls.arch] = tuple(fields)
-    return cls
-
-
 def _is_int(v: object) -> bool:
     """True for Python and numpy integers (an exit sampled with numpy is fine), False for bools."""
     return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
@@ -262,26 +255,6 @@ def _validated(
         "in_channels": int(in_channels),
         "input_size": int(input_size),
     }
-
-
-def build_model(config: dict[str, Any]) -> EarlyExitNet:
-    """Rebuild a model from ``model.config()``; missing fields take the architecture's defaults."""
-    if not isinstance(config, dict):
-        raise CisError(f"model config: got {type(config).__name__}, expected a dict with an 'arch' field")
-    arch = config.get("arch")
-    if arch == "nested-resnet":  # nested sub-models (NeFL, SLT, ...): not an ARCHS class built from flat fields
-        from training.methods.nested import build_nested
-
-        return build_nested(config)
-    if arch not in ARCHS:
-        import training.methods  # noqa: F401  (registers the methods' architectures)
-    if arch not in ARCHS:
-        raise CisError(f"model config: field 'arch' is {arch!r}, expected one of {sorted(ARCHS)}")
-    fields = _ARCH_FIELDS.get(arch, _CONFIG_FIELDS)
-    unknown = sorted(set(config) - set(fields))
-    if unknown:
-        raise CisError(f"model config ({arch}): unknown fields {unknown}, expected only {list(fields)}")
-    return ARCHS[arch](**{k: v for k, v in config.items() if k != "arch"})
 
 
 def default_model_config(dataset: str, width: float = 1.0) -> dict[str, Any]:

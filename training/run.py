@@ -15,9 +15,10 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
@@ -27,18 +28,19 @@ from cis.policy import evaluate_cis
 from cis.rates import compute_rates
 from cis.spec import CisSpec, load_spec, parse_spec, spec_to_dict, write_spec
 from cis.topologies import make_spec
+from training.builders import build_method_setup, method_model
 from training.checkpoint import load_checkpoint, save_checkpoint
 from training.config import RunConfig
 from training.data import DataSplits, augment_options, load_dataset
 from training.device import describe, run_device, with_amp
-from training.engine import CisAggregator, ExitSampler, FederatedEngine
+from training.engine import FederatedEngine
 from training.evaluate import cis_report, predict_exits
 from training.flops import exit_costs
 from training.grad_variance import gradient_variance
-from training.local import Client, ExitSGDTrainer, local_steps
-from training.models import EarlyExitNet, build_model, default_model_config
+from training.local import Client, local_steps
+from training.methods.static_bn import refresh_statistics
+from training.models import EarlyExitNet
 from training.partition import partition
-from training.sampling import sampling_matrix
 from training.strategies import AUTO_CANDIDATES, Weights, make_weights
 
 
@@ -60,7 +62,9 @@ def resolve_spec(config: RunConfig, num_classes: int) -> CisSpec:
     if config.spec:
         spec = load_spec(config.spec)
         if spec.num_classes != num_classes:
-            raise CisError(f"{config.spec}: [cis] classes is {spec.num_classes}; the dataset {config.dataset} has {num_classes}")
+            raise CisError(
+                f"{config.spec}: [cis] classes is {spec.num_classes}; the dataset {config.dataset} has {num_classes}"
+            )
         return spec
     return make_spec(config.topology, config.serving, num_classes=num_classes)
 
@@ -88,47 +92,43 @@ def build_setup(
     parts = partition(train.y, spec.nodes, config.partition, config.dirichlet, seed=config.seed)
     xt, yt = torch.from_numpy(train.x), torch.from_numpy(train.y)
     clients = [
-        Client(n.id, k, n.exit, xt[torch.from_numpy(parts[n.id])].to(device), yt[torch.from_numpy(parts[n.id])].to(device))
+        Client(
+            n.id, k, n.exit, xt[torch.from_numpy(parts[n.id])].to(device), yt[torch.from_numpy(parts[n.id])].to(device)
+        )
         for k, n in enumerate(spec.nodes)
     ]
     sizes = [c.size for c in clients]
     steps = local_steps(sizes, config.batch_size, config.local_epochs, config.local_steps)
     sgd = dict(
-        lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay, batch_size=config.batch_size,
-        steps=steps, total_rounds=config.rounds, schedule=config.schedule,
+        lr=config.lr,
+        momentum=config.momentum,
+        weight_decay=config.weight_decay,
+        batch_size=config.batch_size,
+        steps=steps,
+        total_rounds=config.rounds,
+        schedule=config.schedule,
         augment=augment_options(train.name) if config.augment else None,
     )
     weights_for = lambda model, matrix: run_weights(config, spec, model, matrix, sizes, train, log)  # noqa: E731
-    if config.method != "cis":  # another paper's method: its own model and engine pieces
-        from training.methods.registry import build_method_setup
-
-        m = build_method_setup(config, spec, train, clients, sgd, weights_for, log)
-        if m.model.num_exits != spec.num_exits:
-            raise CisError(f"spec {spec.name!r}: has {spec.num_exits} exits; the {config.method} model has {m.model.num_exits}")
-        m.model.to(device)
-        engine = FederatedEngine(m.model, clients, m.chooser, with_amp(m.trainer, config.amp, device), m.aggregator, seed=config.seed)
-        return Setup(config, spec, splits, m.model, clients, m.matrix, m.weights, engine, steps, device)
-    mcfg = default_model_config(config.dataset_name, config.width)
-    mcfg["num_classes"] = train.num_classes
-    torch.manual_seed(config.seed)
-    model = build_model(mcfg)
-    if model.num_exits != spec.num_exits:
-        raise CisError(f"spec {spec.name!r}: has {spec.num_exits} exits; the {mcfg['arch']} model has {model.num_exits}")
-    matrix = sampling_matrix([n.exit for n in spec.nodes], spec.num_exits, config.p, config.p_rule, config.p_matrix)
-    weights = weights_for(model, matrix)
-    exit_flops = [c["flops"] for c in exit_costs(model)] if config.lower_exit_steps == "flops" else None
-    model.to(device)
-    trainer = with_amp(ExitSGDTrainer(exit_flops=exit_flops, **sgd), config.amp, device)
-    sampler = ExitSampler(matrix, config.participation)
-    aggregator = CisAggregator(
-        weights, matrix, sizes, sampler.inclusion, config.p_mode, config.server_lr, config.coefficient_rule, config.bn_rule
-    )
-    engine = FederatedEngine(model, clients, sampler, trainer, aggregator, seed=config.seed)
-    return Setup(config, spec, splits, model, clients, matrix, weights, engine, steps, device)
+    m = build_method_setup(config, spec, train, clients, sgd, weights_for, log)  # training/builders.py, every method
+    if m.model.num_exits != spec.num_exits:
+        raise CisError(
+            f"spec {spec.name!r}: has {spec.num_exits} exits; the {config.method} model has {m.model.num_exits}"
+        )
+    m.model.to(device)
+    trainer = with_amp(m.trainer, config.amp, device)
+    engine = FederatedEngine(m.model, clients, m.chooser, trainer, m.aggregator, seed=config.seed)
+    return Setup(config, spec, splits, m.model, clients, m.matrix, m.weights, engine, steps, device)
 
 
 def run_weights(
-    config: RunConfig, spec: CisSpec, model: EarlyExitNet, matrix: np.ndarray, sizes: list[int], train, log: Callable[[str], None]
+    config: RunConfig,
+    spec: CisSpec,
+    model: EarlyExitNet,
+    matrix: np.ndarray,
+    sizes: list[int],
+    train,
+    log: Callable[[str], None],
 ) -> Weights:
     """The ``--strategy`` aggregation weights Lambda~ for this model and sampling matrix."""
     rates = compute_rates(spec)
@@ -140,15 +140,24 @@ def run_weights(
         if not model_has_exit_gradients(model):
             raise CisError(
                 f"--strategy balanced-adj: method {config.method!r} trains nested sub-models, whose per-exit gradient "
-                "variance cannot be measured on one shared graph; give 'sigma' in the config file or pick another strategy"
+                "variance cannot be measured on one shared graph; give 'sigma' in the config file or pick another "
+                "strategy"
             )
         var = gradient_variance(model, train.x, train.y, config.batch_size, config.sigma_batches, config.seed)
         sigma = [float(np.sqrt(v)) for v in var]
         log("gradient variance per exit (Appendix C): " + ", ".join(f"{v:.3g}" for v in var))
     flops = [c["flops"] for c in exit_costs(model)] if config.strategy == "flops" else None
     return make_weights(
-        config.strategy, spec.num_exits, total_rounds=config.rounds, exit_serving_rate=lam, flops=flops,
-        sigma=sigma, matrix=matrix, sizes=sizes, vector=config.weights, candidates=candidates,
+        config.strategy,
+        spec.num_exits,
+        total_rounds=config.rounds,
+        exit_serving_rate=lam,
+        flops=flops,
+        sigma=sigma,
+        matrix=matrix,
+        sizes=sizes,
+        vector=config.weights,
+        candidates=candidates,
     )
 
 
@@ -175,15 +184,24 @@ def checkpoint_meta(s: Setup) -> dict[str, Any]:
     }
 
 
+def served_model(s: Setup) -> EarlyExitNet:
+    """The global model as it is evaluated, checkpointed and exported: the engine's weights, and for
+    HeteroFL's static BatchNorm its per-sub-model statistics recomputed over the nodes' training data
+    when the weights changed since (training/methods/static_bn.py)."""
+    return refresh_statistics(s.engine, [c.x for c in s.clients], s.config.batch_size)
+
+
 def evaluate_round(s: Setup) -> dict:
-    model = s.engine.sync_model()
+    model = served_model(s)
     logits = predict_exits(model, s.splits.val.x)
-    ev = evaluate_cis(s.spec, logits, s.splits.val.y, measure=s.config.confidence or s.spec.confidence, seed=s.config.seed)
+    ev = evaluate_cis(
+        s.spec, logits, s.splits.val.y, measure=s.config.confidence or s.spec.confidence, seed=s.config.seed
+    )
     return {"val_exit_accuracy": {str(e): v for e, v in ev.exit_accuracy.items()}, "val_cis_accuracy": ev.accuracy}
 
 
 def final_report(s: Setup) -> dict:
-    model = s.engine.sync_model()
+    model = served_model(s)
     val = predict_exits(model, s.splits.val.x)
     test = predict_exits(model, s.splits.test.x)
     return cis_report(s.spec, val, s.splits.val.y, test, s.splits.test.y, s.config.confidence, s.config.seed)
@@ -248,13 +266,27 @@ def train_run(
         (out / "metrics.jsonl").write_text("")
     write_json(out / "weights.json", s.weights.describe())
     w0 = s.weights.at(1)
-    log(f"aggregation weights ({config.strategy}): " + ", ".join(f"exit {e + 1} {w:.4f}" for e, w in enumerate(w0))
-        + ("" if config.strategy != "flops" else " (round 1; ramps to " + ", ".join(f"{w:.4f}" for w in s.weights.at(config.rounds)) + ")"))
-    log(f"{len(s.clients)} nodes, sizes " + ", ".join(f"{c.id}:{c.size}" for c in s.clients) + f"; J = {s.steps} local steps per round")
+    log(
+        f"aggregation weights ({config.strategy}): "
+        + ", ".join(f"exit {e + 1} {w:.4f}" for e, w in enumerate(w0))
+        + (
+            ""
+            if config.strategy != "flops"
+            else " (round 1; ramps to " + ", ".join(f"{w:.4f}" for w in s.weights.at(config.rounds)) + ")"
+        )
+    )
+    log(
+        f"{len(s.clients)} nodes, sizes "
+        + ", ".join(f"{c.id}:{c.size}" for c in s.clients)
+        + f"; J = {s.steps} local steps per round"
+    )
     log(f"device: {describe(s.device)}" + (", bf16 autocast" if config.amp == "bf16" else ""))
 
     if resume and not callable(getattr(s.engine.trainer, "load_state_dict", None)):
-        raise CisError(f"--resume: method {config.method!r} keeps trainer state it cannot save; start the run again with another --out")
+        raise CisError(
+            f"--resume: method {config.method!r} keeps trainer state it cannot save; start the run again with another "
+            "--out"
+        )
     if resume and (out / "checkpoint.pt").is_file():
         model, meta, extra = load_checkpoint(out)
         s.engine.load_state_dict(extra["engine"], model.state_dict())
@@ -263,7 +295,9 @@ def train_run(
         (out / "metrics.jsonl").write_text("".join(ln + "\n" for ln in kept))
         log(f"resuming after round {s.engine.round} of {config.rounds}")
 
-    bar = tqdm(total=config.rounds, initial=s.engine.round, desc="rounds", unit="round", file=sys.stderr, disable=not progress)
+    bar = tqdm(
+        total=config.rounds, initial=s.engine.round, desc="rounds", unit="round", file=sys.stderr, disable=not progress
+    )
     if config.strategy == "auto":
         choose_strategy(s, out, bar, log)
     with open(out / "metrics.jsonl", "a") as metrics:
@@ -275,12 +309,15 @@ def train_run(
                 t0 = time.perf_counter()
                 line.update(evaluate_round(s))
                 line["eval_seconds"] = time.perf_counter() - t0
-                bar.set_postfix(val=" ".join(f"{100 * v:.0f}" for v in line["val_exit_accuracy"].values()), cis=f"{100 * line['val_cis_accuracy']:.1f}")
+                bar.set_postfix(
+                    val=" ".join(f"{100 * v:.0f}" for v in line["val_exit_accuracy"].values()),
+                    cis=f"{100 * line['val_cis_accuracy']:.1f}",
+                )
             line["seconds"] = line["train_seconds"] + line.get("eval_seconds", 0.0)
             metrics.write(json.dumps(line) + "\n")
             metrics.flush()
             if t % config.checkpoint_every == 0 or t == config.rounds:
-                save_checkpoint(out, s.engine.sync_model(), checkpoint_meta(s), {"engine": s.engine.state_dict()})
+                save_checkpoint(out, served_model(s), checkpoint_meta(s), {"engine": s.engine.state_dict()})
             bar.update(1)
             if stop_after is not None and t >= stop_after and t < config.rounds:
                 bar.close()
@@ -310,18 +347,31 @@ def choose_strategy(s: Setup, out: Path, bar, log: Callable[[str], None]) -> Non
     log(f"strategy auto: {len(w.candidates)} candidates ({', '.join(w.candidates)}), {pilot}-round pilots")
     bar.total = s.config.rounds + (len(w.candidates) - 1) * pilot
     bar.refresh()
-    winner, pilots = run_pilots(s.engine, w, pilot, lambda r: round_line(s, r), lambda: evaluate_round(s), lambda: bar.update(1))
+    winner, pilots = run_pilots(
+        s.engine, w, pilot, lambda r: round_line(s, r), lambda: evaluate_round(s), lambda: bar.update(1)
+    )
     scores = {n: r["val_cis_accuracy"] for n, r in pilots.items()}
-    log("strategy auto: validation CIS accuracy after the pilots " + ", ".join(f"{n} {100 * v:.1f}" for n, v in scores.items())
-        + f"; chose {winner}")
-    write_json(out / "auto.json", {"chosen": winner, "pilot_rounds": pilot, "candidates": w.details["candidates"],
-                                   "pilot_val_cis_accuracy": scores, "pilots": pilots})
+    log(
+        "strategy auto: validation CIS accuracy after the pilots "
+        + ", ".join(f"{n} {100 * v:.1f}" for n, v in scores.items())
+        + f"; chose {winner}"
+    )
+    write_json(
+        out / "auto.json",
+        {
+            "chosen": winner,
+            "pilot_rounds": pilot,
+            "candidates": w.details["candidates"],
+            "pilot_val_cis_accuracy": scores,
+            "pilots": pilots,
+        },
+    )
     with open(out / "metrics.jsonl", "a") as metrics:
         for line in pilots[winner]["lines"]:
             line["seconds"] = line["train_seconds"]
             metrics.write(json.dumps(line) + "\n")
     write_json(out / "weights.json", w.describe())
-    save_checkpoint(out, s.engine.sync_model(), checkpoint_meta(s), {"engine": s.engine.state_dict()})
+    save_checkpoint(out, served_model(s), checkpoint_meta(s), {"engine": s.engine.state_dict()})
 
 
 def run_summary(s: Setup) -> dict[str, Any]:
@@ -359,16 +409,13 @@ def evaluate_run(run_dir: str | Path, spec: CisSpec | None = None, measure: str 
 def measure_grad_variance(config: RunConfig) -> list[float]:
     """sigma_e^2 of the initial model (as balanced-adj would measure it)."""
     splits = load_dataset(config.dataset, seed=config.seed, val_size=config.val_size)
-    if config.method != "cis":
-        from training.methods.registry import method_model
-
-        spec = resolve_spec(config, splits.train.num_classes)
-        model = method_model(config, spec.num_exits, splits.train)
-        if not model_has_exit_gradients(model):
-            raise CisError(f"--measure-grad-variance: method {config.method!r} trains nested sub-models; their per-exit gradient variance is not defined on one graph")
-    else:
-        mcfg = default_model_config(config.dataset_name, config.width)
-        mcfg["num_classes"] = splits.train.num_classes
-        torch.manual_seed(config.seed)
-        model = build_model(mcfg)
-    return gradient_variance(model, splits.train.x, splits.train.y, config.batch_size, config.sigma_batches, config.seed)
+    spec = resolve_spec(config, splits.train.num_classes)
+    model = method_model(config, spec.num_exits, splits.train)
+    if not model_has_exit_gradients(model):
+        raise CisError(
+            f"--measure-grad-variance: method {config.method!r} trains nested sub-models; "
+            "their per-exit gradient variance is not defined on one graph"
+        )
+    return gradient_variance(
+        model, splits.train.x, splits.train.y, config.batch_size, config.sigma_batches, config.seed
+    )

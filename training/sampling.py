@@ -21,8 +21,7 @@ import numpy as np
 import torch
 
 from cis.errors import CisError
-
-RULES = ("paper", "code")
+from training.cis_options import P_RULES
 
 
 def sampling_matrix(
@@ -37,15 +36,21 @@ def sampling_matrix(
     if matrix is not None:
         m = np.asarray(matrix, dtype=np.float64)
         if m.shape != (n, num_exits):
-            raise CisError(f"sampling matrix: shape {m.shape}, expected ({n}, {num_exits}) (one row per node, one column per exit)")
+            raise CisError(
+                f"sampling matrix: shape {m.shape}, expected ({n}, {num_exits}) (one row per node, one column per exit)"
+            )
         for i, e_max in enumerate(node_exits):
             if (m[i] < 0).any() or abs(m[i].sum() - 1.0) > 1e-6:
-                raise CisError(f"sampling matrix: row {i} is {m[i].tolist()}, expected non-negative values summing to 1")
+                raise CisError(
+                    f"sampling matrix: row {i} is {m[i].tolist()}, expected non-negative values summing to 1"
+                )
             if (m[i, e_max:] > 0).any():
-                raise CisError(f"sampling matrix: row {i} gives probability to exits beyond the node's largest exit {e_max}")
+                raise CisError(
+                    f"sampling matrix: row {i} gives probability to exits beyond the node's largest exit {e_max}"
+                )
         return m
-    if rule not in RULES:
-        raise CisError(f"sampling rule {rule!r}: expected one of {', '.join(RULES)}")
+    if rule not in P_RULES:
+        raise CisError(f"sampling rule {rule!r}: expected one of {', '.join(P_RULES)}")
     if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p < 1.0:
         raise CisError(f"sampling p {p!r}: expected a number in [0, 1)")
     m = np.zeros((n, num_exits))

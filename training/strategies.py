@@ -128,7 +128,9 @@ def make_weights(
     if strategy == "auto":
         unknown = [c for c in candidates if c not in AUTO_CANDIDATES]
         if not candidates or unknown:
-            raise CisError(f"strategy auto: candidates {list(candidates)}, expected some of {', '.join(AUTO_CANDIDATES)}")
+            raise CisError(
+                f"strategy auto: candidates {list(candidates)}, expected some of {', '.join(AUTO_CANDIDATES)}"
+            )
         kw = dict(exit_serving_rate=exit_serving_rate, sigma=sigma, matrix=matrix, sizes=sizes)
         vectors = {c: make_weights(c, num_exits, total_rounds=total_rounds, **kw).constant for c in candidates}
         kept = distinct_candidates(vectors)
@@ -142,14 +144,25 @@ def make_weights(
     if strategy == "flops":
         if flops is None or len(flops) != num_exits:
             raise CisError(f"strategy flops: expected {num_exits} per-exit FLOPs")
-        return Weights(strategy, num_exits, None, [float(f) for f in flops], total_rounds, {"flops": [float(f) for f in flops]})
+        return Weights(
+            strategy, num_exits, None, [float(f) for f in flops], total_rounds, {"flops": [float(f) for f in flops]}
+        )
     if strategy == "serving-rate":
         lam = serving_rate_weights(exit_serving_rate)
-        return Weights(strategy, num_exits, lam, total_rounds=total_rounds, details={"exit_serving_rate": list(map(float, exit_serving_rate))})
+        return Weights(
+            strategy,
+            num_exits,
+            lam,
+            total_rounds=total_rounds,
+            details={"exit_serving_rate": list(map(float, exit_serving_rate))},
+        )
     if strategy == "balanced-adj":
         w = balanced_adj_weights(exit_serving_rate, sigma, matrix, sizes)
         return Weights(
-            strategy, num_exits, w, total_rounds=total_rounds,
+            strategy,
+            num_exits,
+            w,
+            total_rounds=total_rounds,
             details={"exit_serving_rate": list(map(float, exit_serving_rate)), "sigma": list(map(float, sigma))},
         )
     if strategy == "explicit":

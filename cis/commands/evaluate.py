@@ -8,12 +8,14 @@ from cis.cli import print_result
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    from cis.spec import CONFIDENCE_MEASURES
+
     p = sub.add_parser("evaluate", help="evaluate a trained run under a CIS spec or serving setting")
     p.add_argument("run_dir", help="run directory written by 'cis train'")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--spec", help="CIS spec (TOML) to evaluate under (default: the run's spec)")
     g.add_argument("--serving", help="x-y-z: the run's topology under another serving setting")
-    p.add_argument("--confidence", choices=("max_softmax", "entropy", "margin"), help="confidence measure (default: the spec's)")
+    p.add_argument("--confidence", choices=CONFIDENCE_MEASURES, help="confidence measure (default: the spec's)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -39,6 +41,8 @@ def run(args: argparse.Namespace) -> int:
         base = parse_spec(json.loads(meta_path.read_text())["spec"], str(meta_path))
         spec = apply_serving(base, parse_serving(args.serving, base.num_exits))
     result = evaluate_run(args.run_dir, spec, args.confidence)
-    human = f"{args.run_dir} (round {result['round']}) under {result['spec']}" + (f" serving {args.serving}" if args.serving else "")
+    human = f"{args.run_dir} (round {result['round']}) under {result['spec']}" + (
+        f" serving {args.serving}" if args.serving else ""
+    )
     print_result(args, result, human + "\n" + format_cis_report(result))
     return 0

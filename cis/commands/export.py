@@ -16,14 +16,38 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("export", help="cut a trained model into stages (ONNX, optional TensorRT) and write a bundle")
     p.add_argument("run_dir", help="run folder with checkpoint.pt and checkpoint.json (from 'cis train')")
     p.add_argument("--out", required=True, help="bundle folder to write (replaced when it already holds a bundle)")
-    p.add_argument("--spec", help="CIS spec (TOML) to calibrate thresholds for (default: the spec stored in the checkpoint)")
+    p.add_argument(
+        "--spec", help="CIS spec (TOML) to calibrate thresholds for (default: the spec stored in the checkpoint)"
+    )
     p.add_argument("--opset", type=int, default=17, help="ONNX opset, >= 17 (default 17)")
-    p.add_argument("--feature-dtype", choices=["fp32", "fp16", "int8"], default="fp32", help="dtype of the carries forwarded between nodes")
-    p.add_argument("--exporter", choices=["auto", "torchscript", "dynamo"], default="auto", help="torch ONNX exporter (default: auto)")
-    p.add_argument("--trt", action="store_true", help="also build a TensorRT engine per stage (needs TensorRT and an NVIDIA GPU)")
+    p.add_argument(
+        "--feature-dtype",
+        choices=["fp32", "fp16", "int8"],
+        default="fp32",
+        help="dtype of the carries forwarded between nodes",
+    )
+    p.add_argument(
+        "--exporter",
+        choices=["auto", "torchscript", "dynamo"],
+        default="auto",
+        help="torch ONNX exporter (default: auto)",
+    )
+    p.add_argument(
+        "--trt", action="store_true", help="also build a TensorRT engine per stage (needs TensorRT and an NVIDIA GPU)"
+    )
     p.add_argument("--trt-fp32", action="store_true", help="build the TensorRT engines in FP32 instead of FP16")
-    p.add_argument("--patience", type=int, help="FLAME models: inference patience p_ev of the bundle's patience policy (default: 4)")
-    p.add_argument("--latency-repeats", type=int, default=20, help="timed runs per stage and batch size for the latency profile")
+    p.add_argument(
+        "--patience",
+        type=int,
+        help="FLAME models: inference patience p_ev of the bundle's patience policy (default: 4)",
+    )
+    p.add_argument(
+        "--latency-repeats", type=int, default=20, help="timed runs per stage and batch size for the latency profile"
+    )
+    p.add_argument(
+        "--sign", metavar="KEYFILE", help="Ed25519 private key (PEM): sign the finished bundle's manifest "
+        "(manifest.sig)"
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -33,6 +57,11 @@ def _progress(msg: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from cis.bundle import sign_bundle
+    from cis.signing import load_private_key
+
+    if args.sign:
+        load_private_key(args.sign)  # a bad key fails now, not after minutes of export
     from export.bundle_writer import export_bundle
 
     report = export_bundle(
@@ -48,6 +77,8 @@ def run(args: argparse.Namespace) -> int:
         patience=args.patience,
         progress=_progress,
     )
+    if args.sign:
+        report["signature"] = str(sign_bundle(args.out, args.sign))
     print_result(args, report, summary(report))
     return 0
 
@@ -63,12 +94,16 @@ def summary(report: dict) -> str:
     v = report["verification"]
     cal = report["calibration"]
     lines = [
-        f"bundle {report['bundle']}: {report['stages']} stages, opset {report['opset']} ({report['exporter']}), carries {report['feature_dtype']}",
-        f"verified with onnxruntime: max abs diff {v['max_abs_diff']:.2e} (stage vs torch and chain vs full model, batches "
+        f"bundle {report['bundle']}: {report['stages']} stages, opset {report['opset']} ({report['exporter']}), "
+        f"carries {report['feature_dtype']}",
+        f"verified with onnxruntime: max abs diff {v['max_abs_diff']:.2e} (stage vs torch and chain vs full model, "
+        "batches "
         + ", ".join(str(b["size"]) for b in v["batches"].values())
         + f"; limit {v['atol']:g})",
         "",
-        f"{'carries':<9}" + "".join(f"{'val acc@' + e:>16}" for e in report["feature_dtypes"]["fp32"]["val_accuracy"]) + "   bytes forwarded per request",
+        f"{'carries':<9}"
+        + "".join(f"{'val acc@' + e:>16}" for e in report["feature_dtypes"]["fp32"]["val_accuracy"])
+        + "   bytes forwarded per request",
     ]
     for name, d in report["feature_dtypes"].items():
         accs = "".join(_acc_cell(d, e, name == "fp32") for e in d["val_accuracy"])
@@ -77,15 +112,24 @@ def summary(report: dict) -> str:
     lines += ["", f"{'node':<10}{'exit':>5}{'threshold':>11}"]
     for nid, n in report["nodes"].items():
         t = n["threshold"]
-        lines.append(f"{nid:<10}{n['exit']:>5}{t if isinstance(t, str) else ('-' if t is None else format(t, '.4f')):>11}")
+        lines.append(
+            f"{nid:<10}{n['exit']:>5}{t if isinstance(t, str) else ('-' if t is None else format(t, '.4f')):>11}"
+        )
     shares = "  ".join(
-        f"exit {e}: {cal['achieved_share_per_exit'][e] * 100:.1f}% (target {s * 100:.1f}%)" for e, s in cal["target_share_per_exit"].items()
+        f"exit {e}: {cal['achieved_share_per_exit'][e] * 100:.1f}% (target {s * 100:.1f}%)"
+        for e, s in cal["target_share_per_exit"].items()
     )
-    lines += ["", f"served on validation ({cal['samples']} samples): {shares}", f"CIS accuracy on validation: {cal['cis_accuracy'] * 100:.2f}%"]
+    lines += [
+        "",
+        f"served on validation ({cal['samples']} samples): {shares}",
+        f"CIS accuracy on validation: {cal['cis_accuracy'] * 100:.2f}%",
+    ]
     lat = report["latency"]
     lines.append("latency (onnxruntime, ms per call at batch " + "/".join(next(iter(lat.values()))) + "): " + "  ".join(
         f"stage {k}: " + "/".join(f"{s * 1e3:.3f}" for s in v.values()) for k, v in lat.items()
     ))
+    if report.get("signature"):
+        lines.append(f"signed: {report['signature']} (serve with --trust and the matching public key)")
     if report.get("tensorrt"):
         lines.append(f"TensorRT engines ({report['tensorrt']['precision']}) built and verified against onnxruntime")
     return "\n".join(lines)

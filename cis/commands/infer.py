@@ -12,17 +12,29 @@ import argparse
 
 from cis.cli import print_result
 from cis.errors import CisError
+from cis.metrics import format_ms
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("infer", help="send a data set to a running CIS and report accuracy, served shares, latency")
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--connect", help="a node's address: every request goes there")
-    where.add_argument("--spec", help="spec file: each sample goes to the node that assign_entries picks (as the offline evaluation)")
-    p.add_argument("--dataset", required=True, help="digits, cifar10:PATH, cifar100:PATH (these need the 'train' extra), "
-                   "FILE.npz (array x, optional labels y; or npz:FILE) or an image folder DIR[/<class>]/*.png (or images:DIR; needs --bundle)")
-    p.add_argument("--bundle", help="bundle whose normalisation, classes and input size apply to images or uint8 arrays")
-    p.add_argument("--split", default="test", choices=("train", "val", "test"), help="digits/cifar: which split (default test)")
+    where.add_argument(
+        "--spec", help="spec file: each sample goes to the node that assign_entries picks (as the offline evaluation)"
+    )
+    p.add_argument(
+        "--dataset",
+        required=True,
+        help="digits, cifar10:PATH, cifar100:PATH (these need the 'train' extra), "
+        "FILE.npz (array x, optional labels y; or npz:FILE) or an image folder DIR[/<class>]/*.png "
+        "(or images:DIR; needs --bundle)",
+    )
+    p.add_argument(
+        "--bundle", help="bundle whose normalisation, classes and input size apply to images or uint8 arrays"
+    )
+    p.add_argument(
+        "--split", default="test", choices=("train", "val", "test"), help="digits/cifar: which split (default test)"
+    )
     p.add_argument("--n", type=int, help="first N samples only")
     p.add_argument("--rate", type=float, help="requests per second (default: as fast as --window allows)")
     p.add_argument("--window", type=int, default=32, help="requests in flight per node (default 32)")
@@ -31,7 +43,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="data split seed and entry assignment seed")
     p.add_argument("--curve-key", help="own CurveZMQ .key_secret")
     p.add_argument("--server-key", help="the node's public .key")
-    p.add_argument("--out", help="CSV file: one row per sample (sample, file, label, class, confidence, exit, node, degraded, capped, error)")
+    p.add_argument(
+        "--out",
+        help="CSV file: one row per sample "
+        "(sample, file, label, class, confidence, exit, node, degraded, capped, error)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -47,7 +63,9 @@ def run(args: argparse.Namespace) -> int:
     curve = CurveConfig(args.curve_key, None, args.server_key) if args.curve_key else None
     if args.connect:
         with Client(args.connect, timeout=args.timeout, curve=curve) as c:
-            results = c.infer_many(x, batch_size=args.batch_size, window=args.window, rate=args.rate, timeout=args.timeout)
+            results = c.infer_many(
+                x, batch_size=args.batch_size, window=args.window, rate=args.rate, timeout=args.timeout
+            )
     else:
         from cis.policy import assign_entries
         from cis.spec import load_spec
@@ -68,12 +86,19 @@ def run(args: argparse.Namespace) -> int:
     summary = summarize(results, y)
     lines = [f"{summary['samples_answered']} of {len(x)} samples answered; errors: {summary['errors'] or 'none'}"]
     if "served_share_per_exit" in summary:
-        lat = summary["latency_ms"]
+        lat = summary["latency"]
         acc = f"accuracy {summary['accuracy'] * 100:.2f}%   " if "accuracy" in summary else "no labels   "
         lines.append(f"{acc}degraded {summary['degraded']}   capped {summary['capped']}")
-        lines.append("served per exit: " + ", ".join(f"exit {e} {s * 100:.1f}%" for e, s in summary["served_share_per_exit"].items()))
-        lines.append("served per node: " + ", ".join(f"{k} {s * 100:.1f}%" for k, s in summary["served_share_per_node"].items()))
-        lines.append(f"latency ms: mean {lat['mean']:.2f}  p50 {lat['p50']:.2f}  p99 {lat['p99']:.2f}")
+        lines.append(
+            "served per exit: "
+            + ", ".join(f"exit {e} {s * 100:.1f}%" for e, s in summary["served_share_per_exit"].items())
+        )
+        lines.append(
+            "served per node: " + ", ".join(f"{k} {s * 100:.1f}%" for k, s in summary["served_share_per_node"].items())
+        )
+        lines.append(
+            f"latency ms: mean {format_ms(lat['mean_s'])}  p50 {format_ms(lat['p50_s'])}  p99 {format_ms(lat['p99_s'])}"
+        )
     if args.out:
         write_rows(args.out, results, y, data.names)
         summary["out"] = args.out
@@ -111,6 +136,10 @@ def write_rows(path: str, results: list, labels, names: list[str] | None) -> Non
             ok = r is not None and r.error is None
             err = "" if ok else ("timeout" if r is None else r.error.code)
             for s in r.samples() if ok else [None] * (1 if r is None else len(r)):
-                cells = [s["class"], f"{s['confidence']:.6g}", s["exit"], s["node"], int(s["degraded"]), int(s["capped"])] if s else [""] * 6
+                cells = (
+                    [s["class"], f"{s['confidence']:.6g}", s["exit"], s["node"], int(s["degraded"]), int(s["capped"])]
+                    if s
+                    else [""] * 6
+                )
                 w.writerow([i, names[i] if names else "", "" if labels is None else int(labels[i]), *cells, err])
                 i += 1

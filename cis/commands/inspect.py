@@ -37,15 +37,18 @@ def run(args: argparse.Namespace) -> int:
     model = m.get("model", {})
     lines = [
         f"bundle {bundle.root} (schema {m['schema_version']}, {len(m['files'])} files, sha256 verified)",
-        f"model   {model.get('arch', '?')} exits {model.get('exits')} width {model.get('width')} classes {len(m.get('classes', []))}; method {m.get('method', '?')}",
-        f"input   normalisation mean {m.get('normalisation', {}).get('mean')} std {m.get('normalisation', {}).get('std')}",
+        f"model   {model.get('arch', '?')} exits {model.get('exits')} width {model.get('width')} "
+        f"classes {len(m.get('classes', []))}; method {m.get('method', '?')}",
+        f"input   normalisation mean {m.get('normalisation', {}).get('mean')} "
+        f"std {m.get('normalisation', {}).get('std')}",
         f"carries {bundle.feature_dtype}; opset {m.get('opset', '?')} ({m.get('exporter', '?')})",
         "",
         "stages:",
     ]
     for s in m["stages"]:
         lines.append(
-            f"  {s['index']} exit {s['exit']}  {s['file']}  {_count(s.get('bytes', 0))}B  {_count(s.get('flops', 0))}FLOPs  {_count(s.get('params', 0))} params"
+            f"  {s['index']} exit {s['exit']}  {s['file']}  {_count(s.get('bytes', 0))}B "
+            f" {_count(s.get('flops', 0))}FLOPs  {_count(s.get('params', 0))} params"
             + (f"  engine {s['engine']}" if s.get("engine") else "")
         )
         lines.append(f"      in:  {', '.join(_tensor(t) for t in s['inputs'])}")
@@ -55,11 +58,20 @@ def run(args: argparse.Namespace) -> int:
         lines += ["", f"nodes (confidence: {measure}):", f"  {'id':<10}{'exit':>5}{'stages':>10}{'threshold':>11}"]
         for nid, n in m["nodes"].items():
             t = n["threshold"]
-            lines.append(f"  {nid:<10}{n['exit']:>5}{','.join(map(str, n['stages'])):>10}{t if isinstance(t, str) else ('-' if t is None else format(t, '.4f')):>11}")
+            lines.append(
+                f"  {nid:<10}{n['exit']:>5}{','.join(map(str, n['stages'])):>10}"
+                f"{t if isinstance(t, str) else ('-' if t is None else format(t, '.4f')):>11}"
+            )
     cal = m.get("calibration")
     if cal:
-        shares = ", ".join(f"{e}: {cal['achieved_share_per_exit'][e] * 100:.1f}%/{v * 100:.1f}%" for e, v in cal["target_share_per_exit"].items())
-        lines.append(f"  served share per exit on validation (achieved/target): {shares}; CIS accuracy {cal['cis_accuracy'] * 100:.2f}%")
+        shares = ", ".join(
+            f"{e}: {cal['achieved_share_per_exit'][e] * 100:.1f}%/{v * 100:.1f}%"
+            for e, v in cal["target_share_per_exit"].items()
+        )
+        lines.append(
+            f"  served share per exit on validation (achieved/target): {shares}; CIS "
+            f"accuracy {cal['cis_accuracy'] * 100:.2f}%"
+        )
     fd = m.get("feature_dtypes")
     if fd:
         lines += ["", "carry dtypes (validation accuracy per exit; bytes forwarded per request):"]
@@ -69,7 +81,9 @@ def run(args: argparse.Namespace) -> int:
             lines.append(f"  {name:<5} acc {acc}  bytes {fwd}")
     ver = m.get("verification")
     if ver:
-        lines.append(f"verified: max abs diff {ver.get('max_abs_diff', float('nan')):.2e} vs torch (limit {ver.get('atol')})")
+        lines.append(
+            f"verified: max abs diff {ver.get('max_abs_diff', float('nan')):.2e} vs torch (limit {ver.get('atol')})"
+        )
     if m.get("versions"):
         lines.append("made with " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()))
     print_result(args, m, "\n".join(lines))

@@ -1,6 +1,6 @@
 """``cis report PATH``: the report of a run dir, a bundle, a simulation folder or a demo folder.
 
-One writer for all of them (:mod:`cis.report`), the same one ``cis demo`` uses.
+One writer for all of them (:mod:`cis.app.report`), the same one ``cis demo`` uses.
 """
 
 from __future__ import annotations
@@ -12,14 +12,19 @@ from cis.cli import print_result
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="report of a run dir, bundle, simulation or demo folder (markdown with plots)")
-    p.add_argument("path", help="run dir (cis train), bundle (cis export), simulation folder (cis simulate --out) or demo folder (cis demo)")
+    p.add_argument(
+        "path",
+        help="run dir (cis train), bundle (cis export), simulation folder (cis simulate --out) or demo folder (cis "
+             "demo)",
+    )
     p.add_argument("--out", help="write the markdown report to FILE and its plots to plots/ beside it")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from cis.report import build_report, text_summary, write_report
+    from cis.app.render import text_summary
+    from cis.app.report import build_report, write_report
 
     report = build_report(args.path)
     notes = write_report(report, args.out) if args.out else []

@@ -13,12 +13,15 @@ from pathlib import Path
 
 from cis.cli import print_result
 from cis.errors import CisError
+from cis.spec import PROVIDERS
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="simulate a CIS under load (SimPy)")
     p.add_argument("--spec", required=True, help="spec file (TOML)")
-    p.add_argument("--bundle", help="bundle folder: service times, payloads, confidences and thresholds from its profiles")
+    p.add_argument(
+        "--bundle", help="bundle folder: service times, payloads, confidences and thresholds from its profiles"
+    )
     stop = p.add_mutually_exclusive_group(required=True)
     stop.add_argument("--requests", type=int, help="stop arrivals after N requests (over all nodes)")
     stop.add_argument("--duration", type=float, help="stop arrivals after T simulated seconds")
@@ -26,18 +29,72 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--arrivals", default="poisson", help="poisson (default), deterministic, mmpp, or trace:FILE")
     p.add_argument("--mmpp-ratio", type=float, default=4.0, help="mmpp: busy-state rate / quiet-state rate (default 4)")
     p.add_argument("--mmpp-dwell", type=float, default=1.0, help="mmpp: mean seconds in each state (default 1)")
-    p.add_argument("--service", choices=["exponential", "deterministic"], help="service time distribution (default: deterministic with a bundle, else exponential)")
-    p.add_argument("--service-mean", type=float, default=0.005, help="without a bundle: mean seconds per stage at speed 1 (default 0.005)")
-    p.add_argument("--payload-bytes", type=int, default=3072 * 4, help="without a bundle: bytes per forwarded request (default 12288)")
-    p.add_argument("--share", action="append", default=[], metavar="NODE=F", help="without a bundle: share of its requests NODE keeps (default f_i from the rate calculus); repeatable")
-    p.add_argument("--burst", type=float, help="token bucket depth in seconds of each node's transfer cap (default: the exit policy's)")
-    p.add_argument("--calibrate", action="store_true", help="calibrate thresholds on the bundle's profile instead of using its policy")
-    p.add_argument("--loopback", action="store_true", help="every node on one machine: links add no latency and no bandwidth limit (see --visit-cost)")
-    p.add_argument("--visit-cost", metavar="SECONDS|FILE", help="messaging cost per node visit: a number of seconds, or a file of them (one per line) to draw from, e.g. a calibration load's (docs/simulator.md)")
+    p.add_argument(
+        "--service",
+        choices=["exponential", "deterministic"],
+        help="service time distribution (default: deterministic with a bundle, else exponential)",
+    )
+    p.add_argument(
+        "--service-mean",
+        type=float,
+        default=0.005,
+        help="without a bundle: mean seconds per stage at speed 1 (default 0.005)",
+    )
+    p.add_argument(
+        "--payload-bytes",
+        type=int,
+        default=3072 * 4,
+        help="without a bundle: bytes per forwarded request (default 12288)",
+    )
+    p.add_argument(
+        "--share",
+        action="append",
+        default=[],
+        metavar="NODE=F",
+        help="without a bundle: share of its requests NODE keeps (default f_i from the rate calculus); repeatable",
+    )
+    p.add_argument(
+        "--burst",
+        type=float,
+        help="token bucket depth in seconds of each node's transfer cap (default: the exit policy's)",
+    )
+    p.add_argument(
+        "--calibrate",
+        action="store_true",
+        help="calibrate thresholds on the bundle's profile instead of using its policy",
+    )
+    p.add_argument(
+        "--loopback",
+        action="store_true",
+        help="every node on one machine: links add no latency and no bandwidth limit (see --visit-cost)",
+    )
+    p.add_argument(
+        "--visit-cost",
+        metavar="SECONDS|FILE",
+        help="messaging cost per node visit: a number of seconds, or a file of them (one per line) to draw from, e.g. "
+             "a calibration load's (docs/simulator.md)",
+    )
+    p.add_argument(
+        "--provider",
+        choices=PROVIDERS,
+        help="with --bundle: every node's stage times from this backend's latency profile (cpu, cuda, tensorrt; "
+        "auto is simulated as cpu), as cis serve --provider; default: each node's spec provider, else cpu",
+    )
     p.add_argument("--workers", type=int, help="workers at every node (default: the spec's, 1)")
-    p.add_argument("--queue-limit", type=int, help="waiting requests allowed at every node; more are dropped (default: the spec's, unbounded)")
-    p.add_argument("--sweep", metavar="arrival_rate=LIST", help="run several loads (factors on every arrival rate) in parallel")
-    p.add_argument("--slo-p99", type=float, metavar="MS", help="with --sweep: report the largest load whose p99 latency (drops as misses) is within MS")
+    p.add_argument(
+        "--queue-limit",
+        type=int,
+        help="waiting requests allowed at every node; more are dropped (default: the spec's, unbounded)",
+    )
+    p.add_argument(
+        "--sweep", metavar="arrival_rate=LIST", help="run several loads (factors on every arrival rate) in parallel"
+    )
+    p.add_argument(
+        "--slo-p99",
+        type=float,
+        metavar="MS",
+        help="with --sweep: report the largest load whose p99 latency (drops as misses) is within MS",
+    )
     p.add_argument("--jobs", type=int, help="with --sweep: parallel processes (default: one per core)")
     p.add_argument("--out", help="folder for result files and plots")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -65,7 +122,9 @@ def parse_visit_cost(value: str | None) -> tuple[float, ...]:
         pass
     path = Path(value)
     if not path.is_file():
-        raise CisError(f"--visit-cost {value!r}: not a number of seconds and not a file; expected e.g. 0.0008 or costs.txt")
+        raise CisError(
+            f"--visit-cost {value!r}: not a number of seconds and not a file; expected e.g. 0.0008 or costs.txt"
+        )
     out = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
         line = line.split("#", 1)[0].strip()
@@ -74,7 +133,9 @@ def parse_visit_cost(value: str | None) -> tuple[float, ...]:
         try:
             out.append(float(line))
         except ValueError:
-            raise CisError(f"{path}:{n}: {line!r} is not a number; expected seconds per node visit, one per line") from None
+            raise CisError(
+                f"{path}:{n}: {line!r} is not a number; expected seconds per node visit, one per line"
+            ) from None
     if not out:
         raise CisError(f"{path}: no numbers; expected seconds per node visit, one per line")
     return tuple(out)
@@ -89,7 +150,9 @@ def run(args: argparse.Namespace) -> int:
     from sim.run import simulate
     from sim.sweep import capacity_table, parse_sweep, sweep, write_sweep
 
-    spec = override_nodes(load_spec(args.spec), workers=args.workers, queue_limit=args.queue_limit)
+    spec = override_nodes(
+        load_spec(args.spec), workers=args.workers, queue_limit=args.queue_limit, provider=args.provider
+    )
     bundle = load_bundle(args.bundle) if args.bundle else None
     kind, _, trace = args.arrivals.partition(":")
     config = SimConfig(
@@ -123,6 +186,8 @@ def run(args: argparse.Namespace) -> int:
     notes = write_outputs(args.out, summary, result.requests) if args.out else []
     human = human_summary(summary) + "".join(f"\nnote: {n}" for n in notes)
     if args.out:
-        human += f"\nwrote {args.out}/result.json, requests.csv, nodes.csv" + ("" if notes else ", latency_cdf.png, utilisation.png")
+        human += f"\nwrote {args.out}/result.json, requests.csv, nodes.csv" + (
+            "" if notes else ", latency_cdf.png, utilisation.png"
+        )
     print_result(args, {**summary, "notes": notes}, human)
     return 0

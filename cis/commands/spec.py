@@ -27,7 +27,11 @@ def run(args: argparse.Namespace) -> int:
     spec = make_spec(args.topology, args.serving, args.total_rate, args.classes)
     if args.out:
         write_spec(spec, args.out)
-        print_result(args, {"written": args.out, "spec": spec_to_dict(spec)}, f"wrote {args.out} ({args.topology}, serving {args.serving})")
+        print_result(
+            args,
+            {"written": args.out, "spec": spec_to_dict(spec)},
+            f"wrote {args.out} ({args.topology}, serving {args.serving})",
+        )
     else:
         print_result(args, spec_to_dict(spec), dumps_spec(spec).rstrip())
     return 0

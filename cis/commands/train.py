@@ -21,8 +21,6 @@ from pathlib import Path
 from cis.cli import print_result
 from cis.errors import CisError
 
-STRATEGY_CHOICES = ("equal", "flops", "serving-rate", "balanced-adj", "explicit", "auto")
-
 
 def _floats(text: str) -> list[float]:
     try:
@@ -32,61 +30,114 @@ def _floats(text: str) -> list[float]:
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    # the choices come from their registries (all torch-free)
+    from cis.spec import CONFIDENCE_MEASURES
+    from training.cis_options import BN_RULES, COEFFICIENT_RULES, P_MODES, P_RULES, STEP_RULES
+    from training.methods.registry import METHODS, NEFL_MODES
+    from training.partition import SCHEMES
+    from training.strategies import STRATEGIES
+
     p = sub.add_parser("train", help="federated training of an early-exit model for a CIS (Algorithm 1)")
-    p.add_argument("--method", help="cis (Algorithm 1, default) | reefl | flame | depthfl | inclusivefl | exclusivefl | "
-                   "scalefl | nefl | slt | heterofl | fjord | fedrolex | fd | small")
-    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="a method option, repeatable (see docs/training.md, 'Methods'), e.g. --option layout=resnet20")
-    p.add_argument("--no-distill", action="store_true", help="reefl/depthfl: no self-distillation (option distill=false)")
-    p.add_argument("--no-modulation", action="store_true", help="reefl: no feature modulation (option modulation=false)")
+    p.add_argument("--method", help=" | ".join(METHODS) + " (default cis: Algorithm 1)")
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a method option, repeatable (see docs/training.md, 'Methods'), e.g. --option layout=resnet20",
+    )
+    p.add_argument(
+        "--no-distill", action="store_true", help="reefl/depthfl: no self-distillation (option distill=false)"
+    )
+    p.add_argument(
+        "--no-modulation", action="store_true", help="reefl: no feature modulation (option modulation=false)"
+    )
     p.add_argument("--patience", metavar="P,P,..", help="flame: training patience per client, cycled (option patience)")
-    p.add_argument("--nefl-mode", choices=("W", "D", "WD"), help="nefl: width, depth or both (option nefl_mode; default WD)")
+    p.add_argument("--nefl-mode", choices=NEFL_MODES, help="nefl: width, depth or both (option nefl_mode; default WD)")
     p.add_argument("--spec", help="CIS spec (TOML); default: the built-in --topology under --serving")
     p.add_argument("--serving", help="x-y-z shares served at exits 1-2-3 for the built-in topology (default 33-33-33)")
     p.add_argument("--topology", help="built-in topology when no --spec (default paper-7)")
     p.add_argument("--dataset", help="digits | cifar10:PATH | cifar100:PATH (default digits)")
-    p.add_argument("--strategy", choices=STRATEGY_CHOICES,
-                   help="aggregation weights Lambda~ (default serving-rate; auto: chosen by pilots, docs/training.md)")
-    p.add_argument("--auto-pilot", type=float, metavar="FRACTION",
-                   help="strategy auto: pilot length as a fraction of the rounds (default 0.2)")
+    p.add_argument(
+        "--strategy",
+        choices=STRATEGIES,
+        help="aggregation weights Lambda~ (default serving-rate; auto: chosen by pilots, docs/training.md)",
+    )
+    p.add_argument(
+        "--auto-pilot",
+        type=float,
+        metavar="FRACTION",
+        help="strategy auto: pilot length as a fraction of the rounds (default 0.2)",
+    )
     p.add_argument("--weights", type=_floats, help="explicit Lambda~, e.g. 0.6,0.3,0.1 (implies --strategy explicit)")
     p.add_argument("--rounds", type=int, help="communication rounds T (default 30 digits, 100 CIFAR)")
     p.add_argument("--out", help="run directory")
     p.add_argument("--seed", type=int, help="seed of data split, partition, init and sampling (default 0)")
-    p.add_argument("--partition", choices=("equal", "biased", "highly-biased"), help="data per network layer (default equal)")
+    p.add_argument("--partition", choices=("equal", *SCHEMES), help="data per network layer (default equal)")
     p.add_argument("--dirichlet", type=float, metavar="ALPHA", help="non-IID classes with Dirichlet(ALPHA)")
     p.add_argument("--p", type=float, help="probability of training each lower exit (paper's ablation; default 0)")
-    p.add_argument("--p-rule", choices=("paper", "code"), help="paper: p per lower exit; code: p/(E_i-1) per lower exit")
-    p.add_argument("--p-mode", choices=("divide", "multiply"), help="divide by p_ie (paper) or multiply (authors' code)")
-    p.add_argument("--coefficient-rule", choices=("literal", "capped", "self-normalised"),
-                   help="line 12's pair coefficients as written (default), capped at 1, or self-normalised per exit")
-    p.add_argument("--bn-rule", choices=("convex", "literal"),
-                   help="BatchNorm running statistics: line 12 shortened where it would overshoot (default), or literal")
-    p.add_argument("--lower-exit-steps", choices=("same", "flops"),
-                   help="local steps when a node trains a lower exit: same J (default) or J x flops(own) / flops(exit)")
+    p.add_argument("--p-rule", choices=P_RULES, help="paper: p per lower exit; code: p/(E_i-1) per lower exit")
+    p.add_argument("--p-mode", choices=P_MODES, help="divide by p_ie (paper) or multiply (authors' code)")
+    p.add_argument(
+        "--coefficient-rule",
+        choices=COEFFICIENT_RULES,
+        help="line 12's pair coefficients as written (default), capped at 1, or self-normalised per exit",
+    )
+    p.add_argument(
+        "--bn-rule",
+        choices=BN_RULES,
+        help="BatchNorm running statistics: line 12 shortened where it would overshoot (default), or literal",
+    )
+    p.add_argument(
+        "--lower-exit-steps",
+        choices=STEP_RULES,
+        help="local steps when a node trains a lower exit: same J (default) or J x flops(own) / flops(exit)",
+    )
     p.add_argument("--participation", type=float, help="fraction of nodes taking part per round (default 1)")
     p.add_argument("--width", type=float, help="channel width multiplier (default 1)")
     p.add_argument("--lr", type=float, help="local SGD learning rate (cosine annealed over rounds)")
     p.add_argument("--batch-size", type=int)
     p.add_argument("--local-epochs", type=float, help="epochs over the LARGEST node's data per round (default 1)")
     p.add_argument("--local-steps", type=int, help="J directly (overrides --local-epochs)")
-    p.add_argument("--confidence", choices=("max_softmax", "entropy", "margin"), help="confidence measure for evaluation")
+    p.add_argument("--confidence", choices=CONFIDENCE_MEASURES, help="confidence measure for evaluation")
     p.add_argument("--threads", type=int, help="torch threads (default: 1 for digits, torch's default otherwise)")
-    p.add_argument("--device", metavar="auto|cpu|cuda", help="where to train: auto (default: cuda when torch sees a GPU), cpu, "
-                   "cuda or cuda:K; --resume may change it (docs/training.md, 'Devices')")
-    p.add_argument("--amp", choices=("off", "bf16"), help="bf16: local steps under torch.autocast(bfloat16) (default off)")
+    p.add_argument(
+        "--device",
+        metavar="auto|cpu|cuda",
+        help="where to train: auto (default: cuda when torch sees a GPU), cpu, "
+        "cuda or cuda:K; --resume may change it (docs/training.md, 'Devices')",
+    )
+    p.add_argument(
+        "--amp", choices=("off", "bf16"), help="bf16: local steps under torch.autocast(bfloat16) (default off)"
+    )
     p.add_argument("--eval-every", type=int, help="validate every N rounds (default 1)")
     p.add_argument("--config", help="JSON or TOML file with train settings (flags override it)")
     p.add_argument("--resume", action="store_true", help="continue RUN_DIR from its last checkpoint")
-    p.add_argument("--engine", choices=("builtin", "flower"), default="builtin",
-                   help="builtin (one process, default) or flower (Flower ServerApp + one ClientApp per node; docs/flower.md)")
-    p.add_argument("--flower-mode", choices=("simulation", "deployment"), default="simulation",
-                   help="flower: simulation engine on this machine, or deployment engine (SuperLink + SuperNodes)")
-    p.add_argument("--flower-superlink", metavar="HOST:PORT",
-                   help="flower deployment: submit to this running SuperLink (default: start one on loopback)")
-    p.add_argument("--flower-root-certificates", metavar="PATH", help="flower deployment: CA certificate for TLS to the SuperLink")
-    p.add_argument("--measure-grad-variance", action="store_true",
-                   help="print the per-exit gradient variance of the initial model (Appendix C) and exit")
+    p.add_argument(
+        "--engine",
+        choices=("builtin", "flower"),
+        default="builtin",
+        help="builtin (one process, default) or flower (Flower ServerApp + one ClientApp per node; docs/flower.md)",
+    )
+    p.add_argument(
+        "--flower-mode",
+        choices=("simulation", "deployment"),
+        default="simulation",
+        help="flower: simulation engine on this machine, or deployment engine (SuperLink + SuperNodes)",
+    )
+    p.add_argument(
+        "--flower-superlink",
+        metavar="HOST:PORT",
+        help="flower deployment: submit to this running SuperLink (default: start one on loopback)",
+    )
+    p.add_argument(
+        "--flower-root-certificates", metavar="PATH", help="flower deployment: CA certificate for TLS to the SuperLink"
+    )
+    p.add_argument(
+        "--measure-grad-variance",
+        action="store_true",
+        help="print the per-exit gradient variance of the initial model (Appendix C) and exit",
+    )
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--stop-after", type=int, help=argparse.SUPPRESS)  # simulates a kill after round N (tests)
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -94,12 +145,33 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 _FLAG_KEYS = {
-    "spec": "spec", "serving": "serving", "topology": "topology", "dataset": "dataset", "strategy": "strategy",
-    "weights": "weights", "rounds": "rounds", "seed": "seed", "partition": "partition", "dirichlet": "dirichlet",
-    "p": "p", "p_rule": "p_rule", "p_mode": "p_mode", "participation": "participation", "width": "width", "lr": "lr",
-    "batch_size": "batch_size", "local_epochs": "local_epochs", "local_steps": "local_steps",
-    "confidence": "confidence", "threads": "threads", "eval_every": "eval_every", "device": "device", "amp": "amp",
-    "auto_pilot": "auto_pilot", "coefficient_rule": "coefficient_rule", "bn_rule": "bn_rule",
+    "spec": "spec",
+    "serving": "serving",
+    "topology": "topology",
+    "dataset": "dataset",
+    "strategy": "strategy",
+    "weights": "weights",
+    "rounds": "rounds",
+    "seed": "seed",
+    "partition": "partition",
+    "dirichlet": "dirichlet",
+    "p": "p",
+    "p_rule": "p_rule",
+    "p_mode": "p_mode",
+    "participation": "participation",
+    "width": "width",
+    "lr": "lr",
+    "batch_size": "batch_size",
+    "local_epochs": "local_epochs",
+    "local_steps": "local_steps",
+    "confidence": "confidence",
+    "threads": "threads",
+    "eval_every": "eval_every",
+    "device": "device",
+    "amp": "amp",
+    "auto_pilot": "auto_pilot",
+    "coefficient_rule": "coefficient_rule",
+    "bn_rule": "bn_rule",
     "lower_exit_steps": "lower_exit_steps",
 }
 # settings of where a run computes, not of what: --resume may change them
@@ -125,9 +197,18 @@ def run(args: argparse.Namespace) -> int:
 
         config = make_config(*_with_options(read_config_file(args.config) if args.config else {}, flags, options))
         var = measure_grad_variance(config)
-        result = {"dataset": config.dataset, "width": config.width, "grad_variance": var, "sigma": [v ** 0.5 for v in var]}
-        print_result(args, result, "per-exit gradient variance (Appendix C): "
-                     + ", ".join(f"exit {e} {v:.5g}" for e, v in enumerate(var, start=1)))
+        result = {
+            "dataset": config.dataset,
+            "width": config.width,
+            "grad_variance": var,
+            "sigma": [v**0.5 for v in var],
+        }
+        print_result(
+            args,
+            result,
+            "per-exit gradient variance (Appendix C): "
+            + ", ".join(f"exit {e} {v:.5g}" for e, v in enumerate(var, start=1)),
+        )
         return 0
 
     if not args.out:
@@ -137,13 +218,19 @@ def run(args: argparse.Namespace) -> int:
     if args.resume:
         stored_path = Path(args.out) / "config.json"
         if not stored_path.is_file():
-            raise CisError(f"{args.out}: nothing to resume; expected config.json from an earlier 'cis train --out {args.out}'")
+            raise CisError(
+                f"{args.out}: nothing to resume; expected config.json from an earlier 'cis train --out {args.out}'"
+            )
         stored = json.loads(stored_path.read_text())
         defaults = RunConfig().to_json()  # keys that older runs did not store
         differing = [k for k, v in flags.items() if k not in _RESUME_MAY_CHANGE and stored.get(k, defaults.get(k)) != v]
         if differing:
             k = differing[0]
-            raise CisError(f"--resume: --{k.replace('_', '-')} {flags[k]!r} differs from the run's {stored.get(k, defaults.get(k))!r}; a resumed run keeps its config")
+            raise CisError(
+                f"--resume: --{k.replace('_', '-')} {flags[k]!r} differs from the run's "
+                f"{stored.get(k, defaults.get(k))!r}; "
+                "a resumed run keeps its config"
+            )
         try:
             config = RunConfig(**{**stored, **{k: flags[k] for k in _RESUME_MAY_CHANGE if k in flags}}).resolved()
         except TypeError as exc:
@@ -154,7 +241,10 @@ def run(args: argparse.Namespace) -> int:
             given = resolve_options(config.method, options)
             for k in options:
                 if given[k] != (config.options or {}).get(k):
-                    raise CisError(f"--resume: option {k}={options[k]!r} differs from the run's {(config.options or {}).get(k)!r}; a resumed run keeps its config")
+                    raise CisError(
+                        f"--resume: option {k}={options[k]!r} differs from the "
+                        f"run's {(config.options or {}).get(k)!r}; a resumed run keeps its config"
+                    )
     else:
         config = make_config(*_with_options(read_config_file(args.config) if args.config else {}, flags, options))
     log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr))
@@ -163,15 +253,27 @@ def run(args: argparse.Namespace) -> int:
     run_device(config)  # --device cuda without a GPU: one line before anything is written
     if args.engine == "flower":
         if args.resume:
-            raise CisError("--resume is not supported with --engine flower (node momentum lives on the nodes); start a new run")
+            raise CisError(
+                "--resume is not supported with --engine flower (node momentum lives on the nodes); start a new run"
+            )
         if config.strategy == "auto":
-            raise CisError("--strategy auto runs its pilots on the builtin engine only; pick a fixed strategy with --engine flower")
+            raise CisError(
+                "--strategy auto runs its pilots on the builtin engine only; pick a fixed strategy with --engine flower"
+            )
         from training.flower.run import run_flower
 
-        result = run_flower(config, args.out, mode=args.flower_mode, superlink=args.flower_superlink,
-                            root_certificates=args.flower_root_certificates, log=log)
+        result = run_flower(
+            config,
+            args.out,
+            mode=args.flower_mode,
+            superlink=args.flower_superlink,
+            root_certificates=args.flower_root_certificates,
+            log=log,
+        )
     else:
-        result = train_run(config, args.out, resume=args.resume, progress=not args.no_progress, stop_after=args.stop_after, log=log)
+        result = train_run(
+            config, args.out, resume=args.resume, progress=not args.no_progress, stop_after=args.stop_after, log=log
+        )
     if "stopped_after_round" in result:
         print_result(args, result, f"stopped after round {result['stopped_after_round']} (resume with --resume)")
         return 0

@@ -25,8 +25,9 @@ def build_node(
     """A :class:`cis.runtime.node.Node` for ``node_id`` serving ``bundle`` (a path or a loaded Bundle).
 
     The spec (default: the bundle's) gives the node's exit, parent, transfer cap,
-    queue limit and addresses; ``bind``/``parent`` override the addresses and
-    ``threshold`` the bundle policy's threshold. ``options`` go to NodeConfig.
+    queue limit, provider and addresses; ``bind``/``parent`` override the addresses and
+    ``threshold`` the bundle policy's threshold; ``provider`` (cpu, cuda, tensorrt, auto;
+    see cis.backends) the spec's. ``options`` go to NodeConfig.
     """
     from cis.bundle import Bundle, load_bundle
     from cis.rates import compute_rates
@@ -64,10 +65,16 @@ def build_node(
     rates = compute_rates(spec)
     inc = rates.incoming[node_id]
     target = rates.transfer_rate[node_id] / inc if inc > 0 else 0.0
-    from cis.stages import StageRunner
+    from cis.backends import node_provider, open_stages, refusal
+    from cis.stages import ProviderError
 
     threads = options.pop("threads", 1)
-    stages = {k: BundleStage(bundle.stage(k).inputs, bundle.stage(k).outputs, StageRunner(bundle, k, threads=threads)) for k in indices}
+    provider, source = node_provider(node, options.pop("provider", None))
+    try:
+        runners, backend = open_stages(bundle, indices, provider, threads)
+    except ProviderError as exc:
+        raise refusal(node_id, exc, source) from None
+    stages = {k: BundleStage(bundle.stage(k).inputs, bundle.stage(k).outputs, r) for k, r in runners.items()}
     options.setdefault("measure", bundle.policy.measure if bundle.policy else spec.confidence)
     if options["measure"] == "patience":
         options.setdefault("patience", patience)
@@ -82,6 +89,7 @@ def build_node(
         max_transfer_rate=node.max_transfer_rate if transfer_cap else math.inf,
         tiers_above=max(1, spec.depth(node_id)),
         adapt_target=target,
+        backend=backend,
         **options,
     )
     return Node(cfg, stages)

@@ -34,9 +34,16 @@ class ThresholdController:
         self.share = observed if self.share is None else (1 - alpha) * self.share + alpha * observed
         if not math.isfinite(self.threshold):
             self.threshold = self.high if self.threshold > 0 else self.low
-        self.threshold = min(self.high, max(self.low, self.threshold - self.gain * (self.share - self.target) * min(decided, 32) / 8))
+        self.threshold = min(
+            self.high, max(self.low, self.threshold - self.gain * (self.share - self.target) * min(decided, 32) / 8)
+        )
         self.updates += 1
         return self.threshold
 
     def to_json(self) -> dict:
-        return {"target_forwarded_share": self.target, "threshold": self.threshold, "forwarded_share_ema": self.share, "updates": self.updates}
+        return {
+            "target_forwarded_share": self.target,
+            "threshold": self.threshold,
+            "forwarded_share_ema": self.share,
+            "updates": self.updates,
+        }

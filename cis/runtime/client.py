@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import itertools
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 import numpy as np
 import zmq
 
 from cis.errors import CisError
+from cis.metrics import latency_summary
 from cis.runtime import protocol as P
 from cis.runtime.security import CurveConfig, secure_client
 
@@ -50,18 +51,41 @@ class Result:
     def capped(self) -> np.ndarray:
         return (self.flags & P.FLAG_CAPPED).astype(bool)
 
+    @property
+    def nonfinite(self) -> np.ndarray:
+        """Samples whose input held NaN/inf, answered with class -1 (only from nodes run with --nonfinite flag)."""
+        return (self.flags & P.FLAG_NONFINITE).astype(bool)
+
     def __len__(self) -> int:
         return len(self.cls)
 
     def samples(self) -> list[dict]:
         return [
-            {"class": int(c), "confidence": float(p), "exit": int(e), "node": s, "latency": self.latency, "degraded": bool(d), "capped": bool(k)}
-            for c, p, e, s, d, k in zip(self.cls, self.confidence, self.exit, self.served_by, self.degraded, self.capped)
+            {
+                "class": int(c),
+                "confidence": float(p),
+                "exit": int(e),
+                "node": s,
+                "latency": self.latency,
+                "degraded": bool(d),
+                "capped": bool(k),
+            }
+            for c, p, e, s, d, k in zip(
+                self.cls, self.confidence, self.exit, self.served_by, self.degraded, self.capped
+            )
         ]
 
 
 def _error_result(n: int, err: ServerError, latency: float) -> Result:
-    return Result(np.full(n, -1, np.int64), np.zeros(n, np.float32), np.zeros(n, np.int32), np.zeros(n, np.uint8), [""] * n, latency, err)
+    return Result(
+        np.full(n, -1, np.int64),
+        np.zeros(n, np.float32),
+        np.zeros(n, np.int32),
+        np.zeros(n, np.uint8),
+        [""] * n,
+        latency,
+        err,
+    )
 
 
 class Client:
@@ -90,7 +114,9 @@ class Client:
 
     def submit(self, batch: np.ndarray | dict, deadline: float | None = None, stage: int = 1) -> int:
         """Send one request (a batch of samples) without waiting; returns its id."""
-        tensors = dict(batch) if isinstance(batch, dict) else {self.input_name: np.ascontiguousarray(batch, dtype=np.float32)}
+        tensors = (
+            dict(batch) if isinstance(batch, dict) else {self.input_name: np.ascontiguousarray(batch, dtype=np.float32)}
+        )
         n = len(next(iter(tensors.values())))
         rid = next(self._ids)
         P.send(self.sock, P.encode(P.INFER, rid, tensors, stage=stage, deadline=float(deadline or 0.0), route=[]))
@@ -114,7 +140,7 @@ class Client:
     def _parse(self, frames) -> tuple[int, Result] | None:
         now = time.perf_counter()
         try:
-            msg = P.decode(frames)
+            msg = P.decode(frames, kinds=P.REPLY_KINDS)
         except P.ProtocolError:
             return None
         sent = self._sent.pop(msg.id, None)
@@ -122,11 +148,17 @@ class Client:
             return None
         t0, n = sent
         if msg.kind == P.ERROR:
-            return msg.id, _error_result(n, ServerError(str(msg.header.get("code")), str(msg.header.get("message"))), now - t0)
+            return msg.id, _error_result(
+                n, ServerError(str(msg.header.get("code")), str(msg.header.get("message"))), now - t0
+            )
         t = msg.tensors
         return msg.id, Result(
-            np.array(t["class"]), np.array(t["confidence"]), np.array(t["exit"]), np.array(t["flags"]),
-            [str(s) for s in msg.header.get("served_by", [])], now - t0,
+            np.array(t["class"]),
+            np.array(t["confidence"]),
+            np.array(t["exit"]),
+            np.array(t["flags"]),
+            [str(s) for s in msg.header.get("served_by", [])],
+            now - t0,
         )
 
     @property
@@ -163,7 +195,14 @@ class Client:
         chunks = [x[i : i + batch_size] for i in range(0, len(x), batch_size)]
         return list(self.stream(chunks, window, rate, timeout, deadline))
 
-    def stream(self, chunks, window: int = 64, rate: float | None = None, timeout: float | None = None, deadline: float | None = None) -> Iterator[Result]:
+    def stream(
+        self,
+        chunks,
+        window: int = 64,
+        rate: float | None = None,
+        timeout: float | None = None,
+        deadline: float | None = None,
+    ) -> Iterator[Result]:
         timeout = self.timeout if timeout is None else timeout
         chunks = list(chunks)
         results: dict[int, Result] = {}
@@ -186,7 +225,9 @@ class Client:
             for rid, (t0, n) in list(self._sent.items()):
                 if now - t0 > timeout:
                     del self._sent[rid]
-                    results[rid] = _error_result(n, ServerError("timeout", f"no reply within {timeout:.1f} s"), now - t0)
+                    results[rid] = _error_result(
+                        n, ServerError("timeout", f"no reply within {timeout:.1f} s"), now - t0
+                    )
             while emitted < len(ids) and ids[emitted] in results:
                 yield results.pop(ids[emitted])
                 emitted += 1
@@ -199,7 +240,7 @@ class Client:
             if not self.sock.poll(int(max(end - time.monotonic(), 0) * 1000) + 1, zmq.POLLIN):
                 continue
             try:
-                msg = P.decode(self.sock.recv_multipart(zmq.NOBLOCK, copy=False))
+                msg = P.decode(self.sock.recv_multipart(zmq.NOBLOCK, copy=False), kinds=P.REPLY_KINDS)
             except (zmq.Again, P.ProtocolError):
                 continue
             if msg.kind == P.STATUS_REPLY and msg.id == rid:
@@ -209,7 +250,7 @@ class Client:
     def close(self) -> None:
         self.sock.close(0)
 
-    def __enter__(self) -> "Client":
+    def __enter__(self) -> Client:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -266,13 +307,15 @@ def infer_spread(
                     del c._sent[rid]
                     i = owner.pop((nid, rid), None)
                     if i is not None:
-                        results[i] = _error_result(n, ServerError("timeout", f"no reply within {timeout:.1f} s"), now - t0)
+                        results[i] = _error_result(
+                            n, ServerError("timeout", f"no reply within {timeout:.1f} s"), now - t0
+                        )
                         done += 1
     return results
 
 
 def summarize(results: list[Result | None], labels: np.ndarray | None = None) -> dict:
-    """Accuracy, served share per exit and per node, latency mean/p50/p99 (ms), errors."""
+    """Accuracy, served share per exit and per node, latency (cis.metrics.latency_summary, seconds), errors."""
     ok = [r for r in results if r is not None and r.error is None]
     errors: dict[str, int] = {}
     for r in results:
@@ -287,15 +330,17 @@ def summarize(results: list[Result | None], labels: np.ndarray | None = None) ->
     ex = np.concatenate([r.exit for r in ok])
     flags = np.concatenate([r.flags for r in ok])
     nodes = [s for r in ok for s in r.served_by]
-    lat = np.array([r.latency for r in ok]) * 1000
     if labels is not None:
-        lab = np.concatenate([labels[i : i + len(r)] for i, r in _positions(results) if r is not None and r.error is None])
+        lab = np.concatenate(
+            [labels[i : i + len(r)] for i, r in _positions(results) if r is not None and r.error is None]
+        )
         out["accuracy"] = float((cls == lab).mean())
     out["served_share_per_exit"] = {str(e): float((ex == e).mean()) for e in sorted(set(ex.tolist()))}
     out["served_share_per_node"] = {k: nodes.count(k) / n_ok for k in sorted(set(nodes))}
     out["degraded"] = int((flags & P.FLAG_DEGRADED).astype(bool).sum())
     out["capped"] = int((flags & P.FLAG_CAPPED).astype(bool).sum())
-    out["latency_ms"] = {"mean": float(lat.mean()), "p50": float(np.percentile(lat, 50)), "p99": float(np.percentile(lat, 99))}
+    out["nonfinite"] = int((flags & P.FLAG_NONFINITE).astype(bool).sum())
+    out["latency"] = latency_summary([r.latency for r in ok])
     return out
 
 

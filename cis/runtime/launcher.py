@@ -1,25 +1,45 @@
-"""Start every node of a spec as its own process on loopback (``cis serve BUNDLE --all``).
+"""Start every node of a spec as its own process on loopback and keep them up (``cis serve BUNDLE --all``).
 
 Addresses come from the spec's ``address`` fields, or from free loopback ports
 when a node has none (or when ``free_ports`` is set). Each node is a
-``python -m cis.cli serve BUNDLE --node ID --bind ADDR --parent ADDR`` process;
+``python -m cis.cli serve BUNDLE --node ID --bind ADDR --parent ADDR`` process.
+
+Supervision (:meth:`Cluster.supervise`, called every ~0.1 s by ``serve --all``):
+a node that exits is reaped at once (no zombies) and started again at the same
+address after a backoff of 0 s for the first restart, then 0.5, 1, 2, 4 ... up to
+30 s; a node that stayed up for 30 s starts over at 0 s. The restarted node gets
+``--restarts N``, so its ``status`` reply shows how often it was restarted. With
+a log folder, each node's stdout and stderr go to ``LOG_DIR/ID.log`` (the
+launcher adds a line for every exit and restart) and ``LOG_DIR/cluster.json``
+holds every node's address, pid, state (up/down), restarts and last exit status
+(``cis status --cluster LOG_DIR``). Nodes get SIGTERM if the launcher itself dies.
+With a metrics port (``--metrics-port``) node i of the spec serves Prometheus metrics
+on PORT+i, or on a free port of its own when PORT is 0 (:func:`plan_metrics`); a
+restarted node keeps its port, and :attr:`Cluster.metrics` holds every node's URL.
 :meth:`Cluster.stop` sends SIGTERM (drain, then exit) and SIGKILL after a grace period.
 """
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 from cis.errors import CisError
 from cis.runtime.security import CurveConfig
 from cis.spec import CisSpec
+
+FIRST_BACKOFF = 0.5  # seconds before the second restart; the first is immediate
+MAX_BACKOFF = 30.0
+STABLE_AFTER = 30.0  # seconds up after which a node's backoff starts over
+CLUSTER_FILE = "cluster.json"
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -30,6 +50,60 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 def plan_addresses(spec: CisSpec, free_ports: bool = False) -> dict[str, str]:
     return {n.id: (n.address if n.address and not free_ports else f"tcp://127.0.0.1:{free_port()}") for n in spec.nodes}
+
+
+def plan_metrics(
+    spec: CisSpec, addresses: dict[str, str], port: int | None, host: str | None = None
+) -> tuple[dict[str, int], dict[str, str]]:
+    """({node: metrics port}, {node: metrics URL}): PORT+i for node i of the spec, or free ports for 0."""
+    if port is None:
+        return {}, {}
+    from cis.runtime.metrics_http import http_host, metrics_url
+
+    ports, urls = {}, {}
+    for i, n in enumerate(spec.nodes):
+        where = host or http_host(addresses[n.id])
+        ports[n.id] = port + i if port else free_port("127.0.0.1" if where == "0.0.0.0" else where)
+        urls[n.id] = metrics_url(where, ports[n.id])
+    return ports, urls
+
+
+def _resolve_prctl() -> Callable | None:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the child must not load anything
+    except (OSError, AttributeError):
+        return None
+
+
+_PRCTL = _resolve_prctl()
+
+
+def _main_thread() -> bool:
+    """PR_SET_PDEATHSIG fires when the *thread* that started the child ends: only use it from the main thread."""
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    """The node gets SIGTERM when the launcher dies, even by SIGKILL (no orphans)."""
+    _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class Supervision:
+    """What the launcher knows of one node beyond its process."""
+
+    restarts: int = 0
+    started: float = 0.0  # monotonic time of the last start
+    backoff: float = 0.0  # seconds to wait before the next restart
+    down_since: float | None = None
+    restart_at: float | None = None
+    last_exit: int | None = None
 
 
 @dataclass
@@ -43,27 +117,62 @@ class Cluster:
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
     log_dir: str | None = None
     curve: CurveConfig | None = None  # how the launcher's own probes reach nodes that run CurveZMQ
+    supervision: dict[str, Supervision] = field(default_factory=dict)
+    metrics_ports: dict[str, int] = field(default_factory=dict)  # --metrics-port of each node (none: no metrics)
+    metrics: dict[str, str] = field(default_factory=dict)  # each node's metrics URL (ends in /metrics)
+    stopping: bool = False
+    say: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
 
     def command(self, node_id: str) -> list[str]:
         node = self.spec.node(node_id)
-        cmd = [sys.executable, "-m", "cis.cli", "serve", str(self.bundle), "--node", node_id, "--bind", self.addresses[node_id]]
+        cmd = [
+            sys.executable,
+            "-m",
+            "cis.cli",
+            "serve",
+            str(self.bundle),
+            "--node",
+            node_id,
+            "--bind",
+            self.addresses[node_id],
+        ]
         if node.parent is not None:
             cmd += ["--parent", self.addresses[node.parent]]
         if self.spec_file:
             cmd += ["--spec", str(self.spec_file)]
+        restarts = self.supervision.get(node_id, Supervision()).restarts
+        if restarts:
+            cmd += ["--restarts", str(restarts)]
+        if node_id in self.metrics_ports:
+            cmd += ["--metrics-port", str(self.metrics_ports[node_id])]
         return cmd + list(self.extra_args) + list(self.node_args.get(node_id, ()))
+
+    def log_path(self, node_id: str) -> Path | None:
+        return Path(self.log_dir) / f"{node_id}.log" if self.log_dir else None
 
     def start(self, node_id: str) -> subprocess.Popen:
         old = self.procs.get(node_id)
         if old is not None and old.poll() is None:
             raise CisError(f"node {node_id!r} is already running (pid {old.pid})")
-        err = subprocess.DEVNULL
-        if self.log_dir:
-            Path(self.log_dir).mkdir(parents=True, exist_ok=True)
-            err = open(Path(self.log_dir) / f"{node_id}.log", "ab")
-        self.procs[node_id] = subprocess.Popen(self.command(node_id), stdout=subprocess.DEVNULL, stderr=err, stdin=subprocess.DEVNULL)
-        if err is not subprocess.DEVNULL:
-            err.close()
+        log = self.log_path(node_id)
+        out = None  # without a log folder a node writes to the launcher's own stdout/stderr
+        if log is not None:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            out = open(log, "ab")
+        try:
+            self.procs[node_id] = subprocess.Popen(
+                self.command(node_id),
+                stdin=subprocess.DEVNULL,
+                stdout=out if out else subprocess.DEVNULL,
+                stderr=out if out else None,
+                preexec_fn=_die_with_parent if _PRCTL is not None and _main_thread() else None,
+            )
+        finally:
+            if out is not None:
+                out.close()
+        sup = self.supervision.setdefault(node_id, Supervision())
+        sup.started, sup.down_since, sup.restart_at = time.monotonic(), None, None
+        self.write_state()
         return self.procs[node_id]
 
     def start_all(self) -> None:
@@ -81,9 +190,14 @@ class Cluster:
                 while True:
                     proc = self.procs.get(nid)
                     if proc is not None and proc.poll() is not None:
-                        raise CisError(f"node {nid!r} exited with status {proc.returncode} while starting")
+                        raise CisError(
+                            f"node {nid!r} exited with status {proc.returncode} while starting" + self._see_log(nid)
+                        )
                     if time.monotonic() > end:
-                        raise CisError(f"node {nid!r} at {self.addresses[nid]}: not ready within {timeout:.0f} s")
+                        raise CisError(
+                            f"node {nid!r} at {self.addresses[nid]}: not ready within {timeout:.0f} s"
+                            + self._see_log(nid)
+                        )
                     try:
                         st = c.status(timeout=0.5)
                     except TimeoutError:
@@ -91,6 +205,70 @@ class Cluster:
                     if st.get("parent") is None or st.get("parent_up"):
                         break
                     time.sleep(0.05)
+
+    def _see_log(self, node_id: str) -> str:
+        log = self.log_path(node_id)
+        return f" (see {log})" if log is not None else ""
+
+    def supervise(self, now: float | None = None) -> list[str]:
+        """Reap nodes that exited and restart those whose backoff is over; returns what happened."""
+        if self.stopping:
+            return []
+        now = time.monotonic() if now is None else now
+        events: list[tuple[str, str]] = []
+        for nid, proc in list(self.procs.items()):
+            sup = self.supervision.setdefault(nid, Supervision())
+            code = proc.poll()  # reaps an exited child: no zombie
+            if code is None:
+                if now - sup.started >= STABLE_AFTER:
+                    sup.backoff = 0.0
+                continue
+            if sup.down_since is None:
+                sup.down_since, sup.last_exit = now, code
+                sup.restart_at = now + sup.backoff
+                events.append(
+                    (nid, f"node {nid} exited with status {code}; restart {sup.restarts + 1} in {sup.backoff:.1f} s")
+                )
+                sup.backoff = min(MAX_BACKOFF, max(FIRST_BACKOFF, 2 * sup.backoff))
+                self.write_state()
+            if sup.restart_at is not None and now >= sup.restart_at:
+                sup.restarts += 1
+                self.start(nid)
+                events.append((nid, f"node {nid} restarted (pid {self.procs[nid].pid}, restart {sup.restarts})"))
+        for nid, line in events:
+            self.say(f"cis serve: {line}")
+            log = self.log_path(nid)
+            if log is not None:
+                with open(log, "a") as f:
+                    f.write(f"[launcher {time.strftime('%Y-%m-%d %H:%M:%S')}] {line}\n")
+        return [line for _, line in events]
+
+    def state(self) -> dict:
+        nodes = {}
+        for n in self.spec.nodes:
+            proc, sup = self.procs.get(n.id), self.supervision.get(n.id, Supervision())
+            up = proc is not None and proc.returncode is None and sup.down_since is None
+            nodes[n.id] = {
+                "address": self.addresses[n.id],
+                "exit": n.exit,
+                "parent": n.parent,
+                "pid": proc.pid if proc else None,
+                "state": "stopped" if self.stopping else ("up" if up else "down"),
+                "restarts": sup.restarts,
+                "last_exit": sup.last_exit,
+                "log": str(self.log_path(n.id)) if self.log_dir else None,
+            }
+        return {"launcher_pid": os.getpid(), "nodes": nodes}
+
+    def write_state(self) -> None:
+        """LOG_DIR/cluster.json, replaced atomically."""
+        if not self.log_dir:
+            return
+        path = Path(self.log_dir) / CLUSTER_FILE
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self.state(), indent=2))
+        tmp.replace(path)
 
     def kill(self, node_id: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs.get(node_id)
@@ -100,6 +278,7 @@ class Cluster:
                 proc.wait(10)
 
     def stop(self, grace: float = 15.0) -> dict[str, int | None]:
+        self.stopping = True
         for proc in self.procs.values():
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
@@ -110,9 +289,10 @@ class Cluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+        self.write_state()
         return {nid: p.returncode for nid, p in self.procs.items()}
 
-    def __enter__(self) -> "Cluster":
+    def __enter__(self) -> Cluster:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -129,9 +309,27 @@ def launch(
     ready_timeout: float = 60.0,
     log_dir: str | None = None,
     curve: CurveConfig | None = None,
+    metrics_port: int | None = None,
+    metrics_host: str | None = None,
 ) -> Cluster:
-    """Start all nodes and wait until they serve; on failure, stop what was started."""
-    cluster = Cluster(str(bundle), spec, plan_addresses(spec, free_ports), spec_file, list(extra_args), dict(node_args or {}), log_dir=log_dir, curve=curve)
+    """Start all nodes and wait until they serve; on failure, stop what was started.
+
+    ``metrics_port``: every node serves /metrics and /healthz (see :func:`plan_metrics`);
+    ``metrics_host`` is passed on in ``extra_args`` by ``cis serve`` and only names the URLs here."""
+    addresses = plan_addresses(spec, free_ports)
+    ports, urls = plan_metrics(spec, addresses, metrics_port, metrics_host)
+    cluster = Cluster(
+        str(bundle),
+        spec,
+        addresses,
+        spec_file,
+        list(extra_args),
+        dict(node_args or {}),
+        log_dir=log_dir,
+        curve=curve,
+        metrics_ports=ports,
+        metrics=urls,
+    )
     try:
         cluster.start_all()
         cluster.wait_ready(ready_timeout)

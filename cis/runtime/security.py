@@ -1,14 +1,19 @@
 """CurveZMQ keys and allow-lists.
 
 ``cis keys DIR --name NAME`` writes NAME.key (public) and NAME.key_secret
-(public + secret) in ZeroMQ's certificate format. A node started with a secret
-key encrypts its ROUTER socket; with an allow-list folder (public ``*.key``
-files) a ThreadAuthenticator refuses every peer whose public key is not in it.
-Peers that are refused get no reply at all (the handshake fails).
+(public + secret) in ZeroMQ's certificate format; ``--allow FOLDER`` copies only
+the public NAME.key into an allow folder, ``cis keys FOLDER --add PEER.key``
+copies a peer's public key there (a file that holds a secret key is refused).
+A node started with a secret key encrypts its ROUTER socket; with an allow-list
+folder (public ``*.key`` files) a ThreadAuthenticator refuses every peer whose
+public key is not in it. Peers that are refused get no reply at all (the
+handshake fails).
 """
 
 from __future__ import annotations
 
+import shutil
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,6 +30,20 @@ def make_keys(folder: str | Path, name: str) -> tuple[Path, Path]:
     public, secret = zmq.auth.create_certificates(folder, name)
     Path(secret).chmod(0o600)
     return Path(public), Path(secret)
+
+
+def add_public(folder: str | Path, key_file: str | Path) -> Path:
+    """Copy a public ``.key`` certificate into an allow folder; refuse one that holds a secret key."""
+    key_file, folder = Path(key_file), Path(folder)
+    load_public(key_file)  # a readable certificate
+    if zmq.auth.load_certificate(key_file)[1] is not None:
+        raise CisError(
+            f"{key_file}: holds a secret key; an allow folder takes only public .key files "
+            "(the peer keeps its .key_secret)"
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    name = key_file.name if key_file.suffix == ".key" else key_file.name + ".key"
+    return Path(shutil.copyfile(key_file, folder / name))
 
 
 def load_keypair(path: str | Path) -> tuple[bytes, bytes]:
@@ -65,13 +84,22 @@ class CurveConfig:
         return self.secret_file is not None
 
 
-def start_authenticator(ctx: zmq.Context, allow_dir: str | Path, own_secret: str | Path | None = None) -> ThreadAuthenticator:
+def start_authenticator(
+    ctx: zmq.Context, allow_dir: str | Path, own_secret: str | Path | None = None
+) -> ThreadAuthenticator:
     """Refuse every peer whose public key is not in ``allow_dir``, except peers holding the
     node's own key pair (``own_secret``): the other nodes of one ``cis serve --all``, which
     share it, and whoever holds that secret could pose as the node anyway."""
     folder = Path(allow_dir)
     if not folder.is_dir():
         raise CisError(f"{folder}: allow-list folder not found; expected a folder of public .key files")
+    leaked = sorted(p.name for p in folder.glob("*.key_secret"))
+    if leaked:
+        print(
+            f"cis: warning: {folder} holds secret keys ({', '.join(leaked)}); "
+            "an allow folder needs only public .key files",
+            file=sys.stderr,
+        )
     own = load_keypair(own_secret)[0] if own_secret else None
     auth = ThreadAuthenticator(ctx)
     auth.start()

@@ -27,7 +27,6 @@ QUERY message:     answers cis-node {index, id, size} (the server maps Flower no
 from __future__ import annotations
 
 import json
-
 from functools import lru_cache
 
 import torch
@@ -35,14 +34,23 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from cis.errors import CisError
+from training.architectures import build_model
 from training.device import resolve_device, with_amp
 from training.engine import derived_generator
-from training.local import Client, ExitSGDTrainer
-from training.models import build_model
 from training.flower.records import (
-    ARRAYS_KEY, CONFIG_KEY, CONFIG_RECORD, METRICS_RECORD, OPTIMIZER_STATE, NODE_RECORD, STATS_RECORD,
-    node_index, node_setup, record_to_state, state_to_record,
+    ARRAYS_KEY,
+    CONFIG_KEY,
+    CONFIG_RECORD,
+    METRICS_RECORD,
+    NODE_RECORD,
+    OPTIMIZER_STATE,
+    STATS_RECORD,
+    node_index,
+    node_setup,
+    record_to_state,
+    state_to_record,
 )
+from training.local import Client, ExitSGDTrainer
 
 DATA_STATE = "cis-data"
 NODE_STATE = "cis-node"
@@ -71,7 +79,9 @@ def working_model(model_json: str):
 @app.query()
 def identify(msg: Message, context: Context) -> Message:
     c = node_client(str(msg.content[CONFIG_RECORD][CONFIG_KEY]), context)
-    return Message(RecordDict({NODE_RECORD: ConfigRecord({"index": c.index, "id": c.id, "size": c.size})}), reply_to=msg)
+    return Message(
+        RecordDict({NODE_RECORD: ConfigRecord({"index": c.index, "id": c.id, "size": c.size})}), reply_to=msg
+    )
 
 
 def load_node_optimizer(trainer, cid: str, state: RecordDict) -> None:

@@ -18,8 +18,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import tomli_w
 
@@ -55,7 +55,9 @@ def write_connection(flwr_home: Path, name: str, address: str, root_certificates
     (flwr_home / "config.toml").write_text(tomli_w.dumps({"superlink": {"default": name, name: conn}}))
 
 
-def write_run_config(path: Path, config: RunConfig, out: str | Path, round_timeout: float, connect_timeout: float) -> Path:
+def write_run_config(
+    path: Path, config: RunConfig, out: str | Path, round_timeout: float, connect_timeout: float
+) -> Path:
     from training.flower.records import config_to_text
 
     values = {"cis-config": config_to_text(config), "out-dir": str(Path(out).resolve()),
@@ -126,12 +128,16 @@ class LoopbackFederation:
                 time.sleep(0.2)
         raise CisError(f"flower: {what} not listening on 127.0.0.1:{port} after {self.start_timeout:.0f} s")
 
-    def start(self) -> "LoopbackFederation":
+    def start(self) -> LoopbackFederation:
         t0 = time.perf_counter()
         self.workdir.mkdir(parents=True, exist_ok=True)
         port = free_port()
         self.address = f"127.0.0.1:{port}"
-        sl = self._spawn("superlink", [str(BIN / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port)], self.home)
+        sl = self._spawn(
+            "superlink",
+            [str(BIN / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port)],
+            self.home,
+        )
         self._wait_listening(port, sl, "flower-superlink")
         for k in range(self.num_nodes):
             self._spawn(f"supernode-{k}", [
@@ -172,7 +178,7 @@ class LoopbackFederation:
             self._tmp.cleanup()
             self._tmp = None
 
-    def __enter__(self) -> "LoopbackFederation":
+    def __enter__(self) -> LoopbackFederation:
         try:
             return self.start()
         except BaseException:

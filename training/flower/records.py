@@ -67,7 +67,9 @@ def node_setup(config_text: str):
     the CPU: the ClientApp moves its own node's data to the training device per round."""
     from training.run import build_setup
 
-    config = dataclasses.replace(config_from_text(config_text), strategy="equal", weights=None, sigma=None, device="cpu")
+    config = dataclasses.replace(
+        config_from_text(config_text), strategy="equal", weights=None, sigma=None, device="cpu"
+    )
     return build_setup(config)
 
 
@@ -77,11 +79,19 @@ def node_index(node_config: Mapping, setup) -> int:
     if "cis-node" in node_config:
         name = str(node_config["cis-node"])
         if name not in ids:
-            raise CisError(f"flower: node-config cis-node={name!r} is not a node of spec {setup.spec.name!r}; expected one of {', '.join(ids)}")
+            raise CisError(
+                f"flower: node-config cis-node={name!r} is not a node of spec {setup.spec.name!r}; expected one "
+                f"of {', '.join(ids)}"
+            )
         return ids.index(name)
     if "partition-id" in node_config:
         k = int(node_config["partition-id"])
         if not 0 <= k < len(ids):
-            raise CisError(f"flower: node-config partition-id={k}; spec {setup.spec.name!r} has nodes 0..{len(ids) - 1}")
+            raise CisError(
+                f"flower: node-config partition-id={k}; spec {setup.spec.name!r} has nodes 0..{len(ids) - 1}"
+            )
         return k
-    raise CisError("flower: the SuperNode has no 'partition-id' or 'cis-node' in its --node-config; expected e.g. --node-config 'partition-id=0'")
+    raise CisError(
+        "flower: the SuperNode has no 'partition-id' or 'cis-node' in its --node-config; expected e.g. --node-config "
+        "'partition-id=0'"
+    )

@@ -15,8 +15,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from cis.errors import CisError
 from cis.extras import require
@@ -48,22 +48,39 @@ def run_flower(
     if mode not in MODES:
         raise CisError(f"--engine flower: mode {mode!r}; expected one of {', '.join(MODES)}")
     if config.method != "cis":
-        raise CisError(f"--engine flower: runs Algorithm 1 (method 'cis'); method {config.method!r} runs on the built-in engine only")
+        raise CisError(
+            f"--engine flower: runs Algorithm 1 (method 'cis'); "
+            f"method {config.method!r} runs on the built-in engine only"
+        )
     require("flower", "--engine flower")
     out = Path(out)
     if (out / "checkpoint.pt").exists():
-        raise CisError(f"{out}: already holds a run; choose another --out (--resume is not supported with --engine flower)")
+        raise CisError(
+            f"{out}: already holds a run; choose another --out (--resume is not supported with --engine flower)"
+        )
     if mode == "simulation":
         return _simulate(config, out, round_timeout, connect_timeout, num_cpus, log)
     from training.flower.deploy import LoopbackFederation, submit_run
 
     if superlink is not None:
-        submit_run(config, out, superlink, root_certificates=root_certificates, round_timeout=round_timeout, connect_timeout=connect_timeout, log=log)
+        submit_run(
+            config,
+            out,
+            superlink,
+            root_certificates=root_certificates,
+            round_timeout=round_timeout,
+            connect_timeout=connect_timeout,
+            log=log,
+        )
     else:
-        from training.run import resolve_spec
         from training.data import load_dataset
+        from training.run import resolve_spec
 
-        n = len(resolve_spec(config, load_dataset(config.dataset, seed=config.seed, val_size=config.val_size).train.num_classes).nodes)
+        n = len(
+            resolve_spec(
+                config, load_dataset(config.dataset, seed=config.seed, val_size=config.val_size).train.num_classes
+            ).nodes
+        )
         with LoopbackFederation(n, log=log) as fed:
             fed.run(config, out, round_timeout=round_timeout, connect_timeout=connect_timeout)
     if not (out / "summary.json").is_file():
@@ -71,17 +88,20 @@ def run_flower(
     return json.loads((out / "summary.json").read_text())
 
 
-def _simulate(config: RunConfig, out: Path, round_timeout: float, connect_timeout: float, num_cpus: int | None, log) -> dict:
+def _simulate(
+    config: RunConfig, out: Path, round_timeout: float, connect_timeout: float, num_cpus: int | None, log
+) -> dict:
     from flwr.serverapp import ServerApp
     from flwr.simulation import run_simulation
 
+    from training.device import run_device
     from training.flower.client_app import app as client_app
     from training.flower.server_app import serve
     from training.run import build_setup
 
-    from training.device import run_device
-
-    n = len(build_setup(dataclasses.replace(config, device="cpu")).clients)  # cheap for the built-in datasets; the ServerApp builds its own
+    n = len(
+        build_setup(dataclasses.replace(config, device="cpu")).clients
+    )  # cheap for the built-in datasets; the ServerApp builds its own
     # ray hides the GPUs from actors that ask for none: on a GPU, each ClientApp asks for a share of one
     gpus = 1.0 / n if run_device(config).type == "cuda" else 0.0
     result: dict = {}
@@ -90,7 +110,9 @@ def _simulate(config: RunConfig, out: Path, round_timeout: float, connect_timeou
     @server_app.main()
     def main(grid, context) -> None:
         try:
-            result["summary"] = serve(grid, config, out, round_timeout=round_timeout, connect_timeout=connect_timeout, log=log)
+            result["summary"] = serve(
+                grid, config, out, round_timeout=round_timeout, connect_timeout=connect_timeout, log=log
+            )
         except BaseException as exc:  # run_simulation only logs a failing ServerApp; re-raised below
             result["error"] = exc
             raise
@@ -105,7 +127,11 @@ def _simulate(config: RunConfig, out: Path, round_timeout: float, connect_timeou
         _stop_ray()
     if "error" in result:
         err = result["error"]
-        raise err if isinstance(err, CisError) else CisError(f"flower simulation: the ServerApp failed ({type(err).__name__}: {err})")
+        raise (
+            err
+            if isinstance(err, CisError)
+            else CisError(f"flower simulation: the ServerApp failed ({type(err).__name__}: {err})")
+        )
     if "summary" not in result:
         raise CisError("flower simulation: the ServerApp did not finish (see Flower's log above)")
     return result["summary"]

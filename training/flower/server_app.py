@@ -18,8 +18,8 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
@@ -29,7 +29,7 @@ from training.checkpoint import save_checkpoint
 from training.config import RunConfig
 from training.flower.records import config_from_text, config_to_text, state_to_record
 from training.flower.strategy import CisStrategy
-from training.run import build_setup, checkpoint_meta, evaluate_round, round_line, run_summary, write_json
+from training.run import build_setup, checkpoint_meta, evaluate_round, round_line, run_summary, served_model, write_json
 
 
 def serve(
@@ -67,13 +67,29 @@ def serve(
         if t % config.checkpoint_every == 0 or t == config.rounds:
             t0 = time.perf_counter()
             # the momentum buffers stay on the nodes (context.state): the checkpoint holds the round only
-            save_checkpoint(out, s.engine.sync_model(), {**checkpoint_meta(s), "engine": "flower"}, {"engine": {"round": s.engine.round}})
+            save_checkpoint(
+                out,
+                served_model(s),
+                {**checkpoint_meta(s), "engine": "flower"},
+                {"engine": {"round": s.engine.round}},
+            )
             timing["checkpoint"] += time.perf_counter() - t0
-        log(f"round {t}/{config.rounds}" + (f": val CIS accuracy {100 * line['val_cis_accuracy']:.1f} %" if "val_cis_accuracy" in line else ""))
-        return MetricRecord({"val_cis_accuracy": float(line["val_cis_accuracy"])}) if "val_cis_accuracy" in line else None
+        log(
+            f"round {t}/{config.rounds}"
+            + (f": val CIS accuracy {100 * line['val_cis_accuracy']:.1f} %" if "val_cis_accuracy" in line else "")
+        )
+        return (
+            MetricRecord({"val_cis_accuracy": float(line["val_cis_accuracy"])}) if "val_cis_accuracy" in line else None
+        )
 
     t_loop = time.perf_counter()
-    strategy.start(grid, state_to_record(s.engine.global_state), num_rounds=config.rounds, timeout=round_timeout, evaluate_fn=after_round)
+    strategy.start(
+        grid,
+        state_to_record(s.engine.global_state),
+        num_rounds=config.rounds,
+        timeout=round_timeout,
+        evaluate_fn=after_round,
+    )
     loop_seconds = time.perf_counter() - t_loop
     summary = run_summary(s)
     summary.update({

@@ -36,11 +36,26 @@ from flwr.supercore import log
 from cis.errors import CisError
 from training.engine import FederatedEngine, derived_generator
 from training.flower.records import (
-    ARRAYS_KEY, CONFIG_KEY, CONFIG_RECORD, NODE_RECORD, STATS_RECORD, record_to_state, state_to_record,
+    ARRAYS_KEY,
+    CONFIG_KEY,
+    CONFIG_RECORD,
+    NODE_RECORD,
+    STATS_RECORD,
+    record_to_state,
+    state_to_record,
 )
 
-
-TRAINER_FIELDS = ("lr", "momentum", "weight_decay", "batch_size", "steps", "total_rounds", "schedule", "augment", "exit_flops")
+TRAINER_FIELDS = (
+    "lr",
+    "momentum",
+    "weight_decay",
+    "batch_size",
+    "steps",
+    "total_rounds",
+    "schedule",
+    "augment",
+    "exit_flops",
+)
 
 
 class CisStrategy(Strategy):
@@ -61,8 +76,12 @@ class CisStrategy(Strategy):
         self.model_text = json.dumps(engine.model.config())
 
     def summary(self) -> None:
-        log(INFO, "\t├──> CIS Algorithm 1: %d nodes, exit sampling matrix rows %s", len(self.engine.clients),
-            [list(map(float, r)) for r in np.asarray(getattr(self.engine.chooser, "matrix", []))])
+        log(
+            INFO,
+            "\t├──> CIS Algorithm 1: %d nodes, exit sampling matrix rows %s",
+            len(self.engine.clients),
+            [list(map(float, r)) for r in np.asarray(getattr(self.engine.chooser, "matrix", []))],
+        )
         log(INFO, "\t└──> aggregation: %s (training/aggregation.py)", type(self.engine.aggregator).__name__)
 
     # --- which Flower node is which CIS node -------------------------------------------------
@@ -72,25 +91,42 @@ class CisStrategy(Strategy):
         deadline = time.monotonic() + self.connect_timeout
         while len(list(grid.get_node_ids())) < n:
             if time.monotonic() > deadline:
-                raise CisError(f"flower: {len(list(grid.get_node_ids()))} SuperNodes connected after {self.connect_timeout:.0f} s; the spec has {n} nodes (one SuperNode each)")
+                raise CisError(
+                    f"flower: {len(list(grid.get_node_ids()))} SuperNodes connected after {self.connect_timeout:.0f} "
+                    f"s; the spec has {n} nodes (one SuperNode each)"
+                )
             time.sleep(0.2)
         content = RecordDict({CONFIG_RECORD: ConfigRecord({CONFIG_KEY: self.config_text})})
-        msgs = [Message(content=content, dst_node_id=nid, message_type=MessageType.QUERY) for nid in grid.get_node_ids()]
+        msgs = [
+            Message(content=content, dst_node_id=nid, message_type=MessageType.QUERY) for nid in grid.get_node_ids()
+        ]
         found: dict[int, int] = {}
         for reply in grid.send_and_receive(msgs, timeout=self.connect_timeout):
             if reply.has_error():
-                raise CisError(f"flower: node {reply.metadata.src_node_id} failed to identify itself: {reply.error.reason}")
+                raise CisError(
+                    f"flower: node {reply.metadata.src_node_id} failed to identify itself: {reply.error.reason}"
+                )
             k = int(reply.content[NODE_RECORD]["index"])
             if k in found:
-                raise CisError(f"flower: two SuperNodes ({found[k]}, {reply.metadata.src_node_id}) claim CIS node {k}; give each a different partition-id")
+                raise CisError(
+                    f"flower: two SuperNodes ({found[k]}, {reply.metadata.src_node_id}) claim CIS node {k}; give each "
+                    "a different partition-id"
+                )
             found[k] = reply.metadata.src_node_id
         missing = sorted(set(range(n)) - set(found))
         if missing:
             ids = ", ".join(self.engine.clients[i].id for i in missing)
-            raise CisError(f"flower: no SuperNode answered for CIS node(s) {ids}; start one per node with --node-config 'partition-id=K'")
+            raise CisError(
+                f"flower: no SuperNode answered for CIS node(s) {ids}; start one per node with --node-config "
+                "'partition-id=K'"
+            )
         self.nodes = found
         self.timings["discover"] += time.perf_counter() - t0
-        log(INFO, "CIS nodes -> Flower node ids: %s", {self.engine.clients[i].id: nid for i, nid in sorted(found.items())})
+        log(
+            INFO,
+            "CIS nodes -> Flower node ids: %s",
+            {self.engine.clients[i].id: nid for i, nid in sorted(found.items())},
+        )
         return found
 
     # --- line 3 ----------------------------------------------------------------------------------
@@ -104,35 +140,64 @@ class CisStrategy(Strategy):
         self.pairs = self.engine.chooser.choose(server_round, derived_generator(self.engine.seed, server_round))
         return self.pairs
 
-    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+    def configure_train(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         if self.nodes is None:
             self.discover(grid)
         pairs = self.begin_round(server_round, arrays)
         messages = []
         for i, e in pairs:
-            cfg = ConfigRecord({**dict(config), "server-round": server_round, "node-index": i, "exit": e, CONFIG_KEY: self.config_text,
-                                "model": self.model_text, "trainer": self.trainer_text})
+            cfg = ConfigRecord(
+                {
+                    **dict(config),
+                    "server-round": server_round,
+                    "node-index": i,
+                    "exit": e,
+                    CONFIG_KEY: self.config_text,
+                    "model": self.model_text,
+                    "trainer": self.trainer_text,
+                }
+            )
             content = RecordDict({ARRAYS_KEY: arrays, CONFIG_RECORD: cfg})
-            messages.append(Message(content=content, dst_node_id=self.nodes[i], message_type=MessageType.TRAIN, group_id=str(server_round)))
+            messages.append(
+                Message(
+                    content=content,
+                    dst_node_id=self.nodes[i],
+                    message_type=MessageType.TRAIN,
+                    group_id=str(server_round),
+                )
+            )
         self.timings["configure"] += time.perf_counter() - self._t0
         return messages
 
     # --- line 12 ---------------------------------------------------------------------------------
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]) -> tuple[ArrayRecord | None, MetricRecord | None]:
+    def aggregate_train(
+        self, server_round: int, replies: Iterable[Message]
+    ) -> tuple[ArrayRecord | None, MetricRecord | None]:
         t0 = time.perf_counter()
         replies = list(replies)
         errors = [m for m in replies if m.has_error()]
         if errors:
-            raise CisError(f"flower round {server_round}: {len(errors)} node(s) failed: " + "; ".join(f"node {m.metadata.src_node_id}: {m.error.reason}" for m in errors))
+            raise CisError(
+                f"flower round {server_round}: {len(errors)} node(s) failed: "
+                + "; ".join(f"node {m.metadata.src_node_id}: {m.error.reason}" for m in errors)
+            )
         by_index: dict[int, Message] = {}
         for m in replies:
             k = int(m.content[STATS_RECORD]["node-index"])
             if self.nodes is not None and self.nodes.get(k) != m.metadata.src_node_id:
-                raise CisError(f"flower round {server_round}: a reply for CIS node {k} came from Flower node {m.metadata.src_node_id}, expected {self.nodes.get(k)}")
+                raise CisError(
+                    f"flower round {server_round}: a reply for CIS node {k} came from Flower "
+                    f"node {m.metadata.src_node_id}, expected {self.nodes.get(k)}"
+                )
             by_index[k] = m
         missing = [self.engine.clients[i].id for i, _ in self.pairs if i not in by_index]
         if missing:  # Algorithm 1's estimator needs every sampled pair (no partial rounds)
-            raise CisError(f"flower round {server_round}: no reply from node(s) {', '.join(missing)} (timeout?); a round needs every sampled pair")
+            raise CisError(
+                f"flower round {server_round}: no reply from node(s) {', '.join(missing)} (timeout?); a round needs "
+                "every sampled pair"
+            )
         engine, agg = self.engine, self.engine.aggregator
         device = next(iter(engine.global_state.values())).device  # the server's training device
         agg.begin(engine.global_state, server_round, self.pairs)
@@ -141,7 +206,9 @@ class CisStrategy(Strategy):
             m = by_index[i]
             got = int(m.content[STATS_RECORD]["exit"])
             if got != e:
-                raise CisError(f"flower round {server_round}: node {engine.clients[i].id} trained exit {got}, expected {e}")
+                raise CisError(
+                    f"flower round {server_round}: node {engine.clients[i].id} trained exit {got}, expected {e}"
+                )
             agg.add(engine.clients[i], e, _on(record_to_state(m.content[ARRAYS_KEY]), device))
             records.append({"node": engine.clients[i].id, "exit": e, **json.loads(m.content[STATS_RECORD]["json"])})
         agg.finish(engine.global_state)
@@ -154,7 +221,9 @@ class CisStrategy(Strategy):
         return state_to_record(engine.global_state), metrics
 
     # --- evaluation: centralised on the server ---------------------------------------------------
-    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid) -> Iterable[Message]:
+    def configure_evaluate(
+        self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
+    ) -> Iterable[Message]:
         return []
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]) -> MetricRecord | None:

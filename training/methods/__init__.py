@@ -1,13 +1,15 @@
-"""Early-exit methods from other papers, as pieces of the one federated engine.
+"""Other papers' methods as pieces of the one federated engine, and their models.
 
+- :mod:`training.methods.registry`: every method and its options (torch-free: the CLI reads it);
 - :mod:`training.methods.vit`: a small early-exit ViT (per-exit heads or ReeFL's Ree);
 - :mod:`training.methods.ree`: the Ree module and the shared classifier;
 - :mod:`training.methods.distill`: ReeFL's best-exit self-distillation and the baselines' KD terms;
 - :mod:`training.methods.flame`: FLAME's sample-adaptive training (patience exits, grouped backprop);
-- :mod:`training.methods.aggregate`: the methods' aggregation rules as pure functions and engine aggregators;
-- :mod:`training.methods.baselines`: DepthFL, InclusiveFL, ExclusiveFL and ScaleFL pieces.
+- :mod:`training.methods.aggregate`: the methods' aggregation rules as pure functions;
+- :mod:`training.methods.baselines`: DepthFL, InclusiveFL, ExclusiveFL and ScaleFL pieces;
+- :mod:`training.methods.nested`, ``slicing``, ``subfl``, ``widthfl``, ``slt``: the nested (width/depth
+  scaled) methods.
 
-Importing this package registers the ``vit`` architecture with :func:`training.models.build_model`.
+Importing this package imports nothing: the architectures are named in
+:mod:`training.architectures`, not registered as a side effect.
 """
-
-from training.methods import vit  # noqa: F401  (registers the architecture)

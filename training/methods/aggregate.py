@@ -1,18 +1,25 @@
-"""Aggregation rules of ReeFL, FLAME and the baselines.
+"""Aggregation rules of ReeFL, FLAME and the baselines, as pure functions over state dicts.
 
 Every rule is a weighted average per state entry over the clients that hold the
-entry, so one streaming :class:`MaskedAverage` aggregator (weights and a
-holds-mask per client) runs them all in the engine, and the pure functions
-below state each rule on small dicts:
+entry. What a rule says about one client is its :data:`Term`: the client's weight
+and what it holds (:data:`~training.methods.slicing.Holds`). The pure functions
+below state each rule on lists of states; the engine's aggregator
+(:class:`training.methods.baselines.MaskedAggregator`) takes the same terms one
+client at a time (the engine keeps no per-client copies), and both add up through
+the one accumulator :class:`~training.methods.slicing.SelectionAverage`, so the rule
+that runs is the rule these functions state (Flower's strategies over pure
+``aggregate`` functions, streamed).
 
-- FedAvg: weight |D_m|, every client holds everything;
-- ReeFL (and the depth baselines): weight |D_m| over the clients whose sub-model
-  holds the parameter (stage k's entries are held by clients of exit >= k; Ree,
-  the shared classifier and anything outside a stage by all);
-- FLAME patience-conscious: weight p_m; exit-conscious: weight e_m (the client's
-  average training exit);
-- FLAME exit-based: layer l averaged over the clients with e_m >= l, equal weights;
-- ScaleFL: entrywise over the clients whose width-sliced sub-model contains the entry.
+- FedAvg (:func:`fedavg_term`): weight |D_m|, every client holds everything;
+- ReeFL and the depth baselines (:func:`held_term`): weight |D_m| over the clients whose
+  sub-model holds the parameter (stage k's entries are held by clients of exit >= k;
+  Ree, the shared classifier and anything outside a stage by all);
+- FLAME patience-conscious (:func:`patience_term`): weight p_m; exit-conscious
+  (:func:`exit_conscious_term`): weight e_m (the client's average training exit);
+- FLAME exit-based (:func:`exit_based_term`): layer l averaged over the clients with e_m >= l,
+  equal weights;
+- ScaleFL: entrywise over the clients whose width-sliced sub-model contains the entry
+  (:func:`training.methods.baselines.width_holds`).
 
 An entry no client holds keeps its global value. Integer entries (BatchNorm
 counts) take the largest count among the holders.
@@ -21,14 +28,17 @@ counts) take the largest count among the holders.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 from torch import Tensor
 
+from training.methods.slicing import Holds, SelectionAverage, holds_all
+
 _STAGE_KEY = re.compile(r"^stage_list\.(\d+)\.")
 
-Holds = Callable[[str, Tensor], "bool | Tensor"]  # (key, value) -> held? (or an entrywise mask)
+Term = tuple[float, Holds]
+"""One client's part in a rule: its weight and what it holds."""
 
 
 def key_exit(key: str) -> int | None:
@@ -42,97 +52,82 @@ def held_by_exit(max_exit: float) -> Holds:
     return lambda key, value: (key_exit(key) or 1) <= max_exit
 
 
-def holds_all(key: str, value: Tensor) -> bool:
-    return True
+def fedavg_term(size: float) -> Term:
+    return float(size), holds_all
+
+
+def held_term(size: float, max_exit: float) -> Term:
+    return float(size), held_by_exit(max_exit)
+
+
+def patience_term(patience: int) -> Term:
+    return float(patience), holds_all
+
+
+def exit_conscious_term(avg_exit: float) -> Term:
+    return float(avg_exit), holds_all
+
+
+def exit_based_term(avg_exit: float) -> Term:
+    return 1.0, held_by_exit(avg_exit)
 
 
 @torch.no_grad()
+def average_terms(
+    global_state: Mapping[str, Tensor], states: Sequence[Mapping[str, Tensor]], terms: Sequence[Term]
+) -> dict[str, Tensor]:
+    """sum_m w_m [m holds] W_m / sum_m w_m [m holds] per entry; entries nobody holds keep the global value."""
+    avg = SelectionAverage()
+    for state, (weight, holds) in zip(states, terms):
+        avg.add_masked(global_state, state, weight, holds)
+    out = {k: v.clone() for k, v in global_state.items()}
+    avg.write(out)
+    return out
+
+
 def masked_average(
     global_state: Mapping[str, Tensor],
     states: Sequence[Mapping[str, Tensor]],
     weights: Sequence[float],
     holds: Sequence[Holds] | None = None,
 ) -> dict[str, Tensor]:
-    """sum_m w_m [m holds] W_m / sum_m w_m [m holds] per entry; entries nobody holds keep the global value."""
-    agg = MaskedAverage()
-    agg.start(global_state)
-    for k, (state, w) in enumerate(zip(states, weights)):
-        agg.add_state(state, w, holds[k] if holds else holds_all)
-    out = {k: v.clone() for k, v in global_state.items()}
-    agg.write(out)
-    return out
+    """:func:`average_terms` with the weights and holds given apart (every client holds all by default)."""
+    return average_terms(global_state, states, list(zip(weights, holds or [holds_all] * len(states))))
 
 
-def fedavg(global_state: Mapping[str, Tensor], states: Sequence[Mapping[str, Tensor]], sizes: Sequence[float]) -> dict[str, Tensor]:
-    return masked_average(global_state, states, sizes)
+def fedavg(
+    global_state: Mapping[str, Tensor], states: Sequence[Mapping[str, Tensor]], sizes: Sequence[float]
+) -> dict[str, Tensor]:
+    return average_terms(global_state, states, [fedavg_term(s) for s in sizes])
 
 
 def held_average(
-    global_state: Mapping[str, Tensor], states: Sequence[Mapping[str, Tensor]], sizes: Sequence[float], max_exits: Sequence[int]
+    global_state: Mapping[str, Tensor],
+    states: Sequence[Mapping[str, Tensor]],
+    sizes: Sequence[float],
+    max_exits: Sequence[int],
 ) -> dict[str, Tensor]:
     """ReeFL: per parameter over the clients that hold it, weighted by their samples."""
-    return masked_average(global_state, states, sizes, [held_by_exit(e) for e in max_exits])
+    return average_terms(global_state, states, [held_term(s, e) for s, e in zip(sizes, max_exits)])
 
 
 def patience_conscious(
     global_state: Mapping[str, Tensor], states: Sequence[Mapping[str, Tensor]], patiences: Sequence[int]
 ) -> dict[str, Tensor]:
-    return masked_average(global_state, states, [float(p) for p in patiences])
+    return average_terms(global_state, states, [patience_term(p) for p in patiences])
 
 
 def exit_conscious(
     global_state: Mapping[str, Tensor], states: Sequence[Mapping[str, Tensor]], avg_exits: Sequence[float]
 ) -> dict[str, Tensor]:
-    return masked_average(global_state, states, [float(e) for e in avg_exits])
+    return average_terms(global_state, states, [exit_conscious_term(e) for e in avg_exits])
 
 
 def exit_based(
     global_state: Mapping[str, Tensor], states: Sequence[Mapping[str, Tensor]], avg_exits: Sequence[float]
 ) -> dict[str, Tensor]:
     """Layer l (the stage of exit l, its head included) over the clients whose average exit e_m >= l."""
-    return masked_average(global_state, states, [1.0] * len(states), [held_by_exit(e) for e in avg_exits])
-
-
-class MaskedAverage:
-    """Streaming form of :func:`masked_average`: ``start``, ``add_state`` per client, ``write``."""
-
-    def __init__(self) -> None:
-        self._num: dict[str, Tensor] = {}
-        self._den: dict[str, Tensor] = {}
-
-    @torch.no_grad()
-    def start(self, global_state: Mapping[str, Tensor]) -> None:
-        for k, v in global_state.items():
-            if k not in self._num:
-                self._num[k] = torch.zeros_like(v, dtype=v.dtype if v.is_floating_point() else torch.float64)
-                self._den[k] = torch.zeros_like(v, dtype=torch.float64 if not v.is_floating_point() else v.dtype)
-            self._num[k].zero_()
-            self._den[k].zero_()
-
-    @torch.no_grad()
-    def add_state(self, state: Mapping[str, Tensor], weight: float, holds: Holds = holds_all) -> None:
-        for k, num in self._num.items():
-            v = state[k]
-            held = holds(k, v)
-            if held is False:
-                continue
-            mask = held.to(num.dtype) if isinstance(held, Tensor) else 1.0
-            if v.is_floating_point():
-                num.add_(v * mask, alpha=weight)
-                self._den[k].add_(mask * weight if isinstance(mask, Tensor) else torch.full_like(self._den[k], weight))
-            else:  # integer counts: the largest among holders
-                torch.maximum(num, v.to(num.dtype), out=num)
-                self._den[k].fill_(1.0)
-
-    @torch.no_grad()
-    def write(self, global_state: dict[str, Tensor]) -> None:
-        for k, g in global_state.items():
-            den = self._den[k]
-            held = den > 0
-            if g.is_floating_point():
-                g.copy_(torch.where(held, self._num[k] / den.clamp(min=1e-12), g))
-            elif bool(held.any()):
-                g.copy_(self._num[k].to(g.dtype))
+    return average_terms(global_state, states, [exit_based_term(e) for e in avg_exits])
 
 
 def block_deltas_distilled(

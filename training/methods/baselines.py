@@ -6,8 +6,9 @@
   budget plus a distillation term: ReeFL, DepthFL, ExclusiveFL, ScaleFL);
   InclusiveFL trains its sub-model's deepest exit only, which is
   :class:`training.local.ExitSGDTrainer` as it is; :class:`FlameTrainer`.
-- :class:`MaskedAggregator`: a weighted average per entry over the clients that
-  hold it (training/methods/aggregate.py), with InclusiveFL's momentum distillation as an option.
+- :class:`MaskedAggregator`: the rules of training/methods/aggregate.py (a weighted average per
+  entry over the clients that hold it), client by client, with InclusiveFL's momentum distillation
+  as an option.
 
 Budgets: :func:`round_robin_budgets` gives client k the largest exit (k mod E) + 1.
 """
@@ -25,10 +26,13 @@ from torch import Tensor
 from training.data import augment_batch
 from training.local import Client, ExitSGDTrainer, batch_indices
 from training.methods import distill, flame
-from training.methods.aggregate import Holds, MaskedAverage, block_deltas_distilled, key_exit
+from training.methods.aggregate import Term, block_deltas_distilled, key_exit
+from training.methods.registry import FLAME_GROUP_STEPS, FLAME_GROUPINGS, FLAME_OPTIMIZERS, KD_RAMP_ROUNDS
+from training.methods.slicing import Holds, SelectionAverage
 from training.methods.vit import Block, ViTEE, qkv_rows, width_counts
 from training.models import EarlyExitNet
 from training.sampling import choose_participants
+from training.strategies import Weights
 
 LOSSES = ("reefl", "depthfl", "all", "scalefl")
 SCALEFL_WIDTHS_4 = (0.4, 0.55, 0.75, 1.0)
@@ -82,7 +86,7 @@ class MultiExitTrainer(ExitSGDTrainer):
         loss: str,
         distill_weight: float = 1.0,
         tau: float = 1.0,
-        ramp_rounds: int = distill.RAMP_ROUNDS,
+        ramp_rounds: int = KD_RAMP_ROUNDS,
         widths: Sequence[float] | None = None,
         clip_value: float | None = None,
         **sgd,
@@ -162,21 +166,25 @@ class FlameTrainer(ExitSGDTrainer):
         self, *, patience: dict[str, int], forward_flops: Sequence[int], grouping: str = "exit",
         group_step: str = "share", optimizer: str = "sgd", fixed_exits: dict[str, int] | None = None, **sgd,
     ) -> None:
-        if grouping not in flame.GROUPINGS:
-            raise ValueError(f"grouping {grouping!r}: expected one of {flame.GROUPINGS}")
-        if group_step not in flame.GROUP_STEPS:
-            raise ValueError(f"group_step {group_step!r}: expected one of {flame.GROUP_STEPS}")
-        if optimizer not in flame.OPTIMIZERS:
-            raise ValueError(f"optimizer {optimizer!r}: expected one of {flame.OPTIMIZERS}")
+        if grouping not in FLAME_GROUPINGS:
+            raise ValueError(f"grouping {grouping!r}: expected one of {FLAME_GROUPINGS}")
+        if group_step not in FLAME_GROUP_STEPS:
+            raise ValueError(f"group_step {group_step!r}: expected one of {FLAME_GROUP_STEPS}")
+        if optimizer not in FLAME_OPTIMIZERS:
+            raise ValueError(f"optimizer {optimizer!r}: expected one of {FLAME_OPTIMIZERS}")
         super().__init__(**sgd)
         self.patience, self.forward_flops, self.grouping = dict(patience), list(forward_flops), grouping
         self.group_step, self.optimizer = group_step, optimizer
-        self.fixed_exits = dict(fixed_exits or {})  # the fixed-exit baseline: client -> the one exit all its samples train
+        self.fixed_exits = dict(
+            fixed_exits or {}
+        )  # the fixed-exit baseline: client -> the one exit all its samples train
         self.last_avg_exit: dict[str, float] = {}
 
     def make_optimizer(self, params: list[Tensor]) -> torch.optim.Optimizer:
         if self.optimizer == "adamw":
-            return torch.optim.AdamW(params, lr=self.lr, betas=flame.ADAMW_BETAS, eps=flame.ADAMW_EPS, weight_decay=self.weight_decay)
+            return torch.optim.AdamW(
+                params, lr=self.lr, betas=flame.ADAMW_BETAS, eps=flame.ADAMW_EPS, weight_decay=self.weight_decay
+            )
         return super().make_optimizer(params)
 
     def train(self, model: EarlyExitNet, client: Client, exit: int, round: int, gen: torch.Generator) -> dict:
@@ -261,37 +269,46 @@ def exit_boundary_blocks(exits: Sequence[int]) -> list[int]:
 
 
 class MaskedAggregator:
-    """Weighted average per entry over the clients that hold it (weights and holds per (client, exit)).
+    """The engine's form of the aggregation rules of :mod:`training.methods.aggregate`, one client at a time.
 
-    ``momentum_beta`` > 0 adds InclusiveFL's momentum distillation to the server
-    update: the top block of every smaller sub-model also moves by beta times the
-    mean update of the deeper blocks.
+    ``term(client, exit, size)`` is the client's :data:`~training.methods.aggregate.Term` (weight, holds);
+    ``size`` is its sample weight: |S_i|, or with inference-aware ``weights`` (the run's ``--strategy``)
+    Lambda~_e(t) |S_i|, the CIS paper's weighting of the entry it trained. ``momentum_beta`` > 0 adds
+    InclusiveFL's momentum distillation to the server update: the top block of every smaller sub-model
+    also moves by beta times the mean update of the deeper blocks.
     """
 
     def __init__(
         self,
-        weight: Callable[[Client, int], float],
-        holds: Callable[[Client, int], Holds],
+        term: Callable[[Client, int, float], Term],
+        weights: Weights | None = None,
         momentum_beta: float = 0.0,
         block_prefixes: Sequence[str] = (),
         boundaries: Sequence[int] = (),
     ) -> None:
-        self.weight, self.holds = weight, holds
+        self.term, self.weights = term, weights
         self.beta, self.prefixes, self.boundaries = momentum_beta, list(block_prefixes), list(boundaries)
-        self._avg = MaskedAverage()
+        self._avg = SelectionAverage()
+        self._global: dict[str, Tensor] = {}
+        self._lam: np.ndarray | None = None
         self._old: dict[str, Tensor] = {}
         self.last_weights: list[float] = []
 
+    def size(self, client: Client, exit: int) -> float:
+        """The client's sample weight for the entry ``exit``: Lambda~_e(t) |S_i| (inference-aware) or |S_i|."""
+        return float(client.size) if self._lam is None else float(self._lam[exit - 1]) * client.size
+
     def begin(self, global_state: dict[str, Tensor], round: int, pairs: Sequence[tuple[int, int]]) -> None:
-        self._avg.start(global_state)
+        self._global = global_state
+        self._lam = None if self.weights is None else self.weights.at(round)
         self.last_weights = []
         if self.beta:
             self._old = {k: v.clone() for k, v in global_state.items()}
 
     def add(self, client: Client, exit: int, local_state: dict[str, Tensor]) -> None:
-        w = float(self.weight(client, exit))
-        self.last_weights.append(w)
-        self._avg.add_state(local_state, w, self.holds(client, exit))
+        weight, holds = self.term(client, exit, self.size(client, exit))
+        self.last_weights.append(weight)
+        self._avg.add_masked(self._global, local_state, weight, holds)
 
     @torch.no_grad()
     def finish(self, global_state: dict[str, Tensor]) -> None:

@@ -21,8 +21,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from training.methods.registry import KD_RAMP_ROUNDS
+
 EMA_ZETA = 0.2
-RAMP_ROUNDS = 300
 
 
 class RunningLoss:
@@ -48,7 +49,7 @@ def ema(old: Tensor, new: Tensor, zeta: float) -> Tensor:
     return (1.0 - zeta) * old + zeta * new
 
 
-def ramp_weight(round: int, ramp_rounds: int = RAMP_ROUNDS, max_weight: float = 1.0) -> float:
+def ramp_weight(round: int, ramp_rounds: int = KD_RAMP_ROUNDS, max_weight: float = 1.0) -> float:
     """eta at round r: max_weight * exp(-5 (1 - min(r, R)/R)^2)."""
     frac = min(max(round, 0), ramp_rounds) / ramp_rounds
     return max_weight * math.exp(-5.0 * (1.0 - frac) ** 2)

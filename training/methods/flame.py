@@ -48,14 +48,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from cis import patience as pt
+from training.methods.registry import FLAME_GROUP_STEPS, FLAME_GROUPINGS
 from training.models import EarlyExitNet
 
-GROUPINGS = ("exit", "full", "random", "binary", "distant", "close")
-GROUP_STEPS = ("share", "mean")
-OPTIMIZERS = ("sgd", "adamw")
 ADAMW_BETAS, ADAMW_EPS = (0.9, 0.999), 1e-8  # the paper's fine-tuning optimizer (appendix A.2)
-SETTING_A = (2, 2, 3, 3, 4, 4, 5, 5, 6, 6)
-EVAL_PATIENCE = 4
 TRAIN_FLOPS_FACTOR = 3
 
 
@@ -97,7 +93,8 @@ def patience_forward(model: EarlyExitNet, x: Tensor, patience: int) -> tuple[Ten
 
 
 def fixed_exit_forward(model: EarlyExitNet, x: Tensor, exit: int) -> tuple[Tensor, np.ndarray]:
-    """Every sample trains at ``exit`` (the fixed-exit baseline): stages 1..exit only; same returns as :func:`patience_forward`."""
+    """Every sample trains at ``exit`` (the fixed-exit baseline): stages 1..exit only; same returns as
+    :func:`patience_forward`."""
     carry: Tensor | dict[str, Tensor] = x
     logits = None
     for stage in model.stages()[:exit]:
@@ -126,7 +123,9 @@ def round_summary(pairs: Sequence[dict]) -> dict:
     }
 
 
-def group_samples(exits: np.ndarray, strategy: str, num_exits: int, gen: torch.Generator | None = None) -> list[np.ndarray]:
+def group_samples(
+    exits: np.ndarray, strategy: str, num_exits: int, gen: torch.Generator | None = None
+) -> list[np.ndarray]:
     """Sample indices per backpropagation group (non-empty groups only, in group order).
 
     - ``exit`` (the paper's proposal): one group per exit layer;
@@ -151,14 +150,14 @@ def group_samples(exits: np.ndarray, strategy: str, num_exits: int, gen: torch.G
     elif strategy == "close":
         label = (exits - 1) // 2
     else:
-        raise ValueError(f"grouping {strategy!r}: expected one of {GROUPINGS}")
+        raise ValueError(f"grouping {strategy!r}: expected one of {FLAME_GROUPINGS}")
     return [np.flatnonzero(label == g) for g in np.unique(label)]
 
 
 def group_losses(exit_logits: Tensor, y: Tensor, groups: Sequence[np.ndarray], step: str = "share") -> list[Tensor]:
     """Each group's loss: its mean cross-entropy at its samples' exits (``mean``), times |g| / b (``share``)."""
-    if step not in GROUP_STEPS:
-        raise ValueError(f"group step {step!r}: expected one of {GROUP_STEPS}")
+    if step not in FLAME_GROUP_STEPS:
+        raise ValueError(f"group step {step!r}: expected one of {FLAME_GROUP_STEPS}")
     n = len(y)
     out = []
     for g in groups:

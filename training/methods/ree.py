@@ -33,8 +33,11 @@ def broadcast_param(param: Tensor, like: Tensor) -> Tensor:
     return like.detach().clamp(0.0, 0.0) + param
 
 
-def multihead_attention(x: Tensor, w: Tensor, b: Tensor, w_out: Tensor, b_out: Tensor, heads: int, head_dim: int) -> Tensor:
-    """Self-attention of ``x`` (N, T, D) with a fused qkv projection ``w`` (3 * heads * head_dim, D), layout [q|k|v] x heads x head_dim.
+def multihead_attention(
+    x: Tensor, w: Tensor, b: Tensor, w_out: Tensor, b_out: Tensor, heads: int, head_dim: int
+) -> Tensor:
+    """Self-attention of ``x`` (N, T, D) with a fused qkv projection ``w`` (3 * heads * head_dim, D),
+    layout [q|k|v] x heads x head_dim.
 
     Written with einsum over reshaped *weights* so that no activation is reshaped
     by a traced size: the exported ONNX graph keeps every dimension but the batch

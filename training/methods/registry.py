@@ -1,17 +1,22 @@
-"""``cis train --method NAME``: the methods, their options, and the engine pieces they build.
+"""The method registry: every ``cis train --method`` and every option, with its default, named once.
 
-    method  family       model                               pieces
-    cis     Algorithm 1  the dataset's early-exit CNN         training/run.py builds them itself
+    method  family       model                                  pieces built by (training/builders.py)
+    cis     cis          the dataset's early-exit CNN            engine.ExitSampler, ExitSGDTrainer, CisAggregator
     reefl, depthfl, inclusivefl, exclusivefl, scalefl, flame
-            early exit   ViT (training/methods/vit.py)       training/methods/setup.py
+            early-exit   ViT (training/methods/vit.py)          training/methods/setup.py
     nefl, slt, heterofl, fjord, fedrolex, fd, small
             nested       NestedNet (training/methods/nested.py) training/methods/subfl.py
 
 Options are ``--option KEY=VALUE`` (or an ``options`` table in the config file);
-:data:`OPTIONS` lists every key, the methods it applies to, its type and default.
-:func:`resolve_options` checks a method's options and fills its defaults (so the
-run's config.json shows every value it used); :func:`build_method_setup` turns a
-resolved config into (model, chooser, trainer, aggregator, matrix, weights).
+:data:`OPTIONS` lists every key, the methods it applies to, its type and its default
+(None: decided at build time from the data, as its help says). :func:`resolve_options`
+checks a method's options and fills its defaults (so the run's config.json shows every
+value it used); :func:`effective_options` adds the defaults of the options that do not
+apply to the method, which is what the builders (:mod:`training.builders`) read, so no
+default is written anywhere else. The choices the torch modules check (FLAME's groupings,
+the nested layouts, ...) are named here too, and they import them from here.
+
+This module needs no torch: the CLI builds its choices from it.
 
 Inference-aware weighting (the CIS paper's point, for every method where it
 applies): a client's weight in the methods' per-entry averages is
@@ -23,8 +28,7 @@ weighting. FLAME is the exception: every client trains the full model, and
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +38,22 @@ from cis.errors import CisError
 
 EARLY_EXIT_METHODS = ("reefl", "depthfl", "inclusivefl", "exclusivefl", "scalefl", "flame")
 NESTED_METHODS = ("nefl", "slt", "heterofl", "fjord", "fedrolex", "fd", "small")
-METHODS = ("cis", *EARLY_EXIT_METHODS, *NESTED_METHODS)
+FAMILIES = {"cis": ("cis",), "early-exit": EARLY_EXIT_METHODS, "nested": NESTED_METHODS}
+METHODS = tuple(m for family in FAMILIES.values() for m in family)
+
+# Choices and constants of the methods, named once (the torch modules import them from here).
+VIT_ARCHS = ("vit", "cnn")
+FLAME_GROUPINGS = ("exit", "full", "random", "binary", "distant", "close")
+FLAME_GROUP_STEPS = ("share", "mean")
+FLAME_OPTIMIZERS = ("sgd", "adamw")
+FLAME_AGGREGATIONS = ("fedavg", "patience", "exit-conscious", "exit-based")
+FLAME_SETTING_A = (2, 2, 3, 3, 4, 4, 5, 5, 6, 6)  # training patience per client, cycled (the paper's Setting A)
+FLAME_EVAL_PATIENCE = 4  # the paper's p_ev at inference
+KD_RAMP_ROUNDS = 300  # the notes: R = 300 of the paper's 1k rounds
+NESTED_LAYOUTS = ("digits", "resnet20", "resnet56")
+NEFL_MODES = ("W", "D", "WD")
+NEFL_STEP_INITS = ("D", "D0")
+TIER_MODES = ("fixed", "dynamic")
 
 _EE, _NESTED = EARLY_EXIT_METHODS, NESTED_METHODS
 _BOOL = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False, "on": True, "off": False}
@@ -92,45 +111,147 @@ class Option:
         raise ValueError(value)
 
 
-OPTIONS: dict[str, Option] = {o.name: o for o in (
-    # early-exit methods (ViT)
-    Option("arch", "str", ("depthfl", "exclusivefl", "flame"), "vit",
-           "vit: the small early-exit ViT; cnn: the dataset's early-exit CNN (digits-cnn / resnet18)", ("vit", "cnn")),
-    Option("dim", "int", _EE, None, "ViT token width (default 32 digits, 64 CIFAR; scaled by --width)"),
-    Option("depth", "int", _EE, None, "ViT blocks (default 3 digits, 6 CIFAR)"),
-    Option("heads", "int", _EE, 4, "ViT attention heads"),
-    Option("patch", "int", _EE, None, "ViT patch side (default 2 digits, 4 CIFAR)"),
-    Option("mlp_ratio", "float", _EE, 2.0, "ViT MLP width / token width"),
-    Option("vit_exits", "ints", _EE, None, "blocks after which the exits sit (default: evenly spaced, one per spec exit)", optional=True),
-    Option("distill", "bool", ("reefl", "depthfl"), True, "self-distillation (ReeFL best-exit KD, DepthFL mutual KD)"),
-    Option("kd_ramp_rounds", "int", ("reefl", "depthfl"), 300,
-           "rounds over which the distillation weight ramps up, exp(-5 (1 - min(r, R)/R)^2) (the notes: R = 300 of 1k rounds)"),
-    Option("modulation", "bool", ("reefl",), True, "ReeFL feature modulation (the carried CLS token is Ree's output)"),
-    Option("clip_value", "float", ("reefl", "depthfl", "exclusivefl"), None,
-           "clip gradients by value (the ReeFL paper: 1, for every method it compares)", optional=True),
-    Option("patience", "ints", ("flame",), None, "FLAME training patience per client, cycled (default Setting A 2,2,3,3,4,4,5,5,6,6)", optional=True),
-    Option("grouping", "str", ("flame",), "exit", "FLAME grouped backpropagation", ("exit", "full", "random", "binary", "distant", "close")),
-    Option("group_step", "str", ("flame",), "share",
-           "FLAME group update: share (group mean loss x |group|/b; a batch moves one SGD step) or mean (the paper's Algorithm 2 literally)",
-           ("share", "mean")),
-    Option("optimizer", "str", ("flame",), "sgd",
-           "FLAME local optimizer: sgd (the config's momentum SGD) or adamw (the paper's; betas 0.9/0.999, eps 1e-8, the config's lr and weight decay)",
-           ("sgd", "adamw")),
-    Option("flame_aggregation", "str", ("flame",), "fedavg", "FLAME aggregation rule", ("fedavg", "patience", "exit-conscious", "exit-based")),
-    # nested methods (NestedNet)
-    Option("layout", "str", _NESTED, None, "residual network (default digits for digits, resnet20 for CIFAR)", ("digits", "resnet20", "resnet56")),
-    Option("gammas", "floats", _NESTED, None, "parameter ratio of sub-models 1..E (default k/E)", optional=True),
-    Option("nefl_mode", "str", ("nefl",), "WD", "NeFL scaling: W (width), D (depth, step sizes), WD (both)", ("W", "D", "WD")),
-    Option("nefl_init", "str", ("nefl",), "D", "NeFL step-size init: D (1 per kept block) or D0 (skipped blocks' steps added)", ("D", "D0")),
-    Option("learn_steps", "bool", ("nefl",), True, "NeFL: learn the step sizes (false: fixed, the paper's N/L)"),
-    Option("tiers", "str", _NESTED, "fixed", "fixed: a node trains its tier's sub-model; dynamic: it picks among E_i-spread..E_i each round", ("fixed", "dynamic")),
-    Option("tier_spread", "int", _NESTED, 1, "dynamic tiers: how many smaller sub-models a node may pick"),
-    Option("budgets", "floats", ("slt", "fedrolex", "fd"), None, "channel keep-ratio s of tiers 1..E (default: the sub-models' own ratios)", optional=True),
-)}
+OPTIONS: dict[str, Option] = {
+    o.name: o
+    for o in (
+        # early-exit methods (ViT)
+        Option(
+            "arch",
+            "str",
+            ("depthfl", "exclusivefl", "flame"),
+            "vit",
+            "vit: the small early-exit ViT; cnn: the dataset's early-exit CNN (digits-cnn / resnet18)",
+            VIT_ARCHS,
+        ),
+        Option("dim", "int", _EE, None, "ViT token width (default 32 digits, 64 CIFAR; scaled by --width)"),
+        Option("depth", "int", _EE, None, "ViT blocks (default 3 digits, 6 CIFAR)"),
+        Option("heads", "int", _EE, 4, "ViT attention heads"),
+        Option("patch", "int", _EE, None, "ViT patch side (default 2 digits, 4 CIFAR)"),
+        Option("mlp_ratio", "float", _EE, 2.0, "ViT MLP width / token width"),
+        Option(
+            "vit_exits",
+            "ints",
+            _EE,
+            None,
+            "blocks after which the exits sit (default: evenly spaced, one per spec exit)",
+            optional=True,
+        ),
+        Option(
+            "distill", "bool", ("reefl", "depthfl"), True, "self-distillation (ReeFL best-exit KD, DepthFL mutual KD)"
+        ),
+        Option(
+            "kd_ramp_rounds",
+            "int",
+            ("reefl", "depthfl"),
+            KD_RAMP_ROUNDS,
+            "rounds over which the distillation weight ramps up, exp(-5 (1 - min(r, R)/R)^2) "
+            "(the notes: R = 300 of 1k rounds)",
+        ),
+        Option(
+            "modulation", "bool", ("reefl",), True, "ReeFL feature modulation (the carried CLS token is Ree's output)"
+        ),
+        Option(
+            "clip_value",
+            "float",
+            ("reefl", "depthfl", "exclusivefl"),
+            None,
+            "clip gradients by value (the ReeFL paper: 1, for every method it compares)",
+            optional=True,
+        ),
+        Option(
+            "patience",
+            "ints",
+            ("flame",),
+            None,
+            "FLAME training patience per client, cycled (default Setting A 2,2,3,3,4,4,5,5,6,6)",
+            optional=True,
+        ),
+        Option(
+            "eval_patience",
+            "int",
+            ("flame",),
+            FLAME_EVAL_PATIENCE,
+            "FLAME patience p_ev of the exported bundle's exit policy (cis export --patience overrides it)",
+        ),
+        Option("grouping", "str", ("flame",), "exit", "FLAME grouped backpropagation", FLAME_GROUPINGS),
+        Option(
+            "group_step",
+            "str",
+            ("flame",),
+            "share",
+            "FLAME group update: share (group mean loss x |group|/b; a batch moves one SGD step) or mean "
+            "(the paper's Algorithm 2 literally)",
+            FLAME_GROUP_STEPS,
+        ),
+        Option(
+            "optimizer",
+            "str",
+            ("flame",),
+            "sgd",
+            "FLAME local optimizer: sgd (the config's momentum SGD) or adamw (the paper's; betas 0.9/0.999, eps 1e-8, "
+            "the config's lr and weight decay)",
+            FLAME_OPTIMIZERS,
+        ),
+        Option("flame_aggregation", "str", ("flame",), "fedavg", "FLAME aggregation rule", FLAME_AGGREGATIONS),
+        # nested methods (NestedNet)
+        Option(
+            "layout",
+            "str",
+            _NESTED,
+            None,
+            "residual network (default digits for digits, resnet20 for CIFAR)",
+            NESTED_LAYOUTS,
+        ),
+        Option("gammas", "floats", _NESTED, None, "parameter ratio of sub-models 1..E (default k/E)", optional=True),
+        Option(
+            "nefl_mode", "str", ("nefl",), "WD", "NeFL scaling: W (width), D (depth, step sizes), WD (both)", NEFL_MODES
+        ),
+        Option(
+            "nefl_init",
+            "str",
+            ("nefl",),
+            "D",
+            "NeFL step-size init: D (1 per kept block) or D0 (skipped blocks' steps added)",
+            NEFL_STEP_INITS,
+        ),
+        Option("learn_steps", "bool", ("nefl",), True, "NeFL: learn the step sizes (false: fixed, the paper's N/L)"),
+        Option(
+            "static_bn",
+            "bool",
+            ("heterofl",),
+            True,
+            "HeteroFL static BatchNorm: no running statistics while training; after training each sub-model's "
+            "own, a cumulative average over the nodes' training data (false: shared running statistics tracked "
+            "and averaged while training)",
+        ),
+        Option(
+            "tiers",
+            "str",
+            _NESTED,
+            "fixed",
+            "fixed: a node trains its tier's sub-model; dynamic: it picks among E_i-spread..E_i each round",
+            TIER_MODES,
+        ),
+        Option("tier_spread", "int", _NESTED, 1, "dynamic tiers: how many smaller sub-models a node may pick"),
+        Option(
+            "budgets",
+            "floats",
+            ("slt", "fedrolex", "fd"),
+            None,
+            "channel keep-ratio s of tiers 1..E (default: the sub-models' own ratios)",
+            optional=True,
+        ),
+    )
+}
 
 
 def options_of(method: str) -> list[Option]:
     return [o for o in OPTIONS.values() if method in o.methods]
+
+
+def family_of(method: str) -> str:
+    """"cis", "early-exit" or "nested"."""
+    return next(f for f, methods in FAMILIES.items() if check_method(method) in methods)
 
 
 def check_method(method: Any) -> str:
@@ -180,145 +301,12 @@ def parse_option_flags(items: Sequence[str]) -> dict[str, str]:
     return out
 
 
-# ---------------------------------------------------------------- building
+def effective_options(method: str, options: dict[str, Any] | None) -> dict[str, Any]:
+    """Every option's value for a method: its resolved options, and the schema default of each option
+    that does not apply to it (what the method then uses: e.g. ``arch`` is always ``vit`` for reefl)."""
+    return {**{name: o.default for name, o in OPTIONS.items()}, **(options or {})}
 
 
-@dataclass
-class MethodSetup:
-    model: Any
-    chooser: Any
-    trainer: Any
-    aggregator: Any
-    matrix: np.ndarray  # the exit (sub-model) each node trains, as a sampling matrix
-    weights: Any  # training.strategies.Weights
-
-
-WeightsFor = Callable[[Any, np.ndarray], Any]
-"""(model, matrix) -> Weights: the run's ``--strategy`` weights for this model."""
-
-
-def method_model(config, num_exits: int, train) -> Any:
-    """The model a method trains for a dataset (shape and classes from the data), ``num_exits`` exits."""
-    import torch
-
-    from training.models import build_model, default_model_config
-
-    opts = config.options or {}
-    torch.manual_seed(config.seed)
-    in_channels, size = int(train.x.shape[1]), int(train.x.shape[2])
-    if config.method in NESTED_METHODS:
-        from training.methods.nested import LAYOUTS
-        from training.methods.subfl import subset_model
-
-        if opts["gammas"] is not None and len(opts["gammas"]) != num_exits:
-            raise CisError(f"option gammas: {len(opts['gammas'])} values; expected one parameter ratio per sub-model (E = {num_exits})")
-        base = LAYOUTS[opts["layout"] or ("digits" if config.dataset_name == "digits" else "resnet20")]
-        layout = dataclasses.replace(
-            base, in_channels=in_channels, input_size=size, num_classes=train.num_classes,
-            channels=tuple(max(2, round(c * config.width)) for c in base.channels),
-        )
-        return subset_model(
-            config.method, layout, num_exits, opts["gammas"], opts.get("nefl_mode", "WD"), opts.get("nefl_init", "D"),
-            opts.get("learn_steps", True),
-        )
-    from training.methods.setup import method_model_config
-
-    if opts.get("arch", "vit") == "cnn":
-        base = default_model_config(config.dataset_name, config.width)
-        base.update(num_classes=train.num_classes, in_channels=in_channels, input_size=size)
-        if len(base["exits"]) != num_exits:
-            raise CisError(f"option arch=cnn: the {base['arch']} model has {len(base['exits'])} exits; the spec has {num_exits}")
-    else:
-        digits = config.dataset_name == "digits"
-        heads = opts["heads"]
-        dim = opts["dim"] or (32 if digits else 64)
-        dim = max(heads, round(dim * config.width / heads) * heads)
-        depth = opts["depth"] or (3 if digits else 6)
-        exits = opts["vit_exits"] or [round(depth * k / num_exits) for k in range(1, num_exits + 1)]
-        if len(exits) != num_exits or len(set(exits)) != num_exits or min(exits) < 1:
-            raise CisError(f"ViT: {num_exits} exits in {depth} blocks; expected depth >= {num_exits} or option vit_exits with {num_exits} blocks")
-        base = {
-            "arch": "vit", "exits": list(exits), "num_classes": train.num_classes, "in_channels": in_channels,
-            "input_size": size, "patch": opts["patch"] or (2 if digits else 4), "dim": dim, "depth": depth,
-            "heads": heads, "mlp_ratio": opts["mlp_ratio"],
-        }
-        if config.method == "reefl":
-            base["modulation"] = bool(opts["modulation"])
-    return build_model(method_model_config(config.method, base))
-
-
-def build_method_setup(config, spec, train, clients, sgd: dict, weights_for: WeightsFor, log: Callable[[str], None]) -> MethodSetup:
-    """Model and engine pieces of ``config.method`` (not "cis") for the spec's nodes (``clients``)."""
-    try:
-        model = method_model(config, spec.num_exits, train)
-        if config.method in NESTED_METHODS:
-            return _nested(config, model, clients, sgd, weights_for, log)
-        return _early_exit(config, model, clients, sgd, weights_for, log)
-    except ValueError as exc:  # the methods' own checks of user input
-        raise CisError(f"--method {config.method}: {exc}") from None
-
-
-def _early_exit(config, model, clients, sgd, weights_for, log) -> MethodSetup:
-    from training.methods.distill import RAMP_ROUNDS
-    from training.methods.setup import MethodOptions, build_method
-    from training.sampling import sampling_matrix
-
-    o = config.options or {}
-    opts = MethodOptions(
-        participation=config.participation, distill=o.get("distill", True), modulation=o.get("modulation", True),
-        patience=o.get("patience"), grouping=o.get("grouping", "exit"), group_step=o.get("group_step", "share"),
-        optimizer=o.get("optimizer", "sgd"),
-        flame_aggregation=o.get("flame_aggregation", "fedavg"), clip_value=o.get("clip_value"),
-        kd_ramp_rounds=o.get("kd_ramp_rounds", RAMP_ROUNDS),
-    )
-    chooser, trainer, aggregator = build_method(config.method, model, clients, sgd, opts)
-    E = model.num_exits
-    exits = [E if config.method == "flame" else c.max_exit for c in clients]
-    matrix = sampling_matrix(exits, E, 0.0)
-    weights = weights_for(model, matrix)
-    if config.method == "flame":
-        log(f"flame: the {opts.flame_aggregation!r} aggregation rule sets the clients' weights; --strategy {config.strategy} is recorded but not applied")
-    else:
-        aggregator = InferenceAware(aggregator, weights)
-    return MethodSetup(model, chooser, trainer, aggregator, matrix, weights)
-
-
-def _nested(config, model, clients, sgd, weights_for, log) -> MethodSetup:
-    from training.methods.subfl import build_subset_method, nefl_tiers, tier_matrix
-
-    o = config.options or {}
-    E = model.num_exits
-    allowed = None
-    if o["tiers"] == "dynamic":
-        allowed = nefl_tiers([c.max_exit for c in clients], E, o["tier_spread"])
-    budgets = o.get("budgets")
-    if budgets is not None and len(budgets) != E:
-        raise CisError(f"option budgets: {len(budgets)} values; expected one channel keep-ratio per tier (E = {E})")
-    matrix = tier_matrix(allowed or [[c.max_exit] for c in clients], E)
-    weights = weights_for(model, matrix)
-    chooser, trainer, aggregator = build_subset_method(
-        config.method, model, clients, sgd, config.participation, allowed, budgets,
-        weight=lambda c, k, t: float(weights.at(t)[k - 1]) * c.size,  # nodes serving more requests weigh more
-    )
-    if config.method == "slt":
-        trainer.device.plan(model)  # a budget the planner cannot meet fails now, not in round 1
-    return MethodSetup(model, chooser, trainer, aggregator, matrix, weights)
-
-
-class InferenceAware:
-    """Wraps a per-entry averaging aggregator (``.weight(client, exit)``): client weight Lambda~_e(t) |S_i|."""
-
-    def __init__(self, inner, weights) -> None:
-        self.inner, self.weights = inner, weights
-        self._lam = weights.at(1)
-        inner.weight = lambda client, exit: float(self._lam[exit - 1]) * client.size
-
-    def begin(self, global_state, round: int, pairs) -> None:
-        self._lam = self.weights.at(round)
-        self.inner.begin(global_state, round, pairs)
-
-    def add(self, client, exit: int, local_state) -> None:
-        self.inner.add(client, exit, local_state)
-
-    def finish(self, global_state) -> None:
-        self.inner.finish(global_state)
+def method_options(method: str, **given: Any) -> dict[str, Any]:
+    """``effective_options`` of ``given`` options, checked and filled (the builders' input, for code and tests)."""
+    return effective_options(method, resolve_options(method, given))

@@ -1,44 +1,31 @@
-"""``--method`` -> the engine's (chooser, trainer, aggregator) for a model and its clients.
+"""The early-exit methods' engine pieces: ``--method`` -> (chooser, trainer, aggregator).
 
     model = build_model(method_model_config("reefl", {"arch": "vit", "exits": [2, 4, 6]}))
-    chooser, trainer, aggregator = build_method("reefl", model, clients, sgd, MethodOptions())
+    chooser, trainer, aggregator = build_method("reefl", model, clients, sgd, method_options("reefl"))
     engine = FederatedEngine(model, clients, chooser, trainer, aggregator, seed=seed)
 
-``sgd`` holds the keyword arguments of :class:`training.local.ExitSGDTrainer`
-(lr, momentum, weight_decay, batch_size, steps, total_rounds, schedule, augment).
-A client's budget is ``Client.max_exit`` (the spec node's exit; round-robin in
-the ReeFL setup, :func:`training.methods.baselines.round_robin_budgets`).
+``options`` are the method's options with every default filled
+(:func:`training.methods.registry.method_options` / ``effective_options``: the defaults
+live there only). ``sgd`` holds the keyword arguments of
+:class:`training.local.ExitSGDTrainer` (lr, momentum, weight_decay, batch_size, steps,
+total_rounds, schedule, augment). A client's budget is ``Client.max_exit`` (the spec
+node's exit; round-robin in the ReeFL setup, :func:`training.methods.baselines.round_robin_budgets`).
+``weights``: the run's inference-aware Lambda~ (a client's weight Lambda~_e(t) |S_i|;
+None: |S_i|, the papers' own weighting); FLAME's aggregation rule sets its own weights.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Sequence
+from collections.abc import Mapping
+from typing import Any
 
 from training.local import Client, ExitSGDTrainer
 from training.methods import baselines as bl
-from training.methods import flame
-from training.methods.aggregate import held_by_exit, holds_all
-from training.methods.distill import RAMP_ROUNDS
+from training.methods.aggregate import exit_based_term, exit_conscious_term, fedavg_term, held_term, patience_term
+from training.methods.registry import EARLY_EXIT_METHODS, FLAME_AGGREGATIONS, FLAME_SETTING_A
 from training.methods.vit import ViTEE
 from training.models import EarlyExitNet
-
-METHODS = ("reefl", "flame", "depthfl", "inclusivefl", "exclusivefl", "scalefl")
-FLAME_AGGREGATIONS = ("fedavg", "patience", "exit-conscious", "exit-based")
-
-
-@dataclass
-class MethodOptions:
-    participation: float = 1.0
-    distill: bool = True  # ReeFL / DepthFL distillation on (the ablation turns it off)
-    modulation: bool = True  # ReeFL feature modulation
-    patience: Sequence[int] | None = None  # FLAME p_tr per client; default Setting A, cycled
-    grouping: str = "exit"
-    group_step: str = "share"  # FLAME: each group's step scaled by its share of the batch (flame.py says why)
-    optimizer: str = "sgd"  # FLAME: "adamw" is the paper's fine-tuning optimizer
-    flame_aggregation: str = "fedavg"
-    clip_value: float | None = None  # the ReeFL paper clips gradients by value at 1 (reefl, depthfl, exclusivefl)
-    kd_ramp_rounds: int = RAMP_ROUNDS  # the KD weight's ramp R (the notes: 300, of the paper's 1k rounds)
+from training.strategies import Weights
 
 
 def method_model_config(method: str, base: dict[str, Any]) -> dict[str, Any]:
@@ -51,24 +38,32 @@ def method_model_config(method: str, base: dict[str, Any]) -> dict[str, Any]:
     return dict(base)
 
 
-def build_method(method: str, model: EarlyExitNet, clients: list[Client], sgd: dict[str, Any], opts: MethodOptions):
+def build_method(
+    method: str,
+    model: EarlyExitNet,
+    clients: list[Client],
+    sgd: dict[str, Any],
+    options: Mapping[str, Any],
+    participation: float = 1.0,
+    weights: Weights | None = None,
+):
     _check(method)
     budgets = [c.max_exit for c in clients]
     E = model.num_exits
-    by_size = lambda c, e: float(c.size)  # noqa: E731
-    held = lambda c, e: held_by_exit(e)  # noqa: E731
-    chooser = bl.BudgetChooser(budgets, opts.participation)
+    chooser = bl.BudgetChooser(budgets, participation)
+    held = lambda c, e, size: held_term(size, e)  # noqa: E731
+    clip = options["clip_value"]
     if method in ("reefl", "depthfl"):
-        loss = method if opts.distill else "all"
-        trainer = bl.MultiExitTrainer(loss=loss, clip_value=opts.clip_value, ramp_rounds=opts.kd_ramp_rounds, **sgd)
-        return chooser, trainer, bl.MaskedAggregator(by_size, held)
+        loss = method if options["distill"] else "all"
+        trainer = bl.MultiExitTrainer(loss=loss, clip_value=clip, ramp_rounds=options["kd_ramp_rounds"], **sgd)
+        return chooser, trainer, bl.MaskedAggregator(held, weights)
     if method == "exclusivefl":
-        chooser = bl.BudgetChooser(budgets, opts.participation, only_exit=E)
-        return chooser, bl.MultiExitTrainer(loss="all", clip_value=opts.clip_value, **sgd), bl.MaskedAggregator(by_size, held)
+        chooser = bl.BudgetChooser(budgets, participation, only_exit=E)
+        return chooser, bl.MultiExitTrainer(loss="all", clip_value=clip, **sgd), bl.MaskedAggregator(held, weights)
     if method == "inclusivefl":
         exits = model.config()["exits"]
         aggregator = bl.MaskedAggregator(
-            by_size, held, bl.INCLUSIVEFL_BETA, bl.block_prefixes(model), bl.exit_boundary_blocks(exits)
+            held, weights, bl.INCLUSIVEFL_BETA, bl.block_prefixes(model), bl.exit_boundary_blocks(exits)
         )
         return chooser, ExitSGDTrainer(**sgd), aggregator
     if method == "scalefl":
@@ -76,36 +71,35 @@ def build_method(method: str, model: EarlyExitNet, clients: list[Client], sgd: d
         trainer = bl.MultiExitTrainer(
             loss="scalefl", distill_weight=bl.SCALEFL_KD_WEIGHT, tau=bl.SCALEFL_TAU, widths=widths, **sgd
         )
-        return chooser, trainer, bl.MaskedAggregator(by_size, lambda c, e: bl.width_holds(model, e, widths[e - 1]))
-    return _flame(model, clients, sgd, opts)
+        sliced = lambda c, e, size: (float(size), bl.width_holds(model, e, widths[e - 1]))  # noqa: E731
+        return chooser, trainer, bl.MaskedAggregator(sliced, weights)
+    return _flame(model, clients, sgd, options, participation)
 
 
-def _flame(model: EarlyExitNet, clients: list[Client], sgd: dict[str, Any], opts: MethodOptions):
+def _flame(model: EarlyExitNet, clients: list[Client], sgd: dict[str, Any], options: Mapping[str, Any],
+           participation: float):
     from training.flops import exit_costs
 
-    if opts.flame_aggregation not in FLAME_AGGREGATIONS:
-        raise ValueError(f"FLAME aggregation {opts.flame_aggregation!r}: expected one of {FLAME_AGGREGATIONS}")
-    p = list(opts.patience or flame.SETTING_A)
+    rule = options["flame_aggregation"]
+    if rule not in FLAME_AGGREGATIONS:
+        raise ValueError(f"FLAME aggregation {rule!r}: expected one of {FLAME_AGGREGATIONS}")
+    p = list(options["patience"] or FLAME_SETTING_A)
     patience = {c.id: int(p[k % len(p)]) for k, c in enumerate(clients)}
     E = model.num_exits
-    chooser = bl.BudgetChooser([E] * len(clients), opts.participation)  # every client runs the full model
+    chooser = bl.BudgetChooser([E] * len(clients), participation)  # every client runs the full model
     trainer = bl.FlameTrainer(
-        patience=patience, forward_flops=[c["flops"] for c in exit_costs(model)], grouping=opts.grouping,
-        group_step=opts.group_step, optimizer=opts.optimizer, **sgd
+        patience=patience, forward_flops=[c["flops"] for c in exit_costs(model)], grouping=options["grouping"],
+        group_step=options["group_step"], optimizer=options["optimizer"], **sgd
     )
-    avg_exit = lambda c: trainer.last_avg_exit[c.id]  # noqa: E731
-    rule = opts.flame_aggregation
-    if rule == "fedavg":
-        agg = bl.MaskedAggregator(lambda c, e: float(c.size), lambda c, e: holds_all)
-    elif rule == "patience":
-        agg = bl.MaskedAggregator(lambda c, e: float(patience[c.id]), lambda c, e: holds_all)
-    elif rule == "exit-conscious":
-        agg = bl.MaskedAggregator(lambda c, e: avg_exit(c), lambda c, e: holds_all)
-    else:
-        agg = bl.MaskedAggregator(lambda c, e: 1.0, lambda c, e: held_by_exit(avg_exit(c)))
-    return chooser, trainer, agg
+    terms = {  # FLAME's rules; weights Lambda~ do not apply
+        "fedavg": lambda c, e, size: fedavg_term(size),
+        "patience": lambda c, e, size: patience_term(patience[c.id]),
+        "exit-conscious": lambda c, e, size: exit_conscious_term(trainer.last_avg_exit[c.id]),
+        "exit-based": lambda c, e, size: exit_based_term(trainer.last_avg_exit[c.id]),
+    }
+    return chooser, trainer, bl.MaskedAggregator(terms[rule])
 
 
 def _check(method: str) -> None:
-    if method not in METHODS:
-        raise ValueError(f"method {method!r}: expected one of {METHODS}")
+    if method not in EARLY_EXIT_METHODS:
+        raise ValueError(f"method {method!r}: expected one of {EARLY_EXIT_METHODS}")

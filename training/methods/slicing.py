@@ -8,10 +8,14 @@ keeps the whole dimension). Ordered (prefix) selections are NeFL / HeteroFL /
 FjORD / small model / SLT; a rolling window is FedRolex; random indices are
 Federated Dropout.
 
-Aggregation is one rule for all of them: every element of a global tensor
-becomes the weighted average of the copies that the round's clients trained,
-over exactly the clients whose selection contains it; an element nobody
-trained keeps its value. For nested prefix selections this is NeFedAvg's
+Aggregation is one rule for all of them, and for the early-exit methods too
+(:mod:`training.methods.aggregate`): every element of a global tensor becomes the
+weighted average of the copies that the round's clients trained, over exactly the
+clients that hold it; an element nobody trained keeps its value. What a client
+holds is a selection (a compact state: the width-scaled methods) or a mask over
+the full state (:data:`Holds`: the early-exit methods; a mask is a selection of
+the whole tensor with some elements left out); :class:`SelectionAverage` is the
+one accumulator of both. For nested prefix selections this is NeFedAvg's
 ring-wise average (Algorithm 2, the ">=" reading): a ring that sub-models
 k, k+1, .. contain is averaged over all of their clients. Per-sub-model
 (decoupled) tensors live under their own global keys, so the same rule is
@@ -22,7 +26,7 @@ FedAvg over that sub-model's clients. Integer buffers (BatchNorm's
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -30,6 +34,12 @@ from torch import Tensor
 Index = Tensor | int | None
 Selection = dict[str, tuple[str, tuple[Index, ...]]]
 """compact key -> (global key, kept indices per dimension; None = all, an int drops the dimension)."""
+Holds = Callable[[str, Tensor], "bool | Tensor"]
+"""(key, value) -> does a client hold this entry of a full-size state: True, False or an entrywise mask."""
+
+
+def holds_all(key: str, value: Tensor) -> bool:
+    return True
 
 
 def kept_channels(channels: int, ratio: float) -> int:
@@ -117,38 +127,71 @@ def scatter_(global_state: Mapping[str, Tensor], compact_state: Mapping[str, Ten
         put_(global_state[gk], idx, compact_state[ck])
 
 
-class SelectionAverager:
-    """Element-wise weighted average over the clients whose selection holds each element.
+class SelectionAverage:
+    """Element-wise weighted average over the contributions that hold each element.
 
-    ``add`` accumulates weight * value and weight into per-key buffers the size of
-    the global tensor (allocated on first use, so keys nobody touched cost
-    nothing); ``apply_`` writes the averages into the global state.
+    Per global key, buffers of sum(weight * value) and sum(weight), allocated on first use (keys
+    nobody touched cost nothing). A contribution is a full-size state with a holds-mask
+    (:meth:`add_masked`) or a compact state with its selection (:meth:`add_selection`);
+    :meth:`write` puts the averages into the global state and starts over. Floating entries add up
+    in ``dtype`` (None: each tensor's own); integer entries (counts) keep the largest value.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, dtype: torch.dtype | None = None) -> None:
+        self.dtype = dtype
         self.sums: dict[str, Tensor] = {}
         self.weights: dict[str, Tensor] = {}
 
-    @torch.no_grad()
-    def add(self, global_state: Mapping[str, Tensor], compact_state: Mapping[str, Tensor], selection: Selection, weight: float) -> None:
-        for ck, (gk, idx) in selection.items():
-            g, v = global_state[gk], compact_state[ck]
-            if gk not in self.sums:
-                self.sums[gk] = torch.zeros_like(g, dtype=torch.float64) if g.is_floating_point() else g.clone()
-                self.weights[gk] = torch.zeros(g.shape, dtype=torch.float64)
+    def _buffers(self, key: str, g: Tensor) -> tuple[Tensor, Tensor]:
+        if key not in self.sums:
             if g.is_floating_point():
-                put_(self.sums[gk], idx, take(self.sums[gk], idx) + weight * v.double())
+                dtype = self.dtype or g.dtype
+                self.sums[key] = torch.zeros_like(g, dtype=dtype)
+                self.weights[key] = torch.zeros_like(g, dtype=dtype)
             else:
-                put_(self.sums[gk], idx, torch.maximum(take(self.sums[gk], idx), v))
-            put_(self.weights[gk], idx, take(self.weights[gk], idx) + weight)
+                self.sums[key] = g.clone()
+                self.weights[key] = torch.zeros(g.shape, dtype=torch.float64)
+        return self.sums[key], self.weights[key]
 
     @torch.no_grad()
-    def apply_(self, global_state: Mapping[str, Tensor]) -> None:
-        for gk, s in self.sums.items():
-            g, w = global_state[gk], self.weights[gk]
+    def add_masked(self, global_state: Mapping[str, Tensor], state: Mapping[str, Tensor], weight: float,
+                   holds: Holds = holds_all) -> None:
+        """A full-size state, weighted, over the entries ``holds`` says the client holds."""
+        for k, g in global_state.items():
+            v = state[k]
+            held = holds(k, v)
+            if held is False:
+                continue
+            s, w = self._buffers(k, g)
+            if not g.is_floating_point():
+                torch.maximum(s, v.to(s.dtype), out=s)
+                w.fill_(1.0)
+                continue
+            mask = held.to(s.dtype) if isinstance(held, Tensor) else 1.0
+            s.add_(v * mask, alpha=weight)
+            w.add_(mask * weight if isinstance(mask, Tensor) else torch.full_like(w, weight))
+
+    @torch.no_grad()
+    def add_selection(self, global_state: Mapping[str, Tensor], compact_state: Mapping[str, Tensor],
+                      selection: Selection, weight: float) -> None:
+        """A compact state, weighted, at the elements its selection took from the global tensors."""
+        for ck, (gk, idx) in selection.items():
+            g, v = global_state[gk], compact_state[ck]
+            s, w = self._buffers(gk, g)
             if g.is_floating_point():
-                avg = s / w.clamp(min=1e-300)
-                g.copy_(torch.where(w > 0, avg, g.double()).to(g.dtype))
+                put_(s, idx, take(s, idx) + weight * v.to(s.dtype))
+            else:
+                put_(s, idx, torch.maximum(take(s, idx), v))
+            put_(w, idx, take(w, idx) + weight)
+
+    @torch.no_grad()
+    def write(self, global_state: Mapping[str, Tensor]) -> None:
+        """Averages into the global tensors (an element nobody contributed keeps its value); then start over."""
+        for k, s in self.sums.items():
+            g, w = global_state[k], self.weights[k]
+            if g.is_floating_point():
+                avg = s / w.clamp(min=torch.finfo(w.dtype).tiny)
+                g.copy_(torch.where(w > 0, avg, g.to(s.dtype)).to(g.dtype))
             else:
                 g.copy_(s)
         self.sums, self.weights = {}, {}
@@ -157,10 +200,10 @@ class SelectionAverager:
 def average_selections(
     global_state: Mapping[str, Tensor], updates: Sequence[tuple[Mapping[str, Tensor], Selection, float]]
 ) -> dict[str, Tensor]:
-    """Pure form of :class:`SelectionAverager`: a new global state from [(compact state, selection, weight)]."""
+    """Pure form of :class:`SelectionAverage`: a new global state from [(compact state, selection, weight)]."""
     out = {k: v.clone() for k, v in global_state.items()}
-    avg = SelectionAverager()
+    avg = SelectionAverage(torch.float64)
     for compact, selection, weight in updates:
-        avg.add(out, compact, selection, weight)
-    avg.apply_(out)
+        avg.add_selection(out, compact, selection, weight)
+    avg.write(out)
     return out

@@ -1,6 +1,6 @@
 """Successive Layer Training (Pfeiffer et al., NeurIPS 2023).
 
-Layers k = 1..K are the conv layers of a :class:`~training.methods.nested.ResNetLayout`
+Layers k = 1..K are the conv layers of a :class:`~training.methods.resnet.ResNetLayout`
 (the stem, then conv1 and conv2 of every block; a block's 1x1 shortcut conv goes with
 its conv2, whose output it shares), followed by the classifier, which is always
 part of the head. A configuration S = (K_F, K_T, s): layers 1..K_F frozen (full
@@ -26,7 +26,8 @@ import torch
 from torch import Tensor, nn
 
 from cis.errors import CisError
-from training.methods.nested import CompactResNet, ResNetLayout, prefix_selection
+from training.methods.nested import prefix_selection
+from training.methods.resnet import CompactResNet, ResNetLayout
 from training.methods.slicing import Selection, kept_channels
 
 BYTES = 4  # float32
@@ -74,7 +75,11 @@ def memory_bytes(layout: ResNetLayout, cfg: Config, batch: int = 32) -> int:
     grads = sum(params[cfg.frozen :]) + fc
     acts = sum(ACTIVATIONS_PER_LAYER * widths[k] * res[k] ** 2 for k in range(cfg.frozen, len(widths)))
     # the first trained conv also keeps its input (the image, or the frozen part's output)
-    acts += layout.in_channels * layout.input_size**2 if cfg.frozen == 0 else widths[cfg.frozen - 1] * res[cfg.frozen - 1] ** 2
+    acts += (
+        layout.in_channels * layout.input_size**2
+        if cfg.frozen == 0
+        else widths[cfg.frozen - 1] * res[cfg.frozen - 1] ** 2
+    )
     return BYTES * (weights + grads + batch * acts)
 
 
@@ -150,7 +155,9 @@ def schedule(layout: ResNetLayout, configs: Sequence[Config], s: float, rounds: 
     are then kept non-decreasing, i.e. such a step gets 0 rounds. Sums to R.
     """
     total = trained_params(layout, 0, 0, 1.0)
-    points = [trained_params(layout, 0, 0, s)] + [trained_params(layout, c.frozen, c.trained, c.s) for c in configs[:-1]]
+    points = [trained_params(layout, 0, 0, s)] + [
+        trained_params(layout, c.frozen, c.trained, c.s) for c in configs[:-1]
+    ]
     out, prev = [], 0
     for q in points:
         r = min(rounds, max(prev, round(rounds * q / total)))

@@ -6,7 +6,7 @@ loaded with the global weights. :class:`SubsetTrainer` asks its
 the selection it loads, the selection it uploads), trains that compact network,
 and writes the uploaded pieces back into the working model in place.
 :class:`SubsetAggregator` then averages every uploaded element over the clients
-that uploaded it (:class:`~training.methods.slicing.SelectionAverager`): NeFedAvg
+that uploaded it (:class:`~training.methods.slicing.SelectionAverage`): NeFedAvg
 for nested slices, per-sub-model FedAvg for decoupled BatchNorm and step sizes,
 the index-wise average of HeteroFL / FedRolex / FD, and SLT's trained-slices-only average.
 
@@ -33,8 +33,11 @@ from training.data import augment_batch
 from training.local import Client, LocalSGD, batch_indices
 from training.methods import slt as slt_mod
 from training.methods import widthfl
-from training.methods.nested import CompactResNet, NestedNet
-from training.methods.slicing import Selection, SelectionAverager, gather, scatter_
+from training.methods.nested import NestedNet
+from training.methods.registry import NESTED_METHODS, OPTIONS
+from training.methods.resnet import CompactResNet
+from training.methods.slicing import Selection, SelectionAverage, gather, scatter_
+from training.methods.static_bn import mark_stale_
 
 DeviceChoice = tuple[CompactResNet, Selection, Selection]
 """(compact network, selection it loads, selection it uploads)."""
@@ -53,8 +56,8 @@ class NestedDevice(DeviceModel):
     """NeFL / HeteroFL / small model / DepthFL-style: the server model's own sub-model k."""
 
     def choose(self, model: NestedNet, client: Client, k: int, round: int, gen: torch.Generator) -> DeviceChoice:
-        sel = model.selection(k)
-        return model.compact(k), sel, sel
+        net, sel = model.trainee(k)
+        return net, sel, sel
 
 
 class FjordDevice(NestedDevice):
@@ -157,7 +160,7 @@ class SubsetTrainer(LocalSGD):
                 scatter_(state, compact, upload)
                 upload_all = merge_upload(upload_all, upload)
         self.uploads[client.index] = upload_all
-        return {"loss": total / self.steps, "steps": self.steps, "samples": self.steps * min(self.batch_size, client.size), "lr": lr}
+        return self.round_stats(total, client, lr)
 
     def state_dict(self) -> dict:
         return {}
@@ -181,24 +184,36 @@ def _size(idx: tuple) -> float:
 
 
 class SubsetAggregator:
-    """Element-wise weighted average of the uploaded slices (see :mod:`training.methods.slicing`)."""
+    """Element-wise weighted average of the uploaded slices (see :mod:`training.methods.slicing`).
+    ``static_bn``: the round's new weights make the per-sub-model statistics stale
+    (:mod:`training.methods.static_bn`)."""
 
-    def __init__(self, trainer: SubsetTrainer, weight: Callable[[Client, int, int], float] | None = None) -> None:
+    def __init__(
+        self,
+        trainer: SubsetTrainer,
+        weight: Callable[[Client, int, int], float] | None = None,
+        static_bn: bool = False,
+    ) -> None:
         self.trainer = trainer
         self.weight = weight or (lambda client, k, round: float(client.size))
-        self._avg = SelectionAverager()
+        self.static_bn = static_bn
+        self._avg = SelectionAverage(torch.float64)
         self._global: dict[str, Tensor] = {}
         self._round = 0
 
     def begin(self, global_state: dict[str, Tensor], round: int, pairs: Sequence[tuple[int, int]]) -> None:
-        self._avg, self._global, self._round = SelectionAverager(), global_state, round
+        self._global, self._round = global_state, round
 
     def add(self, client: Client, exit: int, local_state: dict[str, Tensor]) -> None:
         upload = self.trainer.uploads[client.index]  # keyed by global tensor
-        self._avg.add(self._global, gather(local_state, upload), upload, self.weight(client, exit, self._round))
+        self._avg.add_selection(
+            self._global, gather(local_state, upload), upload, self.weight(client, exit, self._round)
+        )
 
     def finish(self, global_state: dict[str, Tensor]) -> None:
-        self._avg.apply_(global_state)
+        self._avg.write(global_state)
+        if self.static_bn:
+            mark_stale_(global_state)
 
 
 def tier_matrix(allowed: Sequence[Sequence[int]], num_submodels: int) -> np.ndarray:
@@ -215,7 +230,6 @@ def nefl_tiers(max_exits: Sequence[int], num_submodels: int, spread: int = 1) ->
     return [list(range(max(1, e - spread), e + 1)) for e in max_exits]
 
 
-SUBSET_METHODS = ("nefl", "slt", "heterofl", "fjord", "fedrolex", "fd", "small")
 
 
 def default_gammas(num_submodels: int) -> list[float]:
@@ -224,19 +238,32 @@ def default_gammas(num_submodels: int) -> list[float]:
 
 
 def subset_model(
-    method: str, layout, num_submodels: int, gammas: Sequence[float] | None = None, mode: str = "WD", init: str = "D", learn_steps: bool = True
+    method: str,
+    layout,
+    num_submodels: int,
+    gammas: Sequence[float] | None = None,
+    mode: str = OPTIONS["nefl_mode"].default,
+    init: str = OPTIONS["nefl_init"].default,
+    learn_steps: bool = OPTIONS["learn_steps"].default,
+    static_bn: bool = OPTIONS["static_bn"].default,
 ) -> NestedNet:
-    """The server model a method trains; its sub-models 1..E are what the CIS tiers serve."""
+    """The server model a method trains; its sub-models 1..E are what the CIS tiers serve.
+    ``static_bn`` applies to heterofl only (its static BatchNorm, :mod:`training.methods.static_bn`)."""
     from training.methods.nested import nefl_specs
 
-    if method not in SUBSET_METHODS:
-        raise ValueError(f"method {method!r}: expected one of {SUBSET_METHODS}")
+    if method not in NESTED_METHODS:
+        raise ValueError(f"method {method!r}: expected one of {NESTED_METHODS}")
     gammas = list(gammas or default_gammas(num_submodels))
     if method == "nefl":
-        return NestedNet(layout, nefl_specs(layout, gammas, mode, init), decoupled_bn=True, use_steps=True, learn_steps=learn_steps)
+        return NestedNet(
+            layout, nefl_specs(layout, gammas, mode, init), decoupled_bn=True, use_steps=True, learn_steps=learn_steps
+        )
     if method == "small":
         gammas = [min(gammas)] * len(gammas)
-    return NestedNet(layout, nefl_specs(layout, gammas, "W"), decoupled_bn=method == "fjord", use_steps=False)
+    return NestedNet(
+        layout, nefl_specs(layout, gammas, "W"), decoupled_bn=method == "fjord", use_steps=False,
+        static_bn=static_bn and method == "heterofl",
+    )
 
 
 def build_subset_method(
@@ -266,6 +293,7 @@ def build_subset_method(
     elif method == "slt":
         device = SltDevice(budgets, int(sgd["total_rounds"]), int(sgd["batch_size"]))
     else:
-        raise ValueError(f"method {method!r}: expected one of {SUBSET_METHODS}")
+        raise ValueError(f"method {method!r}: expected one of {NESTED_METHODS}")
     trainer = SubsetTrainer(device, **sgd)
-    return ExitSampler(tier_matrix(allowed, E), participation), trainer, SubsetAggregator(trainer, weight)
+    aggregator = SubsetAggregator(trainer, weight, static_bn=model.static_bn)
+    return ExitSampler(tier_matrix(allowed, E), participation), trainer, aggregator

@@ -34,8 +34,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from cis.errors import CisError
+from cis.stages import INPUT, carry_name
 from training.methods.ree import NormLinear, Ree, broadcast_param, multihead_attention, ree_step
-from training.models import EarlyExitNet, _is_int, register_arch
+from training.models import EarlyExitNet, _is_int
+from training.stage_plan import ExportStage, StagePlan
 
 TOKENS = "tokens"
 HISTORY = "history"
@@ -110,7 +112,7 @@ class ViTStage(nn.Module):
     """Stage k: (patch embedding for k = 1) + its blocks + (its own head, or the shared Ree classifier)."""
 
     def __init__(
-        self, embed: PatchEmbed | None, blocks: list[Block], head: NormLinear | None, shared: "ReeParts | None"
+        self, embed: PatchEmbed | None, blocks: list[Block], head: NormLinear | None, shared: ReeParts | None
     ) -> None:
         super().__init__()
         self.embed = embed
@@ -150,6 +152,7 @@ class ViTEE(EarlyExitNet):
     """Early-exit ViT; ``exits`` are 1-based block indices ending at ``depth``."""
 
     arch = "vit"
+    config_fields = VIT_FIELDS
 
     def __init__(
         self,
@@ -165,7 +168,9 @@ class ViTEE(EarlyExitNet):
         head: str = "exit",
         modulation: bool = True,
     ) -> None:
-        config = _validated(num_classes, exits, in_channels, input_size, patch, dim, depth, heads, mlp_ratio, head, modulation)
+        config = _validated(
+            num_classes, exits, in_channels, input_size, patch, dim, depth, heads, mlp_ratio, head, modulation
+        )
         blocks = [Block(dim, heads, mlp_ratio) for _ in range(depth)]
         embed = PatchEmbed(in_channels, input_size, patch, dim)
         shared = None
@@ -204,15 +209,12 @@ class ViTEE(EarlyExitNet):
     def carry_names(self) -> tuple[str, ...]:
         return (TOKENS, HISTORY) if self._config["head"] == "ree" else (TOKENS,)
 
-    def export_stages(self):  # -> export.stages.StagePlan
-        """The stage plan for the exporter: stage k reads ``input`` (k = 1) or stage k-1's carry, returns logits + carry.
+    def export_stages(self) -> StagePlan:
+        """The stage plan for the exporter: stage k reads ``input`` (k = 1) or stage k-1's carry, returns logits
+        and carry.
 
-        Carry tensors are named per stage (``tokens_k``, ``history_k``), as the exporter asks.
-
-        Imported lazily: only the exporter (which may import training) calls this.
+        Carry tensors are named per stage (``tokens_k``, ``history_k``), as the stage contract asks (cis.stages).
         """
-        from export.stages import INPUT, ExportStage, StagePlan, carry_name
-
         names = self.carry_names()
         out = []
         for k, stage in enumerate(self.stage_list, start=1):
@@ -269,7 +271,9 @@ def _validated(
         or exits[-1] != depth
         or any(b <= a for a, b in zip(exits, exits[1:]))
     ):
-        raise CisError(f"{where}: field 'exits' is {exits!r}, expected increasing block indices in 1..{depth} ending at {depth}")
+        raise CisError(
+            f"{where}: field 'exits' is {exits!r}, expected increasing block indices in 1..{depth} ending at {depth}"
+        )
     if isinstance(mlp_ratio, bool) or not isinstance(mlp_ratio, (int, float)) or not mlp_ratio > 0:
         raise CisError(f"{where}: field 'mlp_ratio' is {mlp_ratio!r}, expected a positive number")
     if head not in HEADS:
@@ -277,10 +281,17 @@ def _validated(
     if not isinstance(modulation, bool):
         raise CisError(f"{where}: field 'modulation' is {modulation!r}, expected true or false")
     return {
-        "arch": ViTEE.arch, "exits": [int(e) for e in exits], "num_classes": int(num_classes), "in_channels": int(in_channels),
-        "input_size": int(input_size), "patch": int(patch), "dim": int(dim), "depth": int(depth), "heads": int(heads),
-        "mlp_ratio": float(mlp_ratio), "head": head, "modulation": bool(modulation),
+        "arch": ViTEE.arch,
+        "exits": [int(e) for e in exits],
+        "num_classes": int(num_classes),
+        "in_channels": int(in_channels),
+        "input_size": int(input_size),
+        "patch": int(patch),
+        "dim": int(dim),
+        "depth": int(depth),
+        "heads": int(heads),
+        "mlp_ratio": float(mlp_ratio),
+        "head": head,
+        "modulation": bool(modulation),
     }
 
-
-register_arch(ViTEE, VIT_FIELDS)

@@ -21,7 +21,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from training.methods.nested import ResNetLayout, compact_selection
+from training.methods.nested import compact_selection
+from training.methods.resnet import ResNetLayout
 from training.methods.slicing import Selection, kept_channels, prefix, random_indices, rolling
 
 GROUP_STREAM = "stream"
@@ -30,17 +31,17 @@ GROUP_MID = "mid"
 
 def channel_groups(layout: ResNetLayout) -> dict[str, int]:
     """Group name -> full channel count: ``stream.l`` per stage, ``mid.b`` per block."""
-    groups = {f"{GROUP_STREAM}.{l}": c for l, c in enumerate(layout.channels)}
-    for b, l in enumerate(layout.block_stage()):
-        groups[f"{GROUP_MID}.{b}"] = layout.channels[l]
+    groups = {f"{GROUP_STREAM}.{s}": c for s, c in enumerate(layout.channels)}
+    for b, s in enumerate(layout.block_stage()):
+        groups[f"{GROUP_MID}.{b}"] = layout.channels[s]
     return groups
 
 
 def conv_groups(layout: ResNetLayout) -> list[str]:
     """The channel group of every conv layer's output (stem, then conv1/conv2 of each block)."""
     out = [f"{GROUP_STREAM}.0"]
-    for b, l in enumerate(layout.block_stage()):
-        out += [f"{GROUP_MID}.{b}", f"{GROUP_STREAM}.{l}"]
+    for b, s in enumerate(layout.block_stage()):
+        out += [f"{GROUP_MID}.{b}", f"{GROUP_STREAM}.{s}"]
     return out
 
 

@@ -1,4 +1,4 @@
-"""The stage description: how the exporter learns where to cut a model.
+"""The stage plan: how a model says where it is cut into stages (the exporter reads it).
 
 The exporter never looks inside a model. It asks for a :class:`StagePlan`:
 
@@ -17,25 +17,23 @@ tensors and a CLS history (ReeFL), a patience counter (FLAME), or the raw input
 
 A model provides its plan with a method ``export_stages() -> StagePlan``;
 :class:`training.models.EarlyExitNet` gets the default below: stage 1 reads
-``input``, stage k forwards its feature map as ``features_k``. A stage's input
-and output names must differ (one ONNX graph names every tensor once), hence
-the numbering; the runtime matches stage k's carry outputs to stage k+1's
-inputs by name.
+``input``, stage k forwards its feature map as ``features_k``. The names follow
+the stage contract of :mod:`cis.stages` (``INPUT``, ``LOGITS``, ``carry_name``),
+which the bundle, the runtime and the simulator read; the plan lives here, in
+training, because its stages are torch modules (export imports training, never
+the other way round).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
 
 import torch
 from torch import Tensor, nn
 
 from cis.errors import CisError
-
-INPUT = "input"
-LOGITS = "logits"
-FEATURES = "features"
+from cis.stages import FEATURES, INPUT, LOGITS, carry_name
 
 
 @dataclass
@@ -70,7 +68,7 @@ class StagePlan:
             for name, shape in self.inputs.items()
         }
 
-    def validate(self) -> "StagePlan":
+    def validate(self) -> StagePlan:
         """Check that every stage reads only what the request or the previous stage provides."""
         available = set(self.inputs)
         for k, st in enumerate(self.stages, start=1):
@@ -78,12 +76,21 @@ class StagePlan:
                 raise CisError(f"stage plan: stage {k} says index {st.index}; expected stages numbered 1..E in order")
             unknown = [n for n in st.inputs if n not in available]
             if unknown:
-                raise CisError(f"stage plan: stage {k} reads {unknown[0]!r}, which stage {k - 1 or 'input'} does not provide ({sorted(available)})")
+                raise CisError(
+                    f"stage plan: stage {k} reads {unknown[0]!r}, which stage {k - 1 or 'input'} does not provide "
+                    f"({sorted(available)})"
+                )
             clash = sorted(set(st.inputs) & set(st.carry))
             if clash:
-                raise CisError(f"stage plan: stage {k} reads and returns {clash[0]!r}; expected distinct names (e.g. numbered per stage)")
+                raise CisError(
+                    f"stage plan: stage {k} reads and returns {clash[0]!r}; expected distinct names (e.g. numbered "
+                    "per stage)"
+                )
             if LOGITS in st.carry:
-                raise CisError(f"stage plan: stage {k} names a carry tensor {LOGITS!r}; that name is reserved for the exit's logits")
+                raise CisError(
+                    f"stage plan: stage {k} names a carry tensor {LOGITS!r}; that name is reserved for the exit's "
+                    "logits"
+                )
             if k == len(self.stages) and st.carry:
                 raise CisError(f"stage plan: the last stage ({k}) returns a carry {st.carry}; expected logits only")
             available = set(st.carry)
@@ -101,15 +108,6 @@ class _TupleStage(nn.Module):
     def forward(self, x: Tensor) -> tuple[Tensor, ...]:
         logits, features = self.stage(x)
         return (logits,) if self.last else (logits, features)
-
-
-def carry_name(name: str, stage: int) -> str:
-    """The name of carry tensor ``name`` leaving stage ``stage`` (e.g. ``features_1``).
-
-    A graph's input and output names must differ (ONNX tensors are named once),
-    so the default plans number each boundary's tensors by the stage that sends them.
-    """
-    return f"{name}_{stage}"
 
 
 def early_exit_plan(model: nn.Module) -> StagePlan:
@@ -138,7 +136,10 @@ def describe_stages(model: nn.Module) -> StagePlan:
     elif hasattr(model, "stages") and hasattr(model, "input_shape"):
         plan = early_exit_plan(model)
     else:
-        raise CisError(f"{type(model).__name__}: cannot cut it into stages; expected an EarlyExitNet or a model with export_stages()")
+        raise CisError(
+            f"{type(model).__name__}: cannot cut it into stages; expected an EarlyExitNet or a model with "
+            "export_stages()"
+        )
     for st in plan.stages:
         st.module.eval()
     return plan.validate()
@@ -154,7 +155,9 @@ def run_plan(plan: StagePlan, feeds: Mapping[str, Tensor]) -> list[dict[str, Ten
         if isinstance(values, Tensor):
             values = (values,)
         if len(values) != len(st.outputs):
-            raise CisError(f"stage plan: stage {st.index} returned {len(values)} tensors; expected {len(st.outputs)} {st.outputs}")
+            raise CisError(
+                f"stage plan: stage {st.index} returned {len(values)} tensors; expected {len(st.outputs)} {st.outputs}"
+            )
         named = dict(zip(st.outputs, values))
         outs.append(named)
         carry = {n: named[n] for n in st.carry}

@@ -13,7 +13,7 @@ nothing to download. The phases, each one progress line on stderr:
              ``cis.policy.evaluate_cis(policy=bundle.policy)``: the threshold rule the
              runtime applies, on the same samples, with the same entry nodes;
 5. serve     ``cis.runtime.launcher.launch``: every node its own process on free loopback
-             ports; then a calibration load (``calibrate_visits``: its own Poisson
+             ports; then a calibration load (:mod:`cis.app.calibration`: its own Poisson
              arrivals at the same rate) prices a node visit beyond the stages for the simulator;
 6. replay    ``cis.runtime.client.infer_spread``: sample i to the leaf
              ``cis.policy.assign_entries`` gives it, at i / rate seconds (what
@@ -24,7 +24,7 @@ nothing to download. The phases, each one progress line on stderr:
              profile replayed row by row) and the calibrated per-visit cost; and once more
              the way ``cis simulate --bundle`` runs by default (its validation profile,
              Poisson arrivals, the spec's links) for reference;
-9. report    :mod:`cis.report` (the same writer as ``cis report``).
+9. report    :mod:`cis.app.report` (the same writer as ``cis report``).
 
 torch is imported inside the training and export phases only (``cis`` never imports it
 at module level).
@@ -38,12 +38,15 @@ import shutil
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
+from cis.app.calibration import calibrate_visits, warm_up
 from cis.errors import CisError
+from cis.metrics import write_requests
 
 DEFAULT_ROUNDS = 12
 QUICK_ROUNDS = 4
@@ -88,72 +91,9 @@ def replay_trace(entries: dict[str, np.ndarray], rate: float) -> dict[str, list[
 
 def write_trace(path: Path, trace: dict[str, list[float]]) -> None:
     rows = sorted((t, nid) for nid, ts in trace.items() for t in ts)
-    path.write_text("# node,timestamp (s): the runtime replay's send times\n" + "".join(f"{nid},{t:.9f}\n" for t, nid in rows))
-
-
-def visit_costs(spec, stage_seconds: dict[int, float], entry: Sequence[str], results: Sequence[Any]) -> list[float]:
-    """Seconds per node visit beyond the stages, from answered one-sample requests.
-
-    A request that entered at ``entry[i]`` and was served by the k-th node on its path
-    to the root visited k nodes and ran the serving node's stages 1..exit; what its
-    latency holds beyond those stages' time (``stage_seconds``: batch-1 seconds per
-    stage, the bundle's profile) is messaging, waking processes and node work, spread
-    evenly over its k visits. The simulator draws one of these per visit (``hop_rtt``)."""
-    out = []
-    for nid, r in zip(entry, results):
-        if r is None or r.error is not None or len(r.served_by) != 1:
-            continue
-        path = [n.id for n in spec.path_to_root(nid)]
-        served = r.served_by[0]
-        if served not in path:
-            continue
-        stages = sum(stage_seconds[k] for k in range(1, spec.node(served).exit + 1))
-        out.append(max(0.0, (r.latency - stages) / (path.index(served) + 1)))
-    return out
-
-
-def calibrate_visits(clients: dict, x: np.ndarray, spec, bundle, rate: float, n: int = 300, seed: int = 1) -> dict[str, Any]:
-    """A calibration load on the live cluster: ``n`` one-sample Poisson requests at ``rate``/s
-    (its own seed, entries and arrival times), and the per-visit costs they show (:func:`visit_costs`).
-
-    Why a load and not pings: on a shared machine a message hop costs mostly the OS
-    waking a process, and that depends on how busy the machine is; a ping at rest
-    understates it, pings from a prober running beside the load overstate it (the
-    prober competes for the same cores)."""
-    from cis.policy import assign_entries
-    from cis.runtime.client import infer_spread
-
-    n = min(n, len(x))
-    entries = assign_entries(spec, n, seed)
-    entry = [""] * n
-    for nid, idx in entries.items():
-        for i in idx:
-            entry[int(i)] = nid
-    times = np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate, n))
-    results = infer_spread({nid: clients[nid] for nid in entries}, x[:n], entries, window=n, timeout=30.0, times=times)
-    stage_s = {k: bundle.latency_profile()[k][1] for k in range(1, bundle.num_exits + 1)}
-    costs = visit_costs(spec, stage_s, entry, results)
-    if not costs:
-        raise CisError("calibration: no request of the calibration load was answered")
-    return {
-        "visit_cost": costs,
-        "visit_cost_median_s": float(np.median(costs)),
-        "visit_cost_mean_s": float(np.mean(costs)),
-        "requests": n,
-        "answered": len(costs),
-        "rate": rate,
-        "seed": seed,
-    }
-
-
-def warm_up(clients: dict, x: np.ndarray, per_client: int = 8) -> None:
-    """A few requests through every leaf before anything is measured: sessions, sockets and
-    connections are set up on first use (tens of ms), which no steady state has."""
-    from cis.runtime.client import infer_spread
-
-    k = min(per_client, len(x))
-    xs = np.concatenate([x[:k]] * len(clients))
-    infer_spread(clients, xs, {nid: np.arange(j * k, (j + 1) * k) for j, nid in enumerate(clients)}, 4, None, 10.0)
+    path.write_text(
+        "# node,timestamp (s): the runtime replay's send times\n" + "".join(f"{nid},{t:.9f}\n" for t, nid in rows)
+    )
 
 
 # ---------------------------------------------------------------- the demo
@@ -180,7 +120,10 @@ class _Phases:
 def _prepare(out: Path) -> None:
     if out.exists() and any(out.iterdir()):
         if not (out / MARKER).is_file():
-            raise CisError(f"{out}: folder is not empty and holds no earlier demo; expected a new folder (or an old demo to replace) for --out")
+            raise CisError(
+                f"{out}: folder is not empty and holds no earlier demo; expected a new folder (or an old demo to "
+                "replace) for --out"
+            )
         for sub in ("run", "bundle", "runtime", "sim", "sim-bundle", "plots"):
             if (out / sub).is_dir():
                 shutil.rmtree(out / sub)
@@ -209,10 +152,10 @@ def run_demo(
     log: Log = _stderr,
 ) -> dict:
     """Run the pipeline into ``out``; returns the report (also DIR/report.json)."""
+    from cis.app.report import build_report, write_report
     from cis.bundle import load_bundle
     from cis.policy import assign_entries, evaluate_cis, exit_confidences, exit_correct
     from cis.rates import compute_rates
-    from cis.report import build_report, write_report
     from cis.spec import write_spec
     from cis.stages import run_chain
 
@@ -235,7 +178,10 @@ def run_demo(
         from training.config import make_config
         from training.run import train_run
 
-        config = make_config(None, {"dataset": "digits", "spec": str(spec_file), "strategy": "serving-rate", "rounds": rounds, "seed": seed})
+        config = make_config(
+            None,
+            {"dataset": "digits", "spec": str(spec_file), "strategy": "serving-rate", "rounds": rounds, "seed": seed},
+        )
         return train_run(config, out / "run", progress=False, log=lambda s: None)
 
     summary = ph.run("train", f"digits, {spec.name} {serving}, {rounds} rounds, serving-rate weights", train)
@@ -273,7 +219,13 @@ def run_demo(
     restore = _sigterm_as_interrupt()
     cluster = None
     try:
-        cluster = ph.run("serve", f"{len(spec.nodes)} node processes on loopback", lambda: launch(out / "bundle", spec, spec_file=str(spec_file), free_ports=True, log_dir=str(out / "runtime" / "logs")))
+        cluster = ph.run(
+            "serve",
+            f"{len(spec.nodes)} node processes on loopback",
+            lambda: launch(
+                out / "bundle", spec, spec_file=str(spec_file), free_ports=True, log_dir=str(out / "runtime" / "logs")
+            ),
+        )
         clients = {nid: Client(cluster.addresses[nid], timeout=30.0) for nid in entries}
         try:
             warm_up(clients, x)
@@ -281,13 +233,20 @@ def run_demo(
             ph.done(f"ready; calibration load of {cost['answered']} requests at {rate:g}/s: a node visit costs "
                     f"{1000 * cost['visit_cost_median_s']:.2f} ms (median) beyond the stages")
             t_replay = time.perf_counter()
-            results = ph.run("replay", f"{len(y)} requests at {rate:g}/s through the leaves", lambda: infer_spread(clients, x, entries, WINDOW, rate, 30.0))
+            results = ph.run(
+                "replay",
+                f"{len(y)} requests at {rate:g}/s through the leaves",
+                lambda: infer_spread(clients, x, entries, WINDOW, rate, 30.0),
+            )
             replay_wall = time.perf_counter() - t_replay
         finally:
             for c in clients.values():
                 c.close()
         rt = summarize(results, y)
-        ph.done(f"{rt['samples_answered']} answered, accuracy {100 * rt.get('accuracy', float('nan')):.2f}%, errors {rt['errors'] or 'none'}")
+        ph.done(
+            f"{rt['samples_answered']} answered, accuracy {100 * rt.get('accuracy', float('nan')):.2f}%, "
+            f"errors {rt['errors'] or 'none'}"
+        )
     finally:
         if cluster is not None:
             ph.k += 1
@@ -295,7 +254,10 @@ def run_demo(
             t0 = time.perf_counter()
             codes = cluster.stop()
             ph.seconds["stop"] = time.perf_counter() - t0
-            log(f"      {len(codes)} nodes exited with {sorted(set(codes.values()), key=str)} ({ph.seconds['stop']:.1f} s)")
+            log(
+                f"      {len(codes)} nodes exited with {sorted(set(codes.values()), key=str)} "
+                f"({ph.seconds['stop']:.1f} s)"
+            )
         restore()
     write_runtime(out / "runtime", spec, results, entries, y, rt, cost, replay_wall)
 
@@ -310,7 +272,9 @@ def run_demo(
         conf = exit_confidences(logits, measure)
         correct = exit_correct(logits, y)
         E = spec.num_exits
-        profile = Profile(np.stack([conf[e] for e in range(1, E + 1)], 1), np.stack([correct[e] for e in range(1, E + 1)], 1))
+        profile = Profile(
+            np.stack([conf[e] for e in range(1, E + 1)], 1), np.stack([correct[e] for e in range(1, E + 1)], 1)
+        )
         (out / "sim").mkdir(parents=True, exist_ok=True)
         trace = out / "sim" / "trace.csv"
         write_trace(trace, replay_trace(entries, rate))
@@ -330,9 +294,23 @@ def run_demo(
     # ------------------------------------------------------------ report
     calculus = compute_rates(spec).exit_share
     comparison = {
-        "settings": {"dataset": "digits", "topology": topology, "serving": serving, "strategy": "serving-rate", "rounds": rounds,
-                     "rate": rate, "requests": int(len(y)), "seed": seed, "quick": quick},
-        "accuracy": {"offline": ev.accuracy, "runtime": rt.get("accuracy"), "sim": sim["accuracy"], "sim_bundle_profile": sim_ref["accuracy"]},
+        "settings": {
+            "dataset": "digits",
+            "topology": topology,
+            "serving": serving,
+            "strategy": "serving-rate",
+            "rounds": rounds,
+            "rate": rate,
+            "requests": int(len(y)),
+            "seed": seed,
+            "quick": quick,
+        },
+        "accuracy": {
+            "offline": ev.accuracy,
+            "runtime": rt.get("accuracy"),
+            "sim": sim["accuracy"],
+            "sim_bundle_profile": sim_ref["accuracy"],
+        },
         "served_share": {
             "calculus": {str(e): float(s) for e, s in calculus.items()},
             "offline": {str(e): float(s) for e, s in ev.exit_shares.items()},
@@ -359,15 +337,31 @@ def run_demo(
     return report
 
 
-def write_runtime(folder: Path, spec, results, entries: dict[str, np.ndarray], labels: np.ndarray, summary: dict, cost: dict, wall: float) -> None:
-    """DIR/runtime: summary.json and requests.csv (one row per sample, as the simulator's)."""
+def write_runtime(
+    folder: Path,
+    spec,
+    results,
+    entries: dict[str, np.ndarray],
+    labels: np.ndarray,
+    summary: dict,
+    cost: dict,
+    wall: float,
+) -> None:
+    """DIR/runtime: summary.json and requests.csv (one row per sample, :data:`cis.metrics.REQUEST_COLUMNS`)."""
     folder.mkdir(parents=True, exist_ok=True)
     entry_of = {int(i): nid for nid, idx in entries.items() for i in idx}
-    lines = ["sample,entry,node,exit,correct,flags,latency_s\n"]
-    for i, r in enumerate(results):
-        if r is None or r.error is not None:
-            lines.append(f"{i},{entry_of.get(i, '')},,0,-1,0,\n")
-            continue
-        lines.append(f"{i},{entry_of.get(i, '')},{r.served_by[0]},{int(r.exit[0])},{int(r.cls[0] == labels[i])},{int(r.flags[0])},{r.latency:.9f}\n")
-    (folder / "requests.csv").write_text("".join(lines))
-    (folder / "summary.json").write_text(json.dumps({**summary, "calibration": {k: v for k, v in cost.items() if k != "visit_cost"}, "wall_s": wall, "spec": spec.name}, indent=2))
+    answered = [r is not None and r.error is None for r in results]
+    write_requests(folder / "requests.csv", {
+        "id": list(range(len(results))),
+        "entry": [entry_of.get(i, "") for i in range(len(results))],
+        "node": [r.served_by[0] if ok else None for r, ok in zip(results, answered)],
+        "exit": [int(r.exit[0]) if ok else None for r, ok in zip(results, answered)],
+        "outcome": ["served" if ok else "error" for ok in answered],
+        "correct": [int(r.cls[0] == labels[i]) if ok else None for i, (r, ok) in enumerate(zip(results, answered))],
+        "latency_s": [r.latency if ok else None for r, ok in zip(results, answered)],
+        "flags": [int(r.flags[0]) if ok else None for r, ok in zip(results, answered)],
+    })
+    calibration = {k: v for k, v in cost.items() if k != "visit_cost"}
+    (folder / "summary.json").write_text(
+        json.dumps({**summary, "calibration": calibration, "wall_s": wall, "spec": spec.name}, indent=2)
+    )

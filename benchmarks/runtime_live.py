@@ -1,0 +1,113 @@
+"""Helpers of the runtime robustness benchmarks (runtime_fuzz, runtime_overload, runtime_faults):
+a digits demo bundle, a live ``cis serve --all`` cluster in a subprocess, process RSS, machine load."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+
+def demo_bundle(work: Path, steps: int = 300) -> Path:
+    """The paper-7 digits bundle the runtime tests use (trained for ``steps`` steps), cached in ``work``."""
+    bundle = work / "bundle"
+    if (bundle / "manifest.json").is_file():
+        return bundle
+    from export import export_bundle
+    from export.demo import make_demo_run
+
+    run = make_demo_run(work / "run", steps=steps)
+    export_bundle(run, bundle, latency_repeats=2)
+    return bundle
+
+
+def rss_mb(pid: int) -> float:
+    """Resident set size of a process in MB (VmRSS), or nan when it is gone."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return float("nan")
+
+
+def machine() -> dict:
+    load = os.getloadavg()
+    return {
+        "cpus": os.cpu_count(),
+        "loadavg_1_5_15": [round(x, 2) for x in load],
+        "python": platform.python_version(),
+        "note": "shared 2-core VM unless said otherwise; timings are noisy",
+    }
+
+
+class ServeAll:
+    """``cis serve BUNDLE --all --free-ports --json --log-dir LOGS [args]`` in a subprocess."""
+
+    def __init__(self, bundle: Path, logs: Path, args: list[str] = ()):
+        self.logs = logs
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "cis.cli",
+                "serve",
+                str(bundle),
+                "--all",
+                "--free-ports",
+                "--json",
+                "--log-dir",
+                str(logs),
+                *args,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        line = self.proc.stdout.readline()
+        if not line:
+            raise SystemExit(f"serve --all did not start: {self.proc.stderr.read()}")
+        self.nodes = json.loads(line)["nodes"]
+
+    def address(self, nid: str) -> str:
+        return self.nodes[nid]["address"]
+
+    def state(self) -> dict:
+        return json.loads((self.logs / "cluster.json").read_text())["nodes"]
+
+    def pid(self, nid: str) -> int:
+        return int(self.state()[nid]["pid"])
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(40)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait(5)
+
+    def __enter__(self) -> ServeAll:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.proc.poll() is None:
+            self.stop()
+
+
+def wait_until(predicate, timeout: float, step: float = 0.02) -> float | None:
+    """Seconds until ``predicate()`` held, or None after ``timeout``."""
+    start = time.monotonic()
+    while time.monotonic() - start < timeout:
+        if predicate():
+            return time.monotonic() - start
+        time.sleep(step)
+    return None

@@ -1,0 +1,55 @@
+"""A node's settings, shared by its socket loop (:mod:`cis.runtime.node`) and its batch
+executor (:mod:`cis.runtime.executor`). ``cis serve`` flags map onto these fields."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from cis.errors import CisError
+from cis.runtime.security import CurveConfig
+
+if TYPE_CHECKING:
+    from cis.backends import Backend
+
+NONFINITE_MODES = ("refuse", "flag")
+
+
+@dataclass
+class NodeConfig:
+    node_id: str
+    exit: int
+    bind: str = "tcp://127.0.0.1:5555"
+    parent: str | None = None  # parent's address; None at the root
+    threshold: float = -math.inf
+    measure: str = "max_softmax"
+    patience: int | None = None  # with measure "patience": p (the bundle's inference patience)
+    max_transfer_rate: float = math.inf  # forwarded samples per second (token bucket)
+    transfer_burst: float | None = None  # bucket depth in samples (default: 10 s of the cap, at least 1)
+    max_batch: int = 32  # samples per micro-batch
+    max_wait: float = 0.0  # seconds the oldest queued request may wait for company
+    queue_limit: int = 1024  # samples admitted and waiting; beyond: "overloaded"; a bigger request: "too_many_samples"
+    rcv_hwm: int = 64  # messages ZeroMQ may hold per peer before the node reads them (then TCP pushes back)
+    rcv_buf: int = -1  # SO_RCVBUF of the ROUTER's connections in bytes; -1: the OS default (autotuned)
+    forward_timeout: float = 1.0  # seconds a forward waits for the parent (per tier above)
+    tiers_above: int = 1
+    heartbeat: float = 0.2
+    heartbeat_timeout: float = 1.0
+    max_message_bytes: int = 64 << 20  # per message; also ZMQ_MAXMSGSIZE, the limit of each frame
+    nonfinite: str = "refuse"  # "refuse": bad_input error; "flag": answer such samples here with flag 4
+    adapt: bool = False
+    adapt_target: float = 0.0  # target forwarded share
+    adapt_gain: float = 0.05
+    curve: CurveConfig = field(default_factory=CurveConfig)
+    drain_timeout: float = 10.0  # seconds to finish in-flight work after SIGTERM
+    restarts: int = 0  # how often the launcher restarted this node (shown by status)
+    backend: Backend | None = None  # what runs the bundle's stages (cis.backends; None: stages given directly)
+
+    def __post_init__(self) -> None:
+        if self.nonfinite not in NONFINITE_MODES:
+            raise CisError(f"nonfinite is {self.nonfinite!r}; expected one of {', '.join(NONFINITE_MODES)}")
+        if self.queue_limit < 1 or self.max_batch < 1 or self.rcv_hwm < 1 or self.max_message_bytes < 1:
+            raise CisError(
+                f"node {self.node_id}: queue_limit, max_batch, rcv_hwm and max_message_bytes must be at least 1"
+            )

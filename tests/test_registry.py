@@ -1,0 +1,47 @@
+"""The one method registry: torch-free, every method (cis included) built by one dispatch, defaults once."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from cis.errors import CisError
+from training.methods import registry
+
+
+def test_the_registry_and_the_cli_parser_import_no_torch():
+    code = (
+        "import sys, training.methods.registry, cis.cli; cis.cli.build_parser(); "
+        "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:3]"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_cis_is_a_method_like_the_others():
+    assert registry.METHODS[0] == "cis" and registry.family_of("cis") == "cis"
+    assert {registry.family_of(m) for m in registry.EARLY_EXIT_METHODS} == {"early-exit"}
+    assert {registry.family_of(m) for m in registry.NESTED_METHODS} == {"nested"}
+    pytest.importorskip("torch")
+    from training.builders import BUILDERS
+
+    assert set(BUILDERS) == set(registry.FAMILIES)
+
+
+def test_defaults_come_from_the_schema_only():
+    opts = registry.method_options("flame", grouping="full")
+    assert opts["grouping"] == "full" and opts["group_step"] == registry.OPTIONS["group_step"].default
+    assert opts["eval_patience"] == registry.FLAME_EVAL_PATIENCE
+    assert registry.method_options("reefl")["arch"] == "vit"  # not reefl's option: the schema default
+    assert registry.resolve_options("cis", None) is None
+    with pytest.raises(CisError, match="not an option of method 'reefl'"):
+        registry.method_options("reefl", grouping="full")
+
+
+def test_the_torch_code_knows_every_choice_the_registry_offers():
+    pytest.importorskip("torch")
+    from training.methods.resnet import LAYOUTS
+
+    assert set(LAYOUTS) == set(registry.NESTED_LAYOUTS)
+    assert registry.OPTIONS["layout"].choices == registry.NESTED_LAYOUTS

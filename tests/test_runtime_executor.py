@@ -1,0 +1,181 @@
+"""The node's batch executor without sockets: admission checks, isolation of a poisoned request,
+non-finite input, deadlines, the bounded queue. Requests are real decoded messages."""
+
+from __future__ import annotations
+
+import time
+from collections import namedtuple
+
+import numpy as np
+
+from cis.runtime import protocol as P
+from cis.runtime.config import NodeConfig
+from cis.runtime.executor import Executor
+
+T = namedtuple("T", "name shape dtype")
+POISON = 666.0
+
+
+class CountingStage:
+    """logits from the first 3 inputs (x10); carry = the input. Raises on a batch holding the poison value."""
+
+    inputs = (T("input", (None, 4), "float32"),)
+    outputs = (T("logits", (None, 3), "float32"), T("features", (None, 4), "float32"))
+
+    def __init__(self):
+        self.batches: list[int] = []
+
+    def run(self, feeds):
+        x = feeds["input"]
+        self.batches.append(len(x))
+        if (x == POISON).any():
+            raise RuntimeError("poisoned sample")
+        return {"logits": x[:, :3] * 10, "features": x.copy()}
+
+
+class Outbox:
+    def __init__(self, parent_up=True, accept=True):
+        self.parent_up = parent_up
+        self.accept = accept
+        self.replies, self.errors, self.forwards = [], [], []
+
+    def reply(self, req):
+        self.replies.append(req)
+
+    def error(self, req, code, message):
+        self.errors.append((req.req_id, code, message))
+
+    def forward(self, pending, carry):
+        self.forwards.append((pending, {k: np.array(v) for k, v in carry.items()}))
+        return self.accept
+
+
+def make(parent=None, **kw):
+    stage, out = CountingStage(), Outbox()
+    cfg = NodeConfig("leaf", 1, parent=parent, threshold=0.9, **kw)
+    return Executor(cfg, {1: stage}, out), stage, out
+
+
+def msg(rid, x, **fields):
+    tensors = x if isinstance(x, dict) else {"input": np.asarray(x, np.float32)}
+    return P.decode(P.encode(P.INFER, rid, tensors, **fields))
+
+
+CONFIDENT = [5, 0, 0, 0]  # class 0, served at the leaf
+UNSURE = [0.1, 0, 0, 0]  # forwarded by a leaf with a parent
+
+
+def test_a_request_that_fails_validation_never_enters_a_batch():
+    ex, stage, out = make()
+    assert ex.admit([b"a"], msg(1, {"input": np.zeros((1, 4), np.float64)}), 0.0)[0] == "bad_tensor"
+    assert ex.admit([b"a"], msg(2, np.zeros((1, 5))), 0.0)[0] == "bad_tensor"
+    assert ex.admit([b"a"], msg(3, [CONFIDENT], stage=2), 0.0)[0] == "bad_stage"
+    assert ex.admit([b"a"], msg(4, np.zeros((0, 4))), 0.0)[0] == "bad_tensor"  # empty batch
+    assert ex.admit([b"a"], msg(5, [CONFIDENT, CONFIDENT]), 0.0) is None
+    assert ex.queued == 2 and len(ex.queue) == 1
+    ex.run_batch()
+    assert stage.batches == [2] and [r.req_id for r in out.replies] == [5] and not out.errors
+
+
+def test_a_poisoned_request_does_not_spoil_its_batch():
+    ex, stage, out = make()
+    for rid, rows in enumerate([[CONFIDENT], [[POISON, 0, 0, 0]], [CONFIDENT, [0, 5, 0, 0]]], start=1):
+        assert ex.admit([b"c%d" % rid], msg(rid, rows), 0.0) is None
+    ex.run_batch()  # one batch of 4 samples fails; each request is run again alone
+    assert stage.batches == [4, 1, 1, 2]
+    assert sorted(r.req_id for r in out.replies) == [1, 3]
+    assert [(rid, code) for rid, code, _ in out.errors] == [(2, "internal")]
+    assert "poisoned sample" in out.errors[0][2]
+    assert out.replies[1].cls.tolist() == [0, 1] and ex.counters["isolated"] == 3
+
+
+def test_non_finite_input_is_refused_by_default():
+    ex, stage, out = make(parent="tcp://parent")
+    x = np.array([CONFIDENT, UNSURE], np.float32)
+    x[1, 2] = np.nan
+    code, message = ex.admit([b"a"], msg(1, x), 0.0)
+    assert code == "bad_input" and "1 of 2 samples" in message and "sample 1" in message
+    x[1, 2] = np.inf
+    assert ex.admit([b"a"], msg(2, x), 0.0)[0] == "bad_input"
+    assert not ex.queue and not stage.batches
+
+
+def test_non_finite_samples_flagged_are_answered_here_and_never_forwarded():
+    ex, stage, out = make(parent="tcp://parent", nonfinite="flag")
+    x = np.array([UNSURE, UNSURE, CONFIDENT], np.float32)
+    x[0, 3] = -np.inf
+    assert ex.admit([b"a"], msg(1, x), 0.0) is None
+    ex.run_batch()
+    ((pending, carry),) = out.forwards
+    assert pending.n == 1 and np.isfinite(carry["features"]).all()  # only the finite unsure sample goes up
+    ex.scatter(
+        pending, np.array([2]), np.array([0.9], np.float32), np.array([2], np.int32), np.zeros(1, np.uint8), ["root"]
+    )
+    (r,) = out.replies
+    assert r.cls.tolist() == [-1, 2, 0] and r.flags.tolist() == [P.FLAG_NONFINITE, 0, 0]
+    assert np.isnan(r.conf[0]) and r.served_by == ["leaf", "root", "leaf"] and r.exit.tolist() == [1, 2, 1]
+
+
+def test_a_request_past_its_deadline_is_answered_without_running():
+    ex, stage, out = make()
+    assert ex.admit([b"a"], msg(1, [CONFIDENT], deadline=time.time() - 1), 0.0)[0] == "deadline_exceeded"
+    assert ex.admit([b"a"], msg(2, [CONFIDENT], deadline=time.time() + 0.05), 0.0) is None
+    assert ex.admit([b"a"], msg(3, [CONFIDENT], deadline=time.time() + 60), 0.0) is None
+    time.sleep(0.06)  # request 2's deadline passes while it waits in the queue
+    ex.run_batch()
+    assert [(rid, code) for rid, code, _ in out.errors] == [(2, "deadline_exceeded")]
+    assert stage.batches == [1] and [r.req_id for r in out.replies] == [3] and ex.counters["expired"] == 1
+
+
+def test_the_queue_is_bounded_and_a_request_that_could_never_fit_says_so():
+    ex, stage, out = make(queue_limit=4, max_batch=2)
+    assert ex.admit([b"a"], msg(1, [CONFIDENT] * 5), 0.0)[0] == "too_many_samples"
+    assert ex.admit([b"a"], msg(2, [CONFIDENT] * 3), 0.0) is None
+    assert ex.admit([b"a"], msg(3, [CONFIDENT] * 2), 0.0)[0] == "overloaded"
+    assert ex.admit([b"a"], msg(4, [CONFIDENT]), 0.0) is None
+    assert ex.queued == 4 and ex.counters["overloaded"] == 1
+    assert ex.due(0.0)  # a full batch waits
+    ex.run_batch()  # a request bigger than max_batch runs alone
+    ex.run_batch()
+    assert stage.batches == [3, 1] and ex.queued == 0
+
+
+def test_max_wait_holds_a_batch_for_company():
+    ex, stage, out = make(max_wait=0.5, max_batch=4)
+    ex.admit([b"a"], msg(1, [CONFIDENT]), 10.0)
+    assert not ex.due(10.2) and ex.due(10.5) and ex.due(10.2, draining=True)
+
+
+def test_a_forward_that_cannot_go_is_served_here_degraded():
+    ex, stage, out = make(parent="tcp://parent")
+    out.accept = False
+    ex.admit([b"a"], msg(1, [UNSURE, CONFIDENT]), 0.0)
+    ex.run_batch()
+    (r,) = out.replies
+    assert r.flags.tolist() == [P.FLAG_DEGRADED, 0] and r.served_by == ["leaf", "leaf"]
+    out.parent_up, out.accept = False, True
+    ex.admit([b"a"], msg(2, [UNSURE]), 0.0)
+    ex.run_batch()
+    assert out.replies[1].flags.tolist() == [P.FLAG_DEGRADED] and len(out.forwards) == 1
+
+
+def test_a_late_parent_answer_after_an_internal_error_is_not_a_second_reply():
+    ex, stage, out = make(parent="tcp://parent")
+    ex.admit([b"a"], msg(1, [UNSURE, CONFIDENT]), 0.0)
+
+    def sent_then_failed(pending, carry):  # the forward went out, then deciding failed
+        out.forwards.append((pending, carry))
+        raise RuntimeError("boom")
+
+    ex.out.forward = sent_then_failed
+    ex.run_batch()
+    assert [(rid, code) for rid, code, _ in out.errors] == [(1, "internal")]
+    ex.fallback(out.forwards[0][0])
+    assert not out.replies  # exactly one answer per request
+
+
+def test_only_float_tensors_are_checked_and_per_sample():
+    from cis.runtime.feeds import nonfinite_rows
+
+    assert nonfinite_rows({"a": np.array([[1, 2]], np.int64)}, 1) is None
+    assert nonfinite_rows({"a": np.array([[1.0, np.nan], [0, 0]], np.float16)}, 2).tolist() == [True, False]

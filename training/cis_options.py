@@ -1,0 +1,14 @@
+"""The choices of Algorithm 1's own run settings, named once and torch-free.
+
+The CLI offers them (cis/commands/train.py), the run config checks them
+(training/config.py), and the modules that implement them import them from
+here: the p rules (training/sampling.py), the p modes, coefficient rules and
+BatchNorm rules of line 12 (training/aggregation.py), and the local-step rule
+for lower exits (training/local.py). docs/training.md says what each does.
+"""
+
+P_RULES = ("paper", "code")
+P_MODES = ("divide", "multiply")
+COEFFICIENT_RULES = ("literal", "capped", "self-normalised")
+BN_RULES = ("convex", "literal")
+STEP_RULES = ("same", "flops")

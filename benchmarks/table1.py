@@ -254,7 +254,13 @@ def report(out: Path, large_out: Path, stem: str) -> dict:
     scale, seeds = load_scale(out) or ({}, [])
     table = collect(out, seeds)
     done = sorted({seed for cells in table.values() for accs in cells.values() for seed in accs})
-    result = {"scale": scale, "seeds": seeds, "paper": PAPER_TABLE1, **summarise(table, seeds, SETTINGS)}
+    result = {
+        "scale": scale,
+        "seeds": done,  # the seeds with finished runs; per_seed lists follow this order
+        "seeds_planned": seeds,
+        "paper": PAPER_TABLE1,
+        **summarise(table, seeds, SETTINGS),
+    }
     result["auto_goal"] = auto_goal(result["summary"], SETTINGS)
     result["auto_choices"] = auto_choices(out)
     note = (
@@ -266,7 +272,9 @@ def report(out: Path, large_out: Path, stem: str) -> dict:
     if (large := load_scale(large_out)) is not None:
         lscale, lseeds = large
         cell = [LARGE["serving"]]
-        result["large"] = {"scale": lscale, "seeds": lseeds, **summarise(collect(large_out, lseeds), lseeds, cell)}
+        ltable = collect(large_out, lseeds)
+        ldone = sorted({seed for cells in ltable.values() for accs in cells.values() for seed in accs})
+        result["large"] = {"scale": lscale, "seeds": ldone, "seeds_planned": lseeds, **summarise(ltable, lseeds, cell)}
         result["large"]["auto_goal"] = auto_goal(result["large"]["summary"], cell)
         note += (
             f"\n\nLarger scale, {LARGE['serving']} only: width {lscale['width']}, {lscale['rounds']} rounds, "

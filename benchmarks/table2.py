@@ -162,12 +162,21 @@ def report(out: Path, stem: str, names: list[str]) -> dict:
                         ),
                         "seeds": both,
                     }
-    result = {"scale": scale, "seeds": seeds, "per_seed": per_seed, "summary": summary, "paired": vs, "paper": PAPER}
+    done = sorted({s for runs in table.values() for s in runs})
+    result = {
+        "scale": scale,
+        "seeds": done,  # the seeds with finished runs; per_seed lists follow this order (summary: each run's own)
+        "seeds_planned": seeds,
+        "per_seed": per_seed,
+        "summary": summary,
+        "paired": vs,
+        "paper": PAPER,
+    }
     (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=1))
     lines = [
         "# Table 2 over seeds (CIFAR-10, paper-7, highly biased partition, 80-15-5)\n",
         f"Scale: {scale}; seeds {','.join(map(str, seeds))} planned, runs finished for seeds "
-        f"{','.join(map(str, sorted({s for runs in table.values() for s in runs}))) or 'none'}. "
+        f"{','.join(map(str, done)) or 'none'}. "
         "CIS accuracy on the test split (%), mean ± sd over the seeds finished; "
         "exit accuracies are means over the seeds.\n",
         "| run | CIS accuracy | paper | vs serving-rate p=0 (signs) | exit 1 | exit 2 | exit 3 | BN vars clamped "

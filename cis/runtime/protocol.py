@@ -78,7 +78,6 @@ from cis.runtime.header import (  # noqa: F401  (the vocabulary is re-exported: 
     check_tensors,
     fail,
     is_int,
-    show,
 )
 
 # ---------------------------------------------------------------- the header schema in one C pass (msgspec)

@@ -10,11 +10,18 @@ survives a new machine, the run dirs under /tmp do not), and a rerun skips the
 runs whose file exists. table1.json/.md/.png are rebuilt from those files after
 every run, so a partial campaign already reports what it has.
 
+``--algorithm authors-code`` trains the same cells under Algorithm 1 as the authors' public code
+runs it (training/aggregation.py; their balanced-adj); those run files end in ``_authors-code``
+and the tables gain the algorithm as a level (``per_seed`` {algorithm: {strategy: {cell: [...]}}}).
+Every comparison against equal carries its paired t-test p and the Holm-adjusted p over the
+comparisons of its algorithm's table; every run file records its SGD steps.
+
 ``--large`` runs the headline cell at a larger scale instead: 80-15-5, width 0.25,
 100 rounds, 20,000 images, 3 seeds, for equal, serving-rate, balanced-adj and auto
 (each of those overridable; the .md says what scale was run).
 
     python benchmarks/table1.py [--quick] [--seeds 1,2,3,4,5] [--rounds 60] [--strategies ...] [--large]
+                                [--algorithm printed|authors-code]
     python benchmarks/table1.py --report   # rebuild table1.json/.md/.png from the run files only
 
 CIFAR-10 comes from ../shared/data/cifar10-jpeg.zip, unzipped to /tmp/cifar10.
@@ -29,10 +36,12 @@ from pathlib import Path
 
 from _common import (
     RESULTS,
+    add_holm,
     claim,
     common_args,
     ensure_cifar,
     evaluate,
+    fmt_test,
     paired,
     quick,
     save_run,
@@ -43,6 +52,9 @@ from _common import (
 )
 
 SETTINGS = ["80-15-5", "33-33-33", "5-15-80"]
+ALGORITHMS = ["printed", "authors-code"]
+AUTO_SLACK = 0.5  # issue 22: auto's mean within 0.5 point of the best fixed strategy's, in every cell
+AUTO_STEPS = 1.1  # ... at no more than 1.1x a fixed strategy's SGD steps
 STRATEGIES = ["equal", "flops", "serving-rate", "balanced-adj", "auto"]
 SHARED = ("equal", "flops")  # weights independent of the serving setting: trained once per seed
 LARGE = {
@@ -61,16 +73,29 @@ PAPER_TABLE1 = {  # CIFAR-10, equal partition, mean of 3 seeds (paper Table 1)
 }
 
 
+def run_name(seed: int, strategy: str, trained_for: str, algorithm: str = "printed") -> str:
+    name = f"seed{seed}_{strategy}" + ("" if strategy in SHARED else f"_{trained_for}")
+    return name + ("" if algorithm == "printed" else f"_{algorithm}")
+
+
 def run_record(
-    run: Path, summary: dict, seed: int, strategy: str, trained_for: str, accuracy: dict[str, float]
+    run: Path,
+    summary: dict,
+    seed: int,
+    strategy: str,
+    trained_for: str,
+    accuracy: dict[str, float],
+    algorithm: str = "printed",
 ) -> dict:
     return {
         "seed": seed,
+        "algorithm": algorithm,
         "strategy": strategy,
         "trained_for": trained_for,
         "cis_accuracy": accuracy,
         "exit_accuracy": summary["test"]["exit_accuracy"],
         "weights": summary["weights"],
+        "sgd_steps": summary.get("sgd_steps"),
         "train_wall_seconds": summary.get("train_wall_seconds"),
         "device": summary.get("device"),
         "run_dir": str(run),
@@ -82,37 +107,62 @@ def campaign(
 ) -> None:
     """Train every (strategy, trained-for setting) cell per seed; write each run's file as it finishes."""
     todo = [(seed, strategy, trained_for) for seed in seeds for strategy, trained_for in cells]
+    algorithm = getattr(args, "algorithm", "printed")
+    extra = {} if algorithm == "printed" else {"algorithm": algorithm}
     for k, (seed, strategy, trained_for) in enumerate(todo, 1):
-        name = f"seed{seed}_{strategy}" + ("" if strategy in SHARED else f"_{trained_for}")
+        name = run_name(seed, strategy, trained_for, algorithm)
         path = out / "runs" / f"{name}.json"
         if path.is_file() or not claim(path):
             continue
         print(f"[{k}/{len(todo)}] {name}", file=sys.stderr)
         args.seed = seed
         run = runs / f"seed{seed}" / name
-        summary = train(run, dataset, strategy, trained_for, args)
+        summary = train(run, dataset, strategy, trained_for, args, **extra)
         settings = SETTINGS if strategy in SHARED else [trained_for]
         accuracy = {s: (evaluate(run, s) if s != trained_for else 100 * summary["cis_accuracy"]) for s in settings}
-        save_run(path, run_record(run, summary, seed, strategy, trained_for, accuracy), args.commit)
+        record = run_record(run, summary, seed, strategy, trained_for, accuracy, algorithm)
+        save_run(path, record, args.commit)
         on_run()
 
 
-def collect(out: Path, seeds: list[int]) -> dict[str, dict[str, dict[int, float]]]:
-    """{strategy: {serving: {seed: accuracy}}} from the run files (serving-rate at 33-33-33 = equal)."""
-    table: dict[str, dict[str, dict[int, float]]] = {}
-    for f in sorted((out / "runs").glob("seed*.json")):
-        r = json.loads(f.read_text())
-        if r["seed"] not in seeds:
-            continue
+def run_files(out: Path, seeds: list[int]) -> list[dict]:
+    """The finished runs' records of the planned seeds (a record before issue 22 is the printed algorithm's)."""
+    records = [json.loads(f.read_text()) for f in sorted((out / "runs").glob("seed*.json"))]
+    return [{"algorithm": "printed", **r} for r in records if r["seed"] in seeds]
+
+
+def collect(out: Path, seeds: list[int]) -> dict[str, dict[str, dict[str, dict[int, float]]]]:
+    """{algorithm: {strategy: {serving: {seed: accuracy}}}} from the run files (serving-rate at 33-33-33 = equal)."""
+    tables: dict[str, dict[str, dict[str, dict[int, float]]]] = {}
+    for r in run_files(out, seeds):
+        table = tables.setdefault(r["algorithm"], {})
         for serving, acc in r["cis_accuracy"].items():
             table.setdefault(r["strategy"], {}).setdefault(serving, {})[r["seed"]] = acc
-    if "33-33-33" in table.get("equal", {}):
-        table.setdefault("serving-rate", {})["33-33-33"] = dict(table["equal"]["33-33-33"])
-    return table
+    for table in tables.values():
+        if "33-33-33" in table.get("equal", {}):
+            table.setdefault("serving-rate", {})["33-33-33"] = dict(table["equal"]["33-33-33"])
+    return tables
+
+
+def collect_steps(out: Path, seeds: list[int]) -> dict[str, dict[str, dict[str, dict]]]:
+    """{algorithm: {strategy: {trained_for: {"total": mean, "root": mean, "n": runs}}}}: each strategy's SGD steps."""
+    got: dict[tuple, list[dict]] = {}
+    for r in run_files(out, seeds):
+        if r.get("sgd_steps"):
+            got.setdefault((r["algorithm"], r["strategy"], r["trained_for"]), []).append(r["sgd_steps"])
+    steps: dict[str, dict[str, dict[str, dict]]] = {}
+    for (algorithm, strategy, cell), runs in got.items():
+        steps.setdefault(algorithm, {}).setdefault(strategy, {})[cell] = {
+            "total": float(sum(x["total"] for x in runs) / len(runs)),
+            "root": float(sum(x["root"] for x in runs) / len(runs)),
+            "n": len(runs),
+        }
+    return steps
 
 
 def summarise(table: dict, seeds: list[int], settings: list[str]) -> dict:
-    """per_seed lists (seed order), mean +- sd, and the paired difference against equal on the seeds both have."""
+    """per_seed lists (seed order), mean +- sd, and the paired difference against equal on the seeds both have,
+    with its paired t-test p and the Holm-adjusted p over the table's comparisons."""
     per_seed, summary, vs_equal = {}, {}, {}
     for strategy in [s for s in STRATEGIES if s in table]:
         for serving in [s for s in settings if s in table[strategy]]:
@@ -127,11 +177,19 @@ def summarise(table: dict, seeds: list[int], settings: list[str]) -> dict:
                     **paired([got[s] for s in both], [base[s] for s in both]),
                     "seeds": both,
                 }
+    identical = ("serving-rate", "33-33-33")  # serving-rate at 33-33-33 IS equal: not a comparison
+    add_holm({f"{k} {x}": c for k, cells in vs_equal.items() for x, c in cells.items() if (k, x) != identical})
     return {"per_seed": per_seed, "summary": summary, "paired_vs_equal": vs_equal}
 
 
-def auto_goal(summary: dict, settings: list[str]) -> dict:
-    """Issue 17's goal for auto per cell: mean >= best fixed strategy's mean - its sd."""
+def by_algorithm(tables: dict, seeds: list[int], settings: list[str]) -> dict:
+    """:func:`summarise` per algorithm: {"per_seed": {algorithm: ...}, "summary": {algorithm: ...}, ...}."""
+    parts = {a: summarise(tables[a], seeds, settings) for a in ALGORITHMS if a in tables}
+    return {key: {a: part[key] for a, part in parts.items()} for key in ("per_seed", "summary", "paired_vs_equal")}
+
+
+def auto_goal(summary: dict, settings: list[str], steps: dict | None = None) -> dict:
+    """Issue 22's goal for auto per cell: mean >= best fixed strategy's mean - 0.5, at <= 1.1x its SGD steps."""
     out = {}
     for serving in settings:
         if serving not in summary.get("auto", {}):
@@ -140,24 +198,35 @@ def auto_goal(summary: dict, settings: list[str]) -> dict:
         if not fixed:
             continue
         best = max(fixed, key=lambda s: fixed[s]["mean"])
-        bar = fixed[best]["mean"] - fixed[best]["sd"]
+        bar = fixed[best]["mean"] - AUTO_SLACK
         got = summary["auto"][serving]["mean"]
+        ratio = steps_ratio(steps or {}, serving)
         out[serving] = {
             "auto_mean": got,
             "best_fixed": best,
             "best_mean": fixed[best]["mean"],
             "best_sd": fixed[best]["sd"],
             "bar": bar,
-            "met": bool(got >= bar),
+            "steps_ratio": ratio,
+            "met": bool(got >= bar and (ratio is None or ratio <= AUTO_STEPS)),
         }
     return out
 
 
+def steps_ratio(steps: dict, serving: str) -> float | None:
+    """auto's mean total SGD steps in a cell over the fixed strategies' (the same for all of them at p = 0)."""
+    auto = steps.get("auto", {}).get(serving)
+    fixed = [c["total"] for s, cells in steps.items() if s != "auto" for x, c in cells.items()]
+    return auto["total"] / (sum(fixed) / len(fixed)) if auto and fixed else None
+
+
 def auto_choices(out: Path) -> dict[str, dict[str, int]]:
-    """How often auto chose each candidate, per serving setting."""
+    """How often auto chose each candidate, per serving setting (printed algorithm)."""
     counts: dict[str, dict[str, int]] = {}
     for f in sorted((out / "runs").glob("seed*_auto_*.json")):
         r = json.loads(f.read_text())
+        if r.get("algorithm", "printed") != "printed":
+            continue
         chosen = r["weights"].get("chosen", "?")
         counts.setdefault(r["trained_for"], {}).setdefault(chosen, 0)
         counts[r["trained_for"]][chosen] += 1
@@ -168,44 +237,68 @@ def fmt(cell: dict | None) -> str:
     return f"{cell['mean']:.1f} ± {cell['sd']:.1f}" if cell else "–"
 
 
+def accuracy_rows(summary: dict, settings: list[str], paper: bool) -> list[str]:
+    head = " | ".join(f"{x} ours | {x} paper" if paper else x for x in settings)
+    lines = [f"| strategy | {head} |", "|---|" + ("---|---|" if paper else "---|") * len(settings)]
+    for strategy in [x for x in STRATEGIES if x in summary]:
+        cells = [
+            fmt(summary[strategy].get(x))
+            + (f" | {PAPER_TABLE1.get(strategy, {}).get(x, float('nan')):.1f}".replace("nan", "–") if paper else "")
+            for x in settings
+        ]
+        lines.append(f"| {strategy} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def comparison_rows(vs_equal: dict, settings: list[str]) -> list[str]:
+    lines = ["| strategy | " + " | ".join(settings) + " |", "|---|" + "---|" * len(settings)]
+    for strategy, cells in vs_equal.items():
+        row = [(fmt_test(c) if (c := cells.get(x)) and "holm_p" in c else "= equal" if c else "–") for x in settings]
+        lines.append(f"| {strategy} | " + " | ".join(row) + " |")
+    return lines
+
+
+def steps_rows(steps: dict, settings: list[str]) -> list[str]:
+    lines = ["| algorithm | strategy | trained for | SGD steps per run (all nodes) | root's |", "|---|---|---|---|---|"]
+    for algorithm, by_strategy in steps.items():
+        for strategy in [x for x in STRATEGIES if x in by_strategy]:
+            for cell, c in sorted(by_strategy[strategy].items()):
+                lines.append(f"| {algorithm} | {strategy} | {cell} | {c['total']:,.0f} | {c['root']:,.0f} |")
+    return lines
+
+
 def write_report(stem: str, result: dict, settings: list[str], title: str, note: str) -> None:
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{stem}.json").write_text(json.dumps(result, indent=1))
-    s = result["summary"]
-    lines = [
-        f"# {title}\n",
-        note + "\n",
-        "CIS accuracy on the test split (%), mean ± sd over seeds; paper: Table 1 (3 seeds).\n",
-        "| strategy | " + " | ".join(f"{x} ours | {x} paper" for x in settings) + " |",
-        "|---|" + "---|---|" * len(settings),
-    ]
-    for strategy in [x for x in STRATEGIES if x in s]:
-        row = [
-            f"{fmt(s[strategy].get(x))} | {PAPER_TABLE1.get(strategy, {}).get(x, float('nan')):.1f}" for x in settings
+    lines = [f"# {title}\n", note + "\n"]
+    for algorithm, summary in result["summary"].items():
+        lines += [
+            f"\n## Algorithm: {algorithm}\n",
+            "CIS accuracy on the test split (%), mean ± sd over seeds; paper: Table 1 (3 seeds).\n",
+            *accuracy_rows(summary, settings, paper=True),
+            "",
+            "Paired difference against equal (same seed): mean ± sd, the sign per seed, the paired t-test's p and "
+            "its Holm-adjusted p over this table's comparisons.\n",
+            *comparison_rows(result["paired_vs_equal"][algorithm], settings),
         ]
-        lines.append(f"| {strategy} | " + " | ".join(row).replace("nan", "–") + " |")
-    lines += [
-        "",
-        "Paired difference against equal (same seed): mean ± sd, and the sign per seed.\n",
-        "| strategy | " + " | ".join(settings) + " |",
-        "|---|" + "---|" * len(settings),
-    ]
-    for strategy, cells in result["paired_vs_equal"].items():
-        row = [(f"{c['mean']:+.1f} ± {c['sd']:.1f} ({c['signs']})" if (c := cells.get(x)) else "–") for x in settings]
-        lines.append(f"| {strategy} | " + " | ".join(row) + " |")
     if result.get("auto_goal"):
         lines += [
             "",
-            "auto against its goal (mean >= best fixed strategy's mean - that strategy's sd):\n",
-            "| serving | auto | best fixed | bar | met | auto chose |",
-            "|---|---|---|---|---|---|",
+            f"auto against its goal (mean >= best fixed strategy's mean - {AUTO_SLACK}, at <= {AUTO_STEPS}x "
+            "its SGD steps, pilots included):\n",
+            "| serving | auto | best fixed | bar | steps ratio | met | auto chose |",
+            "|---|---|---|---|---|---|---|",
         ]
         for x, g in result["auto_goal"].items():
             chose = ", ".join(f"{k} {v}x" for k, v in result.get("auto_choices", {}).get(x, {}).items()) or "–"
+            ratio = "–" if g["steps_ratio"] is None else f"{g['steps_ratio']:.2f}"
             lines.append(
                 f"| {x} | {g['auto_mean']:.1f} | {g['best_fixed']} {g['best_mean']:.1f} ± {g['best_sd']:.1f} | "
-                f"{g['bar']:.1f} | {'yes' if g['met'] else 'NO'} | {chose} |"
+                f"{g['bar']:.1f} | {ratio} | {'yes' if g['met'] else 'NO'} | {chose} |"
             )
+    if result.get("sgd_steps"):
+        lines += ["", "SGD steps per run (mean over the run files that record them):\n"]
+        lines += steps_rows(result["sgd_steps"], settings)
     (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n" + result.get("findings", ""))
     plot(stem, result, settings)
 
@@ -219,20 +312,23 @@ def plot(stem: str, result: dict, settings: list[str]) -> None:
     except ImportError:
         print("matplotlib not installed: no plot", file=sys.stderr)
         return
-    s = result["summary"]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    names = [x for x in STRATEGIES if x in s]
-    width = 0.8 / max(1, len(names))
-    for k, name in enumerate(names):
-        xs = [i + (k - (len(names) - 1) / 2) * width for i, x in enumerate(settings) if x in s[name]]
-        ys = [s[name][x]["mean"] for x in settings if x in s[name]]
-        err = [s[name][x]["sd"] for x in settings if x in s[name]]
-        ax.bar(xs, ys, width, yerr=err, capsize=3, label=name)
-    ax.set_xticks(range(len(settings)), settings)
-    ax.set_xlabel("serving setting"), ax.set_ylabel("CIS accuracy (%), mean ± sd")
-    lo = min((v["mean"] - v["sd"] for c in s.values() for v in c.values()), default=0)
-    ax.set_ylim(max(0, lo - 5), None)
-    ax.legend(fontsize=8)
+    algorithms = list(result["summary"])
+    fig, axes = plt.subplots(1, len(algorithms), figsize=(7 * len(algorithms), 4), squeeze=False)
+    for ax, algorithm in zip(axes[0], algorithms):
+        s = result["summary"][algorithm]
+        names = [x for x in STRATEGIES if x in s]
+        width = 0.8 / max(1, len(names))
+        for k, name in enumerate(names):
+            xs = [i + (k - (len(names) - 1) / 2) * width for i, x in enumerate(settings) if x in s[name]]
+            ys = [s[name][x]["mean"] for x in settings if x in s[name]]
+            err = [s[name][x]["sd"] for x in settings if x in s[name]]
+            ax.bar(xs, ys, width, yerr=err, capsize=3, label=name)
+        ax.set_xticks(range(len(settings)), settings)
+        ax.set_title(f"algorithm: {algorithm}")
+        ax.set_xlabel("serving setting"), ax.set_ylabel("CIS accuracy (%), mean ± sd")
+        lo = min((v["mean"] - v["sd"] for c in s.values() for v in c.values()), default=0)
+        ax.set_ylim(max(0, lo - 5), None)
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(RESULTS / f"{stem}.png", dpi=120)
 
@@ -252,50 +348,67 @@ def load_scale(out: Path) -> tuple[dict, list[int]] | None:
 
 def report(out: Path, large_out: Path, stem: str) -> dict:
     scale, seeds = load_scale(out) or ({}, [])
-    table = collect(out, seeds)
-    done = sorted({seed for cells in table.values() for accs in cells.values() for seed in accs})
+    tables = collect(out, seeds)
+    done = sorted({seed for t in tables.values() for cells in t.values() for accs in cells.values() for seed in accs})
+    steps = collect_steps(out, seeds)
     result = {
         "scale": scale,
         "seeds": done,  # the seeds with finished runs; per_seed lists follow this order
         "seeds_planned": seeds,
+        "algorithms": [a for a in ALGORITHMS if a in tables],
         "paper": PAPER_TABLE1,
-        **summarise(table, seeds, SETTINGS),
+        **by_algorithm(tables, seeds, SETTINGS),
+        "sgd_steps": steps,
     }
-    result["auto_goal"] = auto_goal(result["summary"], SETTINGS)
+    result["auto_goal"] = auto_goal(result["summary"].get("printed", {}), SETTINGS, steps.get("printed"))
     result["auto_choices"] = auto_choices(out)
     note = (
         f"Reduced scale: ResNet-18 width {scale.get('width')}, {scale.get('rounds')} rounds, "
         f"{scale.get('train_subset')} training images, local epochs {scale.get('local_epochs')}, "
         f"seeds {','.join(map(str, seeds))} planned, runs finished for seeds {','.join(map(str, done)) or 'none'}. "
-        "Paper: full ResNet-18, 100 rounds, 45k images, 3 seeds."
+        "Paper: full ResNet-18, 100 rounds, 45k images, 3 seeds. Algorithms: printed (Algorithm 1 as the paper "
+        "prints it) and authors-code (as arodio/FedCIS runs it; docs/training.md)."
     )
     if (large := load_scale(large_out)) is not None:
-        lscale, lseeds = large
-        cell = [LARGE["serving"]]
-        ltable = collect(large_out, lseeds)
-        ldone = sorted({seed for cells in ltable.values() for accs in cells.values() for seed in accs})
-        result["large"] = {"scale": lscale, "seeds": ldone, "seeds_planned": lseeds, **summarise(ltable, lseeds, cell)}
-        result["large"]["auto_goal"] = auto_goal(result["large"]["summary"], cell)
-        note += (
-            f"\n\nLarger scale, {LARGE['serving']} only: width {lscale['width']}, {lscale['rounds']} rounds, "
-            f"{lscale['train_subset']} images, seeds {','.join(map(str, lseeds))}, trained on "
-            f"{', '.join(devices(large_out)) or 'an unrecorded device'}: "
-            + ", ".join(f"{k} {fmt(v.get(LARGE['serving']))}" for k, v in result["large"]["summary"].items())
-        )
-        if pv := result["large"]["paired_vs_equal"]:
-            note += "; against equal: " + ", ".join(
-                f"{k} {c['mean']:+.1f} ({c['signs']})" for k, v in pv.items() for c in [v[LARGE["serving"]]]
-            )
+        result["large"], line = large_cell(large_out, large)
+        note += line
     findings = RESULTS / f"{stem}_findings.md"
     result["findings"] = findings.read_text() if findings.is_file() else ""
     write_report(stem, result, SETTINGS, "Table 1 over seeds (CIFAR-10, paper-7, equal partition)", note)
     return result
 
 
+def large_cell(large_out: Path, large: tuple[dict, list[int]]) -> tuple[dict, str]:
+    """The larger-scale 80-15-5 cell (printed algorithm) and the sentence the report says about it."""
+    lscale, lseeds = large
+    cell = [LARGE["serving"]]
+    ltable = collect(large_out, lseeds).get("printed", {})
+    ldone = sorted({seed for cells in ltable.values() for accs in cells.values() for seed in accs})
+    part = {"scale": lscale, "seeds": ldone, "seeds_planned": lseeds, **summarise(ltable, lseeds, cell)}
+    part["auto_goal"] = auto_goal(part["summary"], cell)
+    line = (
+        f"\n\nLarger scale, {LARGE['serving']} only (printed algorithm): width {lscale['width']}, "
+        f"{lscale['rounds']} rounds, {lscale['train_subset']} images, seeds {','.join(map(str, lseeds))}, trained on "
+        f"{', '.join(devices(large_out)) or 'an unrecorded device'}: "
+        + ", ".join(f"{k} {fmt(v.get(LARGE['serving']))}" for k, v in part["summary"].items())
+    )
+    if pv := part["paired_vs_equal"]:
+        line += "; against equal: " + ", ".join(
+            f"{k} {c['mean']:+.1f} ({c['signs']})" for k, v in pv.items() for c in [v[LARGE["serving"]]]
+        )
+    return part, line
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common_args(ap)
     ap.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated (default all five)")
+    ap.add_argument(
+        "--algorithm",
+        choices=ALGORITHMS,
+        default="printed",
+        help="Algorithm 1 as printed (default) or as the authors' code runs it (run files end in _authors-code)",
+    )
     ap.add_argument(
         "--large",
         action="store_true",

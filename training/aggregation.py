@@ -27,6 +27,18 @@ compares them, docs/training.md says when each helps):
   exit, scaled by Lambda~_e (p_ie no longer enters: the estimator is biased but its
   total per exit is Lambda~_e in every round in which exit e was trained).
 
+The authors' code (``--algorithm authors-code``, :func:`aliased_update`) does not
+run line 12 as printed: the global model IS the root's model object, which the root
+trains in place, so the round's reference is the root's trained weights, not the
+round's start:
+
+    w <- w_root + sum over the other pairs (c, e) of c_ce * (w_ce - w_root)   on the parts c trained,
+    c_ce = Lambda~_e |S_c| p_ce / |S_{e,p}|
+
+(the root's own update enters with weight 1 whatever Lambda~ and p are; a pair moves
+only the bodies of stages 1..e and head e, which is all the authors' loop touches;
+BatchNorm statistics get the same update; ``num_batches_tracked`` is the root's).
+
 BatchNorm running statistics (``bn_rule``; the project's choice, issue 17):
 
 - ``convex`` (default): line 12's step, shortened where it would overshoot. With
@@ -45,7 +57,7 @@ BatchNorm running statistics (``bn_rule``; the project's choice, issue 17):
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import torch
 from torch import Tensor
@@ -197,4 +209,71 @@ def aggregate(
     for local, coef in updates:
         accumulate(acc, local, global_state, coef, stat_weight)
     apply_update(out, acc, server_lr, stat_weight)
+    return out
+
+
+# ---------------------------------------------------------------- the authors' code: the root's model is the reference
+
+
+def accumulate_aliased(
+    acc: dict[str, Tensor], totals: dict[str, float], local: Mapping[str, Tensor], keys: Collection[str], coef: float
+) -> None:
+    """acc[k] += coef * local[k] and totals[k] += coef for the floating-point entries ``keys`` a pair trained."""
+    for k in keys:
+        if is_averaged(k, acc[k]):
+            acc[k].add_(local[k], alpha=coef)
+            totals[k] = totals.get(k, 0.0) + coef
+
+
+@torch.no_grad()
+def apply_aliased(
+    global_state: dict[str, Tensor],
+    reference: Mapping[str, Tensor],
+    acc: Mapping[str, Tensor],
+    totals: Mapping[str, float],
+    server_lr: float = 1.0,
+) -> None:
+    """global <- w_ref + server_lr * (acc - K * w_ref) with K the per-tensor total coefficient, i.e.
+    w_ref + server_lr * sum c (w_c - w_ref); integer counts take the reference's value."""
+    for k, g in global_state.items():
+        ref = reference[k]
+        if is_averaged(k, g):
+            step = acc[k] - totals.get(k, 0.0) * ref
+            g.copy_(ref).add_(step, alpha=server_lr)
+        else:
+            g.copy_(ref)
+
+
+def aliased_update(
+    reference: Mapping[str, Tensor],
+    updates: Sequence[tuple[Mapping[str, Tensor], float, Collection[str]]],
+    server_lr: float = 1.0,
+) -> dict[str, Tensor]:
+    """The authors' code's server update as one pure function.
+
+    ``reference`` is the root's model after its local training (the round's start if the root
+    did not train); ``updates`` holds every other pair as (local state, c_ce, the state keys it
+    trained). Returns w_ref + server_lr * sum c_ce (w_ce - w_ref) over each pair's keys.
+    """
+    out = {k: v.clone() for k, v in reference.items()}
+    acc = {k: torch.zeros_like(v) for k, v in reference.items()}
+    totals: dict[str, float] = {}
+    for local, coef, keys in updates:
+        accumulate_aliased(acc, totals, local, keys, coef)
+    apply_aliased(out, reference, acc, totals, server_lr)
+    return out
+
+
+def aliased_totals(
+    pairs: Sequence[tuple[int, int]], coefs: Sequence[float], num_exits: int, root: int | None
+) -> dict[str, list[float]]:
+    """:func:`coefficient_totals` of the authors' update: the parts the root trained total 1 (the
+    root's own weight is 1 minus the others'), the rest the others' coefficients."""
+    others = [(p, c) for p, c in zip(pairs, coefs) if p[0] != root]
+    out = coefficient_totals([p for p, _ in others], [c for _, c in others], num_exits)
+    for i, e in pairs:
+        if i == root:
+            for k in range(e):
+                out["stage"][k] = 1.0
+            out["head"][e - 1] = 1.0
     return out

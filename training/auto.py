@@ -79,7 +79,7 @@ def run_pilots(
     for name in weights.candidates:
         restore(engine, start)
         weights.choose(name)
-        lines, scores = [], []
+        lines, scores, steps0 = [], [], sum(engine.sgd_steps)
         for k in range(1, pilot + 1):
             line = round_line(engine.run_round())
             if k > pilot - min(SCORED_ROUNDS, pilot):
@@ -87,13 +87,22 @@ def run_pilots(
                 scores.append(line["val_cis_accuracy"])
             lines.append(line)
             on_round()
-        results[name] = {"val_cis_accuracy": float(sum(scores) / len(scores)), "lines": lines}
+        results[name] = {
+            "val_cis_accuracy": float(sum(scores) / len(scores)),
+            "sgd_steps": sum(engine.sgd_steps) - steps0,
+            "lines": lines,
+        }
         if pick({n: r["val_cis_accuracy"] for n, r in results.items()}) == name:
             best_state = snapshot(engine)
     winner = pick({n: r["val_cis_accuracy"] for n, r in results.items()})
     with torch.no_grad():
         restore(engine, best_state)
     weights.choose(winner)
-    weights.details.update({"chosen": winner, "pilot_rounds": pilot,
-                            "pilot_val_cis_accuracy": {n: r["val_cis_accuracy"] for n, r in results.items()}})
+    weights.details.update({
+        "chosen": winner,
+        "pilot_rounds": pilot,
+        "pilot_val_cis_accuracy": {n: r["val_cis_accuracy"] for n, r in results.items()},
+        # the losers' pilots: compute the run spent and then threw away (the winner's pilot is the run's start)
+        "discarded_sgd_steps": sum(r["sgd_steps"] for n, r in results.items() if n != winner),
+    })
     return winner, results

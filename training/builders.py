@@ -29,7 +29,7 @@ import torch
 
 from cis.errors import CisError
 from training.architectures import build_model
-from training.engine import CisAggregator, ExitSampler
+from training.engine import AuthorsCodeAggregator, CisAggregator, ExitSampler
 from training.flops import exit_costs
 from training.local import ExitSGDTrainer
 from training.methods.registry import NESTED_METHODS, effective_options, family_of
@@ -137,12 +137,28 @@ def _cis(config, spec, model, clients, sgd, weights_for, log) -> MethodSetup:
     weights = weights_for(model, matrix)
     sampler = ExitSampler(matrix, config.participation)
     sizes = [c.size for c in clients]
-    aggregator = CisAggregator(
-        weights, matrix, sizes, sampler.inclusion, config.p_mode, config.server_lr,
-        config.coefficient_rule, config.bn_rule,
-    )
+    if config.algorithm == "authors-code":
+        aggregator = AuthorsCodeAggregator(
+            weights, matrix, sizes, root_index(spec), model.exit_state_keys, config.server_lr
+        )
+    else:
+        aggregator = CisAggregator(
+            weights, matrix, sizes, sampler.inclusion, config.p_mode, config.server_lr,
+            config.coefficient_rule, config.bn_rule,
+        )
     exit_flops = [c["flops"] for c in exit_costs(model)] if config.lower_exit_steps == "flops" else None
     return MethodSetup(model, sampler, ExitSGDTrainer(exit_flops=exit_flops, **sgd), aggregator, matrix, weights)
+
+
+def root_index(spec) -> int:
+    """The index of the node without a parent: the one whose model the authors' code aggregates into."""
+    roots = [k for k, n in enumerate(spec.nodes) if n.parent is None]
+    if len(roots) != 1:
+        raise CisError(
+            f"spec {spec.name!r}: {len(roots)} nodes without a parent; algorithm 'authors-code' aggregates into "
+            "the one root's model"
+        )
+    return roots[0]
 
 
 def _early_exit(config, spec, model, clients, sgd, weights_for, log) -> MethodSetup:

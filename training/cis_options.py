@@ -2,11 +2,12 @@
 
 The CLI offers them (cis/commands/train.py), the run config checks them
 (training/config.py), and the modules that implement them import them from
-here: the p rules (training/sampling.py), the p modes, coefficient rules and
-BatchNorm rules of line 12 (training/aggregation.py), and the local-step rule
+here: the algorithm (printed, or the authors' code), the p rules (training/sampling.py),
+the p modes, coefficient rules and BatchNorm rules of line 12 (training/aggregation.py), and the local-step rule
 for lower exits (training/local.py). docs/training.md says what each does.
 """
 
+ALGORITHMS = ("printed", "authors-code")  # Algorithm 1 as printed, or as the authors' public code runs it
 P_RULES = ("paper", "code")
 P_MODES = ("divide", "multiply")
 COEFFICIENT_RULES = ("literal", "capped", "self-normalised")

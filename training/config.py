@@ -56,12 +56,13 @@ class RunConfig:
     seed: int = 0
     partition: str = "equal"
     dirichlet: float | None = None
+    algorithm: str = "printed"  # Algorithm 1 as printed, or "authors-code": as arodio/FedCIS runs it (docs/training.md)
     p: float = 0.0
     p_rule: str = "paper"  # "paper": p per lower exit; "code": p/(E_i-1) per lower exit
     p_matrix: list[list[float]] | None = None
-    p_mode: str = "divide"  # "divide" by p_ie (paper) or "multiply" (authors' code)
+    p_mode: str | None = None  # "divide" by p_ie (printed; the default) or "multiply" (authors-code's, its only one)
     coefficient_rule: str = "literal"  # line 12 as written; "capped" or "self-normalised" (training/aggregation.py)
-    bn_rule: str = "convex"  # BatchNorm running statistics: line 12 unless it overshoots, or "literal" (aggregation.py)
+    bn_rule: str | None = None  # BatchNorm statistics: "convex" (printed's default) or "literal" (authors-code's only)
     lower_exit_steps: str = "same"  # "same" J for every exit, or "flops": J * flops(E_i) / flops(e) for a lower exit
     auto_candidates: list[str] | None = (
         None  # strategy "auto": the candidates (default equal, serving-rate, balanced-adj)
@@ -105,6 +106,11 @@ class RunConfig:
         from training.methods.registry import resolve_options
 
         out.options = resolve_options(out.method, out.options)
+        authors = out.algorithm == "authors-code"
+        if out.p_mode is None:
+            out.p_mode = "multiply" if authors else "divide"
+        if out.bn_rule is None:
+            out.bn_rule = "literal" if authors else "convex"
         out.validate()
         return out
 
@@ -116,9 +122,13 @@ class RunConfig:
             raise bad("rounds", "an integer >= 1")
         if not 0 < self.participation <= 1:
             raise bad("participation", "a fraction in (0, 1]")
-        from training.cis_options import BN_RULES, COEFFICIENT_RULES, P_MODES, STEP_RULES
+        from training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, P_MODES, STEP_RULES
         from training.strategies import AUTO_CANDIDATES
 
+        if self.algorithm not in ALGORITHMS:
+            raise bad("algorithm", " or ".join(repr(a) for a in ALGORITHMS))
+        if self.algorithm == "authors-code":
+            self._check_authors_code(bad)
         if self.p_mode not in P_MODES:
             raise bad("p_mode", "'divide' or 'multiply'")
         for f, allowed in (
@@ -162,6 +172,14 @@ class RunConfig:
             raise bad("device", f"one of {', '.join(DEVICES)} or cuda:K")
         if self.amp not in AMP_MODES:
             raise bad("amp", " or ".join(repr(a) for a in AMP_MODES))
+
+    def _check_authors_code(self, bad) -> None:
+        """The authors' code has one aggregation: multiply by p_ce, line 12's coefficients, literal BatchNorm."""
+        if self.method != "cis":
+            raise CisError(f"config: algorithm 'authors-code' is Algorithm 1's; method {self.method!r} has its own")
+        for f, only in (("p_mode", "multiply"), ("coefficient_rule", "literal"), ("bn_rule", "literal")):
+            if getattr(self, f) != only:
+                raise bad(f, f"{only!r} under algorithm 'authors-code' (the authors' code has no other)")
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -27,14 +27,24 @@ aggregator that averages per parameter over the clients that hold it).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from training.aggregation import accumulate, apply_update, coefficient_totals, round_coefficients, zeros_like_state
+from training.aggregation import (
+    accumulate,
+    accumulate_aliased,
+    aliased_totals,
+    apply_aliased,
+    apply_update,
+    coefficient_totals,
+    pair_coefficient,
+    round_coefficients,
+    zeros_like_state,
+)
 from training.local import Client, LocalTrainer
 from training.models import EarlyExitNet
 from training.sampling import choose_participants, exit_data_sizes, sample_exits
@@ -143,6 +153,75 @@ class CisAggregator:
         self.last_stats["bn_clamped"] = apply_update(global_state, self._acc, self.server_lr, self._stat_weight)
 
 
+class AuthorsCodeAggregator:
+    """Algorithm 1 as the authors' public code runs it (``--algorithm authors-code``, training/aggregation.py).
+
+    The global model is the root's own model: the root trains it in place, and every other
+    pair's difference is taken against the root's trained weights, on the parts that pair
+    trained, with c_ce = Lambda~_e |S_c| p_ce / |S_{e,p}| (p_ce: the pair's row of the
+    sampling matrix, 1 for a one-exit node). ``exit_keys(e)`` names the state entries that
+    training exit e changes (:meth:`training.models.EarlyExitNet.exit_state_keys`).
+    """
+
+    def __init__(
+        self,
+        weights: Weights,
+        matrix: np.ndarray,
+        sizes: Sequence[int],
+        root: int,
+        exit_keys: Callable[[int], list[str]],
+        server_lr: float = 1.0,
+    ) -> None:
+        self.weights, self.matrix, self.root = weights, np.asarray(matrix), root
+        self.sizes = [int(s) for s in sizes]
+        self.exit_sizes = exit_data_sizes(self.matrix, self.sizes)
+        self.exit_keys, self.server_lr = exit_keys, server_lr
+        self._acc: dict[str, Tensor] = {}
+        self._totals: dict[str, float] = {}
+        self._coef: dict[int, float] = {}
+        self._reference: dict[str, Tensor] | None = None
+        self._global: dict[str, Tensor] | None = None
+        self.last_coefficients: list[float] = []
+        self.last_stats: dict = {}
+
+    def coefficients(self, round: int, pairs: Sequence[tuple[int, int]]) -> list[float]:
+        """c_ce of each pair (the root's too, though its update enters with weight 1)."""
+        w = self.weights.at(round)
+        return [
+            pair_coefficient(float(w[e - 1]), self.sizes[i], float(self.exit_sizes[e - 1]),
+                             float(self.matrix[i, e - 1]), "multiply")
+            for i, e in pairs
+        ]
+
+    def begin(self, global_state: dict[str, Tensor], round: int, pairs: Sequence[tuple[int, int]]) -> None:
+        coefs = self.coefficients(round, pairs)
+        self._coef = {i: c for (i, _), c in zip(pairs, coefs)}
+        self.last_stats = {
+            "coefficients": aliased_totals(pairs, coefs, self.matrix.shape[1], self.root),
+            "reference": "root",
+        }
+        self._global, self._reference, self._totals = global_state, None, {}
+        if not self._acc:
+            self._acc = {k: torch.zeros_like(v) for k, v in global_state.items()}
+        for a in self._acc.values():
+            a.zero_()
+        self.last_coefficients = []
+
+    def add(self, client: Client, exit: int, local_state: dict[str, Tensor]) -> None:
+        if client.index == self.root:  # the global model itself, trained in place
+            self._reference = {k: v.detach().clone() for k, v in local_state.items()}
+            self.last_coefficients.append(1.0)
+            return
+        c = self._coef[client.index]
+        self.last_coefficients.append(c)
+        accumulate_aliased(self._acc, self._totals, local_state, self.exit_keys(exit), c)
+
+    def finish(self, global_state: dict[str, Tensor]) -> None:
+        reference = self._reference if self._reference is not None else {k: v.clone() for k, v in global_state.items()}
+        apply_aliased(global_state, reference, self._acc, self._totals, self.server_lr)
+        self._reference = None
+
+
 class FederatedEngine:
     """Rounds of (choose, train locally, aggregate) over in-process clients."""
 
@@ -160,6 +239,7 @@ class FederatedEngine:
         self.seed = seed
         self.global_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
         self.round = 0
+        self.sgd_steps = [0] * len(clients)  # local SGD steps each node has run so far (the run's compute)
         trainer.setup(model, clients)
 
     def run_round(self) -> dict:
@@ -172,6 +252,7 @@ class FederatedEngine:
             client = self.clients[i]
             self.model.load_state_dict(self.global_state)
             stats = self.trainer.train(self.model, client, e, t, derived_generator(self.seed, t, i + 1))
+            self.sgd_steps[i] += int(stats.get("steps", 0))
             self.aggregator.add(client, e, self.model.state_dict())
             records.append({"node": client.id, "exit": e, **stats})
         self.aggregator.finish(self.global_state)
@@ -192,10 +273,16 @@ class FederatedEngine:
 
     def state_dict(self) -> dict:
         """Trainer state for resuming (tensors only); the global weights go in the checkpoint's model."""
-        return {"round": torch.tensor(self.round), "trainer": self.trainer.state_dict()}
+        return {
+            "round": torch.tensor(self.round),
+            "sgd_steps": torch.tensor(self.sgd_steps),
+            "trainer": self.trainer.state_dict(),
+        }
 
     def load_state_dict(self, state: dict, global_state: dict[str, Tensor]) -> None:
         self.round = int(state["round"])
+        if "sgd_steps" in state:  # checkpoints from before the count resume with it unknown (0)
+            self.sgd_steps = [int(x) for x in state["sgd_steps"]]
         for k, v in self.global_state.items():
             v.copy_(global_state[k])
         self.trainer.load_state_dict(state.get("trainer", {}))

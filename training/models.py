@@ -112,6 +112,15 @@ class EarlyExitNet(nn.Module):
         params = [p for stage in self.stage_list[:e] for p in stage.body.parameters()]
         return params + list(self.stage_list[e - 1].head.parameters())
 
+    def exit_state_keys(self, e: int) -> list[str]:
+        """The state-dict entries (parameters and BatchNorm buffers) that training exit e can change:
+        those of the bodies of stages 1..e and of head e."""
+        self._check_exit(e, "exit")
+        keys = [
+            f"stage_list.{k}.body.{name}" for k in range(e) for name in self.stage_list[k].body.state_dict()
+        ]
+        return keys + [f"stage_list.{e - 1}.head.{name}" for name in self.stage_list[e - 1].head.state_dict()]
+
     def _check_exit(self, e: int, what: str) -> int:
         if not _is_int(e) or not 1 <= e <= self.num_exits:
             raise CisError(f"{self._config['arch']} {what} {e!r}: expected an exit in 1..{self.num_exits}")

@@ -136,6 +136,17 @@ def run_weights(
     sigma = config.sigma
     candidates = config.auto_candidates or list(AUTO_CANDIDATES)
     needs_sigma = config.strategy == "balanced-adj" or (config.strategy == "auto" and "balanced-adj" in candidates)
+    authors = config.algorithm == "authors-code"
+    if needs_sigma and sigma is None and authors:
+        sigma = appendix_c_sigma(model)
+        log(
+            "balanced-adj (authors-code): "
+            + (
+                "the Appendix-C constants " + ", ".join(map(str, sigma))
+                if sigma
+                else "exits not after conv layers 3, 9, 17 (or 9, 13, 17) of ResNet-18: sigma measured"
+            )
+        )
     if needs_sigma and sigma is None:
         if not model_has_exit_gradients(model):
             raise CisError(
@@ -158,7 +169,18 @@ def run_weights(
         sizes=sizes,
         vector=config.weights,
         candidates=candidates,
+        balanced_rule=config.algorithm,
+        node_exits=[n.exit for n in spec.nodes],
     )
+
+
+def appendix_c_sigma(model: EarlyExitNet) -> list[float] | None:
+    """The authors' hard-coded sigma_e for a ResNet-18 whose exits sit where theirs do, else None."""
+    from training.strategies import APPENDIX_C_SIGMA
+
+    cfg = model.config()
+    found = APPENDIX_C_SIGMA.get(tuple(cfg.get("exits", ()))) if cfg.get("arch") == "resnet18" else None
+    return list(found) if found else None
 
 
 def model_has_exit_gradients(model: EarlyExitNet) -> bool:
@@ -363,6 +385,7 @@ def choose_strategy(s: Setup, out: Path, bar, log: Callable[[str], None]) -> Non
             "pilot_rounds": pilot,
             "candidates": w.details["candidates"],
             "pilot_val_cis_accuracy": scores,
+            "discarded_sgd_steps": w.details["discarded_sgd_steps"],
             "pilots": pilots,
         },
     )
@@ -390,6 +413,20 @@ def run_summary(s: Setup) -> dict[str, Any]:
         "test": report,
         "final_exit_accuracy": report["exit_accuracy"][str(s.spec.num_exits)],
         "cis_accuracy": report["cis_accuracy"],
+        "sgd_steps": sgd_steps(s),
+    }
+
+
+def sgd_steps(s: Setup) -> dict[str, Any]:
+    """The run's compute in local SGD steps: per node, the root's, and the total with any discarded pilots."""
+    per_node = {c.id: int(n) for c, n in zip(s.clients, s.engine.sgd_steps)}
+    discarded = int(s.weights.details.get("discarded_sgd_steps", 0))
+    roots = [n.id for n in s.spec.nodes if n.parent is None]
+    return {
+        "total": sum(per_node.values()) + discarded,
+        "root": per_node[roots[0]] if len(roots) == 1 else None,
+        "per_node": per_node,
+        "discarded_pilots": discarded,
     }
 
 

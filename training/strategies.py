@@ -8,6 +8,10 @@
 - ``balanced-adj``: the mean of the normalised serving rates and of
   opt_e proportional to 1 / (sigma_e * sqrt(sum_{i in C_e} (|S_i| / |S_{e,p}|)^2)),
   where sigma_e^2 is the per-exit gradient variance (training/grad_variance.py).
+  Under ``--algorithm authors-code`` the authors' own formula (their ERR_MIN_BIAS_OPT_MEAN):
+  opt_e = 1 / (sigma_e^2 * sum_{i: E_i = e} (|S_i| / sum_{j: E_j = e} |S_j|)^2), over the nodes
+  whose own exit is e, with their hard-coded Appendix-C constants as sigma where the exits sit
+  after conv layers 3, 9, 17 or 9, 13, 17 of ResNet-18 (:data:`APPENDIX_C_SIGMA`).
 - an explicit vector (``explicit`` with ``vector=[...]``), normalised.
 - ``auto`` (beyond the paper): one of the candidates equal, serving-rate and
   balanced-adj, chosen at training time by short pilots on the validation split
@@ -29,6 +33,11 @@ from cis.errors import CisError
 
 STRATEGIES = ("equal", "flops", "serving-rate", "balanced-adj", "explicit", "auto")
 AUTO_CANDIDATES = ("equal", "serving-rate", "balanced-adj")
+BALANCED_RULES = ("printed", "authors-code")
+APPENDIX_C_SIGMA = {  # the authors' code: ResNet-18 exits (residual blocks) -> the constants it squares as sigma_e
+    (1, 4, 8): (0.00374, 0.00224, 0.00101),  # "layers 3, 9, 17" (CIFAR-10)
+    (4, 6, 8): (0.00216, 0.00126, 0.00101),  # "layers 9, 13, 17" (CIFAR-100)
+}
 SAME_WEIGHTS = 0.02  # largest per-exit difference under which two candidate weightings count as one
 
 
@@ -69,6 +78,24 @@ def balanced_adj_weights(
         se = s[member[:, e]]
         if len(se):
             opt[e] = 1.0 / (sig[e] * np.sqrt(((se / se.sum()) ** 2).sum()))
+    return (lam + normalise(opt, "balanced-adj opt")) / 2.0
+
+
+def authors_balanced_weights(
+    exit_serving_rate: Sequence[float], sigma: Sequence[float], node_exits: Sequence[int], sizes: Sequence[int]
+) -> np.ndarray:
+    """The authors' code: (Lambda/sum + opt/sum)/2, opt_e = 1 / (sigma_e^2 sum_{i: E_i = e} share_i^2), share_i =
+    |S_i| / sum_{j: E_j = e} |S_j| (on paper-7 with equal layers: 0.25^2 x 4, 0.5^2 x 2, 1)."""
+    lam = serving_rate_weights(exit_serving_rate)
+    sig = np.asarray(sigma, dtype=np.float64)
+    if len(sig) != len(lam) or (sig <= 0).any():
+        raise CisError(f"balanced-adj sigma {sig.tolist()}: expected {len(lam)} positive standard deviations")
+    s, own = np.asarray(sizes, dtype=np.float64), np.asarray(node_exits)
+    opt = np.zeros(len(lam))
+    for e in range(len(lam)):
+        se = s[own == e + 1]
+        if len(se):
+            opt[e] = 1.0 / (sig[e] ** 2 * ((se / se.sum()) ** 2).sum())
     return (lam + normalise(opt, "balanced-adj opt")) / 2.0
 
 
@@ -124,14 +151,21 @@ def make_weights(
     sizes: Sequence[int] | None = None,
     vector: Sequence[float] | None = None,
     candidates: Sequence[str] = AUTO_CANDIDATES,
+    balanced_rule: str = "printed",
+    node_exits: Sequence[int] | None = None,
 ) -> Weights:
+    """The Weights of ``strategy``; ``balanced_rule`` "authors-code" takes the authors' balanced-adj formula
+    (it needs ``node_exits``, each node's own exit)."""
     if strategy == "auto":
         unknown = [c for c in candidates if c not in AUTO_CANDIDATES]
         if not candidates or unknown:
             raise CisError(
                 f"strategy auto: candidates {list(candidates)}, expected some of {', '.join(AUTO_CANDIDATES)}"
             )
-        kw = dict(exit_serving_rate=exit_serving_rate, sigma=sigma, matrix=matrix, sizes=sizes)
+        kw = dict(
+            exit_serving_rate=exit_serving_rate, sigma=sigma, matrix=matrix, sizes=sizes,
+            balanced_rule=balanced_rule, node_exits=node_exits,
+        )
         vectors = {c: make_weights(c, num_exits, total_rounds=total_rounds, **kw).constant for c in candidates}
         kept = distinct_candidates(vectors)
         first = next(iter(kept))
@@ -157,13 +191,20 @@ def make_weights(
             details={"exit_serving_rate": list(map(float, exit_serving_rate))},
         )
     if strategy == "balanced-adj":
-        w = balanced_adj_weights(exit_serving_rate, sigma, matrix, sizes)
+        if balanced_rule == "authors-code":
+            w = authors_balanced_weights(exit_serving_rate, sigma, node_exits, sizes)
+        else:
+            w = balanced_adj_weights(exit_serving_rate, sigma, matrix, sizes)
         return Weights(
             strategy,
             num_exits,
             w,
             total_rounds=total_rounds,
-            details={"exit_serving_rate": list(map(float, exit_serving_rate)), "sigma": list(map(float, sigma))},
+            details={
+                "exit_serving_rate": list(map(float, exit_serving_rate)),
+                "sigma": list(map(float, sigma)),
+                **({"rule": balanced_rule} if balanced_rule != "printed" else {}),
+            },
         )
     if strategy == "explicit":
         if vector is None or len(vector) != num_exits:

@@ -32,7 +32,7 @@ def _floats(text: str) -> list[float]:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     # the choices come from their registries (all torch-free)
     from cis.spec import CONFIDENCE_MEASURES
-    from training.cis_options import BN_RULES, COEFFICIENT_RULES, P_MODES, P_RULES, STEP_RULES
+    from training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, P_MODES, P_RULES, STEP_RULES
     from training.methods.registry import METHODS, NEFL_MODES
     from training.partition import SCHEMES
     from training.strategies import STRATEGIES
@@ -75,6 +75,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, help="seed of data split, partition, init and sampling (default 0)")
     p.add_argument("--partition", choices=("equal", *SCHEMES), help="data per network layer (default equal)")
     p.add_argument("--dirichlet", type=float, metavar="ALPHA", help="non-IID classes with Dirichlet(ALPHA)")
+    p.add_argument(
+        "--algorithm",
+        choices=ALGORITHMS,
+        help="Algorithm 1 as printed (default) or as the authors' public code runs it: the root's model is the "
+        "global one, p multiplied, their balanced-adj (docs/training.md)",
+    )
     p.add_argument("--p", type=float, help="probability of training each lower exit (paper's ablation; default 0)")
     p.add_argument("--p-rule", choices=P_RULES, help="paper: p per lower exit; code: p/(E_i-1) per lower exit")
     p.add_argument("--p-mode", choices=P_MODES, help="divide by p_ie (paper) or multiply (authors' code)")
@@ -155,6 +161,7 @@ _FLAG_KEYS = {
     "seed": "seed",
     "partition": "partition",
     "dirichlet": "dirichlet",
+    "algorithm": "algorithm",
     "p": "p",
     "p_rule": "p_rule",
     "p_mode": "p_mode",

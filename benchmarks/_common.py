@@ -137,14 +137,16 @@ def replayed_sgd_steps(config, auto_candidates: int = 1, pilot_rounds: int = 0) 
     }
 
 
-def evaluate(run: Path, serving: str) -> float:
+def evaluate(run: Path, serving: str) -> tuple[float, float]:
+    """(test, validation) CIS accuracy (%) of a finished run under another serving setting."""
     from cis.spec import parse_spec
     from cis.topologies import apply_serving, parse_serving
     from training.run import evaluate_run
 
     meta = json.loads((run / "checkpoint.json").read_text())
     spec = apply_serving(parse_spec(meta["spec"]), parse_serving(serving, 3))
-    return 100 * evaluate_run(run, spec)["cis_accuracy"]
+    got = evaluate_run(run, spec)
+    return 100 * got["cis_accuracy"], 100 * got["val_cis_accuracy"]
 
 
 def common_args(ap: argparse.ArgumentParser, rounds: int = 60, local_epochs: float = 0.25) -> None:

@@ -135,7 +135,9 @@ def run_weights(
     lam = [rates.exit_serving_rate[e] for e in range(1, spec.num_exits + 1)]
     sigma = config.sigma
     candidates = config.auto_candidates or list(AUTO_CANDIDATES)
-    needs_sigma = config.strategy == "balanced-adj" or (config.strategy == "auto" and "balanced-adj" in candidates)
+    needs_sigma = config.strategy in ("balanced-adj", "balanced-ramp") or (
+        config.strategy == "auto" and "balanced-adj" in candidates
+    )
     authors = config.algorithm == "authors-code"
     if needs_sigma and sigma is None and authors:
         sigma = appendix_c_sigma(model)
@@ -293,7 +295,7 @@ def train_run(
         + ", ".join(f"exit {e + 1} {w:.4f}" for e, w in enumerate(w0))
         + (
             ""
-            if config.strategy != "flops"
+            if config.strategy not in ("flops", "serving-ramp", "balanced-ramp")
             else " (round 1; ramps to " + ", ".join(f"{w:.4f}" for w in s.weights.at(config.rounds)) + ")"
         )
     )

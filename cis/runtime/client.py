@@ -11,6 +11,7 @@ One DEALER socket; not thread-safe (use one Client per thread).
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ class Result:
     served_by: list[str]
     latency: float  # seconds from send to reply, seen by the client
     error: ServerError | None = None
+    sent: float = math.nan  # time.perf_counter() when the request was sent (cis infer --out: sent_s)
 
     @property
     def degraded(self) -> np.ndarray:
@@ -78,7 +80,7 @@ class Result:
         ]
 
 
-def _error_result(n: int, err: ServerError, latency: float) -> Result:
+def _error_result(n: int, err: ServerError, latency: float, sent: float = math.nan) -> Result:
     return Result(
         np.full(n, -1, np.int64),
         np.zeros(n, np.float32),
@@ -87,6 +89,7 @@ def _error_result(n: int, err: ServerError, latency: float) -> Result:
         [""] * n,
         latency,
         err,
+        sent,
     )
 
 
@@ -153,10 +156,11 @@ class Client:
         t0, n = sent
         h = msg.head
         if msg.kind == P.ERROR:
-            return msg.id, _error_result(n, ServerError(h.code, h.message), now - t0)
+            return msg.id, _error_result(n, ServerError(h.code, h.message), now - t0, t0)
         t = msg.tensors
         return msg.id, Result(
-            t["class"].copy(), t["confidence"].copy(), t["exit"].copy(), t["flags"].copy(), h.served_by, now - t0
+            t["class"].copy(), t["confidence"].copy(), t["exit"].copy(), t["flags"].copy(), h.served_by, now - t0,
+            sent=t0,
         )
 
     @property
@@ -238,7 +242,7 @@ class Client:
                 results[rid] = res
             for rid, (t0, n) in self._expired(timeout):
                 results[rid] = _error_result(
-                    n, ServerError("timeout", f"no reply within {timeout:.1f} s"), time.perf_counter() - t0
+                    n, ServerError("timeout", f"no reply within {timeout:.1f} s"), time.perf_counter() - t0, t0
                 )
             while emitted < len(ids) and ids[emitted] in results:
                 yield results.pop(ids[emitted])
@@ -317,7 +321,7 @@ def infer_spread(
                 i = owner.pop((nid, rid), None)
                 if i is not None:
                     results[i] = _error_result(
-                        n, ServerError("timeout", f"no reply within {timeout:.1f} s"), time.perf_counter() - t0
+                        n, ServerError("timeout", f"no reply within {timeout:.1f} s"), time.perf_counter() - t0, t0
                     )
                     done += 1
     return results

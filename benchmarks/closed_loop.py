@@ -1,4 +1,4 @@
-"""Does the loop pay? A CIS designed for one load, served under another, and three answers to the shift.
+"""Does the loop pay? A CIS designed for one load, served under another, and what each answer to the shift gives.
 
     CIS_BENCH_PAUSE=/work/wt/campaign/ python benchmarks/closed_loop.py [--seeds 1,2,3,4,5] [--quick]
     python benchmarks/closed_loop.py --report      # rebuild closed_loop.{json,md} from the run files
@@ -8,21 +8,28 @@ Per seed (one run file each, benchmarks/results/closed_loop/runs/seed<S>.json):
 1. design: paper-7 at 80-15-5, ``--rate`` requests/s split evenly over the four devices, the caps
    that reproduce 80-15-5 (``cis spec new``); ``cis train`` (serving-rate weights, reduced-scale
    CIFAR-10) and ``cis export``: the deployed bundle;
-2. the shift: edge0's two devices get ``--shift`` x their arrivals (3x: 80 req/s in all instead
-   of 40), so their caps bind and the served shares move (the calculus: 80-15-5 -> 90-7.5-2.5);
+2. the shift, one scenario at a time:
+   - ``surge``: edge0's two devices get 3x their arrivals (80 req/s in all instead of 40), so their
+     caps bind and the served shares move (the calculus: 80-15-5 -> 90-7.5-2.5);
+   - ``drop``: edge1's two devices get a third of their arrivals (26.7 req/s in all), so their caps
+     stop binding: the thresholds forward less than the caps allow (the calculus of the new load
+     says 70-22.5-7.5; the thresholds keep serving about 80 % at the devices);
 3. (a) nothing changed: the deployed bundle served under the shifted load (``cis serve --all``'s
    launcher, real node processes), measured live while it serves (``cis.measured``: two status
    snapshots over the steady part of the load) and saved (measurement.json);
-4. (b) thresholds recalibrated: ``cis export BASE --rates-from measurement.json``;
+4. (b) thresholds recalibrated to the measured rates: ``cis export BASE --rates-from measurement.json``;
 5. (c) fine-tuned with the measured weights and recalibrated: ``cis train --init BASE --rates-from
    measurement.json --rounds K --lr LR``, then ``cis export --rates-from``;
 6. (c0) the control for (c): the same fine-tune with the design's weights and spec (``cis train
    --init BASE --rounds K --lr LR``), recalibrated the same way: what the extra rounds alone give;
-7. every option served under the same shifted load: the same Poisson arrival times, entry devices
+7. (d) thresholds calibrated to the calculus of the updated design instead: ``cis spec update DESIGN
+   --rates-from measurement.json -o updated.toml``, ``cis export BASE --spec updated.toml`` (every node
+   forwards as much as its cap allows under the measured arrivals);
+8. every option served under the same shifted load: the same Poisson arrival times, entry devices
    and CIFAR-10 test images; accuracy, served shares per exit and node, p50/p99 latency over the
    requests that arrive after ``--skip`` seconds (the transfer caps' token buckets start full and
    hold 10 s of the cap: the first seconds forward more than the cap);
-8. before any option is served, the simulator's prediction of its shares: ``cis simulate``'s way
+9. before any option is served, the simulator's prediction of its shares: ``cis simulate``'s way
    (SimPy, the bundle's validation profile, Poisson arrivals, loopback links) on the design updated
    with the measured arrival rates (``cis spec update``), the same seconds skipped.
 
@@ -50,14 +57,18 @@ import numpy as np
 
 from _common import RESULTS, ensure_cifar, machine, paired, seeds_of, stats
 
-OPTIONS = ("a", "b", "c", "c0")
+OPTIONS = ("a", "b", "c", "c0", "d")
 LABELS = {
     "a": "(a) nothing changed",
-    "b": "(b) thresholds recalibrated",
+    "b": "(b) thresholds recalibrated to the measured rates",
     "c": "(c) fine-tuned with measured weights + recalibrated",
     "c0": "(c0) control: fine-tuned with design weights + recalibrated",
+    "d": "(d) thresholds calibrated to the updated spec's calculus",
 }
-SHIFTED = ("device0", "device1")  # edge0's devices
+SCENARIOS = {  # node -> factor on its arrival rate
+    "surge": {"device0": 3.0, "device1": 3.0},
+    "drop": {"device2": 1 / 3, "device3": 1 / 3},
+}
 NAME = "closed_loop"
 
 
@@ -67,22 +78,22 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--data", default="/tmp/cifar10", help="CIFAR-10 folder (image-folder or pickle layout)")
     ap.add_argument("--seeds", default="1,2,3,4,5")
     ap.add_argument("--width", type=float, default=0.125)
-    ap.add_argument("--rounds", type=int, default=30, help="base training rounds")
-    ap.add_argument("--train-subset", type=int, default=5000)
-    ap.add_argument("--val-size", type=int, default=1000)
+    ap.add_argument("--rounds", type=int, default=60, help="base training rounds")
+    ap.add_argument("--train-subset", type=int, default=7000)
+    ap.add_argument("--val-size", type=int, default=2000)
     ap.add_argument("--local-epochs", type=float, default=0.25)
     ap.add_argument("--ft-rounds", type=int, default=5, help="fine-tune rounds of (c) and (c0)")
     ap.add_argument("--ft-lr", type=float, default=0.01, help="fine-tune learning rate (cosine over --ft-rounds)")
     ap.add_argument("--threads", type=int, default=1, help="torch threads of training")
     ap.add_argument("--rate", type=float, default=40.0, help="designed requests/s over the four devices")
-    ap.add_argument("--shift", type=float, default=3.0, help="factor on edge0's devices' arrivals")
-    ap.add_argument("--requests", type=int, default=3200, help="requests per serving run")
+    ap.add_argument("--scenarios", default="surge,drop", help="which shifts: surge, drop (default both)")
+    ap.add_argument("--seconds", type=float, default=40.0, help="seconds of Poisson arrivals per serving run")
     ap.add_argument("--skip", type=float, default=10.0, help="seconds at the start of a serving run not counted")
     ap.add_argument("--runs", default="/tmp/cis-bench/closed_loop", help="folder for run dirs and bundles")
     ap.add_argument("--report", action="store_true", help="only rebuild the result files from the run files")
     args = ap.parse_args()
     if args.quick:
-        args.width, args.rounds, args.ft_rounds, args.requests, args.skip = 1.0, 4, 1, 600, 3.0
+        args.width, args.rounds, args.ft_rounds, args.seconds, args.skip = 1.0, 4, 1, 10.0, 3.0
         args.local_epochs = 1.0
         args.train_subset = args.val_size = None
         args.seeds = "1" if args.seeds == "1,2,3,4,5" else args.seeds
@@ -126,15 +137,19 @@ def others_paused():
 
 
 def train_and_export(args, seed: int, folder: Path, dataset: str, design_file: Path) -> None:
+    """The deployed model and bundle (cached; a base run killed midway is resumed)."""
     base = folder / "base"
     if not (base / "summary.json").is_file():
-        config = folder / "base-config.json"
-        config.write_text(json.dumps({
-            "dataset": dataset, "spec": str(design_file), "strategy": "serving-rate", "rounds": args.rounds,
-            "width": args.width, "train_subset": args.train_subset, "val_size": args.val_size, "seed": seed,
-            "local_epochs": args.local_epochs, "threads": args.threads, "eval_every": args.rounds,
-        }))
-        cli("train", "--config", config, "--out", base, "--no-progress")
+        if (base / "checkpoint.pt").is_file():
+            cli("train", "--out", base, "--resume", "--no-progress")
+        else:
+            config = folder / "base-config.json"
+            config.write_text(json.dumps({
+                "dataset": dataset, "spec": str(design_file), "strategy": "serving-rate", "rounds": args.rounds,
+                "width": args.width, "train_subset": args.train_subset, "val_size": args.val_size, "seed": seed,
+                "local_epochs": args.local_epochs, "threads": args.threads, "eval_every": args.rounds,
+            }))
+            cli("train", "--config", config, "--out", base, "--no-progress")
     if not (folder / "bundle-a" / "manifest.json").is_file():
         cli("export", base, "--out", folder / "bundle-a", "--latency-repeats", 3)
 
@@ -145,9 +160,9 @@ def load_requests(args, seed: int, dataset: str, shifted):
     from training.data import load_dataset
 
     test = load_dataset(dataset, seed=seed, val_size=args.val_size).test
-    n = args.requests
-    rng = np.random.default_rng(seed)
     total = sum(nd.arrival_rate for nd in shifted.nodes)
+    n = int(round(args.seconds * total))
+    rng = np.random.default_rng(seed)
     times = np.cumsum(rng.exponential(1.0 / total, n))
     rows = rng.permutation(len(test.y))[:n] if n <= len(test.y) else np.arange(n) % len(test.y)
     return times, assign_entries(shifted, n, seed), np.ascontiguousarray(test.x[rows]), test.y[rows]
@@ -214,13 +229,13 @@ def runtime_record(replies, load, skip: float, spec) -> dict:
     }
 
 
-def predict(bundle: Path, spec, args, seed: int) -> dict:
+def predict(bundle: Path, spec, n: int, args, seed: int) -> dict:
     """The simulator before the option is served: ``cis simulate --spec UPDATED --bundle B --loopback``."""
     from cis.bundle import load_bundle
     from sim.config import SimConfig
     from sim.run import simulate
 
-    req = simulate(spec, SimConfig(requests=args.requests, seed=seed, loopback=True), load_bundle(bundle)).requests
+    req = simulate(spec, SimConfig(requests=n, seed=seed, loopback=True), load_bundle(bundle)).requests
     keep = (req["arrive"] >= args.skip) & (req["exit"] > 0)
     correct = req["correct"][keep]
     return {
@@ -230,68 +245,87 @@ def predict(bundle: Path, spec, args, seed: int) -> dict:
 
 
 def run_seed(args, seed: int, dataset: str) -> dict:
-    from cis.measured import update_spec
-    from cis.rates import compute_rates
     from cis.spec import write_spec
     from cis.topologies import make_spec
 
     t_start = time.perf_counter()
     folder = Path(args.runs) / f"seed{seed}"
     folder.mkdir(parents=True, exist_ok=True)
-    classes = 10
-    design = make_spec("paper-7", "80-15-5", total_rate=args.rate, num_classes=classes)
+    design = make_spec("paper-7", "80-15-5", total_rate=args.rate, num_classes=10)
     design_file = folder / "design.toml"
     write_spec(design, design_file)
-    shifted = design.replace_nodes(
-        replace(n, arrival_rate=args.shift * n.arrival_rate) if n.id in SHIFTED else n for n in design.nodes
-    )
-    seconds: dict[str, float] = {}
     t = time.perf_counter()
     train_and_export(args, seed, folder, dataset, design_file)
-    seconds["base"] = time.perf_counter() - t
+    base_seconds = time.perf_counter() - t
+    scenarios = {name: run_scenario(args, seed, dataset, folder, design, design_file, name)
+                 for name in args.scenarios.split(",")}
+    return {
+        "seed": seed,
+        "command": "CIS_BENCH_PAUSE=/work/wt/campaign/ python benchmarks/closed_loop.py " + " ".join(sys.argv[1:]),
+        "scale": scale(args, dataset),
+        "base": json.loads((folder / "base" / "summary.json").read_text())["cis_accuracy"],
+        "scenarios": scenarios,
+        "seconds": {"base": base_seconds, "total": time.perf_counter() - t_start},
+        "machine": machine(),
+    }
+
+
+def run_scenario(args, seed: int, dataset: str, folder: Path, design, design_file: Path, name: str) -> dict:
+    from cis.measured import update_spec
+    from cis.rates import compute_rates
+
+    factors = SCENARIOS[name]
+    shifted = design.replace_nodes(replace(n, arrival_rate=factors.get(n.id, 1.0) * n.arrival_rate)
+                                   for n in design.nodes)
+    here = folder / name
+    here.mkdir(exist_ok=True)
     load = load_requests(args, seed, dataset, shifted)
     options: dict[str, dict] = {o: {} for o in OPTIONS}
-
+    seconds: dict[str, float] = {}
     t = time.perf_counter()
-    replies, m, paused = serve(folder / "bundle-a", design, design_file, load, args.skip, folder / "logs-a", True)
+    replies, m, paused = serve(folder / "bundle-a", design, design_file, load, args.skip, here / "logs-a", True)
     seconds["serve_a"] = time.perf_counter() - t
-    saved = folder / "measurement.json"
+    saved = here / "measurement.json"
     saved.write_text(json.dumps(m.to_json(), indent=2))
     updated = update_spec(design, m, where=str(design_file))
     options["a"]["runtime"] = runtime_record(replies, load, args.skip, design)
 
     t = time.perf_counter()
     ft = ("--rounds", args.ft_rounds, "--lr", args.ft_lr, "--no-progress")
-    if not (folder / "run-c" / "summary.json").is_file():
-        cli("train", "--init", folder / "base", "--rates-from", saved, *ft, "--out", folder / "run-c")
-    if not (folder / "run-c0" / "summary.json").is_file():
+    if not (here / "run-c" / "summary.json").is_file():
+        cli("train", "--init", folder / "base", "--rates-from", saved, *ft, "--out", here / "run-c")
+    if not (folder / "run-c0" / "summary.json").is_file():  # the design's weights: one per seed, every scenario
         cli("train", "--init", folder / "base", *ft, "--out", folder / "run-c0")
     seconds["fine_tune"] = time.perf_counter() - t
     t = time.perf_counter()
-    for o, run in (("b", "base"), ("c", "run-c"), ("c0", "run-c0")):
-        report = cli("export", folder / run, "--out", folder / f"bundle-{o}", "--rates-from", saved,
-                     "--spec", design_file, "--latency-repeats", 3)
-        options[o]["export"] = {k: report["calibration"][k] for k in ("target_share_per_exit",
-                                                                       "achieved_share_per_exit", "max_share_error")}
-        options[o]["export"]["previous_max_share_error"] = report["calibration"]["previous"]["max_share_error"]
-        options[o]["export"]["thresholds"] = {n: v["threshold"] for n, v in report["calibration"]["previous"]["nodes"]
-                                              .items()}
-        options[o]["export"]["previous_thresholds"] = {
-            n: v["previous"] for n, v in report["calibration"]["previous"]["nodes"].items()
+    for o, run in (("b", folder / "base"), ("c", here / "run-c"), ("c0", folder / "run-c0")):
+        report = cli("export", run, "--out", here / f"bundle-{o}", "--rates-from", saved, "--spec", design_file,
+                     "--latency-repeats", 3)
+        cal = report["calibration"]
+        options[o]["export"] = {
+            **{k: cal[k] for k in ("target_share_per_exit", "achieved_share_per_exit", "max_share_error")},
+            "previous_max_share_error": cal["previous"]["max_share_error"],
+            "thresholds": {n: v["threshold"] for n, v in cal["previous"]["nodes"].items()},
+            "previous_thresholds": {n: v["previous"] for n, v in cal["previous"]["nodes"].items()},
         }
+    cli("spec", "update", design_file, "--rates-from", saved, "-o", here / "updated.toml")
+    report = cli("export", folder / "base", "--out", here / "bundle-d", "--spec", here / "updated.toml",
+                 "--latency-repeats", 3)
+    options["d"]["export"] = {k: report["calibration"][k] for k in ("target_share_per_exit",
+                                                                     "achieved_share_per_exit", "max_share_error")}
     seconds["export"] = time.perf_counter() - t
+    bundles = {o: here / f"bundle-{o}" for o in OPTIONS}
+    bundles["a"] = folder / "bundle-a"
     for o in OPTIONS:
-        options[o]["sim"] = predict(folder / f"bundle-{o}", updated, args, seed)
-    for o in ("b", "c", "c0"):
+        options[o]["sim"] = predict(bundles[o], updated, len(load[0]), args, seed)
+    for o in OPTIONS[1:]:
         t = time.perf_counter()
-        replies, _, _ = serve(folder / f"bundle-{o}", design, design_file, load, args.skip, folder / f"logs-{o}", False)
+        replies, _, _ = serve(bundles[o], design, design_file, load, args.skip, here / f"logs-{o}", False)
         seconds[f"serve_{o}"] = time.perf_counter() - t
         options[o]["runtime"] = runtime_record(replies, load, args.skip, design)
     rates = m.rates()
     return {
-        "seed": seed,
-        "command": "CIS_BENCH_PAUSE=/work/wt/campaign/ python benchmarks/closed_loop.py " + " ".join(sys.argv[1:]),
-        "scale": scale(args, dataset),
+        "factors": factors,
         "calculus": {
             "design": {str(e): s for e, s in compute_rates(design).exit_share.items()},
             "shifted": {str(e): s for e, s in compute_rates(shifted).exit_share.items()},
@@ -299,112 +333,137 @@ def run_seed(args, seed: int, dataset: str) -> dict:
         },
         "measurement": {**m.to_json(), "exit_share": {str(e): s for e, s in rates.exit_share.items()},
                         "arrival_rate": rates.arrival_rate},
-        "base": json.loads((folder / "base" / "summary.json").read_text())["cis_accuracy"],
+        "requests": len(load[0]),
         "options": options,
         "paused_processes": paused,
-        "seconds": {**seconds, "total": time.perf_counter() - t_start},
-        "machine": machine(),
+        "seconds": seconds,
     }
 
 
 def scale(args, dataset: str) -> dict:
     keys = ("width", "rounds", "train_subset", "val_size", "local_epochs", "ft_rounds", "ft_lr", "threads", "rate",
-            "shift", "requests", "skip")
+            "seconds", "skip")
     return {"dataset": dataset.split(":")[0], **{k: getattr(args, k) for k in keys}}
 
 
 # ---------------------------------------------------------------- the tables
 
 
-def summarise(runs: list[dict]) -> dict:
-    """Per option: mean ± sd over seeds of accuracy, shares, p99; paired differences; sim vs runtime gaps."""
+EXITS = ("1", "2", "3")
+COMPARISONS = (("b", "a"), ("d", "a"), ("c", "a"), ("c", "b"), ("c", "c0"), ("d", "b"))
+
+
+def summarise(runs: list[dict], scenario: str) -> dict:
+    """One scenario: per option mean ± sd over seeds of accuracy, shares, p99, the simulator's shares and
+    its gap to the runtime's; paired differences between options."""
+    rows = [r["scenarios"][scenario] for r in runs if scenario in r["scenarios"]]
+
     def acc(o):
-        return [100 * r["options"][o]["runtime"]["accuracy"] for r in runs]
+        return [100 * r["options"][o]["runtime"]["accuracy"] for r in rows]
 
     def p99(o):
-        return [1000 * r["options"][o]["runtime"]["latency"]["p99_s"] for r in runs]
+        return [1000 * r["options"][o]["runtime"]["latency"]["p99_s"] for r in rows]
 
-    out: dict = {"options": {}, "differences": {}}
+    out: dict = {"seeds": [r["seed"] for r in runs if scenario in r["scenarios"]], "options": {}, "differences": {}}
     for o in OPTIONS:
-        share = {e: stats([100 * r["options"][o]["runtime"]["shares"][e] for r in runs]) for e in ("1", "2", "3")}
-        sim = {e: stats([100 * r["options"][o]["sim"]["shares"][e] for r in runs]) for e in ("1", "2", "3")}
+        def pct(key, e, o=o):
+            return [100 * r["options"][o][key]["shares"][e] for r in rows]
+
         gap = [max(abs(r["options"][o]["sim"]["shares"][e] - r["options"][o]["runtime"]["shares"][e])
-                   for e in ("1", "2", "3")) * 100 for r in runs]
-        out["options"][o] = {"accuracy": stats(acc(o)), "shares": share, "p99_ms": stats(p99(o)), "sim_shares": sim,
-                             "sim_gap_points": stats(gap),
-                             "capped": stats([r["options"][o]["runtime"]["capped"] for r in runs])}
-    for a, b in (("b", "a"), ("c", "a"), ("c", "b"), ("c", "c0"), ("c0", "b")):
-        out["differences"][f"{a}-{b}"] = {"accuracy": paired(acc(a), acc(b)), "p99_ms": paired(p99(a), p99(b))}
+                   for e in EXITS) * 100 for r in rows]
+        out["options"][o] = {
+            "accuracy": stats(acc(o)), "p99_ms": stats(p99(o)),
+            "shares": {e: stats(pct("runtime", e)) for e in EXITS},
+            "sim_shares": {e: stats(pct("sim", e)) for e in EXITS},
+            "sim_gap_points": stats(gap), "capped": stats([r["options"][o]["runtime"]["capped"] for r in rows]),
+        }
+    for x, y in COMPARISONS:
+        out["differences"][f"{x}-{y}"] = {"accuracy": paired(acc(x), acc(y)), "p99_ms": paired(p99(x), p99(y))}
+    out["measured_shares"] = {e: stats([100 * r["measurement"]["exit_share"][e] for r in rows]) for e in EXITS}
+    out["calculus"] = rows[0]["calculus"]
+    out["total_rate"] = stats([sum(r["measurement"]["arrival_rate"].values()) for r in rows])
     return out
 
 
+def _p(d: dict) -> str:
+    return "–" if d["t_test_p"] is None else f"{d['t_test_p']:.3f}"
+
+
+def _shares(d: dict) -> str:
+    return "-".join(f"{d[e]['mean']:.1f}" for e in EXITS)
+
+
 def markdown(result: dict) -> str:
-    runs, s = result["runs"], result["summary"]
+    runs = result["runs"]
     sc = runs[0]["scale"]
     lines = [
         "# Does the loop pay? (benchmarks/closed_loop.py)",
         "",
-        f"paper-7 designed at 80-15-5 for {sc['rate']:g} requests/s at the devices; then edge0's devices get "
-        f"{sc['shift']:g}x their arrivals ({sum(runs[0]['measurement']['arrival_rate'].values()):.0f} requests/s "
-        "measured). Served on the real runtime (one process per node, ZeroMQ on loopback) under the same shifted "
-        f"load per seed: {sc['requests']} Poisson requests, the first {sc['skip']:g} s not counted.",
-        f"Scale: {sc['dataset']}, ResNet-18 width {sc['width']}, {sc['rounds']} rounds on {sc['train_subset']} "
-        f"training images (local epochs {sc['local_epochs']}), fine-tunes {sc['ft_rounds']} rounds at lr "
-        f"{sc['ft_lr']}; seeds {', '.join(str(r['seed']) for r in runs)}. Machine: "
+        f"paper-7 designed at 80-15-5 for {sc['rate']:g} requests/s at the devices, trained with serving-rate "
+        "weights and exported; then the traffic shifts. Every option is served on the real runtime (one process per "
+        f"node, ZeroMQ on loopback) under the same shifted load per seed: {sc['seconds']:g} s of Poisson requests "
+        f"(CIFAR-10 test images), the first {sc['skip']:g} s not counted.",
+        f"Scale: {sc['dataset']}, {'ResNet-18' if sc['dataset'] != 'digits' else 'the digits CNN'} width "
+        f"{sc['width']}, {sc['rounds']} rounds on {sc['train_subset'] or 'all'} training images (local epochs "
+        f"{sc['local_epochs']}, validation {sc['val_size'] or 'the default'}), fine-tunes "
+        f"{sc['ft_rounds']} rounds at lr {sc['ft_lr']}; seeds {', '.join(str(r['seed']) for r in runs)}; base CIS "
+        f"accuracy at the design {np.mean([100 * r['base'] for r in runs]):.1f} % (test, by quota). Machine: "
         f"{runs[0]['machine']['cpus']} CPUs, load average at the end of each seed "
-        + ", ".join(f"{r['machine']['load_avg'][0]:.1f}" for r in runs)
-        + f"; processes paused while serving: {sorted({r['paused_processes'] for r in runs})}.",
+        + ", ".join(f"{r['machine']['load_avg'][0]:.1f}" for r in runs) + ".",
         "",
         "Command: `" + result["command"] + "`",
-        "",
-        "| option | CIS accuracy % | served shares % (exit 1-2-3) | simulator's predicted shares % | p99 ms | capped |",
-        "|---|---|---|---|---|---|",
     ]
-    for o in OPTIONS:
-        d = s["options"][o]
-        shares = "-".join(f"{d['shares'][e]['mean']:.1f}" for e in ("1", "2", "3"))
-        sim = "-".join(f"{d['sim_shares'][e]['mean']:.1f}" for e in ("1", "2", "3"))
-        lines.append(f"| {LABELS[o]} | {d['accuracy']['mean']:.2f} ± {d['accuracy']['sd']:.2f} | {shares} | {sim} "
-                     f"(gap {d['sim_gap_points']['mean']:.1f} pts) | {d['p99_ms']['mean']:.1f} ± "
-                     f"{d['p99_ms']['sd']:.1f} | {d['capped']['mean']:.0f} |")
-    cal = runs[0]["calculus"]
-    lines += [
-        "",
-        "Calculus: designed " + "-".join(f"{100 * cal['design'][e]:.1f}" for e in ("1", "2", "3"))
-        + ", shifted " + "-".join(f"{100 * cal['shifted'][e]:.1f}" for e in ("1", "2", "3"))
-        + "; measured under (a), mean over seeds "
-        + "-".join(f"{np.mean([100 * r['measurement']['exit_share'][e] for r in runs]):.1f}" for e in ("1", "2", "3"))
-        + ".",
-        "",
-        "Paired differences (same seed, same requests): mean ± sd (sign per seed), paired t-test p.",
-        "",
-        "| comparison | CIS accuracy (points) | p99 (ms) |",
-        "|---|---|---|",
-    ]
-    for k, d in s["differences"].items():
-        a, p = d["accuracy"], d["p99_ms"]
-        pa = "–" if a["t_test_p"] is None else f"{a['t_test_p']:.3f}"
-        pp = "–" if p["t_test_p"] is None else f"{p['t_test_p']:.3f}"
-        lines.append(f"| {k} | {a['mean']:+.2f} ± {a['sd']:.2f} ({a['signs']}) p {pa} | "
-                     f"{p['mean']:+.1f} ± {p['sd']:.1f} ({p['signs']}) p {pp} |")
-    lines += ["", "Per seed:", "", "| seed | option | accuracy % | shares % | sim shares % | p99 ms | capped |",
-              "|---|---|---|---|---|---|---|"]
-    for r in runs:
+    for name, s in result["summary"].items():
+        cal = s["calculus"]
+        what = {"surge": "edge0's devices get 3x their arrivals (their caps bind)",
+                "drop": "edge1's devices get a third of their arrivals (their caps stop binding)"}.get(name, name)
+        lines += [
+            "",
+            f"## {name}: {what}",
+            "",
+            f"Measured {s['total_rate']['mean']:.1f} requests/s; the calculus: designed "
+            + "-".join(f"{100 * cal['design'][e]:.1f}" for e in EXITS) + ", of the shifted load "
+            + "-".join(f"{100 * cal['shifted'][e]:.1f}" for e in EXITS) + "; measured under (a) "
+            + _shares(s["measured_shares"]) + " (mean over seeds).",
+            "",
+            "| option | CIS accuracy % | served shares % (exit 1-2-3) | simulator's prediction % | p99 ms | capped |",
+            "|---|---|---|---|---|---|",
+        ]
         for o in OPTIONS:
-            rt, sim = r["options"][o]["runtime"], r["options"][o]["sim"]
+            d = s["options"][o]
             lines.append(
-                f"| {r['seed']} | {o} | {100 * rt['accuracy']:.2f} | "
-                + "-".join(f"{100 * rt['shares'][e]:.1f}" for e in ("1", "2", "3")) + " | "
-                + "-".join(f"{100 * sim['shares'][e]:.1f}" for e in ("1", "2", "3"))
-                + f" | {1000 * rt['latency']['p99_s']:.1f} | {rt['capped']} |"
+                f"| {LABELS[o]} | {d['accuracy']['mean']:.2f} ± {d['accuracy']['sd']:.2f} | {_shares(d['shares'])} | "
+                f"{_shares(d['sim_shares'])} (gap {d['sim_gap_points']['mean']:.1f} pts) | "
+                f"{d['p99_ms']['mean']:.1f} ± {d['p99_ms']['sd']:.1f} | {d['capped']['mean']:.0f} |"
             )
+        lines += ["", "Paired differences (same seed, same requests): mean ± sd (sign per seed), paired t-test p.", "",
+                  "| comparison | CIS accuracy (points) | p99 (ms) |", "|---|---|---|"]
+        for k, d in s["differences"].items():
+            a, p = d["accuracy"], d["p99_ms"]
+            lines.append(f"| {k} | {a['mean']:+.2f} ± {a['sd']:.2f} ({a['signs']}) p {_p(a)} | "
+                         f"{p['mean']:+.1f} ± {p['sd']:.1f} ({p['signs']}) p {_p(p)} |")
+        lines += ["", "| seed | option | accuracy % | shares % | simulator % | p99 ms | capped |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in runs:
+            if name not in r["scenarios"]:
+                continue
+            for o in OPTIONS:
+                rt, sim = r["scenarios"][name]["options"][o]["runtime"], r["scenarios"][name]["options"][o]["sim"]
+                lines.append(
+                    f"| {r['seed']} | {o} | {100 * rt['accuracy']:.2f} | "
+                    + "-".join(f"{100 * rt['shares'][e]:.1f}" for e in EXITS) + " | "
+                    + "-".join(f"{100 * sim['shares'][e]:.1f}" for e in EXITS)
+                    + f" | {1000 * rt['latency']['p99_s']:.1f} | {rt['capped']} |"
+                )
     if result.get("findings"):
         lines += ["", "## Findings", "", result["findings"]]
     return "\n".join(lines) + "\n"
 
 
 def write(runs: list[dict], name: str, findings: str | None) -> dict:
-    result = {"benchmark": NAME, "command": runs[0]["command"], "runs": runs, "summary": summarise(runs)}
+    names = [n for n in SCENARIOS if any(n in r["scenarios"] for r in runs)]
+    summary = {n: summarise(runs, n) for n in names}
+    result = {"benchmark": NAME, "command": runs[0]["command"], "runs": runs, "summary": summary}
     if findings:
         result["findings"] = findings
     RESULTS.mkdir(parents=True, exist_ok=True)

@@ -101,7 +101,7 @@ def test_a_window_counts_what_the_client_sent_through_status_and_metrics(tree, d
             share = got["exits"][str(e)]["measured"]["share"]
             assert abs(share - exit_tally[e] / len(results)) <= 0.01
             assert got["exits"][str(e)]["spec"]["share"] == pytest.approx(compute_rates(spec).exit_share[e])
-        assert got["measurement"]["seconds"] == pytest.approx(WINDOW, rel=0.2)
+        assert got["measurement"]["seconds"] >= WINDOW  # the second snapshot never comes early
 
 
 def test_counters_since_start_add_up_and_the_tree_comes_from_the_nodes(tree, digits):

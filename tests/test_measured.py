@@ -135,6 +135,8 @@ def test_a_requests_file_of_cis_infer_reads_back_and_updates_the_design(tree, ru
 
     saved = tmp_path / "measured.json"
     saved.write_text(r.out)
+    text = run_cli("rates", tree["design"], "--measured", csv_file).out
+    assert "(requests)" in text and "share diff" in text and all(nid in text for nid in got["nodes"])
     again = run_cli("rates", tree["design"], "--measured", saved, "--json").json()
     assert again["nodes"] == got["nodes"] and again["measurement"]["kind"] == "saved"
 

@@ -364,6 +364,9 @@ def summarise(runs: list[dict], scenario: str) -> dict:
     def p99(o):
         return [1000 * r["options"][o]["runtime"]["latency"]["p99_s"] for r in rows]
 
+    def p50(o):
+        return [1000 * r["options"][o]["runtime"]["latency"]["p50_s"] for r in rows]
+
     out: dict = {"seeds": [r["seed"] for r in runs if scenario in r["scenarios"]], "options": {}, "differences": {}}
     for o in OPTIONS:
         def pct(key, e, o=o):
@@ -372,7 +375,7 @@ def summarise(runs: list[dict], scenario: str) -> dict:
         gap = [max(abs(r["options"][o]["sim"]["shares"][e] - r["options"][o]["runtime"]["shares"][e])
                    for e in EXITS) * 100 for r in rows]
         out["options"][o] = {
-            "accuracy": stats(acc(o)), "p99_ms": stats(p99(o)),
+            "accuracy": stats(acc(o)), "p50_ms": stats(p50(o)), "p99_ms": stats(p99(o)),
             "shares": {e: stats(pct("runtime", e)) for e in EXITS},
             "sim_shares": {e: stats(pct("sim", e)) for e in EXITS},
             "sim_gap_points": stats(gap), "capped": stats([r["options"][o]["runtime"]["capped"] for r in rows]),
@@ -426,14 +429,16 @@ def markdown(result: dict) -> str:
             + "-".join(f"{100 * cal['shifted'][e]:.1f}" for e in EXITS) + "; measured under (a) "
             + _shares(s["measured_shares"]) + " (mean over seeds).",
             "",
-            "| option | CIS accuracy % | served shares % (exit 1-2-3) | simulator's prediction % | p99 ms | capped |",
-            "|---|---|---|---|---|---|",
+            "| option | CIS accuracy % | served shares % (exit 1-2-3) | simulator's prediction % | p50 ms | p99 ms "
+            "| capped |",
+            "|---|---|---|---|---|---|---|",
         ]
         for o in OPTIONS:
             d = s["options"][o]
             lines.append(
                 f"| {LABELS[o]} | {d['accuracy']['mean']:.2f} ± {d['accuracy']['sd']:.2f} | {_shares(d['shares'])} | "
                 f"{_shares(d['sim_shares'])} (gap {d['sim_gap_points']['mean']:.1f} pts) | "
+                f"{d['p50_ms']['mean']:.1f} ± {d['p50_ms']['sd']:.1f} | "
                 f"{d['p99_ms']['mean']:.1f} ± {d['p99_ms']['sd']:.1f} | {d['capped']['mean']:.0f} |"
             )
         lines += ["", "Paired differences (same seed, same requests): mean ± sd (sign per seed), paired t-test p.", "",
@@ -489,6 +494,8 @@ def main() -> int:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(json.dumps(record, indent=1, default=float))
             print(f"seed {seed} done in {record['seconds']['total']:.0f} s", file=sys.stderr, flush=True)
+            write([json.loads(p.read_text()) for p in sorted(run_dir.glob("seed*.json"))
+                   if p.stem.endswith("-quick") == args.quick], NAME + ("-quick" if args.quick else ""), None)
     quick = args.quick
     runs = [json.loads(p.read_text()) for p in sorted(run_dir.glob("seed*.json")) if p.stem.endswith("-quick") == quick]
     if runs:

@@ -112,9 +112,10 @@ class StageInfo:
 class Bundle:
     """A verified bundle. Build it with :func:`load_bundle`."""
 
-    def __init__(self, root: Path, manifest: dict):
+    def __init__(self, root: Path, manifest: dict, sha256: str = ""):
         self.root = root
         self.manifest = manifest
+        self.sha256 = sha256  # of manifest.json's bytes, which list every file's sha256: the bundle's identity
         self.stages = [StageInfo.from_json(s) for s in manifest["stages"]]
         self.spec: CisSpec | None = (
             parse_spec(manifest["spec"], f"{root}/{MANIFEST}: spec") if manifest.get("spec") else None
@@ -211,7 +212,7 @@ def load_bundle(path: str | Path, verify: bool = True, trust: str | Path | None 
                     f"{f}: sha256 is {actual[:16]}..., manifest says {digest[:16]}...; the file was changed after "
                     "export"
                 )
-    return Bundle(root, manifest)
+    return Bundle(root, manifest, hashlib.sha256(raw).hexdigest())
 
 
 def write_manifest(root: str | Path, manifest: dict[str, Any]) -> Path:

@@ -133,8 +133,8 @@ def test_loading_until_attached_then_serving_and_values_follow_requests(served):
             c.infer(np.ones((2, 3), np.float32))  # wrong shape
         assert err.value.code == "bad_tensor"
     m = scrape(s.metrics.url)
-    assert m[("cis_requests_total", (("outcome", "ok"),))] == 3
-    assert m[("cis_requests_total", (("outcome", "bad_tensor"),))] == 1
+    assert m[("cis_requests_total", (("kind", "infer"), ("outcome", "ok")))] == 3
+    assert m[("cis_requests_total", (("kind", "infer"), ("outcome", "bad_tensor")))] == 1
     assert m[("cis_request_latency_seconds_count", ())] == 3
     assert m[("cis_request_latency_seconds_bucket", (("le", "+Inf"),))] == 3
     assert m[("cis_request_latency_seconds_sum", ())] > 0
@@ -158,7 +158,7 @@ def test_a_stage_failure_is_503_until_a_stage_run_succeeds(served):
         assert scrape(s.metrics.url)[("cis_healthy", ())] == 0
         c.infer(np.ones((1, 2), np.float32))
     assert health(s.metrics.url)[0] == 200
-    assert scrape(s.metrics.url)[("cis_requests_total", (("outcome", "internal"),))] == 1
+    assert scrape(s.metrics.url)[("cis_requests_total", (("kind", "infer"), ("outcome", "internal")))] == 1
 
 
 def test_shutting_down_is_503_while_the_node_drains_and_stopped_after(served):

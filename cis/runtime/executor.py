@@ -24,9 +24,10 @@ the parent) is answered with the batch's arrays, or the parent's, as they are.
 from __future__ import annotations
 
 import collections
+import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,9 +36,15 @@ from cis.policy import ExitPolicy, TokenBucket, confidence
 from cis.runtime import protocol as P
 from cis.runtime.adapt import ThresholdController
 from cis.runtime.config import NodeConfig
+from cis.runtime.events import FailureLog
 from cis.runtime.feeds import FeedContract, nonfinite_rows
 from cis.runtime.work import Outbox, Pending, Request, Stage
 from cis.stages import LOGITS
+
+if TYPE_CHECKING:
+    from cis.runtime.metrics_http import BatchTimings
+
+log = logging.getLogger("cis.runtime.node")
 
 
 class Executor:
@@ -68,6 +75,8 @@ class Executor:
         self.stage_ok = True  # False after a stage raised, until a stage run succeeds (health: stage_failed)
         self.served_early = np.zeros(config.exit, np.int64)  # patience: samples answered at exit e < the node's
         self._const: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.timings: BatchTimings | None = None  # queue time, compute time, batch size (set by metrics_http)
+        self.failures = FailureLog(config.node_id)  # a stage's or the decision's traceback, rate-limited
 
     # ------------------------------------------------------------ admission
 
@@ -77,7 +86,7 @@ class Executor:
         Checked in this order: entry stage, tensors against that stage, samples
         against the queue limit, deadline, room in the queue, finite values."""
         h, limit = msg.head, self.cfg.queue_limit
-        stage = 1 if h.stage is None else h.stage
+        stage = h.stage
         contract = self.contracts.get(stage)
         if contract is None:
             return "bad_stage", f"entry stage {stage!r}; node {self.cfg.node_id} runs stages {sorted(self.stages)}"
@@ -139,9 +148,16 @@ class Executor:
                 continue
             batch.append(req)
             total += req.n
-        if batch:
-            self.counters["batches"] += 1
-            self._process(batch)
+        if not batch:
+            return
+        self.counters["batches"] += 1
+        timings = self.timings
+        if timings is None:
+            return self._process(batch)
+        start = time.monotonic()
+        timings.started(start, batch, total)
+        self._process(batch)
+        timings.compute.observe(time.monotonic() - start)
 
     def _process(self, batch: list[Request]) -> None:
         nid = self.cfg.node_id
@@ -149,17 +165,20 @@ class Executor:
             logits, carry, order, hit = self._run_stages(batch)
         except Exception as exc:  # a stage failed: retry each request alone before blaming any
             if len(batch) > 1:
+                log.debug("node %s: a batch of %d requests failed (%s); running each alone", nid, len(batch), exc)
                 self.counters["isolated"] += len(batch)
                 for req in batch:
                     self._process([req])
             else:
                 self.stage_ok = False
+                self.failures.report("stage_failed", "a stage", [req.req_id for req in batch], exc)
                 self._fail(batch[0], "internal", f"node {nid}: stage failed: {type(exc).__name__}: {exc}")
             return
         self.stage_ok = True
         try:
             self._decide(order, logits, carry, hit)
         except Exception as exc:  # a bug in deciding must not kill the node: every unanswered request gets one error
+            self.failures.report("decide_failed", "the exit decision", [req.req_id for req in order], exc)
             for req in order:
                 if not req.answered:
                     self._fail(req, "internal", f"node {nid}: deciding failed: {type(exc).__name__}: {exc}")
@@ -227,6 +246,14 @@ class Executor:
         hit: dict[str, np.ndarray] | None = None,
     ) -> None:
         nid, root = self.cfg.node_id, self.cfg.parent is None
+        over = nonfinite_rows({LOGITS: logits, **carry}, len(logits))  # finite input that overflowed in the network
+        if over is not None and self.cfg.nonfinite == "refuse":
+            keep = self._refuse_overflow(order, over)
+            if not keep.any():
+                return
+            order = [req for req in order if not req.answered]
+            logits, carry, over = logits[keep], {k: v[keep] for k, v in carry.items()}, None
+            hit = None if hit is None else {k: v[keep] for k, v in hit.items()}
         cls = logits.argmax(axis=-1)
         n = len(cls)
         exit_at, flags = self._constants(n)  # read-only; copied before a flag is set
@@ -239,9 +266,11 @@ class Executor:
             serve, conf = None, confidence(logits, self.policy.measure)
         else:
             serve, conf = self.policy.decide(nid, logits)
-        bad = [req.bad for req in order if req.bad is not None]
-        if bad:  # nonfinite="flag": answered here, never forwarded
-            bad = np.concatenate([req.bad if req.bad is not None else np.zeros(req.n, bool) for req in order])
+        bad = over  # nonfinite="flag": non-finite input or outputs are answered here, never forwarded
+        if any(req.bad is not None for req in order):
+            given = np.concatenate([req.bad if req.bad is not None else np.zeros(req.n, bool) for req in order])
+            bad = given if bad is None else bad | given
+        if bad is not None:
             serve = None if serve is None else serve | bad
             cls, conf = np.where(bad, -1, cls), np.where(bad, np.float32(np.nan), conf)
             flags = np.where(bad, np.uint8(P.FLAG_NONFINITE), flags)
@@ -271,6 +300,25 @@ class Executor:
             self._answer_all(order, cls, conf.astype(np.float32, copy=False), exit_at, flags)
         else:
             self._forward_and_answer(order, serve, cls, conf.astype(np.float32, copy=False), exit_at, flags, carry)
+
+    def _refuse_overflow(self, order: list[Request], over: np.ndarray) -> np.ndarray:
+        """nonfinite="refuse": answer ``bad_input`` to every request with a sample whose logits or carry at this
+        node's exit are not finite (a finite input that overflowed inside the network); nothing of those
+        requests is served or forwarded. Returns the mask of the samples that go on."""
+        keep, start = np.ones(len(over), bool), 0
+        for req in order:
+            end = start + req.n
+            rows = np.flatnonzero(over[start:end])
+            if len(rows):
+                keep[start:end] = False
+                self._fail(
+                    req,
+                    "bad_input",
+                    f"{len(rows)} of {req.n} samples overflow inside the network (first: sample {rows[0]}): their "
+                    f"outputs at node {self.cfg.node_id}'s exit are NaN or infinite; expected inputs it keeps finite",
+                )
+            start = end
+        return keep
 
     def _constants(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """This node's exit and zero flags for n samples (read-only; cached up to max_batch)."""

@@ -88,7 +88,7 @@ _Shape = Annotated[list[Annotated[int, msgspec.Meta(ge=0, le=MAX_DIM)]], msgspec
 
 
 class Header(msgspec.Struct, tag_field="kind"):
-    """A checked header; its class says its ``kind``. Absent optional fields are None (names etc. [])."""
+    """A checked header; its class says its ``kind``. Absent optional fields take their defaults."""
 
     kind: ClassVar[str]
     v: Literal[1]
@@ -96,11 +96,12 @@ class Header(msgspec.Struct, tag_field="kind"):
     names: list[_Name] = []
     dtypes: list[Literal[DTYPES]] = []  # type: ignore[valid-type]
     shapes: list[_Shape] = []
-    stage: Annotated[int, msgspec.Meta(ge=1, le=MAX_STAGE)] | None = None
-    deadline: Annotated[float, msgspec.Meta(ge=0, le=sys.float_info.max)] | None = None  # finite: at most max
-    route: Annotated[list[_Name], msgspec.Meta(max_length=MAX_ROUTE)] | None = None
-    sender: _Text | None = None
-    node: _Text | None = None
+    # absent optional fields take these defaults; nil is no value of any field (refused, like any wrong type)
+    stage: Annotated[int, msgspec.Meta(ge=1, le=MAX_STAGE)] = 1
+    deadline: Annotated[float, msgspec.Meta(ge=0, le=sys.float_info.max)] = 0.0  # finite: at most max; 0: none
+    route: Annotated[list[_Name], msgspec.Meta(max_length=MAX_ROUTE)] = []
+    sender: _Text = ""
+    node: _Text = ""
 
 
 class InferHeader(Header, tag=INFER):
@@ -370,6 +371,7 @@ def _checked(head: memoryview, frames: Sequence[Any], max_bytes, total, count, k
             fail("bad_message", f"header: {exc}")
     except ProtocolError as exc:
         exc.req_id = echo
+        exc.kind = header.get("kind") if header.get("kind") in KINDS else None
         raise
     return Message(h, [_buffer(f) for f in frames[1 : len(tensors) + 1]], head, header, tensors)
 

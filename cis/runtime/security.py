@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import shutil
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
@@ -22,6 +21,7 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
 from cis.errors import CisError
+from cis.runtime.config import CurveConfig  # noqa: F401  (callers import it from here too)
 
 
 def make_keys(folder: str | Path, name: str) -> tuple[Path, Path]:
@@ -67,19 +67,6 @@ def load_keypair(path: str | Path) -> tuple[bytes, bytes]:
 
 def load_public(path: str | Path) -> bytes:
     return _certificate(Path(path), "a public .key file")[0]
-
-
-@dataclass
-class CurveConfig:
-    """Curve settings of one process: its own key pair, the allow-list, the server key it talks to."""
-
-    secret_file: str | None = None  # own .key_secret
-    allow_dir: str | None = None  # folder of authorised public .key files (server side)
-    server_public_file: str | None = None  # the parent's / server's public .key (client side)
-
-    @property
-    def enabled(self) -> bool:
-        return self.secret_file is not None
 
 
 def start_authenticator(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import logging
 from pathlib import Path
 
 from cis.cli import print_result
@@ -254,7 +254,7 @@ def run(args: argparse.Namespace) -> int:
                     )
     else:
         config = make_config(*_with_options(read_config_file(args.config) if args.config else {}, flags, options))
-    log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr))
+    log = (lambda s: None) if args.json else logging.getLogger(__name__).info
     from training.device import run_device
 
     run_device(config)  # --device cuda without a GPU: one line before anything is written

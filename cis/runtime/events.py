@@ -78,14 +78,15 @@ def stopped(cfg: NodeConfig, counters: Mapping[str, int], uptime: float) -> None
 
 
 class ParentWatch:
-    """Logs the parent going down (no pong for ``heartbeat_timeout``; also when it never answered since the
-    start) and coming back. :meth:`check` runs on the heartbeat timer."""
+    """Logs the parent going down (its connection lost, or no pong for ``heartbeat_timeout``; also when it
+    never answered since the start) and coming back. :meth:`check` runs on the heartbeat timer, and on a
+    pong while the parent is not known to be up."""
 
     def __init__(self, cfg: NodeConfig, now: float) -> None:
         self.cfg, self.since = cfg, now
         self.up: bool | None = None  # unknown until the parent answers or its heartbeat timeout passes
 
-    def check(self, up: bool, now: float) -> None:
+    def check(self, up: bool, now: float, connected: bool = True) -> None:
         if up == self.up:
             return
         cfg, fields = self.cfg, {"node": self.cfg.node_id, "parent": self.cfg.parent_id, "address": self.cfg.parent}
@@ -98,8 +99,9 @@ class ParentWatch:
                 log,
                 logging.WARNING,
                 "parent_down",
-                f"node {cfg.node_id}: {who} has not answered heartbeats for {cfg.heartbeat_timeout:g} s; what the "
-                "policy would forward is served here, flagged degraded",
+                f"node {cfg.node_id}: {who} is down ("
+                + (f"no answer to heartbeats for {cfg.heartbeat_timeout:g} s" if connected else "no connection")
+                + "); what the policy would forward is served here, flagged degraded",
                 **fields,
             )
         else:

@@ -251,7 +251,7 @@ class Cluster:
                 self.start(nid)
                 pid = self.procs[nid].pid
                 message = f"node {nid} restarted (pid {pid}, restart {sup.restarts})"
-                events.append((nid, logging.INFO, "node_restart", message, {"pid": pid, "restart": sup.restarts}))
+                events.append((nid, logging.INFO, "node_restart", message, {"node_pid": pid, "restart": sup.restarts}))
         for nid, level, name, message, fields in events:
             logs.event(log, level, name, message, node=nid, **fields)
             path = self.log_path(nid)

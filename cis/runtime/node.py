@@ -354,6 +354,8 @@ class Node:
             return
         if msg.kind == P.PONG:
             self.last_pong = time.monotonic()
+            if self.parent_watch.up is not True:  # back (or up for the first time): said at once
+                self.parent_watch.check(True, self.last_pong)
             return
         pending = self.pending.pop(msg.id, None)
         if pending is None:
@@ -420,8 +422,10 @@ class Node:
         ``next_timer`` is when this has work again."""
         if self.cfg.parent and now >= self.next_ping:
             self.next_ping = now + self.cfg.heartbeat
-            self._send(self.up, P.encode(P.PING, next(self.up_ids), node=self.cfg.node_id))
-            self.parent_watch.check(self.parent_up, now)
+            connected = self._send(self.up, P.encode(P.PING, next(self.up_ids), node=self.cfg.node_id))
+            if not connected:  # ZMQ_IMMEDIATE: no connection to the parent, so it is down now, not after the timeout
+                self.last_pong = -math.inf
+            self.parent_watch.check(self.parent_up, now, connected)
         if self.pending:
             for fid in [f for f, p in self.pending.items() if p.expires <= now]:
                 self.executor.fallback(self.pending.pop(fid))

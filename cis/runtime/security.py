@@ -12,8 +12,8 @@ handshake fails).
 
 from __future__ import annotations
 
+import logging
 import shutil
-import sys
 from pathlib import Path
 
 import zmq
@@ -22,6 +22,8 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from cis.errors import CisError
 from cis.runtime.config import CurveConfig  # noqa: F401  (callers import it from here too)
+
+log = logging.getLogger(__name__)
 
 
 def make_keys(folder: str | Path, name: str) -> tuple[Path, Path]:
@@ -80,10 +82,10 @@ def start_authenticator(
         raise CisError(f"{folder}: allow-list folder not found; expected a folder of public .key files")
     leaked = sorted(p.name for p in folder.glob("*.key_secret"))
     if leaked:
-        print(
-            f"cis: warning: {folder} holds secret keys ({', '.join(leaked)}); "
-            "an allow folder needs only public .key files",
-            file=sys.stderr,
+        log.warning(
+            "%s holds secret keys (%s); an allow folder needs only public .key files",
+            folder,
+            ", ".join(leaked),
         )
     own = load_keypair(own_secret)[0] if own_secret else None
     auth = ThreadAuthenticator(ctx)

@@ -44,8 +44,15 @@ COMMANDS = [
     "report",
 ]
 
-# commands that need more than the core install: command -> pip extra (cis/extras.py)
-NEEDS = {"train": "train", "evaluate": "train", "export": "export", "demo": "export"}
+# commands that need more than the core install: command -> pip extras (cis/extras.py); "cpu" stands for an
+# onnxruntime, which the "gpu" extra gives too
+NEEDS = {
+    "train": ("train",),
+    "evaluate": ("train",),
+    "export": ("export", "cpu"),
+    "demo": ("export", "cpu"),
+    "serve": ("cpu",),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -93,8 +100,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         logs.configure(logs.resolve(args.log_level, args.log_format))
-        if args.command in NEEDS:
-            require(NEEDS[args.command])
+        for extra in NEEDS.get(args.command, ()):
+            require(extra)
         return int(args.func(args) or 0)
     except MissingExtra as exc:
         print(f"cis {args.command}: {exc}", file=sys.stderr)

@@ -65,8 +65,6 @@ def _curve(args: argparse.Namespace):
 
 
 def _run_node(args: argparse.Namespace, bundle, spec) -> int:
-    from cis.stages import StageRunner  # noqa: F401  (fail early if onnxruntime is missing)
-
     opts = {**options.node_config(args), "curve": _curve(args), "restarts": args.restarts}
     metrics = _metrics_server(args, spec)  # up before the stages load: /readyz says "loading" meanwhile
     try:

@@ -73,7 +73,7 @@ class TensorInfo:
         return out
 
     def bytes_per_sample(self) -> int:
-        return int(np.prod([s for s in self.shape[1:]], dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return int(np.prod(np.array(self.shape[1:], dtype=np.int64))) * np.dtype(self.dtype).itemsize
 
 
 @dataclass(frozen=True)
@@ -247,7 +247,7 @@ def write_profiles(
     """
     root = Path(root)
     (root / "profiles").mkdir(parents=True, exist_ok=True)
-    extra = {} if predicted is None else {"predicted": np.asarray(predicted).astype(np.int32)}
+    extra: dict[str, Any] = {} if predicted is None else {"predicted": np.asarray(predicted).astype(np.int32)}
     np.savez_compressed(
         root / CONFIDENCE_PROFILE, confidence=confidence.astype(np.float32), correct=correct.astype(bool), **extra
     )

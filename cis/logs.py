@@ -66,7 +66,7 @@ class _Stderr(logging.StreamHandler):
     def __init__(self) -> None:
         super().__init__()
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> Any:
         return sys.stderr
 

@@ -139,7 +139,11 @@ def _sigterm_as_interrupt() -> Callable[[], None]:
         old = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     except ValueError:  # not the main thread
         return lambda: None
-    return lambda: signal.signal(signal.SIGTERM, old)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, old)
+
+    return restore
 
 
 def run_demo(

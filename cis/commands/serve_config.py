@@ -15,7 +15,7 @@ import argparse
 import dataclasses
 import difflib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -184,7 +184,7 @@ def _float(text: str) -> float:
         raise argparse.ArgumentTypeError(f"{text!r} is not a number (inf and -inf are allowed)") from None
 
 
-_CAST = {"int": int, "float": _float, "str": str, "path": str}
+_CAST: dict[str, Callable[[str], Any]] = {"int": int, "float": _float, "str": str, "path": str}
 
 
 def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> logs.LogSettings:

@@ -17,6 +17,7 @@ import argparse
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 from cis.cli import print_result
 from cis.errors import CisError
@@ -204,7 +205,7 @@ def run(args: argparse.Namespace) -> int:
 
         config = make_config(*_with_options(read_config_file(args.config) if args.config else {}, flags, options))
         var = measure_grad_variance(config)
-        result = {
+        result: dict[str, Any] = {
             "dataset": config.dataset,
             "width": config.width,
             "grad_variance": var,
@@ -245,7 +246,7 @@ def run(args: argparse.Namespace) -> int:
         if options:
             from training.methods.registry import resolve_options
 
-            given = resolve_options(config.method, options)
+            given = resolve_options(config.method, options) or {}
             for k in options:
                 if given[k] != (config.options or {}).get(k):
                     raise CisError(
@@ -296,7 +297,7 @@ def _option_flags(args: argparse.Namespace) -> dict:
     """--option KEY=VALUE items, then the named method flags (which win)."""
     from training.methods.registry import parse_option_flags
 
-    options = parse_option_flags(args.option)
+    options: dict[str, Any] = parse_option_flags(args.option)
     if args.no_distill:
         options["distill"] = False
     if args.no_modulation:

@@ -203,7 +203,7 @@ class Executor:
             return out[LOGITS], {nm: out[nm] for nm in self.carry_names}, batch, None
         order: list[Request] = []
         feeds: dict[str, np.ndarray] | None = None
-        out: dict[str, np.ndarray] = {}
+        out = {}
         state: pt.PatienceState | None = None
         hit: dict[str, np.ndarray] | None = None
         for k in range(min(req.stage for req in batch), self.cfg.exit + 1):
@@ -221,7 +221,11 @@ class Executor:
                 fresh = [pt.from_carry(req.feeds, req.n) for req in joining]
                 state = pt.concat(([state] if state is not None else []) + fresh)
                 m = sum(req.n for req in joining)
-                new_hit = {"exit": np.zeros(m, np.int32), "cls": np.zeros(m, np.int64), "conf": np.zeros(m, np.float32)}
+                new_hit: dict[str, np.ndarray] = {
+                    "exit": np.zeros(m, np.int32),
+                    "cls": np.zeros(m, np.int64),
+                    "conf": np.zeros(m, np.float32),
+                }
                 hit = new_hit if hit is None else {key: np.concatenate([hit[key], new_hit[key]]) for key in hit}
                 done, state = self.policy.decide_patience(out[LOGITS], state)
                 first = done & (hit["exit"] == 0)
@@ -275,10 +279,27 @@ class Executor:
             cls, conf = np.where(bad, -1, cls), np.where(bad, np.float32(np.nan), conf)
             flags = np.where(bad, np.uint8(P.FLAG_NONFINITE), flags)
             self.counters["nonfinite"] += int(np.count_nonzero(bad))
-        wanted = 0 if root else (0 if serve[0] else 1) if n == 1 else n - int(np.add.reduce(serve))
+        wanted = 0
+        if not root:  # what goes up, as far as the parent and the cap allow
+            assert serve is not None  # the policy (or patience) decided; only the root decides nothing
+            serve, flags, wanted = self._upward(serve, flags, n)
+        if hit is not None:  # answered before this node's exit (cis_samples_total{exit})
+            self.served_early += np.bincount(exit_at, minlength=self.cfg.exit + 1)[: self.cfg.exit]
+        self.counters["served"] += n - wanted
+        if wanted == n:  # all of it goes up (the confidence kept as float64 until a fallback needs it)
+            self._forward_and_answer(order, None, cls, conf, exit_at, flags, carry)
+        elif not wanted:
+            self._answer_all(order, cls, conf.astype(np.float32, copy=False), exit_at, flags)
+        else:
+            self._forward_and_answer(order, serve, cls, conf.astype(np.float32, copy=False), exit_at, flags, carry)
+
+    def _upward(self, serve: np.ndarray, flags: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """(serve, flags, samples to forward) once the controller, the parent's state and the transfer cap
+        have had their say on the policy's ``serve``."""
+        wanted = (0 if serve[0] else 1) if n == 1 else n - int(np.add.reduce(serve))
         if self.controller is not None:
             self.controller.update(wanted, n)
-            self.policy.thresholds[nid] = self.controller.threshold
+            self.policy.thresholds[self.cfg.node_id] = self.controller.threshold
         if wanted and not self.out.parent_up:
             flags = np.where(serve, flags, np.uint8(P.FLAG_DEGRADED))
             self.counters["degraded"] += wanted
@@ -291,15 +312,7 @@ class Executor:
                 flags[over], serve[over] = P.FLAG_CAPPED, True
                 self.counters["capped"] += wanted - granted
                 wanted = granted
-        if hit is not None:  # answered before this node's exit (cis_samples_total{exit})
-            self.served_early += np.bincount(exit_at, minlength=self.cfg.exit + 1)[: self.cfg.exit]
-        self.counters["served"] += n - wanted
-        if wanted == n:  # all of it goes up (the confidence kept as float64 until a fallback needs it)
-            self._forward_and_answer(order, None, cls, conf, exit_at, flags, carry)
-        elif not wanted:
-            self._answer_all(order, cls, conf.astype(np.float32, copy=False), exit_at, flags)
-        else:
-            self._forward_and_answer(order, serve, cls, conf.astype(np.float32, copy=False), exit_at, flags, carry)
+        return serve, flags, wanted
 
     def _refuse_overflow(self, order: list[Request], over: np.ndarray) -> np.ndarray:
         """nonfinite="refuse": answer ``bad_input`` to every request with a sample whose logits or carry at this
@@ -348,7 +361,8 @@ class Executor:
             parts: list[tuple[Request, np.ndarray | None]] = [(req, None) for req in order]
             pending = Pending(parts, cls, conf)
         else:
-            parts, here, start = [], [], 0
+            here: list[tuple[Request, int, np.ndarray | None]] = []
+            parts, start = [], 0
             for req in order:
                 end = start + req.n
                 up = np.flatnonzero(~serve[start:end])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -88,7 +88,7 @@ def fail(code: str, message: str) -> None:
     raise ProtocolError(code, message)
 
 
-def is_int(v: Any, lo: int, hi: int) -> bool:
+def is_int(v: Any, lo: int, hi: int) -> TypeGuard[int]:
     return type(v) is int and lo <= v <= hi  # type(): True/False are not integers here
 
 
@@ -125,7 +125,7 @@ def check_fields(h: dict) -> None:
     stage = h.get("stage")
     if "stage" in h and not is_int(stage, 1, MAX_STAGE):
         fail("bad_stage", f"stage is {show(stage)}; expected an integer 1..{MAX_STAGE}")
-    deadline = h.get("deadline")
+    deadline: Any = h.get("deadline")
     if "deadline" in h and not (type(deadline) in (int, float) and math.isfinite(deadline) and deadline >= 0):
         fail(
             "bad_message",

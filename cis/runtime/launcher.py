@@ -94,6 +94,7 @@ def _main_thread() -> bool:
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     """The node gets SIGTERM when the launcher dies, even by SIGKILL (no orphans)."""
+    assert _PRCTL is not None  # only given to Popen when there is one
     _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
@@ -321,7 +322,7 @@ def launch(
     spec_file: str | None = None,
     free_ports: bool = False,
     extra_args: Sequence[str] = (),
-    node_args: dict[str, Sequence[str]] | None = None,
+    node_args: Mapping[str, Sequence[str]] | None = None,
     ready_timeout: float = 60.0,
     log_dir: str | None = None,
     curve: CurveConfig | None = None,

@@ -362,10 +362,11 @@ class Node:
             return  # a late answer to a forward already answered from here
         self.last_pong = time.monotonic()  # any reply shows the parent is alive
         h = msg.head
-        if msg.kind != P.RESULT or len(h.served_by) != pending.n:
+        if not isinstance(h, P.ResultHeader) or len(h.served_by) != pending.n:
             self.executor.fallback(pending)
         elif len(pending.parts) == 1 and pending.parts[0][1] is None and h.names == P.RESULT_NAMES:
-            self.executor.scatter(pending, *msg.frames, h.served_by)  # one whole request: its answer goes on as is
+            f = msg.frames  # one whole request: the parent's answer goes on as it is
+            self.executor.scatter(pending, f[0], f[1], f[2], f[3], h.served_by)
         else:
             t = msg.tensors
             self.executor.scatter(pending, t["class"], t["confidence"], t["exit"], t["flags"], h.served_by)

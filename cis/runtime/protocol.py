@@ -156,11 +156,11 @@ _SCHEMA: dict[str, type[Header]] = {
 _DECODERS: dict[tuple[str, ...], msgspec.msgpack.Decoder] = {}
 
 
-def _decoder(kinds: Sequence[str]) -> msgspec.msgpack.Decoder:
-    dec = _DECODERS.get(kinds)  # type: ignore[call-overload]  (callers pass their constant tuple)
+def _decoder(kinds: tuple[str, ...]) -> msgspec.msgpack.Decoder:
+    dec = _DECODERS.get(kinds)
     if dec is None:
         types = tuple(_SCHEMA[k] for k in kinds)
-        dec = _DECODERS[tuple(kinds)] = msgspec.msgpack.Decoder(types[0] if len(types) == 1 else _union(types))
+        dec = _DECODERS[kinds] = msgspec.msgpack.Decoder(types[0] if len(types) == 1 else _union(types))
     return dec
 
 
@@ -226,7 +226,7 @@ def _buffer(frame: Any) -> Any:
     if t is _FRAME or t is bytes:
         return frame
     if t is np.ndarray:
-        return memoryview(np.ascontiguousarray(frame).reshape(-1).view(np.uint8))
+        return np.ascontiguousarray(frame).reshape(-1).view(np.uint8).data
     return memoryview(frame).cast("B")
 
 
@@ -272,7 +272,7 @@ def decode(
     max_bytes: int | None = None,
     total: int | None = None,
     count: int | None = None,
-    kinds: Sequence[str] = KINDS,
+    kinds: tuple[str, ...] = KINDS,
 ) -> Message:
     """Decode frames (bytes or zmq.Frame) into a checked Message; tensors are views of the frames.
 
@@ -322,7 +322,7 @@ def _fast(h: Header, head: memoryview, frames: Sequence[Any], max_bytes, total, 
         bufs.append(buf)
     if max_bytes is not None and declared > max_bytes:
         return None
-    if h.kind == RESULT:
+    if isinstance(h, ResultHeader):
         s0 = shapes[0]
         if (
             n != 4

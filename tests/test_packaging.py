@@ -66,8 +66,10 @@ def test_a_non_editable_install_runs_from_its_own_files(wheel, tmp_path):
     env_dir = tmp_path / "fresh"
     venv.create(env_dir, with_pip=False)
     python = env_dir / "bin" / "python"
-    install = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q", str(wheel)]
-    res = subprocess.run(install, capture_output=True, text=True, timeout=300)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # only the fresh environment's own paths
+    install = [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--ignore-installed",
+               "-q", str(wheel)]  # fmt: skip
+    res = subprocess.run(install, capture_output=True, text=True, timeout=300, env=env)
     assert res.returncode == 0, res.stderr[-3000:]
     fresh = Path(subprocess.check_output([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
                                          text=True).strip())  # fmt: skip
@@ -78,7 +80,6 @@ def test_a_non_editable_install_runs_from_its_own_files(wheel, tmp_path):
         "print(json.dumps({'file': cis.__file__, 'app': (d.APP_DIR / 'pyproject.toml').is_file(),"
         " 'version': cis.__version__, 'dist': m.version('cis'), 'license': m.metadata('cis')['License-Expression']}))"
     )
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     got = json.loads(subprocess.check_output([str(python), "-c", code], text=True, cwd=tmp_path, env=env))
     assert Path(got["file"]).is_relative_to(fresh) and got["app"]  # the Flower app file is installed
     assert got["version"] == got["dist"] == __version__ and got["license"] == "Apache-2.0"

@@ -55,7 +55,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _progress(msg: str) -> None:
-    log.info(msg)
+    log.info("cis export: %s", msg)  # the prefix as before logging, which scripts may grep for
 
 
 def run(args: argparse.Namespace) -> int:

@@ -64,7 +64,6 @@ __all__ = ["BundleStage", "Node", "NodeConfig", "Stage"]
 
 _NOBLOCK = int(zmq.NOBLOCK)
 _OK = (("infer", "ok"), ("forward", "ok"))  # (kind, outcome) of a result, by Request.forward
-KINDS = ("infer", "forward", "other")  # the kinds requests are counted by (metrics); other: status, ping, unreadable
 _poll = zmq.zmq_poll  # (socket, POLLIN) pairs -> the ready ones; zmq.Poller adds a Python layer
 
 

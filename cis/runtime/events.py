@@ -156,10 +156,14 @@ class OverloadWatch:
 
 class FailureLog:
     """A stage (``stage_failed``) or the exit decision (``decide_failed``) raised: an ERROR with the traceback,
-    at most one per FAILURE_LOG_EVERY seconds; the next says how many were held back."""
+    at most one per FAILURE_LOG_EVERY seconds; the next says how many were held back. At DEBUG, each batch
+    that failed and is run again request by request (isolation)."""
 
     def __init__(self, node_id: str) -> None:
         self.node_id, self.every = node_id, Every(FAILURE_LOG_EVERY)
+
+    def isolating(self, requests: int, exc: Exception) -> None:
+        log.debug("node %s: a batch of %d requests failed (%s); running each alone", self.node_id, requests, exc)
 
     def report(self, name: str, what: str, ids: list[int], exc: Exception) -> None:
         held = self.every.due(time.monotonic())

@@ -24,7 +24,6 @@ the parent) is answered with the batch's arrays, or the parent's, as they are.
 from __future__ import annotations
 
 import collections
-import logging
 import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
@@ -43,8 +42,6 @@ from cis.stages import LOGITS
 
 if TYPE_CHECKING:
     from cis.runtime.metrics_http import BatchTimings
-
-log = logging.getLogger("cis.runtime.node")
 
 
 class Executor:
@@ -165,7 +162,7 @@ class Executor:
             logits, carry, order, hit = self._run_stages(batch)
         except Exception as exc:  # a stage failed: retry each request alone before blaming any
             if len(batch) > 1:
-                log.debug("node %s: a batch of %d requests failed (%s); running each alone", nid, len(batch), exc)
+                self.failures.isolating(len(batch), exc)
                 self.counters["isolated"] += len(batch)
                 for req in batch:
                     self._process([req])

@@ -376,12 +376,12 @@ class Node:
         frames = P.result_frames(
             req.req_id, req.n, req.cls, req.conf, req.exit, req.flags, req.served_by, self.cfg.node_id
         )
-        self._send(self.front, frames, req.prefix)
-        seconds = time.monotonic() - req.t0
+        seconds = time.monotonic() - req.t0  # counted before it leaves: whoever gets it sees it in the metrics
         self.latency.add(seconds)
         if self.observe_latency is not None:
             self.observe_latency(seconds)
         self.outcomes[_OK[req.forward]] += 1
+        self._send(self.front, frames, req.prefix)
 
     def error(self, req: Request, code: str, message: str) -> None:
         self._error(req.prefix, req.req_id, code, message, P.FORWARD if req.forward else P.INFER)

@@ -13,6 +13,7 @@ RUN_DIR holds
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from collections.abc import Callable
@@ -42,6 +43,8 @@ from training.methods.static_bn import refresh_statistics
 from training.models import EarlyExitNet
 from training.partition import partition
 from training.strategies import AUTO_CANDIDATES, Weights, make_weights
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -268,7 +271,7 @@ def train_run(
     resume: bool = False,
     progress: bool = True,
     stop_after: int | None = None,
-    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+    log: Callable[[str], None] = logger.info,
 ) -> dict:
     """Train (or resume) a run into ``out``; returns the summary (or a partial result when stopped)."""
     from tqdm import tqdm

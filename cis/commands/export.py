@@ -7,9 +7,11 @@ starts without them. See docs/export.md.
 from __future__ import annotations
 
 import argparse
-import sys
+import logging
 
 from cis.cli import print_result
+
+log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -53,7 +55,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _progress(msg: str) -> None:
-    print(f"cis export: {msg}", file=sys.stderr, flush=True)
+    log.info("cis export: %s", msg)  # the prefix as before logging, which scripts may grep for
 
 
 def run(args: argparse.Namespace) -> int:

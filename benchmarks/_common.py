@@ -106,14 +106,47 @@ def train(out: Path, dataset: str, strategy: str, serving: str, args, **extra) -
     return summary
 
 
-def evaluate(run: Path, serving: str) -> float:
+def replayed_sgd_steps(config, auto_candidates: int = 1, pilot_rounds: int = 0) -> dict:
+    """A run's SGD steps without training it: build its setup and replay its seeded exit draws.
+
+    For the run files written before runs recorded their steps (issue 22). The draws of round t
+    come from a generator seeded by (seed, t) (training/engine.py), so the replay is exact; an auto
+    run adds the losers' pilots, ``auto_candidates - 1`` replays of its first ``pilot_rounds`` rounds.
+    """
+    from training.engine import derived_generator
+    from training.local import exit_steps
+    from training.run import build_setup
+
+    s = build_setup(config)
+    flops = getattr(s.engine.trainer, "exit_flops", None)
+    per_round = []
+    for t in range(1, config.rounds + 1):
+        row = [0] * len(s.clients)
+        for i, e in s.engine.chooser.choose(t, derived_generator(config.seed, t)):
+            row[i] += exit_steps(s.steps, flops, s.clients[i].max_exit, e)
+        per_round.append(row)
+    per_node = {c.id: sum(r[k] for r in per_round) for k, c in enumerate(s.clients)}
+    discarded = (auto_candidates - 1) * sum(sum(r) for r in per_round[:pilot_rounds])
+    root = next(n.id for n in s.spec.nodes if n.parent is None)
+    return {
+        "total": sum(per_node.values()) + discarded,
+        "root": per_node[root],
+        "per_node": per_node,
+        "discarded_pilots": discarded,
+        "source": "replayed from the run's config (issue 22): the run predates recorded steps",
+    }
+
+
+def evaluate(run: Path, serving: str) -> tuple[float, float]:
+    """(test, validation) CIS accuracy (%) of a finished run under another serving setting."""
     from cis.spec import parse_spec
     from cis.topologies import apply_serving, parse_serving
     from training.run import evaluate_run
 
     meta = json.loads((run / "checkpoint.json").read_text())
     spec = apply_serving(parse_spec(meta["spec"]), parse_serving(serving, 3))
-    return 100 * evaluate_run(run, spec)["cis_accuracy"]
+    got = evaluate_run(run, spec)
+    return 100 * got["cis_accuracy"], 100 * got["val_cis_accuracy"]
 
 
 def common_args(ap: argparse.ArgumentParser, rounds: int = 60, local_epochs: float = 0.25) -> None:

@@ -55,7 +55,8 @@ SETTINGS = ["80-15-5", "33-33-33", "5-15-80"]
 ALGORITHMS = ["printed", "authors-code"]
 AUTO_SLACK = 0.5  # issue 22: auto's mean within 0.5 point of the best fixed strategy's, in every cell
 AUTO_STEPS = 1.1  # ... at no more than 1.1x a fixed strategy's SGD steps
-STRATEGIES = ["equal", "flops", "serving-rate", "balanced-adj", "auto"]
+STRATEGIES = ["equal", "flops", "serving-rate", "balanced-adj", "serving-ramp", "balanced-ramp", "auto"]
+EQUAL_AT_33 = ("serving-rate", "serving-ramp")  # at 33-33-33 these ARE equal weighting: its runs stand for them
 SHARED = ("equal", "flops")  # weights independent of the serving setting: trained once per seed
 LARGE = {
     "serving": "80-15-5",
@@ -119,8 +120,9 @@ def campaign(
         run = runs / f"seed{seed}" / name
         summary = train(run, dataset, strategy, trained_for, args, **extra)
         settings = SETTINGS if strategy in SHARED else [trained_for]
-        accuracy = {s: (evaluate(run, s) if s != trained_for else 100 * summary["cis_accuracy"]) for s in settings}
-        record = run_record(run, summary, seed, strategy, trained_for, accuracy, algorithm)
+        both = {s: evaluate(run, s) for s in settings}  # (test, validation) per setting
+        record = run_record(run, summary, seed, strategy, trained_for, {s: t for s, (t, _) in both.items()}, algorithm)
+        record["val_cis_accuracy"] = {s: v for s, (_, v) in both.items()}
         save_run(path, record, args.commit)
         on_run()
 
@@ -140,8 +142,21 @@ def collect(out: Path, seeds: list[int]) -> dict[str, dict[str, dict[str, dict[i
             table.setdefault(r["strategy"], {}).setdefault(serving, {})[r["seed"]] = acc
     for table in tables.values():
         if "33-33-33" in table.get("equal", {}):
-            table.setdefault("serving-rate", {})["33-33-33"] = dict(table["equal"]["33-33-33"])
+            for same in EQUAL_AT_33:
+                table.setdefault(same, {})["33-33-33"] = dict(table["equal"]["33-33-33"])
     return tables
+
+
+def val_summary(out: Path, seeds: list[int]) -> dict[str, dict[str, dict[str, dict]]]:
+    """{algorithm: {strategy: {serving: mean ± sd}}} of the validation CIS accuracy: what a choice may look at."""
+    got: dict[tuple, list[float]] = {}
+    for r in run_files(out, seeds):
+        for serving, v in (r.get("val_cis_accuracy") or {}).items():
+            got.setdefault((r["algorithm"], r["strategy"], serving), []).append(v)
+    table: dict[str, dict[str, dict[str, dict]]] = {}
+    for (algorithm, strategy, serving), vals in got.items():
+        table.setdefault(algorithm, {}).setdefault(strategy, {})[serving] = {**stats(vals)}
+    return table
 
 
 def collect_steps(out: Path, seeds: list[int]) -> dict[str, dict[str, dict[str, dict]]]:
@@ -177,8 +192,8 @@ def summarise(table: dict, seeds: list[int], settings: list[str]) -> dict:
                     **paired([got[s] for s in both], [base[s] for s in both]),
                     "seeds": both,
                 }
-    identical = ("serving-rate", "33-33-33")  # serving-rate at 33-33-33 IS equal: not a comparison
-    add_holm({f"{k} {x}": c for k, cells in vs_equal.items() for x, c in cells.items() if (k, x) != identical})
+    same = {(k, "33-33-33") for k in EQUAL_AT_33}  # these ARE equal weighting: not a comparison
+    add_holm({f"{k} {x}": c for k, cells in vs_equal.items() for x, c in cells.items() if (k, x) not in same})
     return {"per_seed": per_seed, "summary": summary, "paired_vs_equal": vs_equal}
 
 
@@ -296,6 +311,9 @@ def write_report(stem: str, result: dict, settings: list[str], title: str, note:
                 f"| {x} | {g['auto_mean']:.1f} | {g['best_fixed']} {g['best_mean']:.1f} ± {g['best_sd']:.1f} | "
                 f"{g['bar']:.1f} | {ratio} | {'yes' if g['met'] else 'NO'} | {chose} |"
             )
+    for algorithm, summary in result.get("val_summary", {}).items():
+        lines += ["", f"Validation CIS accuracy (%), runs that record it ({algorithm}):\n"]
+        lines += accuracy_rows(summary, settings, paper=False)
     if result.get("sgd_steps"):
         lines += ["", "SGD steps per run (mean over the run files that record them):\n"]
         lines += steps_rows(result["sgd_steps"], settings)
@@ -360,6 +378,7 @@ def report(out: Path, large_out: Path, stem: str) -> dict:
         **by_algorithm(tables, seeds, SETTINGS),
         "sgd_steps": steps,
     }
+    result["val_summary"] = val_summary(out, seeds)
     result["auto_goal"] = auto_goal(result["summary"].get("printed", {}), SETTINGS, steps.get("printed"))
     result["auto_choices"] = auto_choices(out)
     note = (
@@ -410,6 +429,13 @@ def main() -> None:
         help="Algorithm 1 as printed (default) or as the authors' code runs it (run files end in _authors-code)",
     )
     ap.add_argument(
+        "--dev",
+        action="store_true",
+        help="development seeds (default 6,7) into table1_dev, for choosing on the validation split; never in the "
+        "table",
+    )
+    ap.add_argument("--settings", default=",".join(SETTINGS), help="comma-separated serving settings to train")
+    ap.add_argument(
         "--large",
         action="store_true",
         help="the 80-15-5 cell at a larger scale (width 0.25, 100 rounds, "
@@ -417,7 +443,9 @@ def main() -> None:
     )
     args = ap.parse_args()
     quick(args)
-    stem = "table1_quick" if args.quick else "table1"
+    stem = "table1_quick" if args.quick else "table1_dev" if args.dev else "table1"
+    if args.dev and "--seeds" not in {a.split("=")[0] for a in sys.argv[1:]}:
+        args.seeds = "6,7"
     out, large_out = RESULTS / stem, RESULTS / f"{stem}_large"
     if args.large:
         given = {a.split("=")[0] for a in sys.argv[1:]}
@@ -441,9 +469,9 @@ def main() -> None:
             cells = [(s, "33-33-33") for s in strategies if s in SHARED]
             cells += [
                 (s, x)
-                for x in SETTINGS
+                for x in [x for x in SETTINGS if x in args.settings.split(",")]
                 for s in strategies
-                if s not in SHARED and not (s == "serving-rate" and x == "33-33-33")
+                if s not in SHARED and not (s in EQUAL_AT_33 and x == "33-33-33")
             ]
         campaign(args, dataset, runs, target, cells, seeds_of(args), on_run=lambda: report(out, large_out, stem))
     report(out, large_out, stem)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -65,16 +65,15 @@ def measure(
     connect: Sequence[str] = (),
     window: float | None = None,
     timeout: float = 1.0,
-    say: Callable[[str], None] | None = None,
 ) -> Measurement:
     """Read SOURCE (see the module doc), or the live nodes at ``connect``; ``spec`` gives the tree when the
     source does not (a requests file needs it; a metrics URL does where its labels do not name the parent).
-    ``say`` hears a line once the first of two live snapshots is taken."""
+    Between two live snapshots it logs (INFO) that the first was taken."""
     window = check_window(window)
     if connect:
         if source is not None:
             raise CisError("--measured SOURCE and --connect ADDR: give one of them")
-        return live.measure_addresses(list(connect), spec, window, timeout, say)
+        return live.measure_addresses(list(connect), spec, window, timeout)
     if source is None:
         raise CisError("nothing to measure; expected --measured SOURCE or --connect ADDR")
     path = Path(source)
@@ -83,7 +82,7 @@ def measure(
         nodes = _cluster_nodes(cluster)
         tree = {i: (int(v["exit"]), v["parent"]) for i, v in nodes.items()}
         targets = {i: v["address"] for i, v in nodes.items()}
-        return live.measure_status(str(cluster), targets, tree, window, timeout, say)
+        return live.measure_status(str(cluster), targets, tree, window, timeout)
     if not path.is_file():
         raise CisError(
             f"{source}: not found; expected a spec (.toml), a log folder of 'cis serve --all', a requests file (.csv) "
@@ -104,7 +103,7 @@ def measure(
             raise CisError(f"{source}: node {n.id!r} has no address; expected one to ask for its status")
         targets[n.id] = n.address
     tree = {n.id: (n.exit, n.parent) for n in live_spec.nodes}
-    return live.measure_status(source, targets, tree, window, timeout, say)
+    return live.measure_status(source, targets, tree, window, timeout)
 
 
 def design_of(source: str | None) -> tuple[CisSpec, str] | None:
@@ -198,7 +197,7 @@ def read_requests_file(path: str | Path, spec: CisSpec, window: float | None = N
             arrived[entry] += 1
             per = pairs.setdefault((entry, node), {})
             per[int(ex)] = per.get(int(ex), 0) + 1
-    served = {i: {} for i in spec.ids}
+    served: dict[str, dict[int, int]] = {i: {} for i in spec.ids}
     forwarded = {i: 0 for i in spec.ids}
     for (entry, node), per in pairs.items():
         way = [n.id for n in spec.path_to_root(entry)]

@@ -62,7 +62,7 @@ def status_reader(targets: Mapping[str, str], timeout: float) -> Read:
 
 def metrics_reader(urls: Sequence[str], timeout: float) -> Read:
     """Scrape each node's /metrics: cis_samples_total{exit}, cis_forwarded_total - cis_forward_failed_total,
-    the node's id, exit and parent from its info metric."""
+    the node's id and exit from cis_node_info, its parent's id from cis_build_info (else cis_node_info's address)."""
 
     def read() -> dict[str, Reading]:
         out = {}
@@ -91,6 +91,7 @@ def _parse_metrics(text: str, url: str) -> Reading:
     per_exit: dict[int, int] = {}
     forwarded = failed = restarts = 0
     info: dict[str, str] | None = None
+    parent_id: str | None = None
     try:
         for family in text_string_to_metric_families(text):
             for s in family.samples:
@@ -102,32 +103,32 @@ def _parse_metrics(text: str, url: str) -> Reading:
                     failed = int(s.value)
                 elif s.name in ("cis_restarts", "cis_restarts_total"):
                     restarts = int(s.value)
-                elif s.name.endswith("_info") and {"node", "exit"} <= set(s.labels) and info is None:
+                elif s.name == "cis_node_info":
                     info = dict(s.labels)
+                elif s.name == "cis_build_info" and "parent" in s.labels:
+                    parent_id = s.labels["parent"]
     except (ValueError, KeyError) as exc:
         raise CisError(f"{url}: not Prometheus text of a cis node ({exc})") from None
     if info is None:
         raise CisError(f"{url}: no cis_node_info metric; expected the /metrics of a cis node that serves")
     exit_ = int(info["exit"])
     per_exit.setdefault(exit_, 0)
-    return Reading(info["node"], exit_, None, info.get("parent") or None, per_exit, forwarded - failed, restarts, None)
+    parent = parent_id if parent_id is not None else info.get("parent")
+    return Reading(info["node"], exit_, None, parent or None, per_exit, forwarded - failed, restarts, None)
 
 
 # ---------------------------------------------------------------- measuring
 
 
-Say = Callable[[str], None] | None
-
-
 def measure_status(
-    source: str, targets: Mapping[str, str], tree: Tree, window: float | None, timeout: float, say: Say = None
+    source: str, targets: Mapping[str, str], tree: Tree, window: float | None, timeout: float
 ) -> Measurement:
     """The live tree ``tree`` whose nodes answer at ``targets``, through their status."""
-    return _measure(source, "status", status_reader(targets, timeout), tree, window, say)
+    return _measure(source, "status", status_reader(targets, timeout), tree, window)
 
 
 def measure_addresses(
-    addresses: list[str], spec: CisSpec | None, window: float | None, timeout: float, say: Say = None
+    addresses: list[str], spec: CisSpec | None, window: float | None, timeout: float
 ) -> Measurement:
     """``cis rates --connect``: ZeroMQ addresses (status) or http(s) /metrics URLs; the tree from ``spec``,
     else from what the nodes say about their parents."""
@@ -139,20 +140,18 @@ def measure_addresses(
     if urls:
         if window is None:
             raise CisError("--connect URL: /metrics counters carry no start time; pass --window SECONDS")
-        return _measure(source, "metrics", metrics_reader(urls, timeout), tree, window, say)
-    return _measure(source, "status", status_reader({a: a for a in addresses}, timeout), tree, window, say)
+        return _measure(source, "metrics", metrics_reader(urls, timeout), tree, window)
+    return _measure(source, "status", status_reader({a: a for a in addresses}, timeout), tree, window)
 
 
-def _measure(source: str, kind: str, read: Read, tree: Tree | None, window: float | None, say: Say) -> Measurement:
+def _measure(source: str, kind: str, read: Read, tree: Tree | None, window: float | None) -> Measurement:
     t0 = time.monotonic()
     first = read()
     if window is None:
         last, seconds = first, max(r.uptime or 0.0 for r in first.values())
         how = "counters since the nodes started, over the longest uptime"
     else:
-        log.info("measuring %s: first snapshot taken, the second in %g s", source, window)
-        if say is not None:
-            say(f"first snapshot of {len(first)} nodes taken; the second in {window:g} s")
+        log.info("measuring %s: first snapshot of %d nodes taken; the second in %g s", source, len(first), window)
         time.sleep(max(0.0, t0 + window - time.monotonic()))
         t1 = time.monotonic()
         last, seconds = read(), t1 - t0

@@ -111,6 +111,7 @@ class ExitPolicy:
         """(serve mask, new state) after one exit's logits, for requests arriving with ``state``."""
         if not self.uses_patience:
             raise CisError(f"exit policy {self.measure!r}: thresholds decide, not patience")
+        assert self.patience is not None  # uses_patience: p is set
         new, done = patience_rule.step(state, logits, self.patience, last=last)
         return done, new
 
@@ -246,12 +247,10 @@ def route(
             if len(idx):
                 boundary[node.id] = _boundary(c, served, w)
         keep = served > 0
-        (
-            out_s.append(idx[keep]),
-            out_n.append(np.full(keep.sum(), ids.index(node.id))),
-            out_e.append(np.full(keep.sum(), node.exit)),
-            out_w.append(served[keep]),
-        )
+        out_s.append(idx[keep])
+        out_n.append(np.full(keep.sum(), ids.index(node.id)))
+        out_e.append(np.full(keep.sum(), node.exit))
+        out_w.append(served[keep])
         rest = w - served
         fwd = rest > 1e-12
         if node.parent is not None and fwd.any():

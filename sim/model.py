@@ -199,6 +199,7 @@ def request(env: simpy.Environment, model: Model, rid: int, station: Station, ro
             model.log.add(rid, entry, station.index, exit_, model.outcome(row, exit_), arrived, env.now + back)
             return
         station.forwarded += 1
+        assert station.uplink is not None and station.parent is not None  # only a station with a parent forwards
         delay = station.uplink.delay(env.now, model.payloads[done])
         back += rtt / 2
         delay += rtt / 2
@@ -229,7 +230,7 @@ def build(plan: Plan) -> tuple[Model, list[tuple[Station, Iterator[float], Itera
     rngs = iter(spawn(config.seed, 4 * len(spec.nodes) + 1))
     trace = (
         read_trace(config.trace, {n.id: n.arrival_rate for n in spec.nodes}, next(rngs))
-        if config.arrivals == "trace"
+        if config.arrivals == "trace" and config.trace is not None  # SimConfig: a trace names its file
         else None
     )
     stations: dict[str, Station] = {}
@@ -279,6 +280,7 @@ def _keeper(plan: Plan, node_id: str, rng: np.random.Generator) -> Callable[[int
     """With a profile, the policy's precomputed decision per row; without, a draw against the node's share."""
     if plan.masks is not None:
         return plan.masks[node_id].__getitem__
+    assert plan.shares is not None  # no profile: the plan has the shares
     share, draws = plan.shares[node_id], uniforms(rng)
     return lambda _row: next(draws) < share
 
@@ -313,6 +315,7 @@ def run_model(plan: Plan) -> Model:
         return model
     by_requests = plan.config.requests is not None
     total = plan.config.requests if by_requests else plan.config.duration
+    assert total is not None  # a request count or a duration bounds every run (SimConfig)
     with tqdm(total=total, unit="req" if by_requests else "s", desc="simulate", leave=False, disable=None) as bar:
         try:
             while True:

@@ -103,6 +103,7 @@ def summarise(plan: Plan, model: Model, requests: dict[str, np.ndarray]) -> dict
 def _decision(plan: Plan) -> dict:
     if plan.policy is not None:
         kind = "patience" if plan.policy.uses_patience else "thresholds"
+        assert plan.profile is not None  # a policy comes with the bundle's profile
         return {"kind": kind, **plan.policy.to_json(), "profile_samples": plan.profile.samples}
     return {"kind": "shares", "shares": plan.shares}
 

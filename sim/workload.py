@@ -169,6 +169,7 @@ def patience_exits(policy: ExitPolicy, profile: Profile) -> np.ndarray:
             "simulate: the bundle's profile has no 'predicted' classes, which the patience rule needs; re-export the "
             "bundle"
         )
+    assert policy.patience is not None  # a patience policy has its p
     return patience_rule.exit_points_from_labels(profile.predicted, int(policy.patience))
 
 

@@ -66,3 +66,27 @@ def test_gradient_variance_per_exit_is_positive_and_leaves_model_untouched():
     var = gradient_variance(model, x, y, batch_size=16, max_batches=6)
     assert len(var) == 3 and all(v > 0 for v in var)
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_ramps_start_equal_and_end_at_their_target():
+    from training.strategies import ramp_weights
+
+    lam = [5.0, 15.0, 80.0]
+    w = make_weights("serving-ramp", 3, total_rounds=20, exit_serving_rate=lam)
+    assert np.allclose(w.at(1), [1 / 3] * 3)  # t/T = 0.05 caps every exit: equal
+    assert np.allclose(w.at(20), np.array(lam) / 100)  # the serving-rate weights at the last round
+    mid = w.at(10)  # min(0.5, [0.0625, 0.1875, 1]) normalised
+    assert np.allclose(mid, np.array([0.0625, 0.1875, 0.5]) / 0.75)
+    # flops is the same schedule with the FLOPs as its target
+    assert np.allclose(flops_weights([1, 4, 8], 3, 10), ramp_weights([1, 4, 8], 3, 10))
+    # at 33-33-33 the serving ramp IS equal weight in every round
+    flat = make_weights("serving-ramp", 3, total_rounds=10, exit_serving_rate=[1, 1, 1])
+    assert all(np.allclose(flat.at(t), [1 / 3] * 3) for t in range(1, 11))
+
+
+def test_balanced_ramp_ends_at_balanced_adj():
+    matrix = np.eye(3)[[2, 1, 0]]
+    kw = dict(exit_serving_rate=[80, 15, 5], sigma=[0.01, 0.005, 0.006], matrix=matrix, sizes=[10, 10, 10])
+    target = make_weights("balanced-adj", 3, **kw).constant
+    w = make_weights("balanced-ramp", 3, total_rounds=4, **kw)
+    assert np.allclose(w.at(4), target) and np.allclose(w.at(1), [1 / 3] * 3)

@@ -54,12 +54,14 @@ def cis_report(
     target_exit = rates.exit_share
     target_node = {n: s / rates.total if rates.total > 0 else 0.0 for n, s in rates.serving_rate.items()}
     quota = evaluate_cis(spec, test_logits, test_labels, measure=measure, seed=seed)
+    val_quota = evaluate_cis(spec, val_logits, val_labels, measure=measure, seed=seed)
     policy = calibrate_thresholds(spec, exit_confidences(val_logits, measure), seed=seed, measure=measure)
     thresh = evaluate_cis(spec, test_logits, test_labels, policy=policy, seed=seed)
     return {
         "measure": measure,
         "exit_accuracy": {str(e): v for e, v in quota.exit_accuracy.items()},
         "cis_accuracy": quota.accuracy,
+        "val_cis_accuracy": val_quota.accuracy,  # the same on the validation split: what choices may look at
         "served_share_per_exit": {str(e): v for e, v in quota.exit_shares.items()},
         "target_share_per_exit": {str(e): v for e, v in target_exit.items()},
         "calibrated": {

@@ -13,6 +13,7 @@ RUN_DIR holds
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from collections.abc import Callable
@@ -43,6 +44,8 @@ from training.models import EarlyExitNet
 from training.partition import partition
 from training.strategies import AUTO_CANDIDATES, Weights, make_weights
 from training.warm_start import warm_start
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -137,7 +140,9 @@ def run_weights(
         raise CisError(f"config: exit_rates has {len(lam)} values; spec {spec.name!r} has {spec.num_exits} exits")
     sigma = config.sigma
     candidates = config.auto_candidates or list(AUTO_CANDIDATES)
-    needs_sigma = config.strategy == "balanced-adj" or (config.strategy == "auto" and "balanced-adj" in candidates)
+    needs_sigma = config.strategy in ("balanced-adj", "balanced-ramp") or (
+        config.strategy == "auto" and "balanced-adj" in candidates
+    )
     authors = config.algorithm == "authors-code"
     if needs_sigma and sigma is None and authors:
         sigma = appendix_c_sigma(model)
@@ -268,7 +273,7 @@ def train_run(
     resume: bool = False,
     progress: bool = True,
     stop_after: int | None = None,
-    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+    log: Callable[[str], None] = logger.info,
 ) -> dict:
     """Train (or resume) a run into ``out``; returns the summary (or a partial result when stopped)."""
     from tqdm import tqdm
@@ -297,7 +302,7 @@ def train_run(
         + ", ".join(f"exit {e + 1} {w:.4f}" for e, w in enumerate(w0))
         + (
             ""
-            if config.strategy != "flops"
+            if config.strategy not in ("flops", "serving-ramp", "balanced-ramp")
             else " (round 1; ramps to " + ", ".join(f"{w:.4f}" for w in s.weights.at(config.rounds)) + ")"
         )
     )

@@ -5,6 +5,10 @@
   al.'s SDN schedule as the authors' code uses it), renormalised: equal weights
   in the first round, growing into FLOPs proportions by the last.
 - ``serving-rate``: Lambda~ = Lambda (the spec's exit serving rates), normalised.
+- ``serving-ramp`` / ``balanced-ramp`` (beyond the paper; issue 22): flops's schedule with the
+  serving-rate (balanced-adj) weights as its target: weight_e = min(t/T, target_e / max target),
+  renormalised, so training starts at equal weights (every exit supervises the shared early
+  stages) and ends at the target weights.
 - ``balanced-adj``: the mean of the normalised serving rates and of
   opt_e proportional to 1 / (sigma_e * sqrt(sum_{i in C_e} (|S_i| / |S_{e,p}|)^2)),
   where sigma_e^2 is the per-exit gradient variance (training/grad_variance.py).
@@ -31,7 +35,8 @@ import numpy as np
 
 from cis.errors import CisError
 
-STRATEGIES = ("equal", "flops", "serving-rate", "balanced-adj", "explicit", "auto")
+STRATEGIES = ("equal", "flops", "serving-rate", "balanced-adj", "serving-ramp", "balanced-ramp", "explicit", "auto")
+RAMPS = {"serving-ramp": "serving-rate", "balanced-ramp": "balanced-adj"}  # a ramp strategy -> its target's
 AUTO_CANDIDATES = ("equal", "serving-rate", "balanced-adj")
 BALANCED_RULES = ("printed", "authors-code")
 APPENDIX_C_SIGMA = {  # the authors' code: ResNet-18 exits (residual blocks) -> the constants it squares as sigma_e
@@ -52,11 +57,16 @@ def equal_weights(num_exits: int) -> np.ndarray:
     return np.full(num_exits, 1.0 / num_exits)
 
 
+def ramp_weights(target: Sequence[float], t: int, total_rounds: int, what: str = "ramp weights") -> np.ndarray:
+    """min(t/T, target_e / max target), renormalised (t is 1-based): equal at first, the target's shape at t = T."""
+    f = np.asarray(target, dtype=np.float64)
+    tau = min(1.0, max(t, 1) / max(total_rounds, 1))
+    return normalise(np.minimum(tau, f / f.max()), what)
+
+
 def flops_weights(flops: Sequence[float], t: int, total_rounds: int) -> np.ndarray:
     """min(t/T, flops_e/flops_E), renormalised (t is 1-based)."""
-    f = np.asarray(flops, dtype=np.float64)
-    tau = min(1.0, max(t, 1) / max(total_rounds, 1))
-    return normalise(np.minimum(tau, f / f[-1]), "flops weights")
+    return ramp_weights(flops, t, total_rounds, "flops weights")
 
 
 def serving_rate_weights(exit_serving_rate: Sequence[float]) -> np.ndarray:
@@ -119,6 +129,7 @@ class Weights:
     total_rounds: int = 1
     details: dict = field(default_factory=dict)
     candidates: dict[str, np.ndarray] | None = None  # strategy auto: the weightings its pilots compare
+    ramp_to: np.ndarray | None = None  # serving-ramp / balanced-ramp: the weights the ramp ends at
 
     def choose(self, name: str) -> None:
         """Strategy auto: train with candidate ``name`` from now on."""
@@ -127,6 +138,8 @@ class Weights:
     def at(self, t: int) -> np.ndarray:
         if self.strategy == "flops":
             return flops_weights(self.flops, t, self.total_rounds)
+        if self.ramp_to is not None:
+            return ramp_weights(self.ramp_to, t, self.total_rounds)
         return self.constant
 
     def describe(self) -> dict:
@@ -175,6 +188,15 @@ def make_weights(
         return Weights(strategy, num_exits, kept[first], total_rounds=total_rounds, details=details, candidates=kept)
     if strategy == "equal":
         return Weights(strategy, num_exits, equal_weights(num_exits), total_rounds=total_rounds)
+    if strategy in RAMPS:
+        target = make_weights(
+            RAMPS[strategy], num_exits, exit_serving_rate=exit_serving_rate, sigma=sigma, matrix=matrix, sizes=sizes,
+            balanced_rule=balanced_rule, node_exits=node_exits,
+        )
+        return Weights(
+            strategy, num_exits, None, total_rounds=total_rounds, ramp_to=target.constant,
+            details={**target.details, "ramp_to": target.constant.tolist()},
+        )
     if strategy == "flops":
         if flops is None or len(flops) != num_exits:
             raise CisError(f"strategy flops: expected {num_exits} per-exit FLOPs")

@@ -33,10 +33,10 @@ at module level).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import shutil
 import signal
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +47,8 @@ import numpy as np
 from cis.app.calibration import calibrate_visits, warm_up
 from cis.errors import CisError
 from cis.metrics import write_requests
+
+log = logging.getLogger(__name__)
 
 DEFAULT_ROUNDS = 12
 QUICK_ROUNDS = 4
@@ -59,7 +61,7 @@ Log = Callable[[str], None]
 
 
 def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    log.info(line)
 
 
 # ---------------------------------------------------------------- pure helpers
@@ -137,7 +139,11 @@ def _sigterm_as_interrupt() -> Callable[[], None]:
         old = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     except ValueError:  # not the main thread
         return lambda: None
-    return lambda: signal.signal(signal.SIGTERM, old)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, old)
+
+    return restore
 
 
 def run_demo(

@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import logging
 from pathlib import Path
 
 from cis.cli import print_result
 from cis.errors import CisError
 from cis.spec import load_spec, parse_spec
+
+log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -68,7 +70,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _progress(msg: str) -> None:
-    print(f"cis export: {msg}", file=sys.stderr, flush=True)
+    log.info("cis export: %s", msg)  # the prefix as before logging, which scripts may grep for
 
 
 def run(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ normalisation). ``--out FILE.csv`` writes one row per sample, with the node it w
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 
 from cis.cli import print_result
 from cis.errors import CisError
@@ -54,7 +55,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cis.runtime.client import Client, infer_spread, summarize
+    from cis.runtime.client import Client, Result, infer_spread, summarize
     from cis.runtime.security import CurveConfig
 
     data = read_dataset(args)
@@ -62,6 +63,7 @@ def run(args: argparse.Namespace) -> int:
     if args.n is not None:
         x, y = x[: args.n], (None if y is None else y[: args.n])
     curve = CurveConfig(args.curve_key, None, args.server_key) if args.curve_key else None
+    results: Sequence[Result | None]
     if args.connect:
         with Client(args.connect, timeout=args.timeout, curve=curve) as c:
             results = c.infer_many(

@@ -7,7 +7,6 @@ measurement (:mod:`cis.measured`); ``--connect ADDR`` asks live nodes by address
 from __future__ import annotations
 
 import argparse
-import sys
 
 from cis.cli import print_result
 from cis.errors import CisError
@@ -47,10 +46,7 @@ def run(args: argparse.Namespace) -> int:
         return _calculus(args, spec)
     from cis.measured import design_of, measure
 
-    def say(line: str) -> None:
-        print(f"cis rates: {line}", file=sys.stderr, flush=True)
-
-    m = measure(args.measured, spec, args.connect or (), args.window, args.timeout, say)
+    m = measure(args.measured, spec, args.connect or (), args.window, args.timeout)
     design = (spec, args.spec) if spec is not None else design_of(args.measured)
     result = measured_json(m, *(design or (None, None)))
     print_result(args, result, _measured_text(result))

@@ -174,10 +174,10 @@ def run(args: argparse.Namespace) -> int:
         progress=True,
     )
     if args.sweep:
-        result = sweep(spec, config, parse_sweep(args.sweep), args.bundle, args.slo_p99, args.jobs)
+        swept = sweep(spec, config, parse_sweep(args.sweep), args.bundle, args.slo_p99, args.jobs)
         if args.out:
-            write_sweep(args.out, result)
-        print_result(args, result, capacity_table(result))
+            write_sweep(args.out, swept)
+        print_result(args, swept, capacity_table(swept))
         return 0
     if args.slo_p99 is not None or args.jobs is not None:
         raise CisError("--slo-p99 and --jobs apply to --sweep; expected --sweep arrival_rate=LIST with them")

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+import logging
 from pathlib import Path
+from typing import Any
 
 from cis.cli import print_result
 from cis.errors import CisError
@@ -222,7 +223,7 @@ def run(args: argparse.Namespace) -> int:
 
         config = make_config(*_with_options(read_config_file(args.config) if args.config else {}, flags, options))
         var = measure_grad_variance(config)
-        result = {
+        result: dict[str, Any] = {
             "dataset": config.dataset,
             "width": config.width,
             "grad_variance": var,
@@ -267,7 +268,7 @@ def run(args: argparse.Namespace) -> int:
         if options:
             from training.methods.registry import resolve_options
 
-            given = resolve_options(config.method, options)
+            given = resolve_options(config.method, options) or {}
             for k in options:
                 if given[k] != (config.options or {}).get(k):
                     raise CisError(
@@ -285,7 +286,7 @@ def run(args: argparse.Namespace) -> int:
         if args.rates_from:
             flags.update(_measured_rates(args, {**file_values, **flags}))
         config = make_config(*_with_options(file_values, flags, options))
-    log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr))
+    log = (lambda s: None) if args.json else logging.getLogger(__name__).info
     from training.device import run_device
 
     run_device(config)  # --device cuda without a GPU: one line before anything is written
@@ -354,7 +355,7 @@ def _option_flags(args: argparse.Namespace) -> dict:
     """--option KEY=VALUE items, then the named method flags (which win)."""
     from training.methods.registry import parse_option_flags
 
-    options = parse_option_flags(args.option)
+    options: dict[str, Any] = parse_option_flags(args.option)
     if args.no_distill:
         options["distill"] = False
     if args.no_modulation:

@@ -79,9 +79,9 @@ REQUEST_COLUMNS = ("id", "entry", "node", "exit", "outcome", "correct", "arrive_
 """id: the request (a runtime replay: the sample's index); entry: the node it arrived at; node: where it was
 served (or dropped); exit: the exit that served it (empty unless served); outcome: served | dropped (a full
 queue, simulator) | error (no answer, runtime); correct: 1 or 0 (empty when unknown); arrive_s, finish_s: the
-simulator's clock (empty for the runtime); latency_s: end to end (to the drop for a dropped request; empty when
-unknown); flags: the runtime
-reply's flags (1 degraded, 2 capped; empty for the simulator)."""
+simulator's clock (a runtime replay: arrive_s is the send time from the first send, finish_s empty);
+latency_s: end to end (to the drop for a dropped request; empty when unknown); flags: the runtime reply's
+flags (1 degraded, 2 capped; empty for the simulator)."""
 OUTCOMES = ("served", "dropped", "error")
 _TIME_COLUMNS = frozenset(c for c in REQUEST_COLUMNS if c.endswith("_s"))
 

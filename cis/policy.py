@@ -307,11 +307,12 @@ def exit_correct(logits: Mapping[int, np.ndarray], labels: np.ndarray) -> dict[i
 
 
 def calibrate_thresholds(
-    spec: CisSpec, conf: Mapping[int, np.ndarray], seed: int = 0, measure: str | None = None
+    spec: CisSpec, conf: Mapping[int, np.ndarray], seed: int = 0, measure: str | None = None, rates: Rates | None = None
 ) -> ExitPolicy:
-    """Per-node thresholds that make each node serve its target share on this (validation) data."""
+    """Per-node thresholds that make each node serve its target share on this (validation) data: the served
+    fraction f_i of the spec's calculus, or of ``rates`` (measured ones: ``cis export --rates-from``)."""
     n = len(next(iter(conf.values())))
-    routing = route(spec, conf, assign_entries(spec, n, seed), quota_decider(spec))
+    routing = route(spec, conf, assign_entries(spec, n, seed), quota_decider(spec, rates))
     thresholds = {node.id: routing.boundary.get(node.id, math.inf) for node in spec.nodes}
     thresholds[spec.root.id] = -math.inf
     return ExitPolicy(measure or spec.confidence, thresholds)

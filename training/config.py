@@ -89,6 +89,9 @@ class RunConfig:
     threads: int | None = None
     device: str = "auto"  # auto (cuda when torch sees a GPU) | cpu | cuda | cuda:K
     amp: str = "off"  # off | bf16: the local steps under torch.autocast(bfloat16)
+    init: str | None = None  # a run dir whose weights start the model: a fine-tune (training/warm_start.py)
+    rates_from: str | None = None  # where exit_rates were measured (cis train --rates-from SOURCE; cis.measured)
+    exit_rates: list[float] | None = None  # measured Lambda_e per exit: the weights' serving rates, not the calculus
 
     @property
     def dataset_name(self) -> str:
@@ -172,6 +175,13 @@ class RunConfig:
             raise bad("device", f"one of {', '.join(DEVICES)} or cuda:K")
         if self.amp not in AMP_MODES:
             raise bad("amp", " or ".join(repr(a) for a in AMP_MODES))
+        rates = self.exit_rates
+        if rates is not None and (
+            not isinstance(rates, list)
+            or any(isinstance(r, bool) or not isinstance(r, (int, float)) or not r >= 0 for r in rates)
+            or not sum(rates) > 0
+        ):
+            raise bad("exit_rates", "a list of requests/s per exit, >= 0 with a positive sum")
 
     def _check_authors_code(self, bad) -> None:
         """The authors' code has one aggregation: multiply by p_ce, line 12's coefficients, literal BatchNorm."""

@@ -43,6 +43,7 @@ from training.methods.static_bn import refresh_statistics
 from training.models import EarlyExitNet
 from training.partition import partition
 from training.strategies import AUTO_CANDIDATES, Weights, make_weights
+from training.warm_start import warm_start
 
 logger = logging.getLogger(__name__)
 
@@ -134,8 +135,9 @@ def run_weights(
     log: Callable[[str], None],
 ) -> Weights:
     """The ``--strategy`` aggregation weights Lambda~ for this model and sampling matrix."""
-    rates = compute_rates(spec)
-    lam = [rates.exit_serving_rate[e] for e in range(1, spec.num_exits + 1)]
+    lam = config.exit_rates or [compute_rates(spec).exit_serving_rate[e] for e in range(1, spec.num_exits + 1)]
+    if len(lam) != spec.num_exits:
+        raise CisError(f"config: exit_rates has {len(lam)} values; spec {spec.name!r} has {spec.num_exits} exits")
     sigma = config.sigma
     candidates = config.auto_candidates or list(AUTO_CANDIDATES)
     needs_sigma = config.strategy in ("balanced-adj", "balanced-ramp") or (
@@ -287,6 +289,8 @@ def train_run(
             raise CisError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
         out.mkdir(parents=True, exist_ok=True)
     s = build_setup(config, spec=spec, log=log)
+    if config.init and not resume:
+        warm_start(s.engine, config, log)
     if not resume:
         write_json(out / "config.json", config.to_json())
         write_spec(s.spec, out / "spec.toml")

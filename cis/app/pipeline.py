@@ -357,6 +357,8 @@ def write_runtime(
     folder.mkdir(parents=True, exist_ok=True)
     entry_of = {int(i): nid for nid, idx in entries.items() for i in idx}
     answered = [r is not None and r.error is None for r in results]
+    sent = [r.sent if r is not None else math.nan for r in results]
+    start = np.nanmin(sent) if np.isfinite(sent).any() else 0.0
     write_requests(folder / "requests.csv", {
         "id": list(range(len(results))),
         "entry": [entry_of.get(i, "") for i in range(len(results))],
@@ -364,6 +366,7 @@ def write_runtime(
         "exit": [int(r.exit[0]) if ok else None for r, ok in zip(results, answered)],
         "outcome": ["served" if ok else "error" for ok in answered],
         "correct": [int(r.cls[0] == labels[i]) if ok else None for i, (r, ok) in enumerate(zip(results, answered))],
+        "arrive_s": [t - start if math.isfinite(t) else None for t in sent],
         "latency_s": [r.latency if ok else None for r, ok in zip(results, answered)],
         "flags": [int(r.flags[0]) if ok else None for r, ok in zip(results, answered)],
     })

@@ -11,6 +11,7 @@ One DEALER socket; not thread-safe (use one Client per thread).
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -44,6 +45,7 @@ class Result:
     served_by: list[str]
     latency: float  # seconds from send to reply, seen by the client
     error: ServerError | None = None
+    sent: float = math.nan  # time.perf_counter() when the request was sent (cis infer --out: sent_s)
 
     @property
     def degraded(self) -> np.ndarray:
@@ -78,7 +80,7 @@ class Result:
         ]
 
 
-def _error_result(n: int, err: ServerError, latency: float) -> Result:
+def _error_result(n: int, err: ServerError, latency: float, sent: float = math.nan) -> Result:
     return Result(
         np.full(n, -1, np.int64),
         np.zeros(n, np.float32),
@@ -87,6 +89,7 @@ def _error_result(n: int, err: ServerError, latency: float) -> Result:
         [""] * n,
         latency,
         err,
+        sent,
     )
 
 
@@ -153,11 +156,12 @@ class Client:
         t0, n = sent
         h = msg.head
         if isinstance(h, P.ErrorHeader):
-            return msg.id, _error_result(n, ServerError(h.code, h.message), now - t0)
+            return msg.id, _error_result(n, ServerError(h.code, h.message), now - t0, t0)
         assert isinstance(h, P.ResultHeader)
         t = msg.tensors
         return msg.id, Result(
-            t["class"].copy(), t["confidence"].copy(), t["exit"].copy(), t["flags"].copy(), h.served_by, now - t0
+            t["class"].copy(), t["confidence"].copy(), t["exit"].copy(), t["flags"].copy(), h.served_by, now - t0,
+            sent=t0,
         )
 
     @property
@@ -239,7 +243,7 @@ class Client:
                 results[rid] = res
             for rid, (t0, n) in self._expired(timeout):
                 results[rid] = _error_result(
-                    n, ServerError("timeout", f"no reply within {timeout:.1f} s"), time.perf_counter() - t0
+                    n, ServerError("timeout", f"no reply within {timeout:.1f} s"), time.perf_counter() - t0, t0
                 )
             while emitted < len(ids) and ids[emitted] in results:
                 yield results.pop(ids[emitted])
@@ -318,7 +322,7 @@ def infer_spread(
                 j = owner.pop((nid, rid), None)
                 if j is not None:
                     results[j] = _error_result(
-                        n, ServerError("timeout", f"no reply within {timeout:.1f} s"), time.perf_counter() - t0
+                        n, ServerError("timeout", f"no reply within {timeout:.1f} s"), time.perf_counter() - t0, t0
                     )
                     done += 1
     return results

@@ -275,7 +275,9 @@ class Cluster:
                 "last_exit": sup.last_exit,
                 "log": str(self.log_path(n.id)) if self.log_dir else None,
             }
-        return {"launcher_pid": os.getpid(), "nodes": nodes}
+        spec_file = str(Path(self.spec_file).resolve()) if self.spec_file else None  # what cis.measured compares with
+        bundle = str(Path(self.bundle).resolve())
+        return {"launcher_pid": os.getpid(), "spec": spec_file, "bundle": bundle, "nodes": nodes}
 
     def write_state(self) -> None:
         """LOG_DIR/cluster.json, replaced atomically."""

@@ -37,6 +37,8 @@ COMMANDS = [
     "inspect",
     "demo",
     "report",
+    "testbed",
+    "link",
 ]
 
 # commands that need more than the core install: command -> pip extra (cis/extras.py)

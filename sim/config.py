@@ -6,10 +6,13 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 from cis.errors import CisError
+from cis.faults import Fault, check_faults
 from cis.spec import CisSpec, Node
 from sim.arrivals import ARRIVALS
 
 SERVICES = ("exponential", "deterministic")
+WIRES = ("payload", "tcp")
+RUNTIME_MAX_BATCH = 32  # cis serve --max-batch's default
 DEFAULT_SERVICE_MEAN = 0.005  # seconds per stage on a speed-1 node, without a bundle
 DEFAULT_PAYLOAD_BYTES = 3072 * 4  # a 32x32x3 float32 image, without a bundle
 
@@ -46,6 +49,23 @@ class SimConfig:
     loopback: bool = False
     hop_rtt: tuple[float, ...] = ()
     visit_overhead: float = 0.0
+    # Micro-batches (cis serve --max-batch): a free worker takes up to max_batch waiting requests
+    # at once; None: the runtime's 32 with a bundle (its latency profile has batch times), 1 without.
+    max_batch: int | None = None
+    # What a forward puts on a link: "payload" (the carry; replies travel free) or "tcp" (the
+    # runtime's message, header included, in TCP/IPv4/Ethernet segments; replies cross the link
+    # too). link_burst: bytes a link may send at once after idling (tc tbf's burst; 0: none).
+    wire: str = "payload"
+    link_burst: float = 0.0
+    # Scheduled link faults (cis.faults) and the runtime's timers that decide what a fault costs:
+    # a forward waits forward_timeout per tier above; a child pings its parent every heartbeat s
+    # and calls it down after heartbeat_timeout s unheard; TCP retries a lost segment after rto s,
+    # doubling.
+    faults: tuple[Fault, ...] = ()
+    forward_timeout: float = 1.0
+    heartbeat: float = 0.2
+    heartbeat_timeout: float = 1.0
+    rto: float = 0.2
     progress: bool = False
 
     def to_json(self) -> dict:
@@ -83,6 +103,21 @@ def check_config(config: SimConfig, spec: CisSpec, with_bundle: bool) -> SimConf
             raise CisError(
                 f"simulate: {name} is {value}; expected seconds >= 0" + (" (--visit-cost)" if name == "hop_rtt" else "")
             )
+    if config.max_batch is not None and (isinstance(config.max_batch, bool) or config.max_batch < 1):
+        raise CisError(f"simulate: --max-batch is {config.max_batch}; expected an integer >= 1")
+    if config.wire not in WIRES:
+        raise CisError(f"simulate: --wire is {config.wire!r}; expected one of {', '.join(WIRES)}")
+    if not (math.isfinite(config.link_burst) and config.link_burst >= 0):
+        raise CisError(f"simulate: --link-burst is {config.link_burst}; expected bytes >= 0")
+    for value, flag in (
+        (config.forward_timeout, "--forward-timeout"),
+        (config.heartbeat, "--heartbeat"),
+        (config.heartbeat_timeout, "--heartbeat-timeout"),
+        (config.rto, "rto"),
+    ):
+        _positive(value, flag)
+    check_faults(config.faults, spec, "simulate: --faults")
+    max_batch = config.max_batch or (RUNTIME_MAX_BATCH if with_bundle else 1)
     service = config.service or ("deterministic" if with_bundle else "exponential")
     if service not in SERVICES:
         raise CisError(f"simulate: --service is {service!r}; expected one of {', '.join(SERVICES)}")
@@ -96,7 +131,10 @@ def check_config(config: SimConfig, spec: CisSpec, with_bundle: bool) -> SimConf
             raise CisError(f"simulate: --share {node_id}={share}; expected a fraction in [0, 1]")
     if config.shares and with_bundle:
         raise CisError("simulate: --share applies without a bundle; with --bundle the thresholds decide")
-    return replace(config, service=service, hop_rtt=tuple(float(v) for v in config.hop_rtt))
+    return replace(
+        config, service=service, max_batch=max_batch, hop_rtt=tuple(float(v) for v in config.hop_rtt),
+        faults=tuple(sorted(config.faults, key=lambda f: f.at)),
+    )
 
 
 def _positive(value: float, flag: str) -> None:

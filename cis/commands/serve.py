@@ -304,7 +304,8 @@ def _run_all(args: argparse.Namespace, spec) -> int:
     signal.signal(signal.SIGINT, on_signal)
     # the launcher's readiness probes use the nodes' own key pair, which every node trusts
     probe = CurveConfig(args.curve_key, None, str(args.curve_key).removesuffix("_secret")) if args.curve_key else None
-    cluster = launch(
+    start = getattr(args, "start_cluster", None) or launch  # cis testbed: the same nodes, each in a namespace
+    cluster = start(
         args.bundle,
         spec,
         args.spec,
@@ -316,6 +317,7 @@ def _run_all(args: argparse.Namespace, spec) -> int:
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
     )
+    describe = getattr(cluster, "describe", lambda node=None: {})  # what a testbed adds (namespace, link)
     try:
         if args.json:
             print(
@@ -328,9 +330,11 @@ def _run_all(args: argparse.Namespace, spec) -> int:
                                 "parent": n.parent,
                                 "pid": cluster.procs[n.id].pid,
                                 "metrics": cluster.metrics.get(n.id),
+                                **describe(n.id),
                             }
                             for n in spec.nodes
-                        }
+                        },
+                        **describe(),
                     }
                 ),
                 flush=True,

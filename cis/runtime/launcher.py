@@ -121,6 +121,7 @@ class Cluster:
     metrics_ports: dict[str, int] = field(default_factory=dict)  # --metrics-port of each node (none: no metrics)
     metrics: dict[str, str] = field(default_factory=dict)  # each node's metrics URL (ends in /metrics)
     stopping: bool = False
+    node_prefix: dict[str, Sequence[str]] = field(default_factory=dict)  # a command before each node's (the testbed)
     say: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
 
     def command(self, node_id: str) -> list[str]:
@@ -145,7 +146,8 @@ class Cluster:
             cmd += ["--restarts", str(restarts)]
         if node_id in self.metrics_ports:
             cmd += ["--metrics-port", str(self.metrics_ports[node_id])]
-        return cmd + list(self.extra_args) + list(self.node_args.get(node_id, ()))
+        cmd += list(self.extra_args) + list(self.node_args.get(node_id, ()))
+        return [*self.node_prefix.get(node_id, ()), *cmd]
 
     def log_path(self, node_id: str) -> Path | None:
         return Path(self.log_dir) / f"{node_id}.log" if self.log_dir else None
@@ -311,11 +313,13 @@ def launch(
     curve: CurveConfig | None = None,
     metrics_port: int | None = None,
     metrics_host: str | None = None,
+    node_prefix: dict[str, Sequence[str]] | None = None,
 ) -> Cluster:
     """Start all nodes and wait until they serve; on failure, stop what was started.
 
     ``metrics_port``: every node serves /metrics and /healthz (see :func:`plan_metrics`);
-    ``metrics_host`` is passed on in ``extra_args`` by ``cis serve`` and only names the URLs here."""
+    ``metrics_host`` is passed on in ``extra_args`` by ``cis serve`` and only names the URLs here;
+    ``node_prefix`` runs each node's command behind a prefix (``ip netns exec NS``: :mod:`cis.testbed`)."""
     addresses = plan_addresses(spec, free_ports)
     ports, urls = plan_metrics(spec, addresses, metrics_port, metrics_host)
     cluster = Cluster(
@@ -329,6 +333,7 @@ def launch(
         curve=curve,
         metrics_ports=ports,
         metrics=urls,
+        node_prefix=dict(node_prefix or {}),
     )
     try:
         cluster.start_all()

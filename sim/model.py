@@ -241,6 +241,7 @@ def build(plan: Plan) -> tuple[Model, list[tuple[Station, Iterator[float], Itera
             _bucket(node, config.burst),
             config.visit_overhead,
             max_batch,
+            _slowdown(config.idle_slowdown),
         )
         stations[node.id] = station
         if plan.rows is not None:  # replay: this node's arrivals take these rows, in order
@@ -294,6 +295,14 @@ def _connect(spec: CisSpec, config: SimConfig, stations: dict[str, Station]) -> 
         else:
             up.up.set_rate(fault.at, fault.value)
             up.down.set_rate(fault.at, fault.value)
+
+
+def _slowdown(table: tuple[tuple[float, float], ...]) -> Callable[[float], float] | None:
+    """Idle seconds -> extra fraction of stage time, linear between the table's points (flat beyond them)."""
+    if not table:
+        return None
+    gaps, extra = zip(*sorted(table))
+    return lambda idle: float(np.interp(idle, gaps, extra))
 
 
 def _keeper(plan: Plan, node_id: str, rng: np.random.Generator) -> Callable[[int], bool]:

@@ -19,6 +19,7 @@ from sim.workload import (
     bundle_payloads,
     bundle_policy,
     bundle_profile,
+    check_stage_profiles,
     node_stage_profiles,
     patience_exits,
     patience_payload,
@@ -53,7 +54,7 @@ def plan_run(
     if (profile is not None or rows is not None) and bundle is None:
         raise CisError("simulate: a replayed profile or rows need a bundle (thresholds, service times, payloads)")
     if bundle is None:
-        per_stage = {n.id: [{1: config.service_mean}] * spec.num_exits for n in spec.nodes}
+        per_stage = _measured(spec, config) or {n.id: [{1: config.service_mean}] * spec.num_exits for n in spec.nodes}
         payloads = {k: config.payload_bytes for k in range(1, spec.num_exits + 1)}
         carries = {k: {"carry": np.zeros((1, config.payload_bytes), np.uint8)} for k in range(1, spec.num_exits)}
         return Plan(
@@ -66,7 +67,7 @@ def plan_run(
         if bad:
             raise CisError(f"simulate: replay row {bad[0]} is outside the profile's {profile.samples} samples")
     payloads = bundle_payloads(bundle, spec.num_exits)
-    tables = stage_tables(spec, node_stage_profiles(spec, bundle), config.max_batch)
+    tables = stage_tables(spec, _measured(spec, config) or node_stage_profiles(spec, bundle), config.max_batch)
     policy = bundle_policy(spec, bundle, profile, config.calibrate, config.seed)
     payloads = {k: b + patience_payload(policy) for k, b in payloads.items()}
     exit_at = patience_exits(policy, profile).tolist() if policy.uses_patience else None
@@ -82,6 +83,14 @@ def plan_run(
         rows=rows,
         exit_at=exit_at,
     )
+
+
+def _measured(spec: CisSpec, config: SimConfig) -> dict[str, list[dict[int, float]]] | None:
+    """Every node's stage times from ``config.latency_profile`` (measured where the nodes run), if given."""
+    if config.latency_profile is None:
+        return None
+    stages = check_stage_profiles(config.latency_profile, spec.num_exits, "simulate: --latency-profile")
+    return {n.id: stages for n in spec.nodes}
 
 
 def _wire(spec: CisSpec, config: SimConfig, carries: dict[int, dict[str, np.ndarray]]) -> tuple[dict | None, int]:

@@ -68,16 +68,21 @@ def bundle_stage_profiles(bundle: Bundle, num_exits: int, backend: str = "cpu") 
             f'{where}: cannot read ({exc.__class__.__name__}: {exc}); expected {{"stages": {{stage: {{batch: '
             f'seconds}}}}}}'
         ) from None
+    return check_stage_profiles(profile, num_exits, f"{where} ({backend})")
+
+
+def check_stage_profiles(profile: dict, num_exits: int, where: str) -> list[dict[int, float]]:
+    """``{stage: {batch: seconds}}`` as a list over stages 1..E, each with a batch-1 time, all seconds >= 0."""
     out = []
     for stage in range(1, num_exits + 1):
         points = profile.get(stage, {})
         t = points.get(1)
-        if t is None or not all(np.isfinite(v) and v >= 0 for v in points.values()):
+        if t is None or not all(isinstance(v, (int, float)) and np.isfinite(v) and v >= 0 for v in points.values()):
             raise CisError(
-                f"{where}: stage {stage} has batch-1 time {t!r} ({backend}); expected seconds >= 0 for every stage "
-                f"1..{num_exits} and batch size"
+                f"{where}: stage {stage} has batch-1 time {t!r}; expected seconds >= 0 for every stage 1..{num_exits} "
+                "and batch size"
             )
-        out.append(dict(points))
+        out.append({int(b): float(v) for b, v in points.items()})
     return out
 
 

@@ -1,0 +1,437 @@
+"""What benchmarks/twin_hard.py's regimes share: the pause, the bundles, calibration, loads, the twin.
+
+- :func:`paused`: stop other jobs (processes whose working directory is under a
+  path, e.g. the training campaign) for a measurement, and always resume them;
+- :func:`wide_cloud_bundle` (an untrained ViT whose last stage is 14 blocks wide,
+  its first two one block each) and :func:`digits_bundle` (the demo model, fp32
+  or int8 carries), cached under ``--work``;
+- :func:`profile_stages`: each stage's seconds per call by batch size, measured
+  on the core that runs it (the simulator's ``latency_profile``);
+- :func:`calibrate`: one light load on the live system gives the per-request
+  node work (the root's time in node beyond its stage) and the per-visit
+  messaging costs (what the answered requests' latency holds beyond stages and
+  node work, per node visited);
+- :func:`run_load`: Poisson arrivals sent to the leaves at their times;
+  :func:`summarise_runtime` / :func:`summarise_sim`: the same figures from the
+  runtime's answers and the simulator's log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from cis.metrics import latency_summary
+
+PERCENTILES = ("p50", "p95", "p99")
+
+
+# ---------------------------------------------------------------- other jobs off the cores while measuring
+
+
+def _pids_under(paths: list[str]) -> list[int]:
+    out = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cwd = os.readlink(proc / "cwd")
+        except OSError:
+            continue
+        if any(cwd == p or cwd.startswith(p.rstrip("/") + "/") for p in paths):
+            out.append(int(proc.name))
+    return out
+
+
+@contextlib.contextmanager
+def paused(paths: list[str]):
+    """SIGSTOP every process whose working directory is under one of ``paths``; SIGCONT them on the way out
+    (also on an exception or Ctrl-C). Yields the pids stopped."""
+    pids = _pids_under(paths) if paths else []
+    stopped = []
+    try:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+        if stopped:
+            time.sleep(0.5)  # let the cores go quiet
+        yield stopped
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def load_now() -> dict:
+    """The machine's load (1-minute average) and how busy each core was over the last 0.5 s."""
+    def ticks():
+        rows = [line.split() for line in Path("/proc/stat").read_text().splitlines() if line.startswith("cpu")]
+        return {r[0]: (sum(map(int, r[1:])), int(r[4]) + int(r[5])) for r in rows if r[0] != "cpu"}
+
+    a = ticks()
+    time.sleep(0.5)
+    b = ticks()
+    busy = {cpu: 1 - (b[cpu][1] - a[cpu][1]) / max(1, b[cpu][0] - a[cpu][0]) for cpu in a}
+    return {"load_avg_1m": os.getloadavg()[0], "busy": busy}
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- bundles
+
+
+def wide_cloud_bundle(work: Path, cifar: str) -> Path:
+    """An untrained ViT (dim 128, 16 blocks) cut after blocks 1, 2 and 16: the cloud's stage is 14 blocks; int8
+    carries (8 kB a forward instead of 33 kB: less copying on the shared core)."""
+    out = work / "wide-cloud"
+    if (out / "bundle" / "manifest.json").is_file():
+        return out / "bundle"
+    import torch
+
+    from cis.spec import spec_to_dict
+    from cis.topologies import make_spec
+    from export import export_bundle
+    from training.architectures import build_model
+    from training.checkpoint import save_checkpoint
+    from training.data import CIFAR10_MEAN, CIFAR10_STD
+
+    torch.manual_seed(0)
+    model = build_model({"arch": "vit", "exits": [1, 2, 16], "dim": 128, "depth": 16, "heads": 4}).eval()
+    meta = {
+        "classes": [str(i) for i in range(10)],
+        "normalisation": {"mean": list(CIFAR10_MEAN), "std": list(CIFAR10_STD)},
+        "dataset": f"cifar10:{cifar}",
+        "seed": 0,
+        "val_size": 200,
+        "spec": spec_to_dict(make_spec("paper-7", "0-0-100")),
+        "note": "untrained ViT with a wide last stage, for benchmarks/twin_hard.py",
+    }
+    save_checkpoint(out / "run", model, meta)
+    export_bundle(out / "run", out / "bundle", feature_dtype="int8", latency_repeats=3)
+    return out / "bundle"
+
+
+def digits_bundle(work: Path, feature_dtype: str) -> Path:
+    """The demo digits model (trained 300 steps), exported with ``feature_dtype`` carries."""
+    out = work / f"digits-{feature_dtype}"
+    if (out / "bundle" / "manifest.json").is_file():
+        return out / "bundle"
+    from export import export_bundle
+    from export.demo import make_demo_run
+
+    run = work / "digits-run"
+    if not (run / "meta.json").is_file() and not any(run.glob("*")):
+        make_demo_run(run, steps=300)
+    export_bundle(run, out / "bundle", feature_dtype=feature_dtype, latency_repeats=3)
+    return out / "bundle"
+
+
+def profile_stages(bundle_dir: Path, cores: dict[int, int], batches=(1, 2, 4, 8, 16, 32), repeats: int = 30) -> dict:
+    """{stage: {batch: mean seconds per call}}: each stage run alone (onnxruntime, one thread) on ``cores[stage]``,
+    the core its node runs on. The mean, not the median: a queue sees every slow call."""
+    from cis.bundle import load_bundle
+    from cis.stages import StageRunner
+    from export.profile import random_feeds
+
+    bundle = load_bundle(bundle_dir)
+    before = os.sched_getaffinity(0)
+    rng = np.random.default_rng(0)
+    out: dict[int, dict[int, float]] = {}
+    try:
+        for k in range(1, bundle.num_exits + 1):
+            os.sched_setaffinity(0, {cores[k]})
+            runner = StageRunner(bundle, k, threads=1)
+            out[k] = {}
+            for b in batches:
+                feeds = random_feeds(bundle.stage(k).inputs, b, rng)
+                for _ in range(3):
+                    runner.run(feeds)
+                times = []
+                for _ in range(max(5, repeats * 4 // b)):
+                    t0 = time.perf_counter()
+                    runner.run(feeds)
+                    times.append(time.perf_counter() - t0)
+                out[k][b] = float(np.mean(times))
+    finally:
+        os.sched_setaffinity(0, before)
+    return out
+
+
+# ---------------------------------------------------------------- loads
+
+
+def poisson_times(n: int, rate: float, seed: int) -> np.ndarray:
+    return np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate, n))
+
+
+def leaf_entries(spec, n: int, seed: int) -> dict[str, np.ndarray]:
+    """Request i goes to a leaf with arrivals, at random in proportion to their arrival rates."""
+    leaves = [node for node in spec.nodes if node.arrival_rate > 0]
+    p = np.array([node.arrival_rate for node in leaves])
+    pick = np.random.default_rng(seed + 7919).choice(len(leaves), size=n, p=p / p.sum())
+    return {node.id: np.flatnonzero(pick == j) for j, node in enumerate(leaves)}
+
+
+def run_load(addresses: dict, x: np.ndarray, spec, rate: float, seconds: float, seed: int) -> dict:
+    """Poisson arrivals at ``rate`` for ``seconds``; request i carries sample i mod len(x). Returns the
+    answers (in arrival order), the entries and the intended send times."""
+    from cis.runtime.client import Client, infer_spread
+
+    n = max(1, int(round(rate * seconds)))
+    times = poisson_times(n, rate, seed)
+    entries = leaf_entries(spec, n, seed)
+    xs = x[np.arange(n) % len(x)]
+    clients = {nid: Client(addresses[nid], timeout=30) for nid in entries}
+    try:
+        results = infer_spread(clients, xs, entries, window=max(64, n), timeout=30.0, times=times)
+    finally:
+        for c in clients.values():
+            c.close()
+    return {"results": results, "entries": entries, "times": times}
+
+
+def node_counters(addresses: dict, keys=("overloaded", "capped", "degraded", "batches", "requests")) -> dict:
+    from cis.runtime.client import Client
+
+    out = {}
+    for nid, addr in addresses.items():
+        with Client(addr) as c:
+            st = c.status(timeout=5)
+        out[nid] = {k: st.get(k, 0) for k in keys} | {"latency": st.get("latency")}
+    return out
+
+
+# ---------------------------------------------------------------- calibration at a light load
+
+
+def profile_idle(bundle_dir: Path, stage: int, core: int, gaps=(0.0, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3),
+                 repeats: int = 40) -> tuple[tuple[float, float], ...]:
+    """How much slower a stage runs after its core slept: ((idle seconds, extra fraction of the back-to-back
+    time), ...), the stage run at batch 1 on ``core`` after sleeping each gap (the simulator's idle_slowdown)."""
+    from cis.bundle import load_bundle
+    from cis.stages import StageRunner
+    from export.profile import random_feeds
+
+    bundle = load_bundle(bundle_dir)
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {core})
+    try:
+        runner = StageRunner(bundle, stage, threads=1)
+        feeds = random_feeds(bundle.stage(stage).inputs, 1, np.random.default_rng(0))
+        for _ in range(5):
+            runner.run(feeds)
+        means = {}
+        for gap in gaps:
+            times = []
+            for _ in range(repeats):
+                if gap:
+                    time.sleep(gap)
+                t0 = time.perf_counter()
+                runner.run(feeds)
+                times.append(time.perf_counter() - t0)
+            means[gap] = float(np.mean(times))
+    finally:
+        os.sched_setaffinity(0, before)
+    hot = means[gaps[0]]
+    return tuple((g, max(0.0, m / hot - 1)) for g, m in means.items())
+
+
+def node_work(bundle_dir: Path, entry: int, exit_: int, core: int, requests: int = 3000) -> float:
+    """Seconds of the runtime's own work per one-sample request at a root that runs stages entry..exit_, without
+    the stages: a FORWARD's frames decoded, admitted, batched alone, decided and its RESULT encoded, by the node's
+    executor (:class:`cis.runtime.executor.Executor`) with stages that cost nothing, hot, on ``core``. The
+    sockets' share (a receive and a send) is not in it."""
+    from cis.bundle import load_bundle
+    from cis.runtime import protocol as P
+    from cis.runtime.config import NodeConfig
+    from cis.runtime.executor import Executor
+
+    bundle = load_bundle(bundle_dir)
+
+    class Free:  # a stage that returns outputs of the right shapes at no cost
+        def __init__(self, k):
+            self.inputs, self.outputs = bundle.stage(k).inputs, bundle.stage(k).outputs
+            self.out = {t.name: np.zeros((1, *t.shape[1:]), t.dtype) for t in self.outputs}
+
+        def run(self, feeds):
+            return self.out
+
+    class Sink:
+        parent_up = True
+
+        def reply(self, req):
+            P.result_frames(req.req_id, req.n, req.cls, req.conf, req.exit, req.flags, req.served_by, "cloud")
+
+        def error(self, req, code, message):
+            raise RuntimeError(f"{code}: {message}")
+
+        def forward(self, pending, carry):
+            return False
+
+    ex = Executor(NodeConfig("cloud", exit_), {k: Free(k) for k in range(1, exit_ + 1)}, Sink())
+    carry = {t.name: np.zeros((1, *t.shape[1:]), t.dtype) for t in bundle.stage(entry).inputs}
+    frames = P.encode(P.FORWARD, 1, carry, stage=entry, deadline=2e9, route=["device0"], sender="device0")
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {core})
+    try:
+        for _ in range(200):
+            ex.admit([b"peer"], P.decode(frames, kinds=P.REQUEST_KINDS), 0.0)
+            ex.run_batch()
+        t0 = time.perf_counter()
+        for _ in range(requests):
+            ex.admit([b"peer"], P.decode(frames, kinds=P.REQUEST_KINDS), 0.0)
+            ex.run_batch()
+        return (time.perf_counter() - t0) / requests
+    finally:
+        os.sched_setaffinity(0, before)
+
+
+def expected_slowdown(table, rate: float) -> float:
+    """The mean extra fraction of a node that idles an exponential time with mean 1/rate between requests."""
+    if not table or rate <= 0:
+        return 0.0
+    gaps, extra = zip(*sorted(table))
+    idle = np.random.default_rng(0).exponential(1 / rate, 20000)
+    return float(np.mean(np.interp(idle, gaps, extra)))
+
+
+def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, float], rate: float, n: int,
+              seed: int, work: float, shape=()) -> dict:
+    """One light load on the live system: how much slower stages run after idling, and messaging per visit.
+
+    ``work`` is the node's own work per request (:func:`node_work`, measured hot). The root runs its
+    stages and nothing else, so its own latency (arrival at the node to the reply sent, ``status``)
+    beyond its stages' back-to-back time and that work is the stages' slowdown after idling: it
+    scales ``shape`` (the slowdown by idle time measured in-process, :func:`profile_idle`) to the
+    node, given the idle times a node has between requests at this load (exponential, at its
+    arrival rate). What each answered request's latency holds beyond stages and work at every node
+    it visited, per visit, is messaging (``hop_rtt``: sockets, wake-ups, the client, unshaped links)."""
+    from cis.app.calibration import warm_up
+    from cis.rates import compute_rates
+    from cis.runtime.client import Client
+
+    root = spec.root.id
+    clients = {nid: Client(addresses[nid]) for nid in addresses if spec.node(nid).arrival_rate > 0}
+    try:
+        warm_up(clients, x)
+    finally:
+        for c in clients.values():
+            c.close()
+    before = node_counters({root: addresses[root]})[root]["latency"]
+    load = run_load(addresses, x, spec, rate, n / rate, seed)
+    after = node_counters({root: addresses[root]})[root]["latency"]
+    served = after["count"] - before["count"]  # the node's window (4096 results) holds all of them: fresh nodes
+    in_node = (after["mean_s"] * after["count"] - (before["mean_s"] or 0.0) * before["count"]) / max(1, served)
+    scale_rate = rate / sum(node.arrival_rate for node in spec.nodes)
+    incoming = {nid: r * scale_rate for nid, r in compute_rates(spec).incoming.items()}
+
+    def entry_stage(nid: str) -> int:
+        kids = spec.children(nid)
+        return min(k.exit for k in kids) + 1 if kids else 1
+
+    def hot(nid: str, entry: int) -> float:
+        return sum(stage_seconds[k] for k in range(entry, spec.node(nid).exit + 1))
+
+    root_hot = hot(root, entry_stage(root))
+    typical = expected_slowdown(shape, incoming[root])
+    scale = max(0.0, (in_node - root_hot - work) / (root_hot * typical)) if served > 0 and typical > 0 else 0.0
+    slowdown = tuple((g, f * scale) for g, f in shape)
+    costs = []
+    for nid, idx in load["entries"].items():
+        path = [node.id for node in spec.path_to_root(nid)]
+        for i in idx:
+            r = load["results"][int(i)]
+            if r is None or r.error is not None or r.served_by[0] not in path:
+                continue
+            visited = path[: path.index(r.served_by[0]) + 1]
+            spent = 0.0
+            for j, v in enumerate(visited):
+                t = hot(v, 1 if j == 0 else spec.node(visited[j - 1]).exit + 1)
+                spent += t * (1 + expected_slowdown(slowdown, incoming[v])) + work
+            costs.append(max(0.0, (r.latency - spent) / len(visited)))
+    return {
+        "rate": rate,
+        "requests": n,
+        "root_requests": served,
+        "root_latency_mean_s": in_node,
+        "root_stages_hot_s": root_hot,
+        "visit_overhead_s": work,
+        "slowdown_scale": scale,
+        "idle_slowdown": [list(p) for p in slowdown],
+        "hop_rtt_s": costs,
+        "hop_rtt_median_s": float(np.median(costs)),
+        "hop_rtt_mean_s": float(np.mean(costs)),
+    }
+
+
+# ---------------------------------------------------------------- the same figures from runtime and simulator
+
+
+def _figures(latency: np.ndarray, exits: np.ndarray, flags: np.ndarray, num_exits: int, arrived: int) -> dict:
+    lat = latency_summary(latency)
+    return {
+        "arrived": arrived,
+        "answered": int(len(latency)),
+        "shares": {str(e): float(np.mean(exits == e)) if len(exits) else 0.0 for e in range(1, num_exits + 1)},
+        "degraded_share": float(np.mean(flags & 1 > 0)) if len(flags) else 0.0,
+        "capped_share": float(np.mean(flags & 2 > 0)) if len(flags) else 0.0,
+        "latency": {k: lat[f"{k}_s"] for k in ("mean", *PERCENTILES)},
+    }
+
+
+def summarise_runtime(load: dict, num_exits: int, window: tuple[float, float] | None = None) -> dict:
+    """Figures of the answered requests (those sent within ``window`` of the load, if given)."""
+    res, times = load["results"], load["times"]
+    keep = [i for i in range(len(res)) if window is None or window[0] <= times[i] < window[1]]
+    ok = [i for i in keep if res[i] is not None and res[i].error is None]
+    errors: dict[str, int] = {}
+    for i in keep:
+        if i not in set(ok):
+            code = "timeout" if res[i] is None else res[i].error.code
+            errors[code] = errors.get(code, 0) + 1
+    out = _figures(
+        np.array([res[i].latency for i in ok]),
+        np.array([int(res[i].exit[0]) for i in ok]),
+        np.array([int(res[i].flags[0]) for i in ok], dtype=np.uint8),
+        num_exits,
+        len(keep),
+    )
+    out["errors"] = errors
+    return out
+
+
+def summarise_sim(requests: dict, num_exits: int, window: tuple[float, float] | None = None) -> dict:
+    """The same figures from the simulator's request log (all runs pooled)."""
+    keep = np.ones(len(requests["arrive"]), bool)
+    if window is not None:
+        keep = (requests["arrive"] >= window[0]) & (requests["arrive"] < window[1])
+    served = keep & (requests["exit"] > 0)
+    out = _figures(
+        (requests["finish"] - requests["arrive"])[served],
+        requests["exit"][served],
+        requests["flags"][served],
+        num_exits,
+        int(keep.sum()),
+    )
+    out["errors"] = {"overloaded": int((keep & (requests["exit"] == 0)).sum())}
+    return out
+
+
+def pool(logs: list[dict]) -> dict:
+    """Several simulator runs' request logs as one (ids made unique)."""
+    return {k: np.concatenate([log[k] for log in logs]) for k in logs[0]}
+
+
+def rel(sim: float | None, runtime: float | None) -> float | None:
+    if sim is None or runtime is None or runtime == 0:
+        return None
+    return abs(sim - runtime) / abs(runtime)

@@ -126,7 +126,9 @@ def check_config(config: SimConfig, spec: CisSpec, with_bundle: bool) -> SimConf
     check_faults(config.faults, spec, "simulate: --faults")
     for point in config.idle_slowdown:
         if len(point) != 2 or not all(math.isfinite(v) and v >= 0 for v in point):
-            raise CisError(f"simulate: idle slowdown point {point!r}; expected (idle seconds >= 0, extra fraction >= 0)")
+            raise CisError(
+                f"simulate: idle slowdown point {point!r}; expected (idle seconds >= 0, extra fraction >= 0)"
+            )
     max_batch = config.max_batch or (RUNTIME_MAX_BATCH if with_bundle else 1)
     service = config.service or ("deterministic" if with_bundle else "exponential")
     if service not in SERVICES:

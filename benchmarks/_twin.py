@@ -7,8 +7,9 @@
   or int8 carries), cached under ``--work``;
 - :func:`profile_stages`: each stage's seconds per call by batch size, measured
   on the core that runs it (the simulator's ``latency_profile``);
-- :func:`calibrate`: one light load on the live system gives the per-request
-  node work (the root's time in node beyond its stage) and the per-visit
+- :func:`calibrate`: requests one at a time, then one light load, on the live
+  system give the per-request node work (the root's time in node beyond its
+  stages), how much slower stages run after idling, and the per-visit
   messaging costs (what the answered requests' latency holds beyond stages and
   node work, per node visited);
 - :func:`run_load`: Poisson arrivals sent to the leaves at their times;
@@ -245,56 +246,6 @@ def profile_idle(bundle_dir: Path, stage: int, core: int, gaps=(0.0, 0.001, 0.00
     return tuple((g, max(0.0, m / hot - 1)) for g, m in means.items())
 
 
-def node_work(bundle_dir: Path, entry: int, exit_: int, core: int, requests: int = 3000) -> float:
-    """Seconds of the runtime's own work per one-sample request at a root that runs stages entry..exit_, without
-    the stages: a FORWARD's frames decoded, admitted, batched alone, decided and its RESULT encoded, by the node's
-    executor (:class:`cis.runtime.executor.Executor`) with stages that cost nothing, hot, on ``core``. The
-    sockets' share (a receive and a send) is not in it."""
-    from cis.bundle import load_bundle
-    from cis.runtime import protocol as P
-    from cis.runtime.config import NodeConfig
-    from cis.runtime.executor import Executor
-
-    bundle = load_bundle(bundle_dir)
-
-    class Free:  # a stage that returns outputs of the right shapes at no cost
-        def __init__(self, k):
-            self.inputs, self.outputs = bundle.stage(k).inputs, bundle.stage(k).outputs
-            self.out = {t.name: np.zeros((1, *t.shape[1:]), t.dtype) for t in self.outputs}
-
-        def run(self, feeds):
-            return self.out
-
-    class Sink:
-        parent_up = True
-
-        def reply(self, req):
-            P.result_frames(req.req_id, req.n, req.cls, req.conf, req.exit, req.flags, req.served_by, "cloud")
-
-        def error(self, req, code, message):
-            raise RuntimeError(f"{code}: {message}")
-
-        def forward(self, pending, carry):
-            return False
-
-    ex = Executor(NodeConfig("cloud", exit_), {k: Free(k) for k in range(1, exit_ + 1)}, Sink())
-    carry = {t.name: np.zeros((1, *t.shape[1:]), t.dtype) for t in bundle.stage(entry).inputs}
-    frames = P.encode(P.FORWARD, 1, carry, stage=entry, deadline=2e9, route=["device0"], sender="device0")
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {core})
-    try:
-        for _ in range(200):
-            ex.admit([b"peer"], P.decode(frames, kinds=P.REQUEST_KINDS), 0.0)
-            ex.run_batch()
-        t0 = time.perf_counter()
-        for _ in range(requests):
-            ex.admit([b"peer"], P.decode(frames, kinds=P.REQUEST_KINDS), 0.0)
-            ex.run_batch()
-        return (time.perf_counter() - t0) / requests
-    finally:
-        os.sched_setaffinity(0, before)
-
-
 def expected_slowdown(table, rate: float) -> float:
     """The mean extra fraction of a node that idles an exponential time with mean 1/rate between requests."""
     if not table or rate <= 0:
@@ -304,17 +255,31 @@ def expected_slowdown(table, rate: float) -> float:
     return float(np.mean(np.interp(idle, gaps, extra)))
 
 
-def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, float], rate: float, n: int,
-              seed: int, work: float, shape=()) -> dict:
-    """One light load on the live system: how much slower stages run after idling, and messaging per visit.
+def _root_mean(addresses: dict, root: str, before: dict | None = None) -> tuple[dict, float | None]:
+    """The root's latency window now, and the mean of what it served since ``before`` (its window of 4096
+    results holds them all: fresh nodes)."""
+    now = node_counters({root: addresses[root]})[root]["latency"]
+    if before is None:
+        return now, None
+    served = now["count"] - before["count"]
+    total = now["mean_s"] * now["count"] - (before["mean_s"] or 0.0) * before["count"]
+    return now, total / served if served > 0 else None
 
-    ``work`` is the node's own work per request (:func:`node_work`, measured hot). The root runs its
-    stages and nothing else, so its own latency (arrival at the node to the reply sent, ``status``)
-    beyond its stages' back-to-back time and that work is the stages' slowdown after idling: it
-    scales ``shape`` (the slowdown by idle time measured in-process, :func:`profile_idle`) to the
-    node, given the idle times a node has between requests at this load (exponential, at its
-    arrival rate). What each answered request's latency holds beyond stages and work at every node
-    it visited, per visit, is messaging (``hop_rtt``: sockets, wake-ups, the client, unshaped links)."""
+
+def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, float], rate: float, n: int,
+              seed: int, shape=(), back_to_back: int = 200) -> dict:
+    """Calibrate the twin on the live system, at a light load: node work, slowdown after idling, messaging.
+
+    The root runs its stages and nothing else, so its own latency (arrival at the node to the reply
+    sent, ``status``) beyond its stages' time is the node's work. First ``back_to_back`` one-sample
+    requests, one at a time (the root never idles more than a round trip: its stages run at their
+    back-to-back speed): the root's latency beyond its stages is the node's work per request
+    (``visit_overhead``: receive, decode, admit, reply, send). Then a light Poisson load at ``rate``:
+    what the root's latency holds beyond that is the stages' slowdown after idling, which scales
+    ``shape`` (the slowdown by idle time measured in-process, :func:`profile_idle`) given the idle
+    times a node has at this load (exponential, at its arrival rate). What each answered request's
+    latency holds beyond stages and work at every node it visited, per visit, is messaging
+    (``hop_rtt``: sockets, wake-ups, the client, unshaped links)."""
     from cis.app.calibration import warm_up
     from cis.rates import compute_rates
     from cis.runtime.client import Client
@@ -323,14 +288,16 @@ def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, flo
     clients = {nid: Client(addresses[nid]) for nid in addresses if spec.node(nid).arrival_rate > 0}
     try:
         warm_up(clients, x)
+        before, _ = _root_mean(addresses, root)
+        leaf = next(iter(clients.values()))
+        for i in range(back_to_back):
+            leaf.infer(x[i % len(x) : i % len(x) + 1])
+        before, hot_in_node = _root_mean(addresses, root, before)
     finally:
         for c in clients.values():
             c.close()
-    before = node_counters({root: addresses[root]})[root]["latency"]
     load = run_load(addresses, x, spec, rate, n / rate, seed)
-    after = node_counters({root: addresses[root]})[root]["latency"]
-    served = after["count"] - before["count"]  # the node's window (4096 results) holds all of them: fresh nodes
-    in_node = (after["mean_s"] * after["count"] - (before["mean_s"] or 0.0) * before["count"]) / max(1, served)
+    _, in_node = _root_mean(addresses, root, before)
     scale_rate = rate / sum(node.arrival_rate for node in spec.nodes)
     incoming = {nid: r * scale_rate for nid, r in compute_rates(spec).incoming.items()}
 
@@ -342,8 +309,9 @@ def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, flo
         return sum(stage_seconds[k] for k in range(entry, spec.node(nid).exit + 1))
 
     root_hot = hot(root, entry_stage(root))
+    work = max(0.0, hot_in_node - root_hot)
     typical = expected_slowdown(shape, incoming[root])
-    scale = max(0.0, (in_node - root_hot - work) / (root_hot * typical)) if served > 0 and typical > 0 else 0.0
+    scale = max(0.0, (in_node - root_hot - work) / (root_hot * typical)) if typical > 0 else 0.0
     slowdown = tuple((g, f * scale) for g, f in shape)
     costs = []
     for nid, idx in load["entries"].items():
@@ -361,7 +329,7 @@ def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, flo
     return {
         "rate": rate,
         "requests": n,
-        "root_requests": served,
+        "root_back_to_back_mean_s": hot_in_node,
         "root_latency_mean_s": in_node,
         "root_stages_hot_s": root_hot,
         "visit_overhead_s": work,

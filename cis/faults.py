@@ -12,7 +12,7 @@ A fault file has one event per line, ``AT ACTION NODE [VALUE]``; blank lines and
 simulator: simulated time 0). ``NODE`` names the link from that node to its
 parent. ``down`` partitions the link in both directions (packets are lost, no
 process is killed), ``up`` heals it, ``bandwidth`` sets the rate of both
-directions to VALUE bytes/s.
+directions to VALUE bytes/s (``inf``: no limit).
 """
 
 from __future__ import annotations
@@ -62,13 +62,13 @@ def parse_fault(text: str, where: str = "fault") -> Fault:
 
 
 def parse_bandwidth(text: str, where: str) -> float:
-    """Bytes per second > 0 (the spec's unit for link.bandwidth)."""
+    """Bytes per second > 0 (the spec's unit for link.bandwidth), or ``inf``: no limit."""
     try:
         value = float(text)
     except ValueError:
-        raise CisError(f"{where}: bandwidth {text!r} is not a number; expected bytes/s > 0") from None
-    if not (math.isfinite(value) and value > 0):
-        raise CisError(f"{where}: bandwidth {text!r}; expected bytes/s > 0 (finite)")
+        raise CisError(f"{where}: bandwidth {text!r} is not a number; expected bytes/s > 0 or inf") from None
+    if math.isnan(value) or value <= 0:
+        raise CisError(f"{where}: bandwidth {text!r}; expected bytes/s > 0 or inf")
     return value
 
 

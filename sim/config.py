@@ -36,6 +36,7 @@ class SimConfig:
     shares: dict[str, float] = field(default_factory=dict)  # without a bundle: served share per node (default f_i)
     burst: float | None = None  # token bucket depth in seconds of the cap; None: the policy's default
     calibrate: bool = False  # recalibrate thresholds from the profile instead of the bundle's policy
+    threshold: float | None = None  # with a bundle: every non-root node's threshold (cis serve --all --threshold)
     # The real runtime on one machine (benchmarks/sim_vs_runtime.py, cis demo): with ``loopback``
     # links carry no latency and no bandwidth limit; each node visit costs one messaging round
     # trip (ZeroMQ + Python + the OS waking a process: the client's or child's message in, the
@@ -141,6 +142,10 @@ def check_config(config: SimConfig, spec: CisSpec, with_bundle: bool) -> SimConf
             )
         if not 0.0 <= share <= 1.0:
             raise CisError(f"simulate: --share {node_id}={share}; expected a fraction in [0, 1]")
+    if config.threshold is not None and (not with_bundle or math.isnan(config.threshold)):
+        raise CisError(
+            f"simulate: --threshold {config.threshold}: expected a number (inf: forward everything) with --bundle"
+        )
     if config.shares and with_bundle:
         raise CisError("simulate: --share applies without a bundle; with --bundle the thresholds decide")
     return replace(

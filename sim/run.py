@@ -68,7 +68,7 @@ def plan_run(
             raise CisError(f"simulate: replay row {bad[0]} is outside the profile's {profile.samples} samples")
     payloads = bundle_payloads(bundle, spec.num_exits)
     tables = stage_tables(spec, _measured(spec, config) or node_stage_profiles(spec, bundle), config.max_batch)
-    policy = bundle_policy(spec, bundle, profile, config.calibrate, config.seed)
+    policy = bundle_policy(spec, bundle, profile, config.calibrate, config.seed, config.threshold)
     payloads = {k: b + patience_payload(policy) for k, b in payloads.items()}
     exit_at = patience_exits(policy, profile).tolist() if policy.uses_patience else None
     return Plan(

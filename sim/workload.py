@@ -184,11 +184,17 @@ def _zmtp(frames: list) -> int:
     return sum(s + (2 if s < 256 else 9) for s in sizes)
 
 
-def bundle_policy(spec: CisSpec, bundle: Bundle, profile: Profile, calibrate: bool, seed: int) -> ExitPolicy:
-    """The bundle's thresholds, or thresholds calibrated on the profile when it has none (or when asked)."""
+def bundle_policy(
+    spec: CisSpec, bundle: Bundle, profile: Profile, calibrate: bool, seed: int, threshold: float | None = None
+) -> ExitPolicy:
+    """The bundle's thresholds, or thresholds calibrated on the profile when it has none (or when asked);
+    ``threshold`` replaces every non-root node's, as ``cis serve --all --threshold`` does."""
     policy = bundle.policy
     if policy is not None and policy.uses_patience:  # FLAME: no thresholds; the rule decides per request
         return policy
+    if threshold is not None:
+        measure = policy.measure if policy is not None else spec.confidence
+        return ExitPolicy(measure, {n.id: threshold if n.parent else -np.inf for n in spec.nodes})
     if policy is None or calibrate:
         conf = {e: profile.confidence[:, e - 1] for e in range(1, spec.num_exits + 1)}
         return calibrate_thresholds(spec, conf, seed=seed)

@@ -30,7 +30,7 @@ def test_a_fault_file_is_read_in_time_order_with_comments(tmp_path):
         ("10 reboot edge0", "action 'reboot'; expected one of down, up, bandwidth"),
         ("10 bandwidth edge0", "'bandwidth' needs one value"),
         ("10 bandwidth edge0 fast", "bandwidth 'fast' is not a number"),
-        ("10 bandwidth edge0 0", "expected bytes/s > 0"),
+        ("10 bandwidth edge0 0", "expected bytes/s > 0 or inf"),
         ("10 down edge0 now", "'down' takes no value"),
     ],
 )

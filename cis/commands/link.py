@@ -43,6 +43,10 @@ def _testbed(run_id: str | None) -> tuple[str, dict]:
     return next(iter(live.items()))
 
 
+def _rate(bytes_per_s: float | None) -> str:
+    return "unshaped" if bytes_per_s is None else f"{bytes_per_s:g} bytes/s"
+
+
 def run(args: argparse.Namespace) -> int:
     from cis.faults import parse_bandwidth
     from cis.testbed import net
@@ -56,7 +60,7 @@ def run(args: argparse.Namespace) -> int:
             raise CisError("link show takes no NODE; expected 'cis link show [--run RUN]'")
         links = {child: {"parent": link.parent, **net.link_state(plan, child)} for child, link in plan.links.items()}
         human = "\n".join(
-            f"{child}->{v['parent']}: {v['state']}, {v['up_bytes_per_s']} bytes/s up, {v['down_bytes_per_s']} bytes/s "
+            f"{child}->{v['parent']}: {v['state']}, {_rate(v['up_bytes_per_s'])} up, {_rate(v['down_bytes_per_s'])} "
             "down"
             for child, v in links.items()
         )
@@ -79,6 +83,6 @@ def run(args: argparse.Namespace) -> int:
     link = plan.links[args.node]
     print_result(
         args, {"run": run_id, "link": args.node, "parent": link.parent, **now},
-        f"testbed {run_id}: link {args.node}->{link.parent} {now['state']}, {now['up_bytes_per_s']} bytes/s",
+        f"testbed {run_id}: link {args.node}->{link.parent} {now['state']}, {_rate(now['up_bytes_per_s'])}",
     )
     return 0

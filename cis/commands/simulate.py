@@ -59,6 +59,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="token bucket depth in seconds of each node's transfer cap (default: the exit policy's)",
     )
     p.add_argument(
+        "--threshold",
+        type=float,
+        help="with --bundle: every non-root node's threshold instead of the policy's, as cis serve --all --threshold "
+        "(inf: every request goes to the root)",
+    )
+    p.add_argument(
         "--calibrate",
         action="store_true",
         help="calibrate thresholds on the bundle's profile instead of using its policy",
@@ -241,6 +247,7 @@ def run(args: argparse.Namespace) -> int:
         shares=parse_shares(args.share),
         burst=args.burst,
         calibrate=args.calibrate,
+        threshold=args.threshold,
         loopback=args.loopback,
         hop_rtt=parse_visit_cost(args.visit_cost),
         visit_overhead=args.visit_overhead,

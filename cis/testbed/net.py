@@ -16,6 +16,7 @@ the link heals by bringing that end up again.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -74,11 +75,13 @@ def caller_routes() -> list[str]:
 
 
 def shape(ns: str, dev: str, bandwidth: float, latency: float = 0.0, netem: bool = False, change: bool = False) -> None:
-    """``bandwidth`` bytes/s out of ``dev`` (tbf); with netem, ``latency`` seconds more under it."""
+    """``bandwidth`` bytes/s out of ``dev`` (tbf; inf: no shaping); with netem, ``latency`` seconds more under it."""
+    if math.isinf(bandwidth):
+        run("tc", "-n", ns, "qdisc", "del", "dev", dev, "root", check=False)
+        return
     rate = f"{max(8, round(bandwidth * 8))}bit"
-    verb = "change" if change else "add"
-    run("tc", "-n", ns, "qdisc", verb, "dev", dev, "root", "handle", "1:", "tbf", "rate", rate, "burst", str(BURST),
-        "latency", f"{QUEUE_SECONDS:g}s")
+    run("tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "handle", "1:", "tbf", "rate", rate, "burst",
+        str(BURST), "latency", f"{QUEUE_SECONDS:g}s")
     if netem and latency > 0 and not change:
         run("tc", "-n", ns, "qdisc", "add", "dev", dev, "parent", "1:", "handle", "10:", "netem", "delay",
             f"{latency * 1000:.3f}ms")
@@ -137,6 +140,7 @@ def link_state(plan: NetPlan, child: str) -> dict:
               if q.get("kind") == "tbf"), None)
         for ns, dev in ((child_ns, link.child_if), (parent_ns, link.parent_if))
     ]
+    # no tbf: unshaped (None)
     return {"state": "up" if "UP" in flags else "down", "up_bytes_per_s": rates[0], "down_bytes_per_s": rates[1]}
 
 

@@ -7,11 +7,13 @@
   or int8 carries), cached under ``--work``;
 - :func:`profile_stages`: each stage's seconds per call by batch size, measured
   on the core that runs it (the simulator's ``latency_profile``);
+- :func:`spread`: how a stage's time spreads around its mean (the simulator's
+  ``service_spread``);
 - :func:`calibrate`: requests one at a time, then one light load, on the live
   system give the per-request node work (the root's time in node beyond its
-  stages), how much slower stages run after idling, and the per-visit
-  messaging costs (what the answered requests' latency holds beyond stages and
-  node work, per node visited);
+  stages), how much slower stages run after idling (by how long the system
+  idled before each request), and the per-visit messaging costs (what the
+  answered requests' latency holds beyond all that, per node visited);
 - :func:`run_load`: Poisson arrivals sent to the leaves at their times;
   :func:`summarise_runtime` / :func:`summarise_sim`: the same figures from the
   runtime's answers and the simulator's log.
@@ -214,10 +216,9 @@ def node_counters(addresses: dict, keys=("overloaded", "capped", "degraded", "ba
 # ---------------------------------------------------------------- calibration at a light load
 
 
-def profile_idle(bundle_dir: Path, stage: int, core: int, gaps=(0.0, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3),
-                 repeats: int = 40) -> tuple[tuple[float, float], ...]:
-    """How much slower a stage runs after its core slept: ((idle seconds, extra fraction of the back-to-back
-    time), ...), the stage run at batch 1 on ``core`` after sleeping each gap (the simulator's idle_slowdown)."""
+def spread(bundle_dir: Path, stage: int, core: int, calls: int = 200) -> tuple[float, ...]:
+    """Each call's time over the mean, ``calls`` batch-1 calls of ``stage`` back to back on ``core``: how a
+    stage's time spreads (the simulator's service_spread)."""
     from cis.bundle import load_bundle
     from cis.stages import StageRunner
     from export.profile import random_feeds
@@ -230,76 +231,52 @@ def profile_idle(bundle_dir: Path, stage: int, core: int, gaps=(0.0, 0.001, 0.00
         feeds = random_feeds(bundle.stage(stage).inputs, 1, np.random.default_rng(0))
         for _ in range(5):
             runner.run(feeds)
-        means = {}
-        for gap in gaps:
-            times = []
-            for _ in range(repeats):
-                if gap:
-                    time.sleep(gap)
-                t0 = time.perf_counter()
-                runner.run(feeds)
-                times.append(time.perf_counter() - t0)
-            means[gap] = float(np.mean(times))
+        times = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            runner.run(feeds)
+            times.append(time.perf_counter() - t0)
     finally:
         os.sched_setaffinity(0, before)
-    hot = means[gaps[0]]
-    return tuple((g, max(0.0, m / hot - 1)) for g, m in means.items())
+    return tuple(float(t) for t in np.asarray(times) / np.mean(times))
 
 
-def expected_slowdown(table, rate: float) -> float:
-    """The mean extra fraction of a node that idles an exponential time with mean 1/rate between requests."""
-    if not table or rate <= 0:
-        return 0.0
-    gaps, extra = zip(*sorted(table))
-    idle = np.random.default_rng(0).exponential(1 / rate, 20000)
-    return float(np.mean(np.interp(idle, gaps, extra)))
-
-
-def _root_mean(addresses: dict, root: str, before: dict | None = None) -> tuple[dict, float | None]:
-    """The root's latency window now, and the mean of what it served since ``before`` (its window of 4096
-    results holds them all: fresh nodes)."""
-    now = node_counters({root: addresses[root]})[root]["latency"]
-    if before is None:
-        return now, None
-    served = now["count"] - before["count"]
-    total = now["mean_s"] * now["count"] - (before["mean_s"] or 0.0) * before["count"]
-    return now, total / served if served > 0 else None
+IDLE_BINS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2)  # seconds: the idle-time bins of the slowdown table
 
 
 def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, float], rate: float, n: int,
-              seed: int, shape=(), back_to_back: int = 200) -> dict:
-    """Calibrate the twin on the live system, at a light load: node work, slowdown after idling, messaging.
+              seed: int, back_to_back: int = 200) -> dict:
+    """Calibrate the twin on the live system: node work, slowdown after idling, messaging.
 
-    The root runs its stages and nothing else, so its own latency (arrival at the node to the reply
-    sent, ``status``) beyond its stages' time is the node's work. First ``back_to_back`` one-sample
-    requests, one at a time (the root never idles more than a round trip: its stages run at their
-    back-to-back speed): the root's latency beyond its stages is the node's work per request
+    First ``back_to_back`` one-sample requests, one at a time: the root (which runs its stages and
+    nothing else) never idles more than a round trip, so its own mean latency (arrival at the node
+    to the reply sent, ``status``) beyond its stages' back-to-back mean time is the node's work per request
     (``visit_overhead``: receive, decode, admit, reply, send). Then a light Poisson load at ``rate``:
-    what the root's latency holds beyond that is the stages' slowdown after idling, which scales
-    ``shape`` (the slowdown by idle time measured in-process, :func:`profile_idle`) given the idle
-    times a node has at this load (exponential, at its arrival rate). What each answered request's
-    latency holds beyond stages and work at every node it visited, per visit, is messaging
-    (``hop_rtt``: sockets, wake-ups, the client, unshaped links)."""
+    each request's latency beyond its stages and that work at every node it visited, per node visited,
+    against how long the system had been idle when it came, gives how much longer a node takes after
+    idling (``idle_slowdown``: the excess of each idle-time bin over the shortest idle times', in
+    seconds per visit: waking the process, cold caches); what stays, per node visited, is messaging
+    (``hop_rtt``: sockets, the client, unshaped links)."""
     from cis.app.calibration import warm_up
-    from cis.rates import compute_rates
     from cis.runtime.client import Client
 
     root = spec.root.id
     clients = {nid: Client(addresses[nid]) for nid in addresses if spec.node(nid).arrival_rate > 0}
     try:
         warm_up(clients, x)
-        before, _ = _root_mean(addresses, root)
+        before = node_counters({root: addresses[root]})[root]["latency"]
         leaf = next(iter(clients.values()))
         for i in range(back_to_back):
             leaf.infer(x[i % len(x) : i % len(x) + 1])
-        before, hot_in_node = _root_mean(addresses, root, before)
+        after = node_counters({root: addresses[root]})[root]["latency"]
+        # the mean of these requests at the root (its window of 4096 results holds them all: fresh nodes);
+        # a mean, as the stage profile's: what a node can serve per second follows from means
+        served = after["count"] - before["count"]
+        hot_in_node = (after["mean_s"] * after["count"] - (before["mean_s"] or 0.0) * before["count"]) / served
     finally:
         for c in clients.values():
             c.close()
     load = run_load(addresses, x, spec, rate, n / rate, seed)
-    _, in_node = _root_mean(addresses, root, before)
-    scale_rate = rate / sum(node.arrival_rate for node in spec.nodes)
-    incoming = {nid: r * scale_rate for nid, r in compute_rates(spec).incoming.items()}
 
     def entry_stage(nid: str) -> int:
         kids = spec.children(nid)
@@ -310,31 +287,40 @@ def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, flo
 
     root_hot = hot(root, entry_stage(root))
     work = max(0.0, hot_in_node - root_hot)
-    typical = expected_slowdown(shape, incoming[root])
-    scale = max(0.0, (in_node - root_hot - work) / (root_hot * typical)) if typical > 0 else 0.0
-    slowdown = tuple((g, f * scale) for g, f in shape)
-    costs = []
-    for nid, idx in load["entries"].items():
-        path = [node.id for node in spec.path_to_root(nid)]
-        for i in idx:
-            r = load["results"][int(i)]
-            if r is None or r.error is not None or r.served_by[0] not in path:
-                continue
-            visited = path[: path.index(r.served_by[0]) + 1]
-            spent = 0.0
-            for j, v in enumerate(visited):
-                t = hot(v, 1 if j == 0 else spec.node(visited[j - 1]).exit + 1)
-                spent += t * (1 + expected_slowdown(slowdown, incoming[v])) + work
-            costs.append(max(0.0, (r.latency - spent) / len(visited)))
+    entry_of = {int(i): nid for nid, idx in load["entries"].items() for i in idx}
+    rows, last_end = [], -np.inf  # (idle seconds before the request, its stage times, latency, visits)
+    for i in np.argsort(load["times"]):
+        r, t = load["results"][int(i)], float(load["times"][int(i)])
+        if r is None or r.error is not None:
+            continue
+        path = [node.id for node in spec.path_to_root(entry_of[int(i)])]
+        if r.served_by[0] not in path:
+            continue
+        visited = path[: path.index(r.served_by[0]) + 1]
+        stages = sum(hot(v, 1 if j == 0 else spec.node(visited[j - 1]).exit + 1) for j, v in enumerate(visited))
+        rows.append((max(0.0, t - last_end), stages, r.latency, len(visited)))
+        last_end = max(last_end, t + r.latency)
+    idle = np.array([g for g, *_ in rows])
+    excess = np.array([(lat - st - k * work) / k for _, st, lat, k in rows])  # per node visited
+    edges = (0.0, *IDLE_BINS, np.inf)
+    bins = [(idle >= lo) & (idle < hi) for lo, hi in zip(edges, edges[1:])]
+    filled = [b for b in bins if b.sum() >= 5]
+    base = float(np.median(excess[filled[0]]))
+    table, top = [(0.0, 0.0)], 0.0
+    for b in filled[1:]:
+        top = max(top, float(np.median(excess[b])) - base)  # the longer it idled, the longer it takes
+        table.append((float(np.median(idle[b])), top))
+    slow = tuple(table)
+    gaps, extra = zip(*slow)
+    costs = [max(0.0, (lat - st - k * work) / k - float(np.interp(g, gaps, extra))) for g, st, lat, k in rows]
     return {
         "rate": rate,
         "requests": n,
         "root_back_to_back_mean_s": hot_in_node,
-        "root_latency_mean_s": in_node,
         "root_stages_hot_s": root_hot,
         "visit_overhead_s": work,
-        "slowdown_scale": scale,
-        "idle_slowdown": [list(p) for p in slowdown],
+        "idle_slowdown": [list(p) for p in slow],
+        "idle_bins": [int(b.sum()) for b in bins],
         "hop_rtt_s": costs,
         "hop_rtt_median_s": float(np.median(costs)),
         "hop_rtt_mean_s": float(np.mean(costs)),

@@ -28,7 +28,7 @@ Regimes (``--regimes``, default all):
 Calibration (``_twin.calibrate``): stage times measured in-process on the core that runs them
 (``profile_stages``); one-at-a-time requests give the node's own work per request (its latency beyond
 its stages while it never idles); one light Poisson load then gives how much slower the stages run after a
-core idled (the in-process shape, ``profile_idle``, scaled) and the per-visit messaging. Other jobs
+core idled (by how long the system had idled before each request) and the per-visit messaging. Other jobs
 (processes whose working directory is under ``--pause-cwd``) are stopped (SIGSTOP) only while a load runs
 and always resumed; ``--priority N`` (default -15) sets the nice value of this benchmark's scheduling group
 (``/proc/self/autogroup``: its session, so its nodes too) for the run, so that jobs of other sessions take
@@ -63,11 +63,11 @@ from _twin import (
     load_now,
     paused,
     pool,
-    profile_idle,
     profile_stages,
     rel,
     run_load,
     say,
+    spread,
     summarise_runtime,
     summarise_sim,
     wide_cloud_bundle,
@@ -109,9 +109,14 @@ def twin_config(cal: dict, profile: dict, **fields):
         visit_overhead=cal["visit_overhead_s"],
         latency_profile=profile,
         idle_slowdown=tuple(map(tuple, cal["idle_slowdown"])),
+        service_spread=tuple(cal.get("service_spread", ())),
         max_batch=32,
         **fields,
     )
+
+
+def slowdown_text(cal: dict) -> str:
+    return ", ".join(f"+{1e3 * f:.2f} ms after {1e3 * g:.0f} ms" for g, f in cal["idle_slowdown"][1:])
 
 
 def share_gap(a: dict, b: dict) -> float:
@@ -194,25 +199,26 @@ def bottleneck_and_capacity(args, work: Path, regimes: list[str]) -> dict:
     with paused(args.pause_cwd):
         quiet = load_now()
         profile = profile_stages(bdir, {1: 0, 2: 1, 3: 1})
-        shape = profile_idle(bdir, 3, 1)
+        scatter = spread(bdir, 3, 1)
     stages_mu = 32 / (profile[2][32] + profile[3][32])  # what the stages alone allow
     cap = CAP_SHARE * stages_mu  # device0's transfer cap, set once
     light = 0.15 * stages_mu
     os.sched_setaffinity(0, {0})  # the load generator beside the devices, off the cloud's core
     with contextlib.suppress(OSError):
         os.nice(-15)  # as the nodes (NICE)
-    out: dict = {"profile": profile, "idle_shape": shape, "quiet": quiet, "device0_cap": cap}
+    out: dict = {"profile": profile, "spread_cv": float(np.std(scatter)), "quiet": quiet, "device0_cap": cap}
     bench = Bench(args, work, bdir, bottleneck_spec(light, cap), "bottleneck")
     try:
         with paused(args.pause_cwd):
             cal = calibrate(bench.cluster.addresses, bench.x, bench.spec, {k: profile[k][1] for k in profile},
-                            light, args.calibration, 999, shape)
-        out["calibration"] = {k: v for k, v in cal.items() if k != "hop_rtt_s"}
+                            light, args.calibration, 999)
+        cal["service_spread"] = scatter
+        out["calibration"] = {k: v for k, v in cal.items() if k not in ("hop_rtt_s", "service_spread")}
         mu = 32 / (profile[2][32] + profile[3][32] + 32 * cal["visit_overhead_s"])
         out.update(capacity_rps=mu, node_work_s=cal["visit_overhead_s"])
-        say(f"calibrated at {light:.1f}/s: node work {cal['visit_overhead_s'] * 1e3:.2f} ms per request, stages "
-            f"slower by x{cal['slowdown_scale']:.2f} of the in-process shape after idling, messaging "
-            f"{cal['hop_rtt_median_s'] * 1e3:.2f} ms per visit (median); the cloud's capacity (twin) {mu:.1f}/s")
+        say(f"calibrated at {light:.1f}/s: node work {cal['visit_overhead_s'] * 1e3:.2f} ms per request, slowdown "
+            f"after idling {slowdown_text(cal)}, messaging {cal['hop_rtt_median_s'] * 1e3:.2f} ms per visit "
+            f"(median); the cloud's capacity (twin) {mu:.1f}/s")
         if "bottleneck" in regimes:
             out["bottleneck"] = bottleneck_points(args, bench, bundle, (mu, cap), cal, profile)
     finally:
@@ -266,7 +272,8 @@ def capacity_check(args, work: Path, bdir: Path, bench: Bench, mu: float, cal, p
 
     spec_file = work / "capacity.toml"
     write_spec(bench.spec, spec_file)  # arrivals at the twin's capacity: factors are utilisations
-    (work / "latency.json").write_text(json.dumps({"stages": profile, "idle_slowdown": cal["idle_slowdown"]}))
+    (work / "latency.json").write_text(json.dumps({"stages": profile, "idle_slowdown": cal["idle_slowdown"],
+                                                  "spread": list(cal["service_spread"])}))
     (work / "visits.txt").write_text("".join(f"{v:.9f}\n" for v in cal["hop_rtt_s"]))
     cmd = ["simulate", "--spec", str(spec_file), "--bundle", str(bdir), "--duration", str(args.seconds),
            "--sweep", "arrival_rate=0.3:1.5", "--slo-p99", f"{args.slo_p99:g}",
@@ -345,9 +352,8 @@ def testbed_regimes(args, work: Path, regimes: list[str]) -> dict:
                 bed.set_bandwidth(child, math.inf)
             with paused(args.pause_cwd):
                 profile = profile_stages(bdir, {1: 0, 2: 0, 3: 1}, repeats=50)
-                shape = profile_idle(bdir, 3, 1)
                 cal = calibrate(bed.addresses, x, spec, {k: profile[k][1] for k in profile}, 10.0,
-                                args.calibration, 998, shape)
+                                args.calibration, 998)
             say(f"testbed {dtype}: calibrated, messaging {cal['hop_rtt_median_s'] * 1e3:.2f} ms per visit (median)")
             entry = {"calibration": {k: v for k, v in cal.items() if k != "hop_rtt_s"}, "profile": profile}
             if "links" in regimes:
@@ -440,8 +446,8 @@ def markdown(result: dict) -> str:
     bn = result.get("bottleneck")
     if bn:
         lines += ["## bottleneck", "",
-                  f"Cloud capacity (twin) {bn['capacity_rps']:.1f} requests/s; its stages slower after idling by "
-                  f"x{bn['calibration']['slowdown_scale']:.2f} the in-process shape; node work "
+                  f"Cloud capacity (twin) {bn['capacity_rps']:.1f} requests/s; stages slower after idling "
+                  f"{slowdown_text(bn['calibration'])}; stage time spread (CV) {bn['spread_cv']:.2f}; node work "
                   f"{bn['node_work_s'] * 1e3:.2f} ms per request; messaging "
                   f"{bn['calibration']['hop_rtt_median_s'] * 1e3:.2f} ms per visit (median).", "",
                   "| utilisation | req/s | share gap (pts, <= 2) | capped rt / twin | overloaded rt / twin | "

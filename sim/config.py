@@ -53,10 +53,13 @@ class SimConfig:
     # Seconds per call of each stage by batch size, {stage: {batch: seconds}} (the bundle's
     # profiles/latency.json format), measured where the nodes run; None: the bundle's profile.
     latency_profile: dict[int, dict[int, float]] | None = None
-    # A node's stages run slower after it idled (the core's caches and clock went cold):
-    # ((idle seconds, extra fraction of the batch's stage time), ...), linear between the points,
-    # flat beyond them; measured by running a stage after sleeps of each length. Empty: never.
+    # A node takes longer over the batch that ends an idle time (its process must be woken, the
+    # core's caches and clock went cold): ((idle seconds, extra seconds), ...), linear between the
+    # points, flat beyond them. Empty: never.
     idle_slowdown: tuple[tuple[float, float], ...] = ()
+    # How a stage's time spreads around its mean (measured: each call's time over the mean): one
+    # multiplier drawn at random per batch instead of the service distribution's. Empty: none.
+    service_spread: tuple[float, ...] = ()
     # Micro-batches (cis serve --max-batch): a free worker takes up to max_batch waiting requests
     # at once; None: the runtime's 32 with a bundle (its latency profile has batch times), 1 without.
     max_batch: int | None = None
@@ -128,8 +131,10 @@ def check_config(config: SimConfig, spec: CisSpec, with_bundle: bool) -> SimConf
     for point in config.idle_slowdown:
         if len(point) != 2 or not all(math.isfinite(v) and v >= 0 for v in point):
             raise CisError(
-                f"simulate: idle slowdown point {point!r}; expected (idle seconds >= 0, extra fraction >= 0)"
+                f"simulate: idle slowdown point {point!r}; expected (idle seconds >= 0, extra seconds >= 0)"
             )
+    if not all(math.isfinite(v) and v > 0 for v in config.service_spread):
+        raise CisError("simulate: service spread: expected multipliers > 0 (each call's time over the mean)")
     max_batch = config.max_batch or (RUNTIME_MAX_BATCH if with_bundle else 1)
     service = config.service or ("deterministic" if with_bundle else "exponential")
     if service not in SERVICES:
@@ -152,6 +157,7 @@ def check_config(config: SimConfig, spec: CisSpec, with_bundle: bool) -> SimConf
         config, service=service, max_batch=max_batch, hop_rtt=tuple(float(v) for v in config.hop_rtt),
         faults=tuple(sorted(config.faults, key=lambda f: f.at)),
         idle_slowdown=tuple((float(g), float(f)) for g, f in config.idle_slowdown),
+        service_spread=tuple(float(v) for v in config.service_spread),
     )
 
 

@@ -230,7 +230,7 @@ def build(plan: Plan) -> tuple[Model, list[tuple[Station, Iterator[float], Itera
     max_batch = config.max_batch or 1
     for index, node in enumerate(spec.nodes):
         arrival_rng, service_rng, decision_rng, row_rng = (next(rngs) for _ in range(4))
-        units = unit_exponentials(service_rng) if config.service == "exponential" else itertools.repeat(1.0)
+        units = _units(config, service_rng)
         station = Station(
             env,
             node,
@@ -297,8 +297,16 @@ def _connect(spec: CisSpec, config: SimConfig, stations: dict[str, Station]) -> 
             up.down.set_rate(fault.at, fault.value)
 
 
+def _units(config: SimConfig, rng: np.random.Generator) -> Iterator[float]:
+    """Multipliers of each batch's stage time: a measured spread, exponential draws, or 1."""
+    if config.service_spread:
+        spread = config.service_spread
+        return (spread[i] for i in indices(rng, len(spread)))
+    return unit_exponentials(rng) if config.service == "exponential" else itertools.repeat(1.0)
+
+
 def _slowdown(table: tuple[tuple[float, float], ...]) -> Callable[[float], float] | None:
-    """Idle seconds -> extra fraction of stage time, linear between the table's points (flat beyond them)."""
+    """Idle seconds -> extra seconds of the next batch, linear between the table's points (flat beyond them)."""
     if not table:
         return None
     gaps, extra = zip(*sorted(table))

@@ -9,9 +9,9 @@ runs once on all the requests of the batch that need it, so a batch takes
 and T_k(n) the stage's time on a batch of n (the latency profile, interpolated
 between its batch sizes), plus ``overhead`` per request (the runtime's work per
 message: decode, admit, reply), all drawn once per batch with the run's service
-distribution. A worker that idled before a batch may run its stages slower
-(``slowdown``: the idle time's extra fraction; a machine's caches and clock go
-cold while a core sleeps).
+distribution. A worker that idled before a batch takes longer over it
+(``slowdown``: the idle time's extra seconds; a process that slept must be
+woken, and a machine's caches and clock go cold while a core sleeps).
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ class Station:
         self.units = units
         self.overhead = overhead  # node work per request beyond the stages (the runtime's messaging)
         self.max_batch = max_batch
-        self.slowdown = slowdown  # idle seconds -> extra fraction of stage time of the batch that ends the idling
+        self.slowdown = slowdown  # idle seconds -> extra seconds of the batch that ends the idling
         self.keeps, self.bucket = keeps, bucket
         self.parent: Station | None = None
         self.uplink: Uplink | None = None
@@ -92,19 +92,19 @@ class Station:
     def _worker(self):
         env, queue = self.env, self.queue
         while True:
-            slower = 1.0
+            cold = 0.0
             if not queue:
                 idle_from = env.now
                 wake = env.event()
                 self.idle.append(wake)
                 yield wake
                 if self.slowdown is not None:
-                    slower += self.slowdown(env.now - idle_from)
+                    cold = self.slowdown(env.now - idle_from)
             batch = [queue.popleft() for _ in range(min(self.max_batch, len(queue)))]
             now = env.now
             self.waited += sum(now - t for _, _, t in batch)
-            stages = self.batch_time([done for _, done, _ in batch]) * slower
-            service = stages * next(self.units) + self.overhead * len(batch)
+            stages = self.batch_time([done for _, done, _ in batch])
+            service = stages * next(self.units) + cold + self.overhead * len(batch)
             self.busy += service
             self.batches += 1
             yield env.timeout(service)

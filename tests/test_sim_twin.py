@@ -159,10 +159,12 @@ def test_a_partition_is_answered_degraded_and_nothing_is_lost():
 def test_a_node_that_idled_runs_its_next_batch_slower():
     spec = one_node(10.0)
     base = dict(requests=200, seed=0, arrivals="deterministic", service="deterministic", service_mean=0.010)
-    cold = simulate(spec, SimConfig(**base, idle_slowdown=((0.0, 0.0), (0.05, 0.5)))).requests
+    cold = simulate(spec, SimConfig(**base, idle_slowdown=((0.0, 0.0), (0.05, 0.004)))).requests
     hot = simulate(spec, SimConfig(**base)).requests
     assert np.allclose(hot["finish"] - hot["arrive"], 0.010)
-    assert np.allclose(cold["finish"] - cold["arrive"], 0.015)  # 90 ms idle: past the last point, +50 %
+    assert np.allclose(cold["finish"] - cold["arrive"], 0.014)  # 90 ms idle: past the last point, +4 ms
+    busy = simulate(spec, SimConfig(**{**base, "arrivals": "poisson"}, idle_slowdown=((0.0, 0.0), (0.05, 0.004))))
+    assert (busy.requests["finish"] - busy.requests["arrive"]).min() < 0.0141  # shorter idles cost less
 
 
 def test_a_capacity_search_finds_the_mm1_rate_for_a_p99_target():

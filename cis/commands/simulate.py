@@ -98,7 +98,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--latency-profile",
         metavar="FILE",
         help="stage times measured where the nodes run, instead of the bundle's: JSON "
-        '{"stages": {STAGE: {BATCH: SECONDS}}, "idle_slowdown": [[IDLE_S, EXTRA], ...]} (idle_slowdown optional)',
+        '{"stages": {STAGE: {BATCH: SECONDS}}, "idle_slowdown": [[IDLE_S, EXTRA_S], ...], "spread": [X, ...]} '
+        "(idle_slowdown and spread optional)",
     )
     p.add_argument(
         "--max-batch",
@@ -201,7 +202,7 @@ def parse_visit_cost(value: str | None) -> tuple[float, ...]:
 
 
 def read_latency_profile(path: str | None) -> dict:
-    """``--latency-profile FILE`` as SimConfig fields: ``latency_profile`` and (if given) ``idle_slowdown``."""
+    """``--latency-profile FILE`` as SimConfig fields: ``latency_profile``, ``idle_slowdown``, ``service_spread``."""
     if path is None:
         return {}
     import json
@@ -210,12 +211,13 @@ def read_latency_profile(path: str | None) -> dict:
         data = json.loads(Path(path).read_text())
         stages = {int(k): {int(b): float(t) for b, t in v.items()} for k, v in data["stages"].items()}
         slowdown = tuple((float(g), float(f)) for g, f in data.get("idle_slowdown", []))
+        spread = tuple(float(v) for v in data.get("spread", []))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CisError(
             f"--latency-profile {path}: cannot read ({exc.__class__.__name__}: {exc}); expected JSON "
-            '{"stages": {STAGE: {BATCH: SECONDS}}, "idle_slowdown": [[IDLE_S, EXTRA], ...]}'
+            '{"stages": {STAGE: {BATCH: SECONDS}}, "idle_slowdown": [[IDLE_S, EXTRA_S], ...], "spread": [X, ...]}'
         ) from None
-    return {"latency_profile": stages, "idle_slowdown": slowdown}
+    return {"latency_profile": stages, "idle_slowdown": slowdown, "service_spread": spread}
 
 
 def run(args: argparse.Namespace) -> int:

@@ -42,6 +42,8 @@ COMMANDS = [
     "inspect",
     "demo",
     "report",
+    "testbed",
+    "link",
 ]
 
 # commands that need more than the core install: command -> pip extras (cis/extras.py); "cpu" stands for an

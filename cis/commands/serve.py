@@ -7,6 +7,7 @@ import json
 import logging
 import signal
 import time
+from collections.abc import Callable
 
 from cis import logs
 from cis.commands import serve_config as options
@@ -158,7 +159,8 @@ def _run_all(args: argparse.Namespace, spec) -> int:
     signal.signal(signal.SIGINT, on_signal)
     # the launcher's readiness probes use the nodes' own key pair, which every node trusts
     probe = CurveConfig(args.curve_key, None, str(args.curve_key).removesuffix("_secret")) if args.curve_key else None
-    cluster = launch(
+    start = getattr(args, "start_cluster", None) or launch  # cis testbed: the same nodes, each in a namespace
+    cluster = start(
         args.bundle,
         spec,
         args.spec,
@@ -171,6 +173,7 @@ def _run_all(args: argparse.Namespace, spec) -> int:
         metrics_host=args.metrics_host,
         env=options.child_env(),
     )
+    describe: Callable[..., dict] = getattr(cluster, "describe", lambda node=None: {})  # a testbed's namespace, link
     try:
         if args.json:
             print(
@@ -183,9 +186,11 @@ def _run_all(args: argparse.Namespace, spec) -> int:
                                 "parent": n.parent,
                                 "pid": cluster.procs[n.id].pid,
                                 "metrics": cluster.metrics.get(n.id),
+                                **describe(n.id),
                             }
                             for n in spec.nodes
-                        }
+                        },
+                        **describe(),
                     }
                 ),
                 flush=True,

@@ -126,6 +126,7 @@ class Cluster:
     metrics: dict[str, str] = field(default_factory=dict)  # each node's metrics URL (ends in /metrics)
     stopping: bool = False
     env: Mapping[str, str] | None = None  # the nodes' environment (None: the launcher's)
+    node_prefix: dict[str, Sequence[str]] = field(default_factory=dict)  # a command before each node's (the testbed)
 
     def command(self, node_id: str) -> list[str]:
         node = self.spec.node(node_id)
@@ -154,7 +155,8 @@ class Cluster:
             cmd += ["--restarts", str(restarts)]
         if node_id in self.metrics_ports:
             cmd += ["--metrics-port", str(self.metrics_ports[node_id])]
-        return cmd + list(self.extra_args) + list(self.node_args.get(node_id, ()))
+        cmd += list(self.extra_args) + list(self.node_args.get(node_id, ()))
+        return [*self.node_prefix.get(node_id, ()), *cmd]
 
     def log_path(self, node_id: str) -> Path | None:
         return Path(self.log_dir) / f"{node_id}.log" if self.log_dir else None
@@ -331,11 +333,13 @@ def launch(
     metrics_port: int | None = None,
     metrics_host: str | None = None,
     env: Mapping[str, str] | None = None,
+    node_prefix: dict[str, Sequence[str]] | None = None,
 ) -> Cluster:
     """Start all nodes and wait until they serve; on failure, stop what was started.
 
     ``metrics_port``: every node serves /metrics and /healthz (see :func:`plan_metrics`);
-    ``metrics_host`` is passed on in ``extra_args`` by ``cis serve`` and only names the URLs here."""
+    ``metrics_host`` is passed on in ``extra_args`` by ``cis serve`` and only names the URLs here;
+    ``node_prefix`` runs each node's command behind a prefix (``ip netns exec NS``: :mod:`cis.testbed`)."""
     addresses = plan_addresses(spec, free_ports)
     ports, urls = plan_metrics(spec, addresses, metrics_port, metrics_host)
     cluster = Cluster(
@@ -350,6 +354,7 @@ def launch(
         metrics_ports=ports,
         metrics=urls,
         env=env,
+        node_prefix=dict(node_prefix or {}),
     )
     try:
         cluster.start_all()

@@ -64,10 +64,6 @@ class RunConfig:
     coefficient_rule: str = "literal"  # line 12 as written; "capped" or "self-normalised" (training/aggregation.py)
     bn_rule: str | None = None  # BatchNorm statistics: "convex" (printed's default) or "literal" (authors-code's only)
     lower_exit_steps: str = "same"  # "same" J for every exit, or "flops": J * flops(E_i) / flops(e) for a lower exit
-    auto_candidates: list[str] | None = (
-        None  # strategy "auto": the candidates (default equal, serving-rate, balanced-adj)
-    )
-    auto_pilot: float = 0.2  # strategy "auto": pilot length as a fraction of the rounds
     participation: float = 1.0
     width: float = 1.0
     lr: float | None = None
@@ -126,7 +122,6 @@ class RunConfig:
         if not 0 < self.participation <= 1:
             raise bad("participation", "a fraction in (0, 1]")
         from training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, P_MODES, STEP_RULES
-        from training.strategies import AUTO_CANDIDATES
 
         if self.algorithm not in ALGORITHMS:
             raise bad("algorithm", " or ".join(repr(a) for a in ALGORITHMS))
@@ -141,22 +136,6 @@ class RunConfig:
         ):
             if getattr(self, f) not in allowed:
                 raise bad(f, " or ".join(repr(a) for a in allowed))
-        if (
-            isinstance(self.auto_pilot, bool)
-            or not isinstance(self.auto_pilot, (int, float))
-            or not 0 < self.auto_pilot < 1
-        ):
-            raise bad("auto_pilot", "a fraction in (0, 1)")
-        if self.auto_candidates is not None and (
-            not isinstance(self.auto_candidates, list)
-            or not self.auto_candidates
-            or any(c not in AUTO_CANDIDATES for c in self.auto_candidates)
-        ):
-            raise bad("auto_candidates", f"a non-empty list of {', '.join(AUTO_CANDIDATES)}")
-        if self.strategy == "auto" and self.method != "cis":
-            raise CisError(
-                f"config: strategy 'auto' trains pilots of Algorithm 1; method {self.method!r} needs a fixed strategy"
-            )
         if self.schedule not in ("cosine", "constant"):
             raise bad("schedule", "'cosine' or 'constant'")
         for f in ("lr", "batch_size", "local_epochs", "server_lr", "width"):

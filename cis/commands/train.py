@@ -67,13 +67,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--strategy",
         choices=STRATEGIES,
-        help="aggregation weights Lambda~ (default serving-rate; auto: chosen by pilots, docs/training.md)",
-    )
-    p.add_argument(
-        "--auto-pilot",
-        type=float,
-        metavar="FRACTION",
-        help="strategy auto: pilot length as a fraction of the rounds (default 0.2)",
+        help="aggregation weights Lambda~ (default serving-rate; auto: the serving-rate ramp, docs/training.md)",
     )
     p.add_argument("--weights", type=_floats, help="explicit Lambda~, e.g. 0.6,0.3,0.1 (implies --strategy explicit)")
     p.add_argument("--rounds", type=int, help="communication rounds T (default 30 digits, 100 CIFAR)")
@@ -195,7 +189,6 @@ _FLAG_KEYS = {
     "eval_every": "eval_every",
     "device": "device",
     "amp": "amp",
-    "auto_pilot": "auto_pilot",
     "coefficient_rule": "coefficient_rule",
     "bn_rule": "bn_rule",
     "lower_exit_steps": "lower_exit_steps",
@@ -296,10 +289,6 @@ def run(args: argparse.Namespace) -> int:
         if args.resume:
             raise CisError(
                 "--resume is not supported with --engine flower (node momentum lives on the nodes); start a new run"
-            )
-        if config.strategy == "auto":
-            raise CisError(
-                "--strategy auto runs its pilots on the builtin engine only; pick a fixed strategy with --engine flower"
             )
         from training.flower.run import run_flower
 

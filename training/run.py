@@ -377,7 +377,8 @@ def sgd_steps(s: Setup) -> dict[str, Any]:
     """The run's compute in local SGD steps: per node, the root's and the total."""
     per_node = {c.id: int(n) for c, n in zip(s.clients, s.engine.sgd_steps)}
     roots = [n.id for n in s.spec.nodes if n.parent is None]
-    return {"total": sum(per_node.values()), "root": per_node[roots[0]] if len(roots) == 1 else None, "per_node": per_node}
+    root = per_node[roots[0]] if len(roots) == 1 else None
+    return {"total": sum(per_node.values()), "root": root, "per_node": per_node}
 
 
 def evaluate_run(run_dir: str | Path, spec: CisSpec | None = None, measure: str | None = None) -> dict:

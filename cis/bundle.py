@@ -73,7 +73,7 @@ class TensorInfo:
         return out
 
     def bytes_per_sample(self) -> int:
-        return int(np.prod([s for s in self.shape[1:]], dtype=np.int64)) * np.dtype(self.dtype).itemsize
+        return int(np.prod(np.array(self.shape[1:], dtype=np.int64))) * np.dtype(self.dtype).itemsize
 
 
 @dataclass(frozen=True)
@@ -112,9 +112,10 @@ class StageInfo:
 class Bundle:
     """A verified bundle. Build it with :func:`load_bundle`."""
 
-    def __init__(self, root: Path, manifest: dict):
+    def __init__(self, root: Path, manifest: dict, sha256: str = ""):
         self.root = root
         self.manifest = manifest
+        self.sha256 = sha256  # of manifest.json's bytes, which list every file's sha256: the bundle's identity
         self.stages = [StageInfo.from_json(s) for s in manifest["stages"]]
         self.spec: CisSpec | None = (
             parse_spec(manifest["spec"], f"{root}/{MANIFEST}: spec") if manifest.get("spec") else None
@@ -211,7 +212,7 @@ def load_bundle(path: str | Path, verify: bool = True, trust: str | Path | None 
                     f"{f}: sha256 is {actual[:16]}..., manifest says {digest[:16]}...; the file was changed after "
                     "export"
                 )
-    return Bundle(root, manifest)
+    return Bundle(root, manifest, hashlib.sha256(raw).hexdigest())
 
 
 def write_manifest(root: str | Path, manifest: dict[str, Any]) -> Path:
@@ -246,7 +247,7 @@ def write_profiles(
     """
     root = Path(root)
     (root / "profiles").mkdir(parents=True, exist_ok=True)
-    extra = {} if predicted is None else {"predicted": np.asarray(predicted).astype(np.int32)}
+    extra: dict[str, Any] = {} if predicted is None else {"predicted": np.asarray(predicted).astype(np.int32)}
     np.savez_compressed(
         root / CONFIDENCE_PROFILE, confidence=confidence.astype(np.float32), correct=correct.astype(bool), **extra
     )

@@ -9,6 +9,10 @@ the command (``cis train: needs the 'train' extra: pip install 'cis[train]'``).
 
 User mistakes raise :class:`cis.errors.CisError`; ``main`` prints its one line
 to stderr and exits with status 2.
+
+Global options (before or after the command): ``--log-level``, ``--log-format``
+(also ``CIS_LOG_LEVEL``, ``CIS_LOG_FORMAT``; :mod:`cis.logs`); ``cis --version``.
+Results go to stdout, logs to stderr.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from cis import __version__, logs
 from cis.errors import CisError
 from cis.extras import MissingExtra, require
 
@@ -37,21 +42,50 @@ COMMANDS = [
     "inspect",
     "demo",
     "report",
+    "testbed",
+    "link",
 ]
 
-# commands that need more than the core install: command -> pip extra (cis/extras.py)
-NEEDS = {"train": "train", "evaluate": "train", "export": "export", "demo": "export"}
+# commands that need more than the core install: command -> pip extras (cis/extras.py); "cpu" stands for an
+# onnxruntime, which the "gpu" extra gives too
+NEEDS = {
+    "train": ("train",),
+    "evaluate": ("train",),
+    "export": ("export", "cpu"),
+    "demo": ("export", "cpu"),
+    "serve": ("cpu",),
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="cis", description="Collaborative inference systems: train, export, serve, simulate."
     )
+    parser.add_argument("--version", action="version", version=f"cis {__version__}")
+    _log_options(parser, None)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for name in COMMANDS:
         importlib.import_module(f"cis.commands.{name}").add_parser(sub)
+        _log_options(sub.choices[name], argparse.SUPPRESS)  # after the command too: it wins over the one before
     return parser
+
+
+def _log_options(parser: argparse.ArgumentParser, default: str | None) -> None:
+    parser.add_argument(
+        "--log-level",
+        type=str.lower,
+        choices=logs.LEVELS,
+        default=default,
+        help=f"least severe log records shown on stderr (default: ${logs.ENV_LEVEL}, else info)",
+    )
+    parser.add_argument(
+        "--log-format",
+        type=str.lower,
+        choices=logs.FORMATS,
+        default=default,
+        help=f"log lines as text or one JSON object each (default: ${logs.ENV_FORMAT}, else text)",
+    )
 
 
 def print_result(args: argparse.Namespace, result: Any, human: str) -> None:
@@ -67,8 +101,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        if args.command in NEEDS:
-            require(NEEDS[args.command])
+        logs.configure(logs.resolve(args.log_level, args.log_format))
+        for extra in NEEDS.get(args.command, ()):
+            require(extra)
         return int(args.func(args) or 0)
     except MissingExtra as exc:
         print(f"cis {args.command}: {exc}", file=sys.stderr)

@@ -32,16 +32,16 @@ class EngineError(CisError):
 
 def _cudart():
     try:
-        from cuda.bindings import runtime as cudart  # type: ignore[import-not-found]  # cuda-python >= 12.6
+        from cuda.bindings import runtime as cudart  # cuda-python >= 12.6
     except ImportError:
-        from cuda import cudart  # type: ignore[import-not-found,no-redef]  # older cuda-python
+        from cuda import cudart  # older cuda-python
     return cudart
 
 
 def runtime_missing() -> str | None:
     """Why TensorRT engines cannot run here (one phrase), or None when they can."""
     try:
-        import tensorrt  # type: ignore[import-not-found]  # noqa: F401
+        import tensorrt  # noqa: F401
     except Exception as exc:  # ImportError, or a broken install (libnvinfer missing)
         return f"TensorRT is not importable ({type(exc).__name__}); pip install 'cis[tensorrt]'"
     try:
@@ -76,7 +76,7 @@ class EngineSession:
         missing = runtime_missing()
         if missing:
             raise EngineError(f"{where}: cannot run a TensorRT engine: {missing}")
-        import tensorrt as trt  # type: ignore[import-not-found]
+        import tensorrt as trt
 
         self.trt, self.cudart, self.where = trt, _cudart(), where
         _ok(self.cudart.cudaSetDevice(device))

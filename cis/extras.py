@@ -1,13 +1,13 @@
 """The optional parts of cis (pip extras) and the one line a command prints when one is missing.
 
-The core install (``pip install cis``: numpy, pyzmq, msgpack, msgspec, onnxruntime, simpy,
-tomli-w, tqdm, prometheus-client) runs ``cis spec``, ``rates``, ``inspect``, ``serve`` (with
-``--metrics-port``), ``status``,
-``keys``, ``simulate``, ``report`` and ``infer`` on arrays or image folders: what
-an edge tier needs. Training, export and Flower need torch and friends, which
-come with an extra; a command that needs one checks here first (by module
-lookup, without importing anything), so a core install answers with the pip
-command instead of a traceback.
+The core install (``pip install cis``: numpy, pyzmq, msgpack, msgspec, cryptography, simpy,
+tomli-w, tqdm, prometheus-client) runs ``cis spec``, ``rates``, ``inspect``, ``status``,
+``keys``, ``simulate``, ``report`` and ``infer`` on arrays or image folders; ``serve`` (with
+``--metrics-port``) needs one onnxruntime besides: the ``cpu`` extra (onnxruntime) or the
+``gpu`` extra (onnxruntime-gpu), never both (they install the same module). Training, export
+and Flower need torch and friends, which come with an extra; a command that needs one checks
+here first (by module lookup, without importing anything), so a core install answers with the
+pip command instead of a traceback.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ from cis.errors import CisError
 
 # extra -> the top-level modules it must provide (import names, not package names)
 EXTRAS: dict[str, tuple[str, ...]] = {
+    "cpu": ("onnxruntime",),
+    "gpu": ("onnxruntime",),  # onnxruntime-gpu installs the same module
     "train": ("torch", "sklearn", "PIL"),
     "export": ("torch", "sklearn", "PIL", "onnx"),
     "flower": ("torch", "sklearn", "PIL", "flwr"),
@@ -33,8 +35,9 @@ class MissingExtra(CisError):
     def __init__(self, extra: str, missing: list[str], what: str = "") -> None:
         self.extra, self.missing = extra, missing
         lead = f"{what} needs" if what else "needs"
+        other = " (or 'cis[gpu]' for onnxruntime-gpu on an NVIDIA GPU)" if extra == "cpu" else ""
         super().__init__(
-            f"{lead} the '{extra}' extra: pip install 'cis[{extra}]' (not installed: {', '.join(missing)})"
+            f"{lead} the '{extra}' extra: pip install 'cis[{extra}]'{other} (not installed: {', '.join(missing)})"
         )
 
 

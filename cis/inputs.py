@@ -182,9 +182,8 @@ def _fit(img: np.ndarray, channels: int, height: int, width: int, path: Path) ->
         from PIL import Image
 
         mode = "L" if channels == 1 else "RGB"
-        img = np.asarray(
-            Image.fromarray(img[:, :, 0] if channels == 1 else img, mode).resize((width, height), Image.BILINEAR)
-        )
+        picture = Image.fromarray(img[:, :, 0] if channels == 1 else img, mode)
+        img = np.asarray(picture.resize((width, height), Image.Resampling.BILINEAR))
         img = img[:, :, None] if img.ndim == 2 else img
     return img
 

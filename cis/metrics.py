@@ -7,6 +7,7 @@
   (every value but ``count`` None when there is no sample). Seconds because every other time
   the project writes is in seconds (``horizon_s``, ``wall_s``, ``latency_s``, SimPy's clock,
   ``time.monotonic``); people read milliseconds, so text output goes through :func:`format_ms`.
+  :class:`LatencyWindow` keeps the last results' latencies (a node's ``status``).
 - **requests.csv** (:data:`REQUEST_COLUMNS`, :func:`write_requests`, :func:`read_requests`): one
   row per request, the same layout for the simulator (``cis simulate --out``) and a runtime replay
   (``cis demo``'s ``runtime/``).
@@ -18,6 +19,7 @@ numpy only (matplotlib is the caller's: it hands in the axes), no torch.
 
 from __future__ import annotations
 
+import collections
 import csv
 import math
 from collections.abc import Mapping, Sequence
@@ -45,6 +47,20 @@ def latency_summary(seconds: Sequence[float] | np.ndarray) -> dict[str, Any]:
     }
 
 
+class LatencyWindow:
+    """Seconds from a request's arrival at the node to its result, over the last ``size`` results."""
+
+    def __init__(self, size: int = 4096):
+        self.values: collections.deque[float] = collections.deque(maxlen=size)
+
+    def add(self, seconds: float) -> None:
+        self.values.append(seconds)
+
+    def summary(self) -> dict[str, float | None]:
+        """The one latency summary of cis.metrics (seconds: count, mean_s, p50_s, p95_s, p99_s, max_s)."""
+        return latency_summary(np.fromiter(self.values, float, len(self.values)))
+
+
 def format_ms(seconds: float | None, digits: int = 2) -> str:
     """Seconds as milliseconds for people ("-" when unknown)."""
     if seconds is None or not math.isfinite(seconds):
@@ -63,9 +79,9 @@ REQUEST_COLUMNS = ("id", "entry", "node", "exit", "outcome", "correct", "arrive_
 """id: the request (a runtime replay: the sample's index); entry: the node it arrived at; node: where it was
 served (or dropped); exit: the exit that served it (empty unless served); outcome: served | dropped (a full
 queue, simulator) | error (no answer, runtime); correct: 1 or 0 (empty when unknown); arrive_s, finish_s: the
-simulator's clock (empty for the runtime); latency_s: end to end (to the drop for a dropped request; empty when
-unknown); flags: the runtime
-reply's flags (1 degraded, 2 capped; empty for the simulator)."""
+simulator's clock (a runtime replay: arrive_s is the send time from the first send, finish_s empty);
+latency_s: end to end (to the drop for a dropped request; empty when unknown); flags: the runtime reply's
+flags (1 degraded, 2 capped; empty for the simulator)."""
 OUTCOMES = ("served", "dropped", "error")
 _TIME_COLUMNS = frozenset(c for c in REQUEST_COLUMNS if c.endswith("_s"))
 

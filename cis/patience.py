@@ -33,7 +33,7 @@ NO_LABEL = -1
 
 class PatienceState(NamedTuple):
     label: np.ndarray  # (N,) int64, NO_LABEL before the first exit
-    count: np.ndarray  # (N,) int64, consecutive agreeing exits so far
+    count: np.ndarray  # type: ignore[assignment]  # (N,) int64, consecutive agreeing exits (shadows tuple.count)
 
 
 def initial_state(n: int) -> PatienceState:

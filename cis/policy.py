@@ -111,6 +111,7 @@ class ExitPolicy:
         """(serve mask, new state) after one exit's logits, for requests arriving with ``state``."""
         if not self.uses_patience:
             raise CisError(f"exit policy {self.measure!r}: thresholds decide, not patience")
+        assert self.patience is not None  # uses_patience: p is set
         new, done = patience_rule.step(state, logits, self.patience, last=last)
         return done, new
 
@@ -246,12 +247,10 @@ def route(
             if len(idx):
                 boundary[node.id] = _boundary(c, served, w)
         keep = served > 0
-        (
-            out_s.append(idx[keep]),
-            out_n.append(np.full(keep.sum(), ids.index(node.id))),
-            out_e.append(np.full(keep.sum(), node.exit)),
-            out_w.append(served[keep]),
-        )
+        out_s.append(idx[keep])
+        out_n.append(np.full(keep.sum(), ids.index(node.id)))
+        out_e.append(np.full(keep.sum(), node.exit))
+        out_w.append(served[keep])
         rest = w - served
         fwd = rest > 1e-12
         if node.parent is not None and fwd.any():
@@ -308,11 +307,12 @@ def exit_correct(logits: Mapping[int, np.ndarray], labels: np.ndarray) -> dict[i
 
 
 def calibrate_thresholds(
-    spec: CisSpec, conf: Mapping[int, np.ndarray], seed: int = 0, measure: str | None = None
+    spec: CisSpec, conf: Mapping[int, np.ndarray], seed: int = 0, measure: str | None = None, rates: Rates | None = None
 ) -> ExitPolicy:
-    """Per-node thresholds that make each node serve its target share on this (validation) data."""
+    """Per-node thresholds that make each node serve its target share on this (validation) data: the served
+    fraction f_i of the spec's calculus, or of ``rates`` (measured ones: ``cis export --rates-from``)."""
     n = len(next(iter(conf.values())))
-    routing = route(spec, conf, assign_entries(spec, n, seed), quota_decider(spec))
+    routing = route(spec, conf, assign_entries(spec, n, seed), quota_decider(spec, rates))
     thresholds = {node.id: routing.boundary.get(node.id, math.inf) for node in spec.nodes}
     thresholds[spec.root.id] = -math.inf
     return ExitPolicy(measure or spec.confidence, thresholds)

@@ -9,23 +9,30 @@ For every node i, with children N_i^-:
 
 A node forwards as much as its cap allows, because serving a request at a
 deeper exit never costs accuracy in the paper's model (footnote 1).
+
+What a running CIS measures (:mod:`cis.measured`) comes as the same :class:`Rates`,
+and :func:`compare_rates` sets it beside a spec's calculus: the one place where the
+measurement and the design meet.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cis.spec import CisSpec
+
+RATE_KEYS = ("arrival_rate", "transfer_rate", "serving_rate")
 
 
 @dataclass(frozen=True)
 class Rates:
-    """Per-node and per-exit rates of a spec, in requests per second."""
+    """Per-node and per-exit rates (of a spec, or measured), in requests per second."""
 
     incoming: dict[str, float]
     transfer_rate: dict[str, float]
     serving_rate: dict[str, float]
     exit_serving_rate: dict[int, float]
+    arrival_rate: dict[str, float] = field(default_factory=dict)  # lambda_a: requests arriving from clients
 
     @property
     def total(self) -> float:
@@ -61,6 +68,7 @@ def compute_rates(spec: CisSpec) -> Rates:
         transfer_rate={i: transfer[i] for i in order},
         serving_rate={i: serving[i] for i in order},
         exit_serving_rate=per_exit,
+        arrival_rate={n.id: n.arrival_rate for n in spec.nodes},
     )
 
 
@@ -71,7 +79,7 @@ def rates_to_json(spec: CisSpec, rates: Rates) -> dict:
         "nodes": {
             n.id: {
                 "exit": n.exit,
-                "arrival_rate": n.arrival_rate,
+                "arrival_rate": rates.arrival_rate.get(n.id, n.arrival_rate),
                 "transfer_rate": rates.transfer_rate[n.id],
                 "serving_rate": rates.serving_rate[n.id],
             }
@@ -79,3 +87,21 @@ def rates_to_json(spec: CisSpec, rates: Rates) -> dict:
         },
         "exits": {str(e): {"serving_rate": r, "share": shares[e]} for e, r in rates.exit_serving_rate.items()},
     }
+
+
+def compare_rates(spec: CisSpec, measured: Rates) -> dict:
+    """Measured rates beside the spec's calculus: per node and per exit, ``spec``, ``measured`` and their
+    ``difference`` (measured - spec), rates in requests/s, shares as fractions."""
+    design = compute_rates(spec)
+    nodes = {}
+    for n in spec.nodes:
+        d = {k: getattr(design, k)[n.id] for k in RATE_KEYS}
+        m = {k: getattr(measured, k)[n.id] for k in RATE_KEYS}
+        nodes[n.id] = {"exit": n.exit, "spec": d, "measured": m, "difference": {k: m[k] - d[k] for k in RATE_KEYS}}
+    exits = {}
+    d_share, m_share = design.exit_share, measured.exit_share
+    for e in design.exit_serving_rate:
+        d = {"serving_rate": design.exit_serving_rate[e], "share": d_share[e]}
+        m = {"serving_rate": measured.exit_serving_rate.get(e, 0.0), "share": m_share.get(e, 0.0)}
+        exits[str(e)] = {"spec": d, "measured": m, "difference": {k: m[k] - d[k] for k in d}}
+    return {"nodes": nodes, "exits": exits}

@@ -39,7 +39,7 @@ from typing import Any
 try:  # Python 3.11+
     import tomllib  # novermin (3.10 takes the tomli fallback below)
 except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[no-redef]
 
 import tomli_w
 
@@ -248,7 +248,8 @@ def validate(spec: CisSpec, source: str | None = None) -> CisSpec:
     roots = [n.id for n in spec.nodes if n.parent is None]
     parent_of = {n.id: n.parent for n in spec.nodes}
     for n in spec.nodes:  # walk up; a walk longer than the node count is a cycle
-        cur, steps = n.id, 0
+        cur: str | None = n.id
+        steps = 0
         while cur is not None:
             cur, steps = parent_of[cur], steps + 1
             if steps > len(spec.nodes):

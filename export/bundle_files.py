@@ -26,6 +26,7 @@ from cis.spec import CisSpec, spec_to_dict
 from cis.stages import ProviderError, StageRunner
 from export.profile import confidence_profile, latency_profile
 from export.tensorrt import build_engines
+from training.models import EarlyExitNet
 from training.stage_plan import StagePlan
 
 Progress = Callable[[str], None]
@@ -36,7 +37,7 @@ class ExportRun:
     """What the export reads: the trained model, its metadata, the spec and the validation split."""
 
     run_dir: Path
-    model: torch.nn.Module
+    model: EarlyExitNet
     meta: dict
     weights_path: Path
     spec: CisSpec
@@ -56,7 +57,7 @@ def versions(trt: bool) -> dict[str, str]:
         "python": platform.python_version(),
     }
     if trt:
-        import tensorrt  # type: ignore[import-not-found]
+        import tensorrt
 
         out["tensorrt"] = tensorrt.__version__
     return out
@@ -100,7 +101,7 @@ def write_bundle(
         say("profiling latency (onnxruntime)")
         runners = [StageRunner.from_model(tmp / info.file, info, threads=fields["threads"]) for info in infos]
         latency = latency_profile(runners, fields["latency_batches"], fields["latency_repeats"])
-        trt_report, trt_runners = None, []
+        trt_report, trt_runners = None, list[StageRunner]()
         if trt:
             trt_report, trt_runners = build_engines(tmp, models, infos, runners, run.val.x, trt_fp16, say)
         gpu = gpu_profiles(tmp, infos, trt_runners, fields, say)

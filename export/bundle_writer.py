@@ -13,7 +13,8 @@ Steps, in order (each failure is one CisError line):
    variants, and measure each variant's validation accuracy per exit and the
    bytes a node forwards per request;
 6. calibrate per-node thresholds with the one policy (``cis.policy``) on the
-   logits of the graphs the bundle ships, check the shares they reproduce
+   logits of the graphs the bundle ships (to the spec's calculus, or with
+   ``recalibration`` to measured rates: export/recalibration.py), check the shares they reproduce
    (a FLAME model instead gets the patience policy, p_ev = 4 by default: no
    thresholds; the nodes table says ``"threshold": null, "patience": p`` and the
    calibration block the shares the rule gives on validation);
@@ -46,6 +47,7 @@ from export.bundle_files import ExportRun, write_bundle
 from export.onnx_export import export_stage, resolve_exporter, tensor_infos, thread_count
 from export.profile import LATENCY_BATCHES, random_feeds
 from export.quantize import FEATURE_DTYPES, apply_feature_dtype, calibrate_int8, check_feature_dtype
+from export.recalibration import Recalibration, previous_thresholds
 from export.verify import DEFAULT_ATOL, ODD_BATCH, verify_stages
 from training.stage_plan import StagePlan, describe_stages, run_plan
 
@@ -264,17 +266,19 @@ def _feature_dtypes(
 
 
 def _decide(
-    spec: CisSpec, meta: dict, patience: int | None, logits: dict[int, np.ndarray], labels: np.ndarray, say: Progress
+    spec: CisSpec, meta: dict, patience: int | None, logits: dict[int, np.ndarray], labels: np.ndarray, say: Progress,
+    recalibration: Recalibration | None = None,
 ) -> tuple[ExitPolicy, str, dict, dict]:
     """Step 6: the exit policy on the shipped graphs' validation logits; (policy, confidence measure of the
     profile, the manifest's nodes table, the calibration block)."""
-    targets = compute_rates(spec).exit_share
+    rates = recalibration.rates if recalibration else None
+    targets = (rates or compute_rates(spec)).exit_share
     patience = inference_patience(meta, patience)
     measure = spec.confidence  # with patience too: the confidence profile (the simulator's service-time rows)
     nodes = {n.id: {"exit": n.exit, "stages": list(range(1, n.exit + 1))} for n in spec.nodes}
     if patience is None:
-        say("calibrating thresholds per node")
-        policy = calibrate_thresholds(spec, exit_confidences(logits, measure))
+        say("calibrating thresholds per node" + (" to the measured rates" if rates else ""))
+        policy = calibrate_thresholds(spec, exit_confidences(logits, measure), rates=rates)
         evaluation = evaluate_cis(spec, logits, labels, policy=policy)
         for n in spec.nodes:
             nodes[n.id]["threshold"] = json_float(policy.thresholds[n.id])
@@ -297,6 +301,9 @@ def _decide(
     }
     if patience is not None:
         calibration.update(kind="patience", patience=patience)
+    if recalibration is not None:
+        calibration["rates_from"] = recalibration.measurement
+        calibration["previous"] = previous_thresholds(recalibration, spec, logits, labels, policy, measure)
     return policy, measure, nodes, calibration
 
 
@@ -314,12 +321,15 @@ def export_bundle(
     latency_batches: tuple[int, ...] = LATENCY_BATCHES,
     progress: Progress | None = None,
     patience: int | None = None,
+    recalibration: Recalibration | None = None,
 ) -> dict[str, Any]:
     """Cut, export, verify, calibrate and profile the model in ``run_dir``; write the bundle to ``out_dir``.
 
     A FLAME-trained run (``method`` "flame" in its metadata) gets a patience
     policy instead of thresholds: p_ev = ``patience``, else the run's option
     ``eval_patience``, else 4 (the paper's). ``patience`` for another method is refused.
+    ``recalibration`` (``--rates-from``): thresholds for measured rates; ``spec`` is then the design
+    updated with the measured arrival rates (:func:`cis.measured.update_spec`).
 
     Returns the report: the manifest's main fields plus verification figures,
     per-feature-dtype accuracy and bytes, and the calibrated shares.
@@ -334,6 +344,9 @@ def export_bundle(
 
         require_tensorrt()
     run = _load_run(Path(run_dir), spec, say)
+    if recalibration is not None and inference_patience(run.meta, patience) is not None:
+        raise CisError(f"--rates-from: {run_dir} is a FLAME run served by its patience rule; it has no thresholds "
+                       "to calibrate")
     threads = thread_count()
     gen = torch.Generator().manual_seed(0)  # the example inputs of the export, then of the verification
     fp32_models, flops, params = _export_stages(run.plan, gen, opset, exporter, say)
@@ -341,7 +354,7 @@ def export_bundle(
     dtype_report, models, infos, logits = _feature_dtypes(
         run.plan, (fp32_models, fp32_infos, fp32_runners), run.val, feature_dtype, threads, say
     )
-    policy, measure, nodes, calibration = _decide(run.spec, run.meta, patience, logits, run.val.y, say)
+    policy, measure, nodes, calibration = _decide(run.spec, run.meta, patience, logits, run.val.y, say, recalibration)
     report = {
         "feature_dtype": feature_dtype, "opset": opset, "exporter": exporter, "verification": _json_keys(verification),
         "feature_dtypes": dtype_report, "calibration": calibration, "nodes": nodes, "policy": policy.to_json(),

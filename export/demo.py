@@ -14,6 +14,7 @@ or, both at once, ``make_demo_bundle(tmp, steps)`` (``tmp/run`` and ``tmp/bundle
 from __future__ import annotations
 
 from pathlib import Path
+from typing import cast
 
 import numpy as np
 import torch
@@ -50,7 +51,7 @@ def make_demo_run(
     try:
         for _ in range(steps):
             idx = torch.from_numpy(rng.integers(0, len(y), size=batch_size))
-            loss = sum(torch.nn.functional.cross_entropy(out, y[idx]) for out in model(x[idx]))
+            loss = cast(torch.Tensor, sum(torch.nn.functional.cross_entropy(out, y[idx]) for out in model(x[idx])))
             opt.zero_grad()
             loss.backward()
             opt.step()

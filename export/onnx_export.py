@@ -105,7 +105,7 @@ def export_stage(
                 torch.onnx.export(
                     module,
                     example,
-                    buf,
+                    buf,  # type: ignore[arg-type]  # the torchscript exporter writes to any file object
                     input_names=names_in,
                     output_names=names_out,
                     dynamic_axes=axes,
@@ -127,6 +127,7 @@ def export_stage(
                     verbose=False,
                     optimize=True,
                 )
+                assert program is not None  # dynamo=True returns the program
                 model = program.model_proto
     except ExportError:
         raise

@@ -36,7 +36,7 @@ def random_feeds(inputs: Sequence[TensorInfo], batch: int, rng: np.random.Genera
     """Inputs of the right names, shapes and dtypes (values do not matter for timing)."""
     feeds = {}
     for t in inputs:
-        shape = (batch, *[d for d in t.shape[1:]])
+        shape = tuple(int(d) for d in (batch, *t.shape[1:]) if d is not None)  # a stage's sample shape is static
         dt = np.dtype(t.dtype)
         if dt.kind == "i":
             feeds[t.name] = rng.integers(-128, 128, size=shape).astype(dt)

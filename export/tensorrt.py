@@ -41,7 +41,7 @@ def require_tensorrt():
             f"--trt needs TensorRT, cuda-python and an NVIDIA GPU, and here {problem}; install the optional extra "
             "'cis[tensorrt]' on a machine with an NVIDIA GPU, or export without --trt"
         )
-    import tensorrt as trt  # type: ignore[import-not-found]
+    import tensorrt as trt
 
     return trt
 

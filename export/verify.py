@@ -87,10 +87,10 @@ def verify_stages(
         # chain vs full
         logits, _ = run_stages(runners, {k: _np(v) for k, v in feeds.items()})
         for st, ref in zip(plan.stages, full):
-            got = logits[st.exit]
-            diff = float(np.max(np.abs(got - ref))) if got.size else 0.0
+            chained = logits[st.exit]
+            diff = float(np.max(np.abs(chained - ref))) if chained.size else 0.0
             entry["chain"][st.exit] = _check(
-                f"chain vs full model, exit {st.exit}, at {label}", diff, ref, got, atol, n, failures
+                f"chain vs full model, exit {st.exit}, at {label}", diff, ref, chained, atol, n, failures
             )
             report["chain_max_abs_diff"][st.exit] = max(report["chain_max_abs_diff"].get(st.exit, 0.0), diff)
         report["batches"][label] = entry

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up a virtualenv in .venv with the project and every extra but tensorrt (training,
 # export, Flower, plots, metrics, test tools). An edge tier that only serves needs the
-# core alone: pip install . (README, "Install").
+# core and an onnxruntime: pip install ".[cpu]" (README, "Install").
 # torch is installed first at the pinned CPU build, which lies on local disk on these
 # machines; the project's own range (<2.14) then installs nothing more.
 set -euo pipefail

@@ -15,4 +15,6 @@ python3 -m venv .venv
 # the layout's rules: lint (pyproject [tool.ruff]) and the import contracts (pyproject [tool.importlinter])
 .venv/bin/ruff check --quiet .
 .venv/bin/lint-imports --no-cache >/dev/null || { .venv/bin/lint-imports --no-cache; exit 1; }
+# types: cis, sim and export (pyproject [tool.mypy])
+.venv/bin/mypy --no-error-summary
 exec .venv/bin/python -m pytest "$@"

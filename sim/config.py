@@ -6,10 +6,13 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 
 from cis.errors import CisError
+from cis.faults import Fault, check_faults
 from cis.spec import CisSpec, Node
 from sim.arrivals import ARRIVALS
 
 SERVICES = ("exponential", "deterministic")
+WIRES = ("payload", "tcp")
+RUNTIME_MAX_BATCH = 32  # cis serve --max-batch's default
 DEFAULT_SERVICE_MEAN = 0.005  # seconds per stage on a speed-1 node, without a bundle
 DEFAULT_PAYLOAD_BYTES = 3072 * 4  # a 32x32x3 float32 image, without a bundle
 
@@ -33,6 +36,7 @@ class SimConfig:
     shares: dict[str, float] = field(default_factory=dict)  # without a bundle: served share per node (default f_i)
     burst: float | None = None  # token bucket depth in seconds of the cap; None: the policy's default
     calibrate: bool = False  # recalibrate thresholds from the profile instead of the bundle's policy
+    threshold: float | None = None  # with a bundle: every non-root node's threshold (cis serve --all --threshold)
     # The real runtime on one machine (benchmarks/sim_vs_runtime.py, cis demo): with ``loopback``
     # links carry no latency and no bandwidth limit; each node visit costs one messaging round
     # trip (ZeroMQ + Python + the OS waking a process: the client's or child's message in, the
@@ -46,6 +50,33 @@ class SimConfig:
     loopback: bool = False
     hop_rtt: tuple[float, ...] = ()
     visit_overhead: float = 0.0
+    # Seconds per call of each stage by batch size, {stage: {batch: seconds}} (the bundle's
+    # profiles/latency.json format), measured where the nodes run; None: the bundle's profile.
+    latency_profile: dict[int, dict[int, float]] | None = None
+    # A node takes longer over the batch that ends an idle time (its process must be woken, the
+    # core's caches and clock went cold): ((idle seconds, extra seconds), ...), linear between the
+    # points, flat beyond them. Empty: never.
+    idle_slowdown: tuple[tuple[float, float], ...] = ()
+    # How a stage's time spreads around its mean (measured: each call's time over the mean): one
+    # multiplier drawn at random per batch instead of the service distribution's. Empty: none.
+    service_spread: tuple[float, ...] = ()
+    # Micro-batches (cis serve --max-batch): a free worker takes up to max_batch waiting requests
+    # at once; None: the runtime's 32 with a bundle (its latency profile has batch times), 1 without.
+    max_batch: int | None = None
+    # What a forward puts on a link: "payload" (the carry; replies travel free) or "tcp" (the
+    # runtime's message, header included, in TCP/IPv4/Ethernet segments; replies cross the link
+    # too). link_burst: bytes a link may send at once after idling (tc tbf's burst; 0: none).
+    wire: str = "payload"
+    link_burst: float = 0.0
+    # Scheduled link faults (cis.faults) and the runtime's timers that decide what a fault costs:
+    # a forward waits forward_timeout per tier above; a child pings its parent every heartbeat s
+    # and calls it down after heartbeat_timeout s unheard; TCP retries a lost segment after rto s,
+    # doubling.
+    faults: tuple[Fault, ...] = ()
+    forward_timeout: float = 1.0
+    heartbeat: float = 0.2
+    heartbeat_timeout: float = 1.0
+    rto: float = 0.2
     progress: bool = False
 
     def to_json(self) -> dict:
@@ -83,6 +114,28 @@ def check_config(config: SimConfig, spec: CisSpec, with_bundle: bool) -> SimConf
             raise CisError(
                 f"simulate: {name} is {value}; expected seconds >= 0" + (" (--visit-cost)" if name == "hop_rtt" else "")
             )
+    if config.max_batch is not None and (isinstance(config.max_batch, bool) or config.max_batch < 1):
+        raise CisError(f"simulate: --max-batch is {config.max_batch}; expected an integer >= 1")
+    if config.wire not in WIRES:
+        raise CisError(f"simulate: --wire is {config.wire!r}; expected one of {', '.join(WIRES)}")
+    if not (math.isfinite(config.link_burst) and config.link_burst >= 0):
+        raise CisError(f"simulate: --link-burst is {config.link_burst}; expected bytes >= 0")
+    for value, flag in (
+        (config.forward_timeout, "--forward-timeout"),
+        (config.heartbeat, "--heartbeat"),
+        (config.heartbeat_timeout, "--heartbeat-timeout"),
+        (config.rto, "rto"),
+    ):
+        _positive(value, flag)
+    check_faults(config.faults, spec, "simulate: --faults")
+    for point in config.idle_slowdown:
+        if len(point) != 2 or not all(math.isfinite(v) and v >= 0 for v in point):
+            raise CisError(
+                f"simulate: idle slowdown point {point!r}; expected (idle seconds >= 0, extra seconds >= 0)"
+            )
+    if not all(math.isfinite(v) and v > 0 for v in config.service_spread):
+        raise CisError("simulate: service spread: expected multipliers > 0 (each call's time over the mean)")
+    max_batch = config.max_batch or (RUNTIME_MAX_BATCH if with_bundle else 1)
     service = config.service or ("deterministic" if with_bundle else "exponential")
     if service not in SERVICES:
         raise CisError(f"simulate: --service is {service!r}; expected one of {', '.join(SERVICES)}")
@@ -94,9 +147,18 @@ def check_config(config: SimConfig, spec: CisSpec, with_bundle: bool) -> SimConf
             )
         if not 0.0 <= share <= 1.0:
             raise CisError(f"simulate: --share {node_id}={share}; expected a fraction in [0, 1]")
+    if config.threshold is not None and (not with_bundle or math.isnan(config.threshold)):
+        raise CisError(
+            f"simulate: --threshold {config.threshold}: expected a number (inf: forward everything) with --bundle"
+        )
     if config.shares and with_bundle:
         raise CisError("simulate: --share applies without a bundle; with --bundle the thresholds decide")
-    return replace(config, service=service, hop_rtt=tuple(float(v) for v in config.hop_rtt))
+    return replace(
+        config, service=service, max_batch=max_batch, hop_rtt=tuple(float(v) for v in config.hop_rtt),
+        faults=tuple(sorted(config.faults, key=lambda f: f.at)),
+        idle_slowdown=tuple((float(g), float(f)) for g, f in config.idle_slowdown),
+        service_spread=tuple(float(v) for v in config.service_spread),
+    )
 
 
 def _positive(value: float, flag: str) -> None:

@@ -1,10 +1,11 @@
-"""The SimPy model of a CIS: nodes with workers and queues, uplinks, and the story of one request.
+"""The SimPy model of a CIS: nodes that batch, links that carry bytes and fail, and the story of one request.
 
 A request arrives at a node, waits for a worker (or is dropped when the queue
-is full), runs the node's stages, and is then either served there or, when the
-exit policy lets it go and the transfer cap has a token, sent over the uplink
-to the parent, where the story repeats from the next stage. The root serves
-everything that reaches it.
+is full), runs the node's stages in a micro-batch (:mod:`sim.station`), and is
+then either served there or, when the exit policy lets it go, the parent is up
+and the transfer cap has a token, sent over the uplink (:mod:`sim.links`) to
+the parent, where the story repeats from the next stage. The root serves
+everything that reaches it; the answer travels back down the same links.
 """
 
 from __future__ import annotations
@@ -21,9 +22,12 @@ from simpy.core import EmptySchedule
 from tqdm import tqdm
 
 from cis.policy import ExitPolicy, TokenBucket
+from cis.runtime.header import FLAG_CAPPED, FLAG_DEGRADED
 from cis.spec import CisSpec, Link, Node
 from sim.arrivals import deterministic, mmpp, poisson, read_trace
 from sim.config import SimConfig
+from sim.links import Uplink
+from sim.station import Station
 from sim.streams import indices, spawn, uniforms, unit_exponentials
 from sim.workload import Profile
 
@@ -37,8 +41,10 @@ class Plan:
 
     spec: CisSpec
     config: SimConfig
-    visit_means: dict[str, dict[int, float]]  # node -> stages done on arrival -> mean seconds
-    payloads: dict[int, int]  # stage after which a request leaves -> bytes
+    stage_tables: dict[str, list[list[float]]]  # node -> stage k (from 0) -> seconds of a batch of n (index n)
+    payloads: dict[int, int]  # stage after which a request leaves -> carry bytes
+    messages: dict[int, int] | None = None  # stage -> bytes a forward puts on the wire (None: the payload)
+    reply_bytes: int = 0  # bytes a one-sample reply puts on the wire (0: replies travel free)
     masks: dict[str, list[bool]] | None = None  # with a profile: node -> row -> keep?
     shares: dict[str, float] | None = None  # without: node -> share it keeps
     profile: Profile | None = None
@@ -46,96 +52,40 @@ class Plan:
     rows: dict[str, list[int]] | None = None  # replay: node -> profile rows of its arrivals, in order
     exit_at: list[int] | None = None  # patience rule: the exit that serves each profile row
 
-
-class Uplink:
-    """A child's link to its parent: one FIFO wire at ``bandwidth``, then ``latency`` in flight.
-
-    The wire is a single FIFO server whose service time (payload / bandwidth) is
-    known when a request joins it, so when the request leaves the wire follows
-    from Lindley's recursion: it starts when both it and the wire are ready.
-    One timeout then covers queueing, transmission and flight: the schedule of a
-    ``simpy.Resource`` of capacity 1, with a quarter of the events.
-    """
-
-    def __init__(self, link: Link):
-        self.bandwidth, self.latency = link.bandwidth, link.latency
-        self.free_at = 0.0  # when the wire finishes what it already holds
-        self.busy = 0.0
-        self.sent = 0
-
-    def delay(self, now: float, nbytes: int) -> float:
-        """Seconds from joining the wire at ``now`` until arrival at the parent."""
-        hold = nbytes / self.bandwidth
-        self.free_at = max(now, self.free_at) + hold
-        self.busy += hold
-        self.sent += 1
-        return self.free_at + self.latency - now
-
-
-class Station:
-    """One node: its workers and queue, its exit policy and transfer cap, and what it counted."""
-
-    def __init__(
-        self,
-        env: simpy.Environment,
-        node: Node,
-        index: int,
-        means: dict[int, float],
-        units: Iterator[float],
-        keeps: Callable[[int], bool],
-        bucket: TokenBucket,
-        overhead: float = 0.0,
-    ):
-        self.id, self.index, self.exit = node.id, index, node.exit
-        self.workers = simpy.Resource(env, capacity=node.workers)
-        self.limit = node.queue_limit
-        self.means, self.units = means, units
-        self.overhead = overhead  # node work per visit beyond the stages (the runtime's messaging)
-        self.keeps, self.bucket = keeps, bucket
-        self.parent: Station | None = None
-        self.uplink: Uplink | None = None
-        self.received = self.served = self.forwarded = self.capped = self.dropped = 0
-        self.busy = self.waited = 0.0
-        self.max_queue = 0
-
-    def full(self) -> bool:
-        return self.limit is not None and len(self.workers.queue) >= self.limit
-
-    def service_time(self, done: int) -> float:
-        return self.means[done] * next(self.units) + self.overhead
-
-    def forwards(self, row: int, now: float) -> bool:
-        """The exit decision: forward when the policy lets the request go and the cap has a token."""
-        if self.parent is None or self.keeps(row):
-            return False
-        if self.bucket.take(now):
-            return True
-        self.capped += 1
-        return False
+    @property
+    def visit_means(self) -> dict[str, dict[int, float]]:
+        """Node -> stages done on arrival -> seconds of a one-request visit."""
+        return {
+            nid: {done: sum(t[1] for t in tables[done:]) for done in range(len(tables))}
+            for nid, tables in self.stage_tables.items()
+        }
 
 
 class Log:
     """One row per request, in completion order, kept as packed arrays (a million requests fit)."""
 
+    COLUMNS = ("id", "entry", "node", "exit", "correct", "flags", "arrive", "finish")
+
     def __init__(self) -> None:
         self.id, self.entry, self.node = array("q"), array("i"), array("i")
         self.exit, self.correct = array("b"), array("b")  # exit 0: dropped; correct -1: unknown
+        self.flags = array("B")  # the runtime's reply flags: 1 degraded, 2 capped
         self.arrive, self.finish = array("d"), array("d")
 
-    def add(self, rid: int, entry: int, node: int, exit_: int, correct: int, arrive: float, finish: float) -> None:
+    def add(
+        self, rid: int, entry: int, node: int, exit_: int, correct: int, arrive: float, finish: float, flags: int = 0
+    ) -> None:
         self.id.append(rid)
         self.entry.append(entry)
         self.node.append(node)
         self.exit.append(exit_)
         self.correct.append(correct)
+        self.flags.append(flags)
         self.arrive.append(arrive)
         self.finish.append(finish)
 
     def arrays(self) -> dict[str, np.ndarray]:
-        cols = {
-            k: np.frombuffer(getattr(self, k), dtype=getattr(self, k).typecode)
-            for k in ("id", "entry", "node", "exit", "correct", "arrive", "finish")
-        }
+        cols = {k: np.frombuffer(getattr(self, k), dtype=getattr(self, k).typecode) for k in self.COLUMNS}
         order = np.argsort(cols["id"], kind="stable")
         return {k: v[order] for k, v in cols.items()}
 
@@ -146,7 +96,8 @@ class Model:
 
     env: simpy.Environment
     stations: dict[str, Station]
-    payloads: dict[int, int]
+    messages: dict[int, int]  # stage -> bytes of a forward on the wire
+    reply_bytes: int
     correct: dict[int, list[int]] | None
     limit: float  # stop after this many arrivals
     horizon: float  # stop arrivals after this time
@@ -154,6 +105,8 @@ class Model:
         None  # messaging round trip per node visit, one draw per request (None: no cost, the spec's links only)
     )
     exit_at: list[int] | None = None  # patience rule: the exit that serves each profile row (else the node's own)
+    forward_timeout: float = 1.0  # seconds a forward waits per tier above (the runtime's --forward-timeout)
+    heartbeat_timeout: float = 1.0  # a parent unheard for this long is down (the runtime's heartbeat rule)
     log: Log = field(default_factory=Log)
     arrived: int = 0
     last_arrival: float = 0.0
@@ -167,43 +120,85 @@ class Model:
 
 
 def request(env: simpy.Environment, model: Model, rid: int, station: Station, row: int):
-    """The story of one request, from its arrival at ``station`` to the node that serves (or drops) it."""
-    entry, arrived, done, back = station.index, env.now, 0, 0.0
+    """The story of one request, from its arrival at ``station`` to the node that serves (or drops) it.
+
+    On the way up every forward is remembered with the time its node gives up
+    waiting (forward_timeout x tiers above); the answer then travels back down
+    the same links. A forward that a full parent refuses, that an outage loses,
+    or whose answer comes back too late is served by the node that sent it, at
+    its own exit, flagged degraded: what the runtime does.
+    """
+    entry, arrived, done, flags = station.index, env.now, 0, 0
     # one messaging cost per request, paid on every node visit: its visits happen within
     # milliseconds, under the same machine load (and cis.app.calibration.calibrate_visits measures
     # exactly this, each request's average cost per visit)
     rtt = next(model.hops) if model.hops is not None else 0.0
-    if rtt:  # the client's message to the entry node: half a round trip, the reply the other half
-        back += rtt / 2
-        yield env.timeout(rtt / 2)
+    half = rtt / 2
+    trail: list[tuple[Station, float]] = []  # (node that forwarded, when it gives up), from the entry up
+    if half:  # the client's message to the entry node: half a round trip, the reply the other half
+        yield env.timeout(half)
     while True:
         station.received += 1
         if station.full():
-            station.dropped += 1
-            model.log.add(rid, entry, station.index, 0, -1, arrived, env.now)
-            return
-        with station.workers.request() as turn:
-            queued = env.now
-            if not turn.triggered:
-                station.max_queue = max(station.max_queue, len(station.workers.queue))
-            yield turn
-            station.waited += env.now - queued
-            service = station.service_time(done)
-            station.busy += service
-            yield env.timeout(service)
+            if not trail:  # a client's request at a full entry node: refused (the runtime answers overloaded)
+                station.dropped += 1
+                model.log.add(rid, entry, station.index, 0, -1, arrived, env.now)
+                return
+            station.refused += 1  # the refusal goes back: the child serves the request, degraded
+            station, giveup = trail.pop()
+            assert station.uplink is not None  # it forwarded: it has a parent
+            back = station.uplink.reply(env.now, model.reply_bytes)
+            flags = FLAG_DEGRADED
+            station.degraded += 1
+            yield env.timeout((back if back is not None and back <= giveup else giveup) - env.now + half)
+            break
+        yield station.visit(done)
         done = station.exit
-        if not station.forwards(row, env.now):
-            station.served += 1
-            exit_ = model.served_exit(row, done)
-            # the reply travels back through every node visited (the spec's links carry replies for free)
-            model.log.add(rid, entry, station.index, exit_, model.outcome(row, exit_), arrived, env.now + back)
-            return
+        now = env.now
+        if station.parent is None or station.keeps(row):
+            break
+        if not station.parent_up(now, model.heartbeat_timeout):
+            station.degraded += 1
+            flags = FLAG_DEGRADED
+            break
+        if not station.take_token(now):
+            flags = FLAG_CAPPED
+            break
         station.forwarded += 1
-        delay = station.uplink.delay(env.now, model.payloads[done])
-        back += rtt / 2
-        delay += rtt / 2
-        yield env.timeout(delay)
+        giveup = now + model.forward_timeout * station.tiers_above
+        assert station.uplink is not None  # a station with a parent has its uplink
+        reach = station.uplink.forward(now, model.messages[done])
+        if reach is None:  # lost in an outage: the node waits, then serves it here
+            station.degraded += 1
+            flags = FLAG_DEGRADED
+            yield env.timeout(giveup - now)
+            break
+        trail.append((station, giveup))
+        yield env.timeout(reach - now + half)
         station = station.parent
+    yield from _answer(env, model, rid, entry, arrived, station, row, flags, trail, half)
+
+
+def _answer(env, model: Model, rid, entry, arrived, station: Station, row, flags, trail, half):
+    """Serve at ``station`` and carry the answer down the trail to the client."""
+    station.served += 1
+    server, t = station, env.now
+    exit_ = server.exit if flags & FLAG_DEGRADED else model.served_exit(row, server.exit)
+    for child, giveup in reversed(trail):
+        back = child.uplink.reply(t, model.reply_bytes)
+        if back is None or back > giveup:  # lost or too late: the child has answered it itself
+            server.served -= 1
+            child.served += 1
+            child.degraded += 1
+            server, t, flags, exit_ = child, giveup, FLAG_DEGRADED, child.exit
+        else:
+            child.last_reply = back
+            t = back
+        t += half
+    t += half
+    if t > env.now and model.reply_bytes:  # replies share the links' wires: keep their order in time
+        yield env.timeout(t - env.now)
+    model.log.add(rid, entry, server.index, exit_, model.outcome(row, exit_), arrived, t, flags)
 
 
 def source(env: simpy.Environment, model: Model, station: Station, times: Iterator[float], rows: Iterator[int]):
@@ -229,23 +224,26 @@ def build(plan: Plan) -> tuple[Model, list[tuple[Station, Iterator[float], Itera
     rngs = iter(spawn(config.seed, 4 * len(spec.nodes) + 1))
     trace = (
         read_trace(config.trace, {n.id: n.arrival_rate for n in spec.nodes}, next(rngs))
-        if config.arrivals == "trace"
+        if config.arrivals == "trace" and config.trace is not None  # SimConfig: a trace names its file
         else None
     )
     stations: dict[str, Station] = {}
     feeds = []
+    max_batch = config.max_batch or 1
     for index, node in enumerate(spec.nodes):
         arrival_rng, service_rng, decision_rng, row_rng = (next(rngs) for _ in range(4))
-        units = unit_exponentials(service_rng) if config.service == "exponential" else itertools.repeat(1.0)
+        units = _units(config, service_rng)
         station = Station(
             env,
             node,
             index,
-            plan.visit_means[node.id],
+            plan.stage_tables[node.id],
             units,
             _keeper(plan, node.id, decision_rng),
             _bucket(node, config.burst),
             config.visit_overhead,
+            max_batch,
+            _slowdown(config.idle_slowdown),
         )
         stations[node.id] = station
         if plan.rows is not None:  # replay: this node's arrivals take these rows, in order
@@ -255,10 +253,7 @@ def build(plan: Plan) -> tuple[Model, list[tuple[Station, Iterator[float], Itera
         times = _times(node, config, arrival_rng, trace)
         if times is not None:
             feeds.append((station, times, rows))
-    for node in spec.nodes:
-        if node.parent is not None:
-            stations[node.id].parent = stations[node.parent]
-            stations[node.id].uplink = Uplink(LOOPBACK if config.loopback else node.link)
+    _connect(spec, config, stations)
     correct = None
     if plan.profile is not None:
         correct = {e: plan.profile.correct[:, e - 1].astype(np.int8).tolist() for e in range(1, spec.num_exits + 1)}
@@ -272,13 +267,61 @@ def build(plan: Plan) -> tuple[Model, list[tuple[Station, Iterator[float], Itera
             if len(config.hop_rtt) == 1
             else (config.hop_rtt[i] for i in indices(hop_rng, len(config.hop_rtt)))
         )
-    return Model(env, stations, plan.payloads, correct, limit, horizon, hops, plan.exit_at), feeds
+    messages = plan.messages if plan.messages is not None else plan.payloads
+    model = Model(
+        env, stations, messages, plan.reply_bytes, correct, limit, horizon, hops, plan.exit_at,
+        config.forward_timeout, config.heartbeat_timeout,
+    )
+    return model, feeds
+
+
+def _connect(spec: CisSpec, config: SimConfig, stations: dict[str, Station]) -> None:
+    """Every child's uplink (loopback: no bandwidth, no latency), its heartbeat phase and its scheduled faults."""
+    phases = uniforms(spawn(config.seed, 4 * len(spec.nodes) + 3)[-1])  # its own stream: runs without faults keep
+    for node in spec.nodes:
+        if node.parent is None:
+            continue
+        link = LOOPBACK if config.loopback else node.link
+        st = stations[node.id]
+        st.parent, st.tiers_above = stations[node.parent], max(1, spec.depth(node.id))
+        st.uplink = Uplink.make(
+            link.bandwidth, link.latency, config.link_burst, heartbeat=config.heartbeat,
+            phase=next(phases) * config.heartbeat, rto=config.rto,
+        )
+    for fault in config.faults:
+        up = stations[fault.node].uplink
+        assert up is not None  # cis.faults refuses a fault on the root's (absent) uplink
+        if fault.action == "down":
+            up.go_down(fault.at)
+        elif fault.action == "up":
+            up.come_up(fault.at)
+        else:
+            assert fault.value is not None  # a bandwidth change carries its rate
+            up.up.set_rate(fault.at, fault.value)
+            up.down.set_rate(fault.at, fault.value)
+
+
+def _units(config: SimConfig, rng: np.random.Generator) -> Iterator[float]:
+    """Multipliers of each batch's stage time: a measured spread, exponential draws, or 1."""
+    if config.service_spread:
+        spread = config.service_spread
+        return (spread[i] for i in indices(rng, len(spread)))
+    return unit_exponentials(rng) if config.service == "exponential" else itertools.repeat(1.0)
+
+
+def _slowdown(table: tuple[tuple[float, float], ...]) -> Callable[[float], float] | None:
+    """Idle seconds -> extra seconds of the next batch, linear between the table's points (flat beyond them)."""
+    if not table:
+        return None
+    gaps, extra = zip(*sorted(table))
+    return lambda idle: float(np.interp(idle, gaps, extra))
 
 
 def _keeper(plan: Plan, node_id: str, rng: np.random.Generator) -> Callable[[int], bool]:
     """With a profile, the policy's precomputed decision per row; without, a draw against the node's share."""
     if plan.masks is not None:
         return plan.masks[node_id].__getitem__
+    assert plan.shares is not None  # no profile: the plan has the shares
     share, draws = plan.shares[node_id], uniforms(rng)
     return lambda _row: next(draws) < share
 
@@ -313,6 +356,7 @@ def run_model(plan: Plan) -> Model:
         return model
     by_requests = plan.config.requests is not None
     total = plan.config.requests if by_requests else plan.config.duration
+    assert total is not None  # a request count or a duration bounds every run (SimConfig)
     with tqdm(total=total, unit="req" if by_requests else "s", desc="simulate", leave=False, disable=None) as bar:
         try:
             while True:

@@ -12,7 +12,7 @@ from cis.metrics import draw_latency_cdf, write_requests
 
 NODE_COLUMNS = (
     "exit", "workers", "queue_limit", "arrival_rate", "incoming_rate", "served_rate", "forwarded_rate",
-    "capped_rate", "dropped", "utilisation", "mean_queue", "max_queue",
+    "capped_rate", "dropped", "refused", "degraded", "batches", "utilisation", "mean_queue", "max_queue",
 )
 
 
@@ -34,6 +34,7 @@ def write_requests_csv(path: Path, requests: dict[str, np.ndarray], node_ids: li
         "arrive_s": requests["arrive"].tolist(),
         "finish_s": requests["finish"].tolist(),
         "latency_s": (requests["finish"] - requests["arrive"]).tolist(),
+        "flags": [f or None for f in requests["flags"].tolist()],
     })
 
 

@@ -13,6 +13,7 @@ import numpy as np
 
 from cis.metrics import format_ms, latency_summary
 from cis.rates import compute_rates
+from cis.runtime.header import FLAG_CAPPED, FLAG_DEGRADED
 from sim.model import Model, Plan
 
 
@@ -55,6 +56,9 @@ def summarise(plan: Plan, model: Model, requests: dict[str, np.ndarray]) -> dict
             "forwarded_rate": per_second(st.forwarded, horizon),
             "capped_rate": per_second(st.capped, horizon),
             "dropped": st.dropped,
+            "refused": st.refused,
+            "degraded": st.degraded,
+            "batches": st.batches,
             "utilisation": share(st.busy, node.workers * makespan),
             "mean_queue": share(st.waited, makespan),
             "max_queue": st.max_queue,
@@ -79,9 +83,10 @@ def summarise(plan: Plan, model: Model, requests: dict[str, np.ndarray]) -> dict
         up = model.stations[node.id].uplink
         if up is not None:
             links[f"{node.id}->{node.parent}"] = {
-                "sent": up.sent,
+                "sent": up.up.sent,
                 "payload_bytes": plan.payloads[node.exit],
-                "utilisation": share(up.busy, makespan),
+                "wire_bytes": (plan.messages or plan.payloads)[node.exit],
+                "utilisation": share(up.up.busy, makespan),
             }
 
     return {
@@ -94,6 +99,8 @@ def summarise(plan: Plan, model: Model, requests: dict[str, np.ndarray]) -> dict
         "latency": latency_summary(latency[served]),
         "accuracy": mean_correct(requests["correct"][served]),
         "drop_share": share(int(arrived - served.sum()), arrived),
+        "degraded_share": share(int(np.count_nonzero(requests["flags"] & FLAG_DEGRADED)), arrived),
+        "capped_share": share(int(np.count_nonzero(requests["flags"] & FLAG_CAPPED)), arrived),
         "nodes": nodes,
         "exits": exits,
         "links": links,
@@ -103,6 +110,7 @@ def summarise(plan: Plan, model: Model, requests: dict[str, np.ndarray]) -> dict
 def _decision(plan: Plan) -> dict:
     if plan.policy is not None:
         kind = "patience" if plan.policy.uses_patience else "thresholds"
+        assert plan.profile is not None  # a policy comes with the bundle's profile
         return {"kind": kind, **plan.policy.to_json(), "profile_samples": plan.profile.samples}
     return {"kind": "shares", "shares": plan.shares}
 

@@ -15,15 +15,18 @@ from sim.model import Plan, run_model
 from sim.report import summarise
 from sim.workload import (
     Profile,
+    bundle_carries,
     bundle_payloads,
     bundle_policy,
     bundle_profile,
-    node_stage_seconds,
+    check_stage_profiles,
+    node_stage_profiles,
     patience_exits,
     patience_payload,
     serve_masks,
     served_shares,
-    visit_means,
+    stage_tables,
+    tcp_messages,
 )
 
 
@@ -51,31 +54,48 @@ def plan_run(
     if (profile is not None or rows is not None) and bundle is None:
         raise CisError("simulate: a replayed profile or rows need a bundle (thresholds, service times, payloads)")
     if bundle is None:
-        per_stage = [config.service_mean] * spec.num_exits
+        per_stage = _measured(spec, config) or {n.id: [{1: config.service_mean}] * spec.num_exits for n in spec.nodes}
         payloads = {k: config.payload_bytes for k in range(1, spec.num_exits + 1)}
-        means = visit_means(spec, {n.id: per_stage for n in spec.nodes})
-        return Plan(spec, config, means, payloads, shares=served_shares(spec, config.shares))
+        carries = {k: {"carry": np.zeros((1, config.payload_bytes), np.uint8)} for k in range(1, spec.num_exits)}
+        return Plan(
+            spec, config, stage_tables(spec, per_stage, config.max_batch or 1), payloads,
+            *_wire(spec, config, carries), shares=served_shares(spec, config.shares),
+        )
     profile = profile if profile is not None else bundle_profile(bundle, spec.num_exits)
     if rows is not None:
         bad = [r for rs in rows.values() for r in rs if not 0 <= r < profile.samples]
         if bad:
             raise CisError(f"simulate: replay row {bad[0]} is outside the profile's {profile.samples} samples")
     payloads = bundle_payloads(bundle, spec.num_exits)
-    means = visit_means(spec, node_stage_seconds(spec, bundle))
-    policy = bundle_policy(spec, bundle, profile, config.calibrate, config.seed)
+    tables = stage_tables(spec, _measured(spec, config) or node_stage_profiles(spec, bundle), config.max_batch or 1)
+    policy = bundle_policy(spec, bundle, profile, config.calibrate, config.seed, config.threshold)
     payloads = {k: b + patience_payload(policy) for k, b in payloads.items()}
     exit_at = patience_exits(policy, profile).tolist() if policy.uses_patience else None
     return Plan(
         spec,
         config,
-        means,
+        tables,
         payloads,
+        *_wire(spec, config, bundle_carries(bundle, spec.num_exits, policy)),
         masks=serve_masks(spec, policy, profile),
         profile=profile,
         policy=policy,
         rows=rows,
         exit_at=exit_at,
     )
+
+
+def _measured(spec: CisSpec, config: SimConfig) -> dict[str, list[dict[int, float]]] | None:
+    """Every node's stage times from ``config.latency_profile`` (measured where the nodes run), if given."""
+    if config.latency_profile is None:
+        return None
+    stages = check_stage_profiles(config.latency_profile, spec.num_exits, "simulate: --latency-profile")
+    return {n.id: stages for n in spec.nodes}
+
+
+def _wire(spec: CisSpec, config: SimConfig, carries: dict[int, dict[str, np.ndarray]]) -> tuple[dict | None, int]:
+    """(bytes of a forward on the wire per stage, of a reply): the payload alone, or TCP's view."""
+    return tcp_messages(spec, carries) if config.wire == "tcp" else (None, 0)
 
 
 def simulate(

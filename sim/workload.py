@@ -56,8 +56,8 @@ def bundle_profile(bundle: Bundle, num_exits: int) -> Profile:
     return Profile(conf, correct, predicted)
 
 
-def bundle_stage_seconds(bundle: Bundle, num_exits: int, backend: str = "cpu") -> list[float]:
-    """Seconds per stage at batch 1 on ``backend`` on the exporting machine (speed 1), stages 1..E."""
+def bundle_stage_profiles(bundle: Bundle, num_exits: int, backend: str = "cpu") -> list[dict[int, float]]:
+    """Per stage 1..E, seconds per call by batch size on ``backend`` on the exporting machine (speed 1)."""
     where = f"bundle {bundle.root}: profiles/latency.json"
     try:
         profile = bundle.latency_profile(backend)
@@ -68,16 +68,22 @@ def bundle_stage_seconds(bundle: Bundle, num_exits: int, backend: str = "cpu") -
             f'{where}: cannot read ({exc.__class__.__name__}: {exc}); expected {{"stages": {{stage: {{batch: '
             f'seconds}}}}}}'
         ) from None
-    seconds = []
+    return check_stage_profiles(profile, num_exits, f"{where} ({backend})")
+
+
+def check_stage_profiles(profile: dict, num_exits: int, where: str) -> list[dict[int, float]]:
+    """``{stage: {batch: seconds}}`` as a list over stages 1..E, each with a batch-1 time, all seconds >= 0."""
+    out = []
     for stage in range(1, num_exits + 1):
-        t = profile.get(stage, {}).get(1)
-        if t is None or not np.isfinite(t) or t < 0:
+        points = profile.get(stage, {})
+        t = points.get(1)
+        if t is None or not all(isinstance(v, (int, float)) and np.isfinite(v) and v >= 0 for v in points.values()):
             raise CisError(
-                f"{where}: stage {stage} has batch-1 time {t!r} ({backend}); expected seconds >= 0 for every stage "
-                f"1..{num_exits}"
+                f"{where}: stage {stage} has batch-1 time {t!r}; expected seconds >= 0 for every stage 1..{num_exits} "
+                "and batch size"
             )
-        seconds.append(t)
-    return seconds
+        out.append({int(b): float(v) for b, v in points.items()})
+    return out
 
 
 def node_backend(node: Node) -> str:
@@ -85,15 +91,15 @@ def node_backend(node: Node) -> str:
     return node.provider if node.provider in ("cuda", "tensorrt") else "cpu"
 
 
-def node_stage_seconds(spec: CisSpec, bundle: Bundle) -> dict[str, list[float]]:
-    """Per node, seconds per stage at batch 1 on the backend its ``provider`` picks (cis serve --provider)."""
-    by_backend: dict[str, list[float]] = {}
+def node_stage_profiles(spec: CisSpec, bundle: Bundle) -> dict[str, list[dict[int, float]]]:
+    """Per node, the stage profiles of the backend its ``provider`` picks (cis serve --provider)."""
+    by_backend: dict[str, list[dict[int, float]]] = {}
     out = {}
     for n in spec.nodes:
         backend = node_backend(n)
         if backend not in by_backend:
             try:
-                by_backend[backend] = bundle_stage_seconds(bundle, spec.num_exits, backend)
+                by_backend[backend] = bundle_stage_profiles(bundle, spec.num_exits, backend)
             except CisError as exc:
                 raise CisError(
                     f"{exc}; node {n.id!r} has provider {n.provider!r}: export the bundle on a machine with that "
@@ -112,24 +118,87 @@ def bundle_payloads(bundle: Bundle, num_exits: int) -> dict[int, int]:
     return {k: bundle.stage(k).carry_bytes_per_sample() for k in range(1, num_exits + 1)}
 
 
-def visit_means(spec: CisSpec, stage_seconds: dict[str, list[float]]) -> dict[str, dict[int, float]]:
-    """Mean service time of a visit, per node and per stage already done on arrival.
+def batch_seconds(points: dict[int, float], max_batch: int) -> list[float]:
+    """Seconds of one stage on a batch of n, for n = 0..max_batch, from its profiled batch sizes.
 
-    A request that arrives having completed stage ``done`` (0 for a local
-    arrival) runs stages done+1..E_i, at the node's speed; ``stage_seconds``
-    holds each node's seconds per stage (its backend's, :func:`node_stage_seconds`).
-    """
+    Linear between the profiled sizes; beyond the largest, at the slope of the last
+    segment (one profiled size: in proportion to n). Index 0 is 0 (no batch)."""
+    sizes = sorted(points)
+    times = [points[b] for b in sizes]
+    out = [0.0]
+    for n in range(1, max_batch + 1):
+        if len(sizes) == 1:
+            out.append(times[0] * n / sizes[0])
+        elif n <= sizes[-1]:
+            out.append(float(np.interp(n, sizes, times)))
+        else:
+            slope = (times[-1] - times[-2]) / (sizes[-1] - sizes[-2])
+            out.append(times[-1] + slope * (n - sizes[-1]))
+    return out
+
+
+def stage_tables(
+    spec: CisSpec, profiles: dict[str, list[dict[int, float]]], max_batch: int
+) -> dict[str, list[list[float]]]:
+    """Per node and stage 1..E_i, seconds of a batch of n (index n) at the node's ``speed``."""
     return {
-        n.id: {done: sum(stage_seconds[n.id][done : n.exit]) / n.speed for done in range(n.exit)}
+        n.id: [[t / n.speed for t in batch_seconds(profiles[n.id][k], max_batch)] for k in range(n.exit)]
         for n in spec.nodes
     }
 
 
-def bundle_policy(spec: CisSpec, bundle: Bundle, profile: Profile, calibrate: bool, seed: int) -> ExitPolicy:
-    """The bundle's thresholds, or thresholds calibrated on the profile when it has none (or when asked)."""
+def bundle_carries(bundle: Bundle, num_exits: int, policy: ExitPolicy | None) -> dict[int, dict[str, np.ndarray]]:
+    """Per stage k < E, one sample of the carry that leaves stage k (with the patience state under patience)."""
+    out = {}
+    for k in range(1, num_exits):
+        carry = {
+            t.name: np.zeros((1, *(int(d or 1) for d in t.shape[1:])), t.dtype)
+            for t in bundle.stage(k).outputs
+            if t.name != "logits"
+        }
+        if policy is not None and policy.uses_patience:
+            carry.update({patience_rule.LABEL: np.zeros(1, np.int64), patience_rule.COUNT: np.zeros(1, np.int64)})
+        out[k] = carry
+    return out
+
+
+def tcp_messages(spec: CisSpec, carries: dict[int, dict[str, np.ndarray]]) -> tuple[dict[int, int], int]:
+    """What the runtime puts on a TCP link: per stage k, a one-sample FORWARD of ``carries[k]``; and a
+    one-sample RESULT. Each as the wire carries it (:func:`sim.links.wire_bytes`): the message's frames
+    (header and tensors, by :mod:`cis.runtime.protocol`), ZeroMQ's frame prefixes, TCP segments."""
+    from cis.runtime import protocol as P
+    from sim.links import wire_bytes
+
+    route = [n.id for n in spec.path_to_root(max(spec.nodes, key=lambda n: spec.depth(n.id)).id)]
+    messages = {
+        k: wire_bytes(_zmtp(P.encode(P.FORWARD, 2**40, carry, stage=k + 1, deadline=2e9, route=route, sender=route[0])))
+        for k, carry in carries.items()
+    }
+    one = np.zeros(1)
+    result = P.result_frames(
+        2**40, 1, one.astype(np.int64), one.astype(np.float32), one.astype(np.int32), one.astype(np.uint8),
+        route[:1], route[-1],
+    )
+    return messages, wire_bytes(_zmtp(result))
+
+
+def _zmtp(frames: list) -> int:
+    """Bytes of a multipart message in ZeroMQ's wire format: a 2-byte prefix per frame (9 above 255 bytes)."""
+    sizes = [memoryview(f).nbytes for f in frames]
+    return sum(s + (2 if s < 256 else 9) for s in sizes)
+
+
+def bundle_policy(
+    spec: CisSpec, bundle: Bundle, profile: Profile, calibrate: bool, seed: int, threshold: float | None = None
+) -> ExitPolicy:
+    """The bundle's thresholds, or thresholds calibrated on the profile when it has none (or when asked);
+    ``threshold`` replaces every non-root node's, as ``cis serve --all --threshold`` does."""
     policy = bundle.policy
     if policy is not None and policy.uses_patience:  # FLAME: no thresholds; the rule decides per request
         return policy
+    if threshold is not None:
+        measure = policy.measure if policy is not None else spec.confidence
+        return ExitPolicy(measure, {n.id: threshold if n.parent else -np.inf for n in spec.nodes})
     if policy is None or calibrate:
         conf = {e: profile.confidence[:, e - 1] for e in range(1, spec.num_exits + 1)}
         return calibrate_thresholds(spec, conf, seed=seed)
@@ -169,6 +238,7 @@ def patience_exits(policy: ExitPolicy, profile: Profile) -> np.ndarray:
             "simulate: the bundle's profile has no 'predicted' classes, which the patience rule needs; re-export the "
             "bundle"
         )
+    assert policy.patience is not None  # a patience policy has its p
     return patience_rule.exit_points_from_labels(profile.predicted, int(policy.patience))
 
 

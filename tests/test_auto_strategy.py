@@ -1,4 +1,4 @@
-"""--strategy auto: candidates, pilots on the validation split, and a run that continues from the winner."""
+"""--strategy auto: the serving-rate ramp (issue 22), one run's compute, no pilots."""
 
 import json
 
@@ -6,33 +6,19 @@ import numpy as np
 import pytest
 import torch
 
-from cis.errors import CisError
-from training.auto import pick, pilot_length
-from training.strategies import distinct_candidates, make_weights
+from training.strategies import AUTO, make_weights
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 TRAIN = ["--dataset", "digits", "--rounds", "4", "--no-progress", "--json"]
 
 
-def test_pilot_length_and_pick():
-    assert pilot_length(60, 0.2) == 12
-    assert pilot_length(4, 0.2) == 1
-    assert pilot_length(2, 0.9) == 1  # the run must go on after the choice
-    assert pick({"equal": 0.5, "serving-rate": 0.7, "balanced-adj": 0.6}) == "serving-rate"
-    assert pick({"equal": 0.7, "serving-rate": 0.7}) == "equal"  # a tie goes to the earlier candidate
-
-
-def test_candidates_within_tolerance_are_one():
-    vs = {"equal": np.full(3, 1 / 3), "serving-rate": np.full(3, 1 / 3), "balanced-adj": np.array([0.32, 0.345, 0.335])}
-    assert list(distinct_candidates(vs)) == ["equal"]
-    vs["serving-rate"] = np.array([0.8, 0.15, 0.05])
-    assert list(distinct_candidates(vs)) == ["equal", "serving-rate"]
-    w = make_weights("auto", 3, exit_serving_rate=[80, 15, 5], candidates=["equal", "serving-rate"])
-    assert list(w.candidates) == ["equal", "serving-rate"] and np.allclose(w.at(1), 1 / 3)
-    w.choose("serving-rate")
-    assert np.allclose(w.at(7), [0.8, 0.15, 0.05])
-    with pytest.raises(CisError, match="candidates"):
-        make_weights("auto", 3, exit_serving_rate=[80, 15, 5], candidates=["flops"])
+def test_auto_is_the_serving_ramp():
+    assert AUTO == "serving-ramp"
+    auto = make_weights("auto", 3, total_rounds=20, exit_serving_rate=[80, 15, 5])
+    ramp = make_weights("serving-ramp", 3, total_rounds=20, exit_serving_rate=[80, 15, 5])
+    assert all(np.array_equal(auto.at(t), ramp.at(t)) for t in range(1, 21))
+    assert auto.describe()["strategy"] == "auto" and auto.describe()["auto"] == "serving-ramp"
+    assert np.allclose(auto.at(1), 1 / 3) and np.allclose(auto.at(20), [0.8, 0.15, 0.05])
 
 
 def _weights(run):
@@ -43,45 +29,21 @@ def _same(a, b):
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_auto_continues_from_the_winner_so_it_equals_the_winners_own_run(tmp_path, run_cli):
-    cfg = tmp_path / "auto.json"
-    cfg.write_text(json.dumps({"auto_candidates": ["equal", "serving-rate"], "auto_pilot": 0.5}))
-    auto = tmp_path / "auto"
-    r = run_cli("train", *TRAIN, "--serving", "80-15-5", "--strategy", "auto", "--config", cfg, "--out", auto)
-    assert r.code == 0, r.err
-    choice = json.loads((auto / "auto.json").read_text())
-    scores = choice["pilot_val_cis_accuracy"]
-    assert set(scores) == {"equal", "serving-rate"} and choice["pilot_rounds"] == 2
-    assert choice["chosen"] == max(scores, key=scores.get)
-    for pilot in choice["pilots"].values():  # pilots are rounds 1..P, scored on validation
-        assert [ln["round"] for ln in pilot["lines"]] == [1, 2]
-        assert pilot["val_cis_accuracy"] == pytest.approx(np.mean([ln["val_cis_accuracy"] for ln in pilot["lines"]]))
-    lines = [json.loads(ln) for ln in (auto / "metrics.jsonl").read_text().splitlines()]
-    assert [ln["round"] for ln in lines] == [1, 2, 3, 4]
-    summary = json.loads((auto / "summary.json").read_text())
-    assert summary["weights"]["strategy"] == "auto" and summary["weights"]["chosen"] == choice["chosen"]
-    fixed = tmp_path / "fixed"
-    assert run_cli("train", *TRAIN, "--serving", "80-15-5", "--strategy", choice["chosen"], "--out", fixed).code == 0
-    assert _same(_weights(auto), _weights(fixed))
+def test_an_auto_run_is_the_serving_ramp_run_at_the_same_compute(tmp_path, run_cli):
+    runs = {}
+    for strategy in ("auto", "serving-ramp", "equal"):
+        out = tmp_path / strategy
+        r = run_cli("train", *TRAIN, "--serving", "80-15-5", "--strategy", strategy, "--out", out)
+        assert r.code == 0, r.err
+        runs[strategy] = json.loads((out / "summary.json").read_text())
+    assert _same(_weights(tmp_path / "auto"), _weights(tmp_path / "serving-ramp"))
+    assert not (tmp_path / "auto" / "auto.json").exists()  # no pilots
+    steps = {k: v["sgd_steps"]["total"] for k, v in runs.items()}
+    assert steps["auto"] == steps["serving-ramp"] == steps["equal"] > 0  # exactly one run's SGD steps
+    assert runs["auto"]["weights"]["last_round"] == pytest.approx([0.8, 0.15, 0.05])
 
 
-def test_auto_with_one_distinct_candidate_is_that_candidates_run_and_resumes(tmp_path, run_cli):
-    cfg = tmp_path / "auto.json"
-    cfg.write_text(json.dumps({"auto_candidates": ["equal", "serving-rate"]}))
-    auto, equal = tmp_path / "auto", tmp_path / "equal"
-    args = [*TRAIN, "--serving", "33-33-33", "--config", cfg]
-    r = run_cli("train", *args, "--strategy", "auto", "--out", auto, "--stop-after", "2")
-    assert r.code == 0 and json.loads((auto / "auto.json").read_text())["chosen"] == "equal"
-    assert run_cli("train", "--out", auto, "--resume", "--no-progress", "--json").code == 0
-    assert run_cli("train", *args, "--strategy", "equal", "--out", equal).code == 0
-    assert _same(_weights(auto), _weights(equal))
-
-
-def test_auto_is_refused_for_other_methods(run_cli, tmp_path):
-    r = run_cli("train", *TRAIN, "--method", "depthfl", "--strategy", "auto", "--out", tmp_path / "x")
-    assert r.code == 2 and "auto" in r.err
-
-
-def test_auto_is_refused_on_the_flower_engine(run_cli, tmp_path):
-    r = run_cli("train", *TRAIN, "--engine", "flower", "--strategy", "auto", "--out", tmp_path / "x")
-    assert r.code == 2 and "builtin engine" in r.err
+def test_at_33_33_33_auto_is_equal_weighting():
+    # the benchmarks reuse equal's runs for auto there (as for serving-rate): the same weights up to rounding
+    auto = make_weights("auto", 3, total_rounds=60, exit_serving_rate=[1 / 3] * 3)
+    assert all(np.allclose(auto.at(t), 1 / 3, rtol=0, atol=1e-15) for t in range(1, 61))

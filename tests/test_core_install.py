@@ -143,6 +143,11 @@ def test_core_commands_run_without_torch(core, bundle, tmp_path):
     )
     assert sim["requests"]["served"] == 300
     assert (tmp_path / "sim" / "result.json").is_file()
+    measured = json.loads(
+        _ok(core.run("rates", tmp_path / "spec.toml", "--measured", tmp_path / "sim" / "requests.csv", "--json")).stdout
+    )
+    assert measured["measurement"]["served"] == 300
+    _ok(core.run("spec", "update", tmp_path / "spec.toml", "--rates-from", tmp_path / "sim" / "requests.csv"))
     _ok(core.run("report", tmp_path / "sim", "--json"))
     _ok(core.run("report", bundle, "--out", tmp_path / "bundle-report.md"))
     _ok(core.run("keys", tmp_path / "keys", "--name", "edge"))
@@ -189,6 +194,9 @@ def test_serve_all_and_infer_on_arrays_and_images_without_torch(core, bundle, di
         assert img["samples_answered"] == 30 and not img["errors"] and img["accuracy"] > 0.5
         status = _ok(core.run("status", "--connect", root, "--json"))
         assert status.stdout.strip()
+        every = [a for node in nodes.values() for a in ("--connect", node["address"])]
+        measured = json.loads(_ok(core.run("rates", *every, "--json")).stdout)
+        assert measured["measurement"]["served"] == 90  # the .npz samples and the images
     finally:
         code = stop(proc)
     assert code == 0, proc.stderr.read()[-3000:]

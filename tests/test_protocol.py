@@ -347,3 +347,23 @@ def test_valid_messages_take_the_one_pass_path(kinds):
         assert msg.header == msgpack.unpackb(frames[0])  # the plain header, decoded on demand
         for name, a in msg.tensors.items():
             assert a.shape == tuple(msg.header["shapes"][msg.header["names"].index(name)])
+
+
+@pytest.mark.parametrize(
+    "field, code",
+    [("stage", "bad_stage"), ("deadline", "bad_message"), ("route", "bad_message"), ("sender", "bad_message"),
+     ("node", "bad_message")],
+)  # fmt: skip
+def test_nil_is_no_value_of_any_field_an_absent_one_takes_its_default(field, code):
+    """A field present with nil (msgpack None) is refused like any wrong type, never read as absent:
+    ``stage`` nil is not stage 1."""
+    header = msgpack.unpackb(_infer()[0])
+    header[field] = None
+    frames = [msgpack.packb(header), bytes(24)]
+    with pytest.raises(P.ProtocolError) as err:
+        P.decode(frames)
+    assert err.value.code == code and err.value.req_id == 77 and field in err.value.message
+    assert _checked_or_none(frames, P.KINDS) is None  # the documented checks refuse it too
+    header.pop(field)
+    absent = P.decode([msgpack.packb(header), bytes(24)]).head
+    assert getattr(absent, field) == {"stage": 1, "deadline": 0.0, "route": [], "sender": "", "node": ""}[field]

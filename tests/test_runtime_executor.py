@@ -179,3 +179,41 @@ def test_only_float_tensors_are_checked_and_per_sample():
 
     assert nonfinite_rows({"a": np.array([[1, 2]], np.int64)}, 1) is None
     assert nonfinite_rows({"a": np.array([[1.0, np.nan], [0, 0]], np.float16)}, 2).tolist() == [True, False]
+
+
+OVERFLOW = [3.4e38] * 4  # finite, but x10 in the stage overflows: infinite logits and carry, a NaN confidence
+
+
+def test_a_finite_input_that_overflows_in_the_network_is_refused_by_default_and_never_forwarded():
+    ex, stage, out = make(parent="tcp://parent")
+    assert ex.admit([b"a"], msg(1, [UNSURE, OVERFLOW]), 0.0) is None  # finite: admitted
+    assert ex.admit([b"b"], msg(2, [UNSURE, CONFIDENT]), 0.0) is None  # shares the batch
+    ex.run_batch()
+    ((rid, code, message),) = out.errors
+    assert (rid, code) == (1, "bad_input") and "1 of 2 samples overflow" in message and "sample 1" in message
+    ((pending, carry),) = out.forwards  # only request 2's unsure sample goes up, with a finite carry
+    assert pending.n == 1 and np.isfinite(carry["features"]).all()
+    ex.scatter(pending, np.array([2]), np.array([0.9], np.float32), np.array([2], np.int32), np.zeros(1, np.uint8),
+               ["root"])  # fmt: skip
+    (r,) = out.replies
+    assert r.req_id == 2 and r.cls.tolist() == [2, 0] and np.isfinite(r.conf).all()
+
+
+def test_an_overflow_at_the_root_alone_is_refused_too():
+    ex, stage, out = make()
+    assert ex.admit([b"a"], msg(1, [OVERFLOW]), 0.0) is None
+    ex.run_batch()
+    assert [(rid, code) for rid, code, _ in out.errors] == [(1, "bad_input")] and not out.replies
+
+
+def test_an_overflow_flagged_is_answered_here_like_non_finite_input():
+    ex, stage, out = make(parent="tcp://parent", nonfinite="flag")
+    assert ex.admit([b"a"], msg(1, [OVERFLOW, UNSURE, CONFIDENT]), 0.0) is None
+    ex.run_batch()
+    ((pending, carry),) = out.forwards
+    assert pending.n == 1 and np.isfinite(carry["features"]).all()  # the overflowed sample never goes up
+    ex.scatter(pending, np.array([2]), np.array([0.9], np.float32), np.array([2], np.int32), np.zeros(1, np.uint8),
+               ["root"])  # fmt: skip
+    (r,) = out.replies
+    assert r.cls.tolist() == [-1, 2, 0] and r.flags.tolist() == [P.FLAG_NONFINITE, 0, 0] and np.isnan(r.conf[0])
+    assert r.exit.tolist() == [1, 2, 1] and ex.counters["nonfinite"] == 1 and not out.errors

@@ -54,8 +54,9 @@ def names(url: str) -> set[str]:
         return {line.split()[2] for line in r.read().decode().splitlines() if line.startswith("# TYPE")}
 
 
-def health(metrics: str) -> tuple[int, dict]:
-    url = metrics.removesuffix("/metrics") + "/healthz"
+def health(metrics: str, path: str = "/healthz") -> tuple[int, dict]:
+    """(status, JSON body) of a probe (/healthz, /readyz, /livez) beside a /metrics URL."""
+    url = metrics.removesuffix("/metrics") + path
     try:
         with urllib.request.urlopen(url, timeout=5) as r:
             return r.status, json.loads(r.read())
@@ -133,8 +134,8 @@ def test_loading_until_attached_then_serving_and_values_follow_requests(served):
             c.infer(np.ones((2, 3), np.float32))  # wrong shape
         assert err.value.code == "bad_tensor"
     m = scrape(s.metrics.url)
-    assert m[("cis_requests_total", (("outcome", "ok"),))] == 3
-    assert m[("cis_requests_total", (("outcome", "bad_tensor"),))] == 1
+    assert m[("cis_requests_total", (("kind", "infer"), ("outcome", "ok")))] == 3
+    assert m[("cis_requests_total", (("kind", "infer"), ("outcome", "bad_tensor")))] == 1
     assert m[("cis_request_latency_seconds_count", ())] == 3
     assert m[("cis_request_latency_seconds_bucket", (("le", "+Inf"),))] == 3
     assert m[("cis_request_latency_seconds_sum", ())] > 0
@@ -158,7 +159,7 @@ def test_a_stage_failure_is_503_until_a_stage_run_succeeds(served):
         assert scrape(s.metrics.url)[("cis_healthy", ())] == 0
         c.infer(np.ones((1, 2), np.float32))
     assert health(s.metrics.url)[0] == 200
-    assert scrape(s.metrics.url)[("cis_requests_total", (("outcome", "internal"),))] == 1
+    assert scrape(s.metrics.url)[("cis_requests_total", (("kind", "infer"), ("outcome", "internal")))] == 1
 
 
 def test_shutting_down_is_503_while_the_node_drains_and_stopped_after(served):
@@ -195,3 +196,99 @@ def test_metrics_host_follows_the_node_address():
     assert http_host("ipc:///tmp/node") == "127.0.0.1"
     assert metrics_url("0.0.0.0", 9100) == "http://127.0.0.1:9100/metrics"
     assert metrics_url("::1", 9100) == "http://[::1]:9100/metrics"
+
+
+def test_livez_is_alive_while_loading_readyz_waits_for_the_stages(served):
+    s = served(attach=False)
+    assert health(s.metrics.url, "/livez") == (200, {"node": "root", "state": "loading"})  # loading is alive
+    assert health(s.metrics.url, "/readyz") == (503, {"node": "root", "state": "loading"})
+    s.start()
+    assert health(s.metrics.url, "/livez") == (200, {"node": "root", "state": "serving"})
+    assert health(s.metrics.url, "/readyz") == (200, {"node": "root", "state": "serving"})
+    s.stop.set()
+    s.thread.join(10)
+    s.metrics.close()
+    assert s.metrics.liveness == "stopped"
+
+
+def test_livez_says_stalled_when_the_loop_stops_turning(served, monkeypatch):
+    from cis.runtime import metrics_http
+
+    monkeypatch.setattr(metrics_http, "STALL_SECONDS", 0.3)
+    s = served(delay=1.5)
+    with Client(s.addr, timeout=10) as c:
+        rid = c.submit(np.ones((1, 2), np.float32))
+        end = time.monotonic() + 1.4
+        seen = []
+        while time.monotonic() < end:  # the stage holds the loop for 1.5 s
+            seen.append(health(s.metrics.url, "/livez"))
+            time.sleep(0.05)
+        assert (503, {"node": "root", "state": "stalled"}) in seen
+        while not [r for got, r in c.poll(0.5) if got == rid]:
+            pass
+    assert health(s.metrics.url, "/livez")[0] == 200  # turning again
+
+
+def test_the_exposition_parses_and_holds_every_documented_family(served):
+    s = served()
+    s.node.cfg.bundle_sha256, s.node.cfg.restarts = "ab" * 32, 2
+    with Client(s.addr, timeout=5) as c:
+        c.infer(np.ones((4, 2), np.float32))
+        c.infer_many(np.ones((6, 2), np.float32), batch_size=1, window=6)
+    with urllib.request.urlopen(s.metrics.url, timeout=5) as r:
+        families = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+    types = {name: f.type for name, f in families.items()}
+    assert types["cis_restarts"] == "counter" and types["cis_requests"] == "counter"
+    for name in ("cis_request_latency_seconds", "cis_queue_time_seconds", "cis_compute_time_seconds", "cis_batch_size"):
+        assert types[name] == "histogram", name
+    assert types["process_resident_memory_bytes"] == "gauge" and "process_cpu_seconds" in types
+    assert "process_open_fds" in types and "python_info" in types
+    m = scrape(s.metrics.url)
+    assert m[("cis_restarts_total", ())] == 2
+    assert m[("process_resident_memory_bytes", ())] > 0
+    assert m[("cis_queue_time_seconds_count", ())] == 7  # one per request run
+    assert m[("cis_batch_size_sum", ())] == 10  # samples run
+    assert m[("cis_batch_size_count", ())] == m[("cis_compute_time_seconds_count", ())] == s.node.counters["batches"]
+    from cis import __version__
+
+    assert m[("cis_build_info", (("bundle_sha256", "ab" * 32), ("node", "root"), ("parent", ""),
+                                 ("version", __version__)))] == 1  # fmt: skip
+
+
+def test_requests_are_counted_by_kind_so_a_forward_is_not_a_second_client_request():
+    raddr, laddr = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
+
+    class Unsure(Stage):
+        def run(self, feeds):
+            return {"logits": np.zeros((len(feeds["input"]), 2), np.float32), "input": feeds["input"]}
+
+    T2 = T("input", (None, 2), "float32")
+    root = Node(NodeConfig("root", 2, bind=raddr), {1: Stage(), 2: Stage(inputs=(T2,))})
+    leaf_stage = Unsure(outputs=(T("logits", (None, 2), "float32"), T2))
+    leaf = Node(NodeConfig("leaf", 1, bind=laddr, parent=raddr, parent_id="root", threshold=0.9, heartbeat=0.05,
+                           heartbeat_timeout=0.5), {1: leaf_stage})  # fmt: skip
+    servers = {n: MetricsServer(n, "127.0.0.1", 0) for n in ("root", "leaf")}
+    stop, threads = threading.Event(), []
+    try:
+        for node in (root, leaf):
+            servers[node.cfg.node_id].attach(node)
+            t = threading.Thread(target=node.run, kwargs=dict(install_signals=False, stop=stop.is_set), daemon=True)
+            t.start()
+            threads.append(t)
+        end = time.monotonic() + 5
+        while not leaf.parent_up and time.monotonic() < end:
+            time.sleep(0.02)
+        with Client(laddr, timeout=5) as c:
+            assert c.infer(np.ones((3, 2), np.float32)).served_by == ["root"] * 3
+        leaf_m, root_m = scrape(servers["leaf"].url), scrape(servers["root"].url)
+        ok = {k: ("cis_requests_total", (("kind", k), ("outcome", "ok"))) for k in ("infer", "forward")}
+        assert leaf_m[ok["infer"]] == 1 and ok["forward"] not in leaf_m
+        assert root_m[ok["forward"]] == 1 and ok["infer"] not in root_m
+        build = [k for k in leaf_m if k[0] == "cis_build_info"]
+        assert dict(build[0][1])["parent"] == "root"  # the parent's node id, not its address
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(10)
+        for server in servers.values():
+            server.close()

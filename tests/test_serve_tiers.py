@@ -103,8 +103,9 @@ def test_serve_all_metrics_port_0_every_node_answers_metrics_and_healthz(bundle_
         def moved(nid: str, key: tuple) -> float:
             return after[nid].get(key, 0.0) - before[nid].get(key, 0.0)
 
-        ok = ("cis_requests_total", (("outcome", "ok"),))
-        assert moved(leaf, ok) == 1 and moved(edge, ok) == 1 and moved(root, ok) == 1
+        ok = {kind: ("cis_requests_total", (("kind", kind), ("outcome", "ok"))) for kind in ("infer", "forward")}
+        assert moved(leaf, ok["infer"]) == 1 and moved(edge, ok["forward"]) == 1 and moved(root, ok["forward"]) == 1
+        assert moved(edge, ok["infer"]) == 0 and moved(root, ok["infer"]) == 0  # one request counted once per kind
         assert moved(leaf, ("cis_request_latency_seconds_count", ())) == 1
         assert moved(leaf, ("cis_forwarded_total", ())) == 10 and moved(edge, ("cis_forwarded_total", ())) == 10
         assert moved(root, ("cis_samples_total", (("exit", "3"),))) == 10

@@ -64,10 +64,6 @@ class RunConfig:
     coefficient_rule: str = "literal"  # line 12 as written; "capped" or "self-normalised" (training/aggregation.py)
     bn_rule: str | None = None  # BatchNorm statistics: "convex" (printed's default) or "literal" (authors-code's only)
     lower_exit_steps: str = "same"  # "same" J for every exit, or "flops": J * flops(E_i) / flops(e) for a lower exit
-    auto_candidates: list[str] | None = (
-        None  # strategy "auto": the candidates (default equal, serving-rate, balanced-adj)
-    )
-    auto_pilot: float = 0.2  # strategy "auto": pilot length as a fraction of the rounds
     participation: float = 1.0
     width: float = 1.0
     lr: float | None = None
@@ -89,6 +85,9 @@ class RunConfig:
     threads: int | None = None
     device: str = "auto"  # auto (cuda when torch sees a GPU) | cpu | cuda | cuda:K
     amp: str = "off"  # off | bf16: the local steps under torch.autocast(bfloat16)
+    init: str | None = None  # a run dir whose weights start the model: a fine-tune (training/warm_start.py)
+    rates_from: str | None = None  # where exit_rates were measured (cis train --rates-from SOURCE; cis.measured)
+    exit_rates: list[float] | None = None  # measured Lambda_e per exit: the weights' serving rates, not the calculus
 
     @property
     def dataset_name(self) -> str:
@@ -123,7 +122,6 @@ class RunConfig:
         if not 0 < self.participation <= 1:
             raise bad("participation", "a fraction in (0, 1]")
         from training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, P_MODES, STEP_RULES
-        from training.strategies import AUTO_CANDIDATES
 
         if self.algorithm not in ALGORITHMS:
             raise bad("algorithm", " or ".join(repr(a) for a in ALGORITHMS))
@@ -138,22 +136,6 @@ class RunConfig:
         ):
             if getattr(self, f) not in allowed:
                 raise bad(f, " or ".join(repr(a) for a in allowed))
-        if (
-            isinstance(self.auto_pilot, bool)
-            or not isinstance(self.auto_pilot, (int, float))
-            or not 0 < self.auto_pilot < 1
-        ):
-            raise bad("auto_pilot", "a fraction in (0, 1)")
-        if self.auto_candidates is not None and (
-            not isinstance(self.auto_candidates, list)
-            or not self.auto_candidates
-            or any(c not in AUTO_CANDIDATES for c in self.auto_candidates)
-        ):
-            raise bad("auto_candidates", f"a non-empty list of {', '.join(AUTO_CANDIDATES)}")
-        if self.strategy == "auto" and self.method != "cis":
-            raise CisError(
-                f"config: strategy 'auto' trains pilots of Algorithm 1; method {self.method!r} needs a fixed strategy"
-            )
         if self.schedule not in ("cosine", "constant"):
             raise bad("schedule", "'cosine' or 'constant'")
         for f in ("lr", "batch_size", "local_epochs", "server_lr", "width"):
@@ -172,6 +154,13 @@ class RunConfig:
             raise bad("device", f"one of {', '.join(DEVICES)} or cuda:K")
         if self.amp not in AMP_MODES:
             raise bad("amp", " or ".join(repr(a) for a in AMP_MODES))
+        rates = self.exit_rates
+        if rates is not None and (
+            not isinstance(rates, list)
+            or any(isinstance(r, bool) or not isinstance(r, (int, float)) or not r >= 0 for r in rates)
+            or not sum(rates) > 0
+        ):
+            raise bad("exit_rates", "a list of requests/s per exit, >= 0 with a positive sum")
 
     def _check_authors_code(self, bad) -> None:
         """The authors' code has one aggregation: multiply by p_ce, line 12's coefficients, literal BatchNorm."""

@@ -13,6 +13,7 @@ RUN_DIR holds
 from __future__ import annotations
 
 import json
+import logging
 import sys
 import time
 from collections.abc import Callable
@@ -41,7 +42,10 @@ from training.local import Client, local_steps
 from training.methods.static_bn import refresh_statistics
 from training.models import EarlyExitNet
 from training.partition import partition
-from training.strategies import AUTO_CANDIDATES, Weights, make_weights
+from training.strategies import Weights, make_weights
+from training.warm_start import warm_start
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -131,13 +135,11 @@ def run_weights(
     log: Callable[[str], None],
 ) -> Weights:
     """The ``--strategy`` aggregation weights Lambda~ for this model and sampling matrix."""
-    rates = compute_rates(spec)
-    lam = [rates.exit_serving_rate[e] for e in range(1, spec.num_exits + 1)]
+    lam = config.exit_rates or [compute_rates(spec).exit_serving_rate[e] for e in range(1, spec.num_exits + 1)]
+    if len(lam) != spec.num_exits:
+        raise CisError(f"config: exit_rates has {len(lam)} values; spec {spec.name!r} has {spec.num_exits} exits")
     sigma = config.sigma
-    candidates = config.auto_candidates or list(AUTO_CANDIDATES)
-    needs_sigma = config.strategy in ("balanced-adj", "balanced-ramp") or (
-        config.strategy == "auto" and "balanced-adj" in candidates
-    )
+    needs_sigma = config.strategy in ("balanced-adj", "balanced-ramp")
     authors = config.algorithm == "authors-code"
     if needs_sigma and sigma is None and authors:
         sigma = appendix_c_sigma(model)
@@ -170,7 +172,6 @@ def run_weights(
         matrix=matrix,
         sizes=sizes,
         vector=config.weights,
-        candidates=candidates,
         balanced_rule=config.algorithm,
         node_exits=[n.exit for n in spec.nodes],
     )
@@ -268,7 +269,7 @@ def train_run(
     resume: bool = False,
     progress: bool = True,
     stop_after: int | None = None,
-    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+    log: Callable[[str], None] = logger.info,
 ) -> dict:
     """Train (or resume) a run into ``out``; returns the summary (or a partial result when stopped)."""
     from tqdm import tqdm
@@ -284,6 +285,8 @@ def train_run(
             raise CisError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
         out.mkdir(parents=True, exist_ok=True)
     s = build_setup(config, spec=spec, log=log)
+    if config.init and not resume:
+        warm_start(s.engine, config, log)
     if not resume:
         write_json(out / "config.json", config.to_json())
         write_spec(s.spec, out / "spec.toml")
@@ -295,7 +298,7 @@ def train_run(
         + ", ".join(f"exit {e + 1} {w:.4f}" for e, w in enumerate(w0))
         + (
             ""
-            if config.strategy not in ("flops", "serving-ramp", "balanced-ramp")
+            if config.strategy not in ("flops", "serving-ramp", "balanced-ramp", "auto")
             else " (round 1; ramps to " + ", ".join(f"{w:.4f}" for w in s.weights.at(config.rounds)) + ")"
         )
     )
@@ -322,8 +325,6 @@ def train_run(
     bar = tqdm(
         total=config.rounds, initial=s.engine.round, desc="rounds", unit="round", file=sys.stderr, disable=not progress
     )
-    if config.strategy == "auto":
-        choose_strategy(s, out, bar, log)
     with open(out / "metrics.jsonl", "a") as metrics:
         while s.engine.round < config.rounds:
             r = s.engine.run_round()
@@ -352,53 +353,6 @@ def train_run(
     return summary
 
 
-def choose_strategy(s: Setup, out: Path, bar, log: Callable[[str], None]) -> None:
-    """Strategy auto: the choice of an earlier (resumed) run, or pilots from round 0 (training/auto.py)."""
-    from training.auto import pilot_length, run_pilots
-
-    w = s.weights
-    if (out / "auto.json").is_file():
-        w.choose(json.loads((out / "auto.json").read_text())["chosen"])
-        w.details.update({k: v for k, v in json.loads((out / "auto.json").read_text()).items() if k != "pilots"})
-        return
-    if len(w.candidates) == 1:  # nothing to compare: the run is that candidate's own run
-        (name,) = w.candidates
-        w.choose(name)
-        w.details.update({"chosen": name, "pilot_rounds": 0})
-        write_json(out / "auto.json", {"chosen": name, "pilot_rounds": 0, "candidates": w.details["candidates"]})
-        return
-    pilot = pilot_length(s.config.rounds, s.config.auto_pilot)
-    log(f"strategy auto: {len(w.candidates)} candidates ({', '.join(w.candidates)}), {pilot}-round pilots")
-    bar.total = s.config.rounds + (len(w.candidates) - 1) * pilot
-    bar.refresh()
-    winner, pilots = run_pilots(
-        s.engine, w, pilot, lambda r: round_line(s, r), lambda: evaluate_round(s), lambda: bar.update(1)
-    )
-    scores = {n: r["val_cis_accuracy"] for n, r in pilots.items()}
-    log(
-        "strategy auto: validation CIS accuracy after the pilots "
-        + ", ".join(f"{n} {100 * v:.1f}" for n, v in scores.items())
-        + f"; chose {winner}"
-    )
-    write_json(
-        out / "auto.json",
-        {
-            "chosen": winner,
-            "pilot_rounds": pilot,
-            "candidates": w.details["candidates"],
-            "pilot_val_cis_accuracy": scores,
-            "discarded_sgd_steps": w.details["discarded_sgd_steps"],
-            "pilots": pilots,
-        },
-    )
-    with open(out / "metrics.jsonl", "a") as metrics:
-        for line in pilots[winner]["lines"]:
-            line["seconds"] = line["train_seconds"]
-            metrics.write(json.dumps(line) + "\n")
-    write_json(out / "weights.json", w.describe())
-    save_checkpoint(out, served_model(s), checkpoint_meta(s), {"engine": s.engine.state_dict()})
-
-
 def run_summary(s: Setup) -> dict[str, Any]:
     """summary.json of a finished run: the final test report, the weights and the config that made it."""
     config, report = s.config, final_report(s)
@@ -420,16 +374,11 @@ def run_summary(s: Setup) -> dict[str, Any]:
 
 
 def sgd_steps(s: Setup) -> dict[str, Any]:
-    """The run's compute in local SGD steps: per node, the root's, and the total with any discarded pilots."""
+    """The run's compute in local SGD steps: per node, the root's and the total."""
     per_node = {c.id: int(n) for c, n in zip(s.clients, s.engine.sgd_steps)}
-    discarded = int(s.weights.details.get("discarded_sgd_steps", 0))
     roots = [n.id for n in s.spec.nodes if n.parent is None]
-    return {
-        "total": sum(per_node.values()) + discarded,
-        "root": per_node[roots[0]] if len(roots) == 1 else None,
-        "per_node": per_node,
-        "discarded_pilots": discarded,
-    }
+    root = per_node[roots[0]] if len(roots) == 1 else None
+    return {"total": sum(per_node.values()), "root": root, "per_node": per_node}
 
 
 def evaluate_run(run_dir: str | Path, spec: CisSpec | None = None, measure: str | None = None) -> dict:

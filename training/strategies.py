@@ -17,10 +17,9 @@
   whose own exit is e, with their hard-coded Appendix-C constants as sigma where the exits sit
   after conv layers 3, 9, 17 or 9, 13, 17 of ResNet-18 (:data:`APPENDIX_C_SIGMA`).
 - an explicit vector (``explicit`` with ``vector=[...]``), normalised.
-- ``auto`` (beyond the paper): one of the candidates equal, serving-rate and
-  balanced-adj, chosen at training time by short pilots on the validation split
-  (training/auto.py). Candidates within ``SAME_WEIGHTS`` of an earlier one are
-  one candidate: at 33-33-33 serving-rate IS equal weight.
+- ``auto`` (beyond the paper; issue 22): the ``serving-ramp`` schedule, chosen among the ramps
+  and the fixed strategies on development seeds' validation splits (docs/training.md). No pilots:
+  it costs exactly one run, and at 33-33-33 it IS equal weighting.
 
 A :class:`Weights` object answers ``at(t)`` (1-based round) so that
 round-dependent schedules (flops) and constant ones share one interface.
@@ -37,13 +36,12 @@ from cis.errors import CisError
 
 STRATEGIES = ("equal", "flops", "serving-rate", "balanced-adj", "serving-ramp", "balanced-ramp", "explicit", "auto")
 RAMPS = {"serving-ramp": "serving-rate", "balanced-ramp": "balanced-adj"}  # a ramp strategy -> its target's
-AUTO_CANDIDATES = ("equal", "serving-rate", "balanced-adj")
+AUTO = "serving-ramp"  # what ``auto`` runs (issue 22: the best on the development seeds' validation splits)
 BALANCED_RULES = ("printed", "authors-code")
 APPENDIX_C_SIGMA = {  # the authors' code: ResNet-18 exits (residual blocks) -> the constants it squares as sigma_e
     (1, 4, 8): (0.00374, 0.00224, 0.00101),  # "layers 3, 9, 17" (CIFAR-10)
     (4, 6, 8): (0.00216, 0.00126, 0.00101),  # "layers 9, 13, 17" (CIFAR-100)
 }
-SAME_WEIGHTS = 0.02  # largest per-exit difference under which two candidate weightings count as one
 
 
 def normalise(v: Sequence[float], what: str = "weights") -> np.ndarray:
@@ -109,15 +107,6 @@ def authors_balanced_weights(
     return (lam + normalise(opt, "balanced-adj opt")) / 2.0
 
 
-def distinct_candidates(vectors: dict[str, np.ndarray], tol: float = SAME_WEIGHTS) -> dict[str, np.ndarray]:
-    """The candidates in order, without those within ``tol`` (per exit) of an earlier one."""
-    out: dict[str, np.ndarray] = {}
-    for name, v in vectors.items():
-        if not any(np.abs(v - w).max() < tol for w in out.values()):
-            out[name] = v
-    return out
-
-
 @dataclass
 class Weights:
     """Lambda~ for every round."""
@@ -128,12 +117,7 @@ class Weights:
     flops: list[float] | None = None
     total_rounds: int = 1
     details: dict = field(default_factory=dict)
-    candidates: dict[str, np.ndarray] | None = None  # strategy auto: the weightings its pilots compare
     ramp_to: np.ndarray | None = None  # serving-ramp / balanced-ramp: the weights the ramp ends at
-
-    def choose(self, name: str) -> None:
-        """Strategy auto: train with candidate ``name`` from now on."""
-        self.constant = self.candidates[name]
 
     def at(self, t: int) -> np.ndarray:
         if self.strategy == "flops":
@@ -163,29 +147,15 @@ def make_weights(
     matrix: np.ndarray | None = None,
     sizes: Sequence[int] | None = None,
     vector: Sequence[float] | None = None,
-    candidates: Sequence[str] = AUTO_CANDIDATES,
     balanced_rule: str = "printed",
     node_exits: Sequence[int] | None = None,
 ) -> Weights:
     """The Weights of ``strategy``; ``balanced_rule`` "authors-code" takes the authors' balanced-adj formula
     (it needs ``node_exits``, each node's own exit)."""
     if strategy == "auto":
-        unknown = [c for c in candidates if c not in AUTO_CANDIDATES]
-        if not candidates or unknown:
-            raise CisError(
-                f"strategy auto: candidates {list(candidates)}, expected some of {', '.join(AUTO_CANDIDATES)}"
-            )
-        kw = dict(
-            exit_serving_rate=exit_serving_rate, sigma=sigma, matrix=matrix, sizes=sizes,
-            balanced_rule=balanced_rule, node_exits=node_exits,
-        )
-        vectors = {c: make_weights(c, num_exits, total_rounds=total_rounds, **kw).constant for c in candidates}
-        kept = distinct_candidates(vectors)
-        first = next(iter(kept))
-        details = {"candidates": {c: v.tolist() for c, v in kept.items()}, "merged": sorted(set(vectors) - set(kept))}
-        if sigma is not None:
-            details["sigma"] = list(map(float, sigma))
-        return Weights(strategy, num_exits, kept[first], total_rounds=total_rounds, details=details, candidates=kept)
+        ramp = make_weights(AUTO, num_exits, total_rounds=total_rounds, exit_serving_rate=exit_serving_rate)
+        ramp.strategy, ramp.details["auto"] = "auto", AUTO
+        return ramp
     if strategy == "equal":
         return Weights(strategy, num_exits, equal_weights(num_exits), total_rounds=total_rounds)
     if strategy in RAMPS:

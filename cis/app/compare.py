@@ -40,9 +40,10 @@ def max_gap(views: Mapping[str, Mapping[str, float | None]], names: tuple[str, .
 def value_gap(values: Mapping[str, float | None], names: tuple[str, ...]) -> float:
     """Largest difference between any two of the named scalar views (inf when one is missing)."""
     got = [values.get(n) for n in names if n in values]
-    if any(v is None for v in got) or not got:
+    known = [v for v in got if v is not None]
+    if len(known) < len(got) or not known:
         return float("inf")
-    return float(max(got) - min(got))
+    return float(max(known) - min(known))
 
 
 def agreement(

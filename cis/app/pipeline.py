@@ -33,10 +33,10 @@ at module level).
 from __future__ import annotations
 
 import json
+import logging
 import math
 import shutil
 import signal
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -47,6 +47,8 @@ import numpy as np
 from cis.app.calibration import calibrate_visits, warm_up
 from cis.errors import CisError
 from cis.metrics import write_requests
+
+log = logging.getLogger(__name__)
 
 DEFAULT_ROUNDS = 12
 QUICK_ROUNDS = 4
@@ -59,7 +61,7 @@ Log = Callable[[str], None]
 
 
 def _stderr(line: str) -> None:
-    print(line, file=sys.stderr, flush=True)
+    log.info(line)
 
 
 # ---------------------------------------------------------------- pure helpers
@@ -137,7 +139,11 @@ def _sigterm_as_interrupt() -> Callable[[], None]:
         old = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     except ValueError:  # not the main thread
         return lambda: None
-    return lambda: signal.signal(signal.SIGTERM, old)
+
+    def restore() -> None:
+        signal.signal(signal.SIGTERM, old)
+
+    return restore
 
 
 def run_demo(
@@ -351,6 +357,8 @@ def write_runtime(
     folder.mkdir(parents=True, exist_ok=True)
     entry_of = {int(i): nid for nid, idx in entries.items() for i in idx}
     answered = [r is not None and r.error is None for r in results]
+    sent = [r.sent if r is not None else math.nan for r in results]
+    start = np.nanmin(sent) if np.isfinite(sent).any() else 0.0
     write_requests(folder / "requests.csv", {
         "id": list(range(len(results))),
         "entry": [entry_of.get(i, "") for i in range(len(results))],
@@ -358,6 +366,7 @@ def write_runtime(
         "exit": [int(r.exit[0]) if ok else None for r, ok in zip(results, answered)],
         "outcome": ["served" if ok else "error" for ok in answered],
         "correct": [int(r.cls[0] == labels[i]) if ok else None for i, (r, ok) in enumerate(zip(results, answered))],
+        "arrive_s": [t - start if math.isfinite(t) else None for t in sent],
         "latency_s": [r.latency if ok else None for r, ok in zip(results, answered)],
         "flags": [int(r.flags[0]) if ok else None for r, ok in zip(results, answered)],
     })

@@ -7,9 +7,15 @@ starts without them. See docs/export.md.
 from __future__ import annotations
 
 import argparse
-import sys
+import json
+import logging
+from pathlib import Path
 
 from cis.cli import print_result
+from cis.errors import CisError
+from cis.spec import load_spec, parse_spec
+
+log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -17,7 +23,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run_dir", help="run folder with checkpoint.pt and checkpoint.json (from 'cis train')")
     p.add_argument("--out", required=True, help="bundle folder to write (replaced when it already holds a bundle)")
     p.add_argument(
-        "--spec", help="CIS spec (TOML) to calibrate thresholds for (default: the spec stored in the checkpoint)"
+        "--spec", help="CIS spec (TOML) to calibrate thresholds for (default: the spec stored in the checkpoint); "
+        "with --rates-from: the design the measured rates update"
+    )
+    p.add_argument(
+        "--rates-from", metavar="SOURCE", help="calibrate each node's threshold to the rates a running CIS measured "
+        "(a spec: its live nodes; a 'cis serve --all' log folder; a requests file; a saved measurement) and report "
+        "how far the design's thresholds were off; the bundle's spec gets the measured arrival rates "
+        "(docs/closed-loop.md)"
+    )
+    p.add_argument(
+        "--window", type=float, metavar="SECONDS", help="with --rates-from: live, two snapshots SECONDS apart "
+        "(default: since the nodes started); a requests file, its last SECONDS (default: all of it)"
     )
     p.add_argument("--opset", type=int, default=17, help="ONNX opset, >= 17 (default 17)")
     p.add_argument(
@@ -53,7 +70,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _progress(msg: str) -> None:
-    print(f"cis export: {msg}", file=sys.stderr, flush=True)
+    log.info("cis export: %s", msg)  # the prefix as before logging, which scripts may grep for
 
 
 def run(args: argparse.Namespace) -> int:
@@ -62,12 +79,16 @@ def run(args: argparse.Namespace) -> int:
 
     if args.sign:
         load_private_key(args.sign)  # a bad key fails now, not after minutes of export
+    if args.window is not None and not args.rates_from:
+        raise CisError("--window goes with --rates-from SOURCE")
+    recalibration, spec = (_recalibration(args) if args.rates_from else (None, args.spec))
     from export.bundle_writer import export_bundle
 
     report = export_bundle(
         args.run_dir,
         args.out,
-        spec=args.spec,
+        spec=spec,
+        recalibration=recalibration,
         feature_dtype=args.feature_dtype,
         opset=args.opset,
         trt=args.trt,
@@ -81,6 +102,25 @@ def run(args: argparse.Namespace) -> int:
         report["signature"] = str(sign_bundle(args.out, args.sign))
     print_result(args, report, summary(report))
     return 0
+
+
+def _recalibration(args: argparse.Namespace):
+    """--rates-from: (what the exporter recalibrates to, the design updated with the measured arrival rates)."""
+    from cis.measured import rates_from
+    from export.recalibration import Recalibration
+
+    if args.spec:
+        design, where = load_spec(args.spec), args.spec
+    else:
+        meta = Path(args.run_dir) / "checkpoint.json"
+        try:
+            design, where = parse_spec(json.loads(meta.read_text())["spec"], f"{meta}: spec"), f"{meta} (its spec)"
+        except (OSError, ValueError, KeyError, TypeError):
+            raise CisError(
+                f"{meta}: no spec to update; pass --spec DESIGN (the spec the CIS was designed with)"
+            ) from None
+    m, updated = rates_from(args.rates_from, design, where, args.window)
+    return Recalibration(m.rates(), design, m.to_json()["measurement"]), updated
 
 
 def _acc_cell(d: dict, e: str, base: bool) -> str:
@@ -128,6 +168,10 @@ def summary(report: dict) -> str:
     lines.append("latency (onnxruntime, ms per call at batch " + "/".join(next(iter(lat.values()))) + "): " + "  ".join(
         f"stage {k}: " + "/".join(f"{s * 1e3:.3f}" for s in v.values()) for k, v in lat.items()
     ))
+    if cal.get("rates_from"):
+        from export.recalibration import summary_lines
+
+        lines += summary_lines(cal)
     if report.get("signature"):
         lines.append(f"signed: {report['signature']} (serve with --trust and the matching public key)")
     if report.get("tensorrt"):

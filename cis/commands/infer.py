@@ -3,12 +3,14 @@
 ``--dataset`` is a built-in data set (``digits``, ``cifar10:PATH``, ``cifar100:PATH``: the
 'train' extra, as training reads them) or files that the core install reads alone
 (:mod:`cis.inputs`): ``FILE.npz`` arrays or an image folder (with ``--bundle`` for the
-normalisation). ``--out FILE.csv`` writes one row per sample.
+normalisation). ``--out FILE.csv`` writes one row per sample, with the node it was sent to and when
+(a requests file ``cis rates --measured`` reads).
 """
 
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 
 from cis.cli import print_result
 from cis.errors import CisError
@@ -46,14 +48,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--out",
         help="CSV file: one row per sample "
-        "(sample, file, label, class, confidence, exit, node, degraded, capped, error)",
+        "(sample, file, label, class, confidence, exit, node, degraded, capped, error, entry, sent_s, latency_s)",
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from cis.runtime.client import Client, infer_spread, summarize
+    from cis.runtime.client import Client, Result, infer_spread, summarize
     from cis.runtime.security import CurveConfig
 
     data = read_dataset(args)
@@ -61,11 +63,13 @@ def run(args: argparse.Namespace) -> int:
     if args.n is not None:
         x, y = x[: args.n], (None if y is None else y[: args.n])
     curve = CurveConfig(args.curve_key, None, args.server_key) if args.curve_key else None
+    results: Sequence[Result | None]
     if args.connect:
         with Client(args.connect, timeout=args.timeout, curve=curve) as c:
             results = c.infer_many(
                 x, batch_size=args.batch_size, window=args.window, rate=args.rate, timeout=args.timeout
             )
+            entry = [_node_id(c, args.connect)] * len(x) if args.out else []
     else:
         from cis.policy import assign_entries
         from cis.spec import load_spec
@@ -83,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
         finally:
             for c in clients.values():
                 c.close()
+        entry = [""] * len(x)
+        for nid, idx in entries.items():
+            for i in idx:
+                entry[int(i)] = nid
     summary = summarize(results, y)
     lines = [f"{summary['samples_answered']} of {len(x)} samples answered; errors: {summary['errors'] or 'none'}"]
     if "served_share_per_exit" in summary:
@@ -100,7 +108,7 @@ def run(args: argparse.Namespace) -> int:
             f"latency ms: mean {format_ms(lat['mean_s'])}  p50 {format_ms(lat['p50_s'])}  p99 {format_ms(lat['p99_s'])}"
         )
     if args.out:
-        write_rows(args.out, results, y, data.names)
+        write_rows(args.out, results, y, data.names, entry)
         summary["out"] = args.out
         lines.append(f"wrote {args.out}")
     print_result(args, summary, "\n".join(lines))
@@ -124,22 +132,39 @@ def read_dataset(args: argparse.Namespace):
     return Inputs(data.x, data.y)
 
 
-def write_rows(path: str, results: list, labels, names: list[str] | None) -> None:
-    """One CSV row per sample, in sample order (requests of several samples are split)."""
-    import csv
+def _node_id(client, address: str) -> str:
+    """The id of the node at ``address`` (its status reply), else the address itself."""
+    try:
+        return str(client.status(2.0)["node"])
+    except TimeoutError:
+        return address
 
+
+def write_rows(path: str, results: list, labels, names: list[str] | None, entry: list[str]) -> None:
+    """One CSV row per sample, in sample order (requests of several samples are split); ``entry``: the node
+    each sample was sent to; sent_s: seconds from the first request sent to this sample's; latency_s: to its
+    reply (empty without one)."""
+    import csv
+    import math
+
+    sent = [r.sent for r in results if r is not None and math.isfinite(r.sent)]
+    start = min(sent) if sent else 0.0
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["sample", "file", "label", "class", "confidence", "exit", "node", "degraded", "capped", "error"])
+        w.writerow(["sample", "file", "label", "class", "confidence", "exit", "node", "degraded", "capped", "error",
+                    "entry", "sent_s", "latency_s"])
         i = 0
         for r in results:
             ok = r is not None and r.error is None
             err = "" if ok else ("timeout" if r is None else r.error.code)
+            when = "" if r is None or not math.isfinite(r.sent) else f"{r.sent - start:.6f}"
+            took = f"{r.latency:.6f}" if ok else ""
             for s in r.samples() if ok else [None] * (1 if r is None else len(r)):
                 cells = (
                     [s["class"], f"{s['confidence']:.6g}", s["exit"], s["node"], int(s["degraded"]), int(s["capped"])]
                     if s
                     else [""] * 6
                 )
-                w.writerow([i, names[i] if names else "", "" if labels is None else int(labels[i]), *cells, err])
+                w.writerow([i, names[i] if names else "", "" if labels is None else int(labels[i]), *cells, err,
+                            entry[i], when, took])
                 i += 1

@@ -59,6 +59,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="token bucket depth in seconds of each node's transfer cap (default: the exit policy's)",
     )
     p.add_argument(
+        "--threshold",
+        type=float,
+        help="with --bundle: every non-root node's threshold instead of the policy's, as cis serve --all --threshold "
+        "(inf: every request goes to the root)",
+    )
+    p.add_argument(
         "--calibrate",
         action="store_true",
         help="calibrate thresholds on the bundle's profile instead of using its policy",
@@ -80,6 +86,58 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="with --bundle: every node's stage times from this backend's latency profile (cpu, cuda, tensorrt; "
         "auto is simulated as cpu), as cis serve --provider; default: each node's spec provider, else cpu",
     )
+    p.add_argument(
+        "--visit-overhead",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="node work per request beyond its stages, holding the node (the runtime's decode, admit, reply); "
+        "default 0",
+    )
+    p.add_argument(
+        "--latency-profile",
+        metavar="FILE",
+        help="stage times measured where the nodes run, instead of the bundle's: JSON "
+        '{"stages": {STAGE: {BATCH: SECONDS}}, "idle_slowdown": [[IDLE_S, EXTRA_S], ...], "spread": [X, ...]} '
+        "(idle_slowdown and spread optional)",
+    )
+    p.add_argument(
+        "--max-batch",
+        type=int,
+        help="requests a node runs as one micro-batch (cis serve --max-batch); default 32 with --bundle, else 1",
+    )
+    p.add_argument(
+        "--wire",
+        choices=["payload", "tcp"],
+        default="payload",
+        help="what crosses a link: the carry alone, replies free (payload, default); or the runtime's messages in "
+        "TCP/IPv4/Ethernet segments, replies too (tcp)",
+    )
+    p.add_argument(
+        "--link-burst",
+        type=float,
+        default=0.0,
+        metavar="BYTES",
+        help="bytes a link sends at once after idling (tc tbf's burst; a cis testbed's is 1600); default 0",
+    )
+    p.add_argument(
+        "--faults",
+        metavar="FILE",
+        help="link faults on a schedule, as cis testbed --faults: lines 'AT down|up NODE', 'AT bandwidth NODE "
+        "BYTES_PER_S'",
+    )
+    p.add_argument(
+        "--forward-timeout", type=float, default=1.0, help="seconds a forward waits per tier above (default 1)"
+    )
+    p.add_argument(
+        "--heartbeat", type=float, default=0.2, help="seconds between heartbeats to the parent (default 0.2)"
+    )
+    p.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        default=1.0,
+        help="a parent unheard for this long is down (default 1, as cis serve's default heartbeat gives)",
+    )
     p.add_argument("--workers", type=int, help="workers at every node (default: the spec's, 1)")
     p.add_argument(
         "--queue-limit",
@@ -87,7 +145,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="waiting requests allowed at every node; more are dropped (default: the spec's, unbounded)",
     )
     p.add_argument(
-        "--sweep", metavar="arrival_rate=LIST", help="run several loads (factors on every arrival rate) in parallel"
+        "--sweep",
+        metavar="arrival_rate=LIST|LO:HI",
+        help="run several loads (factors on every arrival rate) in parallel; LO:HI searches with --slo-p99",
     )
     p.add_argument(
         "--slo-p99",
@@ -141,8 +201,28 @@ def parse_visit_cost(value: str | None) -> tuple[float, ...]:
     return tuple(out)
 
 
+def read_latency_profile(path: str | None) -> dict:
+    """``--latency-profile FILE`` as SimConfig fields: ``latency_profile``, ``idle_slowdown``, ``service_spread``."""
+    if path is None:
+        return {}
+    import json
+
+    try:
+        data = json.loads(Path(path).read_text())
+        stages = {int(k): {int(b): float(t) for b, t in v.items()} for k, v in data["stages"].items()}
+        slowdown = tuple((float(g), float(f)) for g, f in data.get("idle_slowdown", []))
+        spread = tuple(float(v) for v in data.get("spread", []))
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise CisError(
+            f"--latency-profile {path}: cannot read ({exc.__class__.__name__}: {exc}); expected JSON "
+            '{"stages": {STAGE: {BATCH: SECONDS}}, "idle_slowdown": [[IDLE_S, EXTRA_S], ...], "spread": [X, ...]}'
+        ) from None
+    return {"latency_profile": stages, "idle_slowdown": slowdown, "service_spread": spread}
+
+
 def run(args: argparse.Namespace) -> int:
     from cis.bundle import load_bundle
+    from cis.faults import read_faults
     from cis.spec import load_spec
     from sim.config import SimConfig, override_nodes
     from sim.output import write_outputs
@@ -169,15 +249,25 @@ def run(args: argparse.Namespace) -> int:
         shares=parse_shares(args.share),
         burst=args.burst,
         calibrate=args.calibrate,
+        threshold=args.threshold,
         loopback=args.loopback,
         hop_rtt=parse_visit_cost(args.visit_cost),
+        visit_overhead=args.visit_overhead,
+        max_batch=args.max_batch,
+        wire=args.wire,
+        link_burst=args.link_burst,
+        faults=read_faults(args.faults) if args.faults else (),
+        forward_timeout=args.forward_timeout,
+        heartbeat=args.heartbeat,
+        heartbeat_timeout=args.heartbeat_timeout,
         progress=True,
+        **read_latency_profile(args.latency_profile),
     )
     if args.sweep:
-        result = sweep(spec, config, parse_sweep(args.sweep), args.bundle, args.slo_p99, args.jobs)
+        swept = sweep(spec, config, parse_sweep(args.sweep), args.bundle, args.slo_p99, args.jobs)
         if args.out:
-            write_sweep(args.out, result)
-        print_result(args, result, capacity_table(result))
+            write_sweep(args.out, swept)
+        print_result(args, swept, capacity_table(swept))
         return 0
     if args.slo_p99 is not None or args.jobs is not None:
         raise CisError("--slo-p99 and --jobs apply to --sweep; expected --sweep arrival_rate=LIST with them")

@@ -1,11 +1,13 @@
-"""``cis spec new``: write a spec for a built-in topology and serving setting."""
+"""``cis spec new``: write a spec for a built-in topology and serving setting;
+``cis spec update DESIGN --rates-from SOURCE``: the design with the arrival rates a running CIS measured."""
 
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from cis.cli import print_result
-from cis.spec import dumps_spec, spec_to_dict, write_spec
+from cis.spec import dumps_spec, load_spec, spec_to_dict, write_spec
 from cis.topologies import DEFAULT_TOTAL_RATE, TOPOLOGIES, make_spec
 
 
@@ -21,6 +23,23 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     new.add_argument("-o", "--out", help="file to write (default: print to stdout)")
     new.add_argument("--json", action="store_true", help="print the spec as JSON")
     new.set_defaults(func=run)
+    up = specsub.add_parser(
+        "update", help="the design spec with the arrival rates (and, with --caps, transfer caps) a CIS measured"
+    )
+    up.add_argument("design", help="the spec the CIS was designed with (TOML)")
+    up.add_argument(
+        "--rates-from", required=True, metavar="SOURCE", help="where to measure: a spec (its live nodes), a "
+        "'cis serve --all' log folder, a requests file (.csv) or a saved measurement (.json); docs/closed-loop.md"
+    )
+    up.add_argument(
+        "--window", type=float, metavar="SECONDS", help="live: two snapshots SECONDS apart (default: since the nodes "
+        "started); a requests file: its last SECONDS (default: all of it)"
+    )
+    up.add_argument("--caps", action="store_true", help="also set each node's max_transfer_rate to its measured "
+                    "transfer rate (default: keep the design's caps)")
+    up.add_argument("-o", "--out", help="file to write (default: print to stdout)")
+    up.add_argument("--json", action="store_true", help="print the spec and the measurement as JSON")
+    up.set_defaults(func=run_update)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,4 +53,29 @@ def run(args: argparse.Namespace) -> int:
         )
     else:
         print_result(args, spec_to_dict(spec), dumps_spec(spec).rstrip())
+    return 0
+
+
+def run_update(args: argparse.Namespace) -> int:
+    from cis.measured import rates_from, updated_spec_text
+    from cis.rates import compute_rates
+
+    design = load_spec(args.design)
+    m, updated = rates_from(args.rates_from, design, args.design, args.window, args.caps)
+    text = updated_spec_text(design, updated, m, args.caps, args.design)
+    result = {"written": args.out, "spec": spec_to_dict(updated), **m.to_json()}
+    if not args.out:
+        print_result(args, result, text.rstrip())
+        return 0
+    Path(args.out).write_text(text)
+    shares = compute_rates(updated).exit_share
+    print_result(
+        args,
+        result,
+        f"wrote {args.out}: arrival rates measured from {m.source} ({m.served} samples in {m.seconds:.1f} s)"
+        + (", caps measured" if args.caps else "")
+        + "; its calculus serves "
+        + "-".join(f"{100 * s:.1f}" for s in shares.values())
+        + " % at the exits",
+    )
     return 0

@@ -9,14 +9,20 @@ Settings come from defaults <- ``--config FILE`` (JSON or TOML with the keys of
 :class:`training.config.RunConfig`) <- flags. ``--resume`` continues RUN_DIR from
 its last checkpoint with the config stored there (flags may not change it) and
 ends with the same weights as an uninterrupted run.
+
+``--init RUN`` starts from an earlier run's weights and settings (a fine-tune;
+training/warm_start.py); ``--rates-from SOURCE`` weights the exits by the serving
+rates a running CIS measured (:mod:`cis.measured`) and trains for the design
+updated with the measured arrival rates (docs/closed-loop.md).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import sys
+import logging
 from pathlib import Path
+from typing import Any
 
 from cis.cli import print_result
 from cis.errors import CisError
@@ -61,13 +67,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--strategy",
         choices=STRATEGIES,
-        help="aggregation weights Lambda~ (default serving-rate; auto: chosen by pilots, docs/training.md)",
-    )
-    p.add_argument(
-        "--auto-pilot",
-        type=float,
-        metavar="FRACTION",
-        help="strategy auto: pilot length as a fraction of the rounds (default 0.2)",
+        help="aggregation weights Lambda~ (default serving-rate; auto: the serving-rate ramp, docs/training.md)",
     )
     p.add_argument("--weights", type=_floats, help="explicit Lambda~, e.g. 0.6,0.3,0.1 (implies --strategy explicit)")
     p.add_argument("--rounds", type=int, help="communication rounds T (default 30 digits, 100 CIFAR)")
@@ -118,6 +118,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--eval-every", type=int, help="validate every N rounds (default 1)")
     p.add_argument("--config", help="JSON or TOML file with train settings (flags override it)")
+    p.add_argument(
+        "--init", metavar="RUN", help="start from RUN's weights and settings (its spec too): a fine-tune for --rounds "
+        "more rounds; flags override its settings but not its data split (dataset, seed, val_size)"
+    )
+    p.add_argument(
+        "--rates-from", metavar="SOURCE", help="weight the exits by the serving rates a running CIS measured (a spec: "
+        "its live nodes; a 'cis serve --all' log folder; a requests file; a saved measurement) and train for the "
+        "design (--spec, else --init's) with the measured arrival rates; docs/closed-loop.md"
+    )
+    p.add_argument(
+        "--window", type=float, metavar="SECONDS", help="with --rates-from: live, two snapshots SECONDS apart "
+        "(default: since the nodes started); a requests file, its last SECONDS (default: all of it)"
+    )
     p.add_argument("--resume", action="store_true", help="continue RUN_DIR from its last checkpoint")
     p.add_argument(
         "--engine",
@@ -176,7 +189,6 @@ _FLAG_KEYS = {
     "eval_every": "eval_every",
     "device": "device",
     "amp": "amp",
-    "auto_pilot": "auto_pilot",
     "coefficient_rule": "coefficient_rule",
     "bn_rule": "bn_rule",
     "lower_exit_steps": "lower_exit_steps",
@@ -204,7 +216,7 @@ def run(args: argparse.Namespace) -> int:
 
         config = make_config(*_with_options(read_config_file(args.config) if args.config else {}, flags, options))
         var = measure_grad_variance(config)
-        result = {
+        result: dict[str, Any] = {
             "dataset": config.dataset,
             "width": config.width,
             "grad_variance": var,
@@ -222,6 +234,10 @@ def run(args: argparse.Namespace) -> int:
         raise CisError("missing --out RUN_DIR; expected a directory for the run")
     from training.run import train_run
 
+    if args.window is not None and not args.rates_from:
+        raise CisError("--window goes with --rates-from SOURCE")
+    if args.resume and (args.init or args.rates_from):
+        raise CisError("--resume continues a run as it was configured; drop --init and --rates-from")
     if args.resume:
         stored_path = Path(args.out) / "config.json"
         if not stored_path.is_file():
@@ -245,7 +261,7 @@ def run(args: argparse.Namespace) -> int:
         if options:
             from training.methods.registry import resolve_options
 
-            given = resolve_options(config.method, options)
+            given = resolve_options(config.method, options) or {}
             for k in options:
                 if given[k] != (config.options or {}).get(k):
                     raise CisError(
@@ -253,19 +269,26 @@ def run(args: argparse.Namespace) -> int:
                         f"run's {(config.options or {}).get(k)!r}; a resumed run keeps its config"
                     )
     else:
-        config = make_config(*_with_options(read_config_file(args.config) if args.config else {}, flags, options))
-    log = (lambda s: None) if args.json else (lambda s: print(s, file=sys.stderr))
+        file_values = read_config_file(args.config) if args.config else {}
+        if args.init:
+            from training.warm_start import check_data_split, inherited_config
+
+            inherited = inherited_config(args.init)
+            check_data_split(inherited, {**file_values, **flags}, args.init)
+            file_values = {**inherited, **file_values}
+        if args.rates_from:
+            flags.update(_measured_rates(args, {**file_values, **flags}))
+        config = make_config(*_with_options(file_values, flags, options))
+    log = (lambda s: None) if args.json else logging.getLogger(__name__).info
     from training.device import run_device
 
     run_device(config)  # --device cuda without a GPU: one line before anything is written
     if args.engine == "flower":
+        if args.init:
+            raise CisError("--init starts the builtin engine's model; use --engine builtin for a fine-tune")
         if args.resume:
             raise CisError(
                 "--resume is not supported with --engine flower (node momentum lives on the nodes); start a new run"
-            )
-        if config.strategy == "auto":
-            raise CisError(
-                "--strategy auto runs its pilots on the builtin engine only; pick a fixed strategy with --engine flower"
             )
         from training.flower.run import run_flower
 
@@ -292,11 +315,36 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _measured_rates(args: argparse.Namespace, values: dict) -> dict:
+    """--rates-from: measure, write the updated design into the run dir; the config keys that point to it."""
+    from cis.measured import rates_from, updated_spec_text
+    from cis.spec import load_spec
+
+    design_file = values.get("spec")
+    if not design_file:
+        raise CisError("--rates-from needs the design spec the CIS was built from: pass --spec DESIGN or --init RUN")
+    out = Path(args.out)
+    if (out / "checkpoint.pt").exists():
+        raise CisError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
+    design = load_spec(design_file)
+    m, updated = rates_from(args.rates_from, design, str(design_file), args.window)
+    out.mkdir(parents=True, exist_ok=True)
+    spec_file = out / "measured-spec.toml"
+    spec_file.write_text(updated_spec_text(design, updated, m, False, str(design_file)))
+    (out / "measurement.json").write_text(json.dumps(m.to_json(), indent=2))
+    lam = m.rates().exit_serving_rate
+    return {
+        "spec": str(spec_file.resolve()),
+        "rates_from": str(args.rates_from),
+        "exit_rates": [lam[e] for e in range(1, design.num_exits + 1)],
+    }
+
+
 def _option_flags(args: argparse.Namespace) -> dict:
     """--option KEY=VALUE items, then the named method flags (which win)."""
     from training.methods.registry import parse_option_flags
 
-    options = parse_option_flags(args.option)
+    options: dict[str, Any] = parse_option_flags(args.option)
     if args.no_distill:
         options["distill"] = False
     if args.no_modulation:

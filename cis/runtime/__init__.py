@@ -6,10 +6,15 @@ bundle; ``Client`` talks to any node. See docs/runtime.md and docs/protocol.md.
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import Any
 
 from cis.errors import CisError
+from cis.logs import event
+from cis.runtime.config import STAGE_THREADS
+
+log = logging.getLogger(__name__)
 
 
 def build_node(
@@ -68,12 +73,14 @@ def build_node(
     from cis.backends import node_provider, open_stages, refusal
     from cis.stages import ProviderError
 
-    threads = options.pop("threads", 1)
+    threads = options.pop("threads", STAGE_THREADS)
     provider, source = node_provider(node, options.pop("provider", None))
     try:
         runners, backend = open_stages(bundle, indices, provider, threads)
     except ProviderError as exc:
         raise refusal(node_id, exc, source) from None
+    if backend.note:  # auto fell back to the CPU: said once, at start
+        event(log, logging.WARNING, "provider_fallback", f"node {node_id}: {backend.note}", node=node_id)
     stages = {k: BundleStage(bundle.stage(k).inputs, bundle.stage(k).outputs, r) for k, r in runners.items()}
     options.setdefault("measure", bundle.policy.measure if bundle.policy else spec.confidence)
     if options["measure"] == "patience":
@@ -90,6 +97,9 @@ def build_node(
         tiers_above=max(1, spec.depth(node_id)),
         adapt_target=target,
         backend=backend,
+        parent_id=node.parent,
+        bundle=str(bundle.root),
+        bundle_sha256=bundle.sha256,
         **options,
     )
     return Node(cfg, stages)

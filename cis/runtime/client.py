@@ -11,8 +11,9 @@ One DEALER socket; not thread-safe (use one Client per thread).
 from __future__ import annotations
 
 import itertools
+import math
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -44,6 +45,7 @@ class Result:
     served_by: list[str]
     latency: float  # seconds from send to reply, seen by the client
     error: ServerError | None = None
+    sent: float = math.nan  # time.perf_counter() when the request was sent (cis infer --out: sent_s)
 
     @property
     def degraded(self) -> np.ndarray:
@@ -78,7 +80,7 @@ class Result:
         ]
 
 
-def _error_result(n: int, err: ServerError, latency: float) -> Result:
+def _error_result(n: int, err: ServerError, latency: float, sent: float = math.nan) -> Result:
     return Result(
         np.full(n, -1, np.int64),
         np.zeros(n, np.float32),
@@ -87,6 +89,7 @@ def _error_result(n: int, err: ServerError, latency: float) -> Result:
         [""] * n,
         latency,
         err,
+        sent,
     )
 
 
@@ -152,11 +155,13 @@ class Client:
             return None
         t0, n = sent
         h = msg.head
-        if msg.kind == P.ERROR:
-            return msg.id, _error_result(n, ServerError(h.code, h.message), now - t0)
+        if isinstance(h, P.ErrorHeader):
+            return msg.id, _error_result(n, ServerError(h.code, h.message), now - t0, t0)
+        assert isinstance(h, P.ResultHeader)
         t = msg.tensors
         return msg.id, Result(
-            t["class"].copy(), t["confidence"].copy(), t["exit"].copy(), t["flags"].copy(), h.served_by, now - t0
+            t["class"].copy(), t["confidence"].copy(), t["exit"].copy(), t["flags"].copy(), h.served_by, now - t0,
+            sent=t0,
         )
 
     @property
@@ -238,7 +243,7 @@ class Client:
                 results[rid] = res
             for rid, (t0, n) in self._expired(timeout):
                 results[rid] = _error_result(
-                    n, ServerError("timeout", f"no reply within {timeout:.1f} s"), time.perf_counter() - t0
+                    n, ServerError("timeout", f"no reply within {timeout:.1f} s"), time.perf_counter() - t0, t0
                 )
             while emitted < len(ids) and ids[emitted] in results:
                 yield results.pop(ids[emitted])
@@ -255,7 +260,7 @@ class Client:
                 msg = P.decode(P.recv(self.sock, _NO_LIMIT)[0], kinds=P.REPLY_KINDS)
             except (zmq.Again, P.ProtocolError):
                 continue
-            if msg.kind == P.STATUS_REPLY and msg.id == rid:
+            if isinstance(msg.head, P.StatusReplyHeader) and msg.id == rid:
                 return msg.head.status
         raise TimeoutError(f"no status from {self.address} within {timeout:.1f} s")
 
@@ -305,31 +310,31 @@ def infer_spread(
         wait = 50.0
         if times is not None and sent < total:
             wait = max(0.0, min(wait, (start + times[queue[sent][0]] - time.perf_counter()) * 1000))
-        for sock, _ in poller.poll(wait):
+        for sock, _ in poller.poll(int(wait)):
             nid, c = by_sock[sock]
             for rid, res in c.poll(0):
-                i = owner.pop((nid, rid), None)
-                if i is not None:
-                    results[i] = res
+                j = owner.pop((nid, rid), None)
+                if j is not None:
+                    results[j] = res
                     done += 1
         for nid, c in clients.items():
             for rid, (t0, n) in c._expired(timeout):
-                i = owner.pop((nid, rid), None)
-                if i is not None:
-                    results[i] = _error_result(
-                        n, ServerError("timeout", f"no reply within {timeout:.1f} s"), time.perf_counter() - t0
+                j = owner.pop((nid, rid), None)
+                if j is not None:
+                    results[j] = _error_result(
+                        n, ServerError("timeout", f"no reply within {timeout:.1f} s"), time.perf_counter() - t0, t0
                     )
                     done += 1
     return results
 
 
-def summarize(results: list[Result | None], labels: np.ndarray | None = None) -> dict:
+def summarize(results: Sequence[Result | None], labels: np.ndarray | None = None) -> dict:
     """Accuracy, served share per exit and per node, latency (cis.metrics.latency_summary, seconds), errors."""
     ok = [r for r in results if r is not None and r.error is None]
     errors: dict[str, int] = {}
     for r in results:
         if r is None or r.error is not None:
-            code = "timeout" if r is None else r.error.code
+            code = "timeout" if r is None or r.error is None else r.error.code
             errors[code] = errors.get(code, 0) + (1 if r is None else len(r))
     n_ok = sum(len(r) for r in ok)
     out: dict = {"requests": len(results), "samples_answered": n_ok, "errors": errors}
@@ -353,7 +358,7 @@ def summarize(results: list[Result | None], labels: np.ndarray | None = None) ->
     return out
 
 
-def _positions(results: list[Result | None]):
+def _positions(results: Sequence[Result | None]):
     pos = 0
     for r in results:
         yield pos, r

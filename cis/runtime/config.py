@@ -8,12 +8,25 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from cis.errors import CisError
-from cis.runtime.security import CurveConfig
 
 if TYPE_CHECKING:
     from cis.backends import Backend
 
 NONFINITE_MODES = ("refuse", "flag")
+STAGE_THREADS = 1  # onnxruntime threads per stage (cis serve --threads)
+
+
+@dataclass
+class CurveConfig:
+    """Curve settings of one process: its own key pair, the allow-list, the server key it talks to."""
+
+    secret_file: str | None = None  # own .key_secret
+    allow_dir: str | None = None  # folder of authorised public .key files (server side)
+    server_public_file: str | None = None  # the parent's / server's public .key (client side)
+
+    @property
+    def enabled(self) -> bool:
+        return self.secret_file is not None
 
 
 @dataclass
@@ -34,8 +47,8 @@ class NodeConfig:
     rcv_buf: int = -1  # SO_RCVBUF of the ROUTER's connections in bytes; -1: the OS default (autotuned)
     forward_timeout: float = 1.0  # seconds a forward waits for the parent (per tier above)
     tiers_above: int = 1
-    heartbeat: float = 0.2
-    heartbeat_timeout: float = 1.0
+    heartbeat: float = 0.2  # seconds between pings to the parent
+    heartbeat_timeout: float = 0.0  # seconds without a pong before the parent counts as down; 0: max(1, 5 heartbeats)
     max_message_bytes: int = 64 << 20  # per message; also ZMQ_MAXMSGSIZE, the limit of each frame
     nonfinite: str = "refuse"  # "refuse": bad_input error; "flag": answer such samples here with flag 4
     adapt: bool = False
@@ -46,8 +59,13 @@ class NodeConfig:
     drain_timeout: float = 10.0  # seconds to finish in-flight work after SIGTERM
     restarts: int = 0  # how often the launcher restarted this node (shown by status)
     backend: Backend | None = None  # what runs the bundle's stages (cis.backends; None: stages given directly)
+    parent_id: str | None = None  # the parent's node id (the build-info metric, logs); None at the root or unknown
+    bundle: str = ""  # the bundle's folder, and the sha256 of its manifest (which lists every file's sha256)
+    bundle_sha256: str = ""
 
     def __post_init__(self) -> None:
+        if not self.heartbeat_timeout:
+            self.heartbeat_timeout = max(1.0, 5 * self.heartbeat)
         if self.nonfinite not in NONFINITE_MODES:
             raise CisError(f"nonfinite is {self.nonfinite!r}; expected one of {', '.join(NONFINITE_MODES)}")
         if self.queue_limit < 1 or self.max_batch < 1 or self.rcv_hwm < 1 or self.max_message_bytes < 1:

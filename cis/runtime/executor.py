@@ -26,7 +26,7 @@ from __future__ import annotations
 import collections
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -35,9 +35,13 @@ from cis.policy import ExitPolicy, TokenBucket, confidence
 from cis.runtime import protocol as P
 from cis.runtime.adapt import ThresholdController
 from cis.runtime.config import NodeConfig
+from cis.runtime.events import FailureLog
 from cis.runtime.feeds import FeedContract, nonfinite_rows
 from cis.runtime.work import Outbox, Pending, Request, Stage
 from cis.stages import LOGITS
+
+if TYPE_CHECKING:
+    from cis.runtime.metrics_http import BatchTimings
 
 
 class Executor:
@@ -68,6 +72,8 @@ class Executor:
         self.stage_ok = True  # False after a stage raised, until a stage run succeeds (health: stage_failed)
         self.served_early = np.zeros(config.exit, np.int64)  # patience: samples answered at exit e < the node's
         self._const: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self.timings: BatchTimings | None = None  # queue time, compute time, batch size (set by metrics_http)
+        self.failures = FailureLog(config.node_id)  # a stage's or the decision's traceback, rate-limited
 
     # ------------------------------------------------------------ admission
 
@@ -77,7 +83,7 @@ class Executor:
         Checked in this order: entry stage, tensors against that stage, samples
         against the queue limit, deadline, room in the queue, finite values."""
         h, limit = msg.head, self.cfg.queue_limit
-        stage = 1 if h.stage is None else h.stage
+        stage = h.stage
         contract = self.contracts.get(stage)
         if contract is None:
             return "bad_stage", f"entry stage {stage!r}; node {self.cfg.node_id} runs stages {sorted(self.stages)}"
@@ -139,9 +145,16 @@ class Executor:
                 continue
             batch.append(req)
             total += req.n
-        if batch:
-            self.counters["batches"] += 1
-            self._process(batch)
+        if not batch:
+            return
+        self.counters["batches"] += 1
+        timings = self.timings
+        if timings is None:
+            return self._process(batch)
+        start = time.monotonic()
+        timings.started(start, batch, total)
+        self._process(batch)
+        timings.compute.observe(time.monotonic() - start)
 
     def _process(self, batch: list[Request]) -> None:
         nid = self.cfg.node_id
@@ -149,17 +162,20 @@ class Executor:
             logits, carry, order, hit = self._run_stages(batch)
         except Exception as exc:  # a stage failed: retry each request alone before blaming any
             if len(batch) > 1:
+                self.failures.isolating(len(batch), exc)
                 self.counters["isolated"] += len(batch)
                 for req in batch:
                     self._process([req])
             else:
                 self.stage_ok = False
+                self.failures.report("stage_failed", "a stage", [req.req_id for req in batch], exc)
                 self._fail(batch[0], "internal", f"node {nid}: stage failed: {type(exc).__name__}: {exc}")
             return
         self.stage_ok = True
         try:
             self._decide(order, logits, carry, hit)
         except Exception as exc:  # a bug in deciding must not kill the node: every unanswered request gets one error
+            self.failures.report("decide_failed", "the exit decision", [req.req_id for req in order], exc)
             for req in order:
                 if not req.answered:
                     self._fail(req, "internal", f"node {nid}: deciding failed: {type(exc).__name__}: {exc}")
@@ -184,7 +200,7 @@ class Executor:
             return out[LOGITS], {nm: out[nm] for nm in self.carry_names}, batch, None
         order: list[Request] = []
         feeds: dict[str, np.ndarray] | None = None
-        out: dict[str, np.ndarray] = {}
+        out = {}
         state: pt.PatienceState | None = None
         hit: dict[str, np.ndarray] | None = None
         for k in range(min(req.stage for req in batch), self.cfg.exit + 1):
@@ -202,7 +218,11 @@ class Executor:
                 fresh = [pt.from_carry(req.feeds, req.n) for req in joining]
                 state = pt.concat(([state] if state is not None else []) + fresh)
                 m = sum(req.n for req in joining)
-                new_hit = {"exit": np.zeros(m, np.int32), "cls": np.zeros(m, np.int64), "conf": np.zeros(m, np.float32)}
+                new_hit: dict[str, np.ndarray] = {
+                    "exit": np.zeros(m, np.int32),
+                    "cls": np.zeros(m, np.int64),
+                    "conf": np.zeros(m, np.float32),
+                }
                 hit = new_hit if hit is None else {key: np.concatenate([hit[key], new_hit[key]]) for key in hit}
                 done, state = self.policy.decide_patience(out[LOGITS], state)
                 first = done & (hit["exit"] == 0)
@@ -227,6 +247,14 @@ class Executor:
         hit: dict[str, np.ndarray] | None = None,
     ) -> None:
         nid, root = self.cfg.node_id, self.cfg.parent is None
+        over = nonfinite_rows({LOGITS: logits, **carry}, len(logits))  # finite input that overflowed in the network
+        if over is not None and self.cfg.nonfinite == "refuse":
+            keep = self._refuse_overflow(order, over)
+            if not keep.any():
+                return
+            order = [req for req in order if not req.answered]
+            logits, carry, over = logits[keep], {k: v[keep] for k, v in carry.items()}, None
+            hit = None if hit is None else {k: v[keep] for k, v in hit.items()}
         cls = logits.argmax(axis=-1)
         n = len(cls)
         exit_at, flags = self._constants(n)  # read-only; copied before a flag is set
@@ -239,17 +267,36 @@ class Executor:
             serve, conf = None, confidence(logits, self.policy.measure)
         else:
             serve, conf = self.policy.decide(nid, logits)
-        bad = [req.bad for req in order if req.bad is not None]
-        if bad:  # nonfinite="flag": answered here, never forwarded
-            bad = np.concatenate([req.bad if req.bad is not None else np.zeros(req.n, bool) for req in order])
+        bad = over  # nonfinite="flag": non-finite input or outputs are answered here, never forwarded
+        if any(req.bad is not None for req in order):
+            given = np.concatenate([req.bad if req.bad is not None else np.zeros(req.n, bool) for req in order])
+            bad = given if bad is None else bad | given
+        if bad is not None:
             serve = None if serve is None else serve | bad
             cls, conf = np.where(bad, -1, cls), np.where(bad, np.float32(np.nan), conf)
             flags = np.where(bad, np.uint8(P.FLAG_NONFINITE), flags)
             self.counters["nonfinite"] += int(np.count_nonzero(bad))
-        wanted = 0 if root else (0 if serve[0] else 1) if n == 1 else n - int(np.add.reduce(serve))
+        wanted = 0
+        if not root:  # what goes up, as far as the parent and the cap allow
+            assert serve is not None  # the policy (or patience) decided; only the root decides nothing
+            serve, flags, wanted = self._upward(serve, flags, n)
+        if hit is not None:  # answered before this node's exit (cis_samples_total{exit})
+            self.served_early += np.bincount(exit_at, minlength=self.cfg.exit + 1)[: self.cfg.exit]
+        self.counters["served"] += n - wanted
+        if wanted == n:  # all of it goes up (the confidence kept as float64 until a fallback needs it)
+            self._forward_and_answer(order, None, cls, conf, exit_at, flags, carry)
+        elif not wanted:
+            self._answer_all(order, cls, conf.astype(np.float32, copy=False), exit_at, flags)
+        else:
+            self._forward_and_answer(order, serve, cls, conf.astype(np.float32, copy=False), exit_at, flags, carry)
+
+    def _upward(self, serve: np.ndarray, flags: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """(serve, flags, samples to forward) once the controller, the parent's state and the transfer cap
+        have had their say on the policy's ``serve``."""
+        wanted = (0 if serve[0] else 1) if n == 1 else n - int(np.add.reduce(serve))
         if self.controller is not None:
             self.controller.update(wanted, n)
-            self.policy.thresholds[nid] = self.controller.threshold
+            self.policy.thresholds[self.cfg.node_id] = self.controller.threshold
         if wanted and not self.out.parent_up:
             flags = np.where(serve, flags, np.uint8(P.FLAG_DEGRADED))
             self.counters["degraded"] += wanted
@@ -262,15 +309,26 @@ class Executor:
                 flags[over], serve[over] = P.FLAG_CAPPED, True
                 self.counters["capped"] += wanted - granted
                 wanted = granted
-        if hit is not None:  # answered before this node's exit (cis_samples_total{exit})
-            self.served_early += np.bincount(exit_at, minlength=self.cfg.exit + 1)[: self.cfg.exit]
-        self.counters["served"] += n - wanted
-        if wanted == n:  # all of it goes up (the confidence kept as float64 until a fallback needs it)
-            self._forward_and_answer(order, None, cls, conf, exit_at, flags, carry)
-        elif not wanted:
-            self._answer_all(order, cls, conf.astype(np.float32, copy=False), exit_at, flags)
-        else:
-            self._forward_and_answer(order, serve, cls, conf.astype(np.float32, copy=False), exit_at, flags, carry)
+        return serve, flags, wanted
+
+    def _refuse_overflow(self, order: list[Request], over: np.ndarray) -> np.ndarray:
+        """nonfinite="refuse": answer ``bad_input`` to every request with a sample whose logits or carry at this
+        node's exit are not finite (a finite input that overflowed inside the network); nothing of those
+        requests is served or forwarded. Returns the mask of the samples that go on."""
+        keep, start = np.ones(len(over), bool), 0
+        for req in order:
+            end = start + req.n
+            rows = np.flatnonzero(over[start:end])
+            if len(rows):
+                keep[start:end] = False
+                self._fail(
+                    req,
+                    "bad_input",
+                    f"{len(rows)} of {req.n} samples overflow inside the network (first: sample {rows[0]}): their "
+                    f"outputs at node {self.cfg.node_id}'s exit are NaN or infinite; expected inputs it keeps finite",
+                )
+            start = end
+        return keep
 
     def _constants(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """This node's exit and zero flags for n samples (read-only; cached up to max_batch)."""
@@ -300,7 +358,8 @@ class Executor:
             parts: list[tuple[Request, np.ndarray | None]] = [(req, None) for req in order]
             pending = Pending(parts, cls, conf)
         else:
-            parts, here, start = [], [], 0
+            here: list[tuple[Request, int, np.ndarray | None]] = []
+            parts, start = [], 0
             for req in order:
                 end = start + req.n
                 up = np.flatnonzero(~serve[start:end])

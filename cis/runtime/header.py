@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -73,20 +73,22 @@ TENSOR_KINDS = (INFER, FORWARD, RESULT)  # the other kinds carry no tensors
 
 class ProtocolError(Exception):
     """A message that cannot be accepted; ``code`` is one of ERROR_CODES, ``req_id`` the
-    request id when it could be read (else 0), for the error reply to echo."""
+    request id when it could be read (else 0), for the error reply to echo; ``kind`` the header's
+    kind when it is one of KINDS."""
 
     def __init__(self, code: str, message: str, req_id: int = 0):
         super().__init__(message)
         self.code = code
         self.message = message
         self.req_id = req_id
+        self.kind: str | None = None  # the header's kind when it was a known one (metrics count by kind)
 
 
 def fail(code: str, message: str) -> None:
     raise ProtocolError(code, message)
 
 
-def is_int(v: Any, lo: int, hi: int) -> bool:
+def is_int(v: Any, lo: int, hi: int) -> TypeGuard[int]:
     return type(v) is int and lo <= v <= hi  # type(): True/False are not integers here
 
 
@@ -96,7 +98,7 @@ def is_name(v: Any) -> bool:
 
 def optional_text(h: dict, key: str, limit: int = MAX_NAME) -> None:
     v = h.get(key)
-    if v is not None and not (type(v) is str and len(v) <= limit):
+    if key in h and not (type(v) is str and len(v) <= limit):
         fail("bad_message", f"{key} is {show(v)}; expected a string of at most {limit} characters")
 
 
@@ -118,18 +120,19 @@ def check_common(h: dict, kinds: Sequence[str]) -> None:
 
 
 def check_fields(h: dict) -> None:
-    """The optional request and reply fields other than the tensor description."""
+    """The optional request and reply fields other than the tensor description. A field that is present must
+    hold a value of its type: nil (None) is refused like any other wrong type, never read as "absent"."""
     stage = h.get("stage")
-    if stage is not None and not is_int(stage, 1, MAX_STAGE):
+    if "stage" in h and not is_int(stage, 1, MAX_STAGE):
         fail("bad_stage", f"stage is {show(stage)}; expected an integer 1..{MAX_STAGE}")
-    deadline = h.get("deadline")
-    if deadline is not None and not (type(deadline) in (int, float) and math.isfinite(deadline) and deadline >= 0):
+    deadline: Any = h.get("deadline")
+    if "deadline" in h and not (type(deadline) in (int, float) and math.isfinite(deadline) and deadline >= 0):
         fail(
             "bad_message",
             f"deadline is {show(deadline)}; expected seconds since the epoch (a finite number >= 0) or 0 for none",
         )
     route = h.get("route")
-    if route is not None:
+    if "route" in h:
         if type(route) is not list or len(route) > MAX_ROUTE or not all(map(is_name, route)):
             fail(
                 "bad_message",

@@ -22,16 +22,18 @@ restarted node keeps its port, and :attr:`Cluster.metrics` holds every node's UR
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from cis import logs
 from cis.errors import CisError
 from cis.runtime.security import CurveConfig
 from cis.spec import CisSpec
@@ -40,6 +42,7 @@ FIRST_BACKOFF = 0.5  # seconds before the second restart; the first is immediate
 MAX_BACKOFF = 30.0
 STABLE_AFTER = 30.0  # seconds up after which a node's backoff starts over
 CLUSTER_FILE = "cluster.json"
+log = logging.getLogger(__name__)
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -91,6 +94,7 @@ def _main_thread() -> bool:
 
 def _die_with_parent() -> None:  # runs in the child between fork and exec
     """The node gets SIGTERM when the launcher dies, even by SIGKILL (no orphans)."""
+    assert _PRCTL is not None  # only given to Popen when there is one
     _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
@@ -121,14 +125,20 @@ class Cluster:
     metrics_ports: dict[str, int] = field(default_factory=dict)  # --metrics-port of each node (none: no metrics)
     metrics: dict[str, str] = field(default_factory=dict)  # each node's metrics URL (ends in /metrics)
     stopping: bool = False
-    say: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
+    env: Mapping[str, str] | None = None  # the nodes' environment (None: the launcher's)
+    node_prefix: dict[str, Sequence[str]] = field(default_factory=dict)  # a command before each node's (the testbed)
 
     def command(self, node_id: str) -> list[str]:
         node = self.spec.node(node_id)
+        settings = logs.current()  # the nodes log as the launcher does
         cmd = [
             sys.executable,
             "-m",
             "cis.cli",
+            "--log-level",
+            settings.level,
+            "--log-format",
+            settings.format,
             "serve",
             str(self.bundle),
             "--node",
@@ -145,7 +155,8 @@ class Cluster:
             cmd += ["--restarts", str(restarts)]
         if node_id in self.metrics_ports:
             cmd += ["--metrics-port", str(self.metrics_ports[node_id])]
-        return cmd + list(self.extra_args) + list(self.node_args.get(node_id, ()))
+        cmd += list(self.extra_args) + list(self.node_args.get(node_id, ()))
+        return [*self.node_prefix.get(node_id, ()), *cmd]
 
     def log_path(self, node_id: str) -> Path | None:
         return Path(self.log_dir) / f"{node_id}.log" if self.log_dir else None
@@ -165,6 +176,7 @@ class Cluster:
                 stdin=subprocess.DEVNULL,
                 stdout=out if out else subprocess.DEVNULL,
                 stderr=out if out else None,
+                env=None if self.env is None else dict(self.env),
                 preexec_fn=_die_with_parent if _PRCTL is not None and _main_thread() else None,
             )
         finally:
@@ -215,7 +227,7 @@ class Cluster:
         if self.stopping:
             return []
         now = time.monotonic() if now is None else now
-        events: list[tuple[str, str]] = []
+        events: list[tuple[str, int, str, str, dict]] = []  # node, level, event, message, fields
         for nid, proc in list(self.procs.items()):
             sup = self.supervision.setdefault(nid, Supervision())
             code = proc.poll()  # reaps an exited child: no zombie
@@ -227,21 +239,28 @@ class Cluster:
                 sup.down_since, sup.last_exit = now, code
                 sup.restart_at = now + sup.backoff
                 events.append(
-                    (nid, f"node {nid} exited with status {code}; restart {sup.restarts + 1} in {sup.backoff:.1f} s")
+                    (
+                        nid,
+                        logging.WARNING,
+                        "node_exit",
+                        f"node {nid} exited with status {code}; restart {sup.restarts + 1} in {sup.backoff:.1f} s",
+                        {"status": code, "restart": sup.restarts + 1, "backoff_s": sup.backoff},
+                    )
                 )
                 sup.backoff = min(MAX_BACKOFF, max(FIRST_BACKOFF, 2 * sup.backoff))
                 self.write_state()
             if sup.restart_at is not None and now >= sup.restart_at:
                 sup.restarts += 1
                 self.start(nid)
-                events.append((nid, f"node {nid} restarted (pid {self.procs[nid].pid}, restart {sup.restarts})"))
-        for nid, line in events:
-            self.say(f"cis serve: {line}")
-            log = self.log_path(nid)
-            if log is not None:
-                with open(log, "a") as f:
-                    f.write(f"[launcher {time.strftime('%Y-%m-%d %H:%M:%S')}] {line}\n")
-        return [line for _, line in events]
+                pid = self.procs[nid].pid
+                message = f"node {nid} restarted (pid {pid}, restart {sup.restarts})"
+                events.append((nid, logging.INFO, "node_restart", message, {"node_pid": pid, "restart": sup.restarts}))
+        for nid, level, name, message, fields in events:
+            logs.event(log, level, name, message, node=nid, **fields)
+            path = self.log_path(nid)
+            if path is not None:  # beside the node's own lines
+                logs.append(path, log.name, level, name, message, node=nid, **fields)
+        return [message for _, _, _, message, _ in events]
 
     def state(self) -> dict:
         nodes = {}
@@ -258,7 +277,9 @@ class Cluster:
                 "last_exit": sup.last_exit,
                 "log": str(self.log_path(n.id)) if self.log_dir else None,
             }
-        return {"launcher_pid": os.getpid(), "nodes": nodes}
+        spec_file = str(Path(self.spec_file).resolve()) if self.spec_file else None  # what cis.measured compares with
+        bundle = str(Path(self.bundle).resolve())
+        return {"launcher_pid": os.getpid(), "spec": spec_file, "bundle": bundle, "nodes": nodes}
 
     def write_state(self) -> None:
         """LOG_DIR/cluster.json, replaced atomically."""
@@ -305,17 +326,20 @@ def launch(
     spec_file: str | None = None,
     free_ports: bool = False,
     extra_args: Sequence[str] = (),
-    node_args: dict[str, Sequence[str]] | None = None,
+    node_args: Mapping[str, Sequence[str]] | None = None,
     ready_timeout: float = 60.0,
     log_dir: str | None = None,
     curve: CurveConfig | None = None,
     metrics_port: int | None = None,
     metrics_host: str | None = None,
+    env: Mapping[str, str] | None = None,
+    node_prefix: dict[str, Sequence[str]] | None = None,
 ) -> Cluster:
     """Start all nodes and wait until they serve; on failure, stop what was started.
 
     ``metrics_port``: every node serves /metrics and /healthz (see :func:`plan_metrics`);
-    ``metrics_host`` is passed on in ``extra_args`` by ``cis serve`` and only names the URLs here."""
+    ``metrics_host`` is passed on in ``extra_args`` by ``cis serve`` and only names the URLs here;
+    ``node_prefix`` runs each node's command behind a prefix (``ip netns exec NS``: :mod:`cis.testbed`)."""
     addresses = plan_addresses(spec, free_ports)
     ports, urls = plan_metrics(spec, addresses, metrics_port, metrics_host)
     cluster = Cluster(
@@ -329,6 +353,8 @@ def launch(
         curve=curve,
         metrics_ports=ports,
         metrics=urls,
+        env=env,
+        node_prefix=dict(node_prefix or {}),
     )
     try:
         cluster.start_all()

@@ -1,18 +1,23 @@
-"""Prometheus metrics and a health probe for one node: ``cis serve --metrics-port PORT``.
+"""Prometheus metrics and health probes for one node: ``cis serve --metrics-port PORT``.
 
 An HTTP server thread beside the node's poll loop (prometheus-client, part of
 the core install) answers
 
-- ``GET /metrics``: Prometheus text. Every value but the latency histogram is
-  read from the node's own counters when Prometheus scrapes (a custom
-  collector), so serving pays nothing for them; the latency histogram costs one
-  :meth:`LatencyBuckets.observe` per result (a bisect and two additions, through
-  the node's ``observe_latency`` hook);
-- ``GET /healthz``: ``200 {"node": ID, "state": "serving"}`` while the node
-  serves, ``503`` with the state otherwise: ``loading`` (the server is up, the
-  node does not serve yet: stages loading, sockets not bound), ``stage_failed`` (the last stage run raised, so
-  a request was answered ``internal``; until a stage run succeeds again),
-  ``shutting_down`` (SIGTERM: draining) or ``stopped``.
+- ``GET /metrics``: Prometheus text. The node's counters are read when Prometheus
+  scrapes (a custom collector), so serving pays nothing for them; the histograms
+  cost one :meth:`Buckets.observe` (a bisect and two additions) per result
+  (latency), per request run (queue time) and per micro-batch (compute time, batch
+  size). The process's CPU, memory and open files come from prometheus-client's
+  process, platform and GC collectors;
+- ``GET /livez``: ``200`` while the node's loop is alive (also while its stages
+  load, and while it drains); ``503`` when the loop has not turned for
+  STALL_SECONDS (``stalled``) or has ended (``stopped``);
+- ``GET /readyz`` and ``GET /healthz`` (the same answer): ``200 {"node": ID,
+  "state": "serving"}`` while the node serves, ``503`` with the state otherwise:
+  ``loading`` (the server is up, the node does not serve yet: stages loading,
+  sockets not bound), ``stage_failed`` (the last stage run raised, so a request was
+  answered ``internal``; until a stage run succeeds again), ``shutting_down``
+  (SIGTERM: draining) or ``stopped``.
 
 The server starts before the node loads its stages, so an orchestrator sees
 ``loading`` rather than a refused connection. See docs/runtime.md, *Metrics and health*.
@@ -23,17 +28,25 @@ from __future__ import annotations
 import json
 import socket
 import threading
+import time
 from bisect import bisect_left
+from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from itertools import accumulate
 from typing import Any
 from urllib.parse import urlsplit
 
+from cis import __version__
 from cis.errors import CisError
+from cis.runtime.work import Request
 
 # seconds; from well under a millisecond (a hot CPU stage) to the forward timeouts of deep trees
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+TIME_BUCKETS = (0.0001, 0.00025, *LATENCY_BUCKETS)  # queue and compute time: a hot hop waits tens of microseconds
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)  # samples per micro-batch
 STATES = ("loading", "serving", "stage_failed", "shutting_down", "stopped")
+STALL_SECONDS = 30.0  # /livez: the loop has not turned for this long (a stage stuck, a deadlock)
+PATHS = ("/metrics", "/livez", "/readyz", "/healthz")
 
 
 def http_host(address: str) -> str:
@@ -53,13 +66,13 @@ def metrics_url(host: str, port: int) -> str:
     return f"http://{'[' + shown + ']' if ':' in shown else shown}:{port}/metrics"
 
 
-class LatencyBuckets:
-    """Cumulative latency histogram counts, cheap to fill from the node's loop (no lock: one writer, and a
+class Buckets:
+    """Cumulative histogram counts, cheap to fill from the node's loop (no lock: one writer, and a
     scrape copies the list); prometheus-client's Histogram takes a lock and ~2.7 us per observation here."""
 
     __slots__ = ("bounds", "counts", "sum")
 
-    def __init__(self, bounds: tuple[float, ...]) -> None:
+    def __init__(self, bounds: Sequence[float]) -> None:
         self.bounds = list(bounds)
         self.counts = [0] * (len(bounds) + 1)  # per bucket, not cumulative; the last is (max bound, +Inf)
         self.sum = 0.0
@@ -77,18 +90,39 @@ class LatencyBuckets:
         return list(zip(les, accumulate(counts))), total
 
 
+class BatchTimings:
+    """What the executor reports per micro-batch (its ``timings`` hook): each request's queue time, the batch's
+    size, and its compute time (stages and exit decision, until its answers and forward are sent)."""
+
+    __slots__ = ("queue", "compute", "batch")
+
+    def __init__(self) -> None:
+        self.queue, self.compute, self.batch = Buckets(TIME_BUCKETS), Buckets(TIME_BUCKETS), Buckets(BATCH_BUCKETS)
+
+    def started(self, now: float, requests: list[Request], samples: int) -> None:
+        observe = self.queue.observe
+        for req in requests:
+            observe(now - req.t0)
+        self.batch.observe(samples)
+
+
 class MetricsServer:
     """The HTTP server of one node; :meth:`attach` the node once it serves (Node.run's ``ready``)."""
 
     def __init__(self, node_id: str, host: str, port: int) -> None:
-        from prometheus_client import CollectorRegistry
+        from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
+        from prometheus_client.registry import CollectorRegistry
 
         self.node_id = node_id
         self.node: Any = None  # cis.runtime.node.Node once attached
         self.finished = False
-        self.latency = LatencyBuckets(LATENCY_BUCKETS)
+        self.latency = Buckets(LATENCY_BUCKETS)
+        self.timings = BatchTimings()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(_NodeCollector(self))
+        ProcessCollector(registry=self.registry)  # process_cpu_seconds_total, process_resident_memory_bytes, ...
+        PlatformCollector(registry=self.registry)  # python_info
+        GCCollector(registry=self.registry)
         server_class = _V6Server if ":" in host else ThreadingHTTPServer
         try:
             self.httpd = server_class((host, port), _Handler)
@@ -105,8 +139,11 @@ class MetricsServer:
         self.thread.start()
 
     def attach(self, node: Any) -> None:
-        """Start reporting ``node`` (a cis.runtime.node.Node): its counters, and a latency per result."""
+        """Start reporting ``node`` (a cis.runtime.node.Node): its counters, a latency per result, the
+        executor's batch timings; the node logs this server's URL in its start line."""
         node.observe_latency = self.latency.observe
+        node.executor.timings = self.timings
+        node.metrics_url = self.url
         self.node = node
 
     @property
@@ -121,6 +158,15 @@ class MetricsServer:
         if not node.executor.stage_ok:
             return "stage_failed"
         return "serving"
+
+    @property
+    def liveness(self) -> str:
+        """The state, or ``stalled`` when the loop has not turned for STALL_SECONDS; /livez is 200 unless
+        this is ``stalled`` or ``stopped``."""
+        node, state = self.node, self.state
+        if state != "stopped" and node is not None and time.monotonic() - node.alive_at > STALL_SECONDS:
+            return "stalled"
+        return state
 
     def close(self) -> None:
         self.finished = True
@@ -143,12 +189,18 @@ class _Handler(BaseHTTPRequestHandler):
         path = urlsplit(self.path).path
         if path == "/metrics":
             self._answer(200, CONTENT_TYPE_LATEST, generate_latest(metrics.registry))
-        elif path == "/healthz":
+        elif path in ("/readyz", "/healthz"):
             state = metrics.state
-            body = json.dumps({"node": metrics.node_id, "state": state}).encode() + b"\n"
-            self._answer(200 if state == "serving" else 503, "application/json", body)
+            self._state(200 if state == "serving" else 503, state)
+        elif path == "/livez":
+            state = metrics.liveness
+            self._state(503 if state in ("stalled", "stopped") else 200, state)
         else:
-            self._answer(404, "text/plain; charset=utf-8", b"not found: try /metrics or /healthz\n")
+            self._answer(404, "text/plain; charset=utf-8", f"not found: try {', '.join(PATHS)}\n".encode())
+
+    def _state(self, code: int, state: str) -> None:
+        metrics: MetricsServer = self.server.metrics  # type: ignore[attr-defined]
+        self._answer(code, "application/json", json.dumps({"node": metrics.node_id, "state": state}).encode() + b"\n")
 
     def _answer(self, code: int, content_type: str, body: bytes) -> None:
         self.send_response(code)
@@ -167,66 +219,91 @@ class _NodeCollector:
     def __init__(self, server: MetricsServer) -> None:
         self.server = server
 
-    def collect(self):
+    def collect(self) -> Iterator[Any]:
         from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-        def counter(name: str, doc: str, labels: tuple[str, ...] = ()) -> CounterMetricFamily:
-            return CounterMetricFamily(name, doc, labels=labels)
-
-        def gauge(name: str, doc: str, labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
-            return GaugeMetricFamily(name, doc, labels=labels)
+        def histogram(name: str, doc: str, buckets: Buckets) -> HistogramMetricFamily:
+            counts, total = buckets.cumulative()
+            return HistogramMetricFamily(name, doc, buckets=counts, sum_value=total)
 
         server = self.server
-        buckets, total = server.latency.cumulative()
-        latency = HistogramMetricFamily(
+        timings = server.timings
+        yield histogram(
             "cis_request_latency_seconds",
             "seconds from a request's arrival at the node to its result (queueing and the tiers above included)",
-            buckets=buckets,
-            sum_value=total,
+            server.latency,
         )
-        healthy = gauge("cis_healthy", "1 when /healthz answers 200 (the node serves), else 0")
+        yield histogram(
+            "cis_queue_time_seconds",
+            "seconds a request waited in the node's queue before its micro-batch ran",
+            timings.queue,
+        )
+        yield histogram(
+            "cis_compute_time_seconds",
+            "seconds a micro-batch took: its stages and the exit decision, until its answers and forward were sent",
+            timings.compute,
+        )
+        yield histogram("cis_batch_size", "samples per micro-batch", timings.batch)
+        healthy = GaugeMetricFamily("cis_healthy", "1 when /readyz (and /healthz) answer 200, else 0")
         healthy.add_metric([], 1.0 if server.state == "serving" else 0.0)
-        requests = counter(
-            "cis_requests", "requests (client INFERs and child FORWARDs) by outcome: ok (a result) or the error code",
-            ("outcome",),
-        )
-        samples = counter("cis_samples", "samples answered at this node, by the exit that answered them", ("exit",))
-        forwarded = counter("cis_forwarded", "samples sent to the parent (including those it did not answer in time)")
-        failed = counter("cis_forward_failed", "forwarded samples the parent did not answer in time: served here")
-        capped = counter("cis_capped", "samples the transfer cap kept here (flag capped)")
-        degraded = counter("cis_degraded", "samples served here because the parent was down or late (flag degraded)")
-        queue = gauge("cis_queue_depth", "samples admitted and waiting in the node's queue")
-        limit = gauge("cis_queue_limit", "samples the queue admits; beyond, requests get 'overloaded'")
-        parent_up = gauge("cis_parent_up", "1 while the parent answers heartbeats, else 0 (1 at the root)")
-        threshold = gauge("cis_threshold", "the exit policy's threshold at this node (moves with --adapt)")
-        restarts = gauge("cis_restarts", "how often the launcher restarted this node")
-        info = gauge("cis_node_info", "the node's identity: 1", ("node", "exit", "parent", "provider", "backend"))
-        families = [latency, healthy, requests, samples, forwarded, failed, capped, degraded, queue, limit, parent_up,
-                    threshold, restarts, info]
-        node = server.node
+        yield healthy
+        families = self._node_families(CounterMetricFamily, GaugeMetricFamily)
+        yield from families.values()
+
+    def _node_families(self, counter: Any, gauge: Any) -> dict[str, Any]:
+        """The families of the node's own counters: named before the node is attached, filled after."""
+        f = {
+            "requests": counter(
+                "cis_requests",
+                "requests by kind (infer: from clients, forward: from children, other: status, ping "
+                "or unreadable) and outcome: ok (a result) or the error code",
+                labels=("kind", "outcome"),
+            ),
+            "samples": counter(
+                "cis_samples", "samples answered at this node, by the exit that answered them", labels=("exit",)
+            ),
+            "forwarded": counter("cis_forwarded", "samples sent to the parent (including those it did not answer)"),
+            "failed": counter("cis_forward_failed", "forwarded samples the parent did not answer in time: served here"),
+            "capped": counter("cis_capped", "samples the transfer cap kept here (flag capped)"),
+            "degraded": counter("cis_degraded", "samples served here because the parent was down or late (flag 1)"),
+            "restarts": counter("cis_restarts", "how often the launcher restarted this node (cis serve --all)"),
+            "queue": gauge("cis_queue_depth", "samples admitted and waiting in the node's queue"),
+            "limit": gauge("cis_queue_limit", "samples the queue admits; beyond, requests get 'overloaded'"),
+            "parent_up": gauge("cis_parent_up", "1 while the parent answers heartbeats, else 0 (1 at the root)"),
+            "threshold": gauge("cis_threshold", "the exit policy's threshold at this node (moves with --adapt)"),
+            "info": gauge(
+                "cis_node_info", "the node's identity: 1", labels=("node", "exit", "parent", "provider", "backend")
+            ),
+            "build": gauge(
+                "cis_build_info",
+                "what the node runs: 1; cis version, the bundle's sha256 (of manifest.json), the "
+                "parent's node id ('' at the root)",
+                labels=("node", "version", "bundle_sha256", "parent"),
+            ),
+        }
+        node = self.server.node
         if node is None:  # loading: the names are there, the values come with the node
-            yield from families
-            return
+            return f
         cfg, ex, c = node.cfg, node.executor, node.counters
-        requests.add_metric(["ok"], c.get("replies", 0))
-        for code, count in dict.copy(node.errors_by_code).items():
-            requests.add_metric([code], count)
+        for (kind, outcome), count in dict.copy(node.outcomes).items():
+            f["requests"].add_metric([kind, outcome], count)
         early = ex.served_early  # patience: samples answered before the node's own exit
         for e in range(1, cfg.exit):
             if early[e]:
-                samples.add_metric([str(e)], int(early[e]))
-        samples.add_metric([str(cfg.exit)], c.get("served", 0) - int(early.sum()))
-        forwarded.add_metric([], c.get("forwarded", 0) + c.get("forward_failed", 0))
-        failed.add_metric([], c.get("forward_failed", 0))
-        capped.add_metric([], c.get("capped", 0))
-        degraded.add_metric([], c.get("degraded", 0))
-        queue.add_metric([], ex.queued)
-        limit.add_metric([], cfg.queue_limit)
-        parent_up.add_metric([], 1.0 if cfg.parent is None or node.parent_up else 0.0)
-        threshold.add_metric([], ex.policy.thresholds[cfg.node_id])
-        restarts.add_metric([], cfg.restarts)
+                f["samples"].add_metric([str(e)], int(early[e]))
+        f["samples"].add_metric([str(cfg.exit)], c.get("served", 0) - int(early.sum()))
+        f["forwarded"].add_metric([], c.get("forwarded", 0) + c.get("forward_failed", 0))
+        f["failed"].add_metric([], c.get("forward_failed", 0))
+        f["capped"].add_metric([], c.get("capped", 0))
+        f["degraded"].add_metric([], c.get("degraded", 0))
+        f["restarts"].add_metric([], cfg.restarts)
+        f["queue"].add_metric([], ex.queued)
+        f["limit"].add_metric([], cfg.queue_limit)
+        f["parent_up"].add_metric([], 1.0 if cfg.parent is None or node.parent_up else 0.0)
+        f["threshold"].add_metric([], ex.policy.thresholds[cfg.node_id])
         backend = cfg.backend
         provider = backend.provider if backend is not None else "custom"
         runs = backend.describe() if backend is not None else "custom stages"
-        info.add_metric([cfg.node_id, str(cfg.exit), cfg.parent or "", provider, runs], 1.0)
-        yield from families
+        f["info"].add_metric([cfg.node_id, str(cfg.exit), cfg.parent or "", provider, runs], 1.0)
+        f["build"].add_metric([cfg.node_id, __version__, cfg.bundle_sha256, cfg.parent_id or ""], 1.0)
+        return f

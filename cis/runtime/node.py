@@ -52,31 +52,19 @@ from typing import Any
 import numpy as np
 import zmq
 
-from cis.metrics import latency_summary
+from cis.metrics import LatencyWindow
+from cis.runtime import events
 from cis.runtime import protocol as P
 from cis.runtime.config import NodeConfig
 from cis.runtime.executor import Executor
 from cis.runtime.security import CurveConfig, secure_client, secure_server, start_authenticator
 from cis.runtime.work import BundleStage, Pending, Request, Stage
 
-__all__ = ["BundleStage", "LatencyWindow", "Node", "NodeConfig", "Stage"]
+__all__ = ["BundleStage", "Node", "NodeConfig", "Stage"]
 
 _NOBLOCK = int(zmq.NOBLOCK)
+_OK = (("infer", "ok"), ("forward", "ok"))  # (kind, outcome) of a result, by Request.forward
 _poll = zmq.zmq_poll  # (socket, POLLIN) pairs -> the ready ones; zmq.Poller adds a Python layer
-
-
-class LatencyWindow:
-    """Seconds from a request's arrival at the node to its result, over the last ``size`` results."""
-
-    def __init__(self, size: int = 4096):
-        self.values: collections.deque[float] = collections.deque(maxlen=size)
-
-    def add(self, seconds: float) -> None:
-        self.values.append(seconds)
-
-    def summary(self) -> dict[str, float | None]:
-        """The one latency summary of cis.metrics (seconds: count, mean_s, p50_s, p95_s, p99_s, max_s)."""
-        return latency_summary(np.fromiter(self.values, float, len(self.values)))
 
 
 class Node:
@@ -84,6 +72,7 @@ class Node:
         self.cfg = config
         self.counters: collections.Counter = collections.Counter()
         self.errors_by_code: collections.Counter = collections.Counter()
+        self.outcomes: collections.Counter = collections.Counter()  # (kind, "ok" or the error code) -> replies
         self.executor = Executor(config, stages, self, self.counters)
         self.pending: dict[int, Pending] = {}
         self.up_ids = itertools.count(1)  # ids of forwards and pings: one counter, so a reply names one of them
@@ -100,6 +89,10 @@ class Node:
         self.busy = True  # something may have arrived since the ROUTER was last found empty
         self.status_asked: list[tuple[list[bytes], int]] = []  # answered at the end of the drain
         self.observe_latency: Callable[[float], None] | None = None  # each result's latency (metrics_http)
+        self.metrics_url: str | None = None  # set by the metrics server that reports this node (logged at start)
+        self.alive_at = time.monotonic()  # when the loop last turned (/livez)
+        self.overload = events.OverloadWatch(config.node_id)
+        self.parent_watch = events.ParentWatch(config, self.alive_at)
 
     @property
     def stages(self) -> dict[int, Stage]:
@@ -182,22 +175,27 @@ class Node:
         self.open(ctx)
         if ready:
             ready()
+        events.started(self.cfg, self.metrics_url)
         drain_until = None
         try:
-            while True:
-                if stop is not None and stop():
-                    self.stopping = True
-                if self.stopping:
-                    drain_until = drain_until or time.monotonic() + self.cfg.drain_timeout
-                    if (not self.executor.queue and not self.pending) or time.monotonic() > drain_until:
-                        break
-                self.step()
+            with np.errstate(over="ignore", invalid="ignore", divide="ignore"):  # non-finite values are checked
+                while True:
+                    if stop is not None and stop():
+                        self.stopping = True
+                    if self.stopping:
+                        if drain_until is None:
+                            drain_until = time.monotonic() + self.cfg.drain_timeout
+                            events.shutdown(self.cfg, self.executor.queued, sum(p.n for p in self.pending.values()))
+                        if (not self.executor.queue and not self.pending) or time.monotonic() > drain_until:
+                            break
+                    self.step()
         finally:
             self.close()
             if auth is not None:
                 auth.stop()
             if own_ctx:
                 ctx.term()
+            events.stopped(self.cfg, self.counters, time.time() - self.started)
 
     def open(self, ctx: zmq.Context) -> None:
         """Bind the ROUTER, connect the DEALER to the parent."""
@@ -249,7 +247,7 @@ class Node:
         if ex.queue and ex.due(time.monotonic(), self.stopping):
             ex.run_batch()
             self.busy = True
-        now = time.monotonic()
+        now = self.alive_at = time.monotonic()
         if now >= self.next_timer:
             self._timers(now)
 
@@ -306,9 +304,10 @@ class Node:
                 self.counters["undeliverable"] += 1
             return False
 
-    def _error(self, prefix: Sequence[bytes], req_id: int, code: str, message: str) -> None:
+    def _error(self, prefix: Sequence[bytes], req_id: int, code: str, message: str, kind: str | None) -> None:
         self.counters["errors"] += 1
         self.errors_by_code[code] += 1
+        self.outcomes[(kind if kind in (P.INFER, P.FORWARD) else "other", code)] += 1
         self._send(self.front, P.error_frames(req_id, code, message, node=self.cfg.node_id), prefix)
 
     # ------------------------------------------------------------ receiving
@@ -327,18 +326,21 @@ class Node:
                 body, self.cfg.max_message_bytes, total - len(prefix[0]), count - len(prefix), P.REQUEST_KINDS
             )
         except P.ProtocolError as exc:
-            return self._error(prefix, exc.req_id, exc.code, exc.message)
+            return self._error(prefix, exc.req_id, exc.code, exc.message, exc.kind)
         kind = msg.kind
         if kind == P.PING:
             self._send(self.front, P.encode(P.PONG, msg.id, node=self.cfg.node_id), prefix)
         elif kind == P.STATUS:
             self.status_asked.append((prefix, msg.id))
         elif self.stopping:
-            self._error(prefix, msg.id, "shutting_down", f"node {self.cfg.node_id} is stopping")
+            self._error(prefix, msg.id, "shutting_down", f"node {self.cfg.node_id} is stopping", kind)
         else:
             refused = self.executor.admit(prefix, msg, self.seen_empty)
             if refused is not None:
-                self._error(prefix, msg.id, *refused)
+                self._error(prefix, msg.id, *refused, kind)
+                if refused[0] == "overloaded":
+                    self.overload.refused(time.monotonic(), self.executor.queued, self.cfg.queue_limit)
+                    self.next_timer = min(self.next_timer, self.overload.due)
 
     def _on_parent(self, frames: list, total: int, count: int) -> None:
         try:
@@ -351,16 +353,19 @@ class Node:
             return
         if msg.kind == P.PONG:
             self.last_pong = time.monotonic()
+            if self.parent_watch.up is not True:  # back (or up for the first time): said at once
+                self.parent_watch.check(True, self.last_pong)
             return
         pending = self.pending.pop(msg.id, None)
         if pending is None:
             return  # a late answer to a forward already answered from here
         self.last_pong = time.monotonic()  # any reply shows the parent is alive
         h = msg.head
-        if msg.kind != P.RESULT or len(h.served_by) != pending.n:
+        if not isinstance(h, P.ResultHeader) or len(h.served_by) != pending.n:
             self.executor.fallback(pending)
         elif len(pending.parts) == 1 and pending.parts[0][1] is None and h.names == P.RESULT_NAMES:
-            self.executor.scatter(pending, *msg.frames, h.served_by)  # one whole request: its answer goes on as is
+            f = msg.frames  # one whole request: the parent's answer goes on as it is
+            self.executor.scatter(pending, f[0], f[1], f[2], f[3], h.served_by)
         else:
             t = msg.tensors
             self.executor.scatter(pending, t["class"], t["confidence"], t["exit"], t["flags"], h.served_by)
@@ -371,15 +376,15 @@ class Node:
         frames = P.result_frames(
             req.req_id, req.n, req.cls, req.conf, req.exit, req.flags, req.served_by, self.cfg.node_id
         )
-        self._send(self.front, frames, req.prefix)
-        seconds = time.monotonic() - req.t0
+        seconds = time.monotonic() - req.t0  # counted before it leaves: whoever gets it sees it in the metrics
         self.latency.add(seconds)
         if self.observe_latency is not None:
             self.observe_latency(seconds)
-        self.counters["replies"] += 1
+        self.outcomes[_OK[req.forward]] += 1
+        self._send(self.front, frames, req.prefix)
 
     def error(self, req: Request, code: str, message: str) -> None:
-        self._error(req.prefix, req.req_id, code, message)
+        self._error(req.prefix, req.req_id, code, message, P.FORWARD if req.forward else P.INFER)
 
     def forward(self, pending: Pending, carry: dict[str, np.ndarray]) -> bool:
         """Send the carry of ``pending`` to the parent as one FORWARD; it waits at most
@@ -413,15 +418,24 @@ class Node:
         return True
 
     def _timers(self, now: float) -> None:
-        """The heartbeat and forwards past their wait; ``next_timer`` is when this has work again."""
+        """The heartbeat (and the parent's state), forwards past their wait, the end of an overload;
+        ``next_timer`` is when this has work again."""
         if self.cfg.parent and now >= self.next_ping:
             self.next_ping = now + self.cfg.heartbeat
-            self._send(self.up, P.encode(P.PING, next(self.up_ids), node=self.cfg.node_id))
+            connected = self._send(self.up, P.encode(P.PING, next(self.up_ids), node=self.cfg.node_id))
+            if not connected:  # ZMQ_IMMEDIATE: no connection to the parent, so it is down now, not after the timeout
+                self.last_pong = -math.inf
+            self.parent_watch.check(self.parent_up, now, connected)
         if self.pending:
             for fid in [f for f, p in self.pending.items() if p.expires <= now]:
                 self.executor.fallback(self.pending.pop(fid))
+        self.overload.check(now)
         self.next_timer = min(
-            [self.next_ping if self.cfg.parent else math.inf, *(p.expires for p in self.pending.values())]
+            [
+                self.next_ping if self.cfg.parent else math.inf,
+                self.overload.due,
+                *(p.expires for p in self.pending.values()),
+            ]
         )
 
 

@@ -88,7 +88,7 @@ _Shape = Annotated[list[Annotated[int, msgspec.Meta(ge=0, le=MAX_DIM)]], msgspec
 
 
 class Header(msgspec.Struct, tag_field="kind"):
-    """A checked header; its class says its ``kind``. Absent optional fields are None (names etc. [])."""
+    """A checked header; its class says its ``kind``. Absent optional fields take their defaults."""
 
     kind: ClassVar[str]
     v: Literal[1]
@@ -96,11 +96,12 @@ class Header(msgspec.Struct, tag_field="kind"):
     names: list[_Name] = []
     dtypes: list[Literal[DTYPES]] = []  # type: ignore[valid-type]
     shapes: list[_Shape] = []
-    stage: Annotated[int, msgspec.Meta(ge=1, le=MAX_STAGE)] | None = None
-    deadline: Annotated[float, msgspec.Meta(ge=0, le=sys.float_info.max)] | None = None  # finite: at most max
-    route: Annotated[list[_Name], msgspec.Meta(max_length=MAX_ROUTE)] | None = None
-    sender: _Text | None = None
-    node: _Text | None = None
+    # absent optional fields take these defaults; nil is no value of any field (refused, like any wrong type)
+    stage: Annotated[int, msgspec.Meta(ge=1, le=MAX_STAGE)] = 1
+    deadline: Annotated[float, msgspec.Meta(ge=0, le=sys.float_info.max)] = 0.0  # finite: at most max; 0: none
+    route: Annotated[list[_Name], msgspec.Meta(max_length=MAX_ROUTE)] = []
+    sender: _Text = ""
+    node: _Text = ""
 
 
 class InferHeader(Header, tag=INFER):
@@ -155,11 +156,11 @@ _SCHEMA: dict[str, type[Header]] = {
 _DECODERS: dict[tuple[str, ...], msgspec.msgpack.Decoder] = {}
 
 
-def _decoder(kinds: Sequence[str]) -> msgspec.msgpack.Decoder:
-    dec = _DECODERS.get(kinds)  # type: ignore[call-overload]  (callers pass their constant tuple)
+def _decoder(kinds: tuple[str, ...]) -> msgspec.msgpack.Decoder:
+    dec = _DECODERS.get(kinds)
     if dec is None:
         types = tuple(_SCHEMA[k] for k in kinds)
-        dec = _DECODERS[tuple(kinds)] = msgspec.msgpack.Decoder(types[0] if len(types) == 1 else _union(types))
+        dec = _DECODERS[kinds] = msgspec.msgpack.Decoder(types[0] if len(types) == 1 else _union(types))
     return dec
 
 
@@ -225,7 +226,7 @@ def _buffer(frame: Any) -> Any:
     if t is _FRAME or t is bytes:
         return frame
     if t is np.ndarray:
-        return memoryview(np.ascontiguousarray(frame).reshape(-1).view(np.uint8))
+        return np.ascontiguousarray(frame).reshape(-1).view(np.uint8).data
     return memoryview(frame).cast("B")
 
 
@@ -271,7 +272,7 @@ def decode(
     max_bytes: int | None = None,
     total: int | None = None,
     count: int | None = None,
-    kinds: Sequence[str] = KINDS,
+    kinds: tuple[str, ...] = KINDS,
 ) -> Message:
     """Decode frames (bytes or zmq.Frame) into a checked Message; tensors are views of the frames.
 
@@ -321,7 +322,7 @@ def _fast(h: Header, head: memoryview, frames: Sequence[Any], max_bytes, total, 
         bufs.append(buf)
     if max_bytes is not None and declared > max_bytes:
         return None
-    if h.kind == RESULT:
+    if isinstance(h, ResultHeader):
         s0 = shapes[0]
         if (
             n != 4
@@ -370,6 +371,7 @@ def _checked(head: memoryview, frames: Sequence[Any], max_bytes, total, count, k
             fail("bad_message", f"header: {exc}")
     except ProtocolError as exc:
         exc.req_id = echo
+        exc.kind = header.get("kind") if header.get("kind") in KINDS else None
         raise
     return Message(h, [_buffer(f) for f in frames[1 : len(tensors) + 1]], head, header, tensors)
 

@@ -12,9 +12,8 @@ handshake fails).
 
 from __future__ import annotations
 
+import logging
 import shutil
-import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import zmq
@@ -22,6 +21,9 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
 from cis.errors import CisError
+from cis.runtime.config import CurveConfig  # noqa: F401  (callers import it from here too)
+
+log = logging.getLogger(__name__)
 
 
 def make_keys(folder: str | Path, name: str) -> tuple[Path, Path]:
@@ -69,19 +71,6 @@ def load_public(path: str | Path) -> bytes:
     return _certificate(Path(path), "a public .key file")[0]
 
 
-@dataclass
-class CurveConfig:
-    """Curve settings of one process: its own key pair, the allow-list, the server key it talks to."""
-
-    secret_file: str | None = None  # own .key_secret
-    allow_dir: str | None = None  # folder of authorised public .key files (server side)
-    server_public_file: str | None = None  # the parent's / server's public .key (client side)
-
-    @property
-    def enabled(self) -> bool:
-        return self.secret_file is not None
-
-
 def start_authenticator(
     ctx: zmq.Context, allow_dir: str | Path, own_secret: str | Path | None = None
 ) -> ThreadAuthenticator:
@@ -93,10 +82,10 @@ def start_authenticator(
         raise CisError(f"{folder}: allow-list folder not found; expected a folder of public .key files")
     leaked = sorted(p.name for p in folder.glob("*.key_secret"))
     if leaked:
-        print(
-            f"cis: warning: {folder} holds secret keys ({', '.join(leaked)}); "
-            "an allow folder needs only public .key files",
-            file=sys.stderr,
+        log.warning(
+            "%s holds secret keys (%s); an allow folder needs only public .key files",
+            folder,
+            ", ".join(leaked),
         )
     own = load_keypair(own_secret)[0] if own_secret else None
     auth = ThreadAuthenticator(ctx)

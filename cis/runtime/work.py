@@ -31,7 +31,7 @@ class BundleStage:
     runner: Any
 
     def __post_init__(self) -> None:
-        self.run = self.runner.run  # type: ignore[method-assign]  (one call less per stage)
+        self.run = self.runner.run  # type: ignore[method-assign]  # one call less per stage
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.runner.run(feeds)
@@ -79,7 +79,10 @@ class Request:
         self.prefix, self.req_id, self.stage, self.feeds, self.n = prefix, req_id, stage, feeds, n
         self.t0 = t0  # monotonic seconds when the request reached the node (status latencies start here)
         self.deadline, self.route, self.forward, self.bad = deadline, route, forward, bad
-        self.cls = self.conf = self.exit = self.flags = None
+        self.cls: Any = None
+        self.conf: Any = None
+        self.exit: Any = None
+        self.flags: Any = None
         self.served_by: Any = None
         self.remaining = n
         self.answered = False

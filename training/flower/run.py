@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
 from cis.errors import CisError
 from cis.extras import require
 from training.config import RunConfig
+
+logger = logging.getLogger(__name__)
 
 MODES = ("simulation", "deployment")
 
@@ -35,7 +37,7 @@ def run_flower(
     round_timeout: float = 600.0,
     connect_timeout: float = 120.0,
     num_cpus: int | None = None,
-    log: Callable[[str], None] = lambda s: print(s, file=sys.stderr),
+    log: Callable[[str], None] = logger.info,
 ) -> dict:
     """Train ``config`` on Flower into run dir ``out``; returns summary.json's content.
 

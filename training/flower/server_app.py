@@ -17,6 +17,7 @@ and ``round-timeout`` (seconds to wait for a round's replies).
 from __future__ import annotations
 
 import json
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -24,6 +25,7 @@ from pathlib import Path
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
+from cis import logs
 from cis.spec import write_spec
 from training.checkpoint import save_checkpoint
 from training.config import RunConfig
@@ -112,5 +114,6 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     rc = context.run_config
     config = config_from_text(str(rc["cis-config"]))
+    logs.configure(logs.resolve())  # Flower runs this in its own process: log as a cis command does
     serve(grid, config, str(rc["out-dir"]), round_timeout=float(rc.get("round-timeout", 3600.0)),
-          connect_timeout=float(rc.get("connect-timeout", 120.0)), log=print)
+          connect_timeout=float(rc.get("connect-timeout", 120.0)), log=logging.getLogger(__name__).info)

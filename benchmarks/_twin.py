@@ -1,0 +1,391 @@
+"""What benchmarks/twin_hard.py's regimes share: the pause, the bundles, calibration, loads, the twin.
+
+- :func:`paused`: stop other jobs (processes whose working directory is under a
+  path, e.g. the training campaign) for a measurement, and always resume them;
+- :func:`wide_cloud_bundle` (an untrained ViT whose last stage is 14 blocks wide,
+  its first two one block each) and :func:`digits_bundle` (the demo model, fp32
+  or int8 carries), cached under ``--work``;
+- :func:`profile_stages`: each stage's seconds per call by batch size, measured
+  on the core that runs it (the simulator's ``latency_profile``);
+- :func:`spread`: how a stage's time spreads around its mean (the simulator's
+  ``service_spread``);
+- :func:`calibrate`: requests one at a time, then one light load, on the live
+  system give the per-request node work (the root's time in node beyond its
+  stages), how much slower stages run after idling (by how long the system
+  idled before each request), and the per-visit messaging costs (what the
+  answered requests' latency holds beyond all that, per node visited);
+- :func:`run_load`: Poisson arrivals sent to the leaves at their times;
+  :func:`summarise_runtime` / :func:`summarise_sim`: the same figures from the
+  runtime's answers and the simulator's log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from cis.metrics import latency_summary
+
+PERCENTILES = ("p50", "p95", "p99")
+
+
+# ---------------------------------------------------------------- other jobs off the cores while measuring
+
+
+def _pids_under(paths: list[str]) -> list[int]:
+    out = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cwd = os.readlink(proc / "cwd")
+        except OSError:
+            continue
+        if any(cwd == p or cwd.startswith(p.rstrip("/") + "/") for p in paths):
+            out.append(int(proc.name))
+    return out
+
+
+@contextlib.contextmanager
+def paused(paths: list[str]):
+    """SIGSTOP every process whose working directory is under one of ``paths``; SIGCONT them on the way out
+    (also on an exception or Ctrl-C). Yields the pids stopped."""
+    pids = _pids_under(paths) if paths else []
+    stopped = []
+    try:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+                stopped.append(pid)
+        if stopped:
+            time.sleep(0.5)  # let the cores go quiet
+        yield stopped
+    finally:
+        for pid in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+
+
+def load_now() -> dict:
+    """The machine's load (1-minute average) and how busy each core was over the last 0.5 s."""
+    def ticks():
+        rows = [line.split() for line in Path("/proc/stat").read_text().splitlines() if line.startswith("cpu")]
+        return {r[0]: (sum(map(int, r[1:])), int(r[4]) + int(r[5])) for r in rows if r[0] != "cpu"}
+
+    a = ticks()
+    time.sleep(0.5)
+    b = ticks()
+    busy = {cpu: 1 - (b[cpu][1] - a[cpu][1]) / max(1, b[cpu][0] - a[cpu][0]) for cpu in a}
+    return {"load_avg_1m": os.getloadavg()[0], "busy": busy}
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------- bundles
+
+
+def wide_cloud_bundle(work: Path, cifar: str) -> Path:
+    """An untrained ViT (dim 128, 16 blocks) cut after blocks 1, 2 and 16: the cloud's stage is 14 blocks; int8
+    carries (8 kB a forward instead of 33 kB: less copying on the shared core)."""
+    out = work / "wide-cloud"
+    if (out / "bundle" / "manifest.json").is_file():
+        return out / "bundle"
+    import torch
+
+    from cis.spec import spec_to_dict
+    from cis.topologies import make_spec
+    from export import export_bundle
+    from training.architectures import build_model
+    from training.checkpoint import save_checkpoint
+    from training.data import CIFAR10_MEAN, CIFAR10_STD
+
+    torch.manual_seed(0)
+    model = build_model({"arch": "vit", "exits": [1, 2, 16], "dim": 128, "depth": 16, "heads": 4}).eval()
+    meta = {
+        "classes": [str(i) for i in range(10)],
+        "normalisation": {"mean": list(CIFAR10_MEAN), "std": list(CIFAR10_STD)},
+        "dataset": f"cifar10:{cifar}",
+        "seed": 0,
+        "val_size": 200,
+        "spec": spec_to_dict(make_spec("paper-7", "0-0-100")),
+        "note": "untrained ViT with a wide last stage, for benchmarks/twin_hard.py",
+    }
+    save_checkpoint(out / "run", model, meta)
+    export_bundle(out / "run", out / "bundle", feature_dtype="int8", latency_repeats=3)
+    return out / "bundle"
+
+
+def digits_bundle(work: Path, feature_dtype: str) -> Path:
+    """The demo digits model (trained 300 steps), exported with ``feature_dtype`` carries."""
+    out = work / f"digits-{feature_dtype}"
+    if (out / "bundle" / "manifest.json").is_file():
+        return out / "bundle"
+    from export import export_bundle
+    from export.demo import make_demo_run
+
+    run = work / "digits-run"
+    if not (run / "meta.json").is_file() and not any(run.glob("*")):
+        make_demo_run(run, steps=300)
+    export_bundle(run, out / "bundle", feature_dtype=feature_dtype, latency_repeats=3)
+    return out / "bundle"
+
+
+def profile_stages(bundle_dir: Path, cores: dict[int, int], batches=(1, 2, 4, 8, 16, 32), repeats: int = 30) -> dict:
+    """{stage: {batch: mean seconds per call}}: each stage run alone (onnxruntime, one thread) on ``cores[stage]``,
+    the core its node runs on. The mean, not the median: a queue sees every slow call."""
+    from cis.bundle import load_bundle
+    from cis.stages import StageRunner
+    from export.profile import random_feeds
+
+    bundle = load_bundle(bundle_dir)
+    before = os.sched_getaffinity(0)
+    rng = np.random.default_rng(0)
+    out: dict[int, dict[int, float]] = {}
+    try:
+        for k in range(1, bundle.num_exits + 1):
+            os.sched_setaffinity(0, {cores[k]})
+            runner = StageRunner(bundle, k, threads=1)
+            out[k] = {}
+            for b in batches:
+                feeds = random_feeds(bundle.stage(k).inputs, b, rng)
+                for _ in range(3):
+                    runner.run(feeds)
+                times = []
+                for _ in range(max(5, repeats * 4 // b)):
+                    t0 = time.perf_counter()
+                    runner.run(feeds)
+                    times.append(time.perf_counter() - t0)
+                out[k][b] = float(np.mean(times))
+    finally:
+        os.sched_setaffinity(0, before)
+    return out
+
+
+# ---------------------------------------------------------------- loads
+
+
+def poisson_times(n: int, rate: float, seed: int) -> np.ndarray:
+    return np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate, n))
+
+
+def leaf_entries(spec, n: int, seed: int) -> dict[str, np.ndarray]:
+    """Request i goes to a leaf with arrivals, at random in proportion to their arrival rates."""
+    leaves = [node for node in spec.nodes if node.arrival_rate > 0]
+    p = np.array([node.arrival_rate for node in leaves])
+    pick = np.random.default_rng(seed + 7919).choice(len(leaves), size=n, p=p / p.sum())
+    return {node.id: np.flatnonzero(pick == j) for j, node in enumerate(leaves)}
+
+
+def run_load(addresses: dict, x: np.ndarray, spec, rate: float, seconds: float, seed: int) -> dict:
+    """Poisson arrivals at ``rate`` for ``seconds``; request i carries sample i mod len(x). Returns the
+    answers (in arrival order), the entries and the intended send times."""
+    from cis.runtime.client import Client, infer_spread
+
+    n = max(1, int(round(rate * seconds)))
+    times = poisson_times(n, rate, seed)
+    entries = leaf_entries(spec, n, seed)
+    xs = x[np.arange(n) % len(x)]
+    clients = {nid: Client(addresses[nid], timeout=30) for nid in entries}
+    try:
+        results = infer_spread(clients, xs, entries, window=max(64, n), timeout=30.0, times=times)
+    finally:
+        for c in clients.values():
+            c.close()
+    return {"results": results, "entries": entries, "times": times}
+
+
+def node_counters(addresses: dict, keys=("overloaded", "capped", "degraded", "batches", "requests")) -> dict:
+    from cis.runtime.client import Client
+
+    out = {}
+    for nid, addr in addresses.items():
+        with Client(addr) as c:
+            st = c.status(timeout=5)
+        out[nid] = {k: st.get(k, 0) for k in keys} | {"latency": st.get("latency")}
+    return out
+
+
+# ---------------------------------------------------------------- calibration at a light load
+
+
+def spread(bundle_dir: Path, stage: int, core: int, calls: int = 200) -> tuple[float, ...]:
+    """Each call's time over the mean, ``calls`` batch-1 calls of ``stage`` back to back on ``core``: how a
+    stage's time spreads (the simulator's service_spread)."""
+    from cis.bundle import load_bundle
+    from cis.stages import StageRunner
+    from export.profile import random_feeds
+
+    bundle = load_bundle(bundle_dir)
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {core})
+    try:
+        runner = StageRunner(bundle, stage, threads=1)
+        feeds = random_feeds(bundle.stage(stage).inputs, 1, np.random.default_rng(0))
+        for _ in range(5):
+            runner.run(feeds)
+        times = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            runner.run(feeds)
+            times.append(time.perf_counter() - t0)
+    finally:
+        os.sched_setaffinity(0, before)
+    return tuple(float(t) for t in np.asarray(times) / np.mean(times))
+
+
+IDLE_BINS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2)  # seconds: the idle-time bins of the slowdown table
+
+
+def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, float], rate: float, n: int,
+              seed: int, back_to_back: int = 200) -> dict:
+    """Calibrate the twin on the live system: node work, slowdown after idling, messaging.
+
+    First ``back_to_back`` one-sample requests, one at a time: the root (which runs its stages and
+    nothing else) never idles more than a round trip, so its own mean latency (arrival at the node
+    to the reply sent, ``status``) beyond its stages' back-to-back mean time is the node's work per request
+    (``visit_overhead``: receive, decode, admit, reply, send). Then a light Poisson load at ``rate``:
+    each request's latency beyond its stages and that work at every node it visited, per node visited,
+    against how long the system had been idle when it came, gives how much longer a node takes after
+    idling (``idle_slowdown``: the excess of each idle-time bin over the shortest idle times', in
+    seconds per visit: waking the process, cold caches); what stays, per node visited, is messaging
+    (``hop_rtt``: sockets, the client, unshaped links)."""
+    from cis.app.calibration import warm_up
+    from cis.runtime.client import Client
+
+    root = spec.root.id
+    clients = {nid: Client(addresses[nid]) for nid in addresses if spec.node(nid).arrival_rate > 0}
+    try:
+        warm_up(clients, x)
+        before = node_counters({root: addresses[root]})[root]["latency"]
+        leaf = next(iter(clients.values()))
+        for i in range(back_to_back):
+            leaf.infer(x[i % len(x) : i % len(x) + 1])
+        after = node_counters({root: addresses[root]})[root]["latency"]
+        # the mean of these requests at the root (its window of 4096 results holds them all: fresh nodes);
+        # a mean, as the stage profile's: what a node can serve per second follows from means
+        served = after["count"] - before["count"]
+        hot_in_node = (after["mean_s"] * after["count"] - (before["mean_s"] or 0.0) * before["count"]) / served
+    finally:
+        for c in clients.values():
+            c.close()
+    load = run_load(addresses, x, spec, rate, n / rate, seed)
+
+    def entry_stage(nid: str) -> int:
+        kids = spec.children(nid)
+        return min(k.exit for k in kids) + 1 if kids else 1
+
+    def hot(nid: str, entry: int) -> float:
+        return sum(stage_seconds[k] for k in range(entry, spec.node(nid).exit + 1))
+
+    root_hot = hot(root, entry_stage(root))
+    work = max(0.0, hot_in_node - root_hot)
+    entry_of = {int(i): nid for nid, idx in load["entries"].items() for i in idx}
+    rows, last_end = [], -np.inf  # (idle seconds before the request, its stage times, latency, visits)
+    for i in np.argsort(load["times"]):
+        r, t = load["results"][int(i)], float(load["times"][int(i)])
+        if r is None or r.error is not None:
+            continue
+        path = [node.id for node in spec.path_to_root(entry_of[int(i)])]
+        if r.served_by[0] not in path:
+            continue
+        visited = path[: path.index(r.served_by[0]) + 1]
+        stages = sum(hot(v, 1 if j == 0 else spec.node(visited[j - 1]).exit + 1) for j, v in enumerate(visited))
+        rows.append((max(0.0, t - last_end), stages, r.latency, len(visited)))
+        last_end = max(last_end, t + r.latency)
+    idle = np.array([g for g, *_ in rows])
+    excess = np.array([(lat - st - k * work) / k for _, st, lat, k in rows])  # per node visited
+    edges = (0.0, *IDLE_BINS, np.inf)
+    bins = [(idle >= lo) & (idle < hi) for lo, hi in zip(edges, edges[1:])]
+    filled = [b for b in bins if b.sum() >= 5]
+    base = float(np.median(excess[filled[0]]))
+    table, top = [(0.0, 0.0)], 0.0
+    for b in filled[1:]:
+        top = max(top, float(np.median(excess[b])) - base)  # the longer it idled, the longer it takes
+        table.append((float(np.median(idle[b])), top))
+    slow = tuple(table)
+    gaps, extra = zip(*slow)
+    costs = [max(0.0, (lat - st - k * work) / k - float(np.interp(g, gaps, extra))) for g, st, lat, k in rows]
+    return {
+        "rate": rate,
+        "requests": n,
+        "root_back_to_back_mean_s": hot_in_node,
+        "root_stages_hot_s": root_hot,
+        "visit_overhead_s": work,
+        "idle_slowdown": [list(p) for p in slow],
+        "idle_bins": [int(b.sum()) for b in bins],
+        "hop_rtt_s": costs,
+        "hop_rtt_median_s": float(np.median(costs)),
+        "hop_rtt_mean_s": float(np.mean(costs)),
+    }
+
+
+# ---------------------------------------------------------------- the same figures from runtime and simulator
+
+
+def _figures(latency: np.ndarray, exits: np.ndarray, flags: np.ndarray, num_exits: int, arrived: int) -> dict:
+    lat = latency_summary(latency)
+    return {
+        "arrived": arrived,
+        "answered": int(len(latency)),
+        "shares": {str(e): float(np.mean(exits == e)) if len(exits) else 0.0 for e in range(1, num_exits + 1)},
+        "degraded_share": float(np.mean(flags & 1 > 0)) if len(flags) else 0.0,
+        "capped_share": float(np.mean(flags & 2 > 0)) if len(flags) else 0.0,
+        "latency": {k: lat[f"{k}_s"] for k in ("mean", *PERCENTILES)},
+    }
+
+
+def summarise_runtime(load: dict, num_exits: int, window: tuple[float, float] | None = None) -> dict:
+    """Figures of the answered requests (those sent within ``window`` of the load, if given)."""
+    res, times = load["results"], load["times"]
+    keep = [i for i in range(len(res)) if window is None or window[0] <= times[i] < window[1]]
+    ok = [i for i in keep if res[i] is not None and res[i].error is None]
+    errors: dict[str, int] = {}
+    for i in keep:
+        if i not in set(ok):
+            code = "timeout" if res[i] is None else res[i].error.code
+            errors[code] = errors.get(code, 0) + 1
+    out = _figures(
+        np.array([res[i].latency for i in ok]),
+        np.array([int(res[i].exit[0]) for i in ok]),
+        np.array([int(res[i].flags[0]) for i in ok], dtype=np.uint8),
+        num_exits,
+        len(keep),
+    )
+    out["errors"] = errors
+    return out
+
+
+def summarise_sim(requests: dict, num_exits: int, window: tuple[float, float] | None = None) -> dict:
+    """The same figures from the simulator's request log (all runs pooled)."""
+    keep = np.ones(len(requests["arrive"]), bool)
+    if window is not None:
+        keep = (requests["arrive"] >= window[0]) & (requests["arrive"] < window[1])
+    served = keep & (requests["exit"] > 0)
+    out = _figures(
+        (requests["finish"] - requests["arrive"])[served],
+        requests["exit"][served],
+        requests["flags"][served],
+        num_exits,
+        int(keep.sum()),
+    )
+    out["errors"] = {"overloaded": int((keep & (requests["exit"] == 0)).sum())}
+    return out
+
+
+def pool(logs: list[dict]) -> dict:
+    """Several simulator runs' request logs as one (ids made unique)."""
+    return {k: np.concatenate([log[k] for log in logs]) for k in logs[0]}
+
+
+def rel(sim: float | None, runtime: float | None) -> float | None:
+    if sim is None or runtime is None or runtime == 0:
+        return None
+    return abs(sim - runtime) / abs(runtime)

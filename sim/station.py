@@ -1,0 +1,126 @@
+"""One node of the model: its queue, its workers that run micro-batches, its exit decision and counters.
+
+A request joins the node's FIFO queue (or is refused when ``queue_limit``
+requests already wait). Each of the node's ``workers`` takes, whenever it is
+free, every waiting request up to ``max_batch`` and runs them as one batch, as
+the runtime's node does (``cis serve --max-batch``, ``--max-wait 0``): stage k
+runs once on all the requests of the batch that need it, so a batch takes
+``sum_k T_k(n_k) / speed``, where n_k is how many of its requests run stage k
+and T_k(n) the stage's time on a batch of n (the latency profile, interpolated
+between its batch sizes), plus ``overhead`` per request (the runtime's work per
+message: decode, admit, reply), all drawn once per batch with the run's service
+distribution. A worker that idled before a batch takes longer over it
+(``slowdown``: the idle time's extra seconds; a process that slept must be
+woken, and a machine's caches and clock go cold while a core sleeps).
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable, Iterator
+
+import simpy
+
+from cis.policy import TokenBucket
+from cis.spec import Node
+from sim.links import Uplink
+
+
+class Station:
+    """One node: its workers and queue, its exit policy and transfer cap, and what it counted."""
+
+    def __init__(
+        self,
+        env: simpy.Environment,
+        node: Node,
+        index: int,
+        tables: list[list[float]],
+        units: Iterator[float],
+        keeps: Callable[[int], bool],
+        bucket: TokenBucket,
+        overhead: float = 0.0,
+        max_batch: int = 1,
+        slowdown: Callable[[float], float] | None = None,
+    ):
+        self.env = env
+        self.id, self.index, self.exit = node.id, index, node.exit
+        self.limit = node.queue_limit
+        self.tables = tables  # stage k -> seconds of a batch of n (index n), at this node's speed
+        self.means = {done: sum(t[1] for t in tables[done:]) for done in range(node.exit)}  # batch of one
+        self.units = units
+        self.overhead = overhead  # node work per request beyond the stages (the runtime's messaging)
+        self.max_batch = max_batch
+        self.slowdown = slowdown  # idle seconds -> extra seconds of the batch that ends the idling
+        self.keeps, self.bucket = keeps, bucket
+        self.parent: Station | None = None
+        self.uplink: Uplink | None = None
+        self.tiers_above = 0
+        self.last_reply = -1e300  # when the parent last answered a forward (it counts as a heartbeat)
+        self.queue: collections.deque[tuple[simpy.Event, int, float]] = collections.deque()
+        self.idle: list[simpy.Event] = []
+        self.received = self.served = self.forwarded = self.capped = self.dropped = 0
+        self.refused = self.degraded = self.batches = 0
+        self.busy = self.waited = 0.0
+        self.max_queue = 0
+        for _ in range(node.workers):
+            env.process(self._worker())
+
+    def full(self) -> bool:
+        return self.limit is not None and len(self.queue) >= self.limit
+
+    def visit(self, done: int) -> simpy.Event:
+        """Queue a request that has run stages 1..done; the event fires when its batch has run."""
+        event = self.env.event()
+        self.queue.append((event, done, self.env.now))
+        if self.idle:
+            self.idle.pop().succeed()
+        elif len(self.queue) > self.max_queue:
+            self.max_queue = len(self.queue)
+        return event
+
+    def batch_time(self, dones: list[int]) -> float:
+        """Seconds of stage work for a batch whose requests have run stages 1..done each."""
+        if len(dones) == 1:
+            return self.means[dones[0]]
+        counts = collections.Counter(dones)
+        total, joined = 0.0, 0
+        for k in range(min(dones), self.exit):  # stage k + 1 runs on every request with done <= k
+            joined += counts.get(k, 0)
+            total += self.tables[k][joined]
+        return total
+
+    def _worker(self):
+        env, queue = self.env, self.queue
+        while True:
+            cold = 0.0
+            if not queue:
+                idle_from = env.now
+                wake = env.event()
+                self.idle.append(wake)
+                yield wake
+                if self.slowdown is not None:
+                    cold = self.slowdown(env.now - idle_from)
+            batch = [queue.popleft() for _ in range(min(self.max_batch, len(queue)))]
+            now = env.now
+            self.waited += sum(now - t for _, _, t in batch)
+            stages = self.batch_time([done for _, done, _ in batch])
+            service = stages * next(self.units) + cold + self.overhead * len(batch)
+            self.busy += service
+            self.batches += 1
+            yield env.timeout(service)
+            for event, _, _ in batch:
+                event.succeed()
+
+    def parent_up(self, now: float, timeout: float) -> bool:
+        """The runtime's heartbeat rule: the parent answered within ``timeout`` seconds."""
+        up = self.uplink
+        if up is None or not up.outages:
+            return True
+        return now - max(up.heard(now), self.last_reply) < timeout
+
+    def take_token(self, now: float) -> bool:
+        """The transfer cap: a token lets the request go, else it is served here (capped)."""
+        if self.bucket.take(now):
+            return True
+        self.capped += 1
+        return False

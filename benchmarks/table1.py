@@ -143,7 +143,7 @@ def collect(out: Path, seeds: list[int]) -> dict[str, dict[str, dict[str, dict[i
             table.setdefault(r["strategy"], {}).setdefault(serving, {})[r["seed"]] = acc
     for table in tables.values():
         if "33-33-33" in table.get("equal", {}):
-            for same in EQUAL_AT_33:
+            for same in [x for x in EQUAL_AT_33 if x == "serving-rate" or x in table]:  # those run elsewhere
                 table.setdefault(same, {})["33-33-33"] = dict(table["equal"]["33-33-33"])
     return tables
 

@@ -65,8 +65,8 @@ def depthfl_prefix(s, args):
     import torch
 
     from training.engine import FederatedEngine
+    from training.families.nested import build_subset_method, default_gammas
     from training.methods.nested import NestedNet, depthfl_specs
-    from training.methods.subfl import build_subset_method, default_gammas
 
     torch.manual_seed(s.config.seed)
     layout = s.model.layout

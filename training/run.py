@@ -29,6 +29,7 @@ from cis.policy import evaluate_cis
 from cis.rates import compute_rates
 from cis.spec import CisSpec, load_spec, parse_spec, spec_to_dict, write_spec
 from cis.topologies import make_spec
+from training.aggregation.weights import Weights, make_weights
 from training.builders import build_method_setup, method_model
 from training.checkpoint import load_checkpoint, save_checkpoint
 from training.config import RunConfig
@@ -42,7 +43,6 @@ from training.local import Client, local_steps
 from training.methods.static_bn import refresh_statistics
 from training.models import EarlyExitNet
 from training.partition import partition
-from training.strategies import Weights, make_weights
 from training.warm_start import warm_start
 
 logger = logging.getLogger(__name__)
@@ -179,7 +179,7 @@ def run_weights(
 
 def appendix_c_sigma(model: EarlyExitNet) -> list[float] | None:
     """The authors' hard-coded sigma_e for a ResNet-18 whose exits sit where theirs do, else None."""
-    from training.strategies import APPENDIX_C_SIGMA
+    from training.aggregation.weights import APPENDIX_C_SIGMA
 
     cfg = model.config()
     found = APPENDIX_C_SIGMA.get(tuple(cfg.get("exits", ()))) if cfg.get("arch") == "resnet18" else None
@@ -377,7 +377,8 @@ def sgd_steps(s: Setup) -> dict[str, Any]:
     """The run's compute in local SGD steps: per node, the root's and the total."""
     per_node = {c.id: int(n) for c, n in zip(s.clients, s.engine.sgd_steps)}
     roots = [n.id for n in s.spec.nodes if n.parent is None]
-    return {"total": sum(per_node.values()), "root": per_node[roots[0]] if len(roots) == 1 else None, "per_node": per_node}
+    root = per_node[roots[0]] if len(roots) == 1 else None
+    return {"total": sum(per_node.values()), "root": root, "per_node": per_node}
 
 
 def evaluate_run(run_dir: str | Path, spec: CisSpec | None = None, measure: str | None = None) -> dict:

@@ -38,10 +38,10 @@ def _floats(text: str) -> list[float]:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     # the choices come from their registries (all torch-free)
     from cis.spec import CONFIDENCE_MEASURES
+    from training.aggregation.weights import STRATEGIES
     from training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, P_MODES, P_RULES, STEP_RULES
     from training.methods.registry import METHODS, NEFL_MODES
     from training.partition import SCHEMES
-    from training.strategies import STRATEGIES
 
     p = sub.add_parser("train", help="federated training of an early-exit model for a CIS (Algorithm 1)")
     p.add_argument("--method", help=" | ".join(METHODS) + " (default cis: Algorithm 1)")

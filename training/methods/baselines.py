@@ -6,9 +6,8 @@
   budget plus a distillation term: ReeFL, DepthFL, ExclusiveFL, ScaleFL);
   InclusiveFL trains its sub-model's deepest exit only, which is
   :class:`training.local.ExitSGDTrainer` as it is; :class:`FlameTrainer`.
-- :class:`MaskedAggregator`: the rules of training/methods/aggregate.py (a weighted average per
-  entry over the clients that hold it), client by client, with InclusiveFL's momentum distillation
-  as an option.
+Their aggregation (a weighted average per entry over the clients that hold it, InclusiveFL's momentum
+distillation as an option) is :class:`training.aggregation.aggregators.MaskedAggregator`.
 
 Budgets: :func:`round_robin_budgets` gives client k the largest exit (k mod E) + 1.
 """

@@ -129,7 +129,7 @@ def digits_bundle(work: Path, feature_dtype: str) -> Path:
     if (out / "bundle" / "manifest.json").is_file():
         return out / "bundle"
     from export import export_bundle
-    from export.demo import make_demo_run
+    from export.fixture_bundle import make_demo_run
 
     run = work / "digits-run"
     if not (run / "meta.json").is_file() and not any(run.glob("*")):

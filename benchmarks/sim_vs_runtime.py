@@ -4,7 +4,7 @@
     python benchmarks/sim_vs_runtime.py --bundle cis-demo/bundle --requests 3000
 
 1. Bundle: ``--bundle``, or a digits model trained centrally for a few hundred
-   steps (``export.demo.make_demo_run``) exported with ``export_bundle``.
+   steps (``export.fixture_bundle.make_demo_run``) exported with ``export_bundle``.
 2. Load: ``--requests`` Poisson arrivals at ``--rate`` requests/s in total, each
    sent to the leaf ``cis.policy.assign_entries`` gives it; request i carries
    validation sample i mod n, the samples whose confidences are the bundle's
@@ -157,7 +157,7 @@ def main() -> int:
         bundle_dir = Path(args.bundle)
     else:
         from export.bundle_writer import export_bundle
-        from export.demo import make_demo_run
+        from export.fixture_bundle import make_demo_run
 
         run = make_demo_run(tmp / "run", serving=args.serving)
         bundle_dir = tmp / "bundle"

@@ -46,7 +46,7 @@ def _ort_has(provider: str) -> bool:
 
 @pytest.fixture(scope="module")
 def bundle_dir(tmp_path_factory):
-    from export.demo import make_demo_bundle
+    from export.fixture_bundle import make_demo_bundle
 
     return make_demo_bundle(tmp_path_factory.mktemp("tiers"), steps=150)
 

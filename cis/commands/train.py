@@ -243,12 +243,14 @@ def _measure_grad_variance(args: argparse.Namespace, flags: dict, options: dict)
 
 def _resumed_config(args: argparse.Namespace, flags: dict, options: dict) -> RunConfig:
     """--resume: the config stored in the run dir; a flag or option that would change it is one line."""
+    from training.checkpoint import read_json
+
     stored_path = Path(args.out) / "config.json"
     if not stored_path.is_file():
         raise CisError(
             f"{args.out}: nothing to resume; expected config.json from an earlier 'cis train --out {args.out}'"
         )
-    stored = json.loads(stored_path.read_text())
+    stored = read_json(stored_path)
     defaults = RunConfig().to_json()  # keys that older runs did not store
     differing = [k for k, v in flags.items() if k not in _RESUME_MAY_CHANGE and stored.get(k, defaults.get(k)) != v]
     if differing:
@@ -300,7 +302,7 @@ def _flower_run(args: argparse.Namespace, config: RunConfig, log: Callable[[str]
         raise CisError(
             "--resume is not supported with --engine flower (node momentum lives on the nodes); start a new run"
         )
-    from training.flower.run import run_flower
+    from training.flower.launch import run_flower
 
     return run_flower(
         config,

@@ -31,6 +31,7 @@ from cis.spec import CONFIDENCE_MEASURES
 from training.aggregation.weights import STRATEGIES
 from training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, P_MODES, P_RULES, STEP_RULES
 from training.config import AMP_MODES, DATASET_DEFAULTS, RunConfig, declared_default, make_config, read_config_file
+from training.flower.launch import MODES as FLOWER_MODES
 from training.methods.registry import METHODS, NEFL_MODES, OPTIONS, parse_option_flags, resolve_options
 from training.partition import SCHEMES
 
@@ -138,7 +139,7 @@ _COMMAND_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
         "help": "builtin (one process, default) or flower (Flower ServerApp + one ClientApp per node; docs/flower.md)",
     }),
     ("--flower-mode", {
-        "choices": ("simulation", "deployment"),
+        "choices": FLOWER_MODES,
         "default": "simulation",
         "help": "flower: simulation engine on this machine, or deployment engine (SuperLink + SuperNodes)",
     }),

@@ -6,7 +6,7 @@ and the simulator. It holds
 - the confidence measures (max softmax, normalised entropy, margin);
 - :class:`ExitPolicy`, per-node thresholds on a confidence measure, applied per sample,
   or FLAME's patience rule (:mod:`cis.patience`), whose state travels with the carry;
-- :class:`TokenBucket`, the transfer cap (mu_max) enforced in time;
+- :class:`BatchDecision`, that decision on one micro-batch at one node, stage by stage;
 - :func:`route`, the flow of a set of requests through the tree, either by
   quota (each node serves the most confident share its serving rate allows,
   splitting the boundary sample fractionally; the paper's Table 1 evaluation)
@@ -20,7 +20,7 @@ Confidence at a node is always computed at that node's own largest exit.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -115,6 +115,36 @@ class ExitPolicy:
         new, done = patience_rule.step(state, logits, self.patience, last=last)
         return done, new
 
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        """The tensors a request carries for the rule between stages and tiers (patience: label and count)."""
+        return (patience_rule.LABEL, patience_rule.COUNT) if self.uses_patience else ()
+
+    def fresh_state(self, n: int) -> dict[str, np.ndarray]:
+        """The rule's state of n requests that have passed no exit, as carry tensors (none for thresholds)."""
+        return patience_rule.to_carry(patience_rule.initial_state(n)) if self.uses_patience else {}
+
+    def batch(self, node_id: str, node_exit: int, root: bool) -> BatchDecision:
+        """The decision on one micro-batch at ``node_id``, fed stage by stage (:class:`BatchDecision`)."""
+        return BatchDecision(self, node_id, node_exit, root)
+
+    def profile_decision(
+        self, node_exits: Mapping[str, int], conf: np.ndarray, predicted: np.ndarray | None
+    ) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+        """The decision on a validation profile (per row and exit 1..E: confidence, predicted class or None):
+        per node, the rows it serves; per row, the exit that serves it whatever the path when the rule fixes
+        one (patience), else None (each node's own exit). The simulator replays these instead of deciding."""
+        if not self.uses_patience:
+            return {nid: conf[:, e - 1] >= self.thresholds[nid] for nid, e in node_exits.items()}, None
+        if predicted is None:
+            raise CisError(
+                "simulate: the bundle's profile has no 'predicted' classes, which the patience rule needs; "
+                "re-export the bundle"
+            )
+        assert self.patience is not None  # uses_patience: p is set
+        at = patience_rule.exit_points_from_labels(predicted, self.patience)
+        return {nid: at <= e for nid, e in node_exits.items()}, at
+
     def to_json(self) -> dict:
         out: dict = {"measure": self.measure, "thresholds": {k: json_float(v) for k, v in self.thresholds.items()}}
         if self.patience is not None:
@@ -127,48 +157,67 @@ class ExitPolicy:
         return cls(data["measure"], {k: float(v) for k, v in data["thresholds"].items()}, None if p is None else int(p))
 
 
-DEFAULT_BURST_SECONDS = 10.0
+@dataclass
+class Verdict:
+    """The exit decision on a batch at one node, per sample."""
+
+    serve: np.ndarray | None  # served here (None: all of it, at the root)
+    cls: np.ndarray  # the class answered
+    conf: np.ndarray  # the confidence reported (under patience: the count)
+    exit_at: np.ndarray | None  # the exit that serves each sample here (None: the node's own)
+    state: dict[str, np.ndarray]  # the rule's state that goes up with the carry (ExitPolicy.state_names)
 
 
-class TokenBucket:
-    """A token bucket that caps a node's forwarding at ``rate`` requests/s.
+class BatchDecision:
+    """One micro-batch's exit decision at one node. Requests :meth:`join` at their entry stage with what they
+    carry, every stage's logits pass through :meth:`stage`, and :meth:`verdict` decides at the node's exit.
+    Thresholds look at the last logits only; patience advances the carried state at every stage and keeps,
+    per sample, the first exit here whose count reached p (with that exit's class and count)."""
 
-    ``burst`` tokens may be spent at once; a forward that finds no token is
-    served locally instead (the paper's lambda_t <= mu_max). ``rate = inf``
-    never limits; ``rate = 0`` never forwards.
+    def __init__(self, policy: ExitPolicy, node_id: str, node_exit: int, root: bool):
+        self.policy, self.node_id, self.node_exit, self.root = policy, node_id, node_exit, root
+        self.state: patience_rule.PatienceState | None = None
+        self.hit_exit, self.hit_cls = np.zeros(0, np.int32), np.zeros(0, np.int64)
+        self.hit_count = np.zeros(0, np.float32)
 
-    The default depth is ``DEFAULT_BURST_SECONDS`` of the cap (our choice; the
-    paper constrains only the mean rate). Thresholds are calibrated so that a
-    node's demand to forward equals its cap, and with Poisson arrivals a bucket
-    of B tokens then refuses about 1/(B+1) of the forwards: one token would
-    halve the designed forwarding, ten seconds of the cap keeps the loss near
-    1 % at 10 requests/s while still bounding the long-run rate.
-    """
+    def join(self, carries: Sequence[Mapping[str, np.ndarray]], sizes: Sequence[int]) -> None:
+        if not self.policy.uses_patience:
+            return
+        fresh = [patience_rule.from_carry(c, n) for c, n in zip(carries, sizes)]
+        self.state = patience_rule.concat(([self.state] if self.state is not None else []) + fresh)
+        m = sum(sizes)
+        self.hit_exit = np.concatenate([self.hit_exit, np.zeros(m, np.int32)])
+        self.hit_cls = np.concatenate([self.hit_cls, np.zeros(m, np.int64)])
+        self.hit_count = np.concatenate([self.hit_count, np.zeros(m, np.float32)])
 
-    def __init__(self, rate: float, burst: float | None = None, now: float = 0.0):
-        self.rate = float(rate)
-        self.burst = float(burst if burst is not None else max(1.0, self.rate * DEFAULT_BURST_SECONDS))
-        self.tokens = self.burst
-        self.stamp = now
+    def stage(self, k: int, logits: np.ndarray) -> None:
+        if not self.policy.uses_patience:
+            return
+        assert self.state is not None  # requests joined before their first stage
+        done, self.state = self.policy.decide_patience(logits, self.state)
+        first = done & (self.hit_exit == 0)
+        self.hit_exit[first], self.hit_cls[first] = k, self.state.label[first]
+        self.hit_count[first] = self.state.count[first]
 
-    def take(self, now: float, n: float = 1.0) -> bool:
-        if math.isinf(self.rate):
-            return True
-        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
-        if self.tokens >= n:
-            self.tokens -= n
-            return True
-        return False
-
-    def grant(self, now: float, n: int) -> int:
-        """Take up to ``n`` tokens, one per sample: how many of the n samples may go (``take`` n times at once)."""
-        if math.isinf(self.rate):
-            return n
-        self.take(now, 0.0)  # refill
-        k = min(n, int(self.tokens))
-        self.tokens -= k
-        return k
+    def verdict(self, logits: np.ndarray, keep: np.ndarray | None = None) -> Verdict:
+        """Decide on the batch's logits at the node's exit (``keep``: the samples still in the batch)."""
+        cls = logits.argmax(axis=-1)
+        if self.policy.uses_patience:  # patience: served at the first exit here that reached p; confidence is the count
+            assert self.state is not None  # requests joined before their first stage
+            state = self.state if keep is None else patience_rule.select(self.state, keep)
+            hit_exit, hit_cls, hit_count = (
+                (a if keep is None else a[keep]) for a in (self.hit_exit, self.hit_cls, self.hit_count)
+            )
+            serve = hit_exit > 0
+            exit_at = np.where(serve, hit_exit, self.node_exit).astype(np.int32)
+            return Verdict(
+                serve, np.where(serve, hit_cls, cls), np.where(serve, hit_count, state.count.astype(np.float32)),
+                exit_at, patience_rule.to_carry(state),
+            )
+        if self.root:  # the root serves everything: only the confidence to report
+            return Verdict(None, cls, confidence(logits, self.policy.measure), None, {})
+        serve, conf = self.policy.decide(self.node_id, logits)
+        return Verdict(serve, cls, conf, None, {})
 
 
 # ---------------------------------------------------------------- routing

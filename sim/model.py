@@ -21,9 +21,10 @@ import simpy
 from simpy.core import EmptySchedule
 from tqdm import tqdm
 
-from cis.policy import ExitPolicy, TokenBucket
+from cis.policy import ExitPolicy
 from cis.runtime.header import FLAG_CAPPED, FLAG_DEGRADED
 from cis.spec import CisSpec, Link, Node
+from cis.transfer_cap import TokenBucket
 from sim.arrivals import deterministic, mmpp, poisson, read_trace
 from sim.config import SimConfig
 from sim.links import Uplink
@@ -50,7 +51,7 @@ class Plan:
     profile: Profile | None = None
     policy: ExitPolicy | None = None  # with a profile: the thresholds behind ``masks``
     rows: dict[str, list[int]] | None = None  # replay: node -> profile rows of its arrivals, in order
-    exit_at: list[int] | None = None  # patience rule: the exit that serves each profile row
+    exit_at: list[int] | None = None  # the exit the policy serves each profile row at (None: the node's own)
 
     @property
     def visit_means(self) -> dict[str, dict[int, float]]:
@@ -104,7 +105,7 @@ class Model:
     hops: Iterator[float] | None = (
         None  # messaging round trip per node visit, one draw per request (None: no cost, the spec's links only)
     )
-    exit_at: list[int] | None = None  # patience rule: the exit that serves each profile row (else the node's own)
+    exit_at: list[int] | None = None  # the exit the policy serves each profile row at (None: the node's own)
     forward_timeout: float = 1.0  # seconds a forward waits per tier above (the runtime's --forward-timeout)
     heartbeat_timeout: float = 1.0  # a parent unheard for this long is down (the runtime's heartbeat rule)
     log: Log = field(default_factory=Log)
@@ -112,7 +113,7 @@ class Model:
     last_arrival: float = 0.0
 
     def served_exit(self, row: int, node_exit: int) -> int:
-        """The node's own exit, or under patience the row's exit (a capped forward is served at the node's)."""
+        """The node's own exit, or the row's exit when the policy fixes one (a capped forward: the node's)."""
         return node_exit if self.exit_at is None else min(self.exit_at[row], node_exit)
 
     def outcome(self, row: int, exit_: int) -> int:

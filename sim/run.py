@@ -21,11 +21,10 @@ from sim.workload import (
     bundle_profile,
     check_stage_profiles,
     node_stage_profiles,
-    patience_exits,
-    patience_payload,
-    serve_masks,
+    profile_decisions,
     served_shares,
     stage_tables,
+    state_payload,
     tcp_messages,
 )
 
@@ -69,15 +68,15 @@ def plan_run(
     payloads = bundle_payloads(bundle, spec.num_exits)
     tables = stage_tables(spec, _measured(spec, config) or node_stage_profiles(spec, bundle), config.max_batch or 1)
     policy = bundle_policy(spec, bundle, profile, config.calibrate, config.seed, config.threshold)
-    payloads = {k: b + patience_payload(policy) for k, b in payloads.items()}
-    exit_at = patience_exits(policy, profile).tolist() if policy.uses_patience else None
+    payloads = {k: b + state_payload(policy) for k, b in payloads.items()}
+    masks, exit_at = profile_decisions(spec, policy, profile)
     return Plan(
         spec,
         config,
         tables,
         payloads,
         *_wire(spec, config, bundle_carries(bundle, spec.num_exits, policy)),
-        masks=serve_masks(spec, policy, profile),
+        masks=masks,
         profile=profile,
         policy=policy,
         rows=rows,

@@ -10,7 +10,6 @@ import pytest
 from cis.errors import CisError
 from cis.policy import (
     ExitPolicy,
-    TokenBucket,
     assign_entries,
     calibrate_thresholds,
     confidence,
@@ -18,6 +17,7 @@ from cis.policy import (
 )
 from cis.rates import compute_rates
 from cis.topologies import make_spec
+from cis.transfer_cap import TokenBucket
 
 
 def test_confidence_measures():

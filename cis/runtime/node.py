@@ -30,7 +30,7 @@ The story of one request at a node:
    the state (label, count) of the others goes to the parent as two more carry
    tensors, ``patience_label`` and ``patience_count``, int64 (N,)): confident
    samples are answered here; the others are forwarded to the parent as one
-   FORWARD message, as long as the transfer cap (:class:`cis.policy.TokenBucket`)
+   FORWARD message, as long as the transfer cap (:class:`cis.transfer_cap.TokenBucket`)
    has tokens and the parent is up; what the cap refuses is served here (flag
    ``capped``), what cannot reach the parent is served here (flag ``degraded``);
 6. when every sample of the request has a result (from here or from the parent's

@@ -7,12 +7,13 @@ from dataclasses import asdict, dataclass, field, replace
 
 from cis.errors import CisError
 from cis.faults import Fault, check_faults
+from cis.runtime.config import heartbeat_timeout, node_default
 from cis.spec import CisSpec, Node
 from sim.arrivals import ARRIVALS
 
 SERVICES = ("exponential", "deterministic")
 WIRES = ("payload", "tcp")
-RUNTIME_MAX_BATCH = 32  # cis serve --max-batch's default
+RUNTIME_MAX_BATCH = node_default("max_batch")  # cis serve --max-batch's default
 DEFAULT_SERVICE_MEAN = 0.005  # seconds per stage on a speed-1 node, without a bundle
 DEFAULT_PAYLOAD_BYTES = 3072 * 4  # a 32x32x3 float32 image, without a bundle
 
@@ -73,9 +74,9 @@ class SimConfig:
     # and calls it down after heartbeat_timeout s unheard; TCP retries a lost segment after rto s,
     # doubling.
     faults: tuple[Fault, ...] = ()
-    forward_timeout: float = 1.0
-    heartbeat: float = 0.2
-    heartbeat_timeout: float = 1.0
+    forward_timeout: float = node_default("forward_timeout")
+    heartbeat: float = node_default("heartbeat")
+    heartbeat_timeout: float = heartbeat_timeout(node_default("heartbeat"))
     rto: float = 0.2
     progress: bool = False
 

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from cis import logs
 from cis.commands import serve_config as options
 from cis.errors import CisError
+from cis.runtime.config import node_default
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("bundle", help="bundle folder written by 'cis export'")
     p.add_argument("--all", action="store_true", help="start every node of the spec as its own process")
     options.add_options(p)
-    p.add_argument("--restarts", type=int, default=0, help=argparse.SUPPRESS)  # set by --all when it restarts a node
+    # set by --all when it restarts a node
+    p.add_argument("--restarts", type=int, default=node_default("restarts"), help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="with --all: print the addresses as one JSON line")
     p.set_defaults(func=run)
 

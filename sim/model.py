@@ -22,15 +22,15 @@ from simpy.core import EmptySchedule
 from tqdm import tqdm
 
 from cis.policy import ExitPolicy
-from cis.runtime.header import FLAG_CAPPED, FLAG_DEGRADED
+from cis.runtime.wire import FLAG_CAPPED, FLAG_DEGRADED
 from cis.spec import CisSpec, Link, Node
 from cis.transfer_cap import TokenBucket
 from sim.arrivals import deterministic, mmpp, poisson, read_trace
 from sim.config import SimConfig
 from sim.links import Uplink
+from sim.service import Profile
 from sim.station import Station
 from sim.streams import indices, spawn, uniforms, unit_exponentials
-from sim.workload import Profile
 
 EVENTS_PER_UPDATE = 20_000  # SimPy events between progress bar updates
 LOOPBACK = Link(bandwidth=math.inf, latency=0.0)  # processes on one machine: the hop overhead is the cost

@@ -13,7 +13,7 @@ import numpy as np
 
 from cis.metrics import format_ms, latency_summary
 from cis.rates import Rates, compute_rates
-from cis.runtime.header import FLAG_CAPPED, FLAG_DEGRADED
+from cis.runtime.wire import FLAG_CAPPED, FLAG_DEGRADED
 from sim.model import Model, Plan
 
 

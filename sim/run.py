@@ -13,7 +13,7 @@ from cis.spec import CisSpec
 from sim.config import SimConfig, check_config
 from sim.model import Plan, run_model
 from sim.report import summarise
-from sim.workload import (
+from sim.service import (
     Profile,
     bundle_carries,
     bundle_payloads,

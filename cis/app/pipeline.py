@@ -317,7 +317,7 @@ def _simulate_both(demo: _Demo, bundle, logits: dict, y: np.ndarray, entries: di
     from sim.config import SimConfig
     from sim.output import write_outputs
     from sim.run import simulate
-    from sim.workload import Profile
+    from sim.service import Profile
 
     out, spec, seed = demo.out, demo.spec, demo.seed
     measure = bundle.policy.measure if bundle.policy is not None else spec.confidence

@@ -36,7 +36,7 @@ from cis.runtime.adapt import ThresholdController
 from cis.runtime.config import NodeConfig
 from cis.runtime.events import FailureLog
 from cis.runtime.feeds import FeedContract, nonfinite_rows
-from cis.runtime.work import Outbox, Pending, Request, Stage
+from cis.runtime.requests import Outbox, Pending, Request, Stage
 from cis.stages import LOGITS
 from cis.transfer_cap import TokenBucket
 

@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 
 from cis import __version__
 from cis.errors import CisError
-from cis.runtime.work import Request
+from cis.runtime.requests import Request
 
 # seconds; from well under a millisecond (a hot CPU stage) to the forward timeouts of deep trees
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)

@@ -57,8 +57,8 @@ from cis.runtime import events
 from cis.runtime import protocol as P
 from cis.runtime.config import NodeConfig
 from cis.runtime.executor import Executor
+from cis.runtime.requests import BundleStage, Pending, Request, Stage
 from cis.runtime.security import CurveConfig, secure_client, secure_server, start_authenticator
-from cis.runtime.work import BundleStage, Pending, Request, Stage
 
 __all__ = ["BundleStage", "Node", "NodeConfig", "Stage"]
 

@@ -55,7 +55,9 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import RESULTS, ensure_cifar, machine, paired, seeds_of, stats
+from _args import seeds_of
+from _results import RESULTS, ensure_cifar, machine
+from _stats import paired, stats
 
 OPTIONS = ("a", "b", "c", "c0", "d")
 LABELS = {

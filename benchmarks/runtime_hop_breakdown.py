@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import RESULTS, machine
+from _results import RESULTS, machine
 
 HANDLERS = ("_on_front", "_on_parent", "reply", "forward")  # on the node; run_batch is the executor's
 

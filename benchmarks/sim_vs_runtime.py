@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import RESULTS, machine
+from _results import RESULTS, machine
 from cis.metrics import format_ms, latency_summary
 
 

@@ -1,11 +1,14 @@
 """Long campaigns shared by several processes: a run is claimed by a pid lock file and saved (and committed) at
-once when it finishes."""
+once when it finishes; a timing benchmark stops the other processes while it measures."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 from _results import REPO
@@ -44,3 +47,20 @@ def save_run(path: Path, record: dict, commit: bool) -> None:
             ["git", "-C", str(REPO), "commit", "-q", "-m", f"{path.parent.parent.name}: {path.stem}", "--", str(path)],
             check=False,
         )
+
+
+@contextlib.contextmanager
+def stopped(pids: list[int]) -> Iterator[list[int]]:
+    """SIGSTOP ``pids`` (those still alive); SIGCONT them on the way out, also on an exception or Ctrl-C.
+    Yields the pids stopped."""
+    done: list[int] = []
+    try:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+                done.append(pid)
+        yield done
+    finally:
+        for pid in done:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)

@@ -45,7 +45,6 @@ import contextlib
 import io
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -56,6 +55,7 @@ from pathlib import Path
 import numpy as np
 
 from _args import seeds_of
+from _campaign import stopped
 from _results import RESULTS, ensure_cifar, machine
 from _stats import paired, stats
 
@@ -122,17 +122,8 @@ def others_paused():
     if pattern:
         found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
         pids = [int(p) for p in found if int(p) != os.getpid()]
-    stopped = []
-    try:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGSTOP)
-                stopped.append(pid)
-        yield len(stopped)
-    finally:
-        for pid in stopped:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
+    with stopped(pids) as done:
+        yield len(done)
 
 
 # ---------------------------------------------------------------- one seed

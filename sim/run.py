@@ -28,6 +28,8 @@ from sim.service import (
     tcp_messages,
 )
 
+Rows = dict[str, list[int]] | None  # per node, the profile rows its arrivals take in order (a replay), or None
+
 
 @dataclass
 class SimResult:
@@ -40,7 +42,7 @@ def plan_run(
     config: SimConfig,
     bundle: Bundle | None = None,
     profile: Profile | None = None,
-    rows: dict[str, list[int]] | None = None,
+    rows: Rows = None,
 ) -> Plan:
     """Everything the model needs, checked: service means, payloads and the exit decision.
 
@@ -98,11 +100,7 @@ def _wire(spec: CisSpec, config: SimConfig, carries: dict[int, dict[str, np.ndar
 
 
 def simulate(
-    spec: CisSpec,
-    config: SimConfig,
-    bundle: Bundle | None = None,
-    profile: Profile | None = None,
-    rows: dict[str, list[int]] | None = None,
+    spec: CisSpec, config: SimConfig, bundle: Bundle | None = None, profile: Profile | None = None, rows: Rows = None
 ) -> SimResult:
     """Run one simulation; identical inputs (seed included) give identical results."""
     plan = plan_run(spec, config, bundle, profile, rows)

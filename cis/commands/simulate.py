@@ -11,68 +11,73 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from cis.cli import print_result
 from cis.errors import CisError
 from cis.spec import PROVIDERS
 
-# The flags that set a SimConfig field of the same name (dashes for underscores): their defaults are SimConfig's,
-# shown in the help where one exists. A flag's argparse settings beside it.
-CONFIG_FLAGS: dict[str, dict[str, Any]] = {
-    "seed": {"type": int, "help": "random seed; the same seed gives the same result"},
-    "mmpp_ratio": {"type": float, "help": "mmpp: busy-state rate / quiet-state rate"},
-    "mmpp_dwell": {"type": float, "help": "mmpp: mean seconds in each state"},
-    "service": {
-        "choices": ["exponential", "deterministic"],
-        "help": "service time distribution (default: deterministic with a bundle, else exponential)",
-    },
-    "service_mean": {"type": float, "help": "without a bundle: mean seconds per stage at speed 1"},
-    "payload_bytes": {"type": int, "help": "without a bundle: bytes per forwarded request"},
-    "burst": {
-        "type": float,
-        "help": "token bucket depth in seconds of each node's transfer cap (default: the exit policy's)",
-    },
-    "threshold": {
-        "type": float,
-        "help": "with --bundle: every non-root node's threshold instead of the policy's, as cis serve --all "
-        "--threshold (inf: every request goes to the root)",
-    },
-    "calibrate": {
-        "action": "store_true",
-        "help": "calibrate thresholds on the bundle's profile instead of using its policy",
-    },
-    "loopback": {
-        "action": "store_true",
-        "help": "every node on one machine: links add no latency and no bandwidth limit (see --visit-cost)",
-    },
-    "visit_overhead": {
-        "type": float,
-        "metavar": "SECONDS",
-        "help": "node work per request beyond its stages, holding the node (the runtime's decode, admit, reply)",
-    },
-    "max_batch": {
-        "type": int,
-        "help": "requests a node runs as one micro-batch (cis serve --max-batch); default: cis serve's with "
-        "--bundle, else 1",
-    },
-    "wire": {
-        "choices": ["payload", "tcp"],
-        "help": "what crosses a link: the carry alone, replies free (payload); or the runtime's messages in "
-        "TCP/IPv4/Ethernet segments, replies too (tcp)",
-    },
-    "link_burst": {
-        "type": float,
-        "metavar": "BYTES",
-        "help": "bytes a link sends at once after idling (tc tbf's burst; a cis testbed's is 1600)",
-    },
-    "forward_timeout": {"type": float, "help": "seconds a forward waits per tier above"},
-    "heartbeat": {"type": float, "help": "seconds between heartbeats to the parent"},
-    "heartbeat_timeout": {
-        "type": float,
-        "help": "a parent unheard for this long is down (cis serve's default heartbeat gives the default)",
-    },
-}
+
+class Flag(NamedTuple):
+    """One flag: ``kind`` is its type, a tuple of choices, or bool (a switch); then its help."""
+
+    kind: Any
+    help: str
+    metavar: str | None = None
+
+    def settings(self) -> dict[str, Any]:
+        if self.kind is bool:
+            return {"action": "store_true"}
+        if isinstance(self.kind, tuple):
+            return {"choices": self.kind}
+        return {"type": self.kind, "metavar": self.metavar}
+
+
+def config_flags() -> dict[str, Flag]:
+    """The flags that set a SimConfig field of the same name (dashes for underscores); their defaults are
+    SimConfig's, shown in the help where one exists."""
+    from sim.config import SERVICES, WIRES  # torch-free, and imported only when the parser is built
+
+    return {
+        "seed": Flag(int, "random seed; the same seed gives the same result"),
+        "mmpp_ratio": Flag(float, "mmpp: busy-state rate / quiet-state rate"),
+        "mmpp_dwell": Flag(float, "mmpp: mean seconds in each state"),
+        "service": Flag(
+            SERVICES, "service time distribution (default: deterministic with a bundle, else exponential)"
+        ),
+        "service_mean": Flag(float, "without a bundle: mean seconds per stage at speed 1"),
+        "payload_bytes": Flag(int, "without a bundle: bytes per forwarded request"),
+        "burst": Flag(float, "token bucket depth in seconds of each node's transfer cap (default: the exit policy's)"),
+        "threshold": Flag(
+            float, "with --bundle: every non-root node's threshold instead of the policy's, as cis serve --all "
+            "--threshold (inf: every request goes to the root)",
+        ),
+        "calibrate": Flag(bool, "calibrate thresholds on the bundle's profile instead of using its policy"),
+        "loopback": Flag(
+            bool, "every node on one machine: links add no latency and no bandwidth limit (see --visit-cost)"
+        ),
+        "visit_overhead": Flag(
+            float, "node work per request beyond its stages, holding the node (the runtime's decode, admit, reply)",
+            "SECONDS",
+        ),
+        "max_batch": Flag(
+            int, "requests a node runs as one micro-batch (cis serve --max-batch); default: cis serve's with --bundle, "
+            "else 1",
+        ),
+        "wire": Flag(
+            WIRES, "what crosses a link: the carry alone, replies free (payload); or the runtime's messages in "
+            "TCP/IPv4/Ethernet segments, replies too (tcp)",
+        ),
+        "link_burst": Flag(
+            float, "bytes a link sends at once after idling (tc tbf's burst; a cis testbed's is 1600)", "BYTES"
+        ),
+        "forward_timeout": Flag(float, "seconds a forward waits per tier above"),
+        "heartbeat": Flag(float, "seconds between heartbeats to the parent"),
+        "heartbeat_timeout": Flag(
+            float, "a parent unheard for this long is down (cis serve's default heartbeat gives the default)"
+        ),
+    }
+
 
 # The other flags: what they set is parsed first (shares, visit costs, files) or is no part of one run.
 OTHER_FLAGS: dict[str, dict[str, Any]] = {
@@ -135,10 +140,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     stop = p.add_mutually_exclusive_group(required=True)
     stop.add_argument("--requests", type=int, help="stop arrivals after N requests (over all nodes)")
     stop.add_argument("--duration", type=float, help="stop arrivals after T simulated seconds")
-    for name, settings in CONFIG_FLAGS.items():
+    for name, flag in config_flags().items():
         default = defaults[name]
         shown = "" if default is None or isinstance(default, bool) else f" (default {_show(default)})"
-        p.add_argument(_flag(name), **{**settings, "default": default, "help": settings["help"] + shown})
+        p.add_argument(_flag(name), default=default, help=flag.help + shown, **flag.settings())
     p.add_argument(
         "--arrivals", default=defaults["arrivals"], help="poisson (default), deterministic, mmpp, or trace:FILE"
     )
@@ -238,7 +243,7 @@ def run(args: argparse.Namespace) -> int:
         hop_rtt=parse_visit_cost(args.visit_cost),
         faults=read_faults(args.faults) if args.faults else (),
         progress=True,
-        **{name: getattr(args, name) for name in CONFIG_FLAGS},
+        **{name: getattr(args, name) for name in config_flags()},
         **read_latency_profile(args.latency_profile),
     )
     if args.sweep:

@@ -96,6 +96,11 @@ class ExitPolicy:
     def uses_patience(self) -> bool:
         return self.measure == patience_rule.MEASURE
 
+    @property
+    def thresholded(self) -> bool:
+        """Whether per-node thresholds decide: what --threshold, calibration and --adapt set or move."""
+        return not self.uses_patience
+
     def decide(self, node_id: str, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Return (serve mask, confidence) for a batch of logits at ``node_id``."""
         if self.uses_patience:

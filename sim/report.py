@@ -124,7 +124,7 @@ def _links(plan: Plan, model: Model, makespan: float) -> dict[str, dict]:
 
 def _decision(plan: Plan) -> dict:
     if plan.policy is not None:
-        kind = "patience" if plan.policy.uses_patience else "thresholds"
+        kind = "thresholds" if plan.policy.thresholded else plan.policy.measure
         assert plan.profile is not None  # a policy comes with the bundle's profile
         return {"kind": kind, **plan.policy.to_json(), "profile_samples": plan.profile.samples}
     return {"kind": "shares", "shares": plan.shares}

@@ -193,7 +193,7 @@ def bundle_policy(
     """The bundle's thresholds, or thresholds calibrated on the profile when it has none (or when asked);
     ``threshold`` replaces every non-root node's, as ``cis serve --all --threshold`` does."""
     policy = bundle.policy
-    if policy is not None and policy.uses_patience:  # no thresholds to calibrate or replace (FLAME)
+    if policy is not None and not policy.thresholded:  # no thresholds to calibrate or replace (FLAME)
         return policy
     if threshold is not None:
         measure = policy.measure if policy is not None else spec.confidence

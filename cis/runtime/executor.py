@@ -58,7 +58,7 @@ class Executor:
         self.bucket = TokenBucket(config.max_transfer_rate, config.transfer_burst, now=time.monotonic())
         self.controller = (
             ThresholdController(config.adapt_target, config.threshold, gain=config.adapt_gain)
-            if config.adapt and config.parent and not self.policy.uses_patience  # no threshold to move
+            if config.adapt and config.parent and self.policy.thresholded  # else no threshold to move
             else None
         )
         self.carry_names = [t.name for t in self.stages[config.exit].outputs if t.name != LOGITS]

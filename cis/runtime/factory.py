@@ -97,7 +97,7 @@ def _threshold(bundle: Bundle, node: SpecNode, threshold: float | None) -> float
     if threshold is not None:
         return threshold
     policy = bundle.policy
-    if node.parent is None or (policy is not None and policy.uses_patience):
+    if node.parent is None or (policy is not None and not policy.thresholded):
         return -math.inf
     if policy is not None and node.id in policy.thresholds:
         return policy.thresholds[node.id]

@@ -287,7 +287,7 @@ class _NodeCollector:
         cfg, ex, c = node.cfg, node.executor, node.counters
         for (kind, outcome), count in dict.copy(node.outcomes).items():
             f["requests"].add_metric([kind, outcome], count)
-        early = ex.served_early  # patience: samples answered before the node's own exit
+        early = ex.served_early  # samples the policy answered before the node's own exit (patience)
         for e in range(1, cfg.exit):
             if early[e]:
                 f["samples"].add_metric([str(e)], int(early[e]))

@@ -6,7 +6,8 @@ and the simulator. It holds
 - the confidence measures (max softmax, normalised entropy, margin);
 - :class:`ExitPolicy`, per-node thresholds on a confidence measure, applied per sample,
   or FLAME's patience rule (:mod:`cis.patience`), whose state travels with the carry;
-- :class:`BatchDecision`, that decision on one micro-batch at one node, stage by stage;
+- :class:`BatchDecision`, that decision on one micro-batch at one node, stage by stage
+  (:class:`ThresholdDecision`, :class:`PatienceDecision`);
 - :func:`route`, the flow of a set of requests through the tree, either by
   quota (each node serves the most confident share its serving rate allows,
   splitting the boundary sample fractionally; the paper's Table 1 evaluation)
@@ -22,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
@@ -83,6 +85,9 @@ class ExitPolicy:
     measure: str
     thresholds: dict[str, float]
     patience: int | None = None
+    _threshold_decisions: dict[tuple[str, bool], ThresholdDecision] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         if self.measure == patience_rule.MEASURE:
@@ -131,7 +136,12 @@ class ExitPolicy:
 
     def batch(self, node_id: str, node_exit: int, root: bool) -> BatchDecision:
         """The decision on one micro-batch at ``node_id``, fed stage by stage (:class:`BatchDecision`)."""
-        return BatchDecision(self, node_id, node_exit, root)
+        if self.uses_patience:  # state per batch
+            return PatienceDecision(self, node_exit)
+        stateless = self._threshold_decisions.get((node_id, root))  # none: one per node serves every batch
+        if stateless is None:
+            stateless = self._threshold_decisions[node_id, root] = ThresholdDecision(self, node_id, root)
+        return stateless
 
     def profile_decision(
         self, node_exits: Mapping[str, int], conf: np.ndarray, predicted: np.ndarray | None
@@ -162,7 +172,7 @@ class ExitPolicy:
         return cls(data["measure"], {k: float(v) for k, v in data["thresholds"].items()}, None if p is None else int(p))
 
 
-@dataclass
+@dataclass(slots=True)
 class Verdict:
     """The exit decision on a batch at one node, per sample."""
 
@@ -173,21 +183,50 @@ class Verdict:
     state: dict[str, np.ndarray]  # the rule's state that goes up with the carry (ExitPolicy.state_names)
 
 
-class BatchDecision:
-    """One micro-batch's exit decision at one node. Requests :meth:`join` at their entry stage with what they
-    carry, every stage's logits pass through :meth:`stage`, and :meth:`verdict` decides at the node's exit.
-    Thresholds look at the last logits only; patience advances the carried state at every stage and keeps,
-    per sample, the first exit here whose count reached p (with that exit's class and count)."""
+class BatchDecision(Protocol):
+    """One micro-batch's exit decision at one node (:meth:`ExitPolicy.batch`). Requests :meth:`join` at their
+    entry stage with what they carry, every stage's logits pass through :meth:`stage`, and :meth:`verdict`
+    decides at the node's exit."""
 
-    def __init__(self, policy: ExitPolicy, node_id: str, node_exit: int, root: bool):
-        self.policy, self.node_id, self.node_exit, self.root = policy, node_id, node_exit, root
+    def join(self, carries: Sequence[Mapping[str, np.ndarray]], sizes: Sequence[int]) -> None: ...
+
+    def stage(self, k: int, logits: np.ndarray) -> None: ...
+
+    def verdict(self, logits: np.ndarray, keep: np.ndarray | None = None) -> Verdict:
+        """Decide on the batch's logits at the node's exit (``keep``: the samples still in the batch)."""
+        ...
+
+
+class ThresholdDecision:
+    """Thresholds look at the node's exit only: nothing to carry, nothing to see before."""
+
+    def __init__(self, policy: ExitPolicy, node_id: str, root: bool):
+        self.policy, self.node_id, self.root = policy, node_id, root
+
+    def join(self, carries: Sequence[Mapping[str, np.ndarray]], sizes: Sequence[int]) -> None:
+        pass
+
+    def stage(self, k: int, logits: np.ndarray) -> None:
+        pass
+
+    def verdict(self, logits: np.ndarray, keep: np.ndarray | None = None) -> Verdict:
+        if self.root:  # the root serves everything: only the confidence to report
+            return Verdict(None, logits.argmax(axis=-1), confidence(logits, self.policy.measure), None, {})
+        serve, conf = self.policy.decide(self.node_id, logits)
+        return Verdict(serve, logits.argmax(axis=-1), conf, None, {})
+
+
+class PatienceDecision:
+    """The patience rule advances the state requests carry at every stage and keeps, per sample, the first
+    exit here whose count reached p, with that exit's class and count (the root too: the rest at its exit)."""
+
+    def __init__(self, policy: ExitPolicy, node_exit: int):
+        self.policy, self.node_exit = policy, node_exit
         self.state: patience_rule.PatienceState | None = None
         self.hit_exit, self.hit_cls = np.zeros(0, np.int32), np.zeros(0, np.int64)
         self.hit_count = np.zeros(0, np.float32)
 
     def join(self, carries: Sequence[Mapping[str, np.ndarray]], sizes: Sequence[int]) -> None:
-        if not self.policy.uses_patience:
-            return
         fresh = [patience_rule.from_carry(c, n) for c, n in zip(carries, sizes)]
         self.state = patience_rule.concat(([self.state] if self.state is not None else []) + fresh)
         m = sum(sizes)
@@ -196,8 +235,6 @@ class BatchDecision:
         self.hit_count = np.concatenate([self.hit_count, np.zeros(m, np.float32)])
 
     def stage(self, k: int, logits: np.ndarray) -> None:
-        if not self.policy.uses_patience:
-            return
         assert self.state is not None  # requests joined before their first stage
         done, self.state = self.policy.decide_patience(logits, self.state)
         first = done & (self.hit_exit == 0)
@@ -205,24 +242,20 @@ class BatchDecision:
         self.hit_count[first] = self.state.count[first]
 
     def verdict(self, logits: np.ndarray, keep: np.ndarray | None = None) -> Verdict:
-        """Decide on the batch's logits at the node's exit (``keep``: the samples still in the batch)."""
-        cls = logits.argmax(axis=-1)
-        if self.policy.uses_patience:  # patience: served at the first exit here that reached p; confidence is the count
-            assert self.state is not None  # requests joined before their first stage
-            state = self.state if keep is None else patience_rule.select(self.state, keep)
-            hit_exit, hit_cls, hit_count = (
-                (a if keep is None else a[keep]) for a in (self.hit_exit, self.hit_cls, self.hit_count)
-            )
-            serve = hit_exit > 0
-            exit_at = np.where(serve, hit_exit, self.node_exit).astype(np.int32)
-            return Verdict(
-                serve, np.where(serve, hit_cls, cls), np.where(serve, hit_count, state.count.astype(np.float32)),
-                exit_at, patience_rule.to_carry(state),
-            )
-        if self.root:  # the root serves everything: only the confidence to report
-            return Verdict(None, cls, confidence(logits, self.policy.measure), None, {})
-        serve, conf = self.policy.decide(self.node_id, logits)
-        return Verdict(serve, cls, conf, None, {})
+        """Served at the first exit here that reached p; the confidence reported is the count."""
+        assert self.state is not None  # requests joined before their first stage
+        state = self.state if keep is None else patience_rule.select(self.state, keep)
+        hit_exit, hit_cls, hit_count = (
+            (a if keep is None else a[keep]) for a in (self.hit_exit, self.hit_cls, self.hit_count)
+        )
+        serve = hit_exit > 0
+        return Verdict(
+            serve,
+            np.where(serve, hit_cls, logits.argmax(axis=-1)),
+            np.where(serve, hit_count, state.count.astype(np.float32)),
+            np.where(serve, hit_exit, self.node_exit).astype(np.int32),
+            patience_rule.to_carry(state),
+        )
 
 
 # ---------------------------------------------------------------- routing

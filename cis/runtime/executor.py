@@ -194,7 +194,8 @@ class Executor:
         if len(batch) == 1:  # one request: its own feeds, no concatenation
             k, req = batch[0].stage, batch[0]
             decision.join([req.feeds], [req.n])
-            out = self.stages[k].run({nm: req.feeds[nm] for nm in self.input_names[k]})
+            names = self.input_names[k]  # the feeds, less the policy's state if the request carries one
+            out = self.stages[k].run(req.feeds if len(req.feeds) == len(names) else {nm: req.feeds[nm] for nm in names})
             decision.stage(k, out[LOGITS])
             while k < cfg.exit:
                 k += 1
@@ -235,7 +236,9 @@ class Executor:
             order = [req for req in order if not req.answered]
             logits, carry, over = logits[keep], {k: v[keep] for k, v in carry.items()}, None
         verdict = decision.verdict(logits, keep)
-        serve, cls, conf, carry = verdict.serve, verdict.cls, verdict.conf, {**carry, **verdict.state}
+        serve, cls, conf = verdict.serve, verdict.cls, verdict.conf
+        if verdict.state:
+            carry = {**carry, **verdict.state}
         n = len(cls)
         exit_at, flags = self._constants(n)  # read-only; copied before a flag is set
         if verdict.exit_at is not None:

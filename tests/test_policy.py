@@ -34,7 +34,7 @@ def test_confidence_measures():
 
 def test_max_softmax_is_the_largest_softmax_probability_to_the_bit():
     """The runtime's cheaper max_softmax (1 / sum exp(z - max z)) decides exactly as softmax(z).max() would."""
-    from cis.policy import softmax
+    from cis.confidence import softmax
 
     rng = np.random.default_rng(3)
     for dtype in (np.float16, np.float32, np.float64):

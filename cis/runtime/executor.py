@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cis.policy import BatchDecision, ExitPolicy
+from cis.decision import BatchDecision
+from cis.policy import ExitPolicy
 from cis.runtime import protocol as P
 from cis.runtime.adapt import ThresholdController
 from cis.runtime.config import NodeConfig

@@ -226,7 +226,7 @@ def predict(bundle: Path, spec, n: int, args, seed: int) -> dict:
     """The simulator before the option is served: ``cis simulate --spec UPDATED --bundle B --loopback``."""
     from cis.bundle import load_bundle
     from sim.config import SimConfig
-    from sim.run import simulate
+    from sim.simulation import simulate
 
     req = simulate(spec, SimConfig(requests=n, seed=seed, loopback=True), load_bundle(bundle)).requests
     keep = (req["arrive"] >= args.skip) & (req["exit"] > 0)

@@ -19,7 +19,7 @@ def __getattr__(name: str) -> Any:
 
         return SimConfig
     if name in ("SimResult", "simulate"):
-        from sim import run
+        from sim import simulation
 
-        return getattr(run, name)
+        return getattr(simulation, name)
     raise AttributeError(name)

@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from cis.errors import CisError
 from cis.faults import Fault, check_faults
-from cis.runtime.config import heartbeat_timeout, node_default
+from cis.runtime.node_config import heartbeat_timeout, node_default
 from cis.spec import CisSpec, Node
 from sim.arrivals import ARRIVALS
 

@@ -38,7 +38,7 @@ LOOPBACK = Link(bandwidth=math.inf, latency=0.0)  # processes on one machine: th
 
 @dataclass
 class Plan:
-    """Everything the model needs, resolved from spec, config and bundle (see :mod:`sim.run`)."""
+    """Everything the model needs, resolved from spec, config and bundle (see :mod:`sim.simulation`)."""
 
     spec: CisSpec
     config: SimConfig

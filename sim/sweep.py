@@ -26,7 +26,7 @@ from cis.metrics import format_ms
 from cis.spec import CisSpec
 from sim.config import SimConfig, override_nodes
 from sim.output import write_json
-from sim.run import simulate
+from sim.simulation import simulate
 
 SLO_QUANTILE = 0.99
 SEARCH_TOLERANCE = 0.01  # a search stops when its bracket is narrower than this share of its upper end

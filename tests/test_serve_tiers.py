@@ -198,7 +198,7 @@ def test_the_simulator_takes_each_nodes_backend_profile(bundle_dir, tmp_path, ru
     import shutil
 
     from sim.config import SimConfig
-    from sim.run import plan_run
+    from sim.simulation import plan_run
 
     bundle = load_bundle(bundle_dir)
     spec = bundle.spec

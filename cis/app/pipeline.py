@@ -19,7 +19,7 @@ nothing to download. The phases, each one progress line on stderr:
              ``cis.policy.assign_entries`` gives it, at i / rate seconds (what
              ``cis infer --spec --rate`` does);
 7. stop      ``Cluster.stop`` — always, also on an error, Ctrl-C or SIGTERM;
-8. simulate  ``sim.run.simulate`` with the bundle, the same spec, the same arrival times
+8. simulate  ``sim.simulation.simulate`` with the bundle, the same spec, the same arrival times
              (a trace), the same samples at the same entry nodes (the test-sample
              profile replayed row by row) and the calibrated per-visit cost; and once more
              the way ``cis simulate --bundle`` runs by default (its validation profile,
@@ -316,8 +316,8 @@ def _simulate_both(demo: _Demo, bundle, logits: dict, y: np.ndarray, entries: di
     from cis.policy import exit_confidences, exit_correct
     from sim.config import SimConfig
     from sim.output import write_outputs
-    from sim.run import simulate
     from sim.service import Profile
+    from sim.simulation import simulate
 
     out, spec, seed = demo.out, demo.spec, demo.seed
     measure = bundle.policy.measure if bundle.policy is not None else spec.confidence

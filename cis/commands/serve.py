@@ -12,7 +12,7 @@ from collections.abc import Callable
 from cis import logs
 from cis.commands import serve_config as options
 from cis.errors import CisError
-from cis.runtime.config import node_default
+from cis.runtime.node_config import node_default
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 Every option in :data:`OPTIONS` is a flag (``--max-batch``), an environment variable
 (``CIS_MAX_BATCH``) and a key of the TOML file given to ``--config`` (``max_batch = 64``); a
 value comes from the flag, else the variable, else the file, else the default. A node option's
-default is :class:`cis.runtime.config.NodeConfig`'s, read from there. An empty variable counts as
+default is :class:`cis.runtime.node_config.NodeConfig`'s, read from there. An empty variable counts as
 unset; paths in the file are relative to the file's folder. A bad key or value stops the command
 with one line naming the file (or variable), the key and what was expected. See docs/runtime.md,
 *Configuration*.
@@ -22,7 +22,7 @@ from typing import Any
 
 from cis import logs
 from cis.errors import CisError
-from cis.runtime.config import NONFINITE_MODES, STAGE_THREADS, NodeConfig, node_default
+from cis.runtime.node_config import NONFINITE_MODES, STAGE_THREADS, NodeConfig, node_default
 from cis.spec import PROVIDERS
 
 ENV_PREFIX = "CIS_"

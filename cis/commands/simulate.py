@@ -225,8 +225,8 @@ def run(args: argparse.Namespace) -> int:
     from cis.spec import load_spec
     from sim.config import SimConfig, override_nodes
     from sim.output import write_outputs
-    from sim.report import human_summary
-    from sim.run import simulate
+    from sim.simulation import simulate
+    from sim.summary import human_summary
     from sim.sweep import capacity_table, parse_sweep, sweep, write_sweep
 
     spec = override_nodes(

@@ -34,9 +34,9 @@ from cis.decision import BatchDecision
 from cis.policy import ExitPolicy
 from cis.runtime import protocol as P
 from cis.runtime.adapt import ThresholdController
-from cis.runtime.config import NodeConfig
 from cis.runtime.events import FailureLog
 from cis.runtime.feeds import FeedContract, nonfinite_rows
+from cis.runtime.node_config import NodeConfig
 from cis.runtime.requests import Outbox, Pending, Request, Stage
 from cis.stages import LOGITS
 from cis.transfer_cap import TokenBucket

@@ -18,8 +18,8 @@ from cis.bundle import Bundle, load_bundle
 from cis.errors import CisError
 from cis.logs import event
 from cis.rates import compute_rates
-from cis.runtime.config import STAGE_THREADS, NodeConfig
 from cis.runtime.node import BundleStage, Node
+from cis.runtime.node_config import STAGE_THREADS, NodeConfig
 from cis.spec import CisSpec
 from cis.spec import Node as SpecNode
 

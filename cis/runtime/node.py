@@ -55,8 +55,8 @@ import zmq
 from cis.metrics import LatencyWindow
 from cis.runtime import events
 from cis.runtime import protocol as P
-from cis.runtime.config import NodeConfig
 from cis.runtime.executor import Executor
+from cis.runtime.node_config import NodeConfig
 from cis.runtime.requests import BundleStage, Pending, Request, Stage
 from cis.runtime.security import CurveConfig, secure_client, secure_server, start_authenticator
 

@@ -12,7 +12,6 @@ from cis.errors import CisError
 from cis.spec import CisSpec
 from sim.config import SimConfig, check_config
 from sim.model import Plan, run_model
-from sim.report import summarise
 from sim.service import (
     Profile,
     bundle_carries,
@@ -27,6 +26,7 @@ from sim.service import (
     state_payload,
     tcp_messages,
 )
+from sim.summary import summarise
 
 Rows = dict[str, list[int]] | None  # per node, the profile rows its arrivals take in order (a replay), or None
 

@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from _common import RESULTS, machine
+from _results import RESULTS, machine
 from training.config import make_config
 from training.run import train_run
 

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import RESULTS, machine
+from _results import RESULTS, machine
 from cis.metrics import format_ms, latency_summary
 
 
@@ -68,7 +68,7 @@ def compare_once(
 ) -> dict:
     """One repeat: the runtime's answers against the simulator given this repeat's calibration."""
     from sim.config import SimConfig
-    from sim.run import simulate
+    from sim.simulation import simulate
 
     n, E = len(times), spec.num_exits
     ok = np.array([r is not None and r.error is None for r in results])

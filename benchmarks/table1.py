@@ -34,22 +34,11 @@ import json
 import sys
 from pathlib import Path
 
-from _common import (
-    RESULTS,
-    add_holm,
-    claim,
-    common_args,
-    ensure_cifar,
-    evaluate,
-    fmt_test,
-    paired,
-    quick,
-    save_run,
-    scale_of,
-    seeds_of,
-    stats,
-    train,
-)
+from _args import common_args, quick, scale_of, seeds_of
+from _campaign import claim, save_run
+from _models import evaluate, train
+from _results import RESULTS, ensure_cifar
+from _stats import add_holm, fmt_test, paired, stats
 
 SETTINGS = ["80-15-5", "33-33-33", "5-15-80"]
 ALGORITHMS = ["printed", "authors-code"]

@@ -52,7 +52,13 @@ _CONFIG_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--serving", {"help": "x-y-z shares served at exits 1-2-3 for the built-in topology (default {default})"}),
     ("--topology", {"help": "built-in topology when no --spec (default {default})"}),
     ("--dataset", {"help": "digits | cifar10:PATH | cifar100:PATH (default {default})"}),
-    ("--strategy", {"choices": STRATEGIES, "help": "aggregation weights Lambda~ (default {default}; auto: a ramp)"}),
+    (
+        "--strategy",
+        {
+            "choices": STRATEGIES,
+            "help": "aggregation weights Lambda~ (default {default}; auto = serving-ramp, equal toward serving-rate)",
+        },
+    ),
     ("--weights", {"type": _floats, "help": "explicit Lambda~, e.g. 0.6,0.3,0.1 (implies --strategy explicit)"}),
     ("--rounds", {"type": int, "help": "communication rounds T (default {digits} digits, {cifar} CIFAR)"}),
     ("--seed", {"type": int, "help": "seed of data split, partition, init and sampling (default {default})"}),

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
+from _campaign import stopped
 from cis.metrics import latency_summary
 
 PERCENTILES = ("p50", "p95", "p99")
@@ -56,20 +56,10 @@ def _pids_under(paths: list[str]) -> list[int]:
 def paused(paths: list[str]):
     """SIGSTOP every process whose working directory is under one of ``paths``; SIGCONT them on the way out
     (also on an exception or Ctrl-C). Yields the pids stopped."""
-    pids = _pids_under(paths) if paths else []
-    stopped = []
-    try:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGSTOP)
-                stopped.append(pid)
-        if stopped:
+    with stopped(_pids_under(paths) if paths else []) as pids:
+        if pids:
             time.sleep(0.5)  # let the cores go quiet
-        yield stopped
-    finally:
-        for pid in stopped:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
+        yield pids
 
 
 def load_now() -> dict:
@@ -129,7 +119,7 @@ def digits_bundle(work: Path, feature_dtype: str) -> Path:
     if (out / "bundle" / "manifest.json").is_file():
         return out / "bundle"
     from export import export_bundle
-    from export.demo import make_demo_run
+    from export.fixture_bundle import make_demo_run
 
     run = work / "digits-run"
     if not (run / "meta.json").is_file() and not any(run.glob("*")):

@@ -1,7 +1,7 @@
 """Add ``sgd_steps`` to the paper tables' run files written before runs recorded their SGD steps (issue 22).
 
 Each run is rebuilt from its table's scale.json and its own record (seed, strategy, serving, p and
-overrides) and its exit draws are replayed (``_common.replayed_sgd_steps``); nothing is trained. The
+overrides) and its exit draws are replayed (``_models.replayed_sgd_steps``); nothing is trained. The
 steps do not depend on the aggregation weights, so the replay builds every run with equal weights
 (no gradient-variance measurement). Files that already hold ``sgd_steps`` are left alone.
 
@@ -15,7 +15,9 @@ import json
 import sys
 from pathlib import Path
 
-from _common import RESULTS, ensure_cifar, replayed_sgd_steps, save_run
+from _campaign import save_run
+from _models import replayed_sgd_steps
+from _results import RESULTS, ensure_cifar
 
 FOLDERS = ("table1", "table1_large", "table2", "table2_diagnostics")
 

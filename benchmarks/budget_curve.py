@@ -23,7 +23,9 @@ import json
 import sys
 from pathlib import Path
 
-from _common import RESULTS, common_args, ensure_cifar, paired, stats
+from _args import common_args
+from _results import RESULTS, ensure_cifar
+from _stats import paired, stats
 from table1 import ALGORITHMS, campaign, run_files
 
 CELLS = ["80-15-5", "5-15-80"]

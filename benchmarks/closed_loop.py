@@ -45,7 +45,6 @@ import contextlib
 import io
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -55,7 +54,10 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import RESULTS, ensure_cifar, machine, paired, seeds_of, stats
+from _args import seeds_of
+from _campaign import stopped
+from _results import RESULTS, ensure_cifar, machine
+from _stats import paired, stats
 
 OPTIONS = ("a", "b", "c", "c0", "d")
 LABELS = {
@@ -120,17 +122,8 @@ def others_paused():
     if pattern:
         found = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True).stdout.split()
         pids = [int(p) for p in found if int(p) != os.getpid()]
-    stopped = []
-    try:
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGSTOP)
-                stopped.append(pid)
-        yield len(stopped)
-    finally:
-        for pid in stopped:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGCONT)
+    with stopped(pids) as done:
+        yield len(done)
 
 
 # ---------------------------------------------------------------- one seed
@@ -233,7 +226,7 @@ def predict(bundle: Path, spec, n: int, args, seed: int) -> dict:
     """The simulator before the option is served: ``cis simulate --spec UPDATED --bundle B --loopback``."""
     from cis.bundle import load_bundle
     from sim.config import SimConfig
-    from sim.run import simulate
+    from sim.simulation import simulate
 
     req = simulate(spec, SimConfig(requests=n, seed=seed, loopback=True), load_bundle(bundle)).requests
     keep = (req["arrive"] >= args.skip) & (req["exit"] > 0)

@@ -25,7 +25,7 @@ import numpy as np
 import onnxruntime
 import torch
 
-from _common import RESULTS, machine
+from _results import RESULTS, machine
 from cis.bundle import StageInfo
 from cis.stages import StageRunner
 from export.onnx_export import export_stage, resolve_exporter, tensor_infos

@@ -44,7 +44,9 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import RESULTS, spec_file, vit_args, vit_head, vit_quick, vit_result, write_results
+from _args import vit_args, vit_quick
+from _models import spec_file
+from _results import RESULTS, vit_head, vit_result, write_results
 from training.methods.registry import FLAME_EVAL_PATIENCE, FLAME_GROUP_STEPS, FLAME_OPTIMIZERS, FLAME_SETTING_A
 
 # AdamW's lr for this small ViT (our choice: the paper's 2e-5 fine-tunes BERT); weight decay 0 (the paper names none)

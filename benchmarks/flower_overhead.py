@@ -33,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from _common import RESULTS, machine
+from _results import RESULTS, machine
 from training.config import make_config
 from training.run import train_run
 
@@ -73,7 +73,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    from training.flower.run import run_flower
+    from training.flower.launch import run_flower
 
     config = make_config(overrides={"rounds": args.rounds, "seed": 0})
     results: dict = {}

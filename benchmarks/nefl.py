@@ -35,16 +35,9 @@ import json
 import sys
 import time
 
-from _common import (
-    RESULTS,
-    load_splits,
-    machine,
-    make_setup,
-    nested_args,
-    nested_head,
-    train_and_report,
-    write_results,
-)
+from _args import nested_args
+from _models import load_splits, make_setup, train_and_report
+from _results import RESULTS, machine, nested_head, write_results
 
 RUNS = {  # name -> (method, options)
     "nefl-WD": ("nefl", {"nefl_mode": "WD"}),
@@ -65,8 +58,8 @@ def depthfl_prefix(s, args):
     import torch
 
     from training.engine import FederatedEngine
+    from training.families.nested import build_subset_method, default_gammas
     from training.methods.nested import NestedNet, depthfl_specs
-    from training.methods.subfl import build_subset_method, default_gammas
 
     torch.manual_seed(s.config.seed)
     layout = s.model.layout

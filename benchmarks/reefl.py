@@ -31,7 +31,9 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import RESULTS, spec_file, vit_args, vit_head, vit_quick, vit_result, write_results
+from _args import vit_args, vit_quick
+from _models import spec_file
+from _results import RESULTS, vit_head, vit_result, write_results
 
 PAPER_SGD = {"lr": 0.05, "momentum": 0.0, "weight_decay": 0.0, "batch_size": 32}
 PAPER_CLIP = 1.0

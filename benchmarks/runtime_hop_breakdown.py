@@ -2,7 +2,7 @@
 
 The three nodes of a paper-7 path (device, edge, cloud) run as real processes
 (``multiprocessing``, each a :class:`cis.runtime.node.Node` built by
-``build_node``), with thresholds +inf below the root so every request goes all
+``cis.runtime.factory.build_node``), with thresholds +inf below the root so every request goes all
 the way up, as in ``runtime_overhead.py`` (a). Each node records wall-clock
 timestamps (``time.time()``, one clock for every process on the machine) at the
 entry and exit of its handlers and stage runs; the client sends one-sample
@@ -27,14 +27,14 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import RESULTS, machine
+from _results import RESULTS, machine
 
 HANDLERS = ("_on_front", "_on_parent", "reply", "forward")  # on the node; run_batch is the executor's
 
 
 def serve(bundle_dir: str, node_id: str, addresses: dict, parent: str | None, log_path: str, ready, stop) -> None:
     from cis.bundle import load_bundle
-    from cis.runtime import build_node
+    from cis.runtime.factory import build_node
 
     bundle = load_bundle(bundle_dir)
     node = build_node(

@@ -44,7 +44,7 @@ def demo_bundle(work: Path, steps: int = 300) -> Path:
     bundle = work / "bundle"
     if (bundle / "manifest.json").is_file():
         return bundle
-    from export.demo import make_demo_bundle
+    from export.fixture_bundle import make_demo_bundle
 
     return make_demo_bundle(work, steps=steps)
 

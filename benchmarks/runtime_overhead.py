@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import ensure_cifar, machine, write_results
+from _results import ensure_cifar, machine, write_results
 
 HOPS = 3  # client -> device -> edge -> cloud
 

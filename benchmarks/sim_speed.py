@@ -31,7 +31,7 @@ import simpy
 from cis.topologies import make_spec
 from sim.config import SimConfig
 from sim.model import run_model
-from sim.run import plan_run, simulate
+from sim.simulation import plan_run, simulate
 
 SERVING = "60-30-10"
 BURST_S = 10.0  # a deep token bucket, so the flow through the tree is the rate calculus's 60-30-10

@@ -4,7 +4,7 @@
     python benchmarks/sim_vs_runtime.py --bundle cis-demo/bundle --requests 3000
 
 1. Bundle: ``--bundle``, or a digits model trained centrally for a few hundred
-   steps (``export.demo.make_demo_run``) exported with ``export_bundle``.
+   steps (``export.fixture_bundle.make_demo_run``) exported with ``export_bundle``.
 2. Load: ``--requests`` Poisson arrivals at ``--rate`` requests/s in total, each
    sent to the leaf ``cis.policy.assign_entries`` gives it; request i carries
    validation sample i mod n, the samples whose confidences are the bundle's
@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import RESULTS, machine
+from _results import RESULTS, machine
 from cis.metrics import format_ms, latency_summary
 
 
@@ -68,7 +68,7 @@ def compare_once(
 ) -> dict:
     """One repeat: the runtime's answers against the simulator given this repeat's calibration."""
     from sim.config import SimConfig
-    from sim.run import simulate
+    from sim.simulation import simulate
 
     n, E = len(times), spec.num_exits
     ok = np.array([r is not None and r.error is None for r in results])
@@ -157,7 +157,7 @@ def main() -> int:
         bundle_dir = Path(args.bundle)
     else:
         from export.bundle_writer import export_bundle
-        from export.demo import make_demo_run
+        from export.fixture_bundle import make_demo_run
 
         run = make_demo_run(tmp / "run", serving=args.serving)
         bundle_dir = tmp / "bundle"

@@ -26,7 +26,9 @@ from __future__ import annotations
 import sys
 import time
 
-from _common import load_splits, make_setup, nested_args, nested_head, train_and_report, write_results
+from _args import nested_args
+from _models import load_splits, make_setup, train_and_report
+from _results import nested_head, write_results
 
 METHODS = ("slt", "small", "fedrolex", "fd")
 

@@ -11,7 +11,7 @@ runs whose file exists. table1.json/.md/.png are rebuilt from those files after
 every run, so a partial campaign already reports what it has.
 
 ``--algorithm authors-code`` trains the same cells under Algorithm 1 as the authors' public code
-runs it (training/aggregation.py; their balanced-adj); those run files end in ``_authors-code``
+runs it (training/aggregation/line12.py; their balanced-adj); those run files end in ``_authors-code``
 and the tables gain the algorithm as a level (``per_seed`` {algorithm: {strategy: {cell: [...]}}}).
 Every comparison against equal carries its paired t-test p and the Holm-adjusted p over the
 comparisons of its algorithm's table; every run file records its SGD steps.
@@ -34,22 +34,11 @@ import json
 import sys
 from pathlib import Path
 
-from _common import (
-    RESULTS,
-    add_holm,
-    claim,
-    common_args,
-    ensure_cifar,
-    evaluate,
-    fmt_test,
-    paired,
-    quick,
-    save_run,
-    scale_of,
-    seeds_of,
-    stats,
-    train,
-)
+from _args import common_args, quick, scale_of, seeds_of
+from _campaign import claim, save_run
+from _models import evaluate, train
+from _results import RESULTS, ensure_cifar
+from _stats import add_holm, fmt_test, paired, stats
 
 SETTINGS = ["80-15-5", "33-33-33", "5-15-80"]
 ALGORITHMS = ["printed", "authors-code"]

@@ -41,21 +41,11 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import (
-    RESULTS,
-    add_holm,
-    claim,
-    common_args,
-    ensure_cifar,
-    fmt_test,
-    paired,
-    quick,
-    save_run,
-    scale_of,
-    seeds_of,
-    stats,
-    train,
-)
+from _args import common_args, quick, scale_of, seeds_of
+from _campaign import claim, save_run
+from _models import train
+from _results import RESULTS, ensure_cifar
+from _stats import add_holm, fmt_test, paired, stats
 
 PAPER = {"equal p=0": 36.5, "serving-rate p=0": 41.3, "serving-rate p=0.2": 49.2}  # their runs: p = 0.4 (above)
 ALGORITHMS = ("printed", "authors-code")

@@ -19,7 +19,7 @@ import argparse
 import statistics
 from pathlib import Path
 
-from _common import ensure_cifar, machine, write_results
+from _results import ensure_cifar, machine, write_results
 
 
 def measure(args) -> dict:

@@ -24,14 +24,15 @@ import torch
 import torch.nn.functional as F
 
 from cis.topologies import make_spec
+from training.aggregation.aggregators import CisAggregator
+from training.aggregation.weights import make_weights
 from training.architectures import build_model
 from training.data import load_dataset
-from training.engine import CisAggregator, ExitSampler, FederatedEngine, derived_generator
+from training.engine import ExitSampler, FederatedEngine, derived_generator
 from training.local import Client, ExitSGDTrainer, batch_indices
 from training.models import default_model_config
 from training.partition import partition
 from training.sampling import sampling_matrix
-from training.strategies import make_weights
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

@@ -55,7 +55,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import RESULTS, ensure_cifar, machine
+from _results import RESULTS, ensure_cifar, machine
 from _twin import (
     PERCENTILES,
     calibrate,

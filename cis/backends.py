@@ -10,7 +10,7 @@
 
 A provider that cannot run here stops the node with one line (:class:`cis.stages.ProviderError`);
 only ``auto`` falls back to the CPU, and says so (:attr:`Backend.note`). The chosen backend names
-the latency profile the simulator takes for the node (cpu, cuda or tensorrt; see sim.workload).
+the latency profile the simulator takes for the node (cpu, cuda or tensorrt; see sim.service).
 The CUDA and TensorRT paths have not run on a real GPU yet.
 """
 

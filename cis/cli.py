@@ -71,21 +71,16 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+LOG_OPTIONS = (  # flag, choices, help
+    ("--log-level", logs.LEVELS, f"least severe log records shown on stderr (default: ${logs.ENV_LEVEL}, else info)"),
+    ("--log-format", logs.FORMATS, f"log lines as text or one JSON object each (default: ${logs.ENV_FORMAT}, else "
+     "text)"),
+)
+
+
 def _log_options(parser: argparse.ArgumentParser, default: str | None) -> None:
-    parser.add_argument(
-        "--log-level",
-        type=str.lower,
-        choices=logs.LEVELS,
-        default=default,
-        help=f"least severe log records shown on stderr (default: ${logs.ENV_LEVEL}, else info)",
-    )
-    parser.add_argument(
-        "--log-format",
-        type=str.lower,
-        choices=logs.FORMATS,
-        default=default,
-        help=f"log lines as text or one JSON object each (default: ${logs.ENV_FORMAT}, else text)",
-    )
+    for flag, choices, text in LOG_OPTIONS:
+        parser.add_argument(flag, type=str.lower, choices=choices, default=default, help=text)
 
 
 def print_result(args: argparse.Namespace, result: Any, human: str) -> None:

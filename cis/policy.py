@@ -3,10 +3,11 @@
 Three users share it: the offline CIS evaluation in training, the runtime node
 and the simulator. It holds
 
-- the confidence measures (max softmax, normalised entropy, margin);
+- the confidence measures (max softmax, normalised entropy, margin; :mod:`cis.confidence`);
 - :class:`ExitPolicy`, per-node thresholds on a confidence measure, applied per sample,
   or FLAME's patience rule (:mod:`cis.patience`), whose state travels with the carry;
-- :class:`TokenBucket`, the transfer cap (mu_max) enforced in time;
+- :meth:`ExitPolicy.batch`, that decision on one micro-batch at one node, stage by stage
+  (:mod:`cis.decision`);
 - :func:`route`, the flow of a set of requests through the tree, either by
   quota (each node serves the most confident share its serving rate allows,
   splitting the boundary sample fractionally; the paper's Table 1 evaluation)
@@ -26,41 +27,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from cis import patience as patience_rule
+from cis.confidence import confidence
+from cis.decision import BatchDecision, PatienceDecision, ThresholdDecision
 from cis.errors import CisError
 from cis.metrics import json_float
 from cis.rates import Rates, compute_rates
-from cis.spec import CONFIDENCE_MEASURES, CisSpec
-
-# ---------------------------------------------------------------- confidence
-
-
-def softmax(logits: np.ndarray) -> np.ndarray:
-    z = np.asarray(logits, dtype=np.float64)
-    z = z - z.max(axis=-1, keepdims=True)
-    e = np.exp(z)
-    return e / e.sum(axis=-1, keepdims=True)
-
-
-def confidence(logits: np.ndarray, measure: str = "max_softmax") -> np.ndarray:
-    """Per-sample confidence in [0, 1] from logits of shape (N, C); higher is surer.
-
-    - ``max_softmax``: the largest class probability;
-    - ``entropy``: 1 - H(p) / log C (normalised entropy turned into a confidence);
-    - ``margin``: the gap between the two largest probabilities.
-    """
-    if measure == "max_softmax":  # exp(z - max z) is exactly 1 at the top class, so max p = 1 / sum: fewer passes
-        logits = np.asarray(logits)  # the ufuncs' own reductions: numpy's .max()/.sum() add a Python call each
-        e = np.subtract(logits, np.maximum.reduce(logits, axis=-1, keepdims=True), dtype=np.float64)
-        return 1.0 / np.add.reduce(np.exp(e, out=e), axis=-1)  # the same numbers as softmax(logits).max(-1)
-    p = softmax(logits)
-    if measure == "entropy":
-        h = -(p * np.log(np.clip(p, 1e-12, 1.0))).sum(axis=-1)
-        return 1.0 - h / math.log(p.shape[-1])
-    if measure == "margin":
-        top2 = np.partition(p, -2, axis=-1)[..., -2:]
-        return top2[..., 1] - top2[..., 0]
-    raise CisError(f"confidence measure {measure!r}: unknown; expected one of {', '.join(CONFIDENCE_MEASURES)}")
-
+from cis.spec import CisSpec
 
 # ---------------------------------------------------------------- policy
 
@@ -83,6 +55,9 @@ class ExitPolicy:
     measure: str
     thresholds: dict[str, float]
     patience: int | None = None
+    _threshold_decisions: dict[tuple[str, bool], ThresholdDecision] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         if self.measure == patience_rule.MEASURE:
@@ -95,6 +70,11 @@ class ExitPolicy:
     @property
     def uses_patience(self) -> bool:
         return self.measure == patience_rule.MEASURE
+
+    @property
+    def thresholded(self) -> bool:
+        """Whether per-node thresholds decide: what --threshold, calibration and --adapt set or move."""
+        return not self.uses_patience
 
     def decide(self, node_id: str, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Return (serve mask, confidence) for a batch of logits at ``node_id``."""
@@ -115,6 +95,41 @@ class ExitPolicy:
         new, done = patience_rule.step(state, logits, self.patience, last=last)
         return done, new
 
+    @property
+    def state_names(self) -> tuple[str, ...]:
+        """The tensors a request carries for the rule between stages and tiers (patience: label and count)."""
+        return (patience_rule.LABEL, patience_rule.COUNT) if self.uses_patience else ()
+
+    def fresh_state(self, n: int) -> dict[str, np.ndarray]:
+        """The rule's state of n requests that have passed no exit, as carry tensors (none for thresholds)."""
+        return patience_rule.to_carry(patience_rule.initial_state(n)) if self.uses_patience else {}
+
+    def batch(self, node_id: str, node_exit: int, root: bool) -> BatchDecision:
+        """The decision on one micro-batch at ``node_id``, fed stage by stage (:class:`BatchDecision`)."""
+        if self.uses_patience:  # state per batch
+            return PatienceDecision(self, node_exit)
+        stateless = self._threshold_decisions.get((node_id, root))  # none: one per node serves every batch
+        if stateless is None:
+            stateless = self._threshold_decisions[node_id, root] = ThresholdDecision(self, node_id, root)
+        return stateless
+
+    def profile_decision(
+        self, node_exits: Mapping[str, int], conf: np.ndarray, predicted: np.ndarray | None
+    ) -> tuple[dict[str, np.ndarray], np.ndarray | None]:
+        """The decision on a validation profile (per row and exit 1..E: confidence, predicted class or None):
+        per node, the rows it serves; per row, the exit that serves it whatever the path when the rule fixes
+        one (patience), else None (each node's own exit). The simulator replays these instead of deciding."""
+        if not self.uses_patience:
+            return {nid: conf[:, e - 1] >= self.thresholds[nid] for nid, e in node_exits.items()}, None
+        if predicted is None:
+            raise CisError(
+                "simulate: the bundle's profile has no 'predicted' classes, which the patience rule needs; "
+                "re-export the bundle"
+            )
+        assert self.patience is not None  # uses_patience: p is set
+        at = patience_rule.exit_points_from_labels(predicted, self.patience)
+        return {nid: at <= e for nid, e in node_exits.items()}, at
+
     def to_json(self) -> dict:
         out: dict = {"measure": self.measure, "thresholds": {k: json_float(v) for k, v in self.thresholds.items()}}
         if self.patience is not None:
@@ -125,50 +140,6 @@ class ExitPolicy:
     def from_json(cls, data: Mapping) -> ExitPolicy:
         p = data.get("patience")
         return cls(data["measure"], {k: float(v) for k, v in data["thresholds"].items()}, None if p is None else int(p))
-
-
-DEFAULT_BURST_SECONDS = 10.0
-
-
-class TokenBucket:
-    """A token bucket that caps a node's forwarding at ``rate`` requests/s.
-
-    ``burst`` tokens may be spent at once; a forward that finds no token is
-    served locally instead (the paper's lambda_t <= mu_max). ``rate = inf``
-    never limits; ``rate = 0`` never forwards.
-
-    The default depth is ``DEFAULT_BURST_SECONDS`` of the cap (our choice; the
-    paper constrains only the mean rate). Thresholds are calibrated so that a
-    node's demand to forward equals its cap, and with Poisson arrivals a bucket
-    of B tokens then refuses about 1/(B+1) of the forwards: one token would
-    halve the designed forwarding, ten seconds of the cap keeps the loss near
-    1 % at 10 requests/s while still bounding the long-run rate.
-    """
-
-    def __init__(self, rate: float, burst: float | None = None, now: float = 0.0):
-        self.rate = float(rate)
-        self.burst = float(burst if burst is not None else max(1.0, self.rate * DEFAULT_BURST_SECONDS))
-        self.tokens = self.burst
-        self.stamp = now
-
-    def take(self, now: float, n: float = 1.0) -> bool:
-        if math.isinf(self.rate):
-            return True
-        self.tokens = min(self.burst, self.tokens + (now - self.stamp) * self.rate)
-        self.stamp = now
-        if self.tokens >= n:
-            self.tokens -= n
-            return True
-        return False
-
-    def grant(self, now: float, n: int) -> int:
-        """Take up to ``n`` tokens, one per sample: how many of the n samples may go (``take`` n times at once)."""
-        if math.isinf(self.rate):
-            return n
-        self.take(now, 0.0)  # refill
-        k = min(n, int(self.tokens))
-        self.tokens -= k
-        return k
 
 
 # ---------------------------------------------------------------- routing

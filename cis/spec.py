@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +57,11 @@ _NODE_FIELDS = (
     "provider",
 )
 _NODE_KEYS = {*_NODE_FIELDS, "link"}
+# a node's numeric fields, checked in this order: (minimum, integer); absent ones take Node's default
+_NODE_NUMBERS = {
+    "exit": (1, True), "arrival_rate": (0.0, False), "max_transfer_rate": (0.0, False), "speed": (1e-9, False),
+    "workers": (1, True), "queue_limit": (1, True),
+}
 _LINK_KEYS = {"bandwidth", "latency"}
 
 
@@ -140,6 +145,11 @@ class CisSpec:
         return validate(CisSpec(tuple(nodes), self.num_exits, self.num_classes, self.confidence, self.name))
 
 
+def _defaults(cls: type) -> dict[str, Any]:
+    """A dataclass's field defaults, where it has one: the one place a spec's default is written."""
+    return {f.name: f.default for f in fields(cls) if f.default is not MISSING}
+
+
 def _where(source: str, node_id: str | None = None) -> str:
     return f"{source}: node {node_id!r}" if node_id is not None else source
 
@@ -172,8 +182,10 @@ def parse_spec(data: dict, source: str = "<spec>") -> CisSpec:
     if "exits" not in cis_table:
         raise SpecError(f"{source}: [cis] has no 'exits'; expected the number of exits (an integer >= 1)")
     num_exits = int(_number(cis_table["exits"], "exits", f"{source}: [cis]", 1, integer=True))
-    num_classes = int(_number(cis_table.get("classes", 10), "classes", f"{source}: [cis]", 2, integer=True))
-    confidence = cis_table.get("confidence", "max_softmax")
+    defaults = _defaults(CisSpec)
+    classes = cis_table.get("classes", defaults["num_classes"])
+    num_classes = int(_number(classes, "classes", f"{source}: [cis]", 2, integer=True))
+    confidence = cis_table.get("confidence", defaults["confidence"])
     if confidence not in CONFIDENCE_MEASURES:
         raise SpecError(
             f"{source}: [cis] confidence is {confidence!r}; expected one of {', '.join(CONFIDENCE_MEASURES)}"
@@ -210,22 +222,20 @@ def _parse_node(raw: Any, index: int, source: str) -> Node:
     address = raw.get("address")
     if address is not None and not isinstance(address, str):
         raise SpecError(f"{where}: field 'address' is {address!r}; expected a ZeroMQ endpoint such as 'tcp://127.0.0.1:5555'")
-    queue_limit = raw.get("queue_limit")
     provider = raw.get("provider")
     if provider is not None and provider not in PROVIDERS:
         raise SpecError(f"{where}: field 'provider' is {provider!r}; expected one of {', '.join(PROVIDERS)}")
+    numbers: dict[str, Any] = {}
+    for name, (minimum, integer) in _NODE_NUMBERS.items():
+        value = raw.get(name, _defaults(Node).get(name))
+        numbers[name] = None if value is None else _number(value, name, where, minimum, integer)
     return Node(
         id=node_id,
-        exit=int(_number(raw["exit"], "exit", where, 1, integer=True)),
         parent=parent,
-        arrival_rate=_number(raw.get("arrival_rate", 0.0), "arrival_rate", where),
-        max_transfer_rate=_number(raw.get("max_transfer_rate", 0.0), "max_transfer_rate", where),
         link=link,
-        speed=_number(raw.get("speed", 1.0), "speed", where, 1e-9),
         address=address,
-        workers=int(_number(raw.get("workers", 1), "workers", where, 1, integer=True)),
-        queue_limit=None if queue_limit is None else int(_number(queue_limit, "queue_limit", where, 1, integer=True)),
         provider=provider,
+        **numbers,
     )
 
 

@@ -335,14 +335,8 @@ def export_bundle(
     per-feature-dtype accuracy and bytes, and the calibrated shares.
     """
     say = progress or _noop
-    check_feature_dtype(feature_dtype)
-    exporter, opset = resolve_exporter(exporter, opset)
     out_dir = Path(out_dir)
-    _prepare_out(out_dir)
-    if trt:  # fail before the slow part
-        from export.tensorrt import require_tensorrt
-
-        require_tensorrt()
+    exporter, opset = _check_before_export(out_dir, feature_dtype, exporter, opset, trt)
     run = _load_run(Path(run_dir), spec, say)
     if recalibration is not None and inference_patience(run.meta, patience) is not None:
         raise CisError(f"--rates-from: {run_dir} is a FLAME run served by its patience rule; it has no thresholds "
@@ -367,11 +361,23 @@ def export_bundle(
     return {
         "bundle": str(out_dir),
         "stages": len(stages),
-        **{k: report[k] for k in ("feature_dtype", "opset", "exporter", "verification", "feature_dtypes",
-                                  "calibration", "nodes", "policy")},
+        **report,
         "latency": {str(k): {str(b): s for b, s in v.items()} for k, v in latency.items()},
         "tensorrt": trt_report,
     }
+
+
+def _check_before_export(out_dir: Path, feature_dtype: str, exporter: str, opset: int, trt: bool) -> tuple[str, int]:
+    """What can be refused before the slow part (the feature dtype, exporter, --out, TensorRT); the exporter and
+    opset resolved."""
+    check_feature_dtype(feature_dtype)
+    exporter, opset = resolve_exporter(exporter, opset)
+    _prepare_out(out_dir)
+    if trt:
+        from export.tensorrt import require_tensorrt
+
+        require_tensorrt()
+    return exporter, opset
 
 
 def _json_keys(obj: Any) -> Any:

@@ -73,24 +73,47 @@ def apply_feature_dtype(
     check_feature_dtype(feature_dtype)
     if feature_dtype == "fp32" or not (carry_in or carry_out):
         return model
-    dtype = FEATURE_DTYPES[feature_dtype]
     if feature_dtype == "int8":
         missing = [n for n in (*carry_in, *carry_out) if n not in (qparams or {})]
         if missing:
             raise CisError(f"int8 carry {missing[0]!r}: no calibrated scale")
     inner = onnx.compose.add_prefix(model, _PREFIX)
     g = inner.graph
-    consts: list[onnx.TensorProto] = []
+    convert = _CarryConversion(feature_dtype, qparams or {})
+    new_inputs, pre = convert.boundary(model.graph.input, carry_in, inward=True)
+    new_outputs, post = convert.boundary(model.graph.output, carry_out, inward=False)
+    graph = helper.make_graph(
+        pre + list(g.node) + post,
+        model.graph.name or "stage",
+        new_inputs,
+        new_outputs,
+        initializer=list(g.initializer) + convert.consts,
+        value_info=list(g.value_info),
+    )
+    out = helper.make_model(graph, opset_imports=list(model.opset_import), producer_name=model.producer_name)
+    out.ir_version = model.ir_version
+    onnx.checker.check_model(out)
+    return out
 
-    def qnames(name: str) -> tuple[str, str]:
-        scale, zp = qparams[name]  # type: ignore[index]
+
+class _CarryConversion:
+    """The nodes that convert a stage's carries between ``feature_dtype`` and its float32 inner graph, and the
+    constants they need (int8's scales and zero points)."""
+
+    def __init__(self, feature_dtype: str, qparams: Mapping[str, tuple[float, int]]) -> None:
+        self.feature_dtype, self.qparams = feature_dtype, qparams
+        self.elem = _ELEM[FEATURE_DTYPES[feature_dtype]]
+        self.consts: list[onnx.TensorProto] = []
+
+    def qnames(self, name: str) -> tuple[str, str]:
+        scale, zp = self.qparams[name]
         s_name, z_name = f"{name}/scale", f"{name}/zero_point"
-        if s_name not in {c.name for c in consts}:
-            consts.append(numpy_helper.from_array(np.array(scale, dtype=np.float32), s_name))
-            consts.append(numpy_helper.from_array(np.array(zp, dtype=np.int8), z_name))
+        if s_name not in {c.name for c in self.consts}:
+            self.consts.append(numpy_helper.from_array(np.array(scale, dtype=np.float32), s_name))
+            self.consts.append(numpy_helper.from_array(np.array(zp, dtype=np.int8), z_name))
         return s_name, z_name
 
-    def boundary(values, carries: tuple[str, ...], inward: bool) -> tuple[list, list]:
+    def boundary(self, values, carries: tuple[str, ...], inward: bool) -> tuple[list, list]:
         """The graph's inputs (``inward``) or outputs, retyped where they carry, and the nodes that
         convert between them and the float32 inner graph (Identity where nothing changes)."""
         kept, nodes = [], []
@@ -101,29 +124,14 @@ def apply_feature_dtype(
                 kept.append(vi)
                 nodes.append(helper.make_node("Identity", [src], [dst], name=f"{name}/{'in' if inward else 'out'}"))
                 continue
-            kept.append(_retyped(vi, _ELEM[dtype]))
-            if feature_dtype == "fp16":
+            kept.append(_retyped(vi, self.elem))
+            if self.feature_dtype == "fp16":
                 to, what = (TensorProto.FLOAT, "to_float") if inward else (TensorProto.FLOAT16, "to_half")
                 nodes.append(helper.make_node("Cast", [src], [dst], to=to, name=f"{name}/{what}"))
             else:
                 op, what = ("DequantizeLinear", "dequantize") if inward else ("QuantizeLinear", "quantize")
-                nodes.append(helper.make_node(op, [src, *qnames(name)], [dst], name=f"{name}/{what}"))
+                nodes.append(helper.make_node(op, [src, *self.qnames(name)], [dst], name=f"{name}/{what}"))
         return kept, nodes
-
-    new_inputs, pre = boundary(model.graph.input, carry_in, inward=True)
-    new_outputs, post = boundary(model.graph.output, carry_out, inward=False)
-    graph = helper.make_graph(
-        pre + list(g.node) + post,
-        model.graph.name or "stage",
-        new_inputs,
-        new_outputs,
-        initializer=list(g.initializer) + consts,
-        value_info=list(g.value_info),
-    )
-    out = helper.make_model(graph, opset_imports=list(model.opset_import), producer_name=model.producer_name)
-    out.ir_version = model.ir_version
-    onnx.checker.check_model(out)
-    return out
 
 
 def _retyped(vi: onnx.ValueInfoProto, elem: int) -> onnx.ValueInfoProto:

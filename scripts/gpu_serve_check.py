@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     import onnxruntime as ort
 
     from cis.bundle import load_bundle
-    from export.demo import make_demo_bundle
+    from export.fixture_bundle import make_demo_bundle
 
     summary: dict = {"onnxruntime": ort.__version__, "providers": ort.get_available_providers()}
     try:

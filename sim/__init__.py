@@ -4,7 +4,22 @@
 many in parallel. See docs/simulator.md.
 """
 
-from sim.config import SimConfig
-from sim.run import SimResult, simulate
+from __future__ import annotations
+
+from typing import Any
 
 __all__ = ["SimConfig", "SimResult", "simulate"]
+
+
+def __getattr__(name: str) -> Any:
+    """The package's names, imported when first asked for: ``import sim.config`` (cis simulate's flags) stays
+    light, without SimPy."""
+    if name == "SimConfig":
+        from sim.config import SimConfig
+
+        return SimConfig
+    if name in ("SimResult", "simulate"):
+        from sim import simulation
+
+        return getattr(simulation, name)
+    raise AttributeError(name)

@@ -7,12 +7,13 @@ from dataclasses import asdict, dataclass, field, replace
 
 from cis.errors import CisError
 from cis.faults import Fault, check_faults
+from cis.runtime.node_config import heartbeat_timeout, node_default
 from cis.spec import CisSpec, Node
 from sim.arrivals import ARRIVALS
 
 SERVICES = ("exponential", "deterministic")
 WIRES = ("payload", "tcp")
-RUNTIME_MAX_BATCH = 32  # cis serve --max-batch's default
+RUNTIME_MAX_BATCH = node_default("max_batch")  # cis serve --max-batch's default
 DEFAULT_SERVICE_MEAN = 0.005  # seconds per stage on a speed-1 node, without a bundle
 DEFAULT_PAYLOAD_BYTES = 3072 * 4  # a 32x32x3 float32 image, without a bundle
 
@@ -73,9 +74,9 @@ class SimConfig:
     # and calls it down after heartbeat_timeout s unheard; TCP retries a lost segment after rto s,
     # doubling.
     faults: tuple[Fault, ...] = ()
-    forward_timeout: float = 1.0
-    heartbeat: float = 0.2
-    heartbeat_timeout: float = 1.0
+    forward_timeout: float = node_default("forward_timeout")
+    heartbeat: float = node_default("heartbeat")
+    heartbeat_timeout: float = heartbeat_timeout(node_default("heartbeat"))
     rto: float = 0.2
     progress: bool = False
 
@@ -88,6 +89,23 @@ class SimConfig:
 
 def check_config(config: SimConfig, spec: CisSpec, with_bundle: bool) -> SimConfig:
     """Raise a one-line :class:`CisError` for a config that cannot run; return it with defaults resolved."""
+    _check_load(config, spec)
+    _check_costs(config, spec)
+    max_batch = config.max_batch or (RUNTIME_MAX_BATCH if with_bundle else 1)
+    service = config.service or ("deterministic" if with_bundle else "exponential")
+    if service not in SERVICES:
+        raise CisError(f"simulate: --service is {service!r}; expected one of {', '.join(SERVICES)}")
+    _check_decision(config, spec, with_bundle)
+    return replace(
+        config, service=service, max_batch=max_batch, hop_rtt=tuple(float(v) for v in config.hop_rtt),
+        faults=tuple(sorted(config.faults, key=lambda f: f.at)),
+        idle_slowdown=tuple((float(g), float(f)) for g, f in config.idle_slowdown),
+        service_spread=tuple(float(v) for v in config.service_spread),
+    )
+
+
+def _check_load(config: SimConfig, spec: CisSpec) -> None:
+    """When arrivals stop, and how they come."""
     if (config.requests is None) == (config.duration is None):
         raise CisError("simulate: give exactly one of --requests N or --duration SECONDS")
     if config.requests is not None and config.requests < 1:
@@ -104,6 +122,10 @@ def check_config(config: SimConfig, spec: CisSpec, with_bundle: bool) -> SimConf
         raise CisError(f"spec {spec.name!r}: no node has an arrival_rate > 0; expected requests to arrive somewhere")
     _positive(config.mmpp_ratio, "--mmpp-ratio")
     _positive(config.mmpp_dwell, "--mmpp-dwell")
+
+
+def _check_costs(config: SimConfig, spec: CisSpec) -> None:
+    """What a visit, a batch, a link and a fault cost."""
     _positive(config.service_mean, "--service-mean")
     if config.payload_bytes < 0:
         raise CisError(f"simulate: --payload-bytes is {config.payload_bytes}; expected bytes >= 0")
@@ -135,10 +157,10 @@ def check_config(config: SimConfig, spec: CisSpec, with_bundle: bool) -> SimConf
             )
     if not all(math.isfinite(v) and v > 0 for v in config.service_spread):
         raise CisError("simulate: service spread: expected multipliers > 0 (each call's time over the mean)")
-    max_batch = config.max_batch or (RUNTIME_MAX_BATCH if with_bundle else 1)
-    service = config.service or ("deterministic" if with_bundle else "exponential")
-    if service not in SERVICES:
-        raise CisError(f"simulate: --service is {service!r}; expected one of {', '.join(SERVICES)}")
+
+
+def _check_decision(config: SimConfig, spec: CisSpec, with_bundle: bool) -> None:
+    """Without a bundle, shares decide; with one, thresholds."""
     for node_id, share in config.shares.items():
         if node_id not in spec.ids:
             raise CisError(
@@ -153,12 +175,6 @@ def check_config(config: SimConfig, spec: CisSpec, with_bundle: bool) -> SimConf
         )
     if config.shares and with_bundle:
         raise CisError("simulate: --share applies without a bundle; with --bundle the thresholds decide")
-    return replace(
-        config, service=service, max_batch=max_batch, hop_rtt=tuple(float(v) for v in config.hop_rtt),
-        faults=tuple(sorted(config.faults, key=lambda f: f.at)),
-        idle_slowdown=tuple((float(g), float(f)) for g, f in config.idle_slowdown),
-        service_spread=tuple(float(v) for v in config.service_spread),
-    )
 
 
 def _positive(value: float, flag: str) -> None:

@@ -140,21 +140,23 @@ class Uplink:
                 return o if t < o.recovered() else None
         return None
 
+    def _lost(self, now: float, first: str) -> bool:
+        """Whether an outage loses what leaves at ``now``; the outage notes the first such loss on that side
+        (``first``: child_first going up, parent_first coming down)."""
+        lost = self.outage_at(now)
+        if lost is not None and getattr(lost, first) is None:
+            setattr(lost, first, now)
+        return lost is not None
+
     def forward(self, now: float, nbytes: float) -> float | None:
         """When a forward sent at ``now`` reaches the parent; None when an outage loses it."""
-        lost = self.outage_at(now)
-        if lost is not None:
-            if lost.child_first is None:
-                lost.child_first = now
+        if self._lost(now, "child_first"):
             return None
         return self.up.send(now, nbytes) + self.latency
 
     def reply(self, now: float, nbytes: float) -> float | None:
         """When a reply the parent sends at ``now`` reaches the child; None when an outage loses it."""
-        lost = self.outage_at(now)
-        if lost is not None:
-            if lost.parent_first is None:
-                lost.parent_first = now
+        if self._lost(now, "parent_first"):
             return None
         if not nbytes:  # the abstract link (wire "payload"): replies travel free
             return now

@@ -21,15 +21,16 @@ import simpy
 from simpy.core import EmptySchedule
 from tqdm import tqdm
 
-from cis.policy import ExitPolicy, TokenBucket
-from cis.runtime.header import FLAG_CAPPED, FLAG_DEGRADED
+from cis.policy import ExitPolicy
+from cis.runtime.wire import FLAG_CAPPED, FLAG_DEGRADED
 from cis.spec import CisSpec, Link, Node
+from cis.transfer_cap import TokenBucket
 from sim.arrivals import deterministic, mmpp, poisson, read_trace
 from sim.config import SimConfig
 from sim.links import Uplink
+from sim.service import Profile
 from sim.station import Station
 from sim.streams import indices, spawn, uniforms, unit_exponentials
-from sim.workload import Profile
 
 EVENTS_PER_UPDATE = 20_000  # SimPy events between progress bar updates
 LOOPBACK = Link(bandwidth=math.inf, latency=0.0)  # processes on one machine: the hop overhead is the cost
@@ -37,7 +38,7 @@ LOOPBACK = Link(bandwidth=math.inf, latency=0.0)  # processes on one machine: th
 
 @dataclass
 class Plan:
-    """Everything the model needs, resolved from spec, config and bundle (see :mod:`sim.run`)."""
+    """Everything the model needs, resolved from spec, config and bundle (see :mod:`sim.simulation`)."""
 
     spec: CisSpec
     config: SimConfig
@@ -50,7 +51,7 @@ class Plan:
     profile: Profile | None = None
     policy: ExitPolicy | None = None  # with a profile: the thresholds behind ``masks``
     rows: dict[str, list[int]] | None = None  # replay: node -> profile rows of its arrivals, in order
-    exit_at: list[int] | None = None  # patience rule: the exit that serves each profile row
+    exit_at: list[int] | None = None  # the exit the policy serves each profile row at (None: the node's own)
 
     @property
     def visit_means(self) -> dict[str, dict[int, float]]:
@@ -104,7 +105,7 @@ class Model:
     hops: Iterator[float] | None = (
         None  # messaging round trip per node visit, one draw per request (None: no cost, the spec's links only)
     )
-    exit_at: list[int] | None = None  # patience rule: the exit that serves each profile row (else the node's own)
+    exit_at: list[int] | None = None  # the exit the policy serves each profile row at (None: the node's own)
     forward_timeout: float = 1.0  # seconds a forward waits per tier above (the runtime's --forward-timeout)
     heartbeat_timeout: float = 1.0  # a parent unheard for this long is down (the runtime's heartbeat rule)
     log: Log = field(default_factory=Log)
@@ -112,7 +113,7 @@ class Model:
     last_arrival: float = 0.0
 
     def served_exit(self, row: int, node_exit: int) -> int:
-        """The node's own exit, or under patience the row's exit (a capped forward is served at the node's)."""
+        """The node's own exit, or the row's exit when the policy fixes one (a capped forward: the node's)."""
         return node_exit if self.exit_at is None else min(self.exit_at[row], node_exit)
 
     def outcome(self, row: int, exit_: int) -> int:

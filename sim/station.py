@@ -21,8 +21,8 @@ from collections.abc import Callable, Iterator
 
 import simpy
 
-from cis.policy import TokenBucket
 from cis.spec import Node
+from cis.transfer_cap import TokenBucket
 from sim.links import Uplink
 
 

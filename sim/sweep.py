@@ -26,7 +26,7 @@ from cis.metrics import format_ms
 from cis.spec import CisSpec
 from sim.config import SimConfig, override_nodes
 from sim.output import write_json
-from sim.run import simulate
+from sim.simulation import simulate
 
 SLO_QUANTILE = 0.99
 SEARCH_TOLERANCE = 0.01  # a search stops when its bracket is narrower than this share of its upper end
@@ -109,16 +109,8 @@ def sweep(
     loads spread evenly inside the bracket (the largest load meeting the SLO below, the smallest
     missing it above), until the bracket is narrower than ``tolerance`` of HI. Every load run is
     a point of the result."""
-    if config.arrivals == "trace":
-        raise CisError(
-            "--sweep scales the spec's arrival rates; expected generated arrivals (poisson, deterministic, mmpp), not "
-            "a trace"
-        )
     search = isinstance(scales, tuple)
-    if search and slo_ms is None:
-        raise CisError(
-            "--sweep arrival_rate=LO:HI searches for the largest load meeting --slo-p99; expected --slo-p99 MS"
-        )
+    _check_sweep(config, search, slo_ms)
     config = replace(config, progress=False)
     slo_s = None if slo_ms is None else slo_ms / 1000
     jobs = max(1, jobs or os.cpu_count() or 1)
@@ -155,6 +147,18 @@ def sweep(
         "points": ordered,
         "capacity": None if capacity is None else {"scale": capacity["scale"], "total_rate": capacity["total_rate"]},
     }
+
+
+def _check_sweep(config: SimConfig, search: bool, slo_ms: float | None) -> None:
+    if config.arrivals == "trace":
+        raise CisError(
+            "--sweep scales the spec's arrival rates; expected generated arrivals (poisson, deterministic, mmpp), not "
+            "a trace"
+        )
+    if search and slo_ms is None:
+        raise CisError(
+            "--sweep arrival_rate=LO:HI searches for the largest load meeting --slo-p99; expected --slo-p99 MS"
+        )
 
 
 def capacity_table(result: dict) -> str:

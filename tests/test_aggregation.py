@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from cis.errors import CisError
-from training.aggregation import (
+from training.aggregation.line12 import (
     accumulate,
     aggregate,
     apply_update,

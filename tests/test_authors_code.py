@@ -12,15 +12,15 @@ import torch
 from cis.errors import CisError
 from cis.rates import compute_rates
 from cis.topologies import make_spec
-from training.aggregation import aliased_totals, aliased_update, pair_coefficient
-from training.builders import root_index
+from training.aggregation.aggregators import AuthorsCodeAggregator, CisAggregator
+from training.aggregation.line12 import aliased_totals, aliased_update, pair_coefficient
+from training.aggregation.weights import APPENDIX_C_SIGMA, authors_balanced_weights, make_weights
 from training.config import make_config
-from training.engine import AuthorsCodeAggregator, CisAggregator
+from training.families.algorithm1 import root_index
 from training.local import Client
 from training.models import CIFAR10_EXITS, CIFAR100_EXITS, ResNet18EE
 from training.run import appendix_c_sigma
 from training.sampling import exit_data_sizes, sampling_matrix
-from training.strategies import APPENDIX_C_SIGMA, authors_balanced_weights, make_weights
 
 PAPER7_EXITS = [3, 2, 2, 1, 1, 1, 1]  # cloud, edge0, edge1, device0..3 (cis.topologies order)
 SIZES = [770, 100, 99, 8, 8, 8, 7]  # highly biased: the root holds 77 %

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from training.strategies import AUTO, make_weights
+from training.aggregation.weights import AUTO, make_weights
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 TRAIN = ["--dataset", "digits", "--rounds", "4", "--no-progress", "--json"]

@@ -1,11 +1,12 @@
 import pytest
 import torch
 
+from training.aggregation.averages import block_deltas_distilled, masked_average
 from training.architectures import build_model
 from training.engine import FederatedEngine
+from training.families.early_exit import build_method, method_model_config
 from training.local import Client
 from training.methods import distill
-from training.methods.aggregate import block_deltas_distilled, masked_average
 from training.methods.baselines import (
     BudgetChooser,
     round_robin_budgets,
@@ -13,7 +14,6 @@ from training.methods.baselines import (
     width_holds,
 )
 from training.methods.registry import EARLY_EXIT_METHODS, method_options
-from training.methods.setup import build_method, method_model_config
 from training.methods.vit import ViTEE
 
 

@@ -31,7 +31,7 @@ def loop(tmp_path_factory, one_torch_thread_module):
     from export.bundle_writer import export_bundle
     from sim.config import SimConfig
     from sim.output import write_outputs
-    from sim.run import simulate
+    from sim.simulation import simulate
 
     tmp = tmp_path_factory.mktemp("loop")
     design = make_spec("paper-7", "80-15-5", total_rate=40.0)

@@ -91,7 +91,7 @@ def core(tmp_path_factory):
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
     """A paper-7 digits bundle exported with the full install (as on the machine that trains)."""
-    from export.demo import make_demo_bundle
+    from export.fixture_bundle import make_demo_bundle
 
     return make_demo_bundle(tmp_path_factory.mktemp("core-bundle"), steps=150)
 

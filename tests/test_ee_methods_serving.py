@@ -158,7 +158,7 @@ def test_flame_bundle_simulates_with_the_patience_rule(bundles):
     from dataclasses import replace
 
     from sim.config import SimConfig
-    from sim.run import simulate
+    from sim.simulation import simulate
 
     _, bundle_dir = bundles["flame"]
     bundle = load_bundle(bundle_dir)

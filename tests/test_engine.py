@@ -5,13 +5,14 @@ import copy
 import pytest
 import torch
 
-from training.aggregation import aggregate, pair_coefficient
+from training.aggregation.aggregators import CisAggregator
+from training.aggregation.line12 import aggregate, pair_coefficient
+from training.aggregation.weights import make_weights
 from training.architectures import build_model
-from training.engine import CisAggregator, ExitSampler, FederatedEngine, derived_generator
+from training.engine import ExitSampler, FederatedEngine, derived_generator
 from training.local import Client, ExitSGDTrainer, batch_indices, cosine_lr, local_steps
 from training.models import default_model_config
 from training.sampling import exit_data_sizes, sampling_matrix
-from training.strategies import make_weights
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

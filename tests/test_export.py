@@ -1,6 +1,6 @@
 """``cis export`` and ``cis inspect`` on a small digits model trained for a few seconds.
 
-The run dir is made here (export.demo: central training on all exits, saved in
+The run dir is made here (export.fixture_bundle: central training on all exits, saved in
 the trainer's checkpoint format with a paper-7 60-30-10 spec in its metadata),
 so these tests do not depend on ``cis train``.
 """
@@ -28,7 +28,7 @@ TOL = 1e-4
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    from export.demo import make_demo_run
+    from export.fixture_bundle import make_demo_run
 
     return make_demo_run(tmp_path_factory.mktemp("export") / "run", steps=200)
 

@@ -4,8 +4,9 @@ import torch
 
 from cis import patience as pt
 from cis.errors import CisError
+from training.aggregation import averages as aggregate
 from training.local import Client
-from training.methods import aggregate, flame
+from training.methods import flame
 from training.methods.vit import ViTEE
 
 

@@ -12,10 +12,10 @@ from types import SimpleNamespace  # noqa: E402
 import torch  # noqa: E402
 from flwr.app import ConfigRecord, RecordDict  # noqa: E402
 
-from training.aggregation import aggregate, pair_coefficient  # noqa: E402
+from training.aggregation.line12 import aggregate, pair_coefficient  # noqa: E402
 from training.config import make_config  # noqa: E402
+from training.flower.launch import run_flower  # noqa: E402
 from training.flower.records import ARRAYS_KEY, STATS_RECORD, record_to_state, state_to_record  # noqa: E402
-from training.flower.run import run_flower  # noqa: E402
 from training.flower.strategy import CisStrategy  # noqa: E402
 from training.run import build_setup, train_run  # noqa: E402
 from training.sampling import exit_data_sizes  # noqa: E402

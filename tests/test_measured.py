@@ -36,7 +36,7 @@ WINDOW = 8.0  # seconds between the two snapshots; the load below takes well und
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
     """A live paper-7 tree (60-30-10 caps, 100 requests/s designed) with a log folder and /metrics."""
-    from export.demo import make_demo_bundle
+    from export.fixture_bundle import make_demo_bundle
 
     tmp = tmp_path_factory.mktemp("measured")
     bundle_dir = make_demo_bundle(tmp, steps=300)

@@ -1,21 +1,14 @@
 import pytest
 import torch
 
+from training.aggregation.averages import average_selections
 from training.engine import FederatedEngine
+from training.families.nested import build_subset_method, subset_model, tier_matrix
 from training.local import Client
 from training.methods.nested import NestedNet, build_nested, depthfl_specs, init_steps, nefl_specs
 from training.methods.resnet import LAYOUTS, CompactResNet
-from training.methods.slicing import (
-    average_selections,
-    gather,
-    kept_channels,
-    prefix,
-    put_,
-    scatter_,
-    take,
-    width_ratio,
-)
-from training.methods.subfl import build_subset_method, subset_model, tier_matrix
+from training.methods.slicing import kept_channels, prefix, width_ratio
+from training.selection import gather, put_, scatter_, take
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

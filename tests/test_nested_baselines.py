@@ -2,12 +2,13 @@ import pytest
 import torch
 
 from training.engine import FederatedEngine
+from training.families.nested import build_subset_method, subset_model
 from training.local import Client
 from training.methods import widthfl
 from training.methods.registry import NESTED_METHODS
 from training.methods.resnet import LAYOUTS
-from training.methods.slicing import gather, rolling
-from training.methods.subfl import build_subset_method, subset_model
+from training.methods.slicing import rolling
+from training.selection import gather
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

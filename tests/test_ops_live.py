@@ -44,7 +44,7 @@ OPERATOR_METRICS = (
 
 @pytest.fixture(scope="module")
 def bundle_dir(tmp_path_factory) -> Path:
-    from export.demo import make_demo_bundle
+    from export.fixture_bundle import make_demo_bundle
 
     return make_demo_bundle(tmp_path_factory.mktemp("ops"), steps=60)
 

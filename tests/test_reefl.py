@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from cis.errors import CisError
+from training.aggregation.averages import held_average, key_exit
 from training.architectures import build_model
 from training.methods import distill
-from training.methods.aggregate import held_average, key_exit
 from training.methods.ree import Ree, ree_step
 from training.methods.vit import HISTORY, TOKENS, ViTEE
 

@@ -9,8 +9,8 @@ from collections import namedtuple
 import numpy as np
 
 from cis.runtime import protocol as P
-from cis.runtime.config import NodeConfig
 from cis.runtime.executor import Executor
+from cis.runtime.node_config import NodeConfig
 
 T = namedtuple("T", "name shape dtype")
 POISON = 666.0

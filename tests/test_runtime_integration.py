@@ -63,7 +63,7 @@ def serve_through_leaves(bundle_dir, x) -> list:
 
 @pytest.fixture(scope="module")
 def bundle_dir(tmp_path_factory):
-    from export.demo import make_demo_bundle
+    from export.fixture_bundle import make_demo_bundle
 
     return make_demo_bundle(tmp_path_factory.mktemp("runtime"), steps=300)
 

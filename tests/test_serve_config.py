@@ -13,7 +13,7 @@ from cis.cli import build_parser
 from cis.commands import serve_config as options
 from cis.commands.serve import _node_options
 from cis.errors import CisError
-from cis.runtime.config import STAGE_THREADS, NodeConfig
+from cis.runtime.node_config import STAGE_THREADS, NodeConfig
 
 
 def resolved(*argv: str, env: dict | None = None):

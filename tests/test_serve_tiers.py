@@ -30,8 +30,8 @@ from test_runtime_metrics import REQUIRED, health, names, scrape  # noqa: E402
 
 from cis.bundle import load_bundle, write_manifest  # noqa: E402
 from cis.errors import CisError  # noqa: E402
-from cis.runtime import build_node  # noqa: E402
 from cis.runtime.client import Client  # noqa: E402
+from cis.runtime.factory import build_node  # noqa: E402
 from cis.runtime.launcher import plan_metrics  # noqa: E402
 from cis.spec import Node  # noqa: E402
 
@@ -46,7 +46,7 @@ def _ort_has(provider: str) -> bool:
 
 @pytest.fixture(scope="module")
 def bundle_dir(tmp_path_factory):
-    from export.demo import make_demo_bundle
+    from export.fixture_bundle import make_demo_bundle
 
     return make_demo_bundle(tmp_path_factory.mktemp("tiers"), steps=150)
 
@@ -198,7 +198,7 @@ def test_the_simulator_takes_each_nodes_backend_profile(bundle_dir, tmp_path, ru
     import shutil
 
     from sim.config import SimConfig
-    from sim.run import plan_run
+    from sim.simulation import plan_run
 
     bundle = load_bundle(bundle_dir)
     spec = bundle.spec

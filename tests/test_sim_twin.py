@@ -14,8 +14,8 @@ from cis.faults import Fault
 from cis.spec import CisSpec, Link, Node, validate
 from sim import SimConfig, simulate
 from sim.links import MSS, SEGMENT_OVERHEAD, Outage, Uplink, Wire, wire_bytes
+from sim.service import batch_seconds
 from sim.sweep import sweep
-from sim.workload import batch_seconds
 
 
 def one_node(rate: float, queue_limit: int | None = None) -> CisSpec:

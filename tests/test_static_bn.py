@@ -12,22 +12,16 @@ import pytest
 import torch
 from torch import nn
 
+from training.aggregation.aggregators import SubsetAggregator
 from training.data import load_dataset
 from training.engine import ExitSampler, FederatedEngine
+from training.families.nested import build_subset_method, default_gammas, subset_model, tier_matrix
 from training.local import Client
 from training.methods.nested import BN_STATISTICS, NestedNet, nefl_specs
 from training.methods.resnet import LAYOUTS
-from training.methods.slicing import gather
 from training.methods.static_bn import is_stale, recompute_statistics_, refresh_statistics
-from training.methods.subfl import (
-    NestedDevice,
-    SubsetAggregator,
-    SubsetTrainer,
-    build_subset_method,
-    default_gammas,
-    subset_model,
-    tier_matrix,
-)
+from training.methods.subfl import NestedDevice, SubsetTrainer
+from training.selection import gather
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

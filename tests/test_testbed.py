@@ -95,7 +95,7 @@ def test_without_root_or_tools_the_testbed_stops_with_one_line(run_cli, monkeypa
 @pytest.fixture(scope="module")
 def bundle_dir(tmp_path_factory):
     pytest.importorskip("torch")
-    from export.demo import make_demo_bundle
+    from export.fixture_bundle import make_demo_bundle
 
     return make_demo_bundle(tmp_path_factory.mktemp("testbed"), steps=20)  # thresholds are forced: untrained is fine
 

@@ -56,6 +56,14 @@ def _paths(path: str | Path) -> tuple[Path, Path]:
     return path, path.with_suffix(".json")
 
 
+def read_json(path: Path) -> Any:
+    """A run dir's JSON file; one line where it does not parse."""
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise CisError(f"{path}: not valid JSON ({exc})") from None
+
+
 def load_checkpoint(path: str | Path) -> tuple[EarlyExitNet, dict[str, Any], dict]:
     """Rebuild the model from a run dir (or checkpoint.pt); returns (model, meta, extra_state).
 
@@ -64,10 +72,7 @@ def load_checkpoint(path: str | Path) -> tuple[EarlyExitNet, dict[str, Any], dic
     weights, meta_path = _paths(path)
     if not weights.is_file() or not meta_path.is_file():
         raise CisError(f"{path}: no checkpoint; expected {WEIGHTS} and {META} (written by 'cis train')")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except json.JSONDecodeError as exc:
-        raise CisError(f"{meta_path}: not valid JSON ({exc})") from None
+    meta = read_json(meta_path)
     missing = [k for k in REQUIRED_META if k not in meta]
     if missing:
         raise CisError(f"{meta_path}: missing {missing}; expected {list(REQUIRED_META)}")

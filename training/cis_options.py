@@ -3,7 +3,7 @@
 The CLI offers them (cis/commands/train.py), the run config checks them
 (training/config.py), and the modules that implement them import them from
 here: the algorithm (printed, or the authors' code), the p rules (training/sampling.py),
-the p modes, coefficient rules and BatchNorm rules of line 12 (training/aggregation.py), and the local-step rule
+the p modes, coefficient rules and BatchNorm rules of line 12 (training/aggregation/line12.py), and the local-step rule
 for lower exits (training/local.py). docs/training.md says what each does.
 """
 

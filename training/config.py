@@ -1,5 +1,10 @@
 """The run configuration of ``cis train``: defaults <- config file (JSON or TOML) <- flags.
 
+Each setting is declared once, as a field of :class:`RunConfig`: its default and, where
+its value is constrained, its :class:`Rule` (what it must hold, and the words a one-line
+error says it expected). The CLI's flags take their defaults from here; rules that tie
+two settings together are :meth:`RunConfig.check_together`.
+
 The resolved config (every default written out) is stored as ``config.json``
 in the run directory, so a run documents itself and ``--resume`` reads it back.
 """
@@ -7,7 +12,8 @@ in the run directory, so a run documents itself and ``--resume`` reads it back.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +23,8 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
     import tomli as tomllib
 
 from cis.errors import CisError
+from training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, P_MODES, STEP_RULES
+from training.methods.registry import resolve_options
 
 # Per-dataset training defaults. CIFAR: the paper's (SGD 0.1 cosine, momentum 0.9,
 # wd 5e-4, batch 128, crop+flip). Digits (~1.3k training images, 8x8): our choice,
@@ -42,6 +50,45 @@ DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+@dataclass(frozen=True)
+class Rule:
+    """What a setting may hold: a test of its value and what the error says was expected."""
+
+    holds: Callable[[Any], bool]
+    expected: str
+
+
+def one_of(choices: Sequence[str]) -> Rule:
+    return Rule(lambda v: v in choices, " or ".join(repr(c) for c in choices))
+
+
+def _is_number(v: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float))
+
+
+def is_device_name(name: str) -> bool:
+    """auto, cpu, cuda or cuda:K (training/device.py resolves it)."""
+    kind, _, index = str(name).partition(":")
+    return kind in DEVICES and (not index or (kind == "cuda" and index.isdigit()))
+
+
+def _rates_hold(rates: Any) -> bool:
+    return rates is None or (
+        isinstance(rates, list) and all(_is_number(r) and r >= 0 for r in rates) and sum(rates) > 0
+    )
+
+
+POSITIVE = Rule(lambda v: _is_number(v) and v > 0, "a positive number")
+COUNT = Rule(lambda v: isinstance(v, int) and v >= 1, "an integer >= 1")
+COUNT_OR_NONE = Rule(lambda v: v is None or COUNT.holds(v), COUNT.expected)
+FRACTION = Rule(lambda v: _is_number(v) and 0 < v <= 1, "a fraction in (0, 1]")
+
+
+def setting(default: Any = None, rule: Rule | None = None) -> Any:
+    """A field of :class:`RunConfig`: its one default and, where the value is constrained, its rule."""
+    return field(default=default, metadata={"rule": rule} if rule else {})
+
+
 @dataclass
 class RunConfig:
     method: str = "cis"  # "cis" (Algorithm 1) or another paper's method (training/methods/registry.py)
@@ -52,29 +99,34 @@ class RunConfig:
     serving: str = "33-33-33"
     strategy: str = "serving-rate"
     weights: list[float] | None = None  # explicit Lambda~ (strategy "explicit")
-    rounds: int | None = None
+    rounds: int | None = setting(None, COUNT)
     seed: int = 0
     partition: str = "equal"
     dirichlet: float | None = None
-    algorithm: str = "printed"  # Algorithm 1 as printed, or "authors-code": as arodio/FedCIS runs it (docs/training.md)
+    # Algorithm 1 as printed, or "authors-code": as arodio/FedCIS runs it (docs/training.md)
+    algorithm: str = setting("printed", one_of(ALGORITHMS))
     p: float = 0.0
     p_rule: str = "paper"  # "paper": p per lower exit; "code": p/(E_i-1) per lower exit
     p_matrix: list[list[float]] | None = None
-    p_mode: str | None = None  # "divide" by p_ie (printed; the default) or "multiply" (authors-code's, its only one)
-    coefficient_rule: str = "literal"  # line 12 as written; "capped" or "self-normalised" (training/aggregation.py)
-    bn_rule: str | None = None  # BatchNorm statistics: "convex" (printed's default) or "literal" (authors-code's only)
-    lower_exit_steps: str = "same"  # "same" J for every exit, or "flops": J * flops(E_i) / flops(e) for a lower exit
-    participation: float = 1.0
-    width: float = 1.0
-    lr: float | None = None
+    # "divide" by p_ie (printed; the default) or "multiply" (authors-code's, its only one)
+    p_mode: str | None = setting(None, one_of(P_MODES))
+    # line 12 as written; "capped" or "self-normalised" (training/aggregation/line12.py)
+    coefficient_rule: str = setting("literal", one_of(COEFFICIENT_RULES))
+    # BatchNorm statistics: "convex" (printed's default) or "literal" (authors-code's only)
+    bn_rule: str | None = setting(None, one_of(BN_RULES))
+    # "same" J for every exit, or "flops": J * flops(E_i) / flops(e) for a lower exit
+    lower_exit_steps: str = setting("same", one_of(STEP_RULES))
+    participation: float = setting(1.0, FRACTION)
+    width: float = setting(1.0, POSITIVE)
+    lr: float | None = setting(None, POSITIVE)
     momentum: float | None = None
     weight_decay: float | None = None
-    batch_size: int | None = None
-    local_epochs: float = 1.0
-    local_steps: int | None = None
-    schedule: str = "cosine"
+    batch_size: int | None = setting(None, POSITIVE)
+    local_epochs: float = setting(1.0, POSITIVE)
+    local_steps: int | None = setting(None, COUNT_OR_NONE)
+    schedule: str = setting("cosine", one_of(("cosine", "constant")))
     augment: bool | None = None
-    server_lr: float = 1.0
+    server_lr: float = setting(1.0, POSITIVE)
     sigma: list[float] | None = None  # balanced-adj: per-exit gradient std; None: measured
     sigma_batches: int = 50
     confidence: str | None = None  # None: the spec's measure
@@ -83,11 +135,15 @@ class RunConfig:
     val_size: int | None = None
     train_subset: int | None = None  # a seeded subset of the training split (reduced-scale benchmarks)
     threads: int | None = None
-    device: str = "auto"  # auto (cuda when torch sees a GPU) | cpu | cuda | cuda:K
-    amp: str = "off"  # off | bf16: the local steps under torch.autocast(bfloat16)
+    # auto (cuda when torch sees a GPU) | cpu | cuda | cuda:K
+    device: str = setting("auto", Rule(is_device_name, f"one of {', '.join(DEVICES)} or cuda:K"))
+    amp: str = setting("off", one_of(AMP_MODES))  # off | bf16: the local steps under torch.autocast(bfloat16)
     init: str | None = None  # a run dir whose weights start the model: a fine-tune (training/warm_start.py)
     rates_from: str | None = None  # where exit_rates were measured (cis train --rates-from SOURCE; cis.measured)
-    exit_rates: list[float] | None = None  # measured Lambda_e per exit: the weights' serving rates, not the calculus
+    # measured Lambda_e per exit: the weights' serving rates, not the calculus
+    exit_rates: list[float] | None = setting(
+        None, Rule(_rates_hold, "a list of requests/s per exit, >= 0 with a positive sum")
+    )
 
     @property
     def dataset_name(self) -> str:
@@ -102,8 +158,6 @@ class RunConfig:
         for k, v in d.items():
             if getattr(out, k) is None:
                 setattr(out, k, v)
-        from training.methods.registry import resolve_options
-
         out.options = resolve_options(out.method, out.options)
         authors = out.algorithm == "authors-code"
         if out.p_mode is None:
@@ -114,64 +168,37 @@ class RunConfig:
         return out
 
     def validate(self) -> None:
-        def bad(field: str, expected: str) -> CisError:
-            return CisError(f"config: field {field!r} is {getattr(self, field)!r}; expected {expected}")
+        """Every setting against its rule, then :meth:`check_together`; the first that fails is one line."""
+        for f in fields(self):
+            rule = f.metadata.get("rule")
+            if rule is not None and not rule.holds(getattr(self, f.name)):
+                raise self._bad(f.name, rule.expected)
+        self.check_together()
 
-        if not isinstance(self.rounds, int) or self.rounds < 1:
-            raise bad("rounds", "an integer >= 1")
-        if not 0 < self.participation <= 1:
-            raise bad("participation", "a fraction in (0, 1]")
-        from training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, P_MODES, STEP_RULES
-
-        if self.algorithm not in ALGORITHMS:
-            raise bad("algorithm", " or ".join(repr(a) for a in ALGORITHMS))
-        if self.algorithm == "authors-code":
-            self._check_authors_code(bad)
-        if self.p_mode not in P_MODES:
-            raise bad("p_mode", "'divide' or 'multiply'")
-        for f, allowed in (
-            ("coefficient_rule", COEFFICIENT_RULES),
-            ("bn_rule", BN_RULES),
-            ("lower_exit_steps", STEP_RULES),
-        ):
-            if getattr(self, f) not in allowed:
-                raise bad(f, " or ".join(repr(a) for a in allowed))
-        if self.schedule not in ("cosine", "constant"):
-            raise bad("schedule", "'cosine' or 'constant'")
-        for f in ("lr", "batch_size", "local_epochs", "server_lr", "width"):
-            v = getattr(self, f)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or v <= 0:
-                raise bad(f, "a positive number")
+    def check_together(self) -> None:
+        """The rules that tie settings together: the authors' code has one aggregation; p is Algorithm 1's."""
+        if self.algorithm == "authors-code":  # multiply by p_ce, line 12's coefficients, literal BatchNorm
+            if self.method != "cis":
+                raise CisError(f"config: algorithm 'authors-code' is Algorithm 1's; method {self.method!r} has its own")
+            for key, only in (("p_mode", "multiply"), ("coefficient_rule", "literal"), ("bn_rule", "literal")):
+                if getattr(self, key) != only:
+                    raise self._bad(key, f"{only!r} under algorithm 'authors-code' (the authors' code has no other)")
         if self.method != "cis" and (self.p or self.p_matrix):
             raise CisError(
                 f"config: --p / p_matrix sample lower exits in Algorithm 1; method {self.method!r} chooses its own "
                 "sub-models"
             )
-        if self.local_steps is not None and (not isinstance(self.local_steps, int) or self.local_steps < 1):
-            raise bad("local_steps", "an integer >= 1")
-        kind, _, index = str(self.device).partition(":")
-        if kind not in DEVICES or (index and (kind != "cuda" or not index.isdigit())):
-            raise bad("device", f"one of {', '.join(DEVICES)} or cuda:K")
-        if self.amp not in AMP_MODES:
-            raise bad("amp", " or ".join(repr(a) for a in AMP_MODES))
-        rates = self.exit_rates
-        if rates is not None and (
-            not isinstance(rates, list)
-            or any(isinstance(r, bool) or not isinstance(r, (int, float)) or not r >= 0 for r in rates)
-            or not sum(rates) > 0
-        ):
-            raise bad("exit_rates", "a list of requests/s per exit, >= 0 with a positive sum")
 
-    def _check_authors_code(self, bad) -> None:
-        """The authors' code has one aggregation: multiply by p_ce, line 12's coefficients, literal BatchNorm."""
-        if self.method != "cis":
-            raise CisError(f"config: algorithm 'authors-code' is Algorithm 1's; method {self.method!r} has its own")
-        for f, only in (("p_mode", "multiply"), ("coefficient_rule", "literal"), ("bn_rule", "literal")):
-            if getattr(self, f) != only:
-                raise bad(f, f"{only!r} under algorithm 'authors-code' (the authors' code has no other)")
+    def _bad(self, key: str, expected: str) -> CisError:
+        return CisError(f"config: field {key!r} is {getattr(self, key)!r}; expected {expected}")
 
     def to_json(self) -> dict:
         return asdict(self)
+
+
+def declared_default(key: str) -> Any:
+    """A setting's one default (None: the dataset's, :data:`DATASET_DEFAULTS`, or resolved from others)."""
+    return {f.name: f.default for f in fields(RunConfig)}[key]
 
 
 def config_keys() -> set[str]:

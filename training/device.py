@@ -20,14 +20,14 @@ from typing import Any
 import torch
 
 from cis.errors import CisError
-from training.config import AMP_MODES, DEVICES
+from training.config import AMP_MODES, DEVICES, is_device_name
 
 
 def resolve_device(name: str) -> torch.device:
     """``auto``: cuda when torch sees a GPU, else cpu; ``cuda`` (or ``cuda:K``) refuses in one line without one."""
-    kind, _, index = str(name).partition(":")
-    if kind not in DEVICES or (index and (kind != "cuda" or not index.isdigit())):
+    if not is_device_name(name):
         raise CisError(f"device {name!r}: expected one of {', '.join(DEVICES)} or cuda:K")
+    kind, _, index = str(name).partition(":")
     if kind == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if kind == "cuda":

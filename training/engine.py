@@ -2,13 +2,17 @@
 
 One round of :class:`FederatedEngine`:
 
-    pairs = chooser.choose(t, gen)                 # which node trains which sub-model (exit)
-    aggregator.begin(global_state, t)
-    for (i, e) in pairs:                           # clients run one after another in this process
-        model.load_state_dict(global_state)        # in-place copy into the ONE working model
-        stats = trainer.train(model, client_i, e, t, gen_i)
-        aggregator.add(client_i, e, model.state_dict())   # accumulates its weighted delta in place
-    aggregator.finish(global_state)                # updates the global state in place
+    pairs = engine.choose(t)                       # which node trains which sub-model (exit)
+    engine.aggregate_round(t, pairs, updates)      # the one aggregation call:
+        aggregator.begin(global_state, t, pairs)
+        for (i, e), (local_state, stats) in zip(pairs, updates):   # drawn order: the float sums' order
+            sgd_steps[i] += stats["steps"]
+            aggregator.add(client_i, e, local_state)   # accumulates its weighted part in place
+        aggregator.finish(global_state)            # updates the global state in place
+
+``run_round`` trains the pairs one after another in this process, ``updates`` being a generator
+that loads the global state into the ONE working model, trains it and yields its state; the Flower
+strategy (training/flower/strategy.py) makes the same call over the nodes' replies.
 
 Memory: the global state, the working model and one accumulator (three copies
 of the weights) plus whatever the trainer keeps per node (momentum buffers).
@@ -20,35 +24,28 @@ resumed from the checkpoint after round t therefore replays rounds t+1.. exactly
 the only trainer state to save is what the trainer itself keeps (momentum).
 
 Methods plug in by implementing :class:`ExitChooser`, :class:`training.local.LocalTrainer`
-and :class:`Aggregator` (e.g. ReeFL: a trainer with distillation and an
-aggregator that averages per parameter over the clients that hold it).
+and :class:`training.aggregation.aggregators.Aggregator` (a method's builder,
+training/methods/build_*.py, returns them as a :class:`MethodSetup`).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
-from typing import Protocol
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from training.aggregation import (
-    accumulate,
-    accumulate_aliased,
-    aliased_totals,
-    apply_aliased,
-    apply_update,
-    coefficient_totals,
-    pair_coefficient,
-    round_coefficients,
-    zeros_like_state,
-)
+from training.aggregation.aggregators import Aggregator
 from training.local import Client, LocalTrainer
 from training.models import EarlyExitNet
-from training.sampling import choose_participants, exit_data_sizes, sample_exits
-from training.strategies import Weights
+from training.sampling import choose_participants, sample_exits
+
+Pairs = Sequence[tuple[int, int]]
+"""A round's (node index, exit or sub-model) pairs, in the order they were drawn."""
 
 
 def derived_generator(*key: int) -> torch.Generator:
@@ -61,14 +58,6 @@ class ExitChooser(Protocol):
     def choose(self, round: int, gen: torch.Generator) -> list[tuple[int, int]]:
         """[(client index, exit or sub-model id)] for this round."""
         ...
-
-
-class Aggregator(Protocol):
-    def begin(self, global_state: dict[str, Tensor], round: int, pairs: Sequence[tuple[int, int]]) -> None: ...
-
-    def add(self, client: Client, exit: int, local_state: dict[str, Tensor]) -> None: ...
-
-    def finish(self, global_state: dict[str, Tensor]) -> None: ...
 
 
 class ExitSampler:
@@ -91,135 +80,17 @@ class ExitSampler:
         return sample_exits(self.matrix, nodes, gen)
 
 
-class CisAggregator:
-    """Algorithm 1, line 12: w += eta_s * sum c_ie (w_ie - w), c_ie = Lambda~_e |S_i| / (|S_e,p| p_ie).
+@dataclass
+class MethodSetup:
+    """What a method's builder hands the engine: the model and the three pieces, with the sampling matrix of
+    the exit (sub-model) each node trains and the run's aggregation weights."""
 
-    ``coefficient_rule`` selects the diagnostic variants of training/aggregation.py
-    (default: line 12 as written) and ``bn_rule`` the update of BatchNorm running
-    statistics (default ``convex``: line 12 unless it would overshoot). After each round,
-    ``last_stats`` holds the round's total coefficient per stage body and per exit
-    head and how many BatchNorm variances the projection clamped at 0.
-    """
-
-    def __init__(
-        self,
-        weights: Weights,
-        matrix: np.ndarray,
-        sizes: Sequence[int],
-        inclusion: float = 1.0,
-        p_mode: str = "divide",
-        server_lr: float = 1.0,
-        coefficient_rule: str = "literal",
-        bn_rule: str = "convex",
-    ) -> None:
-        self.weights, self.matrix = weights, np.asarray(matrix)
-        self.sizes = [int(s) for s in sizes]
-        self.exit_sizes = exit_data_sizes(self.matrix, self.sizes)
-        self.inclusion, self.p_mode, self.server_lr = inclusion, p_mode, server_lr
-        self.coefficient_rule, self.bn_rule = coefficient_rule, bn_rule
-        self._acc: dict[str, Tensor] | None = None
-        self._global: dict[str, Tensor] | None = None
-        self._coef: dict[int, float] = {}
-        self._stat_weight: dict[str, float] | None = None
-        self.last_coefficients: list[float] = []
-        self.last_stats: dict = {}
-
-    def coefficients(self, round: int, pairs: Sequence[tuple[int, int]]) -> list[float]:
-        """c_ie of each pair of the round, under this aggregator's p mode and coefficient rule."""
-        p_pair = [float(self.matrix[i, e - 1]) * self.inclusion for i, e in pairs]
-        return round_coefficients(
-            pairs, self.weights.at(round), self.sizes, self.exit_sizes, p_pair, self.p_mode, self.coefficient_rule
-        )
-
-    def begin(self, global_state: dict[str, Tensor], round: int, pairs: Sequence[tuple[int, int]]) -> None:
-        coefs = self.coefficients(round, pairs)
-        self._coef = {i: c for (i, _), c in zip(pairs, coefs)}
-        self.last_stats = {"coefficients": coefficient_totals(pairs, coefs, self.matrix.shape[1])}
-        self._global = global_state
-        self._stat_weight = {} if self.bn_rule == "convex" else None
-        if self._acc is None:
-            self._acc = zeros_like_state(global_state)
-        else:  # reuse the buffers: zero the deltas, restart the counts from the global ones
-            for k, a in self._acc.items():
-                a.zero_() if a.is_floating_point() else a.copy_(global_state[k])
-        self.last_coefficients = []
-
-    def add(self, client: Client, exit: int, local_state: dict[str, Tensor]) -> None:
-        c = self._coef[client.index]
-        self.last_coefficients.append(c)
-        accumulate(self._acc, local_state, self._global, c, self._stat_weight)
-
-    def finish(self, global_state: dict[str, Tensor]) -> None:
-        self.last_stats["bn_clamped"] = apply_update(global_state, self._acc, self.server_lr, self._stat_weight)
-
-
-class AuthorsCodeAggregator:
-    """Algorithm 1 as the authors' public code runs it (``--algorithm authors-code``, training/aggregation.py).
-
-    The global model is the root's own model: the root trains it in place, and every other
-    pair's difference is taken against the root's trained weights, on the parts that pair
-    trained, with c_ce = Lambda~_e |S_c| p_ce / |S_{e,p}| (p_ce: the pair's row of the
-    sampling matrix, 1 for a one-exit node). ``exit_keys(e)`` names the state entries that
-    training exit e changes (:meth:`training.models.EarlyExitNet.exit_state_keys`).
-    """
-
-    def __init__(
-        self,
-        weights: Weights,
-        matrix: np.ndarray,
-        sizes: Sequence[int],
-        root: int,
-        exit_keys: Callable[[int], list[str]],
-        server_lr: float = 1.0,
-    ) -> None:
-        self.weights, self.matrix, self.root = weights, np.asarray(matrix), root
-        self.sizes = [int(s) for s in sizes]
-        self.exit_sizes = exit_data_sizes(self.matrix, self.sizes)
-        self.exit_keys, self.server_lr = exit_keys, server_lr
-        self._acc: dict[str, Tensor] = {}
-        self._totals: dict[str, float] = {}
-        self._coef: dict[int, float] = {}
-        self._reference: dict[str, Tensor] | None = None
-        self._global: dict[str, Tensor] | None = None
-        self.last_coefficients: list[float] = []
-        self.last_stats: dict = {}
-
-    def coefficients(self, round: int, pairs: Sequence[tuple[int, int]]) -> list[float]:
-        """c_ce of each pair (the root's too, though its update enters with weight 1)."""
-        w = self.weights.at(round)
-        return [
-            pair_coefficient(float(w[e - 1]), self.sizes[i], float(self.exit_sizes[e - 1]),
-                             float(self.matrix[i, e - 1]), "multiply")
-            for i, e in pairs
-        ]
-
-    def begin(self, global_state: dict[str, Tensor], round: int, pairs: Sequence[tuple[int, int]]) -> None:
-        coefs = self.coefficients(round, pairs)
-        self._coef = {i: c for (i, _), c in zip(pairs, coefs)}
-        self.last_stats = {
-            "coefficients": aliased_totals(pairs, coefs, self.matrix.shape[1], self.root),
-            "reference": "root",
-        }
-        self._global, self._reference, self._totals = global_state, None, {}
-        if not self._acc:
-            self._acc = {k: torch.zeros_like(v) for k, v in global_state.items()}
-        for a in self._acc.values():
-            a.zero_()
-        self.last_coefficients = []
-
-    def add(self, client: Client, exit: int, local_state: dict[str, Tensor]) -> None:
-        if client.index == self.root:  # the global model itself, trained in place
-            self._reference = {k: v.detach().clone() for k, v in local_state.items()}
-            self.last_coefficients.append(1.0)
-            return
-        c = self._coef[client.index]
-        self.last_coefficients.append(c)
-        accumulate_aliased(self._acc, self._totals, local_state, self.exit_keys(exit), c)
-
-    def finish(self, global_state: dict[str, Tensor]) -> None:
-        reference = self._reference if self._reference is not None else {k: v.clone() for k, v in global_state.items()}
-        apply_aliased(global_state, reference, self._acc, self._totals, self.server_lr)
-        self._reference = None
+    model: EarlyExitNet
+    chooser: ExitChooser
+    trainer: Any  # a training.local.LocalTrainer
+    aggregator: Aggregator
+    matrix: np.ndarray
+    weights: Any  # training.aggregation.weights.Weights
 
 
 class FederatedEngine:
@@ -242,23 +113,41 @@ class FederatedEngine:
         self.sgd_steps = [0] * len(clients)  # local SGD steps each node has run so far (the run's compute)
         trainer.setup(model, clients)
 
-    def run_round(self) -> dict:
-        t = self.round + 1
-        start = time.perf_counter()
-        pairs = self.chooser.choose(t, derived_generator(self.seed, t))
-        self.aggregator.begin(self.global_state, t, pairs)
+    def choose(self, round: int) -> list[tuple[int, int]]:
+        """Line 3: the round's (node index, exit) pairs, drawn from the generator of (seed, round)."""
+        return self.chooser.choose(round, derived_generator(self.seed, round))
+
+    def aggregate_round(
+        self, round: int, pairs: Pairs, updates: Iterable[tuple[dict[str, Tensor], dict]]
+    ) -> list[dict]:
+        """Line 12 (or the method's rule) over one round: ``updates`` yields each pair's (local state, stats) in
+        the order of ``pairs``. Counts each node's local SGD steps (``stats["steps"]``), updates the global state
+        and the working model, and returns the pairs' records ({node, exit, **stats})."""
+        self.aggregator.begin(self.global_state, round, pairs)
         records = []
-        for i, e in pairs:
+        for (i, e), (local_state, stats) in zip(pairs, updates):
             client = self.clients[i]
-            self.model.load_state_dict(self.global_state)
-            stats = self.trainer.train(self.model, client, e, t, derived_generator(self.seed, t, i + 1))
             self.sgd_steps[i] += int(stats.get("steps", 0))
-            self.aggregator.add(client, e, self.model.state_dict())
+            self.aggregator.add(client, e, local_state)
             records.append({"node": client.id, "exit": e, **stats})
         self.aggregator.finish(self.global_state)
         self.model.load_state_dict(self.global_state)
-        self.round = t
+        self.round = round
+        return records
+
+    def run_round(self) -> dict:
+        t = self.round + 1
+        start = time.perf_counter()
+        pairs = self.choose(t)
+        records = self.aggregate_round(t, pairs, self._train(t, pairs))
         return {"round": t, "pairs": records, "train_seconds": time.perf_counter() - start}
+
+    def _train(self, t: int, pairs: Pairs) -> Iterator[tuple[dict[str, Tensor], dict]]:
+        """Each pair trained in turn on the working model, loaded with the global state first."""
+        for i, e in pairs:
+            self.model.load_state_dict(self.global_state)
+            stats = self.trainer.train(self.model, self.clients[i], e, t, derived_generator(self.seed, t, i + 1))
+            yield self.model.state_dict(), stats
 
     def sync_model(self) -> EarlyExitNet:
         """The working model holding the global weights (after a round it already does)."""

@@ -29,6 +29,7 @@ from cis.policy import evaluate_cis
 from cis.rates import compute_rates
 from cis.spec import CisSpec, load_spec, parse_spec, spec_to_dict, write_spec
 from cis.topologies import make_spec
+from training.aggregation.weights import Weights, make_weights
 from training.builders import build_method_setup, method_model
 from training.checkpoint import load_checkpoint, save_checkpoint
 from training.config import RunConfig
@@ -42,7 +43,6 @@ from training.local import Client, local_steps
 from training.methods.static_bn import refresh_statistics
 from training.models import EarlyExitNet
 from training.partition import partition
-from training.strategies import Weights, make_weights
 from training.warm_start import warm_start
 
 logger = logging.getLogger(__name__)
@@ -103,16 +103,16 @@ def build_setup(
     ]
     sizes = [c.size for c in clients]
     steps = local_steps(sizes, config.batch_size, config.local_epochs, config.local_steps)
-    sgd = dict(
-        lr=config.lr,
-        momentum=config.momentum,
-        weight_decay=config.weight_decay,
-        batch_size=config.batch_size,
-        steps=steps,
-        total_rounds=config.rounds,
-        schedule=config.schedule,
-        augment=augment_options(train.name) if config.augment else None,
-    )
+    sgd = {  # the local trainers' SGD settings
+        "lr": config.lr,
+        "momentum": config.momentum,
+        "weight_decay": config.weight_decay,
+        "batch_size": config.batch_size,
+        "steps": steps,
+        "total_rounds": config.rounds,
+        "schedule": config.schedule,
+        "augment": augment_options(train.name) if config.augment else None,
+    }
     weights_for = lambda model, matrix: run_weights(config, spec, model, matrix, sizes, train, log)  # noqa: E731
     m = build_method_setup(config, spec, train, clients, sgd, weights_for, log)  # training/builders.py, every method
     if m.model.num_exits != spec.num_exits:
@@ -179,7 +179,7 @@ def run_weights(
 
 def appendix_c_sigma(model: EarlyExitNet) -> list[float] | None:
     """The authors' hard-coded sigma_e for a ResNet-18 whose exits sit where theirs do, else None."""
-    from training.strategies import APPENDIX_C_SIGMA
+    from training.aggregation.weights import APPENDIX_C_SIGMA
 
     cfg = model.config()
     found = APPENDIX_C_SIGMA.get(tuple(cfg.get("exits", ()))) if cfg.get("arch") == "resnet18" else None
@@ -272,35 +272,51 @@ def train_run(
     log: Callable[[str], None] = logger.info,
 ) -> dict:
     """Train (or resume) a run into ``out``; returns the summary (or a partial result when stopped)."""
-    from tqdm import tqdm
-
     out = Path(out)
-    spec = None
+    s = build_setup(config, spec=_open_run_dir(out, resume), log=log)
+    if not resume:
+        if config.init:
+            warm_start(s.engine, config, log)
+        write_run_start(s, out)
+    write_json(out / "weights.json", s.weights.describe())
+    _log_setup(s, log)
+    if resume:
+        _restore(s, out, log)
+    stopped = _train_rounds(s, out, progress, stop_after)
+    if stopped is not None:
+        return {"stopped_after_round": stopped}
+    summary = run_summary(s)
+    write_json(out / "summary.json", summary)
+    return summary
+
+
+def _open_run_dir(out: Path, resume: bool) -> CisSpec | None:
+    """A new run's empty dir (made), or a resumed run's: its spec."""
     if resume:
         if not (out / "config.json").is_file():
             raise CisError(f"{out}: nothing to resume; expected config.json from an earlier 'cis train --out {out}'")
-        spec = load_spec(out / "spec.toml")
-    else:
-        if (out / "checkpoint.pt").exists():
-            raise CisError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
-        out.mkdir(parents=True, exist_ok=True)
-    s = build_setup(config, spec=spec, log=log)
-    if config.init and not resume:
-        warm_start(s.engine, config, log)
-    if not resume:
-        write_json(out / "config.json", config.to_json())
-        write_spec(s.spec, out / "spec.toml")
-        (out / "metrics.jsonl").write_text("")
-    write_json(out / "weights.json", s.weights.describe())
-    w0 = s.weights.at(1)
+        return load_spec(out / "spec.toml")
+    if (out / "checkpoint.pt").exists():
+        raise CisError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    return None
+
+
+def write_run_start(s: Setup, out: Path) -> None:
+    """A new run dir's config.json, spec.toml and empty metrics.jsonl (both engines)."""
+    write_json(out / "config.json", s.config.to_json())
+    write_spec(s.spec, out / "spec.toml")
+    (out / "metrics.jsonl").write_text("")
+
+
+def _log_setup(s: Setup, log: Callable[[str], None]) -> None:
+    """The weights (and where a ramp goes), the nodes and J, the device."""
+    config, w0 = s.config, s.weights.at(1)
+    ramps = config.strategy in ("flops", "serving-ramp", "balanced-ramp", "auto")
     log(
         f"aggregation weights ({config.strategy}): "
         + ", ".join(f"exit {e + 1} {w:.4f}" for e, w in enumerate(w0))
-        + (
-            ""
-            if config.strategy not in ("flops", "serving-ramp", "balanced-ramp", "auto")
-            else " (round 1; ramps to " + ", ".join(f"{w:.4f}" for w in s.weights.at(config.rounds)) + ")"
-        )
+        + (" (round 1; ramps to " + ", ".join(f"{w:.4f}" for w in s.weights.at(config.rounds)) + ")" if ramps else "")
     )
     log(
         f"{len(s.clients)} nodes, sizes "
@@ -309,48 +325,65 @@ def train_run(
     )
     log(f"device: {describe(s.device)}" + (", bf16 autocast" if config.amp == "bf16" else ""))
 
-    if resume and not callable(getattr(s.engine.trainer, "load_state_dict", None)):
-        raise CisError(
-            f"--resume: method {config.method!r} keeps trainer state it cannot save; start the run again with another "
-            "--out"
-        )
-    if resume and (out / "checkpoint.pt").is_file():
-        model, meta, extra = load_checkpoint(out)
-        s.engine.load_state_dict(extra["engine"], model.state_dict())
-        lines = [ln for ln in (out / "metrics.jsonl").read_text().splitlines() if ln.strip()]
-        kept = [ln for ln in lines if json.loads(ln)["round"] <= s.engine.round]
-        (out / "metrics.jsonl").write_text("".join(ln + "\n" for ln in kept))
-        log(f"resuming after round {s.engine.round} of {config.rounds}")
 
+def _restore(s: Setup, out: Path, log: Callable[[str], None]) -> None:
+    """--resume: the engine from the last checkpoint, metrics.jsonl cut back to its round."""
+    if not callable(getattr(s.engine.trainer, "load_state_dict", None)):
+        raise CisError(
+            f"--resume: method {s.config.method!r} keeps trainer state it cannot save; start the run again with "
+            "another --out"
+        )
+    if not (out / "checkpoint.pt").is_file():
+        return
+    model, meta, extra = load_checkpoint(out)
+    s.engine.load_state_dict(extra["engine"], model.state_dict())
+    lines = [ln for ln in (out / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    kept = [ln for ln in lines if json.loads(ln)["round"] <= s.engine.round]
+    (out / "metrics.jsonl").write_text("".join(ln + "\n" for ln in kept))
+    log(f"resuming after round {s.engine.round} of {s.config.rounds}")
+
+
+def is_due(t: int, every: int, rounds: int) -> bool:
+    """Whether round ``t`` validates (or checkpoints) at every ``every`` rounds: always at the last."""
+    return t % every == 0 or t == rounds
+
+
+def metrics_line(s: Setup, r: dict) -> dict[str, Any]:
+    """Round ``r``'s metrics.jsonl line: :func:`round_line`, the validation when due, the seconds."""
+    line = round_line(s, r)
+    if is_due(r["round"], s.config.eval_every, s.config.rounds):
+        t0 = time.perf_counter()
+        line.update(evaluate_round(s))
+        line["eval_seconds"] = time.perf_counter() - t0
+    line["seconds"] = line["train_seconds"] + line.get("eval_seconds", 0.0)
+    return line
+
+
+def _train_rounds(s: Setup, out: Path, progress: bool, stop_after: int | None) -> int | None:
+    """The rounds left, a metrics line and the due checkpoints each; the round it stopped after, if before the last."""
+    from tqdm import tqdm
+
+    config = s.config
     bar = tqdm(
         total=config.rounds, initial=s.engine.round, desc="rounds", unit="round", file=sys.stderr, disable=not progress
     )
-    with open(out / "metrics.jsonl", "a") as metrics:
+    with bar, open(out / "metrics.jsonl", "a") as metrics:
         while s.engine.round < config.rounds:
-            r = s.engine.run_round()
-            t = r["round"]
-            line = round_line(s, r)
-            if t % config.eval_every == 0 or t == config.rounds:
-                t0 = time.perf_counter()
-                line.update(evaluate_round(s))
-                line["eval_seconds"] = time.perf_counter() - t0
+            line = metrics_line(s, s.engine.run_round())
+            t = line["round"]
+            if "eval_seconds" in line:
                 bar.set_postfix(
                     val=" ".join(f"{100 * v:.0f}" for v in line["val_exit_accuracy"].values()),
                     cis=f"{100 * line['val_cis_accuracy']:.1f}",
                 )
-            line["seconds"] = line["train_seconds"] + line.get("eval_seconds", 0.0)
             metrics.write(json.dumps(line) + "\n")
             metrics.flush()
-            if t % config.checkpoint_every == 0 or t == config.rounds:
+            if is_due(t, config.checkpoint_every, config.rounds):
                 save_checkpoint(out, served_model(s), checkpoint_meta(s), {"engine": s.engine.state_dict()})
             bar.update(1)
             if stop_after is not None and t >= stop_after and t < config.rounds:
-                bar.close()
-                return {"stopped_after_round": t}
-    bar.close()
-    summary = run_summary(s)
-    write_json(out / "summary.json", summary)
-    return summary
+                return t
+    return None
 
 
 def run_summary(s: Setup) -> dict[str, Any]:

@@ -9,13 +9,12 @@ schedule start afresh over the new rounds (a smaller ``--lr`` suits a fine-tune)
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from cis.errors import CisError
-from training.checkpoint import load_checkpoint
+from training.checkpoint import load_checkpoint, read_json
 from training.config import RunConfig
 from training.engine import FederatedEngine
 
@@ -29,11 +28,7 @@ def inherited_config(init: str | Path) -> dict[str, Any]:
     config, spec = run / "config.json", run / "spec.toml"
     if not config.is_file() or not spec.is_file():
         raise CisError(f"--init {init}: no config.json and spec.toml; expected a run dir written by 'cis train'")
-    try:
-        stored = json.loads(config.read_text())
-    except json.JSONDecodeError as exc:
-        raise CisError(f"{config}: not valid JSON ({exc})") from None
-    out = {k: v for k, v in stored.items() if k not in NOT_INHERITED}
+    out = {k: v for k, v in read_json(config).items() if k not in NOT_INHERITED}
     return {**out, "spec": str(spec.resolve()), "init": str(run.resolve())}
 
 

@@ -19,7 +19,7 @@ nothing to download. The phases, each one progress line on stderr:
              ``cis.policy.assign_entries`` gives it, at i / rate seconds (what
              ``cis infer --spec --rate`` does);
 7. stop      ``Cluster.stop`` — always, also on an error, Ctrl-C or SIGTERM;
-8. simulate  ``sim.run.simulate`` with the bundle, the same spec, the same arrival times
+8. simulate  ``sim.simulation.simulate`` with the bundle, the same spec, the same arrival times
              (a trace), the same samples at the same entry nodes (the test-sample
              profile replayed row by row) and the calibrated per-visit cost; and once more
              the way ``cis simulate --bundle`` runs by default (its validation profile,
@@ -39,6 +39,7 @@ import shutil
 import signal
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +147,23 @@ def _sigterm_as_interrupt() -> Callable[[], None]:
     return restore
 
 
+@dataclass
+class _Demo:
+    """What every phase of one demo run reads: its folder, spec, settings and phase clock."""
+
+    out: Path
+    spec: Any
+    spec_file: Path
+    topology: str
+    serving: str
+    rounds: int
+    rate: float
+    n: int | None
+    quick: bool
+    seed: int
+    phases: _Phases
+
+
 def run_demo(
     out: str | Path = "cis-demo",
     serving: str = "60-30-10",
@@ -158,12 +176,9 @@ def run_demo(
     log: Log = _stderr,
 ) -> dict:
     """Run the pipeline into ``out``; returns the report (also DIR/report.json)."""
-    from cis.app.report import build_report, write_report
     from cis.bundle import load_bundle
-    from cis.policy import assign_entries, evaluate_cis, exit_confidences, exit_correct
-    from cis.rates import compute_rates
+    from cis.policy import assign_entries
     from cis.spec import write_spec
-    from cis.stages import run_chain
 
     t_start = time.perf_counter()
     out = Path(out)
@@ -173,55 +188,71 @@ def run_demo(
     if n is not None and n < 1:
         raise CisError(f"demo: --n is {n}; expected an integer >= 1")
     spec = demo_spec(topology, serving, rate)
-    rate = total_rate(spec)
     _prepare(out)
-    spec_file = out / "spec.toml"
-    write_spec(spec, spec_file)
-    ph = _Phases(log, 8)
-
-    # ------------------------------------------------------------ train
-    def train():
-        from training.config import make_config
-        from training.run import train_run
-
-        config = make_config(
-            None,
-            {"dataset": "digits", "spec": str(spec_file), "strategy": "serving-rate", "rounds": rounds, "seed": seed},
-        )
-        return train_run(config, out / "run", progress=False, log=lambda s: None)
-
-    summary = ph.run("train", f"digits, {spec.name} {serving}, {rounds} rounds, serving-rate weights", train)
-    ph.done("exit accuracy " + " ".join(f"{100 * a:.1f}%" for a in summary["test"]["exit_accuracy"].values()))
-
-    # ------------------------------------------------------------ export
-    def export():
-        from export.bundle_writer import export_bundle
-
-        return export_bundle(out / "run", out / "bundle", spec=spec)
-
-    ph.run("export", "ONNX stages, thresholds, profiles", export)
+    write_spec(spec, out / "spec.toml")
+    demo = _Demo(out, spec, out / "spec.toml", topology, serving, rounds, total_rate(spec), n, quick, seed,
+                 _Phases(log, 8))  # fmt: skip
+    _train(demo)
+    demo.phases.run("export", "ONNX stages, thresholds, profiles", lambda: _export(demo))
     bundle = load_bundle(out / "bundle")
-    ph.done(f"bundle with {bundle.num_exits} stages")
-
-    # ------------------------------------------------------------ offline (the same test samples)
-    def offline():
-        from training.data import load_dataset
-
-        test = load_dataset("digits", seed=seed).test
-        idx = replay_indices(n or len(test.y), len(test.y))
-        x, y = np.ascontiguousarray(test.x[idx]), test.y[idx]
-        logits = run_chain(bundle, x)
-        ev = evaluate_cis(spec, logits, y, policy=bundle.policy, seed=seed)
-        return x, y, logits, ev
-
-    x, y, logits, ev = ph.run("offline", "bundle graphs on the test set, threshold policy", offline)
-    ph.done(f"{len(y)} samples, CIS accuracy {100 * ev.accuracy:.2f}%")
+    demo.phases.done(f"bundle with {bundle.num_exits} stages")
+    x, y, logits, ev = demo.phases.run(
+        "offline", "bundle graphs on the test set, threshold policy", lambda: _offline(demo, bundle)
+    )
+    demo.phases.done(f"{len(y)} samples, CIS accuracy {100 * ev.accuracy:.2f}%")
     entries = assign_entries(spec, len(y), seed)
+    rt, cost = _serve_and_replay(demo, bundle, x, y, entries)
+    sim, sim_ref = demo.phases.run(
+        "simulate", "same load from the bundle's profiles (SimPy)",
+        lambda: _simulate_both(demo, bundle, logits, y, entries, cost),
+    )  # fmt: skip
+    demo.phases.done(
+        f"accuracy {100 * (sim['accuracy'] or 0):.2f}%, latency p50 {1000 * sim['latency']['p50_s']:.2f} ms"
+    )
+    comparison = _comparison(demo, len(y), ev, rt, sim, sim_ref, cost)
+    return _report(demo, comparison, t_start)
 
-    # ------------------------------------------------------------ serve, calibrate, replay, stop
-    from cis.runtime.client import Client, infer_spread, summarize
+
+def _train(demo: _Demo) -> None:
+    from training.config import make_config
+    from training.run import train_run
+
+    settings = {"dataset": "digits", "spec": str(demo.spec_file), "strategy": "serving-rate"}
+    config = make_config(None, {**settings, "rounds": demo.rounds, "seed": demo.seed})
+    summary = demo.phases.run(
+        "train",
+        f"digits, {demo.spec.name} {demo.serving}, {demo.rounds} rounds, serving-rate weights",
+        lambda: train_run(config, demo.out / "run", progress=False, log=lambda s: None),
+    )
+    demo.phases.done("exit accuracy " + " ".join(f"{100 * a:.1f}%" for a in summary["test"]["exit_accuracy"].values()))
+
+
+def _export(demo: _Demo) -> None:
+    from export.bundle_writer import export_bundle
+
+    export_bundle(demo.out / "run", demo.out / "bundle", spec=demo.spec)
+
+
+def _offline(demo: _Demo, bundle) -> tuple[np.ndarray, np.ndarray, dict, Any]:
+    """The same test samples through the bundle's graphs, and the CIS evaluation of the threshold policy."""
+    from cis.policy import evaluate_cis
+    from cis.stages import run_chain
+    from training.data import load_dataset
+
+    test = load_dataset("digits", seed=demo.seed).test
+    idx = replay_indices(demo.n or len(test.y), len(test.y))
+    x, y = np.ascontiguousarray(test.x[idx]), test.y[idx]
+    logits = run_chain(bundle, x)
+    return x, y, logits, evaluate_cis(demo.spec, logits, y, policy=bundle.policy, seed=demo.seed)
+
+
+def _serve_and_replay(demo: _Demo, bundle, x: np.ndarray, y: np.ndarray, entries: dict) -> tuple[dict, dict]:
+    """Serve every node, price a node visit, replay the samples, stop the cluster (always); writes DIR/runtime.
+    Returns (the runtime summary, the calibration's visit costs)."""
+    from cis.runtime.client import summarize
     from cis.runtime.launcher import launch
 
+    out, spec, ph = demo.out, demo.spec, demo.phases
     restore = _sigterm_as_interrupt()
     cluster = None
     try:
@@ -229,25 +260,11 @@ def run_demo(
             "serve",
             f"{len(spec.nodes)} node processes on loopback",
             lambda: launch(
-                out / "bundle", spec, spec_file=str(spec_file), free_ports=True, log_dir=str(out / "runtime" / "logs")
+                out / "bundle", spec, spec_file=str(demo.spec_file), free_ports=True,
+                log_dir=str(out / "runtime" / "logs"),
             ),
-        )
-        clients = {nid: Client(cluster.addresses[nid], timeout=30.0) for nid in entries}
-        try:
-            warm_up(clients, x)
-            cost = calibrate_visits(clients, x[::-1].copy(), spec, bundle, rate, n=CALIBRATION_N, seed=seed + 1)
-            ph.done(f"ready; calibration load of {cost['answered']} requests at {rate:g}/s: a node visit costs "
-                    f"{1000 * cost['visit_cost_median_s']:.2f} ms (median) beyond the stages")
-            t_replay = time.perf_counter()
-            results = ph.run(
-                "replay",
-                f"{len(y)} requests at {rate:g}/s through the leaves",
-                lambda: infer_spread(clients, x, entries, WINDOW, rate, 30.0),
-            )
-            replay_wall = time.perf_counter() - t_replay
-        finally:
-            for c in clients.values():
-                c.close()
+        )  # fmt: skip
+        results, cost, replay_wall = _replay(demo, cluster, bundle, x, entries)
         rt = summarize(results, y)
         ph.done(
             f"{rt['samples_answered']} answered, accuracy {100 * rt.get('accuracy', float('nan')):.2f}%, "
@@ -255,62 +272,84 @@ def run_demo(
         )
     finally:
         if cluster is not None:
-            ph.k += 1
-            log(f"[{ph.k}/{ph.total}] stop: every node (SIGTERM) ...")
-            t0 = time.perf_counter()
-            codes = cluster.stop()
-            ph.seconds["stop"] = time.perf_counter() - t0
-            log(
-                f"      {len(codes)} nodes exited with {sorted(set(codes.values()), key=str)} "
-                f"({ph.seconds['stop']:.1f} s)"
-            )
+            _stop(ph, cluster)
         restore()
     write_runtime(out / "runtime", spec, results, entries, y, rt, cost, replay_wall)
+    return rt, cost
 
-    # ------------------------------------------------------------ simulate
-    def simulate_both():
-        from sim.config import SimConfig
-        from sim.output import write_outputs
-        from sim.run import simulate
-        from sim.workload import Profile
 
-        measure = bundle.policy.measure if bundle.policy is not None else spec.confidence
-        conf = exit_confidences(logits, measure)
-        correct = exit_correct(logits, y)
-        E = spec.num_exits
-        profile = Profile(
-            np.stack([conf[e] for e in range(1, E + 1)], 1), np.stack([correct[e] for e in range(1, E + 1)], 1)
+def _replay(demo: _Demo, cluster, bundle, x: np.ndarray, entries: dict) -> tuple[list, dict, float]:
+    """Warm up, the calibration load, then the replay: (results, visit costs, the replay's wall seconds)."""
+    from cis.runtime.client import Client, infer_spread
+
+    ph, rate = demo.phases, demo.rate
+    clients = {nid: Client(cluster.addresses[nid], timeout=30.0) for nid in entries}
+    try:
+        warm_up(clients, x)
+        cost = calibrate_visits(clients, x[::-1].copy(), demo.spec, bundle, rate, n=CALIBRATION_N, seed=demo.seed + 1)
+        ph.done(f"ready; calibration load of {cost['answered']} requests at {rate:g}/s: a node visit costs "
+                f"{1000 * cost['visit_cost_median_s']:.2f} ms (median) beyond the stages")
+        t_replay = time.perf_counter()
+        results = ph.run(
+            "replay",
+            f"{len(x)} requests at {rate:g}/s through the leaves",
+            lambda: infer_spread(clients, x, entries, WINDOW, rate, 30.0),
         )
-        (out / "sim").mkdir(parents=True, exist_ok=True)
-        trace = out / "sim" / "trace.csv"
-        write_trace(trace, replay_trace(entries, rate))
-        config = SimConfig(
-            requests=len(y), seed=seed, arrivals="trace", trace=str(trace), loopback=True,
-            hop_rtt=tuple(cost["visit_cost"]), visit_overhead=0.0,
-        )
-        res = simulate(spec, config, bundle, profile=profile, rows={k: v.tolist() for k, v in entries.items()})
-        write_outputs(out / "sim", res.summary, res.requests)
-        ref = simulate(spec, SimConfig(requests=max(len(y), 2000), seed=seed), bundle)
-        write_outputs(out / "sim-bundle", ref.summary, ref.requests)
-        return res.summary, ref.summary
+        return results, cost, time.perf_counter() - t_replay
+    finally:
+        for c in clients.values():
+            c.close()
 
-    sim, sim_ref = ph.run("simulate", "same load from the bundle's profiles (SimPy)", simulate_both)
-    ph.done(f"accuracy {100 * (sim['accuracy'] or 0):.2f}%, latency p50 {1000 * sim['latency']['p50_s']:.2f} ms")
 
-    # ------------------------------------------------------------ report
-    calculus = compute_rates(spec).exit_share
-    comparison = {
+def _stop(ph: _Phases, cluster) -> None:
+    ph.k += 1
+    ph.log(f"[{ph.k}/{ph.total}] stop: every node (SIGTERM) ...")
+    t0 = time.perf_counter()
+    codes = cluster.stop()
+    ph.seconds["stop"] = time.perf_counter() - t0
+    ph.log(f"      {len(codes)} nodes exited with {sorted(set(codes.values()), key=str)} ({ph.seconds['stop']:.1f} s)")
+
+
+def _simulate_both(demo: _Demo, bundle, logits: dict, y: np.ndarray, entries: dict, cost: dict) -> tuple[dict, dict]:
+    """The replay's twin (same arrival times, samples, entry nodes, visit cost) and, for reference, the way
+    ``cis simulate --bundle`` runs by default: (its summary, the reference's)."""
+    from cis.policy import exit_confidences, exit_correct
+    from sim.config import SimConfig
+    from sim.output import write_outputs
+    from sim.service import Profile
+    from sim.simulation import simulate
+
+    out, spec, seed = demo.out, demo.spec, demo.seed
+    measure = bundle.policy.measure if bundle.policy is not None else spec.confidence
+    conf = exit_confidences(logits, measure)
+    correct = exit_correct(logits, y)
+    exits = range(1, spec.num_exits + 1)
+    profile = Profile(np.stack([conf[e] for e in exits], 1), np.stack([correct[e] for e in exits], 1))
+    (out / "sim").mkdir(parents=True, exist_ok=True)
+    trace = out / "sim" / "trace.csv"
+    write_trace(trace, replay_trace(entries, demo.rate))
+    config = SimConfig(
+        requests=len(y), seed=seed, arrivals="trace", trace=str(trace), loopback=True,
+        hop_rtt=tuple(cost["visit_cost"]), visit_overhead=0.0,
+    )  # fmt: skip
+    res = simulate(spec, config, bundle, profile=profile, rows={k: v.tolist() for k, v in entries.items()})
+    write_outputs(out / "sim", res.summary, res.requests)
+    ref = simulate(spec, SimConfig(requests=max(len(y), 2000), seed=seed), bundle)
+    write_outputs(out / "sim-bundle", ref.summary, ref.requests)
+    return res.summary, ref.summary
+
+
+def _comparison(demo: _Demo, requests: int, ev, rt: dict, sim: dict, sim_ref: dict, cost: dict) -> dict:
+    """DIR/comparison.json: the settings, and accuracy and served shares offline, live and simulated."""
+    from cis.rates import compute_rates
+
+    calculus = compute_rates(demo.spec).exit_share
+    settings = {"dataset": "digits", "topology": demo.topology, "serving": demo.serving, "strategy": "serving-rate"}
+    return {
         "settings": {
-            "dataset": "digits",
-            "topology": topology,
-            "serving": serving,
-            "strategy": "serving-rate",
-            "rounds": rounds,
-            "rate": rate,
-            "requests": int(len(y)),
-            "seed": seed,
-            "quick": quick,
-        },
+            **settings, "rounds": demo.rounds, "rate": demo.rate, "requests": int(requests), "seed": demo.seed,
+            "quick": demo.quick,
+        },  # fmt: skip
         "accuracy": {
             "offline": ev.accuracy,
             "runtime": rt.get("accuracy"),
@@ -325,21 +364,28 @@ def run_demo(
             "sim_bundle_profile": {str(e): float(sim_ref["exits"][str(e)]["share"] or 0.0) for e in calculus},
         },
         "calibration": {k: v for k, v in cost.items() if k != "visit_cost"},
-        "timings_s": dict(ph.seconds),
+        "timings_s": dict(demo.phases.seconds),
     }
+
+
+def _report(demo: _Demo, comparison: dict, t_start: float) -> dict:
+    """Write comparison.json, then the report (as cis report), with every phase's seconds; returns the report."""
+    from cis.app.report import build_report, write_report
+
+    out, ph = demo.out, demo.phases
     (out / "comparison.json").write_text(json.dumps(comparison, indent=2))
     t0 = time.perf_counter()
     report = build_report(out)
     ph.seconds["report"] = 0.0
     report["timings_s"] = {**ph.seconds, "report": time.perf_counter() - t0, "total": time.perf_counter() - t_start}
-    log(f"[8/8] report: {out / 'report.md'}, report.json, plots/ ...")
+    ph.log(f"[8/8] report: {out / 'report.md'}, report.json, plots/ ...")
     write_report(report, out / "report.md")
     report["timings_s"]["report"] = time.perf_counter() - t0
     report["timings_s"]["total"] = time.perf_counter() - t_start
     comparison["timings_s"] = report["timings_s"]
     (out / "comparison.json").write_text(json.dumps(comparison, indent=2))
     (out / "report.json").write_text(json.dumps(report, indent=2, default=float))
-    log(f"      done in {report['timings_s']['total']:.1f} s")
+    ph.log(f"      done in {report['timings_s']['total']:.1f} s")
     return report
 
 

@@ -42,16 +42,8 @@ def run(args: argparse.Namespace) -> int:
     from cis.app.render import text_summary
 
     n = args.n if args.n is not None else (QUICK_N if args.quick else None)
-    report = run_demo(
-        args.out,
-        serving=args.serving,
-        topology=args.topology,
-        rounds=args.rounds,
-        rate=args.rate,
-        n=n,
-        quick=args.quick,
-        seed=args.seed,
-    )
+    settings = {k: getattr(args, k) for k in ("serving", "topology", "rounds", "rate", "quick", "seed")}
+    report = run_demo(args.out, n=n, **settings)
     human = text_summary(report) + f"\nwrote {args.out}/report.md, report.json, plots/"
     print_result(args, report, human)
     return 0

@@ -13,26 +13,24 @@ from cis.errors import CisError
 from cis.rates import RATE_KEYS, compare_rates, compute_rates, rates_to_json
 from cis.spec import load_spec
 
+HELP = {
+    "spec": "spec file (TOML): its calculus; with --measured or --connect the design to compare with (and the tree "
+    "of a requests file)",
+    "measured": "measure: a spec (its live nodes), a 'cis serve --all' log folder, a requests file (.csv) or a saved "
+    "measurement (.json); see docs/closed-loop.md",
+    "connect": "measure the live node at ADDR (repeatable): a ZeroMQ address (its status) or an "
+    "http://HOST:PORT/metrics URL",
+    "window": "live: two snapshots SECONDS apart (default: the counters since the nodes started); a requests file: "
+    "its last SECONDS (default: all of it)",
+}
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("rates", help="the CIS rate calculus of a spec, or the rates a running CIS measured beside it")
-    p.add_argument(
-        "spec", nargs="?", help="spec file (TOML): its calculus; with --measured or --connect the design to compare "
-        "with (and the tree of a requests file)"
-    )
-    p.add_argument(
-        "--measured", metavar="SOURCE", help="measure: a spec (its live nodes), a 'cis serve --all' log folder, "
-        "a requests file (.csv) or a saved measurement (.json); see docs/closed-loop.md"
-    )
-    p.add_argument(
-        "--connect", action="append", metavar="ADDR",
-        help="measure the live node at ADDR (repeatable): a ZeroMQ address (its status) or an http://HOST:PORT/metrics "
-        "URL",
-    )
-    p.add_argument(
-        "--window", type=float, metavar="SECONDS", help="live: two snapshots SECONDS apart (default: the counters "
-        "since the nodes started); a requests file: its last SECONDS (default: all of it)"
-    )
+    p.add_argument("spec", nargs="?", help=HELP["spec"])
+    p.add_argument("--measured", metavar="SOURCE", help=HELP["measured"])
+    p.add_argument("--connect", action="append", metavar="ADDR", help=HELP["connect"])
+    p.add_argument("--window", type=float, metavar="SECONDS", help=HELP["window"])
     p.add_argument("--timeout", type=float, default=1.0, help="live: seconds to wait for each node (default 1)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)

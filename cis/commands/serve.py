@@ -12,6 +12,7 @@ from collections.abc import Callable
 from cis import logs
 from cis.commands import serve_config as options
 from cis.errors import CisError
+from cis.runtime.node_config import node_default
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +27,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("bundle", help="bundle folder written by 'cis export'")
     p.add_argument("--all", action="store_true", help="start every node of the spec as its own process")
     options.add_options(p)
-    p.add_argument("--restarts", type=int, default=0, help=argparse.SUPPRESS)  # set by --all when it restarts a node
+    # set by --all when it restarts a node
+    p.add_argument("--restarts", type=int, default=node_default("restarts"), help=argparse.SUPPRESS)
     p.add_argument("--json", action="store_true", help="with --all: print the addresses as one JSON line")
     p.set_defaults(func=run)
 
@@ -90,7 +92,7 @@ def _metrics_server(args: argparse.Namespace, spec):
 def _build(bundle, args, spec, opts):
     import zmq
 
-    from cis.runtime import build_node
+    from cis.runtime.factory import build_node
 
     try:
         return build_node(
@@ -173,36 +175,8 @@ def _run_all(args: argparse.Namespace, spec) -> int:
         metrics_host=args.metrics_host,
         env=options.child_env(),
     )
-    describe: Callable[..., dict] = getattr(cluster, "describe", lambda node=None: {})  # a testbed's namespace, link
     try:
-        if args.json:
-            print(
-                json.dumps(
-                    {
-                        "nodes": {
-                            n.id: {
-                                "address": cluster.addresses[n.id],
-                                "exit": n.exit,
-                                "parent": n.parent,
-                                "pid": cluster.procs[n.id].pid,
-                                "metrics": cluster.metrics.get(n.id),
-                                **describe(n.id),
-                            }
-                            for n in spec.nodes
-                        },
-                        **describe(),
-                    }
-                ),
-                flush=True,
-            )
-        else:
-            for n in spec.nodes:
-                url = f"  {cluster.metrics[n.id]}" if n.id in cluster.metrics else ""
-                print(
-                    f"{n.id:<12} exit {n.exit}  {cluster.addresses[n.id]}  pid {cluster.procs[n.id].pid}{url}",
-                    flush=True,
-                )
-            log.info("serving %d nodes; Ctrl-C stops every node", len(spec.nodes))
+        _print_cluster(args, spec, cluster)
         while not stop["now"]:
             cluster.supervise()  # restart nodes that died (backoff), reap them: no zombies
             time.sleep(0.1)
@@ -210,3 +184,27 @@ def _run_all(args: argparse.Namespace, spec) -> int:
         codes = cluster.stop()
         log.info("stopped %d nodes", len(codes))
     return 0
+
+
+def _print_cluster(args: argparse.Namespace, spec, cluster) -> None:
+    """Every node's address, exit and pid (and a testbed's namespace and link): one JSON line, or a table."""
+    describe: Callable[..., dict] = getattr(cluster, "describe", lambda node=None: {})  # a testbed's namespace, link
+    if not args.json:
+        for n in spec.nodes:
+            url = f"  {cluster.metrics[n.id]}" if n.id in cluster.metrics else ""
+            pid = cluster.procs[n.id].pid
+            print(f"{n.id:<12} exit {n.exit}  {cluster.addresses[n.id]}  pid {pid}{url}", flush=True)
+        log.info("serving %d nodes; Ctrl-C stops every node", len(spec.nodes))
+        return
+    nodes = {
+        n.id: {
+            "address": cluster.addresses[n.id],
+            "exit": n.exit,
+            "parent": n.parent,
+            "pid": cluster.procs[n.id].pid,
+            "metrics": cluster.metrics.get(n.id),
+            **describe(n.id),
+        }
+        for n in spec.nodes
+    }
+    print(json.dumps({"nodes": nodes, **describe()}), flush=True)

@@ -3,7 +3,7 @@
 Every option in :data:`OPTIONS` is a flag (``--max-batch``), an environment variable
 (``CIS_MAX_BATCH``) and a key of the TOML file given to ``--config`` (``max_batch = 64``); a
 value comes from the flag, else the variable, else the file, else the default. A node option's
-default is :class:`cis.runtime.config.NodeConfig`'s, read from there. An empty variable counts as
+default is :class:`cis.runtime.node_config.NodeConfig`'s, read from there. An empty variable counts as
 unset; paths in the file are relative to the file's folder. A bad key or value stops the command
 with one line naming the file (or variable), the key and what was expected. See docs/runtime.md,
 *Configuration*.
@@ -22,16 +22,12 @@ from typing import Any
 
 from cis import logs
 from cis.errors import CisError
-from cis.runtime.config import NONFINITE_MODES, STAGE_THREADS, NodeConfig
+from cis.runtime.node_config import NONFINITE_MODES, STAGE_THREADS, NodeConfig, node_default
 from cis.spec import PROVIDERS
 
 ENV_PREFIX = "CIS_"
 TRUE, FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 EXPECTED = {"int": "an integer", "float": "a number", "str": "a string", "path": "a path", "bool": "true or false"}
-
-
-def _node_default(name: str) -> Any:
-    return {f.name: f.default for f in dataclasses.fields(NodeConfig)}[name]
 
 
 @dataclass(frozen=True)
@@ -61,48 +57,48 @@ OPTIONS: tuple[Option, ...] = (
     Option("free_ports", "bool", "with --all: ignore the spec's addresses and pick free loopback ports", False),
     Option("threshold", "float", "override the bundle policy's threshold (with --all: every non-root node)"),
     Option("cap", "bool", "enforce max_transfer_rate (--no-cap: forward whatever the policy says)", True, node=True),
-    Option("max_batch", "int", "samples per micro-batch", _node_default("max_batch"), node=True),
+    Option("max_batch", "int", "samples per micro-batch", node_default("max_batch"), node=True),
     Option(
         "max_wait",
         "float",
         "seconds a request may wait for a fuller batch (0: run when idle)",
-        _node_default("max_wait"),
+        node_default("max_wait"),
         node=True,
     ),  # fmt: skip
     Option(
         "queue_limit",
         "int",
         "samples that may wait; beyond, 'overloaded'; a bigger request gets 'too_many_samples' "
-        f"(default: the spec's queue_limit, else {_node_default('queue_limit')})",
+        f"(default: the spec's queue_limit, else {node_default('queue_limit')})",
         node=True,
     ),  # fmt: skip
     Option(
         "forward_timeout",
         "float",
         "seconds a forward waits per tier above",
-        _node_default("forward_timeout"),
+        node_default("forward_timeout"),
         node=True,
     ),  # fmt: skip
-    Option("heartbeat", "float", "seconds between heartbeats to the parent", _node_default("heartbeat"), node=True),
+    Option("heartbeat", "float", "seconds between heartbeats to the parent", node_default("heartbeat"), node=True),
     Option(
         "max_message_bytes",
         "int",
         "larger messages get 'too_large'; a single larger frame drops the sender's connection",
-        _node_default("max_message_bytes"),
+        node_default("max_message_bytes"),
         node=True,
     ),  # fmt: skip
     Option(
         "rcv_hwm",
         "int",
         "messages ZeroMQ may hold per peer before the node reads them",
-        _node_default("rcv_hwm"),
+        node_default("rcv_hwm"),
         node=True,
     ),  # fmt: skip
     Option(
         "rcv_buf",
         "int",
         "kernel receive buffer (SO_RCVBUF) per connection in bytes; -1: the OS's",
-        _node_default("rcv_buf"),
+        node_default("rcv_buf"),
         node=True,
     ),  # fmt: skip
     Option(
@@ -110,17 +106,23 @@ OPTIONS: tuple[Option, ...] = (
         "str",
         "NaN/inf in the input, or outputs that overflow: 'refuse' answers bad_input; 'flag' "
         "answers those samples here with flag 4",
-        _node_default("nonfinite"),
+        node_default("nonfinite"),
         NONFINITE_MODES,
         node=True,
     ),  # fmt: skip
-    Option("adapt", "bool", "move the threshold online to hold the spec's forwarded share", False, node=True),
+    Option(
+        "adapt",
+        "bool",
+        "move the threshold online to hold the spec's forwarded share",
+        node_default("adapt"),
+        node=True,
+    ),  # fmt: skip
     Option(
         "spin",
         "bool",
         "busy-poll instead of sleeping between messages: less latency per hop for a node that owns "
         "a CPU core (it keeps that core busy)",
-        False,
+        node_default("spin"),
         node=True,
     ),  # fmt: skip
     Option("threads", "int", "onnxruntime threads per stage", STAGE_THREADS, node=True),

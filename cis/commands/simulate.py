@@ -9,14 +9,129 @@ The simulator (package ``sim``) is imported here, inside ``run``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from cis.cli import print_result
 from cis.errors import CisError
 from cis.spec import PROVIDERS
 
 
+class Flag(NamedTuple):
+    """One flag: ``kind`` is its type, a tuple of choices, or bool (a switch); then its help."""
+
+    kind: Any
+    help: str
+    metavar: str | None = None
+
+    def settings(self) -> dict[str, Any]:
+        if self.kind is bool:
+            return {"action": "store_true"}
+        if isinstance(self.kind, tuple):
+            return {"choices": self.kind}
+        return {"type": self.kind, "metavar": self.metavar}
+
+
+def config_flags() -> dict[str, Flag]:
+    """The flags that set a SimConfig field of the same name (dashes for underscores); their defaults are
+    SimConfig's, shown in the help where one exists."""
+    from sim.config import SERVICES, WIRES  # torch-free, and imported only when the parser is built
+
+    return {
+        "seed": Flag(int, "random seed; the same seed gives the same result"),
+        "mmpp_ratio": Flag(float, "mmpp: busy-state rate / quiet-state rate"),
+        "mmpp_dwell": Flag(float, "mmpp: mean seconds in each state"),
+        "service": Flag(
+            SERVICES, "service time distribution (default: deterministic with a bundle, else exponential)"
+        ),
+        "service_mean": Flag(float, "without a bundle: mean seconds per stage at speed 1"),
+        "payload_bytes": Flag(int, "without a bundle: bytes per forwarded request"),
+        "burst": Flag(float, "token bucket depth in seconds of each node's transfer cap (default: the exit policy's)"),
+        "threshold": Flag(
+            float, "with --bundle: every non-root node's threshold instead of the policy's, as cis serve --all "
+            "--threshold (inf: every request goes to the root)",
+        ),
+        "calibrate": Flag(bool, "calibrate thresholds on the bundle's profile instead of using its policy"),
+        "loopback": Flag(
+            bool, "every node on one machine: links add no latency and no bandwidth limit (see --visit-cost)"
+        ),
+        "visit_overhead": Flag(
+            float, "node work per request beyond its stages, holding the node (the runtime's decode, admit, reply)",
+            "SECONDS",
+        ),
+        "max_batch": Flag(
+            int, "requests a node runs as one micro-batch (cis serve --max-batch); default: cis serve's with --bundle, "
+            "else 1",
+        ),
+        "wire": Flag(
+            WIRES, "what crosses a link: the carry alone, replies free (payload); or the runtime's messages in "
+            "TCP/IPv4/Ethernet segments, replies too (tcp)",
+        ),
+        "link_burst": Flag(
+            float, "bytes a link sends at once after idling (tc tbf's burst; a cis testbed's is 1600)", "BYTES"
+        ),
+        "forward_timeout": Flag(float, "seconds a forward waits per tier above"),
+        "heartbeat": Flag(float, "seconds between heartbeats to the parent"),
+        "heartbeat_timeout": Flag(
+            float, "a parent unheard for this long is down (cis serve's default heartbeat gives the default)"
+        ),
+    }
+
+
+# The other flags: what they set is parsed first (shares, visit costs, files) or is no part of one run.
+OTHER_FLAGS: dict[str, dict[str, Any]] = {
+    "share": {
+        "action": "append",
+        "default": [],
+        "metavar": "NODE=F",
+        "help": "without a bundle: share of its requests NODE keeps (default f_i from the rate calculus); repeatable",
+    },
+    "visit_cost": {
+        "metavar": "SECONDS|FILE",
+        "help": "messaging cost per node visit: a number of seconds, or a file of them (one per line) to draw from, "
+        "e.g. a calibration load's (docs/simulator.md)",
+    },
+    "provider": {
+        "choices": PROVIDERS,
+        "help": "with --bundle: every node's stage times from this backend's latency profile (cpu, cuda, tensorrt; "
+        "auto is simulated as cpu), as cis serve --provider; default: each node's spec provider, else cpu",
+    },
+    "latency_profile": {
+        "metavar": "FILE",
+        "help": "stage times measured where the nodes run, instead of the bundle's: JSON "
+        '{"stages": {STAGE: {BATCH: SECONDS}}, "idle_slowdown": [[IDLE_S, EXTRA_S], ...], "spread": [X, ...]} '
+        "(idle_slowdown and spread optional)",
+    },
+    "faults": {
+        "metavar": "FILE",
+        "help": "link faults on a schedule, as cis testbed --faults: lines 'AT down|up NODE', 'AT bandwidth NODE "
+        "BYTES_PER_S'",
+    },
+    "workers": {"type": int, "help": "workers at every node (default: the spec's, 1)"},
+    "queue_limit": {
+        "type": int,
+        "help": "waiting requests allowed at every node; more are dropped (default: the spec's, unbounded)",
+    },
+    "sweep": {
+        "metavar": "arrival_rate=LIST|LO:HI",
+        "help": "run several loads (factors on every arrival rate) in parallel; LO:HI searches with --slo-p99",
+    },
+    "slo_p99": {
+        "type": float,
+        "metavar": "MS",
+        "help": "with --sweep: report the largest load whose p99 latency (drops as misses) is within MS",
+    },
+    "jobs": {"type": int, "help": "with --sweep: parallel processes (default: one per core)"},
+    "out": {"help": "folder for result files and plots"},
+    "json": {"action": "store_true", "help": "machine-readable output"},
+}
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
+    from sim.config import SimConfig  # torch-free: its field defaults are the flags' defaults
+
+    defaults = {f.name: f.default for f in dataclasses.fields(SimConfig)}
     p = sub.add_parser("simulate", help="simulate a CIS under load (SimPy)")
     p.add_argument("--spec", required=True, help="spec file (TOML)")
     p.add_argument(
@@ -25,140 +140,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     stop = p.add_mutually_exclusive_group(required=True)
     stop.add_argument("--requests", type=int, help="stop arrivals after N requests (over all nodes)")
     stop.add_argument("--duration", type=float, help="stop arrivals after T simulated seconds")
-    p.add_argument("--seed", type=int, default=0, help="random seed; the same seed gives the same result")
-    p.add_argument("--arrivals", default="poisson", help="poisson (default), deterministic, mmpp, or trace:FILE")
-    p.add_argument("--mmpp-ratio", type=float, default=4.0, help="mmpp: busy-state rate / quiet-state rate (default 4)")
-    p.add_argument("--mmpp-dwell", type=float, default=1.0, help="mmpp: mean seconds in each state (default 1)")
+    for name, flag in config_flags().items():
+        default = defaults[name]
+        shown = "" if default is None or isinstance(default, bool) else f" (default {_show(default)})"
+        p.add_argument(_flag(name), default=default, help=flag.help + shown, **flag.settings())
     p.add_argument(
-        "--service",
-        choices=["exponential", "deterministic"],
-        help="service time distribution (default: deterministic with a bundle, else exponential)",
+        "--arrivals", default=defaults["arrivals"], help="poisson (default), deterministic, mmpp, or trace:FILE"
     )
-    p.add_argument(
-        "--service-mean",
-        type=float,
-        default=0.005,
-        help="without a bundle: mean seconds per stage at speed 1 (default 0.005)",
-    )
-    p.add_argument(
-        "--payload-bytes",
-        type=int,
-        default=3072 * 4,
-        help="without a bundle: bytes per forwarded request (default 12288)",
-    )
-    p.add_argument(
-        "--share",
-        action="append",
-        default=[],
-        metavar="NODE=F",
-        help="without a bundle: share of its requests NODE keeps (default f_i from the rate calculus); repeatable",
-    )
-    p.add_argument(
-        "--burst",
-        type=float,
-        help="token bucket depth in seconds of each node's transfer cap (default: the exit policy's)",
-    )
-    p.add_argument(
-        "--threshold",
-        type=float,
-        help="with --bundle: every non-root node's threshold instead of the policy's, as cis serve --all --threshold "
-        "(inf: every request goes to the root)",
-    )
-    p.add_argument(
-        "--calibrate",
-        action="store_true",
-        help="calibrate thresholds on the bundle's profile instead of using its policy",
-    )
-    p.add_argument(
-        "--loopback",
-        action="store_true",
-        help="every node on one machine: links add no latency and no bandwidth limit (see --visit-cost)",
-    )
-    p.add_argument(
-        "--visit-cost",
-        metavar="SECONDS|FILE",
-        help="messaging cost per node visit: a number of seconds, or a file of them (one per line) to draw from, e.g. "
-             "a calibration load's (docs/simulator.md)",
-    )
-    p.add_argument(
-        "--provider",
-        choices=PROVIDERS,
-        help="with --bundle: every node's stage times from this backend's latency profile (cpu, cuda, tensorrt; "
-        "auto is simulated as cpu), as cis serve --provider; default: each node's spec provider, else cpu",
-    )
-    p.add_argument(
-        "--visit-overhead",
-        type=float,
-        default=0.0,
-        metavar="SECONDS",
-        help="node work per request beyond its stages, holding the node (the runtime's decode, admit, reply); "
-        "default 0",
-    )
-    p.add_argument(
-        "--latency-profile",
-        metavar="FILE",
-        help="stage times measured where the nodes run, instead of the bundle's: JSON "
-        '{"stages": {STAGE: {BATCH: SECONDS}}, "idle_slowdown": [[IDLE_S, EXTRA_S], ...], "spread": [X, ...]} '
-        "(idle_slowdown and spread optional)",
-    )
-    p.add_argument(
-        "--max-batch",
-        type=int,
-        help="requests a node runs as one micro-batch (cis serve --max-batch); default 32 with --bundle, else 1",
-    )
-    p.add_argument(
-        "--wire",
-        choices=["payload", "tcp"],
-        default="payload",
-        help="what crosses a link: the carry alone, replies free (payload, default); or the runtime's messages in "
-        "TCP/IPv4/Ethernet segments, replies too (tcp)",
-    )
-    p.add_argument(
-        "--link-burst",
-        type=float,
-        default=0.0,
-        metavar="BYTES",
-        help="bytes a link sends at once after idling (tc tbf's burst; a cis testbed's is 1600); default 0",
-    )
-    p.add_argument(
-        "--faults",
-        metavar="FILE",
-        help="link faults on a schedule, as cis testbed --faults: lines 'AT down|up NODE', 'AT bandwidth NODE "
-        "BYTES_PER_S'",
-    )
-    p.add_argument(
-        "--forward-timeout", type=float, default=1.0, help="seconds a forward waits per tier above (default 1)"
-    )
-    p.add_argument(
-        "--heartbeat", type=float, default=0.2, help="seconds between heartbeats to the parent (default 0.2)"
-    )
-    p.add_argument(
-        "--heartbeat-timeout",
-        type=float,
-        default=1.0,
-        help="a parent unheard for this long is down (default 1, as cis serve's default heartbeat gives)",
-    )
-    p.add_argument("--workers", type=int, help="workers at every node (default: the spec's, 1)")
-    p.add_argument(
-        "--queue-limit",
-        type=int,
-        help="waiting requests allowed at every node; more are dropped (default: the spec's, unbounded)",
-    )
-    p.add_argument(
-        "--sweep",
-        metavar="arrival_rate=LIST|LO:HI",
-        help="run several loads (factors on every arrival rate) in parallel; LO:HI searches with --slo-p99",
-    )
-    p.add_argument(
-        "--slo-p99",
-        type=float,
-        metavar="MS",
-        help="with --sweep: report the largest load whose p99 latency (drops as misses) is within MS",
-    )
-    p.add_argument("--jobs", type=int, help="with --sweep: parallel processes (default: one per core)")
-    p.add_argument("--out", help="folder for result files and plots")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
+    for name, settings in OTHER_FLAGS.items():
+        p.add_argument(_flag(name), **settings)
     p.set_defaults(func=run)
+
+
+def _show(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def parse_shares(items: list[str]) -> dict[str, float]:
@@ -226,8 +225,8 @@ def run(args: argparse.Namespace) -> int:
     from cis.spec import load_spec
     from sim.config import SimConfig, override_nodes
     from sim.output import write_outputs
-    from sim.report import human_summary
-    from sim.run import simulate
+    from sim.simulation import simulate
+    from sim.summary import human_summary
     from sim.sweep import capacity_table, parse_sweep, sweep, write_sweep
 
     spec = override_nodes(
@@ -238,29 +237,13 @@ def run(args: argparse.Namespace) -> int:
     config = SimConfig(
         requests=args.requests,
         duration=args.duration,
-        seed=args.seed,
         arrivals=kind,
         trace=trace or None,
-        mmpp_ratio=args.mmpp_ratio,
-        mmpp_dwell=args.mmpp_dwell,
-        service=args.service,
-        service_mean=args.service_mean,
-        payload_bytes=args.payload_bytes,
         shares=parse_shares(args.share),
-        burst=args.burst,
-        calibrate=args.calibrate,
-        threshold=args.threshold,
-        loopback=args.loopback,
         hop_rtt=parse_visit_cost(args.visit_cost),
-        visit_overhead=args.visit_overhead,
-        max_batch=args.max_batch,
-        wire=args.wire,
-        link_burst=args.link_burst,
         faults=read_faults(args.faults) if args.faults else (),
-        forward_timeout=args.forward_timeout,
-        heartbeat=args.heartbeat,
-        heartbeat_timeout=args.heartbeat_timeout,
         progress=True,
+        **{name: getattr(args, name) for name in config_flags()},
         **read_latency_profile(args.latency_profile),
     )
     if args.sweep:

@@ -21,11 +21,19 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from cis.cli import print_result
 from cis.errors import CisError
+from cis.spec import CONFIDENCE_MEASURES
+from training.aggregation.weights import STRATEGIES
+from training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, P_MODES, P_RULES, STEP_RULES
+from training.config import AMP_MODES, DATASET_DEFAULTS, RunConfig, declared_default, make_config, read_config_file
+from training.flower.launch import MODES as FLOWER_MODES
+from training.methods.registry import METHODS, NEFL_MODES, OPTIONS, parse_option_flags, resolve_options
+from training.partition import SCHEMES
 
 
 def _floats(text: str) -> list[float]:
@@ -35,275 +43,165 @@ def _floats(text: str) -> list[float]:
         raise argparse.ArgumentTypeError(f"{text!r}: expected numbers separated by commas, e.g. 0.6,0.3,0.1") from None
 
 
-def add_parser(sub: argparse._SubParsersAction) -> None:
-    # the choices come from their registries (all torch-free)
-    from cis.spec import CONFIDENCE_MEASURES
-    from training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, P_MODES, P_RULES, STEP_RULES
-    from training.methods.registry import METHODS, NEFL_MODES
-    from training.partition import SCHEMES
-    from training.strategies import STRATEGIES
-
-    p = sub.add_parser("train", help="federated training of an early-exit model for a CIS (Algorithm 1)")
-    p.add_argument("--method", help=" | ".join(METHODS) + " (default cis: Algorithm 1)")
-    p.add_argument(
-        "--option",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="a method option, repeatable (see docs/training.md, 'Methods'), e.g. --option layout=resnet20",
-    )
-    p.add_argument(
-        "--no-distill", action="store_true", help="reefl/depthfl: no self-distillation (option distill=false)"
-    )
-    p.add_argument(
-        "--no-modulation", action="store_true", help="reefl: no feature modulation (option modulation=false)"
-    )
-    p.add_argument("--patience", metavar="P,P,..", help="flame: training patience per client, cycled (option patience)")
-    p.add_argument("--nefl-mode", choices=NEFL_MODES, help="nefl: width, depth or both (option nefl_mode; default WD)")
-    p.add_argument("--spec", help="CIS spec (TOML); default: the built-in --topology under --serving")
-    p.add_argument("--serving", help="x-y-z shares served at exits 1-2-3 for the built-in topology (default 33-33-33)")
-    p.add_argument("--topology", help="built-in topology when no --spec (default paper-7)")
-    p.add_argument("--dataset", help="digits | cifar10:PATH | cifar100:PATH (default digits)")
-    p.add_argument(
+# The flags that set the run config's field of the same name. In a help, {default} is the field's one default
+# (training/config.py) and {digits} / {cifar} the dataset's (DATASET_DEFAULTS); the choices come from their
+# registries (all torch-free).
+_CONFIG_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("--method", {"help": " | ".join(METHODS) + " (default {default}: Algorithm 1)"}),
+    ("--spec", {"help": "CIS spec (TOML); default: the built-in --topology under --serving"}),
+    ("--serving", {"help": "x-y-z shares served at exits 1-2-3 for the built-in topology (default {default})"}),
+    ("--topology", {"help": "built-in topology when no --spec (default {default})"}),
+    ("--dataset", {"help": "digits | cifar10:PATH | cifar100:PATH (default {default})"}),
+    (
         "--strategy",
-        choices=STRATEGIES,
-        help="aggregation weights Lambda~ (default serving-rate; auto: the serving-rate ramp, docs/training.md)",
-    )
-    p.add_argument("--weights", type=_floats, help="explicit Lambda~, e.g. 0.6,0.3,0.1 (implies --strategy explicit)")
-    p.add_argument("--rounds", type=int, help="communication rounds T (default 30 digits, 100 CIFAR)")
-    p.add_argument("--out", help="run directory")
-    p.add_argument("--seed", type=int, help="seed of data split, partition, init and sampling (default 0)")
-    p.add_argument("--partition", choices=("equal", *SCHEMES), help="data per network layer (default equal)")
-    p.add_argument("--dirichlet", type=float, metavar="ALPHA", help="non-IID classes with Dirichlet(ALPHA)")
-    p.add_argument(
-        "--algorithm",
-        choices=ALGORITHMS,
-        help="Algorithm 1 as printed (default) or as the authors' public code runs it: the root's model is the "
+        {
+            "choices": STRATEGIES,
+            "help": "aggregation weights Lambda~ (default {default}; auto = serving-ramp, equal toward serving-rate)",
+        },
+    ),
+    ("--weights", {"type": _floats, "help": "explicit Lambda~, e.g. 0.6,0.3,0.1 (implies --strategy explicit)"}),
+    ("--rounds", {"type": int, "help": "communication rounds T (default {digits} digits, {cifar} CIFAR)"}),
+    ("--seed", {"type": int, "help": "seed of data split, partition, init and sampling (default {default})"}),
+    ("--partition", {"choices": ("equal", *SCHEMES), "help": "data per network layer (default {default})"}),
+    ("--dirichlet", {"type": float, "metavar": "ALPHA", "help": "non-IID classes with Dirichlet(ALPHA)"}),
+    ("--algorithm", {
+        "choices": ALGORITHMS,
+        "help": "Algorithm 1 as printed (default) or as the authors' public code runs it: the root's model is the "
         "global one, p multiplied, their balanced-adj (docs/training.md)",
-    )
-    p.add_argument("--p", type=float, help="probability of training each lower exit (paper's ablation; default 0)")
-    p.add_argument("--p-rule", choices=P_RULES, help="paper: p per lower exit; code: p/(E_i-1) per lower exit")
-    p.add_argument("--p-mode", choices=P_MODES, help="divide by p_ie (paper) or multiply (authors' code)")
-    p.add_argument(
-        "--coefficient-rule",
-        choices=COEFFICIENT_RULES,
-        help="line 12's pair coefficients as written (default), capped at 1, or self-normalised per exit",
-    )
-    p.add_argument(
-        "--bn-rule",
-        choices=BN_RULES,
-        help="BatchNorm running statistics: line 12 shortened where it would overshoot (default), or literal",
-    )
-    p.add_argument(
-        "--lower-exit-steps",
-        choices=STEP_RULES,
-        help="local steps when a node trains a lower exit: same J (default) or J x flops(own) / flops(exit)",
-    )
-    p.add_argument("--participation", type=float, help="fraction of nodes taking part per round (default 1)")
-    p.add_argument("--width", type=float, help="channel width multiplier (default 1)")
-    p.add_argument("--lr", type=float, help="local SGD learning rate (cosine annealed over rounds)")
-    p.add_argument("--batch-size", type=int)
-    p.add_argument("--local-epochs", type=float, help="epochs over the LARGEST node's data per round (default 1)")
-    p.add_argument("--local-steps", type=int, help="J directly (overrides --local-epochs)")
-    p.add_argument("--confidence", choices=CONFIDENCE_MEASURES, help="confidence measure for evaluation")
-    p.add_argument("--threads", type=int, help="torch threads (default: 1 for digits, torch's default otherwise)")
-    p.add_argument(
-        "--device",
-        metavar="auto|cpu|cuda",
-        help="where to train: auto (default: cuda when torch sees a GPU), cpu, "
-        "cuda or cuda:K; --resume may change it (docs/training.md, 'Devices')",
-    )
-    p.add_argument(
-        "--amp", choices=("off", "bf16"), help="bf16: local steps under torch.autocast(bfloat16) (default off)"
-    )
-    p.add_argument("--eval-every", type=int, help="validate every N rounds (default 1)")
-    p.add_argument("--config", help="JSON or TOML file with train settings (flags override it)")
-    p.add_argument(
-        "--init", metavar="RUN", help="start from RUN's weights and settings (its spec too): a fine-tune for --rounds "
-        "more rounds; flags override its settings but not its data split (dataset, seed, val_size)"
-    )
-    p.add_argument(
-        "--rates-from", metavar="SOURCE", help="weight the exits by the serving rates a running CIS measured (a spec: "
-        "its live nodes; a 'cis serve --all' log folder; a requests file; a saved measurement) and train for the "
-        "design (--spec, else --init's) with the measured arrival rates; docs/closed-loop.md"
-    )
-    p.add_argument(
-        "--window", type=float, metavar="SECONDS", help="with --rates-from: live, two snapshots SECONDS apart "
-        "(default: since the nodes started); a requests file, its last SECONDS (default: all of it)"
-    )
-    p.add_argument("--resume", action="store_true", help="continue RUN_DIR from its last checkpoint")
-    p.add_argument(
-        "--engine",
-        choices=("builtin", "flower"),
-        default="builtin",
-        help="builtin (one process, default) or flower (Flower ServerApp + one ClientApp per node; docs/flower.md)",
-    )
-    p.add_argument(
-        "--flower-mode",
-        choices=("simulation", "deployment"),
-        default="simulation",
-        help="flower: simulation engine on this machine, or deployment engine (SuperLink + SuperNodes)",
-    )
-    p.add_argument(
-        "--flower-superlink",
-        metavar="HOST:PORT",
-        help="flower deployment: submit to this running SuperLink (default: start one on loopback)",
-    )
-    p.add_argument(
-        "--flower-root-certificates", metavar="PATH", help="flower deployment: CA certificate for TLS to the SuperLink"
-    )
-    p.add_argument(
-        "--measure-grad-variance",
-        action="store_true",
-        help="print the per-exit gradient variance of the initial model (Appendix C) and exit",
-    )
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--stop-after", type=int, help=argparse.SUPPRESS)  # simulates a kill after round N (tests)
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.set_defaults(func=run)
-
-
-_FLAG_KEYS = {
-    "spec": "spec",
-    "serving": "serving",
-    "topology": "topology",
-    "dataset": "dataset",
-    "strategy": "strategy",
-    "weights": "weights",
-    "rounds": "rounds",
-    "seed": "seed",
-    "partition": "partition",
-    "dirichlet": "dirichlet",
-    "algorithm": "algorithm",
-    "p": "p",
-    "p_rule": "p_rule",
-    "p_mode": "p_mode",
-    "participation": "participation",
-    "width": "width",
-    "lr": "lr",
-    "batch_size": "batch_size",
-    "local_epochs": "local_epochs",
-    "local_steps": "local_steps",
-    "confidence": "confidence",
-    "threads": "threads",
-    "eval_every": "eval_every",
-    "device": "device",
-    "amp": "amp",
-    "coefficient_rule": "coefficient_rule",
-    "bn_rule": "bn_rule",
-    "lower_exit_steps": "lower_exit_steps",
-}
+    }),
+    ("--p", {"type": float, "help": "probability of training each lower exit (paper's ablation; default {default})"}),
+    ("--p-rule", {"choices": P_RULES, "help": "paper: p per lower exit; code: p/(E_i-1) per lower exit"}),
+    ("--p-mode", {"choices": P_MODES, "help": "divide by p_ie (paper) or multiply (authors' code)"}),
+    ("--coefficient-rule", {
+        "choices": COEFFICIENT_RULES,
+        "help": "line 12's pair coefficients as written (default), capped at 1, or self-normalised per exit",
+    }),
+    ("--bn-rule", {
+        "choices": BN_RULES,
+        "help": "BatchNorm running statistics: line 12 shortened where it would overshoot (default), or literal",
+    }),
+    ("--lower-exit-steps", {
+        "choices": STEP_RULES,
+        "help": "local steps when a node trains a lower exit: same J (default) or J x flops(own) / flops(exit)",
+    }),
+    ("--participation", {"type": float, "help": "fraction of nodes taking part per round (default {default})"}),
+    ("--width", {"type": float, "help": "channel width multiplier (default {default})"}),
+    ("--lr", {"type": float, "help": "local SGD learning rate (cosine annealed over rounds)"}),
+    ("--batch-size", {"type": int}),
+    ("--local-epochs", {"type": float, "help": "epochs over the LARGEST node's data per round (default {default})"}),
+    ("--local-steps", {"type": int, "help": "J directly (overrides --local-epochs)"}),
+    ("--confidence", {"choices": CONFIDENCE_MEASURES, "help": "confidence measure for evaluation"}),
+    ("--threads", {"type": int, "help": "torch threads (default: {digits} for digits, torch's default otherwise)"}),
+    ("--device", {
+        "metavar": "auto|cpu|cuda",
+        "help": "where to train: {default} (default: cuda when torch sees a GPU), cpu, cuda or cuda:K; --resume may "
+        "change it (docs/training.md, 'Devices')",
+    }),
+    ("--amp", {"choices": AMP_MODES, "help": "bf16: local steps under torch.autocast(bfloat16) (default {default})"}),
+    ("--eval-every", {"type": int, "help": "validate every N rounds (default {default})"}),
+)
+_CONFIG_KEYS = tuple(flag[2:].replace("-", "_") for flag, _ in _CONFIG_FLAGS)
 # settings of where a run computes, not of what: --resume may change them
 _RESUME_MAY_CHANGE = ("device",)
 
+# The flags of the command itself: the method's named options, where the run comes from and goes, the engine.
+_COMMAND_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("--option", {
+        "action": "append",
+        "default": [],
+        "metavar": "KEY=VALUE",
+        "help": "a method option, repeatable (see docs/training.md, 'Methods'), e.g. --option layout=resnet20",
+    }),
+    ("--no-distill", {"action": "store_true", "help": "reefl/depthfl: no self-distillation (option distill=false)"}),
+    ("--no-modulation", {"action": "store_true", "help": "reefl: no feature modulation (option modulation=false)"}),
+    ("--patience", {"metavar": "P,P,..", "help": "flame: training patience per client, cycled (option patience)"}),
+    ("--nefl-mode", {
+        "choices": NEFL_MODES,
+        "help": f"nefl: width, depth or both (option nefl_mode; default {OPTIONS['nefl_mode'].default})",
+    }),
+    ("--out", {"help": "run directory"}),
+    ("--config", {"help": "JSON or TOML file with train settings (flags override it)"}),
+    ("--init", {
+        "metavar": "RUN",
+        "help": "start from RUN's weights and settings (its spec too): a fine-tune for --rounds more rounds; flags "
+        "override its settings but not its data split (dataset, seed, val_size)",
+    }),
+    ("--rates-from", {
+        "metavar": "SOURCE",
+        "help": "weight the exits by the serving rates a running CIS measured (a spec: its live nodes; a 'cis serve "
+        "--all' log folder; a requests file; a saved measurement) and train for the design (--spec, else --init's) "
+        "with the measured arrival rates; docs/closed-loop.md",
+    }),
+    ("--window", {
+        "type": float,
+        "metavar": "SECONDS",
+        "help": "with --rates-from: live, two snapshots SECONDS apart (default: since the nodes started); a requests "
+        "file, its last SECONDS (default: all of it)",
+    }),
+    ("--resume", {"action": "store_true", "help": "continue RUN_DIR from its last checkpoint"}),
+    ("--engine", {
+        "choices": ("builtin", "flower"),
+        "default": "builtin",
+        "help": "builtin (one process, default) or flower (Flower ServerApp + one ClientApp per node; docs/flower.md)",
+    }),
+    ("--flower-mode", {
+        "choices": FLOWER_MODES,
+        "default": "simulation",
+        "help": "flower: simulation engine on this machine, or deployment engine (SuperLink + SuperNodes)",
+    }),
+    ("--flower-superlink", {
+        "metavar": "HOST:PORT",
+        "help": "flower deployment: submit to this running SuperLink (default: start one on loopback)",
+    }),
+    ("--flower-root-certificates", {
+        "metavar": "PATH",
+        "help": "flower deployment: CA certificate for TLS to the SuperLink",
+    }),
+    ("--measure-grad-variance", {
+        "action": "store_true",
+        "help": "print the per-exit gradient variance of the initial model (Appendix C) and exit",
+    }),
+    ("--no-progress", {"action": "store_true", "help": "no progress bar"}),
+    ("--stop-after", {"type": int, "help": argparse.SUPPRESS}),  # simulates a kill after round N (tests)
+    ("--json", {"action": "store_true", "help": "machine-readable output"}),
+)
+
+
+def _with_defaults(key: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A config flag's argparse keywords, its help told the declared defaults."""
+    if "help" not in spec:
+        return spec
+    shown = {"default": declared_default(key)}
+    for name, dataset in (("digits", "digits"), ("cifar", "cifar10")):
+        shown[name] = DATASET_DEFAULTS[dataset].get(key)
+    return {**spec, "help": spec["help"].format(**shown)}
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="federated training of an early-exit model for a CIS (Algorithm 1)")
+    for (flag, spec), key in zip(_CONFIG_FLAGS, _CONFIG_KEYS):
+        p.add_argument(flag, **_with_defaults(key, spec))
+    for flag, spec in _COMMAND_FLAGS:
+        p.add_argument(flag, **spec)
+    p.set_defaults(func=run)
+
 
 def run(args: argparse.Namespace) -> int:
-    from training.config import RunConfig, make_config, read_config_file
-
-    flags = {key: getattr(args, attr) for attr, key in _FLAG_KEYS.items() if getattr(args, attr) is not None}
-    if args.weights is not None and "strategy" not in flags:
-        flags["strategy"] = "explicit"
-    if args.method is not None:
-        flags["method"] = args.method
-    options = _option_flags(args)
-    if args.spec is not None and not Path(args.spec).is_file():
-        raise CisError(f"{args.spec}: spec file not found; expected a TOML file (make one with 'cis spec new')")
-    if args.spec is not None:
-        flags["spec"] = str(Path(args.spec).resolve())
-
+    flags, options = _config_flags(args), _option_flags(args)
     if args.measure_grad_variance:
-        from training.run import measure_grad_variance
-
-        config = make_config(*_with_options(read_config_file(args.config) if args.config else {}, flags, options))
-        var = measure_grad_variance(config)
-        result: dict[str, Any] = {
-            "dataset": config.dataset,
-            "width": config.width,
-            "grad_variance": var,
-            "sigma": [v**0.5 for v in var],
-        }
-        print_result(
-            args,
-            result,
-            "per-exit gradient variance (Appendix C): "
-            + ", ".join(f"exit {e} {v:.5g}" for e, v in enumerate(var, start=1)),
-        )
-        return 0
-
+        return _measure_grad_variance(args, flags, options)
     if not args.out:
         raise CisError("missing --out RUN_DIR; expected a directory for the run")
-    from training.run import train_run
-
     if args.window is not None and not args.rates_from:
         raise CisError("--window goes with --rates-from SOURCE")
     if args.resume and (args.init or args.rates_from):
         raise CisError("--resume continues a run as it was configured; drop --init and --rates-from")
-    if args.resume:
-        stored_path = Path(args.out) / "config.json"
-        if not stored_path.is_file():
-            raise CisError(
-                f"{args.out}: nothing to resume; expected config.json from an earlier 'cis train --out {args.out}'"
-            )
-        stored = json.loads(stored_path.read_text())
-        defaults = RunConfig().to_json()  # keys that older runs did not store
-        differing = [k for k, v in flags.items() if k not in _RESUME_MAY_CHANGE and stored.get(k, defaults.get(k)) != v]
-        if differing:
-            k = differing[0]
-            raise CisError(
-                f"--resume: --{k.replace('_', '-')} {flags[k]!r} differs from the run's "
-                f"{stored.get(k, defaults.get(k))!r}; "
-                "a resumed run keeps its config"
-            )
-        try:
-            config = RunConfig(**{**stored, **{k: flags[k] for k in _RESUME_MAY_CHANGE if k in flags}}).resolved()
-        except TypeError as exc:
-            raise CisError(f"{stored_path}: {exc}") from None
-        if options:
-            from training.methods.registry import resolve_options
-
-            given = resolve_options(config.method, options) or {}
-            for k in options:
-                if given[k] != (config.options or {}).get(k):
-                    raise CisError(
-                        f"--resume: option {k}={options[k]!r} differs from the "
-                        f"run's {(config.options or {}).get(k)!r}; a resumed run keeps its config"
-                    )
-    else:
-        file_values = read_config_file(args.config) if args.config else {}
-        if args.init:
-            from training.warm_start import check_data_split, inherited_config
-
-            inherited = inherited_config(args.init)
-            check_data_split(inherited, {**file_values, **flags}, args.init)
-            file_values = {**inherited, **file_values}
-        if args.rates_from:
-            flags.update(_measured_rates(args, {**file_values, **flags}))
-        config = make_config(*_with_options(file_values, flags, options))
+    config = _resumed_config(args, flags, options) if args.resume else _new_config(args, flags, options)
     log = (lambda s: None) if args.json else logging.getLogger(__name__).info
     from training.device import run_device
 
     run_device(config)  # --device cuda without a GPU: one line before anything is written
-    if args.engine == "flower":
-        if args.init:
-            raise CisError("--init starts the builtin engine's model; use --engine builtin for a fine-tune")
-        if args.resume:
-            raise CisError(
-                "--resume is not supported with --engine flower (node momentum lives on the nodes); start a new run"
-            )
-        from training.flower.run import run_flower
-
-        result = run_flower(
-            config,
-            args.out,
-            mode=args.flower_mode,
-            superlink=args.flower_superlink,
-            root_certificates=args.flower_root_certificates,
-            log=log,
-        )
-    else:
-        result = train_run(
-            config, args.out, resume=args.resume, progress=not args.no_progress, stop_after=args.stop_after, log=log
-        )
+    result = _flower_run(args, config, log) if args.engine == "flower" else _builtin_run(args, config, log)
     if "stopped_after_round" in result:
         print_result(args, result, f"stopped after round {result['stopped_after_round']} (resume with --resume)")
         return 0
@@ -313,6 +211,111 @@ def run(args: argparse.Namespace) -> int:
     human = f"trained {what} for {config.rounds} rounds into {args.out}\n" + format_cis_report(result["test"])
     print_result(args, result, human)
     return 0
+
+
+def _config_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The config settings the flags give (--weights implies --strategy explicit; --spec made absolute)."""
+    flags = {key: getattr(args, key) for key in _CONFIG_KEYS if getattr(args, key) is not None}
+    if args.weights is not None and "strategy" not in flags:
+        flags["strategy"] = "explicit"
+    if args.spec is not None and not Path(args.spec).is_file():
+        raise CisError(f"{args.spec}: spec file not found; expected a TOML file (make one with 'cis spec new')")
+    if args.spec is not None:
+        flags["spec"] = str(Path(args.spec).resolve())
+    return flags
+
+
+def _measure_grad_variance(args: argparse.Namespace, flags: dict, options: dict) -> int:
+    from training.run import measure_grad_variance
+
+    config = make_config(*_with_options(read_config_file(args.config) if args.config else {}, flags, options))
+    var = measure_grad_variance(config)
+    result: dict[str, Any] = {
+        "dataset": config.dataset,
+        "width": config.width,
+        "grad_variance": var,
+        "sigma": [v**0.5 for v in var],
+    }
+    print_result(
+        args,
+        result,
+        "per-exit gradient variance (Appendix C): "
+        + ", ".join(f"exit {e} {v:.5g}" for e, v in enumerate(var, start=1)),
+    )
+    return 0
+
+
+def _resumed_config(args: argparse.Namespace, flags: dict, options: dict) -> RunConfig:
+    """--resume: the config stored in the run dir; a flag or option that would change it is one line."""
+    from training.checkpoint import read_json
+
+    stored_path = Path(args.out) / "config.json"
+    if not stored_path.is_file():
+        raise CisError(
+            f"{args.out}: nothing to resume; expected config.json from an earlier 'cis train --out {args.out}'"
+        )
+    stored = read_json(stored_path)
+    defaults = RunConfig().to_json()  # keys that older runs did not store
+    differing = [k for k, v in flags.items() if k not in _RESUME_MAY_CHANGE and stored.get(k, defaults.get(k)) != v]
+    if differing:
+        k = differing[0]
+        raise CisError(
+            f"--resume: --{k.replace('_', '-')} {flags[k]!r} differs from the run's "
+            f"{stored.get(k, defaults.get(k))!r}; a resumed run keeps its config"
+        )
+    try:
+        config = RunConfig(**{**stored, **{k: flags[k] for k in _RESUME_MAY_CHANGE if k in flags}}).resolved()
+    except TypeError as exc:
+        raise CisError(f"{stored_path}: {exc}") from None
+    given = (resolve_options(config.method, options) or {}) if options else {}
+    for k in options:
+        if given[k] != (config.options or {}).get(k):
+            raise CisError(
+                f"--resume: option {k}={options[k]!r} differs from the "
+                f"run's {(config.options or {}).get(k)!r}; a resumed run keeps its config"
+            )
+    return config
+
+
+def _new_config(args: argparse.Namespace, flags: dict, options: dict) -> RunConfig:
+    """defaults <- --init's run <- --config file <- flags (<- --rates-from's measured rates)."""
+    file_values = read_config_file(args.config) if args.config else {}
+    if args.init:
+        from training.warm_start import check_data_split, inherited_config
+
+        inherited = inherited_config(args.init)
+        check_data_split(inherited, {**file_values, **flags}, args.init)
+        file_values = {**inherited, **file_values}
+    if args.rates_from:
+        flags = {**flags, **_measured_rates(args, {**file_values, **flags})}
+    return make_config(*_with_options(file_values, flags, options))
+
+
+def _builtin_run(args: argparse.Namespace, config: RunConfig, log: Callable[[str], None]) -> dict:
+    from training.run import train_run
+
+    return train_run(
+        config, args.out, resume=args.resume, progress=not args.no_progress, stop_after=args.stop_after, log=log
+    )
+
+
+def _flower_run(args: argparse.Namespace, config: RunConfig, log: Callable[[str], None]) -> dict:
+    if args.init:
+        raise CisError("--init starts the builtin engine's model; use --engine builtin for a fine-tune")
+    if args.resume:
+        raise CisError(
+            "--resume is not supported with --engine flower (node momentum lives on the nodes); start a new run"
+        )
+    from training.flower.launch import run_flower
+
+    return run_flower(
+        config,
+        args.out,
+        mode=args.flower_mode,
+        superlink=args.flower_superlink,
+        root_certificates=args.flower_root_certificates,
+        log=log,
+    )
 
 
 def _measured_rates(args: argparse.Namespace, values: dict) -> dict:
@@ -342,8 +345,6 @@ def _measured_rates(args: argparse.Namespace, values: dict) -> dict:
 
 def _option_flags(args: argparse.Namespace) -> dict:
     """--option KEY=VALUE items, then the named method flags (which win)."""
-    from training.methods.registry import parse_option_flags
-
     options: dict[str, Any] = parse_option_flags(args.option)
     if args.no_distill:
         options["distill"] = False

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 from cis import __version__
 from cis.logs import Every, event
-from cis.runtime.config import NodeConfig
+from cis.runtime.node_config import NodeConfig
 
 log = logging.getLogger("cis.runtime.node")
 

@@ -30,15 +30,16 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cis import patience as pt
-from cis.policy import ExitPolicy, TokenBucket, confidence
+from cis.decision import BatchDecision
+from cis.policy import ExitPolicy
 from cis.runtime import protocol as P
 from cis.runtime.adapt import ThresholdController
-from cis.runtime.config import NodeConfig
 from cis.runtime.events import FailureLog
 from cis.runtime.feeds import FeedContract, nonfinite_rows
-from cis.runtime.work import Outbox, Pending, Request, Stage
+from cis.runtime.node_config import NodeConfig
+from cis.runtime.requests import Outbox, Pending, Request, Stage
 from cis.stages import LOGITS
+from cis.transfer_cap import TokenBucket
 
 if TYPE_CHECKING:
     from cis.runtime.metrics_http import BatchTimings
@@ -55,22 +56,20 @@ class Executor:
         self.out = out
         self.counters = counters if counters is not None else collections.Counter()
         self.policy = ExitPolicy(config.measure, {config.node_id: config.threshold}, config.patience)
-        self.patient = self.policy.uses_patience
         self.bucket = TokenBucket(config.max_transfer_rate, config.transfer_burst, now=time.monotonic())
         self.controller = (
             ThresholdController(config.adapt_target, config.threshold, gain=config.adapt_gain)
-            if config.adapt and config.parent and not self.patient  # no threshold to move under patience
+            if config.adapt and config.parent and self.policy.thresholded  # else no threshold to move
             else None
         )
         self.carry_names = [t.name for t in self.stages[config.exit].outputs if t.name != LOGITS]
-        self.state_names = (pt.LABEL, pt.COUNT) if self.patient else ()
         runs = [k for k in sorted(self.stages) if k <= config.exit]  # entry stages this node accepts
-        self.contracts = {k: FeedContract(self.stages[k].inputs, self.state_names) for k in runs}
+        self.contracts = {k: FeedContract(self.stages[k].inputs, self.policy.state_names) for k in runs}
         self.input_names = {k: [t.name for t in self.stages[k].inputs] for k in runs}
         self.queue: collections.deque[Request] = collections.deque()
         self.queued = 0  # samples in the queue
         self.stage_ok = True  # False after a stage raised, until a stage run succeeds (health: stage_failed)
-        self.served_early = np.zeros(config.exit, np.int64)  # patience: samples answered at exit e < the node's
+        self.served_early = np.zeros(config.exit, np.int64)  # samples the policy answered at exit e < the node's
         self._const: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.timings: BatchTimings | None = None  # queue time, compute time, batch size (set by metrics_http)
         self.failures = FailureLog(config.node_id)  # a stage's or the decision's traceback, rate-limited
@@ -159,7 +158,7 @@ class Executor:
     def _process(self, batch: list[Request]) -> None:
         nid = self.cfg.node_id
         try:
-            logits, carry, order, hit = self._run_stages(batch)
+            logits, carry, order, decision = self._run_stages(batch)
         except Exception as exc:  # a stage failed: retry each request alone before blaming any
             if len(batch) > 1:
                 self.failures.isolating(len(batch), exc)
@@ -173,7 +172,7 @@ class Executor:
             return
         self.stage_ok = True
         try:
-            self._decide(order, logits, carry, hit)
+            self._decide(order, logits, carry, decision)
         except Exception as exc:  # a bug in deciding must not kill the node: every unanswered request gets one error
             self.failures.report("decide_failed", "the exit decision", [req.req_id for req in order], exc)
             for req in order:
@@ -184,89 +183,67 @@ class Executor:
         req.answered = True
         self.out.error(req, code, message)
 
-    def _run_stages(self, batch: list[Request]):
+    def _run_stages(
+        self, batch: list[Request]
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], list[Request], BatchDecision]:
         """Run the batch stage by stage; requests entering later join at their stage.
 
         Returns (logits at the node's exit, carry, the requests in sample order,
-        the patience decision or None): with the patience measure the state is
-        advanced after every stage, and ``hit`` records per sample the first
-        exit here whose count reached p, with that exit's class and the count.
-        """
-        if len(batch) == 1 and not self.patient:  # one request: its own feeds, no concatenation
-            k, out = batch[0].stage, self.stages[batch[0].stage].run(batch[0].feeds)
-            while k < self.cfg.exit:
+        the exit decision that saw every stage's logits)."""
+        cfg = self.cfg
+        decision = self.policy.batch(cfg.node_id, cfg.exit, cfg.parent is None)
+        if len(batch) == 1:  # one request: its own feeds, no concatenation
+            k, req = batch[0].stage, batch[0]
+            decision.join([req.feeds], [req.n])
+            names = self.input_names[k]  # the feeds, less the policy's state if the request carries one
+            out = self.stages[k].run(req.feeds if len(req.feeds) == len(names) else {nm: req.feeds[nm] for nm in names})
+            decision.stage(k, out[LOGITS])
+            while k < cfg.exit:
                 k += 1
                 out = self.stages[k].run({nm: out[nm] for nm in self.input_names[k]})
-            return out[LOGITS], {nm: out[nm] for nm in self.carry_names}, batch, None
+                decision.stage(k, out[LOGITS])
+            return out[LOGITS], {nm: out[nm] for nm in self.carry_names}, batch, decision
         order: list[Request] = []
         feeds: dict[str, np.ndarray] | None = None
         out = {}
-        state: pt.PatienceState | None = None
-        hit: dict[str, np.ndarray] | None = None
-        for k in range(min(req.stage for req in batch), self.cfg.exit + 1):
+        for k in range(min(req.stage for req in batch), cfg.exit + 1):
             joining = [req for req in batch if req.stage == k]
             parts = ([feeds] if feeds is not None else []) + [req.feeds for req in joining]
             if not parts:
                 continue
             order.extend(joining)
+            decision.join([req.feeds for req in joining], [req.n for req in joining])
             run_feeds = {
                 nm: (parts[0][nm] if len(parts) == 1 else np.concatenate([p[nm] for p in parts]))
                 for nm in self.input_names[k]
             }
             out = self.stages[k].run(run_feeds)
-            if self.patient:
-                fresh = [pt.from_carry(req.feeds, req.n) for req in joining]
-                state = pt.concat(([state] if state is not None else []) + fresh)
-                m = sum(req.n for req in joining)
-                new_hit: dict[str, np.ndarray] = {
-                    "exit": np.zeros(m, np.int32),
-                    "cls": np.zeros(m, np.int64),
-                    "conf": np.zeros(m, np.float32),
-                }
-                hit = new_hit if hit is None else {key: np.concatenate([hit[key], new_hit[key]]) for key in hit}
-                done, state = self.policy.decide_patience(out[LOGITS], state)
-                first = done & (hit["exit"] == 0)
-                hit["exit"][first] = k
-                hit["cls"][first] = state.label[first]
-                hit["conf"][first] = state.count[first]
+            decision.stage(k, out[LOGITS])
             feeds = out
-        carry = {nm: out[nm] for nm in self.carry_names}
-        if self.patient:
-            assert state is not None and hit is not None
-            carry.update(pt.to_carry(state))
-            hit["state_count"] = state.count
-        return out[LOGITS], carry, order, hit
+        return out[LOGITS], {nm: out[nm] for nm in self.carry_names}, order, decision
 
     # ------------------------------------------------------------ deciding
 
     def _decide(
-        self,
-        order: list[Request],
-        logits: np.ndarray,
-        carry: dict[str, np.ndarray],
-        hit: dict[str, np.ndarray] | None = None,
+        self, order: list[Request], logits: np.ndarray, carry: dict[str, np.ndarray], decision: BatchDecision
     ) -> None:
-        nid, root = self.cfg.node_id, self.cfg.parent is None
+        root = self.cfg.parent is None
         over = nonfinite_rows({LOGITS: logits, **carry}, len(logits))  # finite input that overflowed in the network
+        keep = None
         if over is not None and self.cfg.nonfinite == "refuse":
             keep = self._refuse_overflow(order, over)
             if not keep.any():
                 return
             order = [req for req in order if not req.answered]
             logits, carry, over = logits[keep], {k: v[keep] for k, v in carry.items()}, None
-            hit = None if hit is None else {k: v[keep] for k, v in hit.items()}
-        cls = logits.argmax(axis=-1)
+        verdict = decision.verdict(logits, keep)
+        serve, cls, conf = verdict.serve, verdict.cls, verdict.conf
+        if verdict.state:
+            carry = {**carry, **verdict.state}
         n = len(cls)
         exit_at, flags = self._constants(n)  # read-only; copied before a flag is set
-        if hit is not None:  # patience: served at the first exit here that reached p; the confidence is the count
-            serve = hit["exit"] > 0
-            cls = np.where(serve, hit["cls"], cls)
-            conf = np.where(serve, hit["conf"], hit["state_count"].astype(np.float32))
-            exit_at = np.where(serve, hit["exit"], exit_at).astype(np.int32)
-        elif root:  # the root serves everything: only the confidence to report
-            serve, conf = None, confidence(logits, self.policy.measure)
-        else:
-            serve, conf = self.policy.decide(nid, logits)
+        if verdict.exit_at is not None:
+            exit_at = verdict.exit_at
         bad = over  # nonfinite="flag": non-finite input or outputs are answered here, never forwarded
         if any(req.bad is not None for req in order):
             given = np.concatenate([req.bad if req.bad is not None else np.zeros(req.n, bool) for req in order])
@@ -278,9 +255,9 @@ class Executor:
             self.counters["nonfinite"] += int(np.count_nonzero(bad))
         wanted = 0
         if not root:  # what goes up, as far as the parent and the cap allow
-            assert serve is not None  # the policy (or patience) decided; only the root decides nothing
+            assert serve is not None  # the policy decided; only the root decides nothing
             serve, flags, wanted = self._upward(serve, flags, n)
-        if hit is not None:  # answered before this node's exit (cis_samples_total{exit})
+        if verdict.exit_at is not None:  # answered before this node's exit (cis_samples_total{exit})
             self.served_early += np.bincount(exit_at, minlength=self.cfg.exit + 1)[: self.cfg.exit]
         self.counters["served"] += n - wanted
         if wanted == n:  # all of it goes up (the confidence kept as float64 until a fallback needs it)

@@ -11,15 +11,22 @@ import numpy as np
 
 
 class TensorSpec(Protocol):
-    name: str
-    shape: tuple
-    dtype: str
+    """A tensor's name, shape (None: any size) and numpy dtype name; read only (cis.bundle.TensorInfo is one)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def shape(self) -> tuple: ...
+
+    @property
+    def dtype(self) -> str: ...
 
 
 class FeedContract:
     """The tensors a stage takes, compiled once: names, dtypes, per-sample shapes (the first
-    dimension is the batch). ``state``: the patience state's names, which may come along
-    (both or neither, int64 (N,)) and start fresh when absent."""
+    dimension is the batch). ``state``: the names of the exit policy's state (patience's), which may
+    come along (all or none, int64 (N,)) and start fresh when absent."""
 
     def __init__(self, inputs: Sequence[TensorSpec], state: Sequence[str] = ()):
         self.want = {t.name: (np.dtype(t.dtype), tuple(t.shape)) for t in inputs}

@@ -38,7 +38,7 @@ from urllib.parse import urlsplit
 
 from cis import __version__
 from cis.errors import CisError
-from cis.runtime.work import Request
+from cis.runtime.requests import Request
 
 # seconds; from well under a millisecond (a hot CPU stage) to the forward timeouts of deep trees
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
@@ -287,7 +287,7 @@ class _NodeCollector:
         cfg, ex, c = node.cfg, node.executor, node.counters
         for (kind, outcome), count in dict.copy(node.outcomes).items():
             f["requests"].add_metric([kind, outcome], count)
-        early = ex.served_early  # patience: samples answered before the node's own exit
+        early = ex.served_early  # samples the policy answered before the node's own exit (patience)
         for e in range(1, cfg.exit):
             if early[e]:
                 f["samples"].add_metric([str(e)], int(early[e]))

@@ -30,7 +30,7 @@ The story of one request at a node:
    the state (label, count) of the others goes to the parent as two more carry
    tensors, ``patience_label`` and ``patience_count``, int64 (N,)): confident
    samples are answered here; the others are forwarded to the parent as one
-   FORWARD message, as long as the transfer cap (:class:`cis.policy.TokenBucket`)
+   FORWARD message, as long as the transfer cap (:class:`cis.transfer_cap.TokenBucket`)
    has tokens and the parent is up; what the cap refuses is served here (flag
    ``capped``), what cannot reach the parent is served here (flag ``degraded``);
 6. when every sample of the request has a result (from here or from the parent's
@@ -55,10 +55,10 @@ import zmq
 from cis.metrics import LatencyWindow
 from cis.runtime import events
 from cis.runtime import protocol as P
-from cis.runtime.config import NodeConfig
 from cis.runtime.executor import Executor
+from cis.runtime.node_config import NodeConfig
+from cis.runtime.requests import BundleStage, Pending, Request, Stage
 from cis.runtime.security import CurveConfig, secure_client, secure_server, start_authenticator
-from cis.runtime.work import BundleStage, Pending, Request, Stage
 
 __all__ = ["BundleStage", "Node", "NodeConfig", "Stage"]
 

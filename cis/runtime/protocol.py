@@ -20,7 +20,7 @@ Two passes, one contract: the header schema is compiled once into msgspec
 structs (:data:`_SCHEMA`), which decode *and* check every field in one C pass;
 a header they accept, whose counts and frames also agree, is a valid message
 (the fast path of every message that a correct peer sends). Anything else goes
-to the Python checks in :mod:`cis.runtime.header`, which find the *first* failure in the documented
+to the Python checks in :mod:`cis.runtime.wire`, which find the *first* failure in the documented
 order and raise its code, or accept the few valid headers the structs are
 stricter about (a bytes key, a repeated key). The structs never accept what the
 checks refuse; tests/test_protocol.py holds both to that.
@@ -38,7 +38,7 @@ import msgspec
 import numpy as np
 import zmq
 
-from cis.runtime.header import (  # noqa: F401  (the vocabulary is re-exported: callers write P.INFER)
+from cis.runtime.wire import (  # noqa: F401  (the vocabulary is re-exported: callers write P.INFER)
     COPY_THRESHOLD,
     DTYPE_NAME,
     DTYPES,

@@ -26,12 +26,20 @@ from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
 
 from cis import logs
-from cis.spec import write_spec
 from training.checkpoint import save_checkpoint
 from training.config import RunConfig
 from training.flower.records import config_from_text, config_to_text, state_to_record
 from training.flower.strategy import CisStrategy
-from training.run import build_setup, checkpoint_meta, evaluate_round, round_line, run_summary, served_model, write_json
+from training.run import (
+    build_setup,
+    checkpoint_meta,
+    is_due,
+    metrics_line,
+    run_summary,
+    served_model,
+    write_json,
+    write_run_start,
+)
 
 
 def serve(
@@ -47,26 +55,19 @@ def serve(
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     s = build_setup(config, log=log)
-    write_json(out / "config.json", config.to_json())
-    write_spec(s.spec, out / "spec.toml")
+    write_run_start(s, out)
     write_json(out / "weights.json", s.weights.describe())
-    (out / "metrics.jsonl").write_text("")
     strategy = CisStrategy(s.engine, config_to_text(config), connect_timeout=connect_timeout)
     timing = {"eval": 0.0, "checkpoint": 0.0}
 
     def after_round(t: int, arrays: ArrayRecord) -> MetricRecord | None:
         if t == 0:
             return None
-        line = round_line(s, strategy.last_round)
-        if t % config.eval_every == 0 or t == config.rounds:
-            t0 = time.perf_counter()
-            line.update(evaluate_round(s))
-            line["eval_seconds"] = time.perf_counter() - t0
-            timing["eval"] += line["eval_seconds"]
-        line["seconds"] = line["train_seconds"] + line.get("eval_seconds", 0.0)
+        line = metrics_line(s, strategy.last_round)
+        timing["eval"] += line.get("eval_seconds", 0.0)
         with open(out / "metrics.jsonl", "a") as f:
             f.write(json.dumps(line) + "\n")
-        if t % config.checkpoint_every == 0 or t == config.rounds:
+        if is_due(t, config.checkpoint_every, config.rounds):
             t0 = time.perf_counter()
             # the momentum buffers stay on the nodes (context.state): the checkpoint holds the round only
             save_checkpoint(
@@ -93,16 +94,8 @@ def serve(
         evaluate_fn=after_round,
     )
     loop_seconds = time.perf_counter() - t_loop
-    summary = run_summary(s)
-    summary.update({
-        "engine": "flower",
-        "flower_timing": {
-            "server_seconds": time.perf_counter() - t_start,
-            "rounds_seconds": loop_seconds,
-            **{f"{k}_seconds": v for k, v in strategy.timings.items()},
-            **{f"{k}_seconds": v for k, v in timing.items()},
-        },
-    })
+    seconds = {"server": time.perf_counter() - t_start, "rounds": loop_seconds, **strategy.timings, **timing}
+    summary = {**run_summary(s), "engine": "flower", "flower_timing": {f"{k}_seconds": v for k, v in seconds.items()}}
     write_json(out / "summary.json", summary)
     return summary
 

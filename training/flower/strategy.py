@@ -2,16 +2,16 @@
 
 The strategy owns the server side of the built-in engine, a
 :class:`training.engine.FederatedEngine` built by ``training.run.build_setup``,
-and uses its pieces, not copies of them:
+and calls the engine, never its parts:
 
-- ``configure_train`` (line 3): ``engine.chooser.choose(t, derived_generator(seed, t))``
+- ``configure_train`` (line 3): ``engine.start_from(arrays)`` then ``engine.choose(t)``
   draws the round's (node, exit) pairs exactly as the built-in engine does; each
   sampled node gets one TRAIN message with the global ArrayRecord and a
   ConfigRecord {server-round, node-index, exit, cis-config}.
-- ``aggregate_train`` (line 12): ``engine.aggregator`` (CisAggregator:
-  pair_coefficient -> accumulate -> apply_update of training/aggregation.py)
-  over the replies, taken in the order of the drawn pairs, so the float sums are
-  the same as in-process; the engine's ``global_state`` and ``round`` advance.
+- ``aggregate_train`` (line 12): ``engine.aggregate_round(t, pairs, replies)``, the
+  built-in engine's one aggregation call (training/aggregation/aggregators.py), over the
+  replies taken in the order of the drawn pairs, so the float sums are the same as
+  in-process; the engine's global state, ``round`` and ``sgd_steps`` advance.
 - evaluation is centralised on the server (the validation split, as the built-in
   engine does): ``configure_evaluate`` sends nothing.
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from logging import INFO
 
 import numpy as np
@@ -34,7 +34,7 @@ from flwr.serverapp.strategy import Strategy
 from flwr.supercore import log
 
 from cis.errors import CisError
-from training.engine import FederatedEngine, derived_generator
+from training.engine import FederatedEngine
 from training.flower.records import (
     ARRAYS_KEY,
     CONFIG_KEY,
@@ -82,7 +82,7 @@ class CisStrategy(Strategy):
             len(self.engine.clients),
             [list(map(float, r)) for r in np.asarray(getattr(self.engine.chooser, "matrix", []))],
         )
-        log(INFO, "\t└──> aggregation: %s (training/aggregation.py)", type(self.engine.aggregator).__name__)
+        log(INFO, "\t└──> aggregation: %s (training/aggregation/)", type(self.engine.aggregator).__name__)
 
     # --- which Flower node is which CIS node -------------------------------------------------
     def discover(self, grid: Grid) -> dict[int, int]:
@@ -133,11 +133,9 @@ class CisStrategy(Strategy):
     def begin_round(self, server_round: int, arrays: ArrayRecord) -> list[tuple[int, int]]:
         """Load the global arrays into the engine and draw this round's (node index, exit) pairs."""
         self._t0 = time.perf_counter()
-        state = record_to_state(arrays)
-        for k, v in self.engine.global_state.items():
-            v.copy_(state[k])
+        self.engine.start_from(record_to_state(arrays))
         self.round = server_round
-        self.pairs = self.engine.chooser.choose(server_round, derived_generator(self.engine.seed, server_round))
+        self.pairs = self.engine.choose(server_round)
         return self.pairs
 
     def configure_train(
@@ -198,27 +196,26 @@ class CisStrategy(Strategy):
                 f"flower round {server_round}: no reply from node(s) {', '.join(missing)} (timeout?); a round needs "
                 "every sampled pair"
             )
-        engine, agg = self.engine, self.engine.aggregator
-        device = next(iter(engine.global_state.values())).device  # the server's training device
-        agg.begin(engine.global_state, server_round, self.pairs)
-        records = []
-        for i, e in self.pairs:  # the drawn order: the same float sums as the built-in engine
-            m = by_index[i]
-            got = int(m.content[STATS_RECORD]["exit"])
-            if got != e:
-                raise CisError(
-                    f"flower round {server_round}: node {engine.clients[i].id} trained exit {got}, expected {e}"
-                )
-            agg.add(engine.clients[i], e, _on(record_to_state(m.content[ARRAYS_KEY]), device))
-            records.append({"node": engine.clients[i].id, "exit": e, **json.loads(m.content[STATS_RECORD]["json"])})
-        agg.finish(engine.global_state)
-        engine.round = server_round
+        engine = self.engine
+        records = engine.aggregate_round(server_round, self.pairs, self._updates(server_round, by_index))
         now = time.perf_counter()
         self.timings["aggregate"] += now - t0
         self.last_round = {"round": server_round, "pairs": records, "train_seconds": now - self._t0}
         losses = [r["loss"] for r in records]
         metrics = MetricRecord({"loss": float(np.mean(losses)) if losses else 0.0, "pairs": len(records)})
         return state_to_record(engine.global_state), metrics
+
+    def _updates(self, server_round: int, by_index: dict[int, Message]) -> Iterator[tuple[dict, dict]]:
+        """Each drawn pair's (local state, stats) from its reply, in the drawn order (the built-in engine's sums)."""
+        device = next(iter(self.engine.global_state.values())).device  # the server's training device
+        for i, e in self.pairs:
+            stats = by_index[i].content[STATS_RECORD]
+            got = int(stats["exit"])
+            if got != e:
+                raise CisError(
+                    f"flower round {server_round}: node {self.engine.clients[i].id} trained exit {got}, expected {e}"
+                )
+            yield _on(record_to_state(by_index[i].content[ARRAYS_KEY]), device), json.loads(stats["json"])
 
     # --- evaluation: centralised on the server ---------------------------------------------------
     def configure_evaluate(

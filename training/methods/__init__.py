@@ -5,8 +5,8 @@
 - :mod:`training.methods.ree`: the Ree module and the shared classifier;
 - :mod:`training.methods.distill`: ReeFL's best-exit self-distillation and the baselines' KD terms;
 - :mod:`training.methods.flame`: FLAME's sample-adaptive training (patience exits, grouped backprop);
-- :mod:`training.methods.aggregate`: the methods' aggregation rules as pure functions;
-- :mod:`training.methods.baselines`: DepthFL, InclusiveFL, ExclusiveFL and ScaleFL pieces;
+- :mod:`training.methods.baselines`: DepthFL, InclusiveFL, ExclusiveFL and ScaleFL pieces (their aggregation
+  rules are in :mod:`training.aggregation`);
 - :mod:`training.methods.nested`, ``slicing``, ``subfl``, ``widthfl``, ``slt``: the nested (width/depth
   scaled) methods.
 

@@ -6,9 +6,8 @@
   budget plus a distillation term: ReeFL, DepthFL, ExclusiveFL, ScaleFL);
   InclusiveFL trains its sub-model's deepest exit only, which is
   :class:`training.local.ExitSGDTrainer` as it is; :class:`FlameTrainer`.
-- :class:`MaskedAggregator`: the rules of training/methods/aggregate.py (a weighted average per
-  entry over the clients that hold it), client by client, with InclusiveFL's momentum distillation
-  as an option.
+Their aggregation (a weighted average per entry over the clients that hold it, InclusiveFL's momentum
+distillation as an option) is :class:`training.aggregation.aggregators.MaskedAggregator`.
 
 Budgets: :func:`round_robin_budgets` gives client k the largest exit (k mod E) + 1.
 """
@@ -16,23 +15,21 @@ Budgets: :func:`round_robin_budgets` gives client k the largest exit (k mod E) +
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from training.aggregation.averages import Holds, key_exit
 from training.data import augment_batch
 from training.local import Client, ExitSGDTrainer, batch_indices
 from training.methods import distill, flame
-from training.methods.aggregate import Term, block_deltas_distilled, key_exit
 from training.methods.registry import FLAME_GROUP_STEPS, FLAME_GROUPINGS, FLAME_OPTIMIZERS, KD_RAMP_ROUNDS
-from training.methods.slicing import Holds, SelectionAverage
 from training.methods.vit import Block, ViTEE, qkv_rows, width_counts
 from training.models import EarlyExitNet
 from training.sampling import choose_participants
-from training.strategies import Weights
 
 LOSSES = ("reefl", "depthfl", "all", "scalefl")
 SCALEFL_WIDTHS_4 = (0.4, 0.55, 0.75, 1.0)
@@ -266,54 +263,3 @@ def block_prefixes(model: EarlyExitNet) -> list[str]:
 def exit_boundary_blocks(exits: Sequence[int]) -> list[int]:
     """0-based index of the top block of every sub-model but the full one."""
     return [e - 1 for e in list(exits)[:-1]]
-
-
-class MaskedAggregator:
-    """The engine's form of the aggregation rules of :mod:`training.methods.aggregate`, one client at a time.
-
-    ``term(client, exit, size)`` is the client's :data:`~training.methods.aggregate.Term` (weight, holds);
-    ``size`` is its sample weight: |S_i|, or with inference-aware ``weights`` (the run's ``--strategy``)
-    Lambda~_e(t) |S_i|, the CIS paper's weighting of the entry it trained. ``momentum_beta`` > 0 adds
-    InclusiveFL's momentum distillation to the server update: the top block of every smaller sub-model
-    also moves by beta times the mean update of the deeper blocks.
-    """
-
-    def __init__(
-        self,
-        term: Callable[[Client, int, float], Term],
-        weights: Weights | None = None,
-        momentum_beta: float = 0.0,
-        block_prefixes: Sequence[str] = (),
-        boundaries: Sequence[int] = (),
-    ) -> None:
-        self.term, self.weights = term, weights
-        self.beta, self.prefixes, self.boundaries = momentum_beta, list(block_prefixes), list(boundaries)
-        self._avg = SelectionAverage()
-        self._global: dict[str, Tensor] = {}
-        self._lam: np.ndarray | None = None
-        self._old: dict[str, Tensor] = {}
-        self.last_weights: list[float] = []
-
-    def size(self, client: Client, exit: int) -> float:
-        """The client's sample weight for the entry ``exit``: Lambda~_e(t) |S_i| (inference-aware) or |S_i|."""
-        return float(client.size) if self._lam is None else float(self._lam[exit - 1]) * client.size
-
-    def begin(self, global_state: dict[str, Tensor], round: int, pairs: Sequence[tuple[int, int]]) -> None:
-        self._global = global_state
-        self._lam = None if self.weights is None else self.weights.at(round)
-        self.last_weights = []
-        if self.beta:
-            self._old = {k: v.clone() for k, v in global_state.items()}
-
-    def add(self, client: Client, exit: int, local_state: dict[str, Tensor]) -> None:
-        weight, holds = self.term(client, exit, self.size(client, exit))
-        self.last_weights.append(weight)
-        self._avg.add_masked(self._global, local_state, weight, holds)
-
-    @torch.no_grad()
-    def finish(self, global_state: dict[str, Tensor]) -> None:
-        self._avg.write(global_state)
-        if self.beta:
-            delta = {k: global_state[k] - self._old[k] for k in global_state if global_state[k].is_floating_point()}
-            for k, d in block_deltas_distilled(delta, self.prefixes, self.boundaries, self.beta).items():
-                global_state[k].copy_(self._old[k] + d)

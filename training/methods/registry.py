@@ -1,18 +1,21 @@
 """The method registry: every ``cis train --method`` and every option, with its default, named once.
 
-    method  family       model                                  pieces built by (training/builders.py)
-    cis     cis          the dataset's early-exit CNN            engine.ExitSampler, ExitSGDTrainer, CisAggregator
+    method  family       model                                  built by (FAMILY_BUILDERS)
+    cis     cis          the dataset's early-exit CNN            training/families/algorithm1.py
     reefl, depthfl, inclusivefl, exclusivefl, scalefl, flame
-            early-exit   ViT (training/methods/vit.py)          training/methods/setup.py
+            early-exit   ViT (training/methods/vit.py)          training/families/early_exit.py
     nefl, slt, heterofl, fjord, fedrolex, fd, small
-            nested       NestedNet (training/methods/nested.py) training/methods/subfl.py
+            nested       NestedNet (training/methods/nested.py) training/families/nested.py
+
+A family's entry names its builder module; :func:`training.builders.build_method_setup` imports it
+and the builder builds the model and the engine's pieces top-down (``build_model``, ``build_pieces``).
 
 Options are ``--option KEY=VALUE`` (or an ``options`` table in the config file);
 :data:`OPTIONS` lists every key, the methods it applies to, its type and its default
 (None: decided at build time from the data, as its help says). :func:`resolve_options`
 checks a method's options and fills its defaults (so the run's config.json shows every
 value it used); :func:`effective_options` adds the defaults of the options that do not
-apply to the method, which is what the builders (:mod:`training.builders`) read, so no
+apply to the method, which is what the builders read, so no
 default is written anywhere else. The choices the torch modules check (FLAME's groupings,
 the nested layouts, ...) are named here too, and they import them from here.
 
@@ -39,6 +42,11 @@ from cis.errors import CisError
 EARLY_EXIT_METHODS = ("reefl", "depthfl", "inclusivefl", "exclusivefl", "scalefl", "flame")
 NESTED_METHODS = ("nefl", "slt", "heterofl", "fjord", "fedrolex", "fd", "small")
 FAMILIES = {"cis": ("cis",), "early-exit": EARLY_EXIT_METHODS, "nested": NESTED_METHODS}
+FAMILY_BUILDERS = {  # each family's builder: a module with build_model(...) and build_pieces(...)
+    "cis": "training.families.algorithm1",
+    "early-exit": "training.families.early_exit",
+    "nested": "training.families.nested",
+}
 METHODS = tuple(m for family in FAMILIES.values() for m in family)
 
 # Choices and constants of the methods, named once (the torch modules import them from here).

@@ -28,7 +28,8 @@ from torch import Tensor, nn
 from cis.errors import CisError
 from training.methods.nested import prefix_selection
 from training.methods.resnet import CompactResNet, ResNetLayout
-from training.methods.slicing import Selection, kept_channels
+from training.methods.slicing import kept_channels
+from training.selection import Selection
 
 BYTES = 4  # float32
 # Stored activations per conv layer, in units of its output map: the conv output (BatchNorm's

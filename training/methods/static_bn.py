@@ -54,7 +54,7 @@ import torch
 from torch import Tensor, nn
 
 from training.methods.nested import BN_STATISTICS, STATISTICS_MODULE, NestedNet
-from training.methods.slicing import gather, scatter_
+from training.selection import gather, scatter_
 
 _COUNTER = "num_batches_tracked"
 

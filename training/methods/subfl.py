@@ -1,12 +1,13 @@
-"""Sub-model methods as the engine's (chooser, trainer, aggregator).
+"""What a device of a nested method trains: the device models (which compact network, loaded and uploaded
+where) and the trainer of the compact networks.
 
 The engine hands the trainer the working :class:`~training.methods.nested.NestedNet`
 loaded with the global weights. :class:`SubsetTrainer` asks its
 :class:`DeviceModel` rule what the device trains this round (a compact network,
 the selection it loads, the selection it uploads), trains that compact network,
 and writes the uploaded pieces back into the working model in place.
-:class:`SubsetAggregator` then averages every uploaded element over the clients
-that uploaded it (:class:`~training.methods.slicing.SelectionAverage`): NeFedAvg
+:class:`training.aggregation.aggregators.SubsetAggregator` then averages every uploaded element over the clients
+that uploaded it (:class:`~training.aggregation.averages.SelectionAverage`): NeFedAvg
 for nested slices, per-sub-model FedAvg for decoupled BatchNorm and step sizes,
 the index-wise average of HeteroFL / FedRolex / FD, and SLT's trained-slices-only average.
 
@@ -14,14 +15,13 @@ A fresh SGD optimizer per client and round (momentum does not carry over, as the
 compact network's shape changes between rounds); the learning rate follows the
 engine's cosine schedule over rounds. Only one trainer state: none (resume-safe).
 
-"exit" k in the engine's pairs is the sub-model a client trains in that round;
-:func:`tier_matrix` turns per-node allowed sub-models (NeFL's tiers, or a fixed
-assignment) into the sampling matrix the engine's ``ExitSampler`` draws from.
+"exit" k in the engine's pairs is the sub-model a client trains in that round
+(training/families/nested.py builds the server model and these pieces).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,10 +34,8 @@ from training.local import Client, LocalSGD, batch_indices
 from training.methods import slt as slt_mod
 from training.methods import widthfl
 from training.methods.nested import NestedNet
-from training.methods.registry import NESTED_METHODS, OPTIONS
 from training.methods.resnet import CompactResNet
-from training.methods.slicing import Selection, SelectionAverage, gather, scatter_
-from training.methods.static_bn import mark_stale_
+from training.selection import Selection, gather, scatter_
 
 DeviceChoice = tuple[CompactResNet, Selection, Selection]
 """(compact network, selection it loads, selection it uploads)."""
@@ -181,119 +179,3 @@ def merge_upload(uploaded: Selection, selection: Selection) -> Selection:
 
 def _size(idx: tuple) -> float:
     return float(np.prod([len(i) if isinstance(i, Tensor) else (1 if isinstance(i, int) else np.inf) for i in idx]))
-
-
-class SubsetAggregator:
-    """Element-wise weighted average of the uploaded slices (see :mod:`training.methods.slicing`).
-    ``static_bn``: the round's new weights make the per-sub-model statistics stale
-    (:mod:`training.methods.static_bn`)."""
-
-    def __init__(
-        self,
-        trainer: SubsetTrainer,
-        weight: Callable[[Client, int, int], float] | None = None,
-        static_bn: bool = False,
-    ) -> None:
-        self.trainer = trainer
-        self.weight = weight or (lambda client, k, round: float(client.size))
-        self.static_bn = static_bn
-        self._avg = SelectionAverage(torch.float64)
-        self._global: dict[str, Tensor] = {}
-        self._round = 0
-
-    def begin(self, global_state: dict[str, Tensor], round: int, pairs: Sequence[tuple[int, int]]) -> None:
-        self._global, self._round = global_state, round
-
-    def add(self, client: Client, exit: int, local_state: dict[str, Tensor]) -> None:
-        upload = self.trainer.uploads[client.index]  # keyed by global tensor
-        self._avg.add_selection(
-            self._global, gather(local_state, upload), upload, self.weight(client, exit, self._round)
-        )
-
-    def finish(self, global_state: dict[str, Tensor]) -> None:
-        self._avg.write(global_state)
-        if self.static_bn:
-            mark_stale_(global_state)
-
-
-def tier_matrix(allowed: Sequence[Sequence[int]], num_submodels: int) -> np.ndarray:
-    """Row i uniform over node i's allowed sub-models (NeFL B.5 tiers; a single entry = fixed assignment)."""
-    m = np.zeros((len(allowed), num_submodels))
-    for i, ks in enumerate(allowed):
-        for k in ks:
-            m[i, k - 1] = 1.0 / len(ks)
-    return m
-
-
-def nefl_tiers(max_exits: Sequence[int], num_submodels: int, spread: int = 1) -> list[list[int]]:
-    """Dynamic tiers: a node whose largest exit is E_i picks among sub-models E_i - spread .. E_i."""
-    return [list(range(max(1, e - spread), e + 1)) for e in max_exits]
-
-
-
-
-def default_gammas(num_submodels: int) -> list[float]:
-    """Parameter ratios k / E of sub-models k = 1..E (NeFL's 0.2, 0.4, .., 1 for E = 5)."""
-    return [k / num_submodels for k in range(1, num_submodels + 1)]
-
-
-def subset_model(
-    method: str,
-    layout,
-    num_submodels: int,
-    gammas: Sequence[float] | None = None,
-    mode: str = OPTIONS["nefl_mode"].default,
-    init: str = OPTIONS["nefl_init"].default,
-    learn_steps: bool = OPTIONS["learn_steps"].default,
-    static_bn: bool = OPTIONS["static_bn"].default,
-) -> NestedNet:
-    """The server model a method trains; its sub-models 1..E are what the CIS tiers serve.
-    ``static_bn`` applies to heterofl only (its static BatchNorm, :mod:`training.methods.static_bn`)."""
-    from training.methods.nested import nefl_specs
-
-    if method not in NESTED_METHODS:
-        raise ValueError(f"method {method!r}: expected one of {NESTED_METHODS}")
-    gammas = list(gammas or default_gammas(num_submodels))
-    if method == "nefl":
-        return NestedNet(
-            layout, nefl_specs(layout, gammas, mode, init), decoupled_bn=True, use_steps=True, learn_steps=learn_steps
-        )
-    if method == "small":
-        gammas = [min(gammas)] * len(gammas)
-    return NestedNet(
-        layout, nefl_specs(layout, gammas, "W"), decoupled_bn=method == "fjord", use_steps=False,
-        static_bn=static_bn and method == "heterofl",
-    )
-
-
-def build_subset_method(
-    method: str,
-    model: NestedNet,
-    clients: list[Client],
-    sgd: dict,
-    participation: float = 1.0,
-    allowed: Sequence[Sequence[int]] | None = None,
-    budgets: Sequence[float] | None = None,
-    weight: Callable[[Client, int, int], float] | None = None,
-):
-    """(chooser, trainer, aggregator) for the engine. ``allowed[i]``: sub-models node i may pick
-    (default: its own tier, ``Client.max_exit``); ``budgets``: channel keep-ratio s per tier for
-    FedRolex / FD / SLT (default: the sub-models' own ratios)."""
-    from training.engine import ExitSampler
-
-    E = model.num_exits
-    allowed = allowed or [[c.max_exit] for c in clients]
-    budgets = list(budgets or [s.channel_ratio for s in model.specs])
-    if method in ("nefl", "heterofl", "small"):
-        device: DeviceModel = NestedDevice()
-    elif method == "fjord":
-        device = FjordDevice()
-    elif method in ("fedrolex", "fd"):
-        device = GroupDevice("rolling" if method == "fedrolex" else "random", budgets)
-    elif method == "slt":
-        device = SltDevice(budgets, int(sgd["total_rounds"]), int(sgd["batch_size"]))
-    else:
-        raise ValueError(f"method {method!r}: expected one of {NESTED_METHODS}")
-    trainer = SubsetTrainer(device, **sgd)
-    aggregator = SubsetAggregator(trainer, weight, static_bn=model.static_bn)
-    return ExitSampler(tier_matrix(allowed, E), participation), trainer, aggregator

@@ -23,7 +23,8 @@ from torch import Tensor
 
 from training.methods.nested import compact_selection
 from training.methods.resnet import ResNetLayout
-from training.methods.slicing import Selection, kept_channels, prefix, random_indices, rolling
+from training.methods.slicing import kept_channels, prefix, random_indices, rolling
+from training.selection import Selection
 
 GROUP_STREAM = "stream"
 GROUP_MID = "mid"

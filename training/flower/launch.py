@@ -62,6 +62,22 @@ def run_flower(
         )
     if mode == "simulation":
         return _simulate(config, out, round_timeout, connect_timeout, num_cpus, log)
+    _deploy(config, out, superlink, root_certificates, round_timeout, connect_timeout, log)
+    if not (out / "summary.json").is_file():
+        raise CisError(f"flower: the run ended without writing {out / 'summary.json'} (see the ServerApp log above)")
+    return json.loads((out / "summary.json").read_text())
+
+
+def _deploy(
+    config: RunConfig,
+    out: Path,
+    superlink: str | None,
+    root_certificates: str | Path | None,
+    round_timeout: float,
+    connect_timeout: float,
+    log: Callable[[str], None],
+) -> None:
+    """The deployment engine: submit to ``superlink``, or to a loopback federation started for the run."""
     from training.flower.deploy import LoopbackFederation, submit_run
 
     if superlink is not None:
@@ -85,9 +101,6 @@ def run_flower(
         )
         with LoopbackFederation(n, log=log) as fed:
             fed.run(config, out, round_timeout=round_timeout, connect_timeout=connect_timeout)
-    if not (out / "summary.json").is_file():
-        raise CisError(f"flower: the run ended without writing {out / 'summary.json'} (see the ServerApp log above)")
-    return json.loads((out / "summary.json").read_text())
 
 
 def _simulate(

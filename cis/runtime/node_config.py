@@ -3,9 +3,10 @@ executor (:mod:`cis.runtime.executor`). ``cis serve`` flags map onto these field
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from cis.errors import CisError
 
@@ -65,10 +66,20 @@ class NodeConfig:
 
     def __post_init__(self) -> None:
         if not self.heartbeat_timeout:
-            self.heartbeat_timeout = max(1.0, 5 * self.heartbeat)
+            self.heartbeat_timeout = heartbeat_timeout(self.heartbeat)
         if self.nonfinite not in NONFINITE_MODES:
             raise CisError(f"nonfinite is {self.nonfinite!r}; expected one of {', '.join(NONFINITE_MODES)}")
         if self.queue_limit < 1 or self.max_batch < 1 or self.rcv_hwm < 1 or self.max_message_bytes < 1:
             raise CisError(
                 f"node {self.node_id}: queue_limit, max_batch, rcv_hwm and max_message_bytes must be at least 1"
             )
+
+
+def heartbeat_timeout(heartbeat: float) -> float:
+    """Seconds without a pong before the parent counts as down, when not set: five heartbeats, at least 1 s."""
+    return max(1.0, 5 * heartbeat)
+
+
+def node_default(name: str) -> Any:
+    """NodeConfig's default of field ``name``: what cis serve and cis simulate default to as well."""
+    return {f.name: f.default for f in dataclasses.fields(NodeConfig)}[name]

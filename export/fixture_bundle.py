@@ -1,4 +1,4 @@
-"""A small trained run dir without the federated trainer, for tests and examples.
+"""The test fixture: a small trained run dir (and its bundle) without the federated trainer, for tests and examples.
 
 ``make_demo_run(run_dir)`` trains the digits CNN centrally for a few hundred
 steps (seconds on a CPU) so its confidences mean something, and saves it in the
@@ -65,7 +65,7 @@ def make_demo_run(
         "seed": seed,
         "method": "cis",
         "spec": spec_to_dict(make_spec(topology, serving)),
-        "trainer": "export.demo (central, all exits)",
+        "trainer": "export.fixture_bundle (central, all exits)",
         "steps": steps,
     }
     save_checkpoint(run_dir, model, meta)

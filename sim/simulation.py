@@ -12,8 +12,7 @@ from cis.errors import CisError
 from cis.spec import CisSpec
 from sim.config import SimConfig, check_config
 from sim.model import Plan, run_model
-from sim.report import summarise
-from sim.workload import (
+from sim.service import (
     Profile,
     bundle_carries,
     bundle_payloads,
@@ -21,13 +20,15 @@ from sim.workload import (
     bundle_profile,
     check_stage_profiles,
     node_stage_profiles,
-    patience_exits,
-    patience_payload,
-    serve_masks,
+    profile_decisions,
     served_shares,
     stage_tables,
+    state_payload,
     tcp_messages,
 )
+from sim.summary import summarise
+
+Rows = dict[str, list[int]] | None  # per node, the profile rows its arrivals take in order (a replay), or None
 
 
 @dataclass
@@ -41,7 +42,7 @@ def plan_run(
     config: SimConfig,
     bundle: Bundle | None = None,
     profile: Profile | None = None,
-    rows: dict[str, list[int]] | None = None,
+    rows: Rows = None,
 ) -> Plan:
     """Everything the model needs, checked: service means, payloads and the exit decision.
 
@@ -69,15 +70,15 @@ def plan_run(
     payloads = bundle_payloads(bundle, spec.num_exits)
     tables = stage_tables(spec, _measured(spec, config) or node_stage_profiles(spec, bundle), config.max_batch or 1)
     policy = bundle_policy(spec, bundle, profile, config.calibrate, config.seed, config.threshold)
-    payloads = {k: b + patience_payload(policy) for k, b in payloads.items()}
-    exit_at = patience_exits(policy, profile).tolist() if policy.uses_patience else None
+    payloads = {k: b + state_payload(policy) for k, b in payloads.items()}
+    masks, exit_at = profile_decisions(spec, policy, profile)
     return Plan(
         spec,
         config,
         tables,
         payloads,
         *_wire(spec, config, bundle_carries(bundle, spec.num_exits, policy)),
-        masks=serve_masks(spec, policy, profile),
+        masks=masks,
         profile=profile,
         policy=policy,
         rows=rows,
@@ -99,11 +100,7 @@ def _wire(spec: CisSpec, config: SimConfig, carries: dict[int, dict[str, np.ndar
 
 
 def simulate(
-    spec: CisSpec,
-    config: SimConfig,
-    bundle: Bundle | None = None,
-    profile: Profile | None = None,
-    rows: dict[str, list[int]] | None = None,
+    spec: CisSpec, config: SimConfig, bundle: Bundle | None = None, profile: Profile | None = None, rows: Rows = None
 ) -> SimResult:
     """Run one simulation; identical inputs (seed included) give identical results."""
     plan = plan_run(spec, config, bundle, profile, rows)

@@ -12,8 +12,8 @@ from __future__ import annotations
 import numpy as np
 
 from cis.metrics import format_ms, latency_summary
-from cis.rates import compute_rates
-from cis.runtime.header import FLAG_CAPPED, FLAG_DEGRADED
+from cis.rates import Rates, compute_rates
+from cis.runtime.wire import FLAG_CAPPED, FLAG_DEGRADED
 from sim.model import Model, Plan
 
 
@@ -41,10 +41,31 @@ def summarise(plan: Plan, model: Model, requests: dict[str, np.ndarray]) -> dict
     served = requests["exit"] > 0
     arrived = len(latency)
     rates = compute_rates(spec)
-    local = np.bincount(requests["entry"], minlength=len(spec.nodes))
+    return {
+        "spec": spec.name,
+        "config": config.to_json(),
+        "decision": _decision(plan),
+        "requests": {"arrived": arrived, "served": int(served.sum()), "dropped": int(arrived - served.sum())},
+        "horizon_s": horizon,
+        "makespan_s": makespan,
+        "latency": latency_summary(latency[served]),
+        "accuracy": mean_correct(requests["correct"][served]),
+        "drop_share": share(int(arrived - served.sum()), arrived),
+        "degraded_share": share(int(np.count_nonzero(requests["flags"] & FLAG_DEGRADED)), arrived),
+        "capped_share": share(int(np.count_nonzero(requests["flags"] & FLAG_CAPPED)), arrived),
+        "nodes": _nodes(plan, model, requests, rates, horizon, makespan),
+        "exits": _exits(plan, requests, rates, horizon, latency),
+        "links": _links(plan, model, makespan),
+    }
 
+
+def _nodes(
+    plan: Plan, model: Model, requests: dict[str, np.ndarray], rates: Rates, horizon: float, makespan: float
+) -> dict[str, dict]:
+    """Per node: what it received, served, forwarded, dropped; how busy it was; the calculus' rates."""
+    local = np.bincount(requests["entry"], minlength=len(plan.spec.nodes))
     nodes = {}
-    for node in spec.nodes:
+    for node in plan.spec.nodes:
         st = model.stations[node.id]
         nodes[node.id] = {
             "exit": node.exit,
@@ -64,10 +85,16 @@ def summarise(plan: Plan, model: Model, requests: dict[str, np.ndarray]) -> dict
             "max_queue": st.max_queue,
             "calculus": {"serving_rate": rates.serving_rate[node.id], "transfer_rate": rates.transfer_rate[node.id]},
         }
+    return nodes
 
-    calculus_share = rates.exit_share
+
+def _exits(
+    plan: Plan, requests: dict[str, np.ndarray], rates: Rates, horizon: float, latency: np.ndarray
+) -> dict[str, dict]:
+    """Per exit: the rate and share it served (beside the calculus'), their latency and accuracy."""
+    arrived, calculus_share = len(latency), rates.exit_share
     exits = {}
-    for e in range(1, spec.num_exits + 1):
+    for e in range(1, plan.spec.num_exits + 1):
         here = requests["exit"] == e
         exits[str(e)] = {
             "rate": per_second(int(here.sum()), horizon),
@@ -77,9 +104,13 @@ def summarise(plan: Plan, model: Model, requests: dict[str, np.ndarray]) -> dict
             "latency": latency_summary(latency[here]),
             "accuracy": mean_correct(requests["correct"][here]),
         }
+    return exits
 
+
+def _links(plan: Plan, model: Model, makespan: float) -> dict[str, dict]:
+    """Per link up the tree: forwards sent, bytes per forward (payload and on the wire), utilisation."""
     links = {}
-    for node in spec.nodes:
+    for node in plan.spec.nodes:
         up = model.stations[node.id].uplink
         if up is not None:
             links[f"{node.id}->{node.parent}"] = {
@@ -88,28 +119,12 @@ def summarise(plan: Plan, model: Model, requests: dict[str, np.ndarray]) -> dict
                 "wire_bytes": (plan.messages or plan.payloads)[node.exit],
                 "utilisation": share(up.up.busy, makespan),
             }
-
-    return {
-        "spec": spec.name,
-        "config": config.to_json(),
-        "decision": _decision(plan),
-        "requests": {"arrived": arrived, "served": int(served.sum()), "dropped": int(arrived - served.sum())},
-        "horizon_s": horizon,
-        "makespan_s": makespan,
-        "latency": latency_summary(latency[served]),
-        "accuracy": mean_correct(requests["correct"][served]),
-        "drop_share": share(int(arrived - served.sum()), arrived),
-        "degraded_share": share(int(np.count_nonzero(requests["flags"] & FLAG_DEGRADED)), arrived),
-        "capped_share": share(int(np.count_nonzero(requests["flags"] & FLAG_CAPPED)), arrived),
-        "nodes": nodes,
-        "exits": exits,
-        "links": links,
-    }
+    return links
 
 
 def _decision(plan: Plan) -> dict:
     if plan.policy is not None:
-        kind = "patience" if plan.policy.uses_patience else "thresholds"
+        kind = "thresholds" if plan.policy.thresholded else plan.policy.measure
         assert plan.profile is not None  # a policy comes with the bundle's profile
         return {"kind": kind, **plan.policy.to_json(), "profile_samples": plan.profile.samples}
     return {"kind": "shares", "shares": plan.shares}

@@ -11,10 +11,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cis import patience as patience_rule
 from cis.bundle import Bundle
 from cis.errors import BundleError, CisError
-from cis.policy import ExitPolicy, calibrate_thresholds, threshold_decider
+from cis.policy import ExitPolicy, calibrate_thresholds
 from cis.rates import compute_rates
 from cis.spec import CisSpec, Node
 
@@ -148,7 +147,7 @@ def stage_tables(
 
 
 def bundle_carries(bundle: Bundle, num_exits: int, policy: ExitPolicy | None) -> dict[int, dict[str, np.ndarray]]:
-    """Per stage k < E, one sample of the carry that leaves stage k (with the patience state under patience)."""
+    """Per stage k < E, one sample of the carry that leaves stage k, with the policy's state (patience's)."""
     out = {}
     for k in range(1, num_exits):
         carry = {
@@ -156,8 +155,8 @@ def bundle_carries(bundle: Bundle, num_exits: int, policy: ExitPolicy | None) ->
             for t in bundle.stage(k).outputs
             if t.name != "logits"
         }
-        if policy is not None and policy.uses_patience:
-            carry.update({patience_rule.LABEL: np.zeros(1, np.int64), patience_rule.COUNT: np.zeros(1, np.int64)})
+        if policy is not None:
+            carry.update(policy.fresh_state(1))
         out[k] = carry
     return out
 
@@ -194,7 +193,7 @@ def bundle_policy(
     """The bundle's thresholds, or thresholds calibrated on the profile when it has none (or when asked);
     ``threshold`` replaces every non-root node's, as ``cis serve --all --threshold`` does."""
     policy = bundle.policy
-    if policy is not None and policy.uses_patience:  # FLAME: no thresholds; the rule decides per request
+    if policy is not None and not policy.thresholded:  # no thresholds to calibrate or replace (FLAME)
         return policy
     if threshold is not None:
         measure = policy.measure if policy is not None else spec.confidence
@@ -211,40 +210,22 @@ def bundle_policy(
     return policy
 
 
-def serve_masks(spec: CisSpec, policy: ExitPolicy, profile: Profile) -> dict[str, list[bool]]:
-    """Per node and profile row: does the policy keep that sample at the node?
+def profile_decisions(
+    spec: CisSpec, policy: ExitPolicy, profile: Profile
+) -> tuple[dict[str, list[bool]], list[int] | None]:
+    """Per node and profile row, does the policy keep that sample at the node; and per row, the exit that
+    serves it when the rule fixes one whatever the path (else None: each node's own exit).
 
-    A sample's confidence at an exit is fixed, so the policy's threshold rule is
-    applied once per (node, row) here instead of once per simulated request.
-    Under the patience rule a row's exit is fixed too (:func:`patience_exits`):
-    a node keeps it when that exit is one of the node's.
+    A sample's confidence and class at every exit are fixed, so the policy decides
+    once per (node, row) here instead of once per simulated request.
     """
-    if policy.uses_patience:
-        at = patience_exits(policy, profile)
-        return {n.id: (at <= n.exit).tolist() for n in spec.nodes}
-    decide = threshold_decider(policy)
-    rows = np.arange(profile.samples)
-    weight = np.ones(profile.samples)
-    return {
-        n.id: (decide(n.id, rows, weight, profile.confidence[:, n.exit - 1]) > 0).tolist()
-        for n in spec.nodes
-    }
+    masks, exit_at = policy.profile_decision({n.id: n.exit for n in spec.nodes}, profile.confidence, profile.predicted)
+    return {nid: m.tolist() for nid, m in masks.items()}, None if exit_at is None else exit_at.tolist()
 
 
-def patience_exits(policy: ExitPolicy, profile: Profile) -> np.ndarray:
-    """The exit at which FLAME's patience rule serves each profile row (the same on any path up the tree)."""
-    if profile.predicted is None:
-        raise CisError(
-            "simulate: the bundle's profile has no 'predicted' classes, which the patience rule needs; re-export the "
-            "bundle"
-        )
-    assert policy.patience is not None  # a patience policy has its p
-    return patience_rule.exit_points_from_labels(profile.predicted, int(policy.patience))
-
-
-def patience_payload(policy: ExitPolicy | None) -> int:
-    """Extra bytes per forwarded sample: the patience state (label, count) as two int64 carries."""
-    return 16 if policy is not None and policy.uses_patience else 0
+def state_payload(policy: ExitPolicy | None) -> int:
+    """Extra bytes per forwarded sample: the rule's state that travels with the carry (patience: two int64)."""
+    return 0 if policy is None else sum(a.nbytes for a in policy.fresh_state(1).values())
 
 
 def served_shares(spec: CisSpec, overrides: dict[str, float]) -> dict[str, float]:

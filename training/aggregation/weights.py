@@ -163,10 +163,7 @@ def make_weights(
             RAMPS[strategy], num_exits, exit_serving_rate=exit_serving_rate, sigma=sigma, matrix=matrix, sizes=sizes,
             balanced_rule=balanced_rule, node_exits=node_exits,
         )
-        return Weights(
-            strategy, num_exits, None, total_rounds=total_rounds, ramp_to=target.constant,
-            details={**target.details, "ramp_to": target.constant.tolist()},
-        )
+        return _ramp(strategy, num_exits, total_rounds, target)
     if strategy == "flops":
         if flops is None or len(flops) != num_exits:
             raise CisError(f"strategy flops: expected {num_exits} per-exit FLOPs")
@@ -183,23 +180,47 @@ def make_weights(
             details={"exit_serving_rate": list(map(float, exit_serving_rate))},
         )
     if strategy == "balanced-adj":
-        if balanced_rule == "authors-code":
-            w = authors_balanced_weights(exit_serving_rate, sigma, node_exits, sizes)
-        else:
-            w = balanced_adj_weights(exit_serving_rate, sigma, matrix, sizes)
-        return Weights(
-            strategy,
-            num_exits,
-            w,
-            total_rounds=total_rounds,
-            details={
-                "exit_serving_rate": list(map(float, exit_serving_rate)),
-                "sigma": list(map(float, sigma)),
-                **({"rule": balanced_rule} if balanced_rule != "printed" else {}),
-            },
+        return _balanced_adj(
+            num_exits, total_rounds, exit_serving_rate, sigma, matrix, sizes, balanced_rule, node_exits
         )
     if strategy == "explicit":
         if vector is None or len(vector) != num_exits:
             raise CisError(f"strategy explicit: weights {vector!r}, expected {num_exits} values (one per exit)")
         return Weights(strategy, num_exits, normalise(vector, "explicit weights"), total_rounds=total_rounds)
     raise CisError(f"strategy {strategy!r}: unknown, expected one of {', '.join(STRATEGIES)}")
+
+
+def _ramp(strategy: str, num_exits: int, total_rounds: int, target: Weights) -> Weights:
+    """A ramp from equal weights towards ``target``'s shape, reached at the last round (:func:`ramp_weights`)."""
+    return Weights(
+        strategy, num_exits, None, total_rounds=total_rounds, ramp_to=target.constant,
+        details={**target.details, "ramp_to": target.constant.tolist()},
+    )
+
+
+def _balanced_adj(
+    num_exits: int,
+    total_rounds: int,
+    exit_serving_rate: Sequence[float] | None,
+    sigma: Sequence[float] | None,
+    matrix: np.ndarray | None,
+    sizes: Sequence[int] | None,
+    balanced_rule: str,
+    node_exits: Sequence[int] | None,
+) -> Weights:
+    """balanced-adj as printed, or the authors' formula (``balanced_rule`` "authors-code")."""
+    if balanced_rule == "authors-code":
+        w = authors_balanced_weights(exit_serving_rate, sigma, node_exits, sizes)
+    else:
+        w = balanced_adj_weights(exit_serving_rate, sigma, matrix, sizes)
+    return Weights(
+        "balanced-adj",
+        num_exits,
+        w,
+        total_rounds=total_rounds,
+        details={
+            "exit_serving_rate": list(map(float, exit_serving_rate)),
+            "sigma": list(map(float, sigma)),
+            **({"rule": balanced_rule} if balanced_rule != "printed" else {}),
+        },
+    )

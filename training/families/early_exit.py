@@ -1,8 +1,12 @@
-"""The early-exit methods' engine pieces: ``--method`` -> (chooser, trainer, aggregator).
+"""The builder of the early-exit methods (ReeFL, DepthFL, InclusiveFL, ExclusiveFL, ScaleFL, FLAME).
+
+    model = build_model(config, options, num_exits, train)     # a ViT (or the dataset's CNN, option arch=cnn)
+    setup = build_pieces(config, spec, model, clients, sgd, options, weights_for, log)
+
+or, for code and tests, the two steps apart:
 
     model = build_model(method_model_config("reefl", {"arch": "vit", "exits": [2, 4, 6]}))
     chooser, trainer, aggregator = build_method("reefl", model, clients, sgd, method_options("reefl"))
-    engine = FederatedEngine(model, clients, chooser, trainer, aggregator, seed=seed)
 
 ``options`` are the method's options with every default filled
 (:func:`training.methods.registry.method_options` / ``effective_options``: the defaults
@@ -19,13 +23,77 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from cis.errors import CisError
+from training.aggregation.aggregators import MaskedAggregator
+from training.aggregation.averages import (
+    exit_based_term,
+    exit_conscious_term,
+    fedavg_term,
+    held_term,
+    patience_term,
+)
+from training.aggregation.weights import Weights
+from training.architectures import build_model as model_from_config
+from training.engine import MethodSetup
+from training.flops import exit_costs
 from training.local import Client, ExitSGDTrainer
 from training.methods import baselines as bl
-from training.methods.aggregate import exit_based_term, exit_conscious_term, fedavg_term, held_term, patience_term
 from training.methods.registry import EARLY_EXIT_METHODS, FLAME_AGGREGATIONS, FLAME_SETTING_A
 from training.methods.vit import ViTEE
-from training.models import EarlyExitNet
-from training.strategies import Weights
+from training.models import EarlyExitNet, default_model_config
+from training.sampling import sampling_matrix
+
+
+def build_model(config, options: dict[str, Any], num_exits: int, train) -> EarlyExitNet:
+    """The method's model for the dataset: the ViT of :func:`vit_config`, or the dataset's CNN (option arch=cnn)."""
+    in_channels, size = int(train.x.shape[1]), int(train.x.shape[2])
+    if options["arch"] == "cnn":
+        base = default_model_config(config.dataset_name, config.width)
+        base.update(num_classes=train.num_classes, in_channels=in_channels, input_size=size)
+        if len(base["exits"]) != num_exits:
+            raise CisError(
+                f"option arch=cnn: the {base['arch']} model has {len(base['exits'])} exits; the spec has {num_exits}"
+            )
+    else:
+        base = vit_config(config, options, num_exits, train.num_classes, in_channels, size)
+    return model_from_config(method_model_config(config.method, base))
+
+
+def vit_config(config, opts: dict[str, Any], num_exits: int, classes: int, in_channels: int, size: int) -> dict:
+    """The early-exit ViT of a dataset; the options left at None take the dataset's sizes."""
+    digits = config.dataset_name == "digits"
+    heads = opts["heads"]
+    dim = opts["dim"] or (32 if digits else 64)
+    dim = max(heads, round(dim * config.width / heads) * heads)
+    depth = opts["depth"] or (3 if digits else 6)
+    exits = opts["vit_exits"] or [round(depth * k / num_exits) for k in range(1, num_exits + 1)]
+    if len(exits) != num_exits or len(set(exits)) != num_exits or min(exits) < 1:
+        raise CisError(
+            f"ViT: {num_exits} exits in {depth} blocks; expected depth >= {num_exits} or option vit_exits "
+            f"with {num_exits} blocks"
+        )
+    base = {
+        "arch": "vit", "exits": list(exits), "num_classes": classes, "in_channels": in_channels,
+        "input_size": size, "patch": opts["patch"] or (2 if digits else 4), "dim": dim, "depth": depth,
+        "heads": heads, "mlp_ratio": opts["mlp_ratio"],
+    }
+    if config.method == "reefl":
+        base["modulation"] = bool(opts["modulation"])
+    return base
+
+
+def build_pieces(config, spec, model: EarlyExitNet, clients: list[Client], sgd: dict, options: dict[str, Any],
+                 weights_for, log) -> MethodSetup:
+    """Each client trains its largest exit; the weights Lambda~ scale its term, except under FLAME."""
+    E = model.num_exits
+    flame = config.method == "flame"
+    matrix = sampling_matrix([E if flame else c.max_exit for c in clients], E, 0.0)
+    weights = weights_for(model, matrix)
+    if flame:
+        log(f"flame: the {options['flame_aggregation']!r} aggregation rule sets the clients' weights; "
+            f"--strategy {config.strategy} is recorded but not applied")
+    pieces = build_method(config.method, model, clients, sgd, options, config.participation, None if flame else weights)
+    return MethodSetup(model, *pieces, matrix, weights)
 
 
 def method_model_config(method: str, base: dict[str, Any]) -> dict[str, Any]:
@@ -47,6 +115,7 @@ def build_method(
     participation: float = 1.0,
     weights: Weights | None = None,
 ):
+    """(chooser, trainer, aggregator) of an early-exit method; ``options`` with every default filled."""
     _check(method)
     budgets = [c.max_exit for c in clients]
     E = model.num_exits
@@ -56,13 +125,13 @@ def build_method(
     if method in ("reefl", "depthfl"):
         loss = method if options["distill"] else "all"
         trainer = bl.MultiExitTrainer(loss=loss, clip_value=clip, ramp_rounds=options["kd_ramp_rounds"], **sgd)
-        return chooser, trainer, bl.MaskedAggregator(held, weights)
+        return chooser, trainer, MaskedAggregator(held, weights)
     if method == "exclusivefl":
         chooser = bl.BudgetChooser(budgets, participation, only_exit=E)
-        return chooser, bl.MultiExitTrainer(loss="all", clip_value=clip, **sgd), bl.MaskedAggregator(held, weights)
+        return chooser, bl.MultiExitTrainer(loss="all", clip_value=clip, **sgd), MaskedAggregator(held, weights)
     if method == "inclusivefl":
         exits = model.config()["exits"]
-        aggregator = bl.MaskedAggregator(
+        aggregator = MaskedAggregator(
             held, weights, bl.INCLUSIVEFL_BETA, bl.block_prefixes(model), bl.exit_boundary_blocks(exits)
         )
         return chooser, ExitSGDTrainer(**sgd), aggregator
@@ -72,14 +141,12 @@ def build_method(
             loss="scalefl", distill_weight=bl.SCALEFL_KD_WEIGHT, tau=bl.SCALEFL_TAU, widths=widths, **sgd
         )
         sliced = lambda c, e, size: (float(size), bl.width_holds(model, e, widths[e - 1]))  # noqa: E731
-        return chooser, trainer, bl.MaskedAggregator(sliced, weights)
+        return chooser, trainer, MaskedAggregator(sliced, weights)
     return _flame(model, clients, sgd, options, participation)
 
 
 def _flame(model: EarlyExitNet, clients: list[Client], sgd: dict[str, Any], options: Mapping[str, Any],
            participation: float):
-    from training.flops import exit_costs
-
     rule = options["flame_aggregation"]
     if rule not in FLAME_AGGREGATIONS:
         raise ValueError(f"FLAME aggregation {rule!r}: expected one of {FLAME_AGGREGATIONS}")
@@ -97,7 +164,7 @@ def _flame(model: EarlyExitNet, clients: list[Client], sgd: dict[str, Any], opti
         "exit-conscious": lambda c, e, size: exit_conscious_term(trainer.last_avg_exit[c.id]),
         "exit-based": lambda c, e, size: exit_based_term(trainer.last_avg_exit[c.id]),
     }
-    return chooser, trainer, bl.MaskedAggregator(terms[rule])
+    return chooser, trainer, MaskedAggregator(terms[rule])
 
 
 def _check(method: str) -> None:

@@ -1,4 +1,4 @@
-"""The header's vocabulary and its documented checks (see docs/protocol.md, the contract).
+"""The wire vocabulary and the header's documented checks (see docs/protocol.md, the contract).
 
 Kinds, error codes, flags, dtypes and limits; :class:`ProtocolError`; and the Python
 checks that find the *first* failure of a header in the documented order.

@@ -1,0 +1,89 @@
+"""Where the benchmarks' files are and what they record: the repository, the results folder, the
+CIFAR-10 unzip, the machine's facts, result files; and the result heads of the ViT and nested-method benchmarks.
+
+A benchmark runs as a script (``python benchmarks/NAME.py``): Python puts benchmarks/ first on
+``sys.path``, so ``from _results import ...`` (and ``_args``, ``_stats``, ``_campaign``, ``_models``)
+finds these modules, and the project comes from its installed package (``pip install -e .``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+RESULTS = REPO / "benchmarks" / "results"
+
+
+CIFAR_ZIP = next(
+    (
+        p
+        for p in (REPO.parent / "shared" / "data" / "cifar10-jpeg.zip", Path("/work/shared/data/cifar10-jpeg.zip"))
+        if p.is_file()
+    ),
+    REPO.parent / "shared" / "data" / "cifar10-jpeg.zip",
+)
+
+
+def ensure_cifar(path: Path) -> Path:
+    """CIFAR-10 at ``path`` (an image folder, unzipped from ../shared/data/cifar10-jpeg.zip when missing, or the
+    python-pickle layout ``path``/cifar-10-batches-py)."""
+    if not (path / "train").is_dir() and not (path / "cifar-10-batches-py").is_dir():
+        path.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["unzip", "-q", "-o", str(CIFAR_ZIP), "-d", str(path)], check=True)
+    return path
+
+
+def machine() -> dict[str, Any]:
+    """Where the numbers were measured (say the load: the development machine is shared)."""
+    return {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()}
+
+
+def write_results(name: str, data: dict, markdown: str | list[str] | None = None) -> None:
+    """``RESULTS/name.json`` and, given a table, ``RESULTS/name.md``."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2, default=float))
+    if markdown is not None:
+        text = markdown if isinstance(markdown, str) else "\n".join(markdown) + "\n"
+        (RESULTS / f"{name}.md").write_text(text)
+    print(f"wrote {RESULTS / name}.json" + (" and .md" if markdown is not None else ""), file=sys.stderr)
+
+
+def vit_result(
+    benchmark: str, args: argparse.Namespace, scale_keys: tuple[str, ...], cells: dict, start: float
+) -> dict:
+    """The result object of flame.py / reefl.py: its scale (the named args), its cells, its seconds."""
+    return {
+        "benchmark": benchmark,
+        "quick": args.quick,
+        "scale": {k: getattr(args, k) for k in scale_keys},
+        "cells": cells,
+        "seconds": time.perf_counter() - start,
+    }
+
+
+def vit_head(name: str, out: dict, setting: str) -> tuple[int, list[str]]:
+    """(number of exits, the markdown's title and scale line) of a flame.py / reefl.py result ``out``."""
+    exits = len(str(out["scale"]["exits"]).split(","))
+    smoke = " (quick smoke run)" if out["quick"] else ""
+    scale = f"Scale: {out['scale']}; {setting} Total {out['seconds'] / 60:.1f} min."
+    return exits, [f"# {name} benchmark{smoke}", "", scale]
+
+
+def nested_head(title: str, a: dict, what: str) -> list[str]:
+    """The markdown's title and the sentence on the scale of a nested-method run (``a``: its args)."""
+    scale = (
+        f"{'QUICK SMOKE RUN, not a result. ' if a['quick'] else ''}Reduced scale: ResNet20 at width {a['width']}, "
+        f"{a['train_subset']} training images, {a['rounds']} rounds x {a['local_steps']} local steps of "
+        f"{a['batch_size']}, test on {a['test']} images, seed {a['seed']}; papers' weighting (--strategy equal)."
+    )
+    return [f"# {title}", "", f"{scale} {what}", ""]

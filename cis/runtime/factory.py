@@ -1,0 +1,133 @@
+"""The node factory: a :class:`cis.runtime.node.Node` for one node of a spec, serving a verified bundle.
+
+    node = build_node("bundle", "device0")   # the spec inside the bundle, its thresholds, its addresses
+    node.run()
+
+The spec gives the node's exit, parent, transfer cap, queue limit, provider and
+addresses; the bundle its stages and its exit policy; ``cis serve`` flags override
+any of them (:mod:`cis.commands.serve_config`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from cis.bundle import Bundle, load_bundle
+from cis.errors import CisError
+from cis.logs import event
+from cis.rates import compute_rates
+from cis.runtime.node import BundleStage, Node
+from cis.runtime.node_config import STAGE_THREADS, NodeConfig
+from cis.spec import CisSpec
+from cis.spec import Node as SpecNode
+
+log = logging.getLogger(__name__)
+
+
+def build_node(
+    bundle: Bundle | str,
+    node_id: str,
+    spec: CisSpec | None = None,
+    bind: str | None = None,
+    parent: str | None = None,
+    threshold: float | None = None,
+    transfer_cap: bool = True,
+    **options: Any,
+) -> Node:
+    """A :class:`Node` for ``node_id`` serving ``bundle`` (a path or a loaded Bundle).
+
+    The spec (default: the bundle's) gives the node's exit, parent, transfer cap,
+    queue limit, provider and addresses; ``bind``/``parent`` override the addresses and
+    ``threshold`` the bundle policy's threshold; ``provider`` (cpu, cuda, tensorrt, auto;
+    see cis.backends) the spec's. ``options`` go to NodeConfig.
+    """
+    if not isinstance(bundle, Bundle):
+        bundle = load_bundle(bundle)  # verifies every file's sha256 before any stage is loaded
+    spec = spec or bundle.spec
+    if spec is None:
+        raise CisError(f"{bundle.root}: bundle has no spec; pass --spec")
+    node = spec.node(node_id)
+    if node.exit > bundle.num_exits:
+        raise CisError(f"node {node_id!r}: exit {node.exit} but the bundle has {bundle.num_exits} stages")
+    bind, parent = _addresses(spec, node, bind, parent)
+    threshold = _threshold(bundle, node, threshold)
+    stages, backend = _open_stages(bundle, node, options.pop("provider", None), options.pop("threads", STAGE_THREADS))
+    _policy_options(bundle, spec, options)
+    if node.queue_limit is not None:
+        options.setdefault("queue_limit", node.queue_limit)
+    rates = compute_rates(spec)
+    incoming = rates.incoming[node_id]
+    cfg = NodeConfig(
+        node_id=node_id,
+        exit=node.exit,
+        bind=bind,
+        parent=parent,
+        threshold=float(threshold),
+        max_transfer_rate=node.max_transfer_rate if transfer_cap else math.inf,
+        tiers_above=max(1, spec.depth(node_id)),
+        adapt_target=rates.transfer_rate[node_id] / incoming if incoming > 0 else 0.0,
+        backend=backend,
+        parent_id=node.parent,
+        bundle=str(bundle.root),
+        bundle_sha256=bundle.sha256,
+        **options,
+    )
+    return Node(cfg, stages)
+
+
+def _addresses(spec: CisSpec, node: SpecNode, bind: str | None, parent: str | None) -> tuple[str, str | None]:
+    """(the address the node binds, its parent's; None at the root): the spec's unless given."""
+    if node.parent is None:
+        parent = None
+    elif parent is None:
+        parent = spec.node(node.parent).address
+        if parent is None:
+            raise CisError(f"node {node.id!r}: parent {node.parent!r} has no address in the spec; pass --parent")
+    bind = bind or node.address
+    if bind is None:
+        raise CisError(f"node {node.id!r}: no address in the spec; pass --bind (e.g. tcp://127.0.0.1:5555)")
+    return bind, parent
+
+
+def _threshold(bundle: Bundle, node: SpecNode, threshold: float | None) -> float:
+    """The node's threshold: given, else the bundle policy's; -inf where none applies (the root serves
+    everything; a policy without thresholds, FLAME's patience, decides otherwise)."""
+    if threshold is not None:
+        return threshold
+    policy = bundle.policy
+    if node.parent is None or (policy is not None and not policy.thresholded):
+        return -math.inf
+    if policy is not None and node.id in policy.thresholds:
+        return policy.thresholds[node.id]
+    raise CisError(f"node {node.id!r}: the bundle's policy has no threshold for it; pass --threshold")
+
+
+def _policy_options(bundle: Bundle, spec: CisSpec, options: dict[str, Any]) -> None:
+    """The bundle policy's measure (and its patience, for that measure), unless the options name one."""
+    policy = bundle.policy
+    options.setdefault("measure", policy.measure if policy else spec.confidence)
+    if policy is not None and policy.patience is not None and options["measure"] == policy.measure:
+        options.setdefault("patience", policy.patience)
+
+
+def _open_stages(bundle: Bundle, node: SpecNode, provider: str | None, threads: int) -> tuple[dict, Any]:
+    """The node's stages 1..E_i on the provider that runs them here: ({k: stage}, the backend)."""
+    from cis.backends import node_provider, open_stages, refusal
+    from cis.stages import ProviderError
+
+    try:
+        indices = [k for k in bundle.stages_for_node(node.id) if k <= node.exit]
+    except CisError:
+        indices = list(range(1, node.exit + 1))
+    if node.exit not in indices:
+        indices = list(range(1, node.exit + 1))
+    chosen, source = node_provider(node, provider)
+    try:
+        runners, backend = open_stages(bundle, indices, chosen, threads)
+    except ProviderError as exc:
+        raise refusal(node.id, exc, source) from None
+    if backend.note:  # auto fell back to the CPU: said once, at start
+        event(log, logging.WARNING, "provider_fallback", f"node {node.id}: {backend.note}", node=node.id)
+    return {k: BundleStage(bundle.stage(k).inputs, bundle.stage(k).outputs, r) for k, r in runners.items()}, backend

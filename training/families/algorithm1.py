@@ -1,0 +1,62 @@
+"""The builder of Algorithm 1 (``--method cis``): the dataset's early-exit CNN and line 12.
+
+    model = build_model(config, options, num_exits, train)     # digits-cnn or resnet18, its exits the spec's
+    setup = build_pieces(config, spec, model, clients, sgd, options, weights_for, log)
+
+Each node draws an exit from its row of the sampling matrix (:class:`training.engine.ExitSampler`, line 3),
+trains it with :class:`training.local.ExitSGDTrainer`, and :class:`~training.aggregation.aggregators.CisAggregator`
+applies line 12 (``--algorithm authors-code``: :class:`~training.aggregation.aggregators.AuthorsCodeAggregator`,
+into the root's model).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cis.errors import CisError
+from training.aggregation.aggregators import AuthorsCodeAggregator, CisAggregator
+from training.architectures import build_model as model_from_config
+from training.engine import ExitSampler, MethodSetup
+from training.flops import exit_costs
+from training.local import Client, ExitSGDTrainer
+from training.models import EarlyExitNet, default_model_config
+from training.sampling import sampling_matrix
+
+
+def build_model(config, options: dict[str, Any] | None, num_exits: int, train) -> EarlyExitNet:
+    """The dataset's early-exit CNN at ``config.width`` (its exits are fixed: the spec must match them)."""
+    config_ = default_model_config(config.dataset_name, config.width)
+    return model_from_config({**config_, "num_classes": train.num_classes})
+
+
+def build_pieces(config, spec, model: EarlyExitNet, clients: list[Client], sgd: dict, options: dict[str, Any] | None,
+                 weights_for, log) -> MethodSetup:
+    """The sampling matrix of ``--p``, the ExitSampler, the ExitSGDTrainer and line 12's aggregator."""
+    if model.num_exits != spec.num_exits:
+        raise CisError(f"spec {spec.name!r}: has {spec.num_exits} exits; the {model.arch} model has {model.num_exits}")
+    matrix = sampling_matrix([n.exit for n in spec.nodes], spec.num_exits, config.p, config.p_rule, config.p_matrix)
+    weights = weights_for(model, matrix)
+    sampler = ExitSampler(matrix, config.participation)
+    sizes = [c.size for c in clients]
+    if config.algorithm == "authors-code":
+        aggregator: CisAggregator | AuthorsCodeAggregator = AuthorsCodeAggregator(
+            weights, matrix, sizes, root_index(spec), model.exit_state_keys, config.server_lr
+        )
+    else:
+        aggregator = CisAggregator(
+            weights, matrix, sizes, sampler.inclusion, config.p_mode, config.server_lr,
+            config.coefficient_rule, config.bn_rule,
+        )
+    exit_flops = [c["flops"] for c in exit_costs(model)] if config.lower_exit_steps == "flops" else None
+    return MethodSetup(model, sampler, ExitSGDTrainer(exit_flops=exit_flops, **sgd), aggregator, matrix, weights)
+
+
+def root_index(spec) -> int:
+    """The index of the node without a parent: the one whose model the authors' code aggregates into."""
+    roots = [k for k, n in enumerate(spec.nodes) if n.parent is None]
+    if len(roots) != 1:
+        raise CisError(
+            f"spec {spec.name!r}: {len(roots)} nodes without a parent; algorithm 'authors-code' aggregates into "
+            "the one root's model"
+        )
+    return roots[0]

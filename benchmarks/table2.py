@@ -60,6 +60,7 @@ from _common import (
 PAPER = {"equal p=0": 36.5, "serving-rate p=0": 41.3, "serving-rate p=0.2": 49.2}  # their runs: p = 0.4 (above)
 ALGORITHMS = ("printed", "authors-code")
 MATCH_FLOPS_STEPS = "match flops-steps"  # a control's local_steps: as many SGD steps as the flops-steps variant
+FLOPS_STEPS_P = 0.2  # the p of the flops-steps variants the controls match, whatever the control's own p
 CONTROLS: dict[str, tuple[float, dict]] = {  # step-matched controls of the flops-steps variants (issue 22)
     "serving-rate p=0 steps-matched": (0.0, {"local_steps": MATCH_FLOPS_STEPS}),
     "serving-rate p=0.2 self-normalised steps-matched": (
@@ -181,7 +182,8 @@ def one_run(
 
         base = dict(dataset=dataset, strategy=strategy, serving="80-15-5", p=p, seed=seed, **SETTING)
         base.update(rounds=args.rounds, width=args.width, train_subset=args.train_subset, val_size=args.val_size)
-        extra["local_steps"] = matched_local_steps(make_config(overrides=dict(base, local_epochs=args.local_epochs)))
+        matched = dict(base, p=FLOPS_STEPS_P, local_epochs=args.local_epochs)
+        extra["local_steps"] = matched_local_steps(make_config(overrides=matched))
     summary = train(run, dataset, strategy, "80-15-5", args, p=p, **SETTING, **extra)
     record = {
         "seed": seed,

@@ -43,6 +43,16 @@ def ensure_cifar(path: Path) -> Path:
     return path
 
 
+def write_scale(out: Path, scale: dict[str, Any], seeds: list[int]) -> None:
+    """Write a campaign folder's scale.json: its scale and planned seeds. A campaign over fewer seeds at the
+    same scale (``--seeds 1,2,3`` after a 5-seed one) keeps the seeds planned before, so the report still
+    covers every finished run."""
+    path = out / "scale.json"
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    planned = old.pop("seeds", []) if old == {**scale, "seeds": old.get("seeds")} else []
+    path.write_text(json.dumps({**scale, "seeds": sorted(set(planned) | set(seeds))}, indent=1))
+
+
 def machine() -> dict[str, Any]:
     """Where the numbers were measured (say the load: the development machine is shared)."""
     return {"cpus": os.cpu_count(), "platform": platform.platform(), "load_avg": os.getloadavg()}

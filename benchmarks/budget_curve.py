@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from _args import common_args
-from _results import RESULTS, ensure_cifar
+from _results import RESULTS, ensure_cifar, write_scale
 from _stats import paired, stats
 from table1 import ALGORITHMS, campaign, run_files
 
@@ -180,7 +180,7 @@ def main() -> None:
             out = budget_folder(name)
             out.mkdir(parents=True, exist_ok=True)
             scale = {"width": args.width, "rounds": args.rounds, **BUDGETS[name], "val_size": args.val_size}
-            (out / "scale.json").write_text(json.dumps({**scale, "seeds": seeds}, indent=1))
+            write_scale(out, scale, seeds)
             runs = Path(args.runs or f"/tmp/cis-bench/budget_curve_{name}")
             campaign(args, dataset, runs, out, cells, seeds, on_run=lambda: report(seeds))
     report(seeds)

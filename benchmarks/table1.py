@@ -37,7 +37,7 @@ from pathlib import Path
 from _args import common_args, quick, scale_of, seeds_of
 from _campaign import claim, save_run
 from _models import evaluate, train
-from _results import RESULTS, ensure_cifar
+from _results import RESULTS, ensure_cifar, write_scale
 from _stats import add_holm, fmt_test, paired, stats
 
 SETTINGS = ["80-15-5", "33-33-33", "5-15-80"]
@@ -452,7 +452,7 @@ def main() -> None:
         target = large_out if args.large else out
         runs = Path(args.runs or f"/tmp/cis-bench/{target.name}")
         target.mkdir(parents=True, exist_ok=True)
-        (target / "scale.json").write_text(json.dumps({**scale_of(args), "seeds": seeds_of(args)}, indent=1))
+        write_scale(target, scale_of(args), seeds_of(args))
         if args.large:
             cells = [(s, LARGE["serving"]) for s in strategies]
         else:

@@ -44,7 +44,7 @@ import numpy as np
 from _args import common_args, quick, scale_of, seeds_of
 from _campaign import claim, save_run
 from _models import train
-from _results import RESULTS, ensure_cifar
+from _results import RESULTS, ensure_cifar, write_scale
 from _stats import add_holm, fmt_test, paired, stats
 
 PAPER = {"equal p=0": 36.5, "serving-rate p=0": 41.3, "serving-rate p=0.2": 49.2}  # their runs: p = 0.4 (above)
@@ -392,12 +392,7 @@ def main() -> None:
         dataset = f"cifar10:{ensure_cifar(Path(args.data))}"
         runs = Path(args.runs or f"/tmp/cis-bench/{stem}")
         out.mkdir(parents=True, exist_ok=True)
-        (out / "scale.json").write_text(
-            json.dumps(
-                {**scale_of(args), "partition": "highly-biased", "serving": "80-15-5", "seeds": seeds_of(args)},
-                indent=1,
-            )
-        )
+        write_scale(out, {**scale_of(args), "partition": "highly-biased", "serving": "80-15-5"}, seeds_of(args))
         for seed in seeds_of(args):
             for name, strategy, p, extra in campaign_runs(variants, args.algorithm, args.controls):
                 one_run(args, dataset, runs, out, seed, name, strategy, p, extra, args.algorithm)

@@ -49,7 +49,9 @@ def write_scale(out: Path, scale: dict[str, Any], seeds: list[int]) -> None:
     covers every finished run."""
     path = out / "scale.json"
     old = json.loads(path.read_text()) if path.is_file() else {}
-    planned = old.pop("seeds", []) if old == {**scale, "seeds": old.get("seeds")} else []
+    planned = old.pop("seeds", [])
+    if old != scale:  # another scale: its seeds are not this campaign's
+        planned = []
     path.write_text(json.dumps({**scale, "seeds": sorted(set(planned) | set(seeds))}, indent=1))
 
 

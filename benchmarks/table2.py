@@ -170,10 +170,9 @@ def one_run(
     if extra.get("local_steps") == MATCH_FLOPS_STEPS:
         from training.config import make_config
 
-        base = dict(dataset=dataset, strategy=strategy, serving="80-15-5", p=p, seed=seed, **SETTING)
-        base.update(rounds=args.rounds, width=args.width, train_subset=args.train_subset, val_size=args.val_size)
-        matched = dict(base, p=FLOPS_STEPS_P, local_epochs=args.local_epochs)
-        extra["local_steps"] = matched_local_steps(make_config(overrides=matched))
+        variant = dict(dataset=dataset, strategy=strategy, serving="80-15-5", p=FLOPS_STEPS_P, seed=seed, **SETTING)
+        variant.update(rounds=args.rounds, width=args.width, train_subset=args.train_subset, val_size=args.val_size)
+        extra["local_steps"] = matched_local_steps(make_config(overrides=dict(variant, local_epochs=args.local_epochs)))
     summary = train(run, dataset, strategy, "80-15-5", args, p=p, **SETTING, **extra)
     record = {
         "seed": seed,

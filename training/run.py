@@ -161,7 +161,7 @@ def run_weights(
         var = gradient_variance(model, train.x, train.y, config.batch_size, config.sigma_batches, config.seed)
         sigma = [float(np.sqrt(v)) for v in var]
         log("gradient variance per exit (Appendix C): " + ", ".join(f"{v:.3g}" for v in var))
-    flops = [c["flops"] for c in exit_costs(model)] if config.strategy == "flops" else None
+    flops = [c["flops"] for c in exit_costs(model)] if config.strategy in ("flops", "auto") else None
     return make_weights(
         config.strategy,
         spec.num_exits,

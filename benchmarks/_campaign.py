@@ -37,16 +37,16 @@ def claim(path: Path) -> bool:
 
 
 def save_run(path: Path, record: dict, commit: bool) -> None:
-    """One finished run's numbers, written at once (and committed with --commit)."""
+    """One finished run's numbers, written at once (and committed with --commit, with its campaign folder's
+    scale.json: a report reads the planned seeds and the scale from it)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1))
     path.with_suffix(".lock").unlink(missing_ok=True)
     if commit:
-        subprocess.run(["git", "-C", str(REPO), "add", str(path)], check=False)
-        subprocess.run(
-            ["git", "-C", str(REPO), "commit", "-q", "-m", f"{path.parent.parent.name}: {path.stem}", "--", str(path)],
-            check=False,
-        )
+        files = [str(f) for f in (path, path.parent.parent / "scale.json") if f.is_file()]
+        subprocess.run(["git", "-C", str(REPO), "add", *files], check=False)
+        message = f"{path.parent.parent.name}: {path.stem}"
+        subprocess.run(["git", "-C", str(REPO), "commit", "-q", "-m", message, "--", *files], check=False)
 
 
 @contextlib.contextmanager

@@ -56,7 +56,8 @@ _CONFIG_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
         "--strategy",
         {
             "choices": STRATEGIES,
-            "help": "aggregation weights Lambda~ (default {default}; auto = serving-ramp, equal toward serving-rate)",
+            "help": "aggregation weights Lambda~ (default {default}; auto = flops where the last exit serves more "
+            "than the first, else serving-ramp)",
         },
     ),
     ("--weights", {"type": _floats, "help": "explicit Lambda~, e.g. 0.6,0.3,0.1 (implies --strategy explicit)"}),

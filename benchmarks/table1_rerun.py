@@ -1,0 +1,103 @@
+"""Table 1's runs trained again (same config, same seed) on the machine at hand: how far a rerun lands.
+
+A run is deterministic on one machine (tests/test_train_cli.py), but another machine's kernels round
+differently and 60 rounds of SGD carry the difference into a different model. Table 1's printed runs of
+equal, flops, serving-rate and balanced-adj come from issue 17's machine; later strategies (auto, the ramps,
+authors-code) were trained on later ones. This benchmark retrains the named strategies' runs (default:
+equal, the baseline every comparison is paired on) into benchmarks/results/table1_rerun/runs/ and reports,
+per serving setting, the rerun minus the stored run, paired on the seed. A mean far from zero is a machine
+effect that a cross-machine comparison (auto or authors-code against issue 17's runs) carries.
+
+    python benchmarks/table1_rerun.py [--seeds 1,2,3,4,5] [--strategies equal,flops] [--commit]
+    python benchmarks/table1_rerun.py --report
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+from pathlib import Path
+
+from _args import common_args, scale_of, seeds_of
+from _results import RESULTS, ensure_cifar, machine, write_results, write_scale
+from _stats import add_holm, fmt_test, paired, stats
+from table1 import SETTINGS, SHARED, campaign, load_scale, run_name
+
+STORED, OUT = RESULTS / "table1", RESULTS / "table1_rerun"
+
+
+def records(folder: Path) -> dict[str, dict]:
+    return {f.stem: json.loads(f.read_text()) for f in sorted((folder / "runs").glob("seed*.json"))}
+
+
+def compare(seeds: list[int]) -> dict:
+    """{strategy: {setting: {stored, rerun, rerun_minus_stored}}} over the seeds both have."""
+    stored, rerun = records(STORED), records(OUT)
+    result: dict[str, dict] = {}
+    for name, r in rerun.items():
+        if r["seed"] not in seeds or name not in stored:
+            continue
+        for setting, acc in r["cis_accuracy"].items():
+            cell = result.setdefault(r["strategy"], {}).setdefault(setting, {"seeds": [], "stored": [], "rerun": []})
+            cell["seeds"].append(r["seed"])
+            cell["stored"].append(stored[name]["cis_accuracy"][setting])
+            cell["rerun"].append(acc)
+    flat = {}
+    for strategy, cells in result.items():
+        for setting, c in cells.items():
+            c["stored_stats"], c["rerun_stats"] = stats(c["stored"]), stats(c["rerun"])
+            c["rerun_minus_stored"] = flat[f"{strategy} {setting}"] = paired(c["rerun"], c["stored"])
+    add_holm(flat)
+    return result
+
+
+def report(seeds: list[int]) -> None:
+    result = compare(seeds)
+    lines = [
+        "# Table 1's runs retrained on another machine (same config, same seed)\n",
+        f"Seeds {','.join(map(str, seeds))}; stored runs: benchmarks/results/table1/runs (issue 17's machine); "
+        f"reruns: benchmarks/results/table1_rerun/runs ({platform.machine()}, {machine()['cpus']} CPUs). "
+        "CIS accuracy (%) mean ± sd; rerun - stored paired on the seed (signs per seed), t-test p / Holm.\n",
+        "| strategy | setting | stored | rerun | rerun - stored |",
+        "|---|---|---|---|---|",
+    ]
+    for strategy, cells in result.items():
+        for setting in [s for s in SETTINGS if s in cells]:
+            c = cells[setting]
+            lines.append(
+                f"| {strategy} | {setting} | {c['stored_stats']['mean']:.1f} ± {c['stored_stats']['sd']:.1f} | "
+                f"{c['rerun_stats']['mean']:.1f} ± {c['rerun_stats']['sd']:.1f} | {fmt_test(c['rerun_minus_stored'])} |"
+            )
+    write_results("table1_rerun", {"seeds": seeds, "by_strategy": result, "machine": machine()}, lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    common_args(ap)
+    ap.add_argument("--strategies", default="equal", help=f"comma-separated, of {', '.join(SHARED)} (default equal)")
+    args = ap.parse_args()
+    strategies = [s for s in args.strategies.split(",") if s]
+    if any(s not in SHARED for s in strategies):
+        sys.exit(f"--strategies: {strategies}; expected some of {', '.join(SHARED)} (scored in every cell)")
+    seeds = seeds_of(args)
+    if not args.report:
+        scale = load_scale(STORED)
+        if scale is None or {k: v for k, v in scale[0].items() if k != "seeds"} != scale_of(args):
+            sys.exit(f"the flags' scale {scale_of(args)} is not Table 1's ({STORED / 'scale.json'})")
+        missing = [run_name(s, x, "33-33-33") for s in seeds for x in strategies]
+        missing = [m for m in missing if not (STORED / "runs" / f"{m}.json").is_file()]
+        if missing:
+            sys.exit(f"no stored run to compare with: {', '.join(missing)} (benchmarks/results/table1/runs)")
+        OUT.mkdir(parents=True, exist_ok=True)
+        write_scale(OUT, scale_of(args), seeds)
+        dataset = f"cifar10:{ensure_cifar(Path(args.data))}"
+        runs = Path(args.runs or "/tmp/cis-bench/table1_rerun")
+        campaign(args, dataset, runs, OUT, [(s, "33-33-33") for s in strategies], seeds, on_run=lambda: report(seeds))
+    report(seeds)
+    print((RESULTS / "table1_rerun.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

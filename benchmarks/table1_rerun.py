@@ -15,7 +15,6 @@ effect that a cross-machine comparison (auto or authors-code against issue 17's 
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import sys
 from pathlib import Path
@@ -23,21 +22,22 @@ from pathlib import Path
 from _args import common_args, scale_of, seeds_of
 from _results import RESULTS, ensure_cifar, machine, write_results, write_scale
 from _stats import add_holm, fmt_test, paired, stats
-from table1 import SETTINGS, SHARED, campaign, load_scale, run_name
+from table1 import SETTINGS, SHARED, campaign, load_scale, run_files, run_name
 
 STORED, OUT = RESULTS / "table1", RESULTS / "table1_rerun"
 
 
-def records(folder: Path) -> dict[str, dict]:
-    return {f.stem: json.loads(f.read_text()) for f in sorted((folder / "runs").glob("seed*.json"))}
+def records(folder: Path, seeds: list[int]) -> dict[str, dict]:
+    """Table 1's run files of ``folder`` (:func:`table1.run_files`) by run name."""
+    return {run_name(r["seed"], r["strategy"], r["trained_for"], r["algorithm"]): r for r in run_files(folder, seeds)}
 
 
 def compare(seeds: list[int]) -> dict:
     """{strategy: {setting: {stored, rerun, rerun_minus_stored}}} over the seeds both have."""
-    stored, rerun = records(STORED), records(OUT)
+    stored, rerun = records(STORED, seeds), records(OUT, seeds)
     result: dict[str, dict] = {}
     for name, r in rerun.items():
-        if r["seed"] not in seeds or name not in stored:
+        if name not in stored:
             continue
         for setting, acc in r["cis_accuracy"].items():
             cell = result.setdefault(r["strategy"], {}).setdefault(setting, {"seeds": [], "stored": [], "rerun": []})

@@ -18,7 +18,8 @@ comparisons of its algorithm's table; every run file records its SGD steps.
 
 ``--large`` runs the headline cell at a larger scale instead: 80-15-5, width 0.25,
 100 rounds, 20,000 images, 3 seeds, for equal, serving-rate, balanced-adj and auto
-(each of those overridable; the .md says what scale was run).
+(each of those overridable, the cell with ``--settings``, e.g. ``--settings 5-15-80 --strategies
+flops,serving-rate,balanced-adj``: equal's runs already hold every setting; the .md says what scale was run).
 
     python benchmarks/table1.py [--quick] [--seeds 1,2,3,4,5] [--rounds 60] [--strategies ...] [--large]
                                 [--algorithm printed|authors-code]
@@ -321,6 +322,8 @@ def plot(stem: str, result: dict, settings: list[str]) -> None:
         print("matplotlib not installed: no plot", file=sys.stderr)
         return
     algorithms = list(result["summary"])
+    if not algorithms:  # no run finished yet (a --large campaign's first minutes): nothing to draw
+        return
     fig, axes = plt.subplots(1, len(algorithms), figsize=(7 * len(algorithms), 4), squeeze=False)
     for ax, algorithm in zip(axes[0], algorithms):
         s = result["summary"][algorithm]
@@ -388,23 +391,26 @@ def report(out: Path, large_out: Path, stem: str) -> dict:
 
 
 def large_cell(large_out: Path, large: tuple[dict, list[int]]) -> tuple[dict, str]:
-    """The larger-scale 80-15-5 cell (printed algorithm) and the sentence the report says about it."""
+    """The larger-scale cells (printed algorithm): every serving setting its runs were trained for (80-15-5 first,
+    then 5-15-80 where ``--large --settings 5-15-80`` ran), and the sentence the report says about them."""
     lscale, lseeds = large
-    cell = [LARGE["serving"]]
+    trained = {r["trained_for"] for r in run_files(large_out, lseeds)}
+    cells = [x for x in SETTINGS if x in trained]
     ltable = collect(large_out, lseeds).get("printed", {})
-    ldone = sorted({seed for cells in ltable.values() for accs in cells.values() for seed in accs})
-    part = {"scale": lscale, "seeds": ldone, "seeds_planned": lseeds, **summarise(ltable, lseeds, cell)}
-    part["auto_goal"] = auto_goal(part["summary"], cell)
+    ldone = sorted({seed for cells_ in ltable.values() for accs in cells_.values() for seed in accs})
+    part = {"scale": lscale, "cells": cells, "seeds": ldone, "seeds_planned": lseeds,
+            **summarise(ltable, lseeds, cells)}  # fmt: skip
+    part["auto_goal"] = auto_goal(part["summary"], cells)
     line = (
-        f"\n\nLarger scale, {LARGE['serving']} only (printed algorithm): width {lscale['width']}, "
+        f"\n\nLarger scale, {' and '.join(cells)} (printed algorithm): width {lscale['width']}, "
         f"{lscale['rounds']} rounds, {lscale['train_subset']} images, seeds {','.join(map(str, lseeds))}, trained on "
-        f"{', '.join(devices(large_out)) or 'an unrecorded device'}: "
-        + ", ".join(f"{k} {fmt(v.get(LARGE['serving']))}" for k, v in part["summary"].items())
+        f"{', '.join(devices(large_out)) or 'an unrecorded device'}."
     )
-    if pv := part["paired_vs_equal"]:
-        line += "; against equal: " + ", ".join(
-            f"{k} {c['mean']:+.1f} ({c['signs']})" for k, v in pv.items() for c in [v[LARGE["serving"]]]
-        )
+    for x in cells:
+        line += f" {x}: " + ", ".join(f"{k} {fmt(v[x])}" for k, v in part["summary"].items() if x in v)
+        if against := [(k, v[x]) for k, v in part["paired_vs_equal"].items() if x in v]:
+            line += "; against equal: " + ", ".join(f"{k} {c['mean']:+.1f} ({c['signs']})" for k, c in against)
+        line += "."
     return part, line
 
 
@@ -429,7 +435,7 @@ def main() -> None:
         "--large",
         action="store_true",
         help="the 80-15-5 cell at a larger scale (width 0.25, 100 rounds, "
-        "20k images, seeds 1,2,3, equal/serving-rate/balanced-adj/auto; the flags override each)",
+        "20k images, seeds 1,2,3, equal/serving-rate/balanced-adj/auto; the flags override each, --settings the cell)",
     )
     args = ap.parse_args()
     quick(args)
@@ -453,8 +459,10 @@ def main() -> None:
         runs = Path(args.runs or f"/tmp/cis-bench/{target.name}")
         target.mkdir(parents=True, exist_ok=True)
         write_scale(target, scale_of(args), seeds_of(args))
-        if args.large:
-            cells = [(s, LARGE["serving"]) for s in strategies]
+        if args.large:  # one cell: 80-15-5 unless --settings names others
+            given_settings = "--settings" in {a.split("=")[0] for a in sys.argv[1:]}
+            large_settings = args.settings.split(",") if given_settings else [LARGE["serving"]]
+            cells = [(s, x) for x in large_settings for s in strategies]
         else:
             cells = [(s, "33-33-33") for s in strategies if s in SHARED]
             cells += [

@@ -83,6 +83,7 @@ def serve_once(bundle: Path, provider: str, n: int) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, default=Path("/tmp/cis-gpu-serve"))
+    parser.add_argument("--work", type=Path, default=Path("/tmp/cis-gpu-serve-work"), help="the demo bundle's folder")
     parser.add_argument("--provider", default="cuda", help="what --provider to ask first (auto follows); cpu rehearses")
     parser.add_argument("--n", type=int, default=300, help="digits test samples sent through the tier")
     args = parser.parse_args(argv)
@@ -100,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
         summary["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
     except ImportError:
         summary["torch"] = None
-    bundle = make_demo_bundle(args.out / "demo", steps=150)  # exported here: a CUDA latency profile where CUDA runs
+    # exported here (a CUDA latency profile where CUDA runs), outside --out: a call brings back 8 files at most
+    bundle = make_demo_bundle(args.work / "demo", steps=150)
     try:
         summary["cuda_latency_profile"] = load_bundle(bundle).latency_profile("cuda")
     except Exception as exc:  # the bundle says which profiles it has

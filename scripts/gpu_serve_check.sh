@@ -11,6 +11,12 @@
 #     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux_2_28_x86_64 -d .gpu-ort onnxruntime-gpu==1.31.1          # about 255 MB
 #     python3 scripts/gpu_parts.py split .gpu-ort/onnxruntime_gpu-1.31.1-*.whl .gpu-ort/parts --mib 55
+#   or, 3 parts instead of 5: the wheel's files less the TensorRT provider (no TensorRT there) as .tar.xz (about
+#   178 MB; this script unpacks either form):
+#     mkdir /tmp/ortx && cd /tmp/ortx && unzip -q .../onnxruntime_gpu-1.31.1-*.whl \
+#       && rm onnxruntime/capi/libonnxruntime_providers_tensorrt.so \
+#       && tar -cf - onnxruntime onnxruntime_gpu-1.31.1.dist-info | xz -9 -T2 > ort-gpu-1.31.1.tar.xz
+#     python3 scripts/gpu_parts.py split /tmp/ortx/ort-gpu-1.31.1.tar.xz .gpu-ort/parts --mib 58
 #     (and .whl/ as scripts/gpu_check.sh says, plus msgspec, msgpack, cryptography, cffi, pycparser,
 #      prometheus-client; CIFAR-10 for the overhead benchmark: scripts/gpu_data.py pack, carried with .gpu)
 #   there, back to back on the same warm machine, one part per call (K = 000 ... 004):
@@ -22,6 +28,7 @@
 # brings those libraries in its nvidia-* packages, which this script puts on the loader path. TensorRT's
 # libraries cannot be brought (tensorrt-cu13-libs downloads from another index): the TensorRT path stays untested.
 #
+# OVERHEAD=0 skips the overhead benchmark (when the lent minutes go to training).
 # Writes $OUT (default /tmp/cis-gpu-serve): onnxruntime.txt, serve.json (the cloud tier under --provider cuda and
 # auto with cis infer through it, the bundle's CUDA latency profile), gpu-tests.log, runtime_overhead.json/.md.
 set -euo pipefail
@@ -37,8 +44,14 @@ if compgen -G ".whl/*.whl" >/dev/null; then  # what the image lacks (pyzmq, msgs
     export PYTHONPATH="/tmp/cis-site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 if [ -f "$parts/parts.json" ]; then  # onnxruntime-gpu from its parts, ahead of any onnxruntime of the image
-    python3 scripts/gpu_parts.py join "$parts" /tmp/ort-wheel
-    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/ort-gpu /tmp/ort-wheel/*.whl
+    if [ ! -d /tmp/ort-gpu/onnxruntime ]; then  # a rerun on the same warm machine keeps the last install
+        python3 scripts/gpu_parts.py join "$parts" /tmp/ort-wheel
+        if compgen -G "/tmp/ort-wheel/*.whl" >/dev/null; then
+            python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/ort-gpu /tmp/ort-wheel/*.whl
+        else  # the wheel's files as a .tar.xz (3 parts instead of 5; see the top of this file)
+            mkdir -p /tmp/ort-gpu && tar -xJf /tmp/ort-wheel/*.tar.xz -C /tmp/ort-gpu
+        fi
+    fi
     export PYTHONPATH="/tmp/ort-gpu${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -58,7 +71,7 @@ python3 scripts/gpu_serve_check.py --provider "$provider" --out "$out" 2>&1 | te
 # every test marked gpu: training on CUDA, and now --provider cuda serving (TensorRT's skip: no TensorRT there)
 python3 -m pytest -q -rs -m gpu tests/test_device.py tests/test_export.py tests/test_serve_tiers.py 2>&1 \
     | tee "$out/gpu-tests.log" || status=1
-if [ -d "$cifar" ]; then  # per-hop overhead with a core per node (--spin), quick: the budget is 15 minutes
+if [ "${OVERHEAD:-1}" = 1 ] && [ -d "$cifar" ]; then  # per-hop overhead with a core per node (--spin), quick: the budget is 15 minutes
     python3 benchmarks/runtime_overhead.py --quick --spin --data "$cifar" --work /tmp/cis-overhead \
         --out gpu_runtime_overhead 2>&1 | tail -20 | tee "$out/overhead.log" || status=1
     cp benchmarks/results/gpu_runtime_overhead.* "$out/" 2>/dev/null || true

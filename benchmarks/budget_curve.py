@@ -6,6 +6,9 @@ epochs 0.25: its runs are reused from benchmarks/results/table1/runs), 21,000 im
 steps) and 32,000 images at local epochs 0.5 (8.4x). Width (0.125), rounds (60) and the rest stay
 as in Table 1, so only the data and the local steps grow: the budget the paper's Section 3.4 says
 decides between FLOPs-like and serving-rate weights (the optimisation error shrinks with it).
+A fourth budget is read, not trained, here: Table 1's larger-scale cells (``table1.py --large``, and
+``--large --settings 5-15-80``): width 0.25, 100 rounds, 20,000 images, trained on a GPU and tested on
+3,000 images (4.7x the root steps, along width, rounds and data instead).
 
 Writes benchmarks/results/budget_curve.{json,md,png}: ``budgets`` (the root's SGD steps per run at
 each budget), ``per_seed`` {cell: {strategy: {budget: [CIS accuracy per seed]}}} (budget keys are
@@ -35,13 +38,15 @@ BUDGETS: dict[str, dict] = {  # name -> the scale that differs from Table 1's (w
     "x1": {"train_subset": 7000, "local_epochs": 0.25},  # Table 1 itself
     "x3": {"train_subset": 21000, "local_epochs": 0.25},
     "x8": {"train_subset": 32000, "local_epochs": 0.5},
+    "large": {"width": 0.25, "rounds": 100, "train_subset": 20000, "local_epochs": 0.25},  # table1_large's
 }
+READ_ONLY = ("x1", "large")  # trained by benchmarks/table1.py (plain and --large), only read here
 OUT = RESULTS / "budget_curve"
 
 
 def budget_folder(name: str) -> Path:
-    """Where a budget's run files live (x1: Table 1's own)."""
-    return RESULTS / "table1" if name == "x1" else OUT / name
+    """Where a budget's run files live (x1: Table 1's own; large: its larger-scale cells')."""
+    return {"x1": RESULTS / "table1", "large": RESULTS / "table1_large"}.get(name, OUT / name)
 
 
 def collect(seeds: list[int], algorithm: str) -> tuple[dict, dict]:
@@ -101,9 +106,11 @@ def report(seeds: list[int]) -> dict:
     (RESULTS / "budget_curve.json").write_text(json.dumps(result, indent=1))
     lines = [
         "# Strategy ordering against the training budget (CIFAR-10, paper-7, equal partition)\n",
-        f"Seeds {','.join(map(str, seeds))}; ResNet-18 width 0.125, 60 rounds; budgets differ in training images "
-        "and local epochs (budget_scales); a budget is named by the root's SGD steps per run. CIS accuracy (%) "
-        "mean ± sd; paired difference against equal (same seed) mean ± sd (signs).\n",
+        f"Seeds {','.join(map(str, seeds))}; ResNet-18 width 0.125, 60 rounds, except where budget_scales says "
+        "otherwise; budgets differ in training images and local epochs, and the larger-scale cells' (width 0.25, "
+        "100 rounds, 20,000 images, on a GPU, 3,000 test images) also in width and rounds. A budget is named by the "
+        "root's SGD steps per run. CIS accuracy (%) mean ± sd; paired difference against equal (same seed) "
+        "mean ± sd (signs).\n",
     ]
     for algorithm, part in parts.items():
         lines += [f"\n## Algorithm: {algorithm}\n"]
@@ -165,7 +172,7 @@ def plot(parts: dict) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common_args(ap)
-    ap.add_argument("--budgets", default="x3,x8", help=f"budgets to train, of {', '.join(BUDGETS)} (x1 is Table 1's)")
+    ap.add_argument("--budgets", default="x3,x8", help="budgets to train, of x3, x8 (x1 and large are Table 1's)")
     ap.add_argument("--algorithm", choices=ALGORITHMS, default="printed")
     ap.set_defaults(seeds="1,2,3")
     args = ap.parse_args()
@@ -174,8 +181,9 @@ def main() -> None:
         dataset = f"cifar10:{ensure_cifar(Path(args.data))}"
         cells = [(s, "33-33-33") for s in SHARED] + [(s, x) for x in CELLS for s in STRATEGIES if s not in SHARED]
         for name in [b for b in args.budgets.split(",") if b]:
-            if name not in BUDGETS or name == "x1":
-                sys.exit(f"--budgets: {name!r}; expected some of {', '.join(b for b in BUDGETS if b != 'x1')}")
+            if name not in BUDGETS or name in READ_ONLY:
+                trainable = ", ".join(b for b in BUDGETS if b not in READ_ONLY)
+                sys.exit(f"--budgets: {name!r}; expected some of {trainable} (x1 and large come from table1.py)")
             args.train_subset, args.local_epochs = BUDGETS[name]["train_subset"], BUDGETS[name]["local_epochs"]
             out = budget_folder(name)
             out.mkdir(parents=True, exist_ok=True)

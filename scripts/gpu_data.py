@@ -31,7 +31,7 @@ def pack(src: Path, dst: Path, train_per_class: int, test_per_class: int, seed: 
     dst.mkdir(parents=True, exist_ok=True)
     for name, part, per in (("train", splits.train, train_per_class), ("test", splits.test, test_per_class)):
         idx = np.sort(np.concatenate([rng.choice(np.flatnonzero(part.y == c), per, replace=False) for c in range(10)]))
-        x = (part.x[idx] * np.asarray(part.std)[None, :, None, None] + np.asarray(part.mean)[None, :, None, None])
+        x = part.x[idx] * np.asarray(part.std)[None, :, None, None] + np.asarray(part.mean)[None, :, None, None]
         x = np.clip(np.rint(x * 255), 0, 255).astype(np.uint8)  # back to the stored pixels
         hwc = np.ascontiguousarray(x.transpose(0, 2, 3, 1)).tobytes()
         (dst / f"{name}.xz").write_bytes(lzma.compress(hwc, format=lzma.FORMAT_XZ, filters=FILTERS))

@@ -460,8 +460,7 @@ def main() -> None:
         target.mkdir(parents=True, exist_ok=True)
         write_scale(target, scale_of(args), seeds_of(args))
         if args.large:  # one cell: 80-15-5 unless --settings names others
-            given_settings = "--settings" in {a.split("=")[0] for a in sys.argv[1:]}
-            large_settings = args.settings.split(",") if given_settings else [LARGE["serving"]]
+            large_settings = args.settings.split(",") if "--settings" in given else [LARGE["serving"]]
             cells = [(s, x) for x in large_settings for s in strategies]
         else:
             cells = [(s, "33-33-33") for s in strategies if s in SHARED]

@@ -11,15 +11,15 @@
 #     python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux_2_28_x86_64 -d .gpu-ort onnxruntime-gpu==1.31.1          # about 255 MB
 #     python3 scripts/gpu_parts.py split .gpu-ort/onnxruntime_gpu-1.31.1-*.whl .gpu-ort/parts --mib 55
-#   or, 3 parts instead of 5: the wheel's files less the TensorRT provider (no TensorRT there) as .tar.xz (about
-#   178 MB; this script unpacks either form):
+#   or, 4 parts instead of 5: the wheel's files less the TensorRT provider (no TensorRT there) as .tar.xz (203 MB;
+#   this script unpacks either form; what ran on 2026-11-27):
 #     mkdir /tmp/ortx && cd /tmp/ortx && unzip -q .../onnxruntime_gpu-1.31.1-*.whl \
 #       && rm onnxruntime/capi/libonnxruntime_providers_tensorrt.so \
 #       && tar -cf - onnxruntime onnxruntime_gpu-1.31.1.dist-info | xz -9 -T2 > ort-gpu-1.31.1.tar.xz
-#     python3 scripts/gpu_parts.py split /tmp/ortx/ort-gpu-1.31.1.tar.xz .gpu-ort/parts --mib 58
+#     python3 scripts/gpu_parts.py split /tmp/ortx/ort-gpu-1.31.1.tar.xz .gpu-ort/parts --mib 48.5
 #     (and .whl/ as scripts/gpu_check.sh says, plus msgspec, msgpack, cryptography, cffi, pycparser,
 #      prometheus-client; CIFAR-10 for the overhead benchmark: scripts/gpu_data.py pack, carried with .gpu)
-#   there, back to back on the same warm machine, one part per call (K = 000 ... 004):
+#   there, back to back on the same warm machine, one part per call (K = 000 ... 004, or 000 ... 003 for the .tar.xz; the .whl with the last):
 #     run(carry=[".gpu-ort/parts/part-K", ".gpu-ort/parts/parts.json"],
 #         command="mkdir -p /tmp/ort-parts && cp .gpu-ort/parts/* /tmp/ort-parts/")
 #   then, at once:
@@ -48,7 +48,7 @@ if [ -f "$parts/parts.json" ]; then  # onnxruntime-gpu from its parts, ahead of 
         python3 scripts/gpu_parts.py join "$parts" /tmp/ort-wheel
         if compgen -G "/tmp/ort-wheel/*.whl" >/dev/null; then
             python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target /tmp/ort-gpu /tmp/ort-wheel/*.whl
-        else  # the wheel's files as a .tar.xz (3 parts instead of 5; see the top of this file)
+        else  # the wheel's files as a .tar.xz (4 parts instead of 5; see the top of this file)
             mkdir -p /tmp/ort-gpu && tar -xJf /tmp/ort-wheel/*.tar.xz -C /tmp/ort-gpu
         fi
     fi

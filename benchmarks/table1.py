@@ -95,12 +95,20 @@ def run_record(
 
 
 def campaign(
-    args, dataset: str, runs: Path, out: Path, cells: list[tuple[str, str]], seeds: list[int], on_run=lambda: None
+    args,
+    dataset: str,
+    runs: Path,
+    out: Path,
+    cells: list[tuple[str, str]],
+    seeds: list[int],
+    on_run=lambda: None,
+    overrides: dict | None = None,
 ) -> None:
-    """Train every (strategy, trained-for setting) cell per seed; write each run's file as it finishes."""
+    """Train every (strategy, trained-for setting) cell per seed; write each run's file as it finishes.
+    ``overrides``: more training-config fields for every run (e.g. a fixed ``local_steps``)."""
     todo = [(seed, strategy, trained_for) for seed in seeds for strategy, trained_for in cells]
     algorithm = getattr(args, "algorithm", "printed")
-    extra = {} if algorithm == "printed" else {"algorithm": algorithm}
+    extra = dict(overrides or {}, **({} if algorithm == "printed" else {"algorithm": algorithm}))
     for k, (seed, strategy, trained_for) in enumerate(todo, 1):
         name = run_name(seed, strategy, trained_for, algorithm)
         path = out / "runs" / f"{name}.json"
@@ -114,6 +122,8 @@ def campaign(
         both = {s: evaluate(run, s) for s in settings}  # (test, validation) per setting
         record = run_record(run, summary, seed, strategy, trained_for, {s: t for s, (t, _) in both.items()}, algorithm)
         record["val_cis_accuracy"] = {s: v for s, (_, v) in both.items()}
+        if overrides:
+            record["overrides"] = overrides
         save_run(path, record, args.commit)
         on_run()
 

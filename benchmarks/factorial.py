@@ -94,8 +94,8 @@ def collect(seeds: list[int]) -> tuple[dict, dict, dict]:
         for r in run_files(folder(name), seeds):
             if r["algorithm"] != "printed" or r["strategy"] not in (*STRATEGIES, "auto"):
                 continue
-            if r["strategy"] == "auto" and r["seed"] not in AUTO_SEEDS:
-                continue
+            if r["strategy"] == "auto" and (r["seed"] not in AUTO_SEEDS or r["trained_for"] != AUTO_CELL):
+                continue  # at 5-15-80 auto is flops's code path: its runs are flops's (same machine, same numbers)
             if r.get("sgd_steps"):
                 steps.setdefault(name, {}).setdefault(r["strategy"], []).append(r["sgd_steps"]["root"])
             for cell, value in r["cis_accuracy"].items():

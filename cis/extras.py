@@ -26,6 +26,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "plot": ("matplotlib",),
     "metrics": ("prometheus_client",),
     "tensorrt": ("tensorrt", "cuda"),
+    "http": ("httptools",),
+    "grpc": ("grpc", "google.protobuf"),
 }
 
 

@@ -59,7 +59,7 @@ def start_node(bundle_dir: Path) -> tuple[subprocess.Popen, str, tuple[str, int]
     cmd = [sys.executable, "-m", "cis.cli", "serve", str(bundle_dir), "--node", "cloud", "--bind", zmq,
            "--provider", "cpu", "--http-port", "0", "--grpc-port", "0", "--max-batch", "32",
            "--http-max-connections", "20000", "--http-timeout", "600"]  # fmt: skip
-    if (os.cpu_count() or 1) >= 2 and shutil.which("taskset") and not os.environ.get("NOPIN"):
+    if (os.cpu_count() or 1) >= 2 and shutil.which("taskset"):
         cmd = ["taskset", "-c", "0", *cmd]
         os.sched_setaffinity(0, set(range(1, os.cpu_count() or 2)))
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)

@@ -27,6 +27,7 @@ from typing import Any
 import numpy as np
 
 from cis.errors import CisError
+from cis.extras import require
 from cis.references import call
 from training.data_images import read_image_folder
 from training.data_ref import DataRef
@@ -72,10 +73,8 @@ def read_images(ref: DataRef, cache: bool = True) -> Table:
 
 def read_hf(ref: DataRef) -> Table:
     path = _existing(ref)
-    try:
-        import datasets  # the 'hf' extra
-    except ImportError:
-        raise CisError(f"data {ref.text}: a Hugging Face dataset needs the 'hf' extra: pip install 'cis[hf]'") from None
+    require("hf", f"data {ref.text!r}")
+    import datasets  # the 'hf' extra
     try:
         loaded = datasets.load_from_disk(str(path))
     except Exception as exc:  # noqa: BLE001  the library's own errors for a folder it cannot read
@@ -85,7 +84,7 @@ def read_hf(ref: DataRef) -> Table:
         ) from None
     if isinstance(loaded, datasets.DatasetDict):
         parts = _named_parts(dict(loaded), ref.text, "DatasetDict")
-        return _concat([_hf_table(d, ref) for d in parts], ref.text)
+        return _concat([None if d is None else _hf_table(d, ref) for d in parts], ref.text)
     return _hf_table(loaded, ref)
 
 
@@ -130,7 +129,7 @@ def read_factory(ref: DataRef) -> Table:
     made = call(ref.factory, f"--data {ref.text}")
     if isinstance(made, dict):
         parts = _named_parts(made, ref.text, "dict")
-    elif isinstance(made, (tuple, list)) and len(made) == 3 and all(_map_style(d) for d in made):
+    elif isinstance(made, tuple) and len(made) == 3 and all(_map_style(d) and not isinstance(d, tuple) for d in made):
         parts = [made[0], made[1], made[2]]
     elif _map_style(made):
         return _materialise(made, ref.text)

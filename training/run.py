@@ -228,14 +228,13 @@ def train_run(
 
 
 def _open_run_dir(out: Path, resume: bool) -> CisSpec | None:
-    """A new run's empty dir (made), or a resumed run's: its spec."""
+    """A resumed run's spec; for a new run, None (its dir is made once the data and model are built)."""
     if resume:
         if not (out / "config.json").is_file():
             raise CisError(f"{out}: nothing to resume; expected config.json from an earlier 'cis train --out {out}'")
         return load_spec(out / "spec.toml")
     if (out / "checkpoint.pt").exists():
         raise CisError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
     return None
 
 
@@ -248,6 +247,7 @@ def same_data(s: Setup, run_dir: Path) -> None:
 
 def write_run_start(s: Setup, out: Path) -> None:
     """A new run dir's config.json, spec.toml and empty metrics.jsonl (both engines)."""
+    out.mkdir(parents=True, exist_ok=True)
     write_json(out / "config.json", s.config.to_json())
     write_spec(s.spec, out / "spec.toml")
     (out / "metrics.jsonl").write_text("")

@@ -144,3 +144,17 @@ def _nan(path):
 
 def _bad_split(path):
     return tiny_images(path, split=np.array(["train"] * (N - 20) + ["dev"] * 20))
+
+
+def test_a_resumed_centralised_run_ends_with_the_same_weights(tmp_path, run_cli):
+    import torch
+
+    data = tiny_images(tmp_path / "d.npz")
+    flags = ("--data", data, "--centralised", "--rounds", "3", "--local-steps", "2", "--strategy", "flops")
+    assert train(run_cli, *flags, "--out", tmp_path / "whole").code == 0
+    assert train(run_cli, *flags, "--out", tmp_path / "cut", "--stop-after", "1").code == 0
+    r = train(run_cli, "--out", tmp_path / "cut", "--resume")
+    assert r.code == 0, r.err
+    whole = torch.load(tmp_path / "whole" / "checkpoint.pt", weights_only=True)["model"]
+    cut = torch.load(tmp_path / "cut" / "checkpoint.pt", weights_only=True)["model"]
+    assert all(torch.equal(whole[k], cut[k]) for k in whole)

@@ -66,6 +66,8 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _OK = (("infer", "ok"), ("forward", "ok"))  # (kind, outcome) of a result, by Request.forward
 _poll = zmq.zmq_poll  # (socket, POLLIN) pairs -> the ready ones; zmq.Poller adds a Python layer
 _NONE: dict = {}  # no more header fields
+_COUNTERS = ("requests", "samples", "served", "forwarded", "degraded", "capped", "nonfinite", "errors", "overloaded",
+             "expired", "isolated", "undeliverable", "batches")  # fmt: skip  (status, in this order)
 
 
 class Node:
@@ -119,24 +121,7 @@ class Node:
             "parent": self.cfg.parent,
             "parent_up": self.parent_up,
             "threshold": _num(ex.policy.thresholds[self.cfg.node_id]),
-            **{
-                key: c[key]
-                for key in (
-                    "requests",
-                    "samples",
-                    "served",
-                    "forwarded",
-                    "degraded",
-                    "capped",
-                    "nonfinite",
-                    "errors",
-                    "overloaded",
-                    "expired",
-                    "isolated",
-                    "undeliverable",
-                    "batches",
-                )
-            },
+            **{key: c[key] for key in _COUNTERS},
             "errors_by_code": dict(self.errors_by_code),
             "queue_depth": ex.queued,
             "queue_requests": len(ex.queue),

@@ -145,8 +145,13 @@ class Tracer:
         self._sync(time.monotonic())
 
     def _sync(self, now: float) -> None:
-        """Unix seconds = monotonic + offset; taken again each minute so that the wall clock's steps show."""
-        self.offset, self.synced = time.time() - time.monotonic(), now
+        """Unix seconds = monotonic + offset; taken again each minute so that the wall clock's steps show. The
+        tightest of a few readings: a process preempted between its two clock reads would skew every span."""
+        readings = []
+        for _ in range(5):
+            m0, wall, m1 = time.monotonic(), time.time(), time.monotonic()
+            readings.append((m1 - m0, wall - (m0 + m1) / 2))
+        self.offset, self.synced = min(readings)[1], now
 
     def span_id(self) -> str:
         return f"{self._rng.getrandbits(64) or 1:016x}"

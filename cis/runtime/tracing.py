@@ -49,7 +49,7 @@ OTLP_PATH = "/v1/traces"  # OTLP over HTTP: where spans go under a collector's b
 ENV_ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
 
 
-class SpanRecord(msgspec.Struct, kw_only=True):
+class SpanRecord(msgspec.Struct):
     """One line of a spans file (the format agreed with the twin of issue 36), in this key order."""
 
     trace_id: str  # 32 hex
@@ -67,6 +67,7 @@ class SpanRecord(msgspec.Struct, kw_only=True):
 
 
 _LINES = msgspec.json.Encoder()
+_NONE: dict[str, Any] = {}  # no attributes beyond the record's (shared: sinks only read it)
 _READER = msgspec.json.Decoder(SpanRecord)
 
 
@@ -179,29 +180,24 @@ class Tracer:
         back = end if tr.back is None else tr.back + off
         exits = _exits(req) if outcome == "ok" else None
         spans: list[tuple[SpanRecord, dict[str, Any]]] = []
+        node, rid, stage, last, batch, new = self.node_id, req.req_id, req.stage, self.exit, tr.batch, self.span_id
         first = 0
-        for seg in tr.segments:
-            base = dict(
-                trace_id=seg.trace_id, node=self.node_id, req_id=req.req_id, samples=seg.n, batch=tr.batch,
-                stage_from=req.stage, stage_to=self.exit,
-            )  # fmt: skip
+        for seg in tr.segments:  # positional: the fields in SpanRecord's order
+            tid, sid, n = seg.trace_id, seg.span_id, seg.n
             attrs: dict[str, Any] = {"cis.outcome": outcome, "cis.flags": seg.flags}
-            if exits is not None and seg.n:
-                attrs["cis.exit"] = int(exits[first : first + seg.n].max())
-            first += seg.n
-            rid = seg.span_id
-            spans.append((SpanRecord(span_id=rid, parent_id=seg.parent_id or None, kind="request", start=t0, end=end,
-                                     **base), attrs))  # fmt: skip
-            spans.append((SpanRecord(span_id=self.span_id(), parent_id=rid, kind="queue", start=t0,
-                                     end=end if started is None else started, **base), {}))  # fmt: skip
+            if exits is not None and n:
+                attrs["cis.exit"] = int(exits[first]) if n == 1 else int(exits[first : first + n].max())
+            first += n
+            spans.append((SpanRecord(tid, sid, seg.parent_id or None, node, "request", t0, end, rid, n, batch, stage,
+                                     last), attrs))  # fmt: skip
+            queued = end if started is None else started
+            spans.append((SpanRecord(tid, new(), sid, node, "queue", t0, queued, rid, n, batch, stage, last), _NONE))
             if started is not None:
-                spans.append((SpanRecord(span_id=self.span_id(), parent_id=rid, kind="compute", start=started,
-                                         end=computed, **base), {}))  # fmt: skip
+                spans.append((SpanRecord(tid, new(), sid, node, "compute", started, computed, rid, n, batch, stage,
+                                         last), _NONE))  # fmt: skip
             if tr.sent is not None and seg.forward_id:
-                fwd = SpanRecord(span_id=seg.forward_id, parent_id=rid, kind="forward", start=tr.sent + off,
-                                 end=back, **base)  # fmt: skip
-                fwd.samples = seg.forwarded
-                spans.append((fwd, {}))
+                spans.append((SpanRecord(tid, seg.forward_id, sid, node, "forward", tr.sent + off, back, rid,
+                                         seg.forwarded, batch, stage, last), _NONE))  # fmt: skip
         for sink in self.sinks:
             try:
                 sink.write(spans)

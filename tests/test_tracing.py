@@ -13,6 +13,7 @@ The three-tier test with a real bundle and real processes is in tests/test_serve
 from __future__ import annotations
 
 import subprocess
+import sys
 import time
 from collections import defaultdict
 
@@ -296,3 +297,13 @@ def test_commands_say_what_is_wrong_with_a_tracing_flag_in_one_line(argv, says):
     res = subprocess.run(cis_argv(*argv), capture_output=True, text=True, timeout=60)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and says in lines[0], res.stderr
+
+
+def test_otlp_endpoint_without_the_otel_extra_is_one_line():
+    """As on an install without 'cis[otel]': the SDK cannot be imported."""
+    code = "import sys; sys.modules['opentelemetry.sdk'] = None; from cis.cli import main; sys.exit(main())"
+    argv = ["serve", "nowhere", "--node", "a", "--otlp-endpoint", "http://127.0.0.1:4318"]
+    res = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60)
+    assert res.returncode == 2 and res.stderr.strip().splitlines() == [
+        "cis serve: --otlp-endpoint needs the 'otel' extra: pip install 'cis[otel]' (not installed: opentelemetry.sdk)"
+    ]

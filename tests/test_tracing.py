@@ -278,6 +278,15 @@ def test_no_tracer_without_a_spans_file_or_a_collector(monkeypatch):
         tracing.otlp_endpoint("c:4318")
 
 
+def test_a_spans_file_gets_its_folder_or_one_line(tmp_path):
+    tracer = tracing.open_tracer("edge0", 2, str(tmp_path / "logs" / "{node}" / "spans.jsonl"), None)
+    assert tracer is not None and (tmp_path / "logs" / "edge0" / "spans.jsonl").is_file()
+    tracer.close()
+    (tmp_path / "plain").write_text("")
+    with pytest.raises(CisError, match="--spans-file .*plain/x.jsonl: cannot open it"):
+        tracing.open_tracer("edge0", 2, str(tmp_path / "plain" / "x.jsonl"), None)
+
+
 def test_a_client_refuses_a_malformed_traceparent_before_sending():
     with Client(f"tcp://127.0.0.1:{free_port()}") as c, pytest.raises(CisError, match="W3C traceparent"):
         c.submit(np.zeros((1, 4), np.float32), traceparent="not-a-traceparent")

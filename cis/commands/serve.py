@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         raise CisError(f"{args.bundle}: bundle has no spec; pass --spec")
     if args.all:
         _check_providers(args, bundle, spec)
+        _check_spans_files(args, spec)
         return _run_all(args, spec)
     if args.log_dir:
         raise CisError("--log-dir goes with --all; a single node writes to its own stderr")
@@ -71,6 +72,18 @@ def _check_tracing(args: argparse.Namespace) -> None:
 
         otlp_endpoint(args.otlp_endpoint)
         require("otel", "--otlp-endpoint")
+
+
+def _check_spans_files(args: argparse.Namespace, spec) -> None:
+    """Before --all starts any node: each node's spans file can be opened (a node that cannot would only be
+    restarted again and again)."""
+    from pathlib import Path
+
+    from cis.runtime.tracing import open_spans_file
+
+    if args.spans_file:
+        for n in spec.nodes:
+            open_spans_file(Path(args.spans_file.replace("{node}", n.id))).close()
 
 
 def _curve(args: argparse.Namespace):

@@ -11,7 +11,9 @@ compression, ``OTEL_BSP_*`` batching, ``OTEL_TRACES_SAMPLER``, ``OTEL_RESOURCE_A
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
 from typing import TYPE_CHECKING, Any
 
 from opentelemetry import trace
@@ -24,10 +26,13 @@ from opentelemetry.sdk.trace.id_generator import IdGenerator
 from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
 from cis import __version__
+from cis.logs import event
 
 if TYPE_CHECKING:
     from cis.runtime.tracing import SpanRecord
 
+log = logging.getLogger(__name__)
+CLOSE_SECONDS = 5.0  # a stopping node waits this long for its last spans to go out, no longer
 SPAN_KINDS = {"request": SpanKind.SERVER, "forward": SpanKind.CLIENT}  # queue, compute: INTERNAL
 
 
@@ -48,6 +53,7 @@ class OtlpSink:
         """``endpoint``: the full URL of the traces endpoint, or None for the exporter's own (the variables)."""
         name = os.environ.get("OTEL_SERVICE_NAME", "").strip() or f"cis-{node_id}"
         resource = Resource.create({"service.name": name, "service.version": __version__, "cis.node": node_id})
+        self.node_id = node_id
         self.ids = _Given()
         self.provider = TracerProvider(resource=resource, id_generator=self.ids)
         self.provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=endpoint)))
@@ -83,7 +89,14 @@ class OtlpSink:
             span.end(end_time=_ns(r.end))
 
     def close(self) -> None:
-        self.provider.shutdown()  # exports what is still batched
+        """Export what is still batched, for at most CLOSE_SECONDS (an unreachable collector does not hold up
+        the node's stop: the exporter retries for OTEL_EXPORTER_OTLP_TIMEOUT, 10 s by default)."""
+        closing = threading.Thread(target=self.provider.shutdown, name="cis-otel-close", daemon=True)
+        closing.start()
+        closing.join(CLOSE_SECONDS)
+        if closing.is_alive():
+            event(log, logging.WARNING, "spans_lost", f"node {self.node_id}: the OTLP endpoint did not take the "
+                  f"last spans within {CLOSE_SECONDS:.0f} s", node=self.node_id)  # fmt: skip
 
 
 def _ns(seconds: float) -> int:

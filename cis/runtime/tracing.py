@@ -23,6 +23,7 @@ a node that traces: elsewhere the cost is a None check per request.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import random
 import threading
@@ -143,6 +144,7 @@ class Tracer:
     def __init__(self, node_id: str, sinks: Sequence[Sink], exit: int = 0) -> None:
         self.node_id, self.exit, self.sinks = node_id, exit, list(sinks)
         self._rng = random.Random(os.urandom(16))
+        self._warned = -math.inf  # when spans_lost was last said (once a minute at most)
         self._sync(time.monotonic())
 
     def _sync(self, now: float) -> None:
@@ -202,8 +204,10 @@ class Tracer:
             try:
                 sink.write(spans)
             except Exception as exc:  # a full disk or a broken exporter must not stop the node
-                event(log, logging.WARNING, "spans_lost", f"node {self.node_id}: spans not written: {exc}",
-                      node=self.node_id)  # fmt: skip
+                if now - self._warned >= 60:
+                    self._warned = now
+                    event(log, logging.WARNING, "spans_lost", f"node {self.node_id}: spans not written: {exc} "
+                          "(said once a minute at most)", node=self.node_id)  # fmt: skip
 
     def close(self) -> None:
         for sink in self.sinks:
@@ -315,10 +319,7 @@ class SpansFile:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
-        try:
-            self.file = open(self.path, "ab")  # binary: a buffered writer is safe to flush from another thread
-        except OSError as exc:
-            raise CisError(f"--spans-file {self.path}: cannot open it ({exc.strerror or exc})") from None
+        self.file = open_spans_file(self.path)
         self.done = threading.Event()
         self.thread = threading.Thread(target=self._flush, name="cis-spans", daemon=True)
         self.thread.start()
@@ -337,6 +338,16 @@ class SpansFile:
         self.done.set()
         self.thread.join(5)
         self.file.close()
+
+
+def open_spans_file(path: Path) -> Any:
+    """``path`` opened to append (binary: a buffered writer is safe to flush from another thread), its folder
+    made if missing; a one-line CisError if that cannot be."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return open(path, "ab")
+    except OSError as exc:
+        raise CisError(f"--spans-file {path}: cannot open it ({exc.strerror or exc})") from None
 
 
 def otlp_endpoint(flag: str | None, environ: Any = os.environ) -> str | None:

@@ -272,8 +272,10 @@ def test_no_tracer_without_a_spans_file_or_a_collector(monkeypatch):
     traces = {"OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": "http://c:4318/v1/traces"}
     assert tracing.otlp_endpoint(None, traces) == ""
     assert tracing.otlp_endpoint(None, {**traces, "OTEL_TRACES_EXPORTER": "none"}) is None
-    assert tracing.otlp_endpoint("http://c:4318/") == "http://c:4318/v1/traces"
-    assert tracing.otlp_endpoint("https://c/otlp/v1/traces") == "https://c/otlp/v1/traces"
+    assert tracing.otlp_endpoint("http://c:4318/", {}) == "http://c:4318/v1/traces"
+    assert tracing.otlp_endpoint("http://c:4318", {"OTEL_TRACES_EXPORTER": "none"}) == "http://c:4318/v1/traces"
+    assert tracing.otlp_endpoint("http://c:4318", {"OTEL_SDK_DISABLED": "true"}) is None
+    assert tracing.otlp_endpoint("https://c/otlp/v1/traces", {}) == "https://c/otlp/v1/traces"
     with pytest.raises(CisError, match="--otlp-endpoint"):
         tracing.otlp_endpoint("c:4318")
 

@@ -353,13 +353,15 @@ def open_spans_file(path: Path) -> Any:
 def otlp_endpoint(flag: str | None, environ: Any = os.environ) -> str | None:
     """Where OTLP spans go: the flag's URL (a collector's base URL gets /v1/traces), else "" when an
     ``OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT`` variable names one (the exporter reads it), else None (no
-    export). ``OTEL_SDK_DISABLED=true`` or ``OTEL_TRACES_EXPORTER=none`` turn the variables off."""
+    export). ``OTEL_TRACES_EXPORTER=none`` turns the variables off; ``OTEL_SDK_DISABLED=true`` the SDK
+    itself, so the flag too."""
+    if flag and not flag.startswith(("http://", "https://")):
+        raise CisError(f"--otlp-endpoint is {flag!r}; expected an http:// or https:// URL (OTLP over HTTP)")
+    if environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
     if flag:
-        if not flag.startswith(("http://", "https://")):
-            raise CisError(f"--otlp-endpoint is {flag!r}; expected an http:// or https:// URL (OTLP over HTTP)")
         return flag if flag.rstrip("/").endswith(OTLP_PATH) else flag.rstrip("/") + OTLP_PATH
-    off = environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true"
-    off = off or environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none"
+    off = environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "none"
     return "" if not off and any(environ.get(k, "").strip() for k in ENV_ENDPOINTS) else None
 
 

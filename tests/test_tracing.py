@@ -12,6 +12,7 @@ The three-tier test with a real bundle and real processes is in tests/test_serve
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -300,12 +301,18 @@ def test_a_client_refuses_a_malformed_traceparent_before_sending():
     [
         (["infer", "--connect", "tcp://127.0.0.1:9", "--dataset", "none.npz", "--traceparent", "00-1-2-01"],
          "--traceparent is '00-1-2-01'; expected a W3C traceparent"),
+        (["TRACEPARENT=00-1-2-01", "infer", "--connect", "tcp://127.0.0.1:9", "--dataset", "none.npz"],
+         "the TRACEPARENT variable is '00-1-2-01'; expected a W3C traceparent"),
         (["serve", "nowhere", "--all", "--spans-file", "spans.jsonl"], "put {node} in the path"),
         (["serve", "nowhere", "--node", "a", "--otlp-endpoint", "localhost:4318"], "expected an http:// or https://"),
     ],
 )  # fmt: skip
 def test_commands_say_what_is_wrong_with_a_tracing_flag_in_one_line(argv, says):
-    res = subprocess.run(cis_argv(*argv), capture_output=True, text=True, timeout=60)
+    env, argv = {k: v for k, v in os.environ.items() if k != "TRACEPARENT"}, list(argv)
+    while "=" in argv[0]:  # a variable for the command
+        key, _, value = argv.pop(0).partition("=")
+        env[key] = value
+    res = subprocess.run(cis_argv(*argv), capture_output=True, text=True, timeout=60, env=env)
     lines = res.stderr.strip().splitlines()
     assert res.returncode == 2 and len(lines) == 1 and says in lines[0], res.stderr
 

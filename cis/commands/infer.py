@@ -46,7 +46,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="data split seed and entry assignment seed")
     p.add_argument(
         "--traceparent",
-        default=os.environ.get("TRACEPARENT") or None,
         help="W3C trace context 00-<32 hex>-<16 hex>-<2 hex> that every request joins (default: the TRACEPARENT "
         "environment variable); the nodes that trace record their spans in that trace",
     )
@@ -65,10 +64,15 @@ def run(args: argparse.Namespace) -> int:
     from cis.runtime.client import Client, Result, infer_spread, summarize
     from cis.runtime.security import CurveConfig
 
+    if args.traceparent is None and os.environ.get("TRACEPARENT", "").strip():
+        args.traceparent = os.environ["TRACEPARENT"].strip()  # OpenTelemetry's carrier for a process's context
+        where = "the TRACEPARENT variable"
+    else:
+        where = "--traceparent"
     if args.traceparent is not None:
         from cis.runtime.tracing import check_traceparent
 
-        check_traceparent(args.traceparent, "--traceparent")
+        check_traceparent(args.traceparent, where)
     data = read_dataset(args)
     x, y = data.x, data.y
     if args.n is not None:

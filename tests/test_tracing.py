@@ -252,11 +252,15 @@ def test_spans_go_over_otlp_when_the_standard_variable_names_a_collector(tmp_pat
     try:
         with Client(addr, timeout=5) as c:
             c.infer(np.array([CONFIDENT], np.float32), traceparent=_tp(3, 4))
-        got = receiver.wait(lambda s: len(s) >= 3)
+            c.infer(np.array([CONFIDENT], np.float32), traceparent=_tp(5, 6, "00"))  # not sampled: not exported
+        receiver.wait(lambda s: len(s) >= 3)
     finally:
-        node.close()
+        node.close()  # exports what it still holds
         receiver.close()
+    got = receiver.spans
     on_file = {(s.trace_id, s.span_id, s.parent_id, s.kind) for s in read_spans(tmp_path / "s.jsonl")}
+    assert {t for t, *_ in on_file} == {f"{3:032x}", f"{5:032x}"}  # the file records every request
+    on_file = {s for s in on_file if s[0] == f"{3:032x}"}
     assert {(s["trace_id"], s["span_id"], s["parent_id"], s["name"]) for s in got} == on_file
     request = next(s for s in got if s["name"] == "request")
     assert request["service"] == "digits" and request["parent_id"] == f"{4:016x}"

@@ -68,7 +68,6 @@ class SpanRecord(msgspec.Struct):
 
 
 _LINES = msgspec.json.Encoder()
-_NONE: dict[str, Any] = {}  # no attributes beyond the record's (shared: sinks only read it)
 _READER = msgspec.json.Decoder(SpanRecord)
 
 
@@ -186,20 +185,21 @@ class Tracer:
         first = 0
         for seg in tr.segments:  # positional: the fields in SpanRecord's order
             tid, sid, n = seg.trace_id, seg.span_id, seg.n
-            attrs: dict[str, Any] = {"cis.outcome": outcome, "cis.flags": seg.flags}
+            flags = {"cis.flags": seg.flags}  # for OTLP: the context's sampled flag (the file does not keep it)
+            attrs: dict[str, Any] = {"cis.outcome": outcome, **flags}
             if exits is not None and n:
                 attrs["cis.exit"] = int(exits[first]) if n == 1 else int(exits[first : first + n].max())
             first += n
             spans.append((SpanRecord(tid, sid, seg.parent_id or None, node, "request", t0, end, rid, n, batch, stage,
                                      last), attrs))  # fmt: skip
             queued = end if started is None else started
-            spans.append((SpanRecord(tid, new(), sid, node, "queue", t0, queued, rid, n, batch, stage, last), _NONE))
+            spans.append((SpanRecord(tid, new(), sid, node, "queue", t0, queued, rid, n, batch, stage, last), flags))
             if started is not None:
                 spans.append((SpanRecord(tid, new(), sid, node, "compute", started, computed, rid, n, batch, stage,
-                                         last), _NONE))  # fmt: skip
+                                         last), flags))  # fmt: skip
             if tr.sent is not None and seg.forward_id:
                 spans.append((SpanRecord(tid, seg.forward_id, sid, node, "forward", tr.sent + off, back, rid,
-                                         seg.forwarded, batch, stage, last), _NONE))  # fmt: skip
+                                         seg.forwarded, batch, stage, last), flags))  # fmt: skip
         for sink in self.sinks:
             try:
                 sink.write(spans)

@@ -27,6 +27,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "plot": ("matplotlib",),
     "metrics": ("prometheus_client",),
     "tensorrt": ("tensorrt", "cuda"),
+    "otel": ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"),  # cis serve --otlp-endpoint
 }
 
 

@@ -62,6 +62,7 @@ class Served:
     def __init__(self, proc, zmq: str, http: str, grpc_target: str, lines: list[str]):
         self.proc, self.zmq, self.grpc, self.lines = proc, zmq, grpc_target, lines
         self.http = http
+        self.spans: Path | None = None
         self.host, port = http.split("://")[1].rsplit(":", 1)
         self.port = int(port)
 
@@ -80,8 +81,10 @@ def _serve(bundle_dir, *extra) -> Served:
 
 
 @pytest.fixture(scope="module")
-def node(bundle_dir):
-    served = _serve(bundle_dir, "--http-timeout", "1")
+def node(bundle_dir, tmp_path_factory):
+    spans = tmp_path_factory.mktemp("spans") / "{node}.spans.jsonl"
+    served = _serve(bundle_dir, "--http-timeout", "1", "--spans-file", spans)
+    served.spans = Path(str(spans).replace("{node}", "cloud"))
     yield served
     assert stop(served.proc) == 0
 
@@ -162,6 +165,28 @@ def test_health_metadata_and_an_inference_enter_the_nodes_normal_path(node, digi
         after = c.status()
     assert after["requests"] - before["requests"] == 2  # the ZeroMQ one and the door's: counted alike
     assert after["samples"] - before["samples"] == 2 * len(digits)
+
+
+def test_a_traceparent_joins_the_callers_trace_on_both_doors(node, digits):
+    from cis.runtime.tracing import read_spans
+
+    parent = "00f067aa0ba902b7"
+    traces = {"http": "4bf92f3577b34da6a3ce929d0e0e4736", "grpc": "5cf92f3577b34da6a3ce929d0e0e4737"}
+    header = {"traceparent": f"00-{traces['http']}-{parent}-01"}
+    assert _request(node, "POST", "/v2/models/cis/infer", _infer_body(digits[:2]), header)[0] == 200
+    metadata = [("traceparent", f"00-{traces['grpc']}-{parent}-01")]
+    _grpc_call(node, "ModelInfer", _grpc_infer(digits[:1]), metadata)
+    end = time.monotonic() + 10
+    while time.monotonic() < end:  # the node flushes its spans file at least every 0.5 s
+        spans = read_spans(node.spans) if node.spans.exists() else []
+        requests = {s.trace_id: s for s in spans if s.kind == "request" and s.trace_id in traces.values()}
+        if len(requests) == 2:
+            break
+        time.sleep(0.2)
+    assert set(requests) == set(traces.values())
+    assert {s.parent_id for s in requests.values()} == {parent}  # under the caller's span
+    kinds = {(s.trace_id, s.kind) for s in spans}
+    assert {(t, k) for t in traces.values() for k in ("queue", "compute")} <= kinds
 
 
 # ---------------------------------------------------------------- bad input: HTTP

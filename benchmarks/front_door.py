@@ -4,14 +4,15 @@ One node serving every stage of the digits fixture bundle (``cis serve BUNDLE --
 --grpc-port 0``; the node pinned to CPU 0 with taskset where there are two CPUs or more, the clients on the
 others), and in every block, side by side:
 
-(a) latency at batch 1 and batch 32, requests back to back on one connection: the ZeroMQ client
-    (``cis.Client.infer``), HTTP with JSON tensors, HTTP with binary tensors (Triton's extension, both ways)
-    and gRPC (``raw_input_contents``). The HTTP client is a raw keep-alive socket with the request's bytes made
-    once (what a lean client pays; a client library adds its own cost on top), the gRPC client grpcio with the
-    request message made once. Added latency = p50 (door) - p50 (ZeroMQ) in the same block; goal: at most
-    0.3 ms for HTTP at batch 1;
-(b) requests per second with the node on one core: ``GET /v2/health/live`` (goal: at least 5,000/s) and
-    infer at batch 1 over HTTP (pipelined on 4 connections), gRPC (64 calls in flight) and ZeroMQ (64 in flight);
+(a) latency at batch 1 and batch 32, one request at a time on one connection per protocol, the protocols
+    taking turns request by request: the ZeroMQ client (``cis.Client.infer``), HTTP with JSON tensors, HTTP
+    with binary tensors (Triton's extension, both ways) and gRPC (``raw_input_contents``). The HTTP client
+    is a raw keep-alive socket with the request's bytes made once (what a lean client pays; a client library
+    adds its own cost on top), the gRPC client grpcio with the request message made once. Added latency =
+    p50 (door) - p50 (ZeroMQ) in the same block; goal: at most 0.3 ms for HTTP at batch 1;
+(b) requests per second with the node on one core: ``GET /v2/health/live`` (goal: at least 5,000/s; 16 pipelined
+    on each of 4 connections, and one at a time on each of 8, as load balancers probe) and infer at batch 1 over
+    HTTP (8 pipelined on each of 8 connections), gRPC and ZeroMQ (64 in flight each);
 (c) ``--idle`` idle HTTP connections held open (default 10,000; the node's open-files limit permitting):
     infer p50 over HTTP beside them, and the node's open files and RSS before, with them, and after.
 
@@ -142,21 +143,31 @@ def grpc_call(target: str, x: np.ndarray):
 
 
 def latency_block(zmq: str, http: tuple[str, int], target: str, x: np.ndarray, n: int) -> dict:
+    """p50 and p99 per protocol, the protocols taking turns request by request (so a shared machine's load
+    falls on all of them alike)."""
     from cis.runtime.client import Client
 
-    out = {}
-    with Client(zmq) as c:
-        c.infer(x)
-        out["zeromq"] = latencies(lambda: c.infer(x), n)
+    c = Client(zmq)
+    calls = {"zeromq": lambda: c.infer(x)}
+    clients = []
     for name, binary in (("http_json", False), ("http_binary", True)):
         h = HttpClient(http)
         req = h.infer_request(x, binary)
-        h.call(req)
-        out[name] = latencies(lambda h=h, req=req: h.call(req), n)
+        clients.append(h)
+        calls[name] = lambda h=h, req=req: h.call(req)
+    channel, stub, greq = grpc_call(target, x)
+    calls["grpc"] = lambda: stub(greq)
+    out = {name: np.empty(n) for name in calls}
+    for call in calls.values():
+        call()
+    for i in range(n):
+        for name, call in calls.items():
+            t = time.perf_counter()
+            call()
+            out[name][i] = time.perf_counter() - t
+    c.close()
+    for h in clients:
         h.sock.close()
-    channel, stub, req = grpc_call(target, x)
-    stub(req)
-    out["grpc"] = latencies(lambda: stub(req), n)
     channel.close()
     return {k: {"p50_ms": float(np.percentile(v, 50) * 1e3), "p99_ms": float(np.percentile(v, 99) * 1e3)}
             for k, v in out.items()}  # fmt: skip
@@ -259,8 +270,9 @@ def main() -> int:
                 block["latency"][str(batch)] = latency_block(zmq, http, target, x, args.n)
             health = b"GET /v2/health/live HTTP/1.1\r\nHost: b\r\n\r\n"
             block["rate"]["http_health"] = http_rate(http, health, args.rate_n)
-            block["rate"]["http_infer"] = http_rate(http, HttpClient.infer_request(inputs[1], False), args.rate_n // 4,
-                                                    depth=4)  # fmt: skip
+            block["rate"]["http_health_one_in_flight_per_conn"] = http_rate(http, health, args.rate_n // 4, 8, 1)
+            one = HttpClient.infer_request(inputs[1], False)
+            block["rate"]["http_infer"] = http_rate(http, one, args.rate_n // 4, conns=8, depth=8)  # 64 in flight
             block["rate"]["grpc_infer"] = grpc_rate(target, inputs[1], args.rate_n // 4)
             block["rate"]["zeromq_infer"] = zmq_rate(zmq, inputs[1], args.rate_n // 4)
             blocks.append(block)

@@ -382,7 +382,7 @@ def test_tls_and_a_bearer_token_on_both_doors_and_overload_is_503(bundle_dir, di
     served = _serve(
         bundle_dir, "--http-tls-cert", cert, "--http-tls-key", key, "--grpc-tls-cert", cert, "--grpc-tls-key", key,
         "--auth-token-file", tmp_path / "token", "--http-host", "127.0.0.1", "--queue-limit", "2",
-        "--max-batch", "64", "--max-wait", "0.5",
+        "--max-batch", "64", "--max-wait", "0.5", "--http-max-connections", "3",
     )  # fmt: skip
     try:
         assert served.http.startswith("https://")
@@ -416,6 +416,21 @@ def test_tls_and_a_bearer_token_on_both_doors_and_overload_is_503(bundle_dir, di
         answer = _grpc_call(served, "ModelInfer", _grpc_infer(digits[:2]), metadata, credentials)
         assert answer.outputs[0].shape == [2]
         assert _grpc_call(served, "ServerReady", pb.ServerReadyRequest(), credentials=credentials).ready
+        held = [socket.create_connection((served.host, served.port), timeout=10) for _ in range(3)]
+        try:  # --http-max-connections 3: a fourth is closed at once (the three wait for their handshakes)
+            with socket.create_connection((served.host, served.port), timeout=10) as extra:
+                assert extra.recv(1) == b""
+        finally:
+            for s in held:
+                s.close()
+        end = time.monotonic() + 10
+        while time.monotonic() < end:  # the node sees the three go, and has room again
+            try:
+                if _request(served, "GET", "/v2/health/live", context=context)[0] == 200:
+                    break
+            except (ConnectionError, ssl.SSLError, OSError):
+                time.sleep(0.1)
+        assert _request(served, "GET", "/v2/health/live", context=context)[0] == 200
     finally:
         assert stop(served.proc) == 0
 

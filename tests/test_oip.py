@@ -15,7 +15,7 @@ from cis.runtime import oip
 from cis.runtime.feeds import FeedContract
 
 pytest.importorskip("httptools")
-from cis.runtime.http_door import route  # noqa: E402
+from cis.runtime.http_wire import route  # noqa: E402
 
 
 class _Spec:

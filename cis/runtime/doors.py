@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
+import zmq
 
 from cis.logs import event
 from cis.runtime import protocol as P
@@ -153,4 +155,13 @@ def submit(node: Any, ticket: Ticket) -> None:
 def refuse(node: Any, ticket: Ticket, code: str, text: str) -> None:
     """A request the door could not decode: counted by the node as an ``infer`` with that outcome, answered
     through the ticket (as the node answers a ZeroMQ request it cannot decode)."""
-    node.refuse(ticket, code, text)
+    node._error(ticket, 0, code, text, P.INFER)
+
+
+def open_doors(node: Any) -> None:
+    """Bind each of a node's doors and add its descriptor to the node's poll items (Node.open)."""
+    for door in node.doors:
+        door.open(node)
+        node.door_fds[door.fileno()] = door
+        node.poll_items.append((door.fileno(), zmq.POLLIN))
+    node.door_due = time.monotonic() if node.doors else math.inf

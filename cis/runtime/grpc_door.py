@@ -162,7 +162,7 @@ class GrpcDoor:
         while inbox:
             ticket, refusal = inbox.popleft()
             if refusal is not None:
-                node.refuse(ticket, *refusal)
+                doors.refuse(node, ticket, *refusal)
             else:
                 doors.submit(node, ticket)
 

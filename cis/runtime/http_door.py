@@ -12,7 +12,7 @@ replies; nothing competes with the node for the GIL and no request crosses a thr
   and the connection closes), and a connection idle for ``timeout`` seconds is closed; a slow
   or half-sent body holds only its buffer, never a worker;
 - a body over ``max_body`` bytes gets ``413`` as soon as its Content-Length (or its running
-  size) says so, and the connection closes; a request head over :data:`MAX_HEAD` gets ``400``;
+  size) says so, and the connection closes; a request head over :data:`cis.runtime.http_wire.MAX_HEAD` gets ``400``;
 - at most ``max_connections`` connections (and what the open-files limit allows): a new one
   beyond is closed at once;
 - keep-alive and pipelining (answers in request order, at most :data:`MAX_PIPELINE` waiting);
@@ -26,14 +26,11 @@ from __future__ import annotations
 import errno
 import hmac
 import logging
-import resource
 import selectors
 import socket
 import ssl
 import time
-from collections import deque
 from typing import Any
-from urllib.parse import unquote
 
 import httptools
 
@@ -41,118 +38,13 @@ from cis.errors import CisError
 from cis.logs import Every, event
 from cis.runtime import doors, oip
 from cis.runtime.doors import DoorConfig, Ticket
+from cis.runtime.http_wire import READ, READ_WRITE, Connection, Refused, fd_room, response, route
 from cis.runtime.requests import Request
 
 log = logging.getLogger("cis.runtime.node")
 READ_BYTES = 256 << 10
-MAX_HEAD = 64 << 10  # bytes of request line and headers
 MAX_PIPELINE = 32  # requests read ahead of their answers on one connection
 TICK = 0.5  # seconds between timeout scans
-FD_MARGIN = 64  # descriptors kept free for the node's own sockets and files
-REASONS = {
-    200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
-    408: "Request Timeout", 413: "Content Too Large", 500: "Internal Server Error", 503: "Service Unavailable",
-    504: "Gateway Timeout",
-}  # fmt: skip
-JSON = b"application/json"
-_READ, _RW = selectors.EVENT_READ, selectors.EVENT_READ | selectors.EVENT_WRITE
-
-
-def response(status: int, body: bytes, content_type: bytes = JSON, extra: bytes = b"", close: bool = False) -> bytes:
-    head = b"HTTP/1.1 %d %s\r\ncontent-type: %s\r\ncontent-length: %d\r\n%s%s\r\n" % (
-        status, REASONS[status].encode(), content_type, len(body), extra, b"connection: close\r\n" if close else b"",
-    )  # fmt: skip
-    return head + body
-
-
-def route(path: str) -> tuple[str, str | None, str | None]:
-    """(endpoint, model name, version) of a path; endpoint ``""`` when no endpoint has that path."""
-    parts = path.rstrip("/").split("/")
-    if parts[:2] != ["", "v2"]:
-        return "", None, None
-    rest = parts[2:]
-    if not rest:
-        return "server", None, None
-    if rest == ["health", "live"]:
-        return "live", None, None
-    if rest == ["health", "ready"]:
-        return "ready", None, None
-    if rest[0] != "models" or len(rest) < 2:
-        return "", None, None
-    name, version, rest = unquote(rest[1]), None, rest[2:]
-    if rest[:1] == ["versions"] and len(rest) >= 2:
-        version, rest = unquote(rest[1]), rest[2:]
-    endpoint = {(): "model", ("ready",): "model_ready", ("infer",): "infer"}.get(tuple(rest), "")
-    return endpoint, name, version
-
-
-class _Conn:
-    """One client connection and the httptools parser that calls back into it."""
-
-    __slots__ = (
-        "sock", "door", "parser", "url", "headers", "head_bytes", "body", "size", "reading", "deadline", "out",
-        "slots", "closing", "closed", "shaken", "reject", "events",
-    )  # fmt: skip
-
-    def __init__(self, sock: Any, door: HttpDoor, now: float, shaken: bool) -> None:
-        self.sock, self.door = sock, door
-        self.parser = httptools.HttpRequestParser(self)
-        self.url, self.head_bytes = b"", 0
-        self.headers: dict[bytes, bytes] = {}
-        self.body: list[bytes] = []
-        self.size = 0
-        self.reading = False  # a request has begun and not ended
-        self.deadline = now + door.cfg.timeout  # the handshake and the first request, or idle
-        self.out = bytearray()
-        self.slots: deque[list] = deque()  # per request read: [response bytes or None, close after it]
-        self.closing = self.closed = False
-        self.shaken = shaken  # TLS handshake done (plain: always)
-        self.reject: tuple[str, str] | None = None
-        self.events = _READ
-
-    # httptools callbacks
-    def on_message_begin(self) -> None:
-        self.url, self.headers, self.head_bytes, self.body, self.size = b"", {}, 0, [], 0
-        self.reading, self.deadline = True, time.monotonic() + self.door.cfg.timeout
-
-    def on_url(self, url: bytes) -> None:
-        self.url += url
-        self._count(len(url))
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers[name.lower()] = value
-        self._count(len(name) + len(value))
-
-    def _count(self, n: int) -> None:
-        self.head_bytes += n
-        if self.head_bytes > MAX_HEAD:
-            self._stop("bad_message", f"request line and headers over {MAX_HEAD} bytes")
-
-    def on_headers_complete(self) -> None:
-        length = self.headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.door.cfg.max_body:
-            self._stop("too_large", f"body of {int(length)} bytes; this node accepts at most {self.door.cfg.max_body}")
-        if self.headers.get(b"expect", b"").lower() == b"100-continue":
-            self.door.write(self, b"HTTP/1.1 100 Continue\r\n\r\n")
-
-    def on_body(self, data: bytes) -> None:
-        self.size += len(data)
-        if self.size > self.door.cfg.max_body:
-            self._stop("too_large", f"body over {self.door.cfg.max_body} bytes, the most this node accepts")
-        self.body.append(data)
-
-    def on_message_complete(self) -> None:
-        self.reading = False
-        self.deadline = float("inf")  # answered by the node; idle again once written
-        self.door.dispatch(self)
-
-    def _stop(self, code: str, message: str) -> None:
-        self.reject = (code, message)
-        raise _Stop
-
-
-class _Stop(Exception):
-    """Raised in a parser callback to stop reading a request that is refused already."""
 
 
 class HttpDoor:
@@ -170,7 +62,7 @@ class HttpDoor:
                 raise CisError(f"--http-tls-cert {cfg.cert}, --http-tls-key {cfg.key}: cannot load ({exc})") from None
         self.token = b"Bearer " + cfg.token.encode() if cfg.token else None
         self.sel = selectors.DefaultSelector()
-        self.conns: dict[int, _Conn] = {}
+        self.conns: dict[int, Connection] = {}
         self.listener: socket.socket | None = None
         self.url = ""
         self.max_connections = cfg.max_connections
@@ -194,8 +86,8 @@ class HttpDoor:
                 "pick another --http-port (0: a free one) or --http-host"
             ) from None
         self.listener.setblocking(False)
-        self.sel.register(self.listener, _READ, None)
-        self.max_connections = _fd_room(self.cfg.max_connections)
+        self.sel.register(self.listener, READ, None)
+        self.max_connections = fd_room(self.cfg.max_connections)
         port = self.listener.getsockname()[1]
         self.url = doors.url("https" if self.tls else "http", host, port)
         doors.announce("http", node.cfg.node_id, self.url, self.cfg, self.model.name)
@@ -216,7 +108,7 @@ class HttpDoor:
     def tick(self, now: float) -> float:
         if self.paused_until and now >= self.paused_until and self.listener is not None:
             self.paused_until = 0.0
-            self.sel.register(self.listener, _READ, None)
+            self.sel.register(self.listener, READ, None)
         for conn in [c for c in self.conns.values() if c.deadline <= now]:
             if conn.reading or not conn.shaken:
                 self._fail(conn, "timeout", f"request not complete within {self.cfg.timeout:g} s")
@@ -257,7 +149,7 @@ class HttpDoor:
 
     # ------------------------------------------------------------ requests
 
-    def dispatch(self, conn: _Conn) -> None:
+    def dispatch(self, conn: Connection) -> None:
         """A request has arrived whole: answer it, or hand it to the node (its answer comes later)."""
         keep = conn.parser.should_keep_alive()
         slot: list = [None, not keep]
@@ -303,7 +195,7 @@ class HttpDoor:
             body = oip._ENCODE({"name": self.model.name, "ready": ready})
             slot[0] = response(200 if ready else 503, body, close=slot[1])
 
-    def _infer(self, conn: _Conn, slot: list, name: str, version: str | None) -> None:
+    def _infer(self, conn: Connection, slot: list, name: str, version: str | None) -> None:
         body = conn.body[0] if len(conn.body) == 1 else b"".join(conn.body)
         conn.body = []
         ticket = Ticket(self, (conn, slot), None)
@@ -358,9 +250,9 @@ class HttpDoor:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.tls is not None:
                 sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
-            conn = _Conn(sock, self, time.monotonic(), self.tls is None)
+            conn = Connection(sock, self, time.monotonic(), self.tls is None)
             self.conns[sock.fileno()] = conn
-            self.sel.register(sock, _READ, conn)
+            self.sel.register(sock, READ, conn)
 
     def _pause(self, exc: OSError) -> None:
         """Out of descriptors: stop accepting for a moment (the listener would wake the loop at once again)."""
@@ -376,7 +268,7 @@ class HttpDoor:
                 node=self.node.cfg.node_id, connections=len(self.conns), held=held,
             )  # fmt: skip
 
-    def _read(self, conn: _Conn) -> None:
+    def _read(self, conn: Connection) -> None:
         if not conn.shaken and not self._handshake(conn):
             return
         sock = conn.sock
@@ -388,7 +280,7 @@ class HttpDoor:
         except (BlockingIOError, ssl.SSLWantReadError):
             return
         except ssl.SSLWantWriteError:
-            return self._want(conn, _RW)
+            return self._want(conn, READ_WRITE)
         except OSError:
             return self._close(conn)
         if not data:
@@ -401,47 +293,47 @@ class HttpDoor:
             conn.parser.feed_data(data)
         except httptools.HttpParserUpgrade:
             return self._fail(conn, "bad_message", "protocol upgrades are not served")
-        except (httptools.HttpParserError, _Stop):
+        except (httptools.HttpParserError, Refused):
             code, text = conn.reject or ("bad_message", "malformed HTTP/1.1 request")
             return self._fail(conn, code, text)
         if conn.slots:
             self._flush(conn)
 
-    def _handshake(self, conn: _Conn) -> bool:
+    def _handshake(self, conn: Connection) -> bool:
         try:
             conn.sock.do_handshake()
         except ssl.SSLWantReadError:
-            self._want(conn, _READ)
+            self._want(conn, READ)
             return False
         except ssl.SSLWantWriteError:
-            self._want(conn, _RW)
+            self._want(conn, READ_WRITE)
             return False
         except (ssl.SSLError, OSError):
             self._close(conn)
             return False
         conn.shaken = True
         conn.deadline = time.monotonic() + self.cfg.timeout
-        self._want(conn, _RW if conn.out else _READ)
+        self._want(conn, READ_WRITE if conn.out else READ)
         return True
 
-    def _writable(self, conn: _Conn) -> None:
+    def _writable(self, conn: Connection) -> None:
         if not conn.shaken:
             if self._handshake(conn):
                 self._read(conn)
             return
         self._flush(conn)
 
-    def _fail(self, conn: _Conn, code: str, message: str) -> None:
+    def _fail(self, conn: Connection, code: str, message: str) -> None:
         """Answer a request that cannot be read (or not in time) and close the connection after it."""
         conn.reading, conn.closing = False, True
         conn.slots.append([self._error_response(code, message, close=True), True])
         self._flush(conn)
 
-    def write(self, conn: _Conn, data: bytes) -> None:
+    def write(self, conn: Connection, data: bytes) -> None:
         conn.out += data
         self._flush(conn)
 
-    def _flush(self, conn: _Conn) -> None:
+    def _flush(self, conn: Connection) -> None:
         """Write what is ready, in request order; close after an answer that says so."""
         close = False
         while conn.slots and conn.slots[0][0] is not None:
@@ -461,22 +353,22 @@ class HttpDoor:
             except OSError:
                 return self._close(conn)
         if conn.out:
-            self._want(conn, _RW)
+            self._want(conn, READ_WRITE)
             if conn.deadline == float("inf"):
                 conn.deadline = time.monotonic() + self.cfg.timeout  # a client that does not read its answers
             return
         if conn.closing and not conn.slots:
             return self._close(conn)
-        self._want(conn, _READ)
+        self._want(conn, READ)
         if not conn.reading and not conn.slots:
             conn.deadline = time.monotonic() + self.cfg.timeout  # idle
 
-    def _want(self, conn: _Conn, events: int) -> None:
+    def _want(self, conn: Connection, events: int) -> None:
         if conn.events != events and not conn.closed:
             conn.events = events
             self.sel.modify(conn.sock, events, conn)
 
-    def _close(self, conn: _Conn) -> None:
+    def _close(self, conn: Connection) -> None:
         if conn.closed:
             return
         conn.closed = True
@@ -486,19 +378,3 @@ class HttpDoor:
         except (KeyError, ValueError):
             pass
         conn.sock.close()
-
-
-def _fd_room(wanted: int) -> int:
-    """How many connections the open-files limit leaves room for (raising the soft limit towards the hard one)."""
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    need = wanted + FD_MARGIN
-    if soft != resource.RLIM_INFINITY and soft < need:
-        target = need if hard == resource.RLIM_INFINITY else min(hard, need)
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
-            soft = target
-        except (ValueError, OSError):
-            pass
-    if soft == resource.RLIM_INFINITY:
-        return wanted
-    return max(1, min(wanted, soft - FD_MARGIN))

@@ -55,7 +55,7 @@ import zmq
 from cis.metrics import LatencyWindow
 from cis.runtime import events, tracing
 from cis.runtime import protocol as P
-from cis.runtime.doors import Door, Ticket
+from cis.runtime.doors import Door, Ticket, open_doors
 from cis.runtime.executor import Executor
 from cis.runtime.node_config import NodeConfig
 from cis.runtime.requests import BundleStage, Pending, Request, Stage
@@ -218,11 +218,7 @@ class Node:
             up.connect(self.cfg.parent)
         self.front, self.up = front, up
         self.poll_items = [(front, zmq.POLLIN)] + ([(up, zmq.POLLIN)] if up is not None else [])
-        for door in self.doors:  # polled beside the sockets: a door's descriptor wakes the same loop
-            door.open(self)
-            self.door_fds[door.fileno()] = door
-            self.poll_items.append((door.fileno(), zmq.POLLIN))  # type: ignore[arg-type]
-        self.door_due = time.monotonic() if self.doors else math.inf
+        open_doors(self)  # polled beside the sockets: a door's descriptor wakes the same loop
 
     def close(self) -> None:
         for door in self.doors:
@@ -318,10 +314,6 @@ class Node:
         if type(prefix) is Ticket:  # a front door's request: its door answers
             return prefix.door.error(prefix, code, message)
         self._send(self.front, P.error_frames(req_id, code, message, node=self.cfg.node_id), prefix)
-
-    def refuse(self, ticket: Ticket, code: str, message: str) -> None:
-        """A front door's request it could not decode: counted and answered as an undecodable INFER is."""
-        self._error(ticket, 0, code, message, P.INFER)
 
     # ------------------------------------------------------------ receiving
 

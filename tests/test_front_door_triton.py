@@ -90,3 +90,17 @@ def test_tritonclient_gets_what_cis_infer_gets(tree, protocol, binary):
     assert set(served) - {"device0"}, "some samples should be forwarded up the tree"
     response = result.get_response()
     assert (response["id"] if protocol == "http" else response.id) == "req-7"
+
+
+def test_a_malformed_traceparent_is_a_new_trace_and_forwarding_goes_on(tree):
+    """A door passes the caller's traceparent as it came; one that is no W3C traceparent must not spoil the
+    forward to the parent (the request is answered as any other, its forwarded samples from above)."""
+    nodes, root, x = tree
+    want_cls, want_nodes = _cis_infer(nodes["device0"]["address"], root)
+    client = httpclient.InferenceServerClient(nodes["device0"]["http"].removeprefix("http://"))
+    given = httpclient.InferInput("input", list(x.shape), "FP32")
+    given.set_data_from_numpy(x)
+    result = client.infer("cis", [given], headers={"traceparent": "not-a-trace-context"})
+    np.testing.assert_array_equal(result.as_numpy("class"), want_cls)
+    assert [s.decode() for s in result.as_numpy("node")] == want_nodes
+    assert not result.as_numpy("flags").any()  # nothing degraded: the parent took the forward

@@ -23,7 +23,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
     import tomli as tomllib
 
 from cis.errors import CisError
-from training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, P_MODES, STEP_RULES
+from training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, HEAD_UPDATES, P_MODES, STEP_RULES
 from training.methods.registry import resolve_options
 
 # Per-dataset training defaults. CIFAR: the paper's (SGD 0.1 cosine, momentum 0.9,
@@ -116,6 +116,8 @@ class RunConfig:
     bn_rule: str | None = setting(None, one_of(BN_RULES))
     # "same" J for every exit, or "flops": J * flops(E_i) / flops(e) for a lower exit
     lower_exit_steps: str = setting("same", one_of(STEP_RULES))
+    # authors-code only: a non-root pair's exit-head update "applied" (default) or dropped as the released code does
+    head_update: str = setting("applied", one_of(HEAD_UPDATES))
     participation: float = setting(1.0, FRACTION)
     width: float = setting(1.0, POSITIVE)
     lr: float | None = setting(None, POSITIVE)
@@ -183,6 +185,8 @@ class RunConfig:
             for key, only in (("p_mode", "multiply"), ("coefficient_rule", "literal"), ("bn_rule", "literal")):
                 if getattr(self, key) != only:
                     raise self._bad(key, f"{only!r} under algorithm 'authors-code' (the authors' code has no other)")
+        elif self.head_update != "applied":
+            raise self._bad("head_update", "'applied' under algorithm 'printed' (the released-code rule is authors-code's)")
         if self.method != "cis" and (self.p or self.p_matrix):
             raise CisError(
                 f"config: --p / p_matrix sample lower exits in Algorithm 1; method {self.method!r} chooses its own "

@@ -29,7 +29,7 @@ from cis.cli import print_result
 from cis.errors import CisError
 from cis.spec import CONFIDENCE_MEASURES
 from training.aggregation.weights import STRATEGIES
-from training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, P_MODES, P_RULES, STEP_RULES
+from training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, HEAD_UPDATES, P_MODES, P_RULES, STEP_RULES
 from training.config import AMP_MODES, DATASET_DEFAULTS, RunConfig, declared_default, make_config, read_config_file
 from training.flower.launch import MODES as FLOWER_MODES
 from training.methods.registry import METHODS, NEFL_MODES, OPTIONS, parse_option_flags, resolve_options
@@ -80,6 +80,11 @@ _CONFIG_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--bn-rule", {
         "choices": BN_RULES,
         "help": "BatchNorm running statistics: line 12 shortened where it would overshoot (default), or literal",
+    }),
+    ("--head-update", {
+        "choices": HEAD_UPDATES,
+        "help": "authors-code: apply every pair's exit-head update (default {default}), or released-code: drop the "
+        "non-root pairs' as arodio/FedCIS's released aggregate() does (a diagnostic; docs/training.md)",
     }),
     ("--lower-exit-steps", {
         "choices": STEP_RULES,

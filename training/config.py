@@ -186,7 +186,7 @@ class RunConfig:
                 if getattr(self, key) != only:
                     raise self._bad(key, f"{only!r} under algorithm 'authors-code' (the authors' code has no other)")
         elif self.head_update != "applied":
-            raise self._bad("head_update", "'applied' under algorithm 'printed' (the released-code rule is authors-code's)")
+            raise self._bad("head_update", "'applied' under algorithm 'printed' (released-code is authors-code's)")
         if self.method != "cis" and (self.p or self.p_matrix):
             raise CisError(
                 f"config: --p / p_matrix sample lower exits in Algorithm 1; method {self.method!r} chooses its own "

@@ -34,6 +34,8 @@ from training.methods.registry import resolve_options
 # Not part of what a run computes on the CPU: --resume may move a run to another device.
 DEVICES = ("auto", "cpu", "cuda")
 AMP_MODES = ("off", "bf16")
+MEMORY_FORMATS = ("contiguous", "channels_last")  # the model's tensors: NCHW, or NHWC (faster convolutions on GPUs)
+GRAPH_MODES = ("off", "on")  # on: each local step's forward and backward replayed as a CUDA graph
 
 DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
     "digits": {
@@ -140,6 +142,9 @@ class RunConfig:
     # auto (cuda when torch sees a GPU) | cpu | cuda | cuda:K
     device: str = setting("auto", Rule(is_device_name, f"one of {', '.join(DEVICES)} or cuda:K"))
     amp: str = setting("off", one_of(AMP_MODES))  # off | bf16: the local steps under torch.autocast(bfloat16)
+    # how a run computes, not what (training/device.py; --resume may change them, like device):
+    memory_format: str = setting("contiguous", one_of(MEMORY_FORMATS))  # channels_last: conv weights NHWC
+    cuda_graphs: str = setting("off", one_of(GRAPH_MODES))  # on: steps as CUDA graphs (training/graphs.py)
     init: str | None = None  # a run dir whose weights start the model: a fine-tune (training/warm_start.py)
     rates_from: str | None = None  # where exit_rates were measured (cis train --rates-from SOURCE; cis.measured)
     # measured Lambda_e per exit: the weights' serving rates, not the calculus
@@ -187,6 +192,8 @@ class RunConfig:
                     raise self._bad(key, f"{only!r} under algorithm 'authors-code' (the authors' code has no other)")
         elif self.head_update != "applied":
             raise self._bad("head_update", "'applied' under algorithm 'printed' (released-code is authors-code's)")
+        if self.cuda_graphs == "on" and self.method != "cis":
+            raise self._bad("cuda_graphs", f"'off' for method {self.method!r} (graphs capture Algorithm 1's step)")
         if self.method != "cis" and (self.p or self.p_matrix):
             raise CisError(
                 f"config: --p / p_matrix sample lower exits in Algorithm 1; method {self.method!r} chooses its own "

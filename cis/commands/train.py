@@ -30,7 +30,16 @@ from cis.errors import CisError
 from cis.spec import CONFIDENCE_MEASURES
 from training.aggregation.weights import STRATEGIES
 from training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, HEAD_UPDATES, P_MODES, P_RULES, STEP_RULES
-from training.config import AMP_MODES, DATASET_DEFAULTS, RunConfig, declared_default, make_config, read_config_file
+from training.config import (
+    AMP_MODES,
+    DATASET_DEFAULTS,
+    GRAPH_MODES,
+    MEMORY_FORMATS,
+    RunConfig,
+    declared_default,
+    make_config,
+    read_config_file,
+)
 from training.flower.launch import MODES as FLOWER_MODES
 from training.methods.registry import METHODS, NEFL_MODES, OPTIONS, parse_option_flags, resolve_options
 from training.partition import SCHEMES
@@ -104,11 +113,21 @@ _CONFIG_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
         "change it (docs/training.md, 'Devices')",
     }),
     ("--amp", {"choices": AMP_MODES, "help": "bf16: local steps under torch.autocast(bfloat16) (default {default})"}),
+    ("--memory-format", {
+        "choices": MEMORY_FORMATS,
+        "help": "channels_last: the model's conv weights NHWC, faster on GPUs (default {default}); --resume may "
+        "change it",
+    }),
+    ("--cuda-graphs", {
+        "choices": GRAPH_MODES,
+        "help": "on: each local step's forward and backward replayed as a CUDA graph (--device cuda, method cis; "
+        "default {default}); --resume may change it",
+    }),
     ("--eval-every", {"type": int, "help": "validate every N rounds (default {default})"}),
 )
 _CONFIG_KEYS = tuple(flag[2:].replace("-", "_") for flag, _ in _CONFIG_FLAGS)
-# settings of where a run computes, not of what: --resume may change them
-_RESUME_MAY_CHANGE = ("device",)
+# settings of where and how a run computes, not of what: --resume may change them
+_RESUME_MAY_CHANGE = ("device", "memory_format", "cuda_graphs")
 
 # The flags of the command itself: the method's named options, where the run comes from and goes, the engine.
 _COMMAND_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (

@@ -112,6 +112,16 @@ def measure(args, settings: dict[str, str] | None = None, splits=None) -> dict:
     }
 
 
+def free_device_memory() -> None:
+    import gc
+
+    import torch
+
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+
+
 def fastest(results: dict[str, dict]) -> str:
     """The fastest variant; a bf16 one only where it beats the fastest float32 one by :data:`BF16_MARGIN`."""
     speed = {name: r["images_per_s_median"] for name, r in results.items()}
@@ -181,6 +191,7 @@ def main() -> None:
     results: dict[str, dict] = {}
     splits = None
     for variant in [v for v in args.variants.split(",") if v]:
+        free_device_memory()  # the last variant's model, data copy and graphs
         got = measure(args, variant_settings(variant), splits)
         splits = got.pop("_splits")
         results[variant] = got

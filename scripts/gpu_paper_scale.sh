@@ -81,9 +81,11 @@ setup() {
         export PYTHONPATH="/tmp/cis-site${PYTHONPATH:+:$PYTHONPATH}"
     fi
     export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
+    python3 -c "import torch, tomli_w" 2>/dev/null \
+        || { say "python3 lacks torch or tomli_w: carry .whl with the tomli-w wheel (see the header)"; exit 2; }
     if [ ! -d "$data/train" ]; then
         [ -f .gpu/cifar10-jpeg.zip ] || { say "no data: carry .gpu/cifar10-jpeg.zip (see the header)"; exit 2; }
-        unzip -q -o .gpu/cifar10-jpeg.zip -d "$data"
+        python3 -m zipfile -e .gpu/cifar10-jpeg.zip "$data"
     fi
     # decode the images once (training/data.py caches them) and say what the split holds
     timeout "$(( $(left) > 120 ? 120 : $(left) ))" python3 -c "

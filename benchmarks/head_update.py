@@ -110,7 +110,8 @@ def markdown(result: dict) -> str:
         f"CIFAR-10, paper-7, equal partition, algorithm authors-code, cell {CELL}; ResNet-18 width {s.get('width')}, "
         f"{s.get('rounds')} rounds, {s.get('train_subset')} images, local epochs {s.get('local_epochs')}. "
         "released-code: `--head-update released-code` (no non-root head update applied, as arodio/FedCIS's "
-        "aggregate runs); applied: the default (Table 1's authors-code runs). Test accuracy (%).\n",
+        "aggregate runs); applied: the default (Table 1's authors-code runs; with --quick, trained beside them). "
+        "Test accuracy (%).\n",
         "| strategy | rule | seeds | CIS accuracy | exit 1 | exit 2 | exit 3 | root SGD steps |",
         "|---|---|---|---|---|---|---|---|",
     ]
@@ -120,7 +121,7 @@ def markdown(result: dict) -> str:
             if not c["seeds"] or not r:
                 continue
             ex = " | ".join(f"{x:.1f}" for x in r["exits"])
-            steps = ",".join(str(x) for x in r["root_steps"])
+            steps = " / ".join(str(x) for x in r["root_steps"])
             cis = f"{r['cis']['mean']:.2f} ± {r['cis']['sd']:.2f}"
             lines.append(f"| {strategy} | {rule} | {','.join(map(str, c['seeds']))} | {cis} | {ex} | {steps} |")
     return "\n".join(lines)

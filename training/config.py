@@ -23,7 +23,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
     import tomli as tomllib
 
 from cis.errors import CisError
-from training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, P_MODES, STEP_RULES
+from training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, HEAD_UPDATES, P_MODES, STEP_RULES
 from training.data_ref import USER_KINDS, data_kind
 from training.methods.registry import resolve_options
 
@@ -35,6 +35,8 @@ from training.methods.registry import resolve_options
 # Not part of what a run computes on the CPU: --resume may move a run to another device.
 DEVICES = ("auto", "cpu", "cuda")
 AMP_MODES = ("off", "bf16")
+MEMORY_FORMATS = ("contiguous", "channels_last")  # the model's tensors: NCHW, or NHWC (faster convolutions on GPUs)
+GRAPH_MODES = ("off", "on")  # on: each local step's forward and backward replayed as a CUDA graph
 
 DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
     "digits": {
@@ -129,6 +131,8 @@ class RunConfig:
     bn_rule: str | None = setting(None, one_of(BN_RULES))
     # "same" J for every exit, or "flops": J * flops(E_i) / flops(e) for a lower exit
     lower_exit_steps: str = setting("same", one_of(STEP_RULES))
+    # authors-code only: a non-root pair's exit-head update "applied" (default) or dropped as the released code does
+    head_update: str = setting("applied", one_of(HEAD_UPDATES))
     participation: float = setting(1.0, FRACTION)
     width: float = setting(1.0, POSITIVE)
     lr: float | None = setting(None, POSITIVE)
@@ -151,6 +155,9 @@ class RunConfig:
     # auto (cuda when torch sees a GPU) | cpu | cuda | cuda:K
     device: str = setting("auto", Rule(is_device_name, f"one of {', '.join(DEVICES)} or cuda:K"))
     amp: str = setting("off", one_of(AMP_MODES))  # off | bf16: the local steps under torch.autocast(bfloat16)
+    # how a run computes, not what (training/device.py; --resume may change them, like device):
+    memory_format: str = setting("contiguous", one_of(MEMORY_FORMATS))  # channels_last: conv weights NHWC
+    cuda_graphs: str = setting("off", one_of(GRAPH_MODES))  # on: steps as CUDA graphs (training/graphs.py)
     init: str | None = None  # a run dir whose weights start the model: a fine-tune (training/warm_start.py)
     rates_from: str | None = None  # where exit_rates were measured (cis train --rates-from SOURCE; cis.measured)
     # measured Lambda_e per exit: the weights' serving rates, not the calculus
@@ -195,6 +202,10 @@ class RunConfig:
             for key, only in (("p_mode", "multiply"), ("coefficient_rule", "literal"), ("bn_rule", "literal")):
                 if getattr(self, key) != only:
                     raise self._bad(key, f"{only!r} under algorithm 'authors-code' (the authors' code has no other)")
+        elif self.head_update != "applied":
+            raise self._bad("head_update", "'applied' under algorithm 'printed' (released-code is authors-code's)")
+        if self.cuda_graphs == "on" and self.method != "cis":
+            raise self._bad("cuda_graphs", f"'off' for method {self.method!r} (graphs capture Algorithm 1's step)")
         if self.partition == "node" and self.dirichlet is not None:
             raise CisError("config: partition 'node' takes each sample's node from the data; drop dirichlet")
         if self.centralised:

@@ -37,7 +37,7 @@ from training.clients import make_clients, run_splits, weight_sizes
 from training.config import RunConfig
 from training.data import DataSplits, augment_options, load_run_data
 from training.data_ref import check_digest
-from training.device import describe, run_device, with_amp
+from training.device import apply_compute_options, describe, run_device, with_amp
 from training.engine import FederatedEngine
 from training.evaluate import cis_report, predict_exits
 from training.grad_variance import gradient_variance
@@ -117,6 +117,7 @@ def build_setup(
             f"spec {spec.name!r}: has {spec.num_exits} exits; the {config.method} model has {m.model.num_exits}"
         )
     m.model.to(device)
+    apply_compute_options(m.model, m.trainer, config)
     trainer = with_amp(m.trainer, config.amp, device)
     engine = FederatedEngine(m.model, clients, m.chooser, trainer, m.aggregator, seed=config.seed)
     return Setup(config, spec, splits, m.model, clients, m.matrix, m.weights, engine, steps, device)
@@ -267,7 +268,12 @@ def _log_setup(s: Setup, log: Callable[[str], None]) -> None:
         + ", ".join(f"{c.id}:{c.size}" for c in s.clients)
         + f"; J = {s.steps} local steps per round"
     )
-    log(f"device: {describe(s.device)}" + (", bf16 autocast" if config.amp == "bf16" else ""))
+    log(
+        f"device: {describe(s.device)}"
+        + (", bf16 autocast" if config.amp == "bf16" else "")
+        + (", channels_last" if config.memory_format == "channels_last" else "")
+        + (", CUDA graphs" if config.cuda_graphs == "on" else "")
+    )
 
 
 def _restore(s: Setup, out: Path, log: Callable[[str], None]) -> None:

@@ -29,8 +29,17 @@ from cis.cli import print_result
 from cis.errors import CisError
 from cis.spec import CONFIDENCE_MEASURES
 from training.aggregation.weights import STRATEGIES
-from training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, P_MODES, P_RULES, STEP_RULES
-from training.config import AMP_MODES, DATASET_DEFAULTS, RunConfig, declared_default, make_config, read_config_file
+from training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, HEAD_UPDATES, P_MODES, P_RULES, STEP_RULES
+from training.config import (
+    AMP_MODES,
+    DATASET_DEFAULTS,
+    GRAPH_MODES,
+    MEMORY_FORMATS,
+    RunConfig,
+    declared_default,
+    make_config,
+    read_config_file,
+)
 from training.flower.launch import MODES as FLOWER_MODES
 from training.methods.registry import METHODS, NEFL_MODES, OPTIONS, parse_option_flags, resolve_options
 from training.partition import SCHEMES
@@ -97,6 +106,11 @@ _CONFIG_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
         "choices": BN_RULES,
         "help": "BatchNorm running statistics: line 12 shortened where it would overshoot (default), or literal",
     }),
+    ("--head-update", {
+        "choices": HEAD_UPDATES,
+        "help": "authors-code: apply every pair's exit-head update (default {default}), or released-code: drop the "
+        "non-root pairs' as arodio/FedCIS's released aggregate() does (a diagnostic; docs/training.md)",
+    }),
     ("--lower-exit-steps", {
         "choices": STEP_RULES,
         "help": "local steps when a node trains a lower exit: same J (default) or J x flops(own) / flops(exit)",
@@ -115,11 +129,21 @@ _CONFIG_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
         "change it (docs/training.md, 'Devices')",
     }),
     ("--amp", {"choices": AMP_MODES, "help": "bf16: local steps under torch.autocast(bfloat16) (default {default})"}),
+    ("--memory-format", {
+        "choices": MEMORY_FORMATS,
+        "help": "channels_last: the model's conv weights NHWC, faster on GPUs (default {default}); --resume may "
+        "change it",
+    }),
+    ("--cuda-graphs", {
+        "choices": GRAPH_MODES,
+        "help": "on: each local step's forward and backward replayed as a CUDA graph (--device cuda, method cis; "
+        "default {default}); --resume may change it",
+    }),
     ("--eval-every", {"type": int, "help": "validate every N rounds (default {default})"}),
 )
 _CONFIG_KEYS = tuple(spec.get("dest") or flag[2:].replace("-", "_") for flag, spec in _CONFIG_FLAGS)
-# settings of where a run computes, not of what: --resume may change them
-_RESUME_MAY_CHANGE = ("device",)
+# settings of where and how a run computes, not of what: --resume may change them
+_RESUME_MAY_CHANGE = ("device", "memory_format", "cuda_graphs")
 
 # The flags of the command itself: the method's named options, where the run comes from and goes, the engine.
 _COMMAND_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (

@@ -43,7 +43,7 @@ def build_pieces(config, spec, model: EarlyExitNet, clients: list[Client], sgd: 
     sizes = [c.size for c in clients]
     if config.algorithm == "authors-code":
         aggregator: CisAggregator | AuthorsCodeAggregator = AuthorsCodeAggregator(
-            weights, matrix, sizes, root_index(spec), model.exit_state_keys, config.server_lr
+            weights, matrix, sizes, root_index(spec), model.exit_state_keys, config.server_lr, config.head_update
         )
     else:
         aggregator = CisAggregator(

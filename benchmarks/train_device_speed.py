@@ -22,6 +22,8 @@ throughput of result files measured at once by processes sharing one GPU.
     python benchmarks/train_device_speed.py --device cuda --paper-scale --local-steps 16 --rounds 4 \\
         --variants fp32,channels_last,bf16,graphs,graphs+channels_last --out paper_speed
     python benchmarks/train_device_speed.py --combine paper_speed_2x_1,paper_speed_2x_2 --out paper_speed_2x
+    python benchmarks/train_device_speed.py --report-paper FILE [--runs DIR]   # scripts/gpu_paper_scale.sh's
+        paper_speed.json (and the partial runs' metrics.jsonl under DIR) -> benchmarks/results/paper_speed.{json,md}
 
 Writes benchmarks/results/train_device_speed_<device>[_<amp>].json (``--out`` for another name).
 """
@@ -150,6 +152,53 @@ def combine(names: list[str]) -> dict:
     }
 
 
+def paper_report(merged: dict, runs: Path | None) -> dict:
+    """scripts/gpu_paper_scale.sh's merged probes (one process, then N processes sharing the GPU) and the
+    validation CIS accuracy of its paper-scale runs so far, as one result with a markdown table."""
+    one = merged["paper_speed"]
+    shared = {k: v for k, v in merged.items() if "processes" in v}
+    partial = {}
+    for metrics in sorted(runs.glob("*/metrics.jsonl")) if runs else []:
+        rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+        partial[metrics.parent.name] = {
+            "rounds_done": max(r["round"] for r in rows),
+            "seconds_per_round_median": statistics.median(r["train_seconds"] for r in rows),
+            "val_cis_accuracy": {r["round"]: r["val_cis_accuracy"] for r in rows if "val_cis_accuracy" in r},
+        }
+    return {"probes": one, "shared": shared, "runs": partial}
+
+
+def paper_markdown(result: dict) -> str:
+    one = result["probes"]
+    device = next(iter(one["variants"].values()))["device"]
+    base = one["variants"]["fp32"]["images_per_s_median"] if "fp32" in one["variants"] else None
+    lines = [
+        f"# Paper-scale training speed on {device} (issue 35 item 5)\n",
+        "ResNet-18 width 1, paper-7, CIFAR-10 (35,000 training images), 4 rounds of 16 local steps per variant "
+        "(round 1 excluded), one process; then the fastest variant in N processes sharing the GPU. "
+        f"Command: `{one['command']}`.\n",
+        "| variant | images/s | vs fp32 |",
+        "|---|---|---|",
+    ]
+    for name, v in one["variants"].items():
+        ratio = f"{v['images_per_s_median'] / base:.2f}x" if base else "–"
+        lines.append(f"| {name} | {v['images_per_s_median']:,.0f} | {ratio} |")
+    lines += ["", f"Fastest (bf16 only at >= {BF16_MARGIN}x the fastest float32): {one['best']}.\n",
+              "| processes sharing the GPU | images/s together | each |", "|---|---|---|"]  # fmt: skip
+    for v in result["shared"].values():
+        each = ", ".join(f"{x:,.0f}" for x in v["images_per_s_each"])
+        lines.append(f"| {v['processes']} | {v['images_per_s_total']:,.0f} | {each} |")
+    if result["runs"]:
+        lines += ["", "Paper-scale runs at 5-15-80, seed 1, the fastest variant, side by side (stopped by the "
+                  "session's device time; checkpoints not kept):\n",
+                  "| strategy | rounds done | s/round (median) | validation CIS accuracy by round |",
+                  "|---|---|---|---|"]  # fmt: skip
+        for name, r in result["runs"].items():
+            acc = ", ".join(f"{k}: {100 * v:.1f}" for k, v in r["val_cis_accuracy"].items())
+            lines.append(f"| {name} | {r['rounds_done']} | {r['seconds_per_round_median']:.2f} | {acc} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", help="cpu | cuda | cuda:K | auto")
@@ -165,7 +214,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     ap.add_argument("--data", default="/tmp/cifar10")
     ap.add_argument("--out", default=None, help="result name in benchmarks/results")
+    ap.add_argument("--report-paper", default=None, help="scripts/gpu_paper_scale.sh's paper_speed.json: report it")
+    ap.add_argument("--runs", default=None, help="with --report-paper: the unpacked paper-scale run dirs")
     args = ap.parse_args()
+    if args.report_paper:
+        result = paper_report(json.loads(Path(args.report_paper).read_text()), Path(args.runs) if args.runs else None)
+        write_results(args.out or "paper_speed", result)
+        (RESULTS / f"{args.out or 'paper_speed'}.md").write_text(paper_markdown(result))
+        return
     given = {a.split("=")[0] for a in sys.argv[1:]}
     if args.combine:
         result = combine([n for n in args.combine.split(",") if n])

@@ -78,6 +78,9 @@ class SimConfig:
     heartbeat: float = node_default("heartbeat")
     heartbeat_timeout: float = heartbeat_timeout(node_default("heartbeat"))
     rto: float = 0.2
+    # Record each request's visit per node as spans (queue, compute, forward, request: sim.spans), the
+    # runtime's tracing kinds; off: nothing recorded.
+    spans: bool = False
     progress: bool = False
 
     def to_json(self) -> dict:

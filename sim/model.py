@@ -27,8 +27,10 @@ from cis.spec import CisSpec, Link, Node
 from cis.transfer_cap import TokenBucket
 from sim.arrivals import deterministic, mmpp, poisson, read_trace
 from sim.config import SimConfig
+from sim.cores import Cores
 from sim.links import Uplink
 from sim.service import Profile
+from sim.spans import COMPUTE, FORWARD, QUEUE, REQUEST, SpanLog
 from sim.station import Station
 from sim.streams import indices, spawn, uniforms, unit_exponentials
 
@@ -97,6 +99,7 @@ class Model:
 
     env: simpy.Environment
     stations: dict[str, Station]
+    hosts: dict[str, Cores]  # the cores of each shared host (the spec's [hosts])
     messages: dict[int, int]  # stage -> bytes of a forward on the wire
     reply_bytes: int
     correct: dict[int, list[int]] | None
@@ -108,6 +111,7 @@ class Model:
     exit_at: list[int] | None = None  # the exit the policy serves each profile row at (None: the node's own)
     forward_timeout: float = 1.0  # seconds a forward waits per tier above (the runtime's --forward-timeout)
     heartbeat_timeout: float = 1.0  # a parent unheard for this long is down (the runtime's heartbeat rule)
+    spans: SpanLog | None = None  # each visit's queue, compute, forward and request spans (None: not recorded)
     log: Log = field(default_factory=Log)
     arrived: int = 0
     last_arrival: float = 0.0
@@ -127,33 +131,45 @@ def request(env: simpy.Environment, model: Model, rid: int, station: Station, ro
     waiting (forward_timeout x tiers above); the answer then travels back down
     the same links. A forward that a full parent refuses, that an outage loses,
     or whose answer comes back too late is served by the node that sent it, at
-    its own exit, flagged degraded: what the runtime does.
+    its own exit, flagged degraded: what the runtime does. With ``model.spans``
+    each visit's queue, compute, forward and request spans are recorded.
     """
     entry, arrived, done, flags = station.index, env.now, 0, 0
+    spans = model.spans
     # one messaging cost per request, paid on every node visit: its visits happen within
     # milliseconds, under the same machine load (and cis.app.calibration.calibrate_visits measures
     # exactly this, each request's average cost per visit)
     rtt = next(model.hops) if model.hops is not None else 0.0
     half = rtt / 2
-    trail: list[tuple[Station, float]] = []  # (node that forwarded, when it gives up), from the entry up
+    trail: list[Hop] = []  # the nodes that forwarded it, from the entry up
     if half:  # the client's message to the entry node: half a round trip, the reply the other half
         yield env.timeout(half)
     while True:
         station.received += 1
+        entered = env.now
         if station.full():
             if not trail:  # a client's request at a full entry node: refused (the runtime answers overloaded)
                 station.dropped += 1
                 model.log.add(rid, entry, station.index, 0, -1, arrived, env.now)
                 return
             station.refused += 1  # the refusal goes back: the child serves the request, degraded
-            station, giveup = trail.pop()
+            hop = trail.pop()
+            station, entered = hop.station, hop.entered
             assert station.uplink is not None  # it forwarded: it has a parent
             back = station.uplink.reply(env.now, model.reply_bytes)
             flags = FLAG_DEGRADED
             station.degraded += 1
-            yield env.timeout((back if back is not None and back <= giveup else giveup) - env.now + half)
-            break
-        yield station.visit(done)
+            back = back if back is not None and back <= hop.giveup else hop.giveup
+            yield env.timeout(back - env.now + half)
+            if spans is not None:
+                spans.add(rid, station.index, FORWARD, hop.sent, env.now)
+            yield from _answer(env, model, rid, entry, arrived, station, row, flags, trail, half, (entered, env.now))
+            return
+        got = yield station.visit(done)
+        if spans is not None:
+            start, begin, n = got
+            spans.add(rid, station.index, QUEUE, entered, begin, n, (done + 1, station.exit))
+            spans.add(rid, station.index, COMPUTE, begin, env.now, n, (done + 1, station.exit))
         done = station.exit
         now = env.now
         if station.parent is None or station.keeps(row):
@@ -172,29 +188,50 @@ def request(env: simpy.Environment, model: Model, rid: int, station: Station, ro
         if reach is None:  # lost in an outage: the node waits, then serves it here
             station.degraded += 1
             flags = FLAG_DEGRADED
+            if spans is not None:
+                spans.add(rid, station.index, FORWARD, now, giveup)
             yield env.timeout(giveup - now)
             break
-        trail.append((station, giveup))
+        trail.append(Hop(station, giveup, now, entered))
         yield env.timeout(reach - now + half)
         station = station.parent
-    yield from _answer(env, model, rid, entry, arrived, station, row, flags, trail, half)
+    yield from _answer(env, model, rid, entry, arrived, station, row, flags, trail, half, (entered, env.now))
 
 
-def _answer(env, model: Model, rid, entry, arrived, station: Station, row, flags, trail, half):
-    """Serve at ``station`` and carry the answer down the trail to the client."""
+class Hop:
+    """A node that forwarded a request: when it sent it, when it gives up waiting, when the request came in."""
+
+    __slots__ = ("station", "giveup", "sent", "entered")
+
+    def __init__(self, station: Station, giveup: float, sent: float, entered: float):
+        self.station, self.giveup, self.sent, self.entered = station, giveup, sent, entered
+
+
+def _answer(env, model: Model, rid, entry, arrived, station: Station, row, flags, trail, half, visit):
+    """Serve at ``station`` and carry the answer down the trail to the client (``visit``: when the request
+    came in at ``station`` and when its answer left)."""
     station.served += 1
     server, t = station, env.now
+    spans = model.spans
+    if spans is not None:
+        spans.add(rid, station.index, REQUEST, *visit)
     exit_ = server.exit if flags & FLAG_DEGRADED else model.served_exit(row, server.exit)
-    for child, giveup in reversed(trail):
+    for hop in reversed(trail):
+        child, giveup = hop.station, hop.giveup
         back = child.uplink.reply(t, model.reply_bytes)
         if back is None or back > giveup:  # lost or too late: the child has answered it itself
             server.served -= 1
             child.served += 1
             child.degraded += 1
             server, t, flags, exit_ = child, giveup, FLAG_DEGRADED, child.exit
+            came = giveup
         else:
             child.last_reply = back
-            t = back
+            t = came = back
+            came += half  # the answer's way down to the child
+        if spans is not None:
+            spans.add(rid, child.index, FORWARD, hop.sent, came)
+            spans.add(rid, child.index, REQUEST, hop.entered, came)
         t += half
     t += half
     if t > env.now and model.reply_bytes:  # replies share the links' wires: keep their order in time
@@ -231,6 +268,7 @@ def build(plan: Plan) -> tuple[Model, list[tuple[Station, Iterator[float], Itera
     stations: dict[str, Station] = {}
     feeds = []
     max_batch = config.max_batch or 1
+    hosts = {h.id: Cores(env, h.cores) for h in spec.hosts}
     for index, node in enumerate(spec.nodes):
         arrival_rng, service_rng, decision_rng, row_rng = (next(rngs) for _ in range(4))
         units = _units(config, service_rng)
@@ -245,6 +283,7 @@ def build(plan: Plan) -> tuple[Model, list[tuple[Station, Iterator[float], Itera
             config.visit_overhead,
             max_batch,
             _slowdown(config.idle_slowdown),
+            None if node.host is None else hosts[node.host],
         )
         stations[node.id] = station
         if plan.rows is not None:  # replay: this node's arrivals take these rows, in order
@@ -270,8 +309,8 @@ def build(plan: Plan) -> tuple[Model, list[tuple[Station, Iterator[float], Itera
         )
     messages = plan.messages if plan.messages is not None else plan.payloads
     model = Model(
-        env, stations, messages, plan.reply_bytes, correct, limit, horizon, hops, plan.exit_at,
-        config.forward_timeout, config.heartbeat_timeout,
+        env, stations, hosts, messages, plan.reply_bytes, correct, limit, horizon, hops, plan.exit_at,
+        config.forward_timeout, config.heartbeat_timeout, SpanLog() if config.spans else None,
     )
     return model, feeds
 

@@ -35,6 +35,7 @@ Rows = dict[str, list[int]] | None  # per node, the profile rows its arrivals ta
 class SimResult:
     summary: dict  # the --json result
     requests: dict[str, np.ndarray]  # one entry per request, ordered by id (see sim.model.Log)
+    spans: dict[str, np.ndarray] | None = None  # with SimConfig.spans: one row per span (sim.spans.SpanLog)
 
 
 def plan_run(
@@ -108,4 +109,4 @@ def simulate(
     requests = model.log.arrays()
     summary = summarise(plan, model, requests)
     summary["bundle"] = None if bundle is None else str(Path(bundle.root))
-    return SimResult(summary, requests)
+    return SimResult(summary, requests, None if model.spans is None else model.spans.arrays())

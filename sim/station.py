@@ -11,7 +11,9 @@ between its batch sizes), plus ``overhead`` per request (the runtime's work per
 message: decode, admit, reply), all drawn once per batch with the run's service
 distribution. A worker that idled before a batch takes longer over it
 (``slowdown``: the idle time's extra seconds; a process that slept must be
-woken, and a machine's caches and clock go cold while a core sleeps).
+woken, and a machine's caches and clock go cold while a core sleeps). A node
+on a shared host (``cores``: :class:`sim.cores.Cores`) runs its batches on the
+host's cores, shared with the other nodes there.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import simpy
 
 from cis.spec import Node
 from cis.transfer_cap import TokenBucket
+from sim.cores import Cores
 from sim.links import Uplink
 
 
@@ -41,6 +44,7 @@ class Station:
         overhead: float = 0.0,
         max_batch: int = 1,
         slowdown: Callable[[float], float] | None = None,
+        cores: Cores | None = None,
     ):
         self.env = env
         self.id, self.index, self.exit = node.id, index, node.exit
@@ -52,6 +56,7 @@ class Station:
         self.max_batch = max_batch
         self.slowdown = slowdown  # idle seconds -> extra seconds of the batch that ends the idling
         self.keeps, self.bucket = keeps, bucket
+        self.cores = cores  # the host's cores, shared with the other nodes there (None: a core of its own)
         self.parent: Station | None = None
         self.uplink: Uplink | None = None
         self.tiers_above = 0
@@ -69,7 +74,8 @@ class Station:
         return self.limit is not None and len(self.queue) >= self.limit
 
     def visit(self, done: int) -> simpy.Event:
-        """Queue a request that has run stages 1..done; the event fires when its batch has run."""
+        """Queue a request that has run stages 1..done; the event fires when its batch has run, with the value
+        (when the batch started, when its stages started, how many requests it ran)."""
         event = self.env.event()
         self.queue.append((event, done, self.env.now))
         if self.idle:
@@ -104,12 +110,15 @@ class Station:
             now = env.now
             self.waited += sum(now - t for _, _, t in batch)
             stages = self.batch_time([done for _, done, _ in batch])
-            service = stages * next(self.units) + cold + self.overhead * len(batch)
+            reading = self.overhead * len(batch)
+            service = stages * next(self.units) + cold + reading
             self.busy += service
             self.batches += 1
-            yield env.timeout(service)
+            yield env.timeout(service) if self.cores is None else self.cores.run(service)
+            # (batch start, its stages' start: the node's work per message comes first, batch size)
+            ran = (now, now + reading, len(batch))
             for event, _, _ in batch:
-                event.succeed()
+                event.succeed(ran)
 
     def parent_up(self, now: float, timeout: float) -> bool:
         """The runtime's heartbeat rule: the parent answered within ``timeout`` seconds."""

@@ -10,14 +10,17 @@ writes them at the end, so a span costs the node a tuple append.
 
 What each span measures (the node's own clock, :func:`time.monotonic`, moved to unix seconds):
 
-- ``queue``: the request's ``t0`` (when the node read it; a message read right after a batch counts
-  from before that batch, as the node's own latency does) -> its batch started (the executor's
-  ``timings.started`` hook);
+- ``queue``: admitted (when :meth:`Executor.admit` took it into the queue: the node reads its
+  socket between batches, so a message that came during a batch is admitted after it) -> its batch
+  started (the executor's ``timings.started`` hook);
 - ``compute``: the batch started -> its stages, exit decision, answers and forward were done (the
   hook's ``compute.observe``);
 - ``forward``: the node sent the carry to its parent -> the parent's answer (or the node's own, when
   the parent did not answer in time) filled the request (``Executor.scatter``);
-- ``request``: ``t0`` -> the answer was sent (``Node.reply``).
+- ``request``: admitted -> the answer was sent (``Node.reply``).
+
+(The node's own latency, ``status``, counts from ``t0``, which for a message read right after a batch is
+before that batch: a bound, not the admission.)
 
 Spans of one node are not joined to the parent's (the ids differ by hop): ``trace_id`` is made from
 the node and its request id.
@@ -42,13 +45,15 @@ class Recorder:
         self.rows: list[tuple] = []  # (kind, start, end, req_id, samples, batch, stage_from)
         self.batch: tuple = ()
         self.sent: dict[int, float] = {}  # id(pending) -> when it went to the parent
+        self.admitted: dict[int, float] = {}  # id(request) -> when it was admitted
         self.compute = self  # timings.compute.observe(seconds)
 
     # executor.timings
     def started(self, now: float, requests: list, samples: int) -> None:
         self.batch = (now, requests, samples)
+        admitted = self.admitted
         for req in requests:
-            self.rows.append(("queue", req.t0, now, req.req_id, req.n, samples, req.stage))
+            self.rows.append(("queue", admitted.get(id(req), req.t0), now, req.req_id, req.n, samples, req.stage))
 
     def observe(self, seconds: float) -> None:
         now, requests, samples = self.batch
@@ -67,7 +72,8 @@ class Recorder:
             self.rows.append(("forward", sent, now, req.req_id, req.n if idx is None else len(idx), 0, req.stage))
 
     def replied(self, req) -> None:
-        self.rows.append(("request", req.t0, time.monotonic(), req.req_id, req.n, 0, req.stage))
+        start = self.admitted.pop(id(req), req.t0)
+        self.rows.append(("request", start, time.monotonic(), req.req_id, req.n, 0, req.stage))
 
     def write(self, path: Path) -> None:
         with open(path, "w") as f:
@@ -87,7 +93,7 @@ def install(out_dir: Path) -> None:
 
     Node, Executor = node_mod.Node, ex_mod.Executor
     init, forward, reply = Node.__init__, Node.forward, Node.reply
-    scatter = Executor.scatter
+    scatter, admit = Executor.scatter, Executor.admit
 
     def node_init(self, config, stages):
         init(self, config, stages)
@@ -113,8 +119,14 @@ def install(out_dir: Path) -> None:
             rec.answered(pending)
         scatter(self, pending, *args, **kw)
 
+    def executor_admit(self, prefix, msg, t0):
+        refused = admit(self, prefix, msg, t0)
+        if refused is None:
+            self.span_recorder.admitted[id(self.queue[-1])] = time.monotonic()
+        return refused
+
     Node.__init__, Node.forward, Node.reply = node_init, node_forward, node_reply
-    Executor.scatter = executor_scatter
+    Executor.scatter, Executor.admit = executor_scatter, executor_admit
 
 
 def main() -> int:

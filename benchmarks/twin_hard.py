@@ -151,6 +151,13 @@ def bottleneck_spec(rate: float, cap: float):
     )
 
 
+def span_prefix(spans_dir: Path | None) -> list[str]:
+    """The command prefix that makes a node write its spans to ``spans_dir`` (benchmarks/_span_node.py)."""
+    if spans_dir is None:
+        return []
+    return [sys.executable, str(Path(__file__).with_name("_span_node.py")), str(spans_dir)]
+
+
 def rate_for(rho: float, mu: float, cap: float) -> float:
     """Total arrivals that offer the cloud rho times its capacity ``mu``: device1 forwards all of its half,
     device0 its cap (once its bucket is empty: after the warm-up)."""
@@ -160,7 +167,7 @@ def rate_for(rho: float, mu: float, cap: float) -> float:
 class Bench:
     """A cluster of the bottleneck's nodes (the cloud on core 1, the rest on core 0), and loads on it."""
 
-    def __init__(self, args, work: Path, bdir: Path, spec, name: str):
+    def __init__(self, args, work: Path, bdir: Path, spec, name: str, spans_dir: Path | None = None):
         from cis.runtime.launcher import launch
         from cis.spec import write_spec
 
@@ -168,16 +175,20 @@ class Bench:
         spec_file = work / f"{name}.toml"
         write_spec(spec, spec_file)
         forced = {"device0": ["--threshold", "inf"], "device1": ["--threshold", "inf"]}
-        prefix = {n.id: [*NICE, "taskset", "-c", "1" if n.parent is None else "0"] for n in spec.nodes}
+        prefix = {n.id: [*NICE, "taskset", "-c", "1" if n.parent is None else "0", *span_prefix(spans_dir)]
+                  for n in spec.nodes}
         self.cluster = launch(bdir, spec, str(spec_file), True, node_args=forced, node_prefix=prefix)
         self.x = np.random.default_rng(0).standard_normal((256, 3, 32, 32)).astype(np.float32)
+        self.last: dict = {}  # the last load: its arrivals, answers and when it started (unix seconds)
 
     def measure(self, rate: float, seed: int) -> tuple[dict, dict]:
         """A load of warm-up + measured seconds; the figures of the requests sent in the measured window."""
         args, addresses = self.args, self.cluster.addresses
         with paused(args.pause_cwd):
+            wall = time.time()
             load = run_load(addresses, self.x, self.spec, rate, args.warmup + args.seconds, seed)
             busy = load_now()
+        self.last = load | {"wall": wall}
         time.sleep(SETTLE_S)
         window = (args.warmup, args.warmup + args.seconds)
         figs = summarise_runtime(load, 3, window)

@@ -165,9 +165,11 @@ def request(env: simpy.Environment, model: Model, rid: int, station: Station, ro
                 spans.add(rid, station.index, FORWARD, hop.sent, env.now)
             yield from _answer(env, model, rid, entry, arrived, station, row, flags, trail, half, (entered, env.now))
             return
-        got = yield station.visit(done)
+        waiting = station.visit(done)
+        start, begin, n = yield waiting
         if spans is not None:
-            start, begin, n = got
+            assert station.admitted is not None  # recording spans: the station notes admissions
+            entered = station.admitted.pop(waiting, entered)  # came during a batch: admitted after it
             spans.add(rid, station.index, QUEUE, entered, begin, n, (done + 1, station.exit))
             spans.add(rid, station.index, COMPUTE, begin, env.now, n, (done + 1, station.exit))
         done = station.exit
@@ -294,6 +296,9 @@ def build(plan: Plan) -> tuple[Model, list[tuple[Station, Iterator[float], Itera
         if times is not None:
             feeds.append((station, times, rows))
     _connect(spec, config, stations)
+    if config.spans:
+        for st in stations.values():
+            st.admitted = {}
     correct = None
     if plan.profile is not None:
         correct = {e: plan.profile.correct[:, e - 1].astype(np.int8).tolist() for e in range(1, spec.num_exits + 1)}

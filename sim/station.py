@@ -63,6 +63,10 @@ class Station:
         self.last_reply = -1e300  # when the parent last answered a forward (it counts as a heartbeat)
         self.queue: collections.deque[tuple[simpy.Event, int, float]] = collections.deque()
         self.idle: list[simpy.Event] = []
+        # With spans: when each waiting request was admitted. The runtime's node reads its socket between
+        # batches, so a request that comes while every worker runs a batch is admitted when one ends.
+        self.admitted: dict[simpy.Event, float] | None = None
+        self.unread: list[simpy.Event] = []
         self.received = self.served = self.forwarded = self.capped = self.dropped = 0
         self.refused = self.degraded = self.batches = 0
         self.busy = self.waited = 0.0
@@ -80,8 +84,11 @@ class Station:
         self.queue.append((event, done, self.env.now))
         if self.idle:
             self.idle.pop().succeed()
-        elif len(self.queue) > self.max_queue:
-            self.max_queue = len(self.queue)
+        else:
+            if self.admitted is not None:
+                self.unread.append(event)
+            if len(self.queue) > self.max_queue:
+                self.max_queue = len(self.queue)
         return event
 
     def batch_time(self, dones: list[int]) -> float:
@@ -115,6 +122,11 @@ class Station:
             self.busy += service
             self.batches += 1
             yield env.timeout(service) if self.cores is None else self.cores.run(service)
+            if self.unread:  # read when the batch is over
+                assert self.admitted is not None  # only spans leave requests unread
+                for event in self.unread:
+                    self.admitted[event] = env.now
+                self.unread.clear()
             # (batch start, its stages' start: the node's work per message comes first, batch size)
             ran = (now, now + reading, len(batch))
             for event, _, _ in batch:

@@ -1,0 +1,259 @@
+"""The twin against the runtime span by span (issue 36): where, near capacity, the simulator and the runtime part.
+
+    python benchmarks/twin_spans.py --pause-cwd /work/wt/campaign      # every case, full loads
+    python benchmarks/twin_spans.py --cases loopback --levels 0.8
+    python benchmarks/twin_spans.py --quick                            # smoke run: short loads, 1 twin seed
+
+Each case runs a real cluster whose nodes write their spans (queue, compute, forward, request: sim/spans.py;
+``benchmarks/_span_node.py`` until the runtime's tracing of issue 33 writes them itself), calibrates the twin
+once at a light load exactly as benchmarks/twin_hard.py does, then sends loads; the twin replays each load
+(the same arrival times at the same entry nodes, the same samples, so the same exits: ``sim_vs_runtime``'s
+replay) with its per-visit spans on. Per node and kind the two distributions are set side by side (per
+sample: a runtime message between nodes that carried k samples counts k times), with the twin's signed error
+per statistic; the queue and compute spans are ranked by what their gap adds to a request's mean latency, and
+what is left of the mean's gap is messaging (everything outside the nodes' queues and batches).
+
+Cases (``--cases``):
+
+- ``loopback``: twin_hard's bottleneck (a cloud with a wide stage on a core of its own behind two devices
+  that forward everything, device0 capped), at utilisation ``--levels`` (default 0.5, 0.8, 0.9);
+- ``link``: twin_hard's links regime, paper-7 on the testbed, fp32 carries, every link at 20 Mbit/s, 40
+  requests/s (root, namespaces);
+- ``colocated``: the same testbed and load with the spec's hosts: the devices and edges on a 1-core host,
+  the cloud on another (``cis testbed`` pins them with taskset), the twin sharing the cores.
+
+Writes benchmarks/results/twin_spans.{json,md} and the CDFs, one figure per case and level, under
+benchmarks/results/twin_spans/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from _results import RESULTS, ensure_cifar, machine
+from _spans import compare, parting, per_kind, plot_cdfs, replay_files, sent_profile
+from _twin import calibrate, load_now, paused, profile_stages, say, spread, summarise_runtime, summarise_sim
+from _twin import wide_cloud_bundle
+from twin_hard import (
+    CAP_SHARE,
+    Bench,
+    bottleneck_spec,
+    ms,
+    rate_for,
+    session_priority,
+    twin_config,
+)
+
+LEVELS = (0.5, 0.8, 0.9)
+
+
+def twin_replay(spec, config, bundle, profile, load: dict, work: Path, seeds: int, name: str) -> tuple[dict, dict]:
+    """The twin on the load's own arrivals, entries and samples: its request log and span columns, pooled."""
+    from sim import simulate
+    from sim.spans import span_columns, span_records
+
+    trace = work / f"trace-{name}.csv"
+    rows = replay_files(trace, load["times"], load["entries"], profile.samples)
+    config = replace(config, arrivals="trace", trace=str(trace), duration=float(load["times"].max()) + 1e-6,
+                     spans=True)
+    logs, cols = [], []
+    for seed in range(seeds):
+        result = simulate(spec, replace(config, seed=seed), bundle, profile=profile, rows=rows)
+        logs.append(result.requests)
+        cols.append(span_columns(span_records(result.spans, spec.ids)))
+    pooled = {k: np.concatenate([c[k] for c in cols]) for k in cols[0]}
+    return {k: np.concatenate([log[k] for log in logs]) for k in logs[0]}, pooled
+
+
+def compare_load(args, name: str, spec, rt_cols, tw_cols, rt_figs: dict, tw_req: dict, window: tuple, wall: float,
+                 seeds: int) -> dict:
+    """One load: end to end, per span, where they part; the CDF figure."""
+    tw_figs = summarise_sim(tw_req, spec.num_exits, window)
+    rt_window = (wall + window[0], wall + window[1])
+    runtime, twin = per_kind(rt_cols, rt_window, True), per_kind(tw_cols, window, True)
+    answered = {"runtime": rt_figs["answered"], "twin": tw_figs["answered"] / seeds}
+    twin = {n: {k: v | {"count": v["count"] / seeds} for k, v in kinds.items()} for n, kinds in twin.items()}
+    spans = compare(runtime, twin, answered)
+    end = {"runtime": rt_figs["latency"], "twin": tw_figs["latency"]}
+    figure = RESULTS / "twin_spans" / f"{name}.png"
+    drawn = plot_cdfs(figure, rt_cols, tw_cols, rt_window, window, f"{name}: runtime (solid) vs twin (dashed)")
+    return {
+        "end_to_end": end | {"error": {k: _rel(end["twin"][k], end["runtime"][k]) for k in end["runtime"]}},
+        "answered": answered,
+        "shares": {"runtime": rt_figs["shares"], "twin": tw_figs["shares"]},
+        "spans": spans,
+        "parting": parting(spans, end),
+        "figure": str(figure.relative_to(RESULTS.parent.parent)) if drawn else None,
+    }
+
+
+def _rel(a, b):
+    return None if a is None or b is None or b == 0 else (a - b) / b
+
+
+# ---------------------------------------------------------------- cases
+
+
+def loopback_case(args, work: Path) -> dict:
+    """twin_hard's bottleneck cluster with spans on: calibration, then the loads at each level."""
+    from cis.bundle import load_bundle
+    from sim.spans import read_spans
+
+    bdir = wide_cloud_bundle(work, str(ensure_cifar(Path(args.cifar))))
+    bundle = load_bundle(bdir)
+    with paused(args.pause_cwd):
+        profile = profile_stages(bdir, {1: 0, 2: 1, 3: 1})
+        scatter = spread(bdir, 3, 1)
+    stages_mu = 32 / (profile[2][32] + profile[3][32])
+    cap, light = CAP_SHARE * stages_mu, 0.15 * stages_mu
+    spans_dir = work / "spans-loopback"
+    for old in spans_dir.glob("*.spans.jsonl"):
+        old.unlink()
+    import os
+
+    os.sched_setaffinity(0, {0})  # the load generator beside the devices, off the cloud's core
+    bench = Bench(args, work, bdir, bottleneck_spec(light, cap), "spans", spans_dir=spans_dir)
+    loads = []
+    try:
+        with paused(args.pause_cwd):
+            cal = calibrate(bench.cluster.addresses, bench.x, bench.spec, {k: profile[k][1] for k in profile},
+                            light, args.calibration, 999)
+        cal["service_spread"] = scatter
+        mu = 32 / (profile[2][32] + profile[3][32] + 32 * cal["visit_overhead_s"])
+        say(f"loopback: calibrated (node work {cal['visit_overhead_s'] * 1e3:.2f} ms), capacity {mu:.1f}/s")
+        for rho in args.levels:
+            rate = rate_for(rho, mu, cap)
+            figs, busy = bench.measure(rate, 100 + int(rho * 10))
+            loads.append({"rho": rho, "rate": rate, "figs": figs, "busy": busy, "load": bench.last})
+            say(f"loopback rho {rho}: runtime p50 {ms(figs['latency']['p50'])} ms, p95 {ms(figs['latency']['p95'])}")
+    finally:
+        bench.stop()
+    keep_case(spans_dir, cal, profile, cap, loads)
+    rt_cols = read_spans(sorted(spans_dir.glob("*.spans.jsonl")))
+    sent = sent_profile(bdir, bench.x)
+    window = (args.warmup, args.warmup + args.seconds)
+    points = []
+    for entry in loads:
+        spec = bottleneck_spec(entry["rate"], cap)
+        config = twin_config(cal, profile, duration=1.0, loopback=True, threshold=math.inf)
+        req, cols = twin_replay(spec, config, bundle, sent, entry["load"], work, args.sim_seeds,
+                                f"loopback-{entry['rho']}")
+        name = f"loopback-{entry['rho']:g}"
+        point = compare_load(args, name, spec, rt_cols, cols, entry["figs"], req, window, entry["load"]["wall"],
+                             args.sim_seeds)
+        points.append({"rho": entry["rho"], "rate": entry["rate"], "load": entry["busy"], **point})
+    return {"capacity_rps": mu, "calibration": {k: v for k, v in cal.items() if k not in ("hop_rtt_s",)},
+            "profile": profile, "points": points}
+
+
+def keep_case(spans_dir: Path, cal: dict, profile: dict, cap: float, loads: list[dict]) -> None:
+    """What the twin replays, beside the runtime's spans (case.json): calibration, stage profile, each load's
+    arrivals, entries, start and the runtime's figures, so a model change can be tried again offline."""
+    data = {"calibration": cal, "profile": profile, "cap": cap, "loads": [
+        {"rho": e["rho"], "rate": e["rate"], "figs": e["figs"], "wall": e["load"]["wall"],
+         "times": e["load"]["times"].tolist(), "entries": {k: v.tolist() for k, v in e["load"]["entries"].items()},
+         "latency": [None if r is None or r.error is not None else r.latency for r in e["load"]["results"]]}
+        for e in loads]}
+    (spans_dir / "case.json").write_text(json.dumps(data, default=float))
+
+
+# ---------------------------------------------------------------- report
+
+
+def describe(point: dict) -> str:
+    """One sentence: the end-to-end gap and the span that holds it."""
+    e, p = point["end_to_end"], point["parting"]
+    big = p["largest"]
+    text = (f"p50/p95/p99 twin {' / '.join(ms(e['twin'][k]) for k in ('p50', 'p95', 'p99'))} ms against "
+            f"{' / '.join(ms(e['runtime'][k]) for k in ('p50', 'p95', 'p99'))} "
+            f"({' / '.join(_pct(e['error'][k]) for k in ('p50', 'p95', 'p99'))}); mean gap {p['mean_gap_ms']:+.2f} ms")
+    if big is not None:
+        text += (f", of which {big['node']}'s {big['kind']} span {big['gap_ms']:+.2f} ms per request (its p95 "
+                 f"{_pct(big['error']['p95'])}), messaging {p['messaging_gap_ms']:+.2f} ms")
+    return text
+
+
+def _pct(v):
+    return "-" if v is None else f"{100 * v:+.0f} %"
+
+
+def markdown(result: dict) -> str:
+    lines = ["# The twin against the runtime, span by span (issue 36)", "",
+             f"`{result['command']}` on {result['machine']['cpus']} CPUs, load average at the start "
+             f"{', '.join(f'{v:.1f}' for v in result['machine']['load_avg'])}. Runtime spans from the nodes, the "
+             f"twin's from the simulator replaying the same arrivals and samples ({result['config']['sim_seeds']} "
+             "seeds pooled); per sample; errors are (twin - runtime) / runtime.", ""]
+    for case, data in result["cases"].items():
+        for point in data["points"]:
+            title = f"{case} at utilisation {point['rho']:g}" if "rho" in point else case
+            lines += [f"## {title}", "", describe(point) + ".", "",
+                      "| node | span | n rt / twin | mean ms rt / twin | p50 | p95 | p99 | batch rt / twin | "
+                      "error mean / p95 |", "|---|---|---|---|---|---|---|---|---|"]
+            for node, kinds in point["spans"].items():
+                for kind, e in kinds.items():
+                    rt, tw = e.get("runtime") or {}, e.get("twin") or {}
+                    err = e.get("error") or {}
+
+                    def pair(k, rt=rt, tw=tw):
+                        return f"{ms(rt.get(k))} / {ms(tw.get(k))}"
+
+                    batch = (f"{rt['mean_batch']:.1f} / {tw['mean_batch']:.1f}"
+                             if "mean_batch" in rt and "mean_batch" in tw else "")
+                    lines.append(f"| {node} | {kind} | {rt.get('count', 0):.0f} / {tw.get('count', 0):.0f} | "
+                                 f"{pair('mean')} | {pair('p50')} | {pair('p95')} | {pair('p99')} | {batch} | "
+                                 f"{_pct(err.get('mean'))} / {_pct(err.get('p95'))} |")
+            if point.get("figure"):
+                lines += ["", f"CDFs: {point['figure']}"]
+            lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", default="loopback,link,colocated")
+    ap.add_argument("--levels", default=",".join(map(str, LEVELS)), help="loopback: utilisations (default 0.5,0.8,0.9)")
+    ap.add_argument("--seconds", type=float, default=20.0)
+    ap.add_argument("--warmup", type=float, default=5.0)
+    ap.add_argument("--calibration", type=int, default=300)
+    ap.add_argument("--sim-seeds", type=int, default=3)
+    ap.add_argument("--link-rate", type=float, default=40.0)
+    ap.add_argument("--slo-p99", type=float, default=100.0, help=argparse.SUPPRESS)
+    ap.add_argument("--pause-cwd", action="append", default=[], metavar="PATH")
+    ap.add_argument("--priority", type=int, default=-15)
+    ap.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "twin-hard"))
+    ap.add_argument("--cifar", default="/tmp/cifar10")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 4 s loads after 2 s, 1 twin seed")
+    ap.add_argument("--out", default=str(RESULTS / "twin_spans"))
+    args = ap.parse_args()
+    args.levels = tuple(float(v) for v in args.levels.split(","))
+    if args.quick:
+        args.seconds, args.warmup, args.sim_seeds, args.calibration = 4.0, 2.0, 1, 120
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    result: dict = {"command": "python benchmarks/twin_spans.py " + " ".join(sys.argv[1:]), "machine": machine(),
+                    "config": {k: v for k, v in vars(args).items() if k != "out"}, "cases": {}}
+    with session_priority(args.priority):
+        if "loopback" in cases:
+            result["cases"]["loopback"] = loopback_case(args, work)
+    result["seconds"] = time.perf_counter() - t0
+    result["load_now"] = load_now()
+    out = Path(args.out)
+    out.with_suffix(".json").write_text(json.dumps(result, indent=2, default=float))
+    out.with_suffix(".md").write_text(markdown(result))
+    print(markdown(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

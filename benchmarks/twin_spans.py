@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 import tempfile
 import time
@@ -41,8 +42,16 @@ import numpy as np
 
 from _results import RESULTS, ensure_cifar, machine
 from _spans import compare, parting, per_kind, plot_cdfs, replay_files, sent_profile
-from _twin import calibrate, load_now, paused, profile_stages, say, spread, summarise_runtime, summarise_sim
-from _twin import wide_cloud_bundle
+from _twin import (
+    calibrate,
+    load_now,
+    paused,
+    profile_stages,
+    say,
+    spread,
+    summarise_sim,
+    wide_cloud_bundle,
+)
 from twin_hard import (
     CAP_SHARE,
     Bench,
@@ -96,6 +105,11 @@ def compare_load(args, name: str, spec, rt_cols, tw_cols, rt_figs: dict, tw_req:
     }
 
 
+def _field(text: str):
+    value = json.loads(text)
+    return tuple(tuple(v) if isinstance(v, list) else v for v in value) if isinstance(value, list) else value
+
+
 def _rel(a, b):
     return None if a is None or b is None or b == 0 else (a - b) / b
 
@@ -104,29 +118,35 @@ def _rel(a, b):
 
 
 def loopback_case(args, work: Path) -> dict:
-    """twin_hard's bottleneck cluster with spans on: calibration, then the loads at each level."""
-    from cis.bundle import load_bundle
-    from sim.spans import read_spans
+    """twin_hard's bottleneck cluster with spans on: calibration, then the loads at each level; the twin
+    replays them. With ``--from-spans`` the runtime's files of an earlier run are compared again."""
+    spans_dir = work / "spans-loopback"
+    if not args.from_spans:
+        loopback_runtime(args, work, spans_dir)
+    return replay_case(args, work, spans_dir, "loopback", loopback_twin)
 
+
+def loopback_runtime(args, work: Path, spans_dir: Path) -> None:
+    """Run the cluster: calibrate once at a light load, then each level's load; keep spans and case.json."""
     bdir = wide_cloud_bundle(work, str(ensure_cifar(Path(args.cifar))))
-    bundle = load_bundle(bdir)
     with paused(args.pause_cwd):
         profile = profile_stages(bdir, {1: 0, 2: 1, 3: 1})
         scatter = spread(bdir, 3, 1)
     stages_mu = 32 / (profile[2][32] + profile[3][32])
     cap, light = CAP_SHARE * stages_mu, 0.15 * stages_mu
-    spans_dir = work / "spans-loopback"
+    spans_dir.mkdir(parents=True, exist_ok=True)
     for old in spans_dir.glob("*.spans.jsonl"):
         old.unlink()
-    import os
-
+    cores = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {0})  # the load generator beside the devices, off the cloud's core
     bench = Bench(args, work, bdir, bottleneck_spec(light, cap), "spans", spans_dir=spans_dir)
     loads = []
     try:
         with paused(args.pause_cwd):
+            wall = time.time()
             cal = calibrate(bench.cluster.addresses, bench.x, bench.spec, {k: profile[k][1] for k in profile},
                             light, args.calibration, 999)
+            cal["window"] = [wall, time.time()]
         cal["service_spread"] = scatter
         mu = 32 / (profile[2][32] + profile[3][32] + 32 * cal["visit_overhead_s"])
         say(f"loopback: calibrated (node work {cal['visit_overhead_s'] * 1e3:.2f} ms), capacity {mu:.1f}/s")
@@ -137,33 +157,59 @@ def loopback_case(args, work: Path) -> dict:
             say(f"loopback rho {rho}: runtime p50 {ms(figs['latency']['p50'])} ms, p95 {ms(figs['latency']['p95'])}")
     finally:
         bench.stop()
-    keep_case(spans_dir, cal, profile, cap, loads)
+        os.sched_setaffinity(0, cores)
+    keep_case(spans_dir, {"bundle": str(bdir), "cap": cap, "capacity_rps": mu, "calibration": cal,
+                          "profile": profile, "x_seed": 0, "warmup": args.warmup, "seconds": args.seconds}, loads)
+
+
+def loopback_twin(case: dict, load: dict):
+    """The bottleneck's spec at the load's rate, and the twin's config from the calibration."""
+    spec = bottleneck_spec(load["rate"], case["cap"])
+    return spec, twin_config(case["calibration"], case["profile"], duration=1.0, loopback=True, threshold=math.inf)
+
+
+def replay_case(args, work: Path, spans_dir: Path, name: str, twin_of) -> dict:
+    """Compare a case's runtime spans (``spans_dir``) with the twin replaying each of its loads."""
+    from cis.bundle import load_bundle
+    from sim.spans import read_spans
+
+    case = json.loads((spans_dir / "case.json").read_text())
+    case["profile"] = {int(k): {int(b): t for b, t in v.items()} for k, v in case["profile"].items()}
+    bundle = load_bundle(case["bundle"])
     rt_cols = read_spans(sorted(spans_dir.glob("*.spans.jsonl")))
-    sent = sent_profile(bdir, bench.x)
-    window = (args.warmup, args.warmup + args.seconds)
+    x = case_inputs(case)
+    sent = sent_profile(Path(case["bundle"]), x)
+    window = (case["warmup"], case["warmup"] + case["seconds"])
     points = []
-    for entry in loads:
-        spec = bottleneck_spec(entry["rate"], cap)
-        config = twin_config(cal, profile, duration=1.0, loopback=True, threshold=math.inf)
-        req, cols = twin_replay(spec, config, bundle, sent, entry["load"], work, args.sim_seeds,
-                                f"loopback-{entry['rho']}")
-        name = f"loopback-{entry['rho']:g}"
-        point = compare_load(args, name, spec, rt_cols, cols, entry["figs"], req, window, entry["load"]["wall"],
+    for load in case["loads"]:
+        load["times"] = np.asarray(load["times"])
+        load["entries"] = {k: np.asarray(v, int) for k, v in load["entries"].items()}
+        spec, config = twin_of(case, load)
+        config = replace(config, **args.twin_set)
+        label = f"{name}-{load['label']}"
+        req, cols = twin_replay(spec, config, bundle, sent, load, work, args.sim_seeds, label)
+        point = compare_load(args, label, spec, rt_cols, cols, load["figs"], req, window, load["wall"],
                              args.sim_seeds)
-        points.append({"rho": entry["rho"], "rate": entry["rate"], "load": entry["busy"], **point})
-    return {"capacity_rps": mu, "calibration": {k: v for k, v in cal.items() if k not in ("hop_rtt_s",)},
-            "profile": profile, "points": points}
+        points.append({k: load[k] for k in ("label", "rho", "rate", "busy") if k in load} | point)
+    return {k: v for k, v in case.items() if k not in ("loads",)} | {"points": points}
 
 
-def keep_case(spans_dir: Path, cal: dict, profile: dict, cap: float, loads: list[dict]) -> None:
+def case_inputs(case: dict) -> np.ndarray:
+    """The samples the case's loads sent (twin_hard's Bench and testbed inputs, by their seed and shape)."""
+    shape = tuple(case.get("x_shape", (256, 3, 32, 32)))
+    return np.random.default_rng(case.get("x_seed", 0)).standard_normal(shape).astype(np.float32)
+
+
+def keep_case(spans_dir: Path, case: dict, loads: list[dict]) -> None:
     """What the twin replays, beside the runtime's spans (case.json): calibration, stage profile, each load's
     arrivals, entries, start and the runtime's figures, so a model change can be tried again offline."""
-    data = {"calibration": cal, "profile": profile, "cap": cap, "loads": [
-        {"rho": e["rho"], "rate": e["rate"], "figs": e["figs"], "wall": e["load"]["wall"],
-         "times": e["load"]["times"].tolist(), "entries": {k: v.tolist() for k, v in e["load"]["entries"].items()},
+    case = case | {"loads": [
+        {"label": e.get("label", f"{e['rho']:g}"), "rho": e.get("rho"), "rate": e["rate"], "figs": e["figs"],
+         "busy": e.get("busy"), "wall": e["load"]["wall"], "times": e["load"]["times"].tolist(),
+         "entries": {k: v.tolist() for k, v in e["load"]["entries"].items()},
          "latency": [None if r is None or r.error is not None else r.latency for r in e["load"]["results"]]}
         for e in loads]}
-    (spans_dir / "case.json").write_text(json.dumps(data, default=float))
+    (spans_dir / "case.json").write_text(json.dumps(case, default=float))
 
 
 # ---------------------------------------------------------------- report
@@ -231,10 +277,15 @@ def main() -> int:
     ap.add_argument("--priority", type=int, default=-15)
     ap.add_argument("--work", default=str(Path(tempfile.gettempdir()) / "twin-hard"))
     ap.add_argument("--cifar", default="/tmp/cifar10")
+    ap.add_argument("--from-spans", action="store_true",
+                    help="compare the runtime spans of the last run (under --work) again, without running the runtime")
+    ap.add_argument("--twin-set", action="append", default=[], metavar="FIELD=JSON",
+                    help="replace a SimConfig field of the twin (e.g. hop_rtt=[0.0002]): try a model change offline")
     ap.add_argument("--quick", action="store_true", help="smoke run: 4 s loads after 2 s, 1 twin seed")
     ap.add_argument("--out", default=str(RESULTS / "twin_spans"))
     args = ap.parse_args()
     args.levels = tuple(float(v) for v in args.levels.split(","))
+    args.twin_set = {k: _field(v) for k, v in (item.split("=", 1) for item in args.twin_set)}
     if args.quick:
         args.seconds, args.warmup, args.sim_seeds, args.calibration = 4.0, 2.0, 1, 120
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]

@@ -51,6 +51,10 @@ class SimConfig:
     loopback: bool = False
     hop_rtt: tuple[float, ...] = ()
     visit_overhead: float = 0.0
+    # Node work per micro-batch on top of its stages, holding the worker (per node id; "*": every node not
+    # named): what a runtime node's batch costs beyond the profiled stage calls (a cold start of the stage's
+    # weights after the messaging between batches, the exit decision, the answers and the forward sent).
+    batch_overhead: dict[str, float] = field(default_factory=dict)
     # Seconds per call of each stage by batch size, {stage: {batch: seconds}} (the bundle's
     # profiles/latency.json format), measured where the nodes run; None: the bundle's profile.
     latency_profile: dict[int, dict[int, float]] | None = None
@@ -139,6 +143,14 @@ def _check_costs(config: SimConfig, spec: CisSpec) -> None:
             raise CisError(
                 f"simulate: {name} is {value}; expected seconds >= 0" + (" (--visit-cost)" if name == "hop_rtt" else "")
             )
+    for node_id, value in config.batch_overhead.items():
+        if node_id != "*" and node_id not in spec.ids:
+            raise CisError(
+                f"simulate: --batch-overhead {node_id}={value}: no node {node_id!r} in spec {spec.name!r}; expected "
+                f"one of {', '.join(spec.ids)}"
+            )
+        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+            raise CisError(f"simulate: --batch-overhead {node_id}={value!r}; expected seconds >= 0")
     if config.max_batch is not None and (isinstance(config.max_batch, bool) or config.max_batch < 1):
         raise CisError(f"simulate: --max-batch is {config.max_batch}; expected an integer >= 1")
     if config.wire not in WIRES:

@@ -286,6 +286,8 @@ def build(plan: Plan) -> tuple[Model, list[tuple[Station, Iterator[float], Itera
             max_batch,
             _slowdown(config.idle_slowdown),
             None if node.host is None else hosts[node.host],
+            config.batch_overhead.get(node.id, config.batch_overhead.get("*", 0.0)),
+            bool(config.service_spread),
         )
         stations[node.id] = station
         if plan.rows is not None:  # replay: this node's arrivals take these rows, in order

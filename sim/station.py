@@ -7,9 +7,12 @@ the runtime's node does (``cis serve --max-batch``, ``--max-wait 0``): stage k
 runs once on all the requests of the batch that need it, so a batch takes
 ``sum_k T_k(n_k) / speed``, where n_k is how many of its requests run stage k
 and T_k(n) the stage's time on a batch of n (the latency profile, interpolated
-between its batch sizes), plus ``overhead`` per request (the runtime's work per
-message: decode, admit, reply), all drawn once per batch with the run's service
-distribution. A worker that idled before a batch takes longer over it
+between its batch sizes), drawn once per batch with the run's service
+distribution (a measured spread of single calls shrinks over a batch as
+sqrt(T(1) / T(n)): what goes fast and slow during one long batch averages
+out); plus ``overhead`` per request (the node's work per message: decode,
+admit) and ``batch_overhead`` per batch (what a runtime batch costs beyond its
+stage calls). A worker that idled before a batch takes longer over it
 (``slowdown``: the idle time's extra seconds; a process that slept must be
 woken, and a machine's caches and clock go cold while a core sleeps). A node
 on a shared host (``cores``: :class:`sim.cores.Cores`) runs its batches on the
@@ -19,6 +22,7 @@ host's cores, shared with the other nodes there.
 from __future__ import annotations
 
 import collections
+import math
 from collections.abc import Callable, Iterator
 
 import simpy
@@ -45,6 +49,8 @@ class Station:
         max_batch: int = 1,
         slowdown: Callable[[float], float] | None = None,
         cores: Cores | None = None,
+        batch_overhead: float = 0.0,
+        per_call_spread: bool = False,
     ):
         self.env = env
         self.id, self.index, self.exit = node.id, index, node.exit
@@ -52,7 +58,11 @@ class Station:
         self.tables = tables  # stage k -> seconds of a batch of n (index n), at this node's speed
         self.means = {done: sum(t[1] for t in tables[done:]) for done in range(node.exit)}  # batch of one
         self.units = units
+        # the multipliers are measured single calls' (service_spread): a batch of n is n calls' work, and
+        # independent slow and fast moments average out over it, so its spread shrinks as sqrt(1 / length)
+        self.per_call_spread = per_call_spread
         self.overhead = overhead  # node work per request beyond the stages (the runtime's messaging)
+        self.batch_overhead = batch_overhead  # node work per batch beyond the stages (its calls' cold start, replies)
         self.max_batch = max_batch
         self.slowdown = slowdown  # idle seconds -> extra seconds of the batch that ends the idling
         self.keeps, self.bucket = keeps, bucket
@@ -116,9 +126,13 @@ class Station:
             batch = [queue.popleft() for _ in range(min(self.max_batch, len(queue)))]
             now = env.now
             self.waited += sum(now - t for _, _, t in batch)
-            stages = self.batch_time([done for _, done, _ in batch])
+            dones = [done for _, done, _ in batch]
+            stages = self.batch_time(dones)
+            unit = next(self.units)
+            if self.per_call_spread and len(batch) > 1 and stages > 0:
+                unit = 1.0 + (unit - 1.0) * math.sqrt(self.means[min(dones)] / stages)
             reading = self.overhead * len(batch)
-            service = stages * next(self.units) + cold + reading
+            service = stages * unit + cold + reading + self.batch_overhead
             self.busy += service
             self.batches += 1
             yield env.timeout(service) if self.cores is None else self.cores.run(service)

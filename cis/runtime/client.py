@@ -126,8 +126,10 @@ class Client:
         )
         n = len(next(iter(tensors.values())))
         rid = next(self._ids)
-        P.send(self.sock, P.encode(P.INFER, rid, tensors, stage=stage, deadline=float(deadline or 0.0), route=[]))
+        frames = P.encode(P.INFER, rid, tensors, stage=stage, deadline=float(deadline or 0.0), route=[])
+        # timed before the send: a node on this core may run the request before the sender gets the core back
         self._sent[rid] = (time.perf_counter(), n)
+        P.send(self.sock, frames)
         return rid
 
     def poll(self, timeout: float) -> list[tuple[int, Result]]:

@@ -31,7 +31,6 @@ import json
 from pathlib import Path
 
 import numpy as np
-
 from _args import common_args, seeds_of
 from _results import RESULTS, ensure_cifar, write_scale
 from _stats import add_holm, paired, paired_t_p, stats

@@ -235,7 +235,7 @@ IDLE_BINS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2)  # seconds: the idle-time
 
 
 def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, float], rate: float, n: int,
-              seed: int, back_to_back: int = 200) -> dict:
+              seed: int, back_to_back: int = 200, spans=None, profile: dict | None = None) -> dict:
     """Calibrate the twin on the live system: node work, slowdown after idling, messaging.
 
     First ``back_to_back`` one-sample requests, one at a time: the root (which runs its stages and
@@ -246,7 +246,14 @@ def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, flo
     against how long the system had been idle when it came, gives how much longer a node takes after
     idling (``idle_slowdown``: the excess of each idle-time bin over the shortest idle times', in
     seconds per visit: waking the process, cold caches); what stays, per node visited, is messaging
-    (``hop_rtt``: sockets, the client, unshaped links)."""
+    (``hop_rtt``: sockets, the client, unshaped links).
+
+    With the nodes' spans (``spans``: a function returning the span columns written so far, and the stage
+    ``profile`` by batch size), the node work is measured where the runtime spends it, per node and per
+    batch: each of the light load's batches took, beyond its profiled stage calls, what that node's
+    ``batch_overhead`` becomes (their mean); the node's reading of a message is a few tens of
+    microseconds (twin_spans: the time between batches), so ``visit_overhead`` is 0, and each request's
+    messaging is what its latency holds beyond its stages and the batch work of the nodes it visited."""
     from cis.app.calibration import warm_up
     from cis.runtime.client import Client
 
@@ -266,7 +273,12 @@ def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, flo
     finally:
         for c in clients.values():
             c.close()
+    wall = time.time()
     load = run_load(addresses, x, spec, rate, n / rate, seed)
+    batch_work = None
+    if spans is not None:
+        cols = spans()
+        batch_work = batch_overheads(cols, profile, spec, (wall, time.time()))
 
     def entry_stage(nid: str) -> int:
         kids = spec.children(nid)
@@ -277,6 +289,9 @@ def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, flo
 
     root_hot = hot(root, entry_stage(root))
     work = max(0.0, hot_in_node - root_hot)
+    if batch_work is not None:
+        work = 0.0
+    per_node = batch_work or {}
     entry_of = {int(i): nid for nid, idx in load["entries"].items() for i in idx}
     rows, last_end = [], -np.inf  # (idle seconds before the request, its stage times, latency, visits)
     for i in np.argsort(load["times"]):
@@ -288,6 +303,7 @@ def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, flo
             continue
         visited = path[: path.index(r.served_by[0]) + 1]
         stages = sum(hot(v, 1 if j == 0 else spec.node(visited[j - 1]).exit + 1) for j, v in enumerate(visited))
+        stages += sum(per_node.get(v, 0.0) for v in visited)  # the batch work of the nodes it visited
         rows.append((max(0.0, t - last_end), stages, r.latency, len(visited)))
         last_end = max(last_end, t + r.latency)
     idle = np.array([g for g, *_ in rows])
@@ -309,12 +325,45 @@ def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, flo
         "root_back_to_back_mean_s": hot_in_node,
         "root_stages_hot_s": root_hot,
         "visit_overhead_s": work,
+        "batch_overhead_s": per_node,
         "idle_slowdown": [list(p) for p in slow],
         "idle_bins": [int(b.sum()) for b in bins],
         "hop_rtt_s": costs,
         "hop_rtt_median_s": float(np.median(costs)),
         "hop_rtt_mean_s": float(np.mean(costs)),
     }
+
+
+def profiled_batch(profile: dict, stage_from: list[int], exit_: int) -> float:
+    """Seconds the stage profile gives a batch whose requests enter at ``stage_from`` and run to ``exit_``
+    (stage k runs once on every request that entered at k or before: sim.station's batch time)."""
+    total = 0.0
+    for k in range(min(stage_from), exit_ + 1):
+        joined = sum(1 for s in stage_from if s <= k)
+        points = profile[k]
+        sizes = sorted(points)
+        total += float(np.interp(joined, sizes, [points[b] for b in sizes])) if joined <= sizes[-1] else (
+            points[sizes[-1]] * joined / sizes[-1])
+    return total
+
+
+def batch_overheads(cols: dict, profile: dict, spec, window: tuple[float, float]) -> dict[str, float]:
+    """Per node, the mean of what each of its batches (compute spans starting in ``window``) took beyond the
+    profiled time of its stage calls."""
+    out = {}
+    keep = (cols["kind"] == "compute") & (cols["start"] >= window[0]) & (cols["start"] < window[1])
+    for node in spec.nodes:
+        at = np.flatnonzero(keep & (cols["node"] == node.id))
+        if not len(at):
+            continue
+        batches: dict[float, list[int]] = {}
+        for i in at:  # one span per request of a batch, all with the batch's start
+            batches.setdefault(float(cols["start"][i]), []).append(int(i))
+        extra = [cols["seconds"][rows[0]] - profiled_batch(
+            profile, [int(cols["stage_from"][i]) for i in rows for _ in range(max(1, int(cols["samples"][i])))],
+            node.exit) for rows in batches.values()]
+        out[node.id] = max(0.0, float(np.mean(extra)))
+    return out
 
 
 # ---------------------------------------------------------------- the same figures from runtime and simulator

@@ -107,6 +107,7 @@ def twin_config(cal: dict, profile: dict, **fields):
     return SimConfig(
         hop_rtt=tuple(cal["hop_rtt_s"]),
         visit_overhead=cal["visit_overhead_s"],
+        batch_overhead=dict(cal.get("batch_overhead_s") or {}),
         latency_profile=profile,
         idle_slowdown=tuple(map(tuple, cal["idle_slowdown"])),
         service_spread=tuple(cal.get("service_spread", ())),
@@ -151,11 +152,33 @@ def bottleneck_spec(rate: float, cap: float):
     )
 
 
+def read_node_spans(cluster, spans_dir: Path) -> dict:
+    """Have the nodes write their spans so far (benchmarks/_span_node.py), then read them all."""
+    from _span_node import flush
+    from sim.spans import read_spans
+
+    flush({nid: p.pid for nid, p in cluster.procs.items()}, spans_dir)
+    return read_spans(sorted(spans_dir.glob("*.spans.jsonl")))
+
+
 def span_prefix(spans_dir: Path | None) -> list[str]:
     """The command prefix that makes a node write its spans to ``spans_dir`` (benchmarks/_span_node.py)."""
     if spans_dir is None:
         return []
     return [sys.executable, str(Path(__file__).with_name("_span_node.py")), str(spans_dir)]
+
+
+def cloud_capacity(profile: dict, cal: dict) -> float:
+    """Requests/s the twin's cloud serves in batches of 32 (stages 2 and 3, and its node work)."""
+    batch = profile[2][32] + profile[3][32] + 32 * cal["visit_overhead_s"]
+    return 32 / (batch + (cal.get("batch_overhead_s") or {}).get("cloud", 0.0))
+
+
+def work_text(cal: dict) -> str:
+    per_batch = cal.get("batch_overhead_s") or {}
+    if per_batch:
+        return "per batch " + ", ".join(f"{nid} {v * 1e3:.2f} ms" for nid, v in per_batch.items())
+    return f"{cal['visit_overhead_s'] * 1e3:.2f} ms per request"
 
 
 def rate_for(rho: float, mu: float, cap: float) -> float:
@@ -180,6 +203,11 @@ class Bench:
         self.cluster = launch(bdir, spec, str(spec_file), True, node_args=forced, node_prefix=prefix)
         self.x = np.random.default_rng(0).standard_normal((256, 3, 32, 32)).astype(np.float32)
         self.last: dict = {}  # the last load: its arrivals, answers and when it started (unix seconds)
+        self.spans_dir = spans_dir
+
+    def spans(self) -> dict:
+        """The spans every node has written so far (sim.spans.read_spans columns)."""
+        return read_node_spans(self.cluster, self.spans_dir)
 
     def measure(self, rate: float, seed: int) -> tuple[dict, dict]:
         """A load of warm-up + measured seconds; the figures of the requests sent in the measured window."""
@@ -218,18 +246,18 @@ def bottleneck_and_capacity(args, work: Path, regimes: list[str]) -> dict:
     with contextlib.suppress(OSError):
         os.nice(-15)  # as the nodes (NICE)
     out: dict = {"profile": profile, "spread_cv": float(np.std(scatter)), "quiet": quiet, "device0_cap": cap}
-    bench = Bench(args, work, bdir, bottleneck_spec(light, cap), "bottleneck")
+    bench = Bench(args, work, bdir, bottleneck_spec(light, cap), "bottleneck", spans_dir=work / "spans-bottleneck")
     try:
         with paused(args.pause_cwd):
             cal = calibrate(bench.cluster.addresses, bench.x, bench.spec, {k: profile[k][1] for k in profile},
-                            light, args.calibration, 999)
+                            light, args.calibration, 999, spans=bench.spans, profile=profile)
         cal["service_spread"] = scatter
         out["calibration"] = {k: v for k, v in cal.items() if k not in ("hop_rtt_s", "service_spread")}
-        mu = 32 / (profile[2][32] + profile[3][32] + 32 * cal["visit_overhead_s"])
-        out.update(capacity_rps=mu, node_work_s=cal["visit_overhead_s"])
-        say(f"calibrated at {light:.1f}/s: node work {cal['visit_overhead_s'] * 1e3:.2f} ms per request, slowdown "
-            f"after idling {slowdown_text(cal)}, messaging {cal['hop_rtt_median_s'] * 1e3:.2f} ms per visit "
-            f"(median); the cloud's capacity (twin) {mu:.1f}/s")
+        mu = cloud_capacity(profile, cal)
+        out.update(capacity_rps=mu, node_work_s=cal["visit_overhead_s"], batch_work_s=cal["batch_overhead_s"])
+        say(f"calibrated at {light:.1f}/s: node work {work_text(cal)}, slowdown after idling {slowdown_text(cal)}, "
+            f"messaging {cal['hop_rtt_median_s'] * 1e3:.2f} ms per visit (median); the cloud's capacity (twin) "
+            f"{mu:.1f}/s")
         if "bottleneck" in regimes:
             out["bottleneck"] = bottleneck_points(args, bench, bundle, (mu, cap), cal, profile)
     finally:

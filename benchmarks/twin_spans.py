@@ -56,10 +56,12 @@ from twin_hard import (
     CAP_SHARE,
     Bench,
     bottleneck_spec,
+    cloud_capacity,
     ms,
     rate_for,
     session_priority,
     twin_config,
+    work_text,
 )
 
 LEVELS = (0.5, 0.8, 0.9)
@@ -145,11 +147,11 @@ def loopback_runtime(args, work: Path, spans_dir: Path) -> None:
         with paused(args.pause_cwd):
             wall = time.time()
             cal = calibrate(bench.cluster.addresses, bench.x, bench.spec, {k: profile[k][1] for k in profile},
-                            light, args.calibration, 999)
+                            light, args.calibration, 999, spans=bench.spans, profile=profile)
             cal["window"] = [wall, time.time()]
         cal["service_spread"] = scatter
-        mu = 32 / (profile[2][32] + profile[3][32] + 32 * cal["visit_overhead_s"])
-        say(f"loopback: calibrated (node work {cal['visit_overhead_s'] * 1e3:.2f} ms), capacity {mu:.1f}/s")
+        mu = cloud_capacity(profile, cal)
+        say(f"loopback: calibrated (node work {work_text(cal)}), capacity {mu:.1f}/s")
         for rho in args.levels:
             rate = rate_for(rho, mu, cap)
             figs, busy = bench.measure(rate, 100 + int(rho * 10))

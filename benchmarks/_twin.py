@@ -90,6 +90,10 @@ def wide_cloud_bundle(work: Path, cifar: str) -> Path:
         return out / "bundle"
     import torch
 
+    from _results import ensure_cifar
+
+    cifar = str(ensure_cifar(Path(cifar)))
+
     from cis.spec import spec_to_dict
     from cis.topologies import make_spec
     from export import export_bundle

@@ -55,7 +55,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _results import RESULTS, ensure_cifar, machine
+from _results import RESULTS, machine
 from _twin import (
     PERCENTILES,
     calibrate,
@@ -233,7 +233,7 @@ class Bench:
 def bottleneck_and_capacity(args, work: Path, regimes: list[str]) -> dict:
     from cis.bundle import load_bundle
 
-    bdir = wide_cloud_bundle(work, str(ensure_cifar(Path(args.cifar))))
+    bdir = wide_cloud_bundle(work, args.cifar)
     bundle = load_bundle(bdir)
     with paused(args.pause_cwd):
         quiet = load_now()

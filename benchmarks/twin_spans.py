@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _results import RESULTS, ensure_cifar, machine
+from _results import RESULTS, machine
 from _spans import compare, parting, per_kind, plot_cdfs, replay_files, sent_profile
 from _twin import (
     calibrate,
@@ -130,7 +130,7 @@ def loopback_case(args, work: Path) -> dict:
 
 def loopback_runtime(args, work: Path, spans_dir: Path) -> None:
     """Run the cluster: calibrate once at a light load, then each level's load; keep spans and case.json."""
-    bdir = wide_cloud_bundle(work, str(ensure_cifar(Path(args.cifar))))
+    bdir = wide_cloud_bundle(work, args.cifar)
     with paused(args.pause_cwd):
         profile = profile_stages(bdir, {1: 0, 2: 1, 3: 1})
         scatter = spread(bdir, 3, 1)

@@ -73,7 +73,7 @@ from _twin import (
     wide_cloud_bundle,
 )
 
-NICE = ["nice", "-n", "-15"]
+NICE = ["nice", "-n", "-15"] if os.geteuid() == 0 else []  # a higher priority needs root
 CAP_SHARE = 0.1  # device0's transfer cap, as a share of the cloud's capacity
 LEVELS = (0.5, 0.8, 0.9, 1.2)
 BANDWIDTHS = {"2 Mbit/s": 250_000.0, "20 Mbit/s": 2_500_000.0}

@@ -132,16 +132,20 @@ def digits_bundle(work: Path, feature_dtype: str) -> Path:
     return out / "bundle"
 
 
-def profile_stages(bundle_dir: Path, cores: dict[int, int], batches=(1, 2, 4, 8, 16, 32), repeats: int = 30) -> dict:
+def profile_stages(bundle_dir: Path, cores: dict[int, int], x: np.ndarray, batches=(1, 2, 4, 8, 16, 32),
+                   repeats: int = 30) -> dict:
     """{stage: {batch: mean seconds per call}}: each stage run alone (onnxruntime, one thread) on ``cores[stage]``,
-    the core its node runs on. The mean, not the median: a queue sees every slow call."""
+    the core its node runs on, on the carries of the samples ``x`` the loads send (a stage's time depends on its
+    values: twin_spans found a later stage 1.3-1.6 times slower on real carries than on random ones at batch 2 and
+    more). The mean, not the median: a queue sees every slow call."""
     from cis.bundle import load_bundle
-    from cis.stages import StageRunner
-    from export.profile import random_feeds
+    from cis.stages import StageRunner, stage_runners
+    from export.profile import stage_inputs
 
     bundle = load_bundle(bundle_dir)
     before = os.sched_getaffinity(0)
-    rng = np.random.default_rng(0)
+    chain = stage_runners(bundle, threads=1)
+    real = {b: stage_inputs(chain, x, b) for b in batches}
     out: dict[int, dict[int, float]] = {}
     try:
         for k in range(1, bundle.num_exits + 1):
@@ -149,7 +153,7 @@ def profile_stages(bundle_dir: Path, cores: dict[int, int], batches=(1, 2, 4, 8,
             runner = StageRunner(bundle, k, threads=1)
             out[k] = {}
             for b in batches:
-                feeds = random_feeds(bundle.stage(k).inputs, b, rng)
+                feeds = real[b][k - 1]
                 for _ in range(3):
                     runner.run(feeds)
                 times = []
@@ -210,19 +214,19 @@ def node_counters(addresses: dict, keys=("overloaded", "capped", "degraded", "ba
 # ---------------------------------------------------------------- calibration at a light load
 
 
-def spread(bundle_dir: Path, stage: int, core: int, calls: int = 200) -> tuple[float, ...]:
-    """Each call's time over the mean, ``calls`` batch-1 calls of ``stage`` back to back on ``core``: how a
-    stage's time spreads (the simulator's service_spread)."""
+def spread(bundle_dir: Path, stage: int, core: int, x: np.ndarray, calls: int = 200) -> tuple[float, ...]:
+    """Each call's time over the mean, ``calls`` batch-1 calls of ``stage`` back to back on ``core`` (on the
+    carry of the first sample of ``x``): how a stage's time spreads (the simulator's service_spread)."""
     from cis.bundle import load_bundle
-    from cis.stages import StageRunner
-    from export.profile import random_feeds
+    from cis.stages import StageRunner, stage_runners
+    from export.profile import stage_inputs
 
     bundle = load_bundle(bundle_dir)
+    feeds = stage_inputs(stage_runners(bundle, stage, threads=1), x[:1], 1)[stage - 1]
     before = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {core})
     try:
         runner = StageRunner(bundle, stage, threads=1)
-        feeds = random_feeds(bundle.stage(stage).inputs, 1, np.random.default_rng(0))
         for _ in range(5):
             runner.run(feeds)
         times = []

@@ -168,6 +168,11 @@ def span_prefix(spans_dir: Path | None) -> list[str]:
     return [sys.executable, str(Path(__file__).with_name("_span_node.py")), str(spans_dir)]
 
 
+def bottleneck_inputs() -> np.ndarray:
+    """The samples the bottleneck's loads send (request i carries sample i mod 256)."""
+    return np.random.default_rng(0).standard_normal((256, 3, 32, 32)).astype(np.float32)
+
+
 def cloud_capacity(profile: dict, cal: dict) -> float:
     """Requests/s the twin's cloud serves in batches of 32 (stages 2 and 3, and its node work)."""
     batch = profile[2][32] + profile[3][32] + 32 * cal["visit_overhead_s"]
@@ -201,7 +206,7 @@ class Bench:
         prefix = {n.id: [*NICE, "taskset", "-c", "1" if n.parent is None else "0", *span_prefix(spans_dir)]
                   for n in spec.nodes}
         self.cluster = launch(bdir, spec, str(spec_file), True, node_args=forced, node_prefix=prefix)
-        self.x = np.random.default_rng(0).standard_normal((256, 3, 32, 32)).astype(np.float32)
+        self.x = bottleneck_inputs()
         self.last: dict = {}  # the last load: its arrivals, answers and when it started (unix seconds)
         self.spans_dir = spans_dir
 
@@ -237,8 +242,8 @@ def bottleneck_and_capacity(args, work: Path, regimes: list[str]) -> dict:
     bundle = load_bundle(bdir)
     with paused(args.pause_cwd):
         quiet = load_now()
-        profile = profile_stages(bdir, {1: 0, 2: 1, 3: 1})
-        scatter = spread(bdir, 3, 1)
+        profile = profile_stages(bdir, {1: 0, 2: 1, 3: 1}, bottleneck_inputs())
+        scatter = spread(bdir, 3, 1, bottleneck_inputs())
     stages_mu = 32 / (profile[2][32] + profile[3][32])  # what the stages alone allow
     cap = CAP_SHARE * stages_mu  # device0's transfer cap, set once
     light = 0.15 * stages_mu
@@ -390,7 +395,7 @@ def testbed_regimes(args, work: Path, regimes: list[str]) -> dict:
             for child in bed.plan.links:  # calibrate on unshaped links: messaging, not transfer
                 bed.set_bandwidth(child, math.inf)
             with paused(args.pause_cwd):
-                profile = profile_stages(bdir, {1: 0, 2: 0, 3: 1}, repeats=50)
+                profile = profile_stages(bdir, {1: 0, 2: 0, 3: 1}, x, repeats=50)
                 cal = calibrate(bed.addresses, x, spec, {k: profile[k][1] for k in profile}, 10.0,
                                 args.calibration, 998)
             say(f"testbed {dtype}: calibrated, messaging {cal['hop_rtt_median_s'] * 1e3:.2f} ms per visit (median)")

@@ -55,6 +55,7 @@ from _twin import (
 from twin_hard import (
     CAP_SHARE,
     Bench,
+    bottleneck_inputs,
     bottleneck_spec,
     cloud_capacity,
     ms,
@@ -132,8 +133,8 @@ def loopback_runtime(args, work: Path, spans_dir: Path) -> None:
     """Run the cluster: calibrate once at a light load, then each level's load; keep spans and case.json."""
     bdir = wide_cloud_bundle(work, args.cifar)
     with paused(args.pause_cwd):
-        profile = profile_stages(bdir, {1: 0, 2: 1, 3: 1})
-        scatter = spread(bdir, 3, 1)
+        profile = profile_stages(bdir, {1: 0, 2: 1, 3: 1}, bottleneck_inputs())
+        scatter = spread(bdir, 3, 1, bottleneck_inputs())
     stages_mu = 32 / (profile[2][32] + profile[3][32])
     cap, light = CAP_SHARE * stages_mu, 0.15 * stages_mu
     spans_dir.mkdir(parents=True, exist_ok=True)

@@ -154,7 +154,7 @@ def request(env: simpy.Environment, model: Model, rid: int, station: Station, ro
                 return
             station.refused += 1  # the refusal goes back: the child serves the request, degraded
             hop = trail.pop()
-            station, entered = hop.station, hop.entered
+            station, entered, first = hop.station, hop.entered, hop.first
             assert station.uplink is not None  # it forwarded: it has a parent
             back = station.uplink.reply(env.now, model.reply_bytes)
             flags = FLAG_DEGRADED
@@ -162,16 +162,18 @@ def request(env: simpy.Environment, model: Model, rid: int, station: Station, ro
             back = back if back is not None and back <= hop.giveup else hop.giveup
             yield env.timeout(back - env.now + half)
             if spans is not None:
-                spans.add(rid, station.index, FORWARD, hop.sent, env.now)
-            yield from _answer(env, model, rid, entry, arrived, station, row, flags, trail, half, (entered, env.now))
+                spans.add(rid, station.index, FORWARD, hop.sent, env.now, 0, (first, station.exit))
+            yield from _answer(env, model, rid, entry, arrived, station, row, flags, trail, half,
+                               (entered, env.now, first))
             return
+        first = done + 1  # the first stage it runs here
         waiting = station.visit(done)
         start, begin, n = yield waiting
         if spans is not None:
             assert station.admitted is not None  # recording spans: the station notes admissions
             entered = station.admitted.pop(waiting, entered)  # came during a batch: admitted after it
-            spans.add(rid, station.index, QUEUE, entered, begin, n, (done + 1, station.exit))
-            spans.add(rid, station.index, COMPUTE, begin, env.now, n, (done + 1, station.exit))
+            spans.add(rid, station.index, QUEUE, entered, begin, n, (first, station.exit))
+            spans.add(rid, station.index, COMPUTE, begin, env.now, n, (first, station.exit))
         done = station.exit
         now = env.now
         if station.parent is None or station.keeps(row):
@@ -191,32 +193,33 @@ def request(env: simpy.Environment, model: Model, rid: int, station: Station, ro
             station.degraded += 1
             flags = FLAG_DEGRADED
             if spans is not None:
-                spans.add(rid, station.index, FORWARD, now, giveup)
+                spans.add(rid, station.index, FORWARD, now, giveup, 0, (first, station.exit))
             yield env.timeout(giveup - now)
             break
-        trail.append(Hop(station, giveup, now, entered))
+        trail.append(Hop(station, giveup, now, entered, first))
         yield env.timeout(reach - now + half)
         station = station.parent
-    yield from _answer(env, model, rid, entry, arrived, station, row, flags, trail, half, (entered, env.now))
+    yield from _answer(env, model, rid, entry, arrived, station, row, flags, trail, half, (entered, env.now, first))
 
 
 class Hop:
-    """A node that forwarded a request: when it sent it, when it gives up waiting, when the request came in."""
+    """A node that forwarded a request: when it gives up waiting, when it sent it, when the request came in,
+    the first stage it ran there."""
 
-    __slots__ = ("station", "giveup", "sent", "entered")
+    __slots__ = ("station", "giveup", "sent", "entered", "first")
 
-    def __init__(self, station: Station, giveup: float, sent: float, entered: float):
-        self.station, self.giveup, self.sent, self.entered = station, giveup, sent, entered
+    def __init__(self, station: Station, giveup: float, sent: float, entered: float, first: int):
+        self.station, self.giveup, self.sent, self.entered, self.first = station, giveup, sent, entered, first
 
 
 def _answer(env, model: Model, rid, entry, arrived, station: Station, row, flags, trail, half, visit):
     """Serve at ``station`` and carry the answer down the trail to the client (``visit``: when the request
-    came in at ``station`` and when its answer left)."""
+    came in at ``station``, when its answer left, the first stage it ran there)."""
     station.served += 1
     server, t = station, env.now
     spans = model.spans
     if spans is not None:
-        spans.add(rid, station.index, REQUEST, *visit)
+        spans.add(rid, station.index, REQUEST, visit[0], visit[1], 0, (visit[2], station.exit))
     exit_ = server.exit if flags & FLAG_DEGRADED else model.served_exit(row, server.exit)
     for hop in reversed(trail):
         child, giveup = hop.station, hop.giveup
@@ -232,8 +235,8 @@ def _answer(env, model: Model, rid, entry, arrived, station: Station, row, flags
             t = came = back
             came += half  # the answer's way down to the child
         if spans is not None:
-            spans.add(rid, child.index, FORWARD, hop.sent, came)
-            spans.add(rid, child.index, REQUEST, hop.entered, came)
+            spans.add(rid, child.index, FORWARD, hop.sent, came, 0, (hop.first, child.exit))
+            spans.add(rid, child.index, REQUEST, hop.entered, came, 0, (hop.first, child.exit))
         t += half
     t += half
     if t > env.now and model.reply_bytes:  # replies share the links' wires: keep their order in time

@@ -60,6 +60,11 @@ def config_flags() -> dict[str, Flag]:
             float, "node work per request beyond its stages, holding the node (the runtime's decode, admit, reply)",
             "SECONDS",
         ),
+        "spans": Flag(
+            bool, "record each request's visit per node as spans (queue, compute, forward, request): their "
+            "summary per node and kind in the result, and with --out the spans in DIR/spans.jsonl (the runtime's "
+            "tracing format)",
+        ),
         "max_batch": Flag(
             int, "requests a node runs as one micro-batch (cis serve --max-batch); default: cis serve's with --bundle, "
             "else 1",
@@ -91,6 +96,13 @@ OTHER_FLAGS: dict[str, dict[str, Any]] = {
         "metavar": "SECONDS|FILE",
         "help": "messaging cost per node visit: a number of seconds, or a file of them (one per line) to draw from, "
         "e.g. a calibration load's (docs/simulator.md)",
+    },
+    "batch_overhead": {
+        "action": "append",
+        "default": [],
+        "metavar": "[NODE=]SECONDS",
+        "help": "node work per micro-batch beyond its stages, holding the node (a runtime batch's cost beyond its "
+        "stage calls); SECONDS for every node, NODE=SECONDS for one (repeatable; default 0)",
     },
     "provider": {
         "choices": PROVIDERS,
@@ -171,6 +183,21 @@ def parse_shares(items: list[str]) -> dict[str, float]:
     return shares
 
 
+def parse_batch_overhead(items: list[str]) -> dict[str, float]:
+    """``--batch-overhead``: ``SECONDS`` (every node: key ``*``) or ``NODE=SECONDS``, repeatable."""
+    out = {}
+    for item in items:
+        node, sep, value = item.rpartition("=")
+        try:
+            seconds = float(value)
+        except ValueError:
+            raise CisError(
+                f"--batch-overhead {item!r}: expected SECONDS or NODE=SECONDS, such as 0.001 or cloud=0.001"
+            ) from None
+        out[node.strip() if sep else "*"] = seconds
+    return out
+
+
 def parse_visit_cost(value: str | None) -> tuple[float, ...]:
     """``--visit-cost``: seconds, or a file with one number of seconds per line ('#' comments)."""
     if value is None:
@@ -241,6 +268,7 @@ def run(args: argparse.Namespace) -> int:
         trace=trace or None,
         shares=parse_shares(args.share),
         hop_rtt=parse_visit_cost(args.visit_cost),
+        batch_overhead=parse_batch_overhead(args.batch_overhead),
         faults=read_faults(args.faults) if args.faults else (),
         progress=True,
         **{name: getattr(args, name) for name in config_flags()},
@@ -256,11 +284,11 @@ def run(args: argparse.Namespace) -> int:
         raise CisError("--slo-p99 and --jobs apply to --sweep; expected --sweep arrival_rate=LIST with them")
     result = simulate(spec, config, bundle)
     summary = result.summary
-    notes = write_outputs(args.out, summary, result.requests) if args.out else []
+    notes = write_outputs(args.out, summary, result.requests, result.spans) if args.out else []
     human = human_summary(summary) + "".join(f"\nnote: {n}" for n in notes)
     if args.out:
         human += f"\nwrote {args.out}/result.json, requests.csv, nodes.csv" + (
-            "" if notes else ", latency_cdf.png, utilisation.png"
-        )
+            ", spans.jsonl" if result.spans is not None else ""
+        ) + ("" if notes else ", latency_cdf.png, utilisation.png")
     print_result(args, {**summary, "notes": notes}, human)
     return 0

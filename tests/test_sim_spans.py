@@ -144,6 +144,6 @@ def test_cli_writes_spans_and_takes_node_work_per_batch(run_cli, tmp_path):
     assert out["spans"]["root"]["compute"]["count"] > 0
     assert len(read_spans([tmp_path / "o" / "spans.jsonl"])["node"]) > 200
     bad = run_cli("simulate", "--spec", tmp_path / "spec.toml", "--requests", "10", "--batch-overhead", "cloud=1")
-    assert bad.code == 2 and "--batch-overhead cloud=1: no node 'cloud'" in bad.err
+    assert bad.code == 2 and "--batch-overhead cloud=1.0: no node 'cloud'" in bad.err
     worse = run_cli("simulate", "--spec", tmp_path / "spec.toml", "--requests", "10", "--batch-overhead", "soon")
     assert worse.code == 2 and "expected SECONDS or NODE=SECONDS" in worse.err

@@ -374,41 +374,120 @@ def sim_links_spec(spec, emulated_latency: bool):
     return spec.replace_nodes(Node(**{**n.__dict__, "link": Link(n.link.bandwidth, 0.0)}) for n in spec.nodes)
 
 
+def testbed_inputs() -> np.ndarray:
+    """The samples the testbed's loads send (the digits model's 8 x 8 images)."""
+    return np.random.default_rng(0).standard_normal((256, 1, 8, 8)).astype(np.float32)
+
+
+def colocated_spec(rate: float):
+    """paper-7 as testbed_spec with its own links, on two hosts of one core each: the devices and edges on one
+    (an edge server hosting device gateways), the cloud on the other."""
+    from dataclasses import replace as with_
+
+    from cis.spec import Host, validate
+
+    spec = testbed_spec(None, rate)
+    nodes = tuple(with_(n, host="cloudbox" if n.parent is None else "edgebox") for n in spec.nodes)
+    return validate(with_(spec, nodes=nodes, hosts=(Host("edgebox", 1), Host("cloudbox", 1))))
+
+
+class Bed:
+    """paper-7 on the testbed (the digits model, ``dtype`` carries, every forward to the cloud), its nodes
+    writing spans to ``spans_dir``, calibrated once at a light load (10 requests/s) on unshaped links."""
+
+    def __init__(self, args, work: Path, dtype: str, spec, spans_dir: Path):
+        from cis.bundle import load_bundle
+        from cis.spec import write_spec
+        from cis.testbed.bed import start
+
+        self.args, self.spec, self.spans_dir, self.x = args, spec, spans_dir, testbed_inputs()
+        self.bdir = digits_bundle(work, dtype)
+        self.bundle = load_bundle(self.bdir)
+        spec_file = work / f"paper7-{dtype}{'-hosts' if spec.hosts else ''}.toml"
+        write_spec(spec, spec_file)
+        spans_dir.mkdir(parents=True, exist_ok=True)
+        for old in spans_dir.glob("*.spans.jsonl"):
+            old.unlink()
+        forced = {n.id: ["--threshold", "inf"] for n in spec.nodes if n.parent is not None}
+        prefix = {n.id: [*NICE, *span_prefix(spans_dir)] for n in spec.nodes}
+        self.bed = start(self.bdir, spec, str(spec_file), node_args=forced, node_prefix=prefix)
+
+    def spans(self) -> dict:
+        return read_node_spans(self.bed.cluster, self.spans_dir)
+
+    def calibrate(self) -> tuple[dict, dict]:
+        """(stage profile, calibration): stages timed where the cloud's and the others' cores are (pinned to
+        their hosts' cores when the spec has hosts), then the light load, on unshaped links."""
+        args, bed = self.args, self.bed
+        for child in bed.plan.links:  # calibrate on unshaped links: messaging, not transfer
+            bed.set_bandwidth(child, math.inf)
+        cores = bed.cores or {}
+        at = {1: cores.get("device0", [0])[0], 2: cores.get("edge0", [0])[0], 3: cores.get("cloud", [1])[0]}
+        with paused(args.pause_cwd):
+            profile = profile_stages(self.bdir, at, self.x, repeats=50)
+            cal = calibrate(bed.addresses, self.x, self.spec, {k: profile[k][1] for k in profile}, 10.0,
+                            args.calibration, 998, spans=self.spans, profile=profile)
+        return profile, cal
+
+    def stop(self) -> None:
+        self.bed.stop()
+
+
 def testbed_regimes(args, work: Path, regimes: list[str]) -> dict:
-    from cis.bundle import load_bundle
-    from cis.spec import write_spec
     from cis.testbed import net
-    from cis.testbed.bed import start
 
     out: dict = {}
-    x = np.random.default_rng(0).standard_normal((256, 1, 8, 8)).astype(np.float32)
-    dtypes = ("fp32", "int8") if "links" in regimes else ("fp32",)
+    dtypes = ("fp32", "int8") if "links" in regimes else ("fp32",) if "partition" in regimes else ()
     for dtype in dtypes:
-        bdir = digits_bundle(work, dtype)
-        bundle = load_bundle(bdir)
-        spec = testbed_spec(None, args.link_rate)
-        spec_file = work / "paper7.toml"
-        write_spec(spec, spec_file)
-        forced = {n.id: ["--threshold", "inf"] for n in spec.nodes if n.parent is not None}
-        bed = start(bdir, spec, str(spec_file), node_args=forced, node_prefix={n.id: NICE for n in spec.nodes})
+        bed = Bed(args, work, dtype, testbed_spec(None, args.link_rate), work / f"spans-testbed-{dtype}")
         try:
-            for child in bed.plan.links:  # calibrate on unshaped links: messaging, not transfer
-                bed.set_bandwidth(child, math.inf)
-            with paused(args.pause_cwd):
-                profile = profile_stages(bdir, {1: 0, 2: 0, 3: 1}, x, repeats=50)
-                cal = calibrate(bed.addresses, x, spec, {k: profile[k][1] for k in profile}, 10.0,
-                                args.calibration, 998)
-            say(f"testbed {dtype}: calibrated, messaging {cal['hop_rtt_median_s'] * 1e3:.2f} ms per visit (median)")
+            profile, cal = bed.calibrate()
+            say(f"testbed {dtype}: calibrated, node work {work_text(cal)}, messaging "
+                f"{cal['hop_rtt_median_s'] * 1e3:.2f} ms per visit (median)")
             entry = {"calibration": {k: v for k, v in cal.items() if k != "hop_rtt_s"}, "profile": profile}
             if "links" in regimes:
-                entry["links"] = links_points(args, bed, bundle, spec, x, cal, profile)
+                entry["links"] = links_points(args, bed.bed, bed.bundle, bed.spec, bed.x, cal, profile)
             if dtype == "fp32" and "partition" in regimes:
-                entry["partition"] = partition_runs(args, bed, bundle, spec, x, cal, profile)
+                entry["partition"] = partition_runs(args, bed.bed, bed.bundle, bed.spec, bed.x, cal, profile)
             out[dtype] = entry
         finally:
             bed.stop()
+    if "colocated" in regimes:
+        out["colocated"] = colocated_regime(args, work)
     assert not [ns for ns in net.run("ip", "netns", "list").split() if ns.startswith("cistb-")], "namespaces left"
     return out
+
+
+def colocated_regime(args, work: Path) -> dict:
+    """paper-7 on two hosts of one core each (cis testbed pins them), its own links, ``--colocated-rate``
+    requests/s; the twin shares each host's core among its nodes."""
+    bed = Bed(args, work, "fp32", colocated_spec(args.colocated_rate), work / "spans-colocated")
+    try:
+        profile, cal = bed.calibrate()
+        for child in bed.bed.plan.links:  # paper-7's own links
+            bed.bed.set_bandwidth(child, bed.spec.node(child).link.bandwidth)
+        runs = []
+        for r in range(args.repeats):
+            with paused(args.pause_cwd):
+                load = run_load(bed.bed.addresses, bed.x, bed.spec, args.colocated_rate, args.seconds, 400 + 10 * r)
+                busy = load_now()
+            runs.append(summarise_runtime(load, 3) | {"busy": busy["busy"]})
+            time.sleep(1.0)
+        cores = bed.bed.cores
+    finally:
+        bed.stop()
+    rt = median_figures(runs)
+    config = twin_config(cal, profile, duration=args.seconds, wire="tcp", link_burst=1600.0, threshold=math.inf)
+    sim = summarise_sim(sim_runs(sim_links_spec(bed.spec, bed.bed.netem), config, bed.bundle, args.sim_seeds), 3)
+    apart = summarise_sim(sim_runs(sim_links_spec(bed.spec.replace_nodes(
+        n.__class__(**{**n.__dict__, "host": None}) for n in bed.spec.nodes), bed.bed.netem), config, bed.bundle,
+        args.sim_seeds), 3)  # the same twin with every node on a machine of its own: what sharing costs
+    err = {k: rel(sim["latency"][k], rt["latency"][k]) for k in PERCENTILES}
+    say(f"colocated: p50 {ms(rt['latency']['p50'])} / {ms(sim['latency']['p50'])} ms (runtime / twin)")
+    return {"rate": args.colocated_rate, "cores": cores, "calibration": {k: v for k, v in cal.items()
+            if k != "hop_rtt_s"}, "profile": profile, "runtime": rt, "per_repeat": runs, "sim": sim,
+            "sim_unshared": apart, "shares_points": share_gap(rt, sim), "latency_rel_error": err,
+            "met": share_gap(rt, sim) <= 2 and all(e is not None and e <= 0.15 for e in err.values())}
 
 
 def links_points(args, bed, bundle, spec, x, cal, profile) -> dict:
@@ -553,12 +632,26 @@ def markdown(result: dict) -> str:
                   f"{ms(sm['latency']['p50'])} / {ms(sm['latency']['p95'])} | | |",
                   f"| requests without an answer | {part['lost']} | | | 0 |", "",
                   f"Met: {'yes' if part['met'] else 'NO'}.", ""]
+    co = tb.get("colocated")
+    if co:
+        rt, sm, un, e = co["runtime"], co["sim"], co["sim_unshared"], co["latency_rel_error"]
+        pins = ", ".join(f"{nid} {'/'.join(map(str, c))}" for nid, c in (co.get("cores") or {}).items())
+        lines += ["## colocated", "", f"paper-7 on two hosts of one core each (devices and edges on one, the cloud "
+                  f"on the other; pinned: {pins}), its own links, {co['rate']:g} requests/s.", "",
+                  "| | p50 ms | p95 ms | p99 ms | share gap (pts) |", "|---|---|---|---|---|",
+                  "| runtime | " + " | ".join(ms(rt["latency"][k]) for k in PERCENTILES) + " | |",
+                  "| twin, cores shared | " + " | ".join(ms(sm["latency"][k]) for k in PERCENTILES)
+                  + f" | {co['shares_points']:.2f} |",
+                  "| twin, every node on its own machine | " + " | ".join(ms(un["latency"][k]) for k in PERCENTILES)
+                  + " | |",
+                  f"| error (shared) | {' | '.join(pct(e[k]) for k in PERCENTILES)} | |", "",
+                  f"Met (within 15 %, shares within 2 points): {'yes' if co['met'] else 'NO'}.", ""]
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--regimes", default="bottleneck,capacity,links,partition")
+    ap.add_argument("--regimes", default="bottleneck,capacity,links,partition,colocated")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=20.0, help="seconds of each measured load (default 20)")
     ap.add_argument("--warmup", type=float, default=5.0,
@@ -567,6 +660,8 @@ def main() -> int:
     ap.add_argument("--sim-seeds", type=int, default=4, help="simulator runs pooled per prediction")
     ap.add_argument("--slo-p99", type=float, default=100.0, help="capacity: the p99 target in ms (default 100)")
     ap.add_argument("--link-rate", type=float, default=40.0, help="links/partition: requests/s in total (default 40)")
+    ap.add_argument("--colocated-rate", type=float, default=100.0,
+                    help="colocated: requests/s in total (default 100)")
     ap.add_argument("--partition-seconds", type=float, default=30.0)
     ap.add_argument("--down-at", type=float, default=8.0)
     ap.add_argument("--up-at", type=float, default=18.0)
@@ -624,7 +719,7 @@ def run(args, regimes: list[str], work: Path) -> dict:
             result["bottleneck"] = bottleneck_and_capacity(args, work, regimes)
         finally:
             os.sched_setaffinity(0, cores)  # the testbed's nodes inherit it
-    if {"links", "partition"} & set(regimes):
+    if {"links", "partition", "colocated"} & set(regimes):
         result["testbed"] = testbed_regimes(args, work, regimes)
         tb = result["testbed"]
         if "int8" in tb and "links" in tb["fp32"]:
@@ -653,6 +748,8 @@ def summary_met(result: dict) -> dict:
             "links_order", {}).get("same", False)
     if "partition" in tb.get("fp32", {}):
         met["partition"] = tb["fp32"]["partition"]["met"]
+    if "colocated" in tb:
+        met["colocated"] = tb["colocated"]["met"]
     return met
 
 

@@ -47,20 +47,26 @@ from _twin import (
     load_now,
     paused,
     profile_stages,
+    run_load,
     say,
     spread,
+    summarise_runtime,
     summarise_sim,
     wide_cloud_bundle,
 )
 from twin_hard import (
     CAP_SHARE,
+    Bed,
     Bench,
     bottleneck_inputs,
     bottleneck_spec,
     cloud_capacity,
+    colocated_spec,
     ms,
     rate_for,
     session_priority,
+    sim_links_spec,
+    testbed_spec,
     twin_config,
     work_text,
 )
@@ -165,6 +171,52 @@ def loopback_runtime(args, work: Path, spans_dir: Path) -> None:
                           "profile": profile, "x_seed": 0, "warmup": args.warmup, "seconds": args.seconds}, loads)
 
 
+def testbed_case(args, work: Path, name: str, spec, bandwidth: float | None) -> dict:
+    """paper-7 on the testbed (fp32 carries) with spans on: calibrated once at a light load on unshaped links,
+    then one load at ``--link-rate`` (link) or ``--colocated-rate`` (colocated) on links of ``bandwidth`` (None:
+    the spec's own); the twin replays it on the same links (TCP segments, tbf's burst)."""
+    spans_dir = work / f"spans-{name}"
+    if not args.from_spans:
+        testbed_runtime(args, work, name, spec, bandwidth, spans_dir)
+    return replay_case(args, work, spans_dir, name, testbed_twin)
+
+
+def testbed_runtime(args, work: Path, name: str, spec, bandwidth: float | None, spans_dir: Path) -> None:
+    from cis.spec import spec_to_dict
+
+    rate = sum(n.arrival_rate for n in spec.nodes)
+    bed = Bed(args, work, "fp32", spec, spans_dir)
+    try:
+        profile, cal = bed.calibrate()
+        for child in bed.bed.plan.links:
+            bed.bed.set_bandwidth(child, bandwidth if bandwidth is not None else spec.node(child).link.bandwidth)
+        with paused(args.pause_cwd):
+            wall = time.time()
+            load = run_load(bed.bed.addresses, bed.x, spec, rate, args.warmup + args.seconds, 700)
+            busy = load_now()
+        time.sleep(1.0)
+        figs = summarise_runtime(load, spec.num_exits, (args.warmup, args.warmup + args.seconds))
+        say(f"{name}: runtime p50 {ms(figs['latency']['p50'])} ms, p95 {ms(figs['latency']['p95'])}")
+        netem, cores = bed.bed.netem, bed.bed.cores
+    finally:
+        bed.stop()
+    keep_case(spans_dir, {"bundle": str(bed.bdir), "calibration": cal, "profile": profile, "x_seed": 0,
+                          "x_shape": list(bed.x.shape), "warmup": args.warmup, "seconds": args.seconds,
+                          "spec": spec_to_dict(spec), "netem": netem, "cores": cores},
+              [{"label": f"{rate:g}/s", "rate": rate, "figs": figs, "busy": busy, "load": load | {"wall": wall}}])
+
+
+def testbed_twin(case: dict, load: dict):
+    """The case's spec on the links the testbed had (no propagation latency without netem) and the twin's
+    config: TCP segments and tbf's burst on every link."""
+    from cis.spec import parse_spec
+
+    spec = sim_links_spec(parse_spec(case["spec"], "case.json"), case["netem"])
+    config = twin_config(case["calibration"], case["profile"], duration=1.0, wire="tcp", link_burst=1600.0,
+                         threshold=math.inf)
+    return spec, config
+
+
 def loopback_twin(case: dict, load: dict):
     """The bottleneck's spec at the load's rate, and the twin's config from the calibration."""
     spec = bottleneck_spec(load["rate"], case["cap"])
@@ -243,7 +295,7 @@ def markdown(result: dict) -> str:
              "seeds pooled); per sample; errors are (twin - runtime) / runtime.", ""]
     for case, data in result["cases"].items():
         for point in data["points"]:
-            title = f"{case} at utilisation {point['rho']:g}" if "rho" in point else case
+            title = f"{case} at utilisation {point['rho']:g}" if point.get("rho") else f"{case} at {point['label']}"
             lines += [f"## {title}", "", describe(point) + ".", "",
                       "| node | span | n rt / twin | mean ms rt / twin | p50 | p95 | p99 | batch rt / twin | "
                       "error mean / p95 |", "|---|---|---|---|---|---|---|---|---|"]
@@ -274,7 +326,8 @@ def main() -> int:
     ap.add_argument("--warmup", type=float, default=5.0)
     ap.add_argument("--calibration", type=int, default=300)
     ap.add_argument("--sim-seeds", type=int, default=3)
-    ap.add_argument("--link-rate", type=float, default=40.0)
+    ap.add_argument("--link-rate", type=float, default=40.0, help="link: requests/s in total (default 40)")
+    ap.add_argument("--colocated-rate", type=float, default=100.0, help="colocated: requests/s in total (default 100)")
     ap.add_argument("--slo-p99", type=float, default=100.0, help=argparse.SUPPRESS)
     ap.add_argument("--pause-cwd", action="append", default=[], metavar="PATH")
     ap.add_argument("--priority", type=int, default=-15)
@@ -300,6 +353,12 @@ def main() -> int:
     with session_priority(args.priority):
         if "loopback" in cases:
             result["cases"]["loopback"] = loopback_case(args, work)
+        if "link" in cases:
+            result["cases"]["link"] = testbed_case(args, work, "link", testbed_spec(2_500_000.0, args.link_rate),
+                                                   2_500_000.0)
+        if "colocated" in cases:
+            result["cases"]["colocated"] = testbed_case(args, work, "colocated", colocated_spec(args.colocated_rate),
+                                                        None)
     result["seconds"] = time.perf_counter() - t0
     result["load_now"] = load_now()
     out = Path(args.out)

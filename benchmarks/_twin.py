@@ -258,10 +258,11 @@ def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, flo
 
     With the nodes' spans (``spans``: a function returning the span columns written so far, and the stage
     ``profile`` by batch size), the node work is measured where the runtime spends it, per node and per
-    batch: each of the light load's batches took, beyond its profiled stage calls, what that node's
-    ``batch_overhead`` becomes (their mean); the node's reading of a message is a few tens of
-    microseconds (twin_spans: the time between batches), so ``visit_overhead`` is 0, and each request's
-    messaging is what its latency holds beyond its stages and the batch work of the nodes it visited."""
+    batch: what each of the light load's batches took beyond its profiled stage calls, by how long the node
+    had idled before it, is that node's ``batch_overhead`` table (:func:`batch_overheads`); the node's
+    reading of a message is a few tens of microseconds (twin_spans: the time between batches), so
+    ``visit_overhead`` is 0, and each request's messaging is what its latency holds beyond its stages and
+    the mean batch work of the nodes it visited."""
     from cis.app.calibration import warm_up
     from cis.runtime.client import Client
 
@@ -283,10 +284,10 @@ def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, flo
             c.close()
     wall = time.time()
     load = run_load(addresses, x, spec, rate, n / rate, seed)
-    batch_work = None
+    batch_work, batch_tables = None, None
     if spans is not None:
         cols = spans()
-        batch_work = batch_overheads(cols, profile, spec, (wall, time.time()))
+        batch_tables, batch_work = batch_overheads(cols, profile, spec, (wall, time.time()))
 
     def entry_stage(nid: str) -> int:
         kids = spec.children(nid)
@@ -333,7 +334,8 @@ def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, flo
         "root_back_to_back_mean_s": hot_in_node,
         "root_stages_hot_s": root_hot,
         "visit_overhead_s": work,
-        "batch_overhead_s": per_node,
+        "batch_overhead_s": batch_tables or {},
+        "batch_overhead_mean_s": per_node,
         "idle_slowdown": [list(p) for p in slow],
         "idle_bins": [int(b.sum()) for b in bins],
         "hop_rtt_s": costs,
@@ -355,23 +357,40 @@ def profiled_batch(profile: dict, stage_from: list[int], exit_: int) -> float:
     return total
 
 
-def batch_overheads(cols: dict, profile: dict, spec, window: tuple[float, float]) -> dict[str, float]:
-    """Per node, the mean of what each of its batches (compute spans starting in ``window``) took beyond the
-    profiled time of its stage calls."""
-    out = {}
+WORK_BINS = (0.0005, 0.002, 0.005, 0.02, 0.1)  # seconds a node idled before a batch: the bins of its work table
+
+
+def batch_overheads(cols: dict, profile: dict, spec, window: tuple[float, float]) -> tuple[dict, dict]:
+    """Per node, what each of its batches (compute spans starting in ``window``) took beyond the profiled time
+    of its stage calls, by how long the node had idled before the batch: ({node: ((median idle, median extra)
+    of each idle bin with 5 batches or more, never decreasing), ...}, {node: mean extra})."""
+    tables, means = {}, {}
     keep = (cols["kind"] == "compute") & (cols["start"] >= window[0]) & (cols["start"] < window[1])
     for node in spec.nodes:
-        at = np.flatnonzero(keep & (cols["node"] == node.id))
-        if not len(at):
+        at = np.flatnonzero((cols["kind"] == "compute") & (cols["node"] == node.id))
+        if not np.any(keep[at]):
             continue
         batches: dict[float, list[int]] = {}
         for i in at:  # one span per request of a batch, all with the batch's start
             batches.setdefault(float(cols["start"][i]), []).append(int(i))
-        extra = [cols["seconds"][rows[0]] - profiled_batch(
-            profile, [int(cols["stage_from"][i]) for i in rows for _ in range(max(1, int(cols["samples"][i])))],
-            node.exit) for rows in batches.values()]
-        out[node.id] = max(0.0, float(np.mean(extra)))
-    return out
+        starts = np.array(sorted(batches))
+        ends = np.array([cols["end"][batches[t][0]] for t in starts])
+        idle = np.maximum(0.0, starts - np.concatenate([[-np.inf], ends[:-1]]))
+        extra = np.array([cols["seconds"][batches[t][0]] - profiled_batch(
+            profile, [int(cols["stage_from"][i]) for i in batches[t] for _ in range(max(1, int(cols["samples"][i])))],
+            node.exit) for t in starts])
+        inside = (starts >= window[0]) & (starts < window[1])
+        idle, extra = idle[inside], extra[inside]
+        means[node.id] = max(0.0, float(np.mean(extra)))
+        edges = (0.0, *WORK_BINS, np.inf)
+        points, top = [], 0.0
+        for lo, hi in zip(edges, edges[1:]):
+            b = (idle >= lo) & (idle < hi)
+            if b.sum() >= 5:
+                top = max(top, float(np.median(extra[b])))  # the longer it slept, the longer it takes
+                points.append((float(np.median(idle[b])), top))
+        tables[node.id] = tuple(points) if points else ((0.0, means[node.id]),)
+    return tables, means
 
 
 # ---------------------------------------------------------------- the same figures from runtime and simulator

@@ -107,7 +107,7 @@ def twin_config(cal: dict, profile: dict, **fields):
     return SimConfig(
         hop_rtt=tuple(cal["hop_rtt_s"]),
         visit_overhead=cal["visit_overhead_s"],
-        batch_overhead=dict(cal.get("batch_overhead_s") or {}),
+        batch_overhead={k: tuple(map(tuple, v)) for k, v in (cal.get("batch_overhead_s") or {}).items()},
         latency_profile=profile,
         idle_slowdown=tuple(map(tuple, cal["idle_slowdown"])),
         service_spread=tuple(cal.get("service_spread", ())),
@@ -176,13 +176,16 @@ def bottleneck_inputs() -> np.ndarray:
 def cloud_capacity(profile: dict, cal: dict) -> float:
     """Requests/s the twin's cloud serves in batches of 32 (stages 2 and 3, and its node work)."""
     batch = profile[2][32] + profile[3][32] + 32 * cal["visit_overhead_s"]
-    return 32 / (batch + (cal.get("batch_overhead_s") or {}).get("cloud", 0.0))
+    busy = (cal.get("batch_overhead_s") or {}).get("cloud", ((0.0, 0.0),))[0][1]  # its work after no idling
+    return 32 / (batch + busy)
 
 
 def work_text(cal: dict) -> str:
     per_batch = cal.get("batch_overhead_s") or {}
     if per_batch:
-        return "per batch " + ", ".join(f"{nid} {v * 1e3:.2f} ms" for nid, v in per_batch.items())
+        return "per batch " + ", ".join(
+            f"{nid} {t[0][1] * 1e3:.2f}" + (f"-{t[-1][1] * 1e3:.2f}" if len(t) > 1 else "") + " ms"
+            for nid, t in per_batch.items())
     return f"{cal['visit_overhead_s'] * 1e3:.2f} ms per request"
 
 
@@ -317,7 +320,8 @@ def capacity_check(args, work: Path, bdir: Path, bench: Bench, mu: float, cal, p
     spec_file = work / "capacity.toml"
     write_spec(bench.spec, spec_file)  # arrivals at the twin's capacity: factors are utilisations
     (work / "latency.json").write_text(json.dumps({"stages": profile, "idle_slowdown": cal["idle_slowdown"],
-                                                  "spread": list(cal["service_spread"])}))
+                                                  "spread": list(cal["service_spread"]),
+                                                  "batch_overhead": cal.get("batch_overhead_s") or {}}))
     (work / "visits.txt").write_text("".join(f"{v:.9f}\n" for v in cal["hop_rtt_s"]))
     cmd = ["simulate", "--spec", str(spec_file), "--bundle", str(bdir), "--duration", str(args.seconds),
            "--sweep", "arrival_rate=0.3:1.5", "--slo-p99", f"{args.slo_p99:g}",

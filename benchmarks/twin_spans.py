@@ -203,7 +203,7 @@ def testbed_runtime(args, work: Path, name: str, spec, bandwidth: float | None, 
     keep_case(spans_dir, {"bundle": str(bed.bdir), "calibration": cal, "profile": profile, "x_seed": 0,
                           "x_shape": list(bed.x.shape), "warmup": args.warmup, "seconds": args.seconds,
                           "spec": spec_to_dict(spec), "netem": netem, "cores": cores},
-              [{"label": f"{rate:g}/s", "rate": rate, "figs": figs, "busy": busy, "load": load | {"wall": wall}}])
+              [{"label": f"{rate:g}rps", "rate": rate, "figs": figs, "busy": busy, "load": load | {"wall": wall}}])
 
 
 def testbed_twin(case: dict, load: dict):
@@ -259,7 +259,8 @@ def keep_case(spans_dir: Path, case: dict, loads: list[dict]) -> None:
     """What the twin replays, beside the runtime's spans (case.json): calibration, stage profile, each load's
     arrivals, entries, start and the runtime's figures, so a model change can be tried again offline."""
     case = case | {"loads": [
-        {"label": e.get("label", f"{e['rho']:g}"), "rho": e.get("rho"), "rate": e["rate"], "figs": e["figs"],
+        {"label": e["label"] if "label" in e else f"{e['rho']:g}", "rho": e.get("rho"), "rate": e["rate"],
+         "figs": e["figs"],
          "busy": e.get("busy"), "wall": e["load"]["wall"], "times": e["load"]["times"].tolist(),
          "entries": {k: v.tolist() for k, v in e["load"]["entries"].items()},
          "latency": [None if r is None or r.error is not None else r.latency for r in e["load"]["results"]]}

@@ -52,9 +52,11 @@ class SimConfig:
     hop_rtt: tuple[float, ...] = ()
     visit_overhead: float = 0.0
     # Node work per micro-batch on top of its stages, holding the worker (per node id; "*": every node not
-    # named): what a runtime node's batch costs beyond the profiled stage calls (a cold start of the stage's
-    # weights after the messaging between batches, the exit decision, the answers and the forward sent).
-    batch_overhead: dict[str, float] = field(default_factory=dict)
+    # named): what a runtime node's batch costs beyond the profiled stage calls (the exit decision, the
+    # answers and the forward sent, and the stage's weights coming back into the caches). Seconds, or a
+    # table ((idle seconds, seconds), ...) by how long the node idled before the batch (0: it was busy),
+    # linear between the points and flat beyond them: a node that slept finds its caches cold.
+    batch_overhead: dict[str, float | tuple[tuple[float, float], ...]] = field(default_factory=dict)
     # Seconds per call of each stage by batch size, {stage: {batch: seconds}} (the bundle's
     # profiles/latency.json format), measured where the nodes run; None: the bundle's profile.
     latency_profile: dict[int, dict[int, float]] | None = None
@@ -143,14 +145,22 @@ def _check_costs(config: SimConfig, spec: CisSpec) -> None:
             raise CisError(
                 f"simulate: {name} is {value}; expected seconds >= 0" + (" (--visit-cost)" if name == "hop_rtt" else "")
             )
-    for node_id, value in config.batch_overhead.items():
+    for node_id, work in config.batch_overhead.items():
         if node_id != "*" and node_id not in spec.ids:
             raise CisError(
-                f"simulate: --batch-overhead {node_id}={value}: no node {node_id!r} in spec {spec.name!r}; expected "
+                f"simulate: --batch-overhead {node_id}={work}: no node {node_id!r} in spec {spec.name!r}; expected "
                 f"one of {', '.join(spec.ids)}"
             )
-        if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-            raise CisError(f"simulate: --batch-overhead {node_id}={value!r}; expected seconds >= 0")
+        points = [(0.0, work)] if isinstance(work, (int, float)) else work
+        if not points or not all(
+            isinstance(p, (tuple, list)) and len(p) == 2 and all(isinstance(v, (int, float)) and math.isfinite(v)
+                                                                 and v >= 0 for v in p)
+            for p in points
+        ):
+            raise CisError(
+                f"simulate: --batch-overhead {node_id}={work!r}; expected seconds >= 0, or [[idle seconds, "
+                "seconds], ...] (both >= 0)"
+            )
     if config.max_batch is not None and (isinstance(config.max_batch, bool) or config.max_batch < 1):
         raise CisError(f"simulate: --max-batch is {config.max_batch}; expected an integer >= 1")
     if config.wire not in WIRES:

@@ -289,7 +289,7 @@ def build(plan: Plan) -> tuple[Model, list[tuple[Station, Iterator[float], Itera
             max_batch,
             _slowdown(config.idle_slowdown),
             None if node.host is None else hosts[node.host],
-            config.batch_overhead.get(node.id, config.batch_overhead.get("*", 0.0)),
+            _batch_work(config.batch_overhead.get(node.id, config.batch_overhead.get("*"))),
             bool(config.service_spread),
         )
         stations[node.id] = station
@@ -357,6 +357,15 @@ def _units(config: SimConfig, rng: np.random.Generator) -> Iterator[float]:
         spread = config.service_spread
         return (spread[i] for i in indices(rng, len(spread)))
     return unit_exponentials(rng) if config.service == "exponential" else itertools.repeat(1.0)
+
+
+def _batch_work(value) -> Callable[[float], float] | None:
+    """A node's work per batch by how long it idled before it: a constant, or a table (linear, flat beyond)."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return lambda _idle: float(value)
+    return _slowdown(tuple((float(g), float(w)) for g, w in value))
 
 
 def _slowdown(table: tuple[tuple[float, float], ...]) -> Callable[[float], float] | None:

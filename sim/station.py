@@ -49,7 +49,7 @@ class Station:
         max_batch: int = 1,
         slowdown: Callable[[float], float] | None = None,
         cores: Cores | None = None,
-        batch_overhead: float = 0.0,
+        batch_overhead: Callable[[float], float] | None = None,
         per_call_spread: bool = False,
     ):
         self.env = env
@@ -62,7 +62,8 @@ class Station:
         # independent slow and fast moments average out over it, so its spread shrinks as sqrt(1 / length)
         self.per_call_spread = per_call_spread
         self.overhead = overhead  # node work per request beyond the stages (the runtime's messaging)
-        self.batch_overhead = batch_overhead  # node work per batch beyond the stages (its calls' cold start, replies)
+        # node work per batch beyond the stages, by how long the node idled before it (decision, replies, cold caches)
+        self.batch_overhead = batch_overhead
         self.max_batch = max_batch
         self.slowdown = slowdown  # idle seconds -> extra seconds of the batch that ends the idling
         self.keeps, self.bucket = keeps, bucket
@@ -115,14 +116,17 @@ class Station:
     def _worker(self):
         env, queue = self.env, self.queue
         while True:
-            cold = 0.0
+            cold = idled = 0.0
             if not queue:
                 idle_from = env.now
                 wake = env.event()
                 self.idle.append(wake)
                 yield wake
+                idled = env.now - idle_from
                 if self.slowdown is not None:
-                    cold = self.slowdown(env.now - idle_from)
+                    cold = self.slowdown(idled)
+            if self.batch_overhead is not None:
+                cold += self.batch_overhead(idled)
             batch = [queue.popleft() for _ in range(min(self.max_batch, len(queue)))]
             now = env.now
             self.waited += sum(now - t for _, _, t in batch)
@@ -132,7 +136,7 @@ class Station:
             if self.per_call_spread and len(batch) > 1 and stages > 0:
                 unit = 1.0 + (unit - 1.0) * math.sqrt(self.means[min(dones)] / stages)
             reading = self.overhead * len(batch)
-            service = stages * unit + cold + reading + self.batch_overhead
+            service = stages * unit + cold + reading
             self.busy += service
             self.batches += 1
             yield env.timeout(service) if self.cores is None else self.cores.run(service)

@@ -147,3 +147,15 @@ def test_cli_writes_spans_and_takes_node_work_per_batch(run_cli, tmp_path):
     assert bad.code == 2 and "--batch-overhead cloud=1.0: no node 'cloud'" in bad.err
     worse = run_cli("simulate", "--spec", tmp_path / "spec.toml", "--requests", "10", "--batch-overhead", "soon")
     assert worse.code == 2 and "expected SECONDS or NODE=SECONDS" in worse.err
+
+
+def test_node_work_per_batch_grows_with_how_long_the_node_slept(tmp_path):
+    """A table by idle time: 1 ms after no sleep, 3 ms after a second or more, linear between."""
+    table = ((0.0, 0.001), (1.0, 0.003))
+    _, cols = replay(tmp_path, [0.2, 0.2105, 0.6, 3.0], batch_overhead={"leaf": table})
+    at = np.flatnonzero((cols["node"] == "leaf") & (cols["kind"] == "compute"))
+    at = at[np.argsort(cols["start"][at])]
+    ends = np.concatenate([[0.0], cols["end"][at][:-1]])
+    idle = cols["start"][at] - ends
+    assert np.allclose(cols["seconds"][at], STAGE + np.interp(idle, [0.0, 1.0], [0.001, 0.003]))
+    assert idle.min() < 0.001 and idle.max() > 1.0  # both ends of the table were used

@@ -112,8 +112,8 @@ OTHER_FLAGS: dict[str, dict[str, Any]] = {
     "latency_profile": {
         "metavar": "FILE",
         "help": "stage times measured where the nodes run, instead of the bundle's: JSON "
-        '{"stages": {STAGE: {BATCH: SECONDS}}, "idle_slowdown": [[IDLE_S, EXTRA_S], ...], "spread": [X, ...]} '
-        "(idle_slowdown and spread optional)",
+        '{"stages": {STAGE: {BATCH: SECONDS}}, "idle_slowdown": [[IDLE_S, EXTRA_S], ...], "spread": [X, ...], '
+        '"batch_overhead": {NODE: SECONDS or [[IDLE_S, SECONDS], ...]}} (all but stages optional)',
     },
     "faults": {
         "metavar": "FILE",
@@ -238,12 +238,16 @@ def read_latency_profile(path: str | None) -> dict:
         stages = {int(k): {int(b): float(t) for b, t in v.items()} for k, v in data["stages"].items()}
         slowdown = tuple((float(g), float(f)) for g, f in data.get("idle_slowdown", []))
         spread = tuple(float(v) for v in data.get("spread", []))
+        work = {str(k): float(v) if isinstance(v, (int, float)) else tuple((float(g), float(w)) for g, w in v)
+                for k, v in data.get("batch_overhead", {}).items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CisError(
             f"--latency-profile {path}: cannot read ({exc.__class__.__name__}: {exc}); expected JSON "
-            '{"stages": {STAGE: {BATCH: SECONDS}}, "idle_slowdown": [[IDLE_S, EXTRA_S], ...], "spread": [X, ...]}'
+            '{"stages": {STAGE: {BATCH: SECONDS}}, "idle_slowdown": [[IDLE_S, EXTRA_S], ...], "spread": [X, ...], '
+            '"batch_overhead": {NODE: SECONDS or [[IDLE_S, SECONDS], ...]}}'
         ) from None
-    return {"latency_profile": stages, "idle_slowdown": slowdown, "service_spread": spread}
+    out = {"latency_profile": stages, "idle_slowdown": slowdown, "service_spread": spread}
+    return out | ({"batch_overhead": work} if work else {})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -261,6 +265,8 @@ def run(args: argparse.Namespace) -> int:
     )
     bundle = load_bundle(args.bundle) if args.bundle else None
     kind, _, trace = args.arrivals.partition(":")
+    measured = read_latency_profile(args.latency_profile)
+    work = measured.pop("batch_overhead", {}) | parse_batch_overhead(args.batch_overhead)  # the flag wins
     config = SimConfig(
         requests=args.requests,
         duration=args.duration,
@@ -268,11 +274,11 @@ def run(args: argparse.Namespace) -> int:
         trace=trace or None,
         shares=parse_shares(args.share),
         hop_rtt=parse_visit_cost(args.visit_cost),
-        batch_overhead=parse_batch_overhead(args.batch_overhead),
+        batch_overhead=work,
         faults=read_faults(args.faults) if args.faults else (),
         progress=True,
         **{name: getattr(args, name) for name in config_flags()},
-        **read_latency_profile(args.latency_profile),
+        **measured,
     )
     if args.sweep:
         swept = sweep(spec, config, parse_sweep(args.sweep), args.bundle, args.slo_p99, args.jobs)

@@ -42,6 +42,11 @@ from pathlib import Path
 TO_UNIX = time.time() - time.monotonic()
 
 
+def trace_of(sender: str, rid: int) -> str:
+    """The trace id of a message: made from the node that sent it (a client's: its entry node) and its id."""
+    return hashlib.md5(f"{sender}:{rid}".encode()).hexdigest()
+
+
 class Recorder:
     """The executor's ``timings`` hook and the node's reply/forward hooks, keeping spans as tuples."""
 
@@ -92,7 +97,7 @@ class Recorder:
         with open(path, "a") as f:
             for n, (kind, start, end, rid, samples, batch, stage, key) in enumerate(rows, start=self.written):
                 f.write(json.dumps({
-                    "trace_id": hashlib.md5(f"{key[0]}:{key[1]}".encode()).hexdigest(), "span_id": f"{n + 1:016x}",
+                    "trace_id": trace_of(*key), "span_id": f"{n + 1:016x}",
                     "parent_id": None, "node": self.node, "kind": kind, "start": start + TO_UNIX,
                     "end": end + TO_UNIX, "req_id": rid, "samples": samples, "batch": batch,
                     "stage_from": stage, "stage_to": self.exit,

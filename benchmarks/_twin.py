@@ -328,6 +328,11 @@ def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, flo
     slow = tuple(table)
     gaps, extra = zip(*slow)
     costs = [max(0.0, (lat - st - k * work) / k - float(np.interp(g, gaps, extra))) for g, st, lat, k in rows]
+    messaging = {}
+    if spans is not None:  # measured where it happens: the client's messaging, and each forward's
+        messaging = span_messaging(cols, load, spec, (wall, time.time()))
+        slow = ((0.0, 0.0),)  # a node that slept: its batch work table
+        costs = messaging["hop_rtt_s"] or costs
     return {
         "rate": rate,
         "requests": n,
@@ -341,7 +346,33 @@ def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, flo
         "hop_rtt_s": costs,
         "hop_rtt_median_s": float(np.median(costs)),
         "hop_rtt_mean_s": float(np.mean(costs)),
+        **{k: v for k, v in messaging.items() if k != "hop_rtt_s"},
     }
+
+
+def span_messaging(cols: dict, load: dict, spec, window: tuple[float, float]) -> dict:
+    """A light load's messaging from the nodes' spans (benchmarks/_span_node.py's trace ids): each answered
+    request's latency beyond its entry node's request span is its client's messaging (``entry_rtt_s``); each
+    forward's span beyond the parent's request span of it is that hop's (``hop_rtt_s``)."""
+    from _span_node import trace_of
+
+    inside = (cols["start"] >= window[0]) & (cols["start"] < window[1])
+    request = {(n, t): s for n, t, s, k in zip(cols["node"], cols["trace_id"], cols["seconds"], cols["kind"])
+               if k == "request"}
+    entry = []
+    for nid, idx in load["entries"].items():  # a fresh client per entry node: ids 1, 2, ... in send order
+        for cid, i in enumerate(sorted(int(i) for i in idx), start=1):
+            r = load["results"][i]
+            at = request.get((nid, trace_of(nid, cid)))
+            if r is not None and r.error is None and at is not None:
+                entry.append(max(0.0, r.latency - at))
+    parent = {n.id: n.parent for n in spec.nodes}
+    hops = [max(0.0, s - request[(parent[n], t)]) for n, t, s, k, ok in zip(
+        cols["node"], cols["trace_id"], cols["seconds"], cols["kind"], inside)
+        if ok and k == "forward" and (parent.get(n), t) in request]
+    return {"entry_rtt_s": entry, "hop_rtt_s": hops,
+            "entry_rtt_median_s": float(np.median(entry)) if entry else None,
+            "forward_hop_median_s": float(np.median(hops)) if hops else None}
 
 
 def profiled_batch(profile: dict, stage_from: list[int], exit_: int) -> float:

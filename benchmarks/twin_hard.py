@@ -106,8 +106,10 @@ def twin_config(cal: dict, profile: dict, **fields):
 
     return SimConfig(
         hop_rtt=tuple(cal["hop_rtt_s"]),
+        entry_rtt=tuple(cal.get("entry_rtt_s") or ()),
         visit_overhead=cal["visit_overhead_s"],
-        batch_overhead={k: tuple(map(tuple, v)) for k, v in (cal.get("batch_overhead_s") or {}).items()},
+        batch_overhead={k: v if isinstance(v, (int, float)) else tuple(map(tuple, v))
+                        for k, v in (cal.get("batch_overhead_s") or {}).items()},
         latency_profile=profile,
         idle_slowdown=tuple(map(tuple, cal["idle_slowdown"])),
         service_spread=tuple(cal.get("service_spread", ())),
@@ -176,16 +178,18 @@ def bottleneck_inputs() -> np.ndarray:
 def cloud_capacity(profile: dict, cal: dict) -> float:
     """Requests/s the twin's cloud serves in batches of 32 (stages 2 and 3, and its node work)."""
     batch = profile[2][32] + profile[3][32] + 32 * cal["visit_overhead_s"]
-    busy = (cal.get("batch_overhead_s") or {}).get("cloud", ((0.0, 0.0),))[0][1]  # its work after no idling
+    work = (cal.get("batch_overhead_s") or {}).get("cloud", 0.0)
+    busy = work if isinstance(work, (int, float)) else work[0][1]  # its work per batch after no idling
     return 32 / (batch + busy)
 
 
 def work_text(cal: dict) -> str:
     per_batch = cal.get("batch_overhead_s") or {}
     if per_batch:
+        tables = {nid: ((0.0, t),) if isinstance(t, (int, float)) else t for nid, t in per_batch.items()}
         return "per batch " + ", ".join(
             f"{nid} {t[0][1] * 1e3:.2f}" + (f"-{t[-1][1] * 1e3:.2f}" if len(t) > 1 else "") + " ms"
-            for nid, t in per_batch.items())
+            for nid, t in tables.items())
     return f"{cal['visit_overhead_s'] * 1e3:.2f} ms per request"
 
 
@@ -260,7 +264,7 @@ def bottleneck_and_capacity(args, work: Path, regimes: list[str]) -> dict:
             cal = calibrate(bench.cluster.addresses, bench.x, bench.spec, {k: profile[k][1] for k in profile},
                             light, args.calibration, 999, spans=bench.spans, profile=profile)
         cal["service_spread"] = scatter
-        out["calibration"] = {k: v for k, v in cal.items() if k not in ("hop_rtt_s", "service_spread")}
+        out["calibration"] = {k: v for k, v in cal.items() if k not in ("hop_rtt_s", "entry_rtt_s", "service_spread")}
         mu = cloud_capacity(profile, cal)
         out.update(capacity_rps=mu, node_work_s=cal["visit_overhead_s"], batch_work_s=cal["batch_overhead_s"])
         say(f"calibrated at {light:.1f}/s: node work {work_text(cal)}, slowdown after idling {slowdown_text(cal)}, "
@@ -323,11 +327,14 @@ def capacity_check(args, work: Path, bdir: Path, bench: Bench, mu: float, cal, p
                                                   "spread": list(cal["service_spread"]),
                                                   "batch_overhead": cal.get("batch_overhead_s") or {}}))
     (work / "visits.txt").write_text("".join(f"{v:.9f}\n" for v in cal["hop_rtt_s"]))
+    entry = ["--entry-cost", str(work / "entry.txt")] if cal.get("entry_rtt_s") else []
+    if entry:
+        (work / "entry.txt").write_text("".join(f"{v:.9f}\n" for v in cal["entry_rtt_s"]))
     cmd = ["simulate", "--spec", str(spec_file), "--bundle", str(bdir), "--duration", str(args.seconds),
            "--sweep", "arrival_rate=0.3:1.5", "--slo-p99", f"{args.slo_p99:g}",
            "--latency-profile", str(work / "latency.json"), "--visit-cost", str(work / "visits.txt"),
            "--visit-overhead", f"{cal['visit_overhead_s']:.6g}", "--loopback", "--max-batch", "32",
-           "--threshold", "inf", "--jobs", "2", "--json"]
+           "--threshold", "inf", "--jobs", "2", "--json", *entry]
     done = subprocess.run([sys.executable, "-m", "cis.cli", *cmd], capture_output=True, text=True, check=True)
     sweep = json.loads(done.stdout)
     if sweep["capacity"] is None:
@@ -448,7 +455,8 @@ def testbed_regimes(args, work: Path, regimes: list[str]) -> dict:
             profile, cal = bed.calibrate()
             say(f"testbed {dtype}: calibrated, node work {work_text(cal)}, messaging "
                 f"{cal['hop_rtt_median_s'] * 1e3:.2f} ms per visit (median)")
-            entry = {"calibration": {k: v for k, v in cal.items() if k != "hop_rtt_s"}, "profile": profile}
+            entry = {"calibration": {k: v for k, v in cal.items() if k not in ("hop_rtt_s", "entry_rtt_s")},
+                     "profile": profile}
             if "links" in regimes:
                 entry["links"] = links_points(args, bed.bed, bed.bundle, bed.spec, bed.x, cal, profile)
             if dtype == "fp32" and "partition" in regimes:
@@ -489,7 +497,7 @@ def colocated_regime(args, work: Path) -> dict:
     err = {k: rel(sim["latency"][k], rt["latency"][k]) for k in PERCENTILES}
     say(f"colocated: p50 {ms(rt['latency']['p50'])} / {ms(sim['latency']['p50'])} ms (runtime / twin)")
     return {"rate": args.colocated_rate, "cores": cores, "calibration": {k: v for k, v in cal.items()
-            if k != "hop_rtt_s"}, "profile": profile, "runtime": rt, "per_repeat": runs, "sim": sim,
+            if k not in ("hop_rtt_s", "entry_rtt_s")}, "profile": profile, "runtime": rt, "per_repeat": runs, "sim": sim,
             "sim_unshared": apart, "shares_points": share_gap(rt, sim), "latency_rel_error": err,
             "met": share_gap(rt, sim) <= 2 and all(e is not None and e <= 0.15 for e in err.values())}
 

@@ -43,6 +43,7 @@ import numpy as np
 from _results import RESULTS, machine
 from _spans import compare, parting, per_kind, plot_cdfs, replay_files, sent_profile
 from _twin import (
+    batch_overheads,
     calibrate,
     load_now,
     paused,
@@ -235,6 +236,10 @@ def replay_case(args, work: Path, spans_dir: Path, name: str, twin_of) -> dict:
     x = case_inputs(case)
     sent = sent_profile(Path(case["bundle"]), x)
     window = (case["warmup"], case["warmup"] + case["seconds"])
+    cal = case["calibration"]
+    if "window" in cal:  # the node work per batch, from the calibration load's spans (again: the same numbers)
+        spec0 = twin_of(case, {**case["loads"][0], "times": [], "entries": {}})[0]
+        cal["batch_overhead_s"] = batch_overheads(rt_cols, case["profile"], spec0, tuple(cal["window"]))[0]
     points = []
     for load in case["loads"]:
         load["times"] = np.asarray(load["times"])

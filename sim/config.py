@@ -50,6 +50,10 @@ class SimConfig:
     # work together) and leave ``visit_overhead`` at 0.
     loopback: bool = False
     hop_rtt: tuple[float, ...] = ()
+    # The client's own messaging (its request to the entry node, the answer back), drawn once per request
+    # from ``entry_rtt`` and paid on the entry visit in place of a ``hop_rtt`` (empty: hop_rtt's draw): a
+    # request pays its client's send and receive once, and a node-to-node hop per forward.
+    entry_rtt: tuple[float, ...] = ()
     visit_overhead: float = 0.0
     # Node work per micro-batch on top of its stages, holding the worker (per node id; "*": every node not
     # named): what a runtime node's batch costs beyond the profiled stage calls (the exit decision, the
@@ -107,6 +111,7 @@ def check_config(config: SimConfig, spec: CisSpec, with_bundle: bool) -> SimConf
     _check_decision(config, spec, with_bundle)
     return replace(
         config, service=service, max_batch=max_batch, hop_rtt=tuple(float(v) for v in config.hop_rtt),
+        entry_rtt=tuple(float(v) for v in config.entry_rtt),
         faults=tuple(sorted(config.faults, key=lambda f: f.at)),
         idle_slowdown=tuple((float(g), float(f)) for g, f in config.idle_slowdown),
         service_spread=tuple(float(v) for v in config.service_spread),
@@ -140,11 +145,11 @@ def _check_costs(config: SimConfig, spec: CisSpec) -> None:
         raise CisError(f"simulate: --payload-bytes is {config.payload_bytes}; expected bytes >= 0")
     if config.burst is not None:
         _positive(config.burst, "--burst")
-    for value, name in [*((v, "hop_rtt") for v in config.hop_rtt), (config.visit_overhead, "visit_overhead")]:
+    flags = {"hop_rtt": " (--visit-cost)", "entry_rtt": " (--entry-cost)", "visit_overhead": ""}
+    for value, name in [*((v, "hop_rtt") for v in config.hop_rtt), *((v, "entry_rtt") for v in config.entry_rtt),
+                        (config.visit_overhead, "visit_overhead")]:
         if not (math.isfinite(value) and value >= 0):
-            raise CisError(
-                f"simulate: {name} is {value}; expected seconds >= 0" + (" (--visit-cost)" if name == "hop_rtt" else "")
-            )
+            raise CisError(f"simulate: {name} is {value}; expected seconds >= 0{flags[name]}")
     for node_id, work in config.batch_overhead.items():
         if node_id != "*" and node_id not in spec.ids:
             raise CisError(

@@ -112,6 +112,7 @@ class Model:
     forward_timeout: float = 1.0  # seconds a forward waits per tier above (the runtime's --forward-timeout)
     heartbeat_timeout: float = 1.0  # a parent unheard for this long is down (the runtime's heartbeat rule)
     spans: SpanLog | None = None  # each visit's queue, compute, forward and request spans (None: not recorded)
+    entries: Iterator[float] | None = None  # the client's messaging round trip, one draw per request (None: hops')
     log: Log = field(default_factory=Log)
     arrived: int = 0
     last_arrival: float = 0.0
@@ -141,9 +142,11 @@ def request(env: simpy.Environment, model: Model, rid: int, station: Station, ro
     # exactly this, each request's average cost per visit)
     rtt = next(model.hops) if model.hops is not None else 0.0
     half = rtt / 2
+    # the client's own messages (its request in, the answer out): the entry cost when the run has one
+    outer = next(model.entries) / 2 if model.entries is not None else half
     trail: list[Hop] = []  # the nodes that forwarded it, from the entry up
-    if half:  # the client's message to the entry node: half a round trip, the reply the other half
-        yield env.timeout(half)
+    if outer:  # the client's message to the entry node: half a round trip, the reply the other half
+        yield env.timeout(outer)
     while True:
         station.received += 1
         entered = env.now
@@ -163,7 +166,7 @@ def request(env: simpy.Environment, model: Model, rid: int, station: Station, ro
             yield env.timeout(back - env.now + half)
             if spans is not None:
                 spans.add(rid, station.index, FORWARD, hop.sent, env.now, 0, (first, station.exit))
-            yield from _answer(env, model, rid, entry, arrived, station, row, flags, trail, half,
+            yield from _answer(env, model, rid, entry, arrived, station, row, flags, trail, (half, outer),
                                (entered, env.now, first))
             return
         first = done + 1  # the first stage it runs here
@@ -199,7 +202,8 @@ def request(env: simpy.Environment, model: Model, rid: int, station: Station, ro
         trail.append(Hop(station, giveup, now, entered, first))
         yield env.timeout(reach - now + half)
         station = station.parent
-    yield from _answer(env, model, rid, entry, arrived, station, row, flags, trail, half, (entered, env.now, first))
+    yield from _answer(env, model, rid, entry, arrived, station, row, flags, trail, (half, outer),
+                       (entered, env.now, first))
 
 
 class Hop:
@@ -212,9 +216,11 @@ class Hop:
         self.station, self.giveup, self.sent, self.entered, self.first = station, giveup, sent, entered, first
 
 
-def _answer(env, model: Model, rid, entry, arrived, station: Station, row, flags, trail, half, visit):
+def _answer(env, model: Model, rid, entry, arrived, station: Station, row, flags, trail, halves, visit):
     """Serve at ``station`` and carry the answer down the trail to the client (``visit``: when the request
-    came in at ``station``, when its answer left, the first stage it ran there)."""
+    came in at ``station``, when its answer left, the first stage it ran there; ``halves``: a forward's
+    messaging on its way down, the client's)."""
+    half, outer = halves
     station.served += 1
     server, t = station, env.now
     spans = model.spans
@@ -238,7 +244,7 @@ def _answer(env, model: Model, rid, entry, arrived, station: Station, row, flags
             spans.add(rid, child.index, FORWARD, hop.sent, came, 0, (hop.first, child.exit))
             spans.add(rid, child.index, REQUEST, hop.entered, came, 0, (hop.first, child.exit))
         t += half
-    t += half
+    t += outer
     if t > env.now and model.reply_bytes:  # replies share the links' wires: keep their order in time
         yield env.timeout(t - env.now)
     model.log.add(rid, entry, server.index, exit_, model.outcome(row, exit_), arrived, t, flags)
@@ -317,10 +323,14 @@ def build(plan: Plan) -> tuple[Model, list[tuple[Station, Iterator[float], Itera
             if len(config.hop_rtt) == 1
             else (config.hop_rtt[i] for i in indices(hop_rng, len(config.hop_rtt)))
         )
+    entries = None
+    if config.entry_rtt:  # its own stream too
+        entry_rng = spawn(config.seed, 4 * len(spec.nodes) + 4)[-1]
+        entries = (config.entry_rtt[i] for i in indices(entry_rng, len(config.entry_rtt)))
     messages = plan.messages if plan.messages is not None else plan.payloads
     model = Model(
         env, stations, hosts, messages, plan.reply_bytes, correct, limit, horizon, hops, plan.exit_at,
-        config.forward_timeout, config.heartbeat_timeout, SpanLog() if config.spans else None,
+        config.forward_timeout, config.heartbeat_timeout, SpanLog() if config.spans else None, entries,
     )
     return model, feeds
 

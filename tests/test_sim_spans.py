@@ -159,3 +159,21 @@ def test_node_work_per_batch_grows_with_how_long_the_node_slept(tmp_path):
     idle = cols["start"][at] - ends
     assert np.allclose(cols["seconds"][at], STAGE + np.interp(idle, [0.0, 1.0], [0.001, 0.003]))
     assert idle.min() < 0.001 and idle.max() > 1.0  # both ends of the table were used
+
+
+def test_a_client_pays_its_messaging_once_and_each_forward_a_hop(tmp_path):
+    """A forwarded request visits two nodes: with hop costs alone it pays two (2 x 2 ms); with an entry cost its
+    client's messaging (10 ms) replaces the entry visit's, and the forward pays one hop (2 ms)."""
+    free = Link(math.inf, 0.0)
+    spec = leaf_root(free)
+    trace = tmp_path / "one.csv"
+    trace.write_text("leaf,1.0\n")
+    base = dict(arrivals="trace", trace=str(trace), requests=1, shares={"leaf": 0.0}, service="deterministic",
+                latency_profile=PROFILE, spans=True)
+    hops = simulate(spec, SimConfig(hop_rtt=(0.002,), **base))
+    both = simulate(spec, SimConfig(hop_rtt=(0.002,), entry_rtt=(0.010,), **base))
+    assert hops.requests["finish"][0] - 1.0 == pytest.approx(2 * STAGE + 2 * 0.002)
+    assert both.requests["finish"][0] - 1.0 == pytest.approx(2 * STAGE + 0.010 + 0.002)
+    cols = span_columns(span_records(both.spans, spec.ids))
+    forward = cols["seconds"][(cols["node"] == "leaf") & (cols["kind"] == "forward")]
+    assert forward == pytest.approx([STAGE + 0.002])  # the hop's two halves and the root's stage

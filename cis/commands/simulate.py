@@ -104,6 +104,11 @@ OTHER_FLAGS: dict[str, dict[str, Any]] = {
         "help": "node work per micro-batch beyond its stages, holding the node (a runtime batch's cost beyond its "
         "stage calls); SECONDS for every node, NODE=SECONDS for one (repeatable; default 0)",
     },
+    "entry_cost": {
+        "metavar": "SECONDS|FILE",
+        "help": "the client's messaging with its entry node (request in, answer out), once per request, in place of "
+        "the entry visit's --visit-cost: seconds, or a file of them to draw from (docs/simulator.md)",
+    },
     "provider": {
         "choices": PROVIDERS,
         "help": "with --bundle: every node's stage times from this backend's latency profile (cpu, cuda, tensorrt; "
@@ -198,8 +203,9 @@ def parse_batch_overhead(items: list[str]) -> dict[str, float]:
     return out
 
 
-def parse_visit_cost(value: str | None) -> tuple[float, ...]:
-    """``--visit-cost``: seconds, or a file with one number of seconds per line ('#' comments)."""
+def parse_visit_cost(value: str | None, flag: str = "--visit-cost") -> tuple[float, ...]:
+    """``--visit-cost`` (or ``--entry-cost``): seconds, or a file with one number of seconds per line ('#'
+    comments)."""
     if value is None:
         return ()
     try:
@@ -209,7 +215,7 @@ def parse_visit_cost(value: str | None) -> tuple[float, ...]:
     path = Path(value)
     if not path.is_file():
         raise CisError(
-            f"--visit-cost {value!r}: not a number of seconds and not a file; expected e.g. 0.0008 or costs.txt"
+            f"{flag} {value!r}: not a number of seconds and not a file; expected e.g. 0.0008 or costs.txt"
         )
     out = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
@@ -274,6 +280,7 @@ def run(args: argparse.Namespace) -> int:
         trace=trace or None,
         shares=parse_shares(args.share),
         hop_rtt=parse_visit_cost(args.visit_cost),
+        entry_rtt=parse_visit_cost(args.entry_cost, "--entry-cost"),
         batch_overhead=work,
         faults=read_faults(args.faults) if args.faults else (),
         progress=True,

@@ -264,7 +264,8 @@ def bottleneck_and_capacity(args, work: Path, regimes: list[str]) -> dict:
             cal = calibrate(bench.cluster.addresses, bench.x, bench.spec, {k: profile[k][1] for k in profile},
                             light, args.calibration, 999, spans=bench.spans, profile=profile)
         cal["service_spread"] = scatter
-        out["calibration"] = {k: v for k, v in cal.items() if k not in ("hop_rtt_s", "entry_rtt_s", "service_spread")}
+        out["calibration"] = {k: v for k, v in cal.items()
+                              if k not in ("hop_rtt_s", "entry_rtt_s", "service_spread")}
         mu = cloud_capacity(profile, cal)
         out.update(capacity_rps=mu, node_work_s=cal["visit_overhead_s"], batch_work_s=cal["batch_overhead_s"])
         say(f"calibrated at {light:.1f}/s: node work {work_text(cal)}, slowdown after idling {slowdown_text(cal)}, "
@@ -496,8 +497,8 @@ def colocated_regime(args, work: Path) -> dict:
         args.sim_seeds), 3)  # the same twin with every node on a machine of its own: what sharing costs
     err = {k: rel(sim["latency"][k], rt["latency"][k]) for k in PERCENTILES}
     say(f"colocated: p50 {ms(rt['latency']['p50'])} / {ms(sim['latency']['p50'])} ms (runtime / twin)")
-    return {"rate": args.colocated_rate, "cores": cores, "calibration": {k: v for k, v in cal.items()
-            if k not in ("hop_rtt_s", "entry_rtt_s")}, "profile": profile, "runtime": rt, "per_repeat": runs, "sim": sim,
+    return {"rate": args.colocated_rate, "cores": cores, "profile": profile, "runtime": rt, "per_repeat": runs,
+            "calibration": {k: v for k, v in cal.items() if k not in ("hop_rtt_s", "entry_rtt_s")}, "sim": sim,
             "sim_unshared": apart, "shares_points": share_gap(rt, sim), "latency_rel_error": err,
             "met": share_gap(rt, sim) <= 2 and all(e is not None and e <= 0.15 for e in err.values())}
 

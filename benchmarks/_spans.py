@@ -3,6 +3,8 @@
 - :func:`sent_profile`: the confidence profile of the samples a load sends (each sample's confidence and
   class at every exit, from the bundle's own stages), so the twin's requests exit where the runtime's do;
 - :func:`replay_files`: the load's arrivals as a simulator trace, and each entry node's profile rows;
+- :func:`with_answers`: the runtime's compute spans until the batch's answers were sent (the twin's hold
+  the node's decision and sends);
 - :func:`compare`: per node and kind (queue, compute, forward, request) the two distributions side by side
   (per sample: a runtime span of a message that carried k samples counts k times), and the end-to-end
   figures; :func:`parting`: which span holds the gap, by how much;
@@ -45,6 +47,33 @@ def replay_files(path: Path, times: np.ndarray, entries: dict[str, np.ndarray], 
     entry_of = {int(i): nid for nid, idx in entries.items() for i in idx}
     path.write_text("".join(f"{entry_of[int(i)]},{times[i]:.9f}\n" for i in order))
     return {nid: [int(i) % samples for i in order if entry_of[int(i)] == nid] for nid in entries}
+
+
+def answers_sent(cols: dict) -> np.ndarray:
+    """Per span, for a runtime ``compute`` span: when its batch's answers and forward were sent (the latest,
+    over the batch's requests, of the reply, or of the forward for a request whose samples went up); the
+    span's own end for the others. A runtime node's compute span ends after the stages, before the exit
+    decision and the sends; the twin's holds them (its node work per batch), so the two compare from here."""
+    ends = cols["end"].copy()
+    kind, node, sid, pid = cols["kind"], cols["node"], cols["span_id"], cols["parent_id"]
+    request_end = {(n, i): e for n, i, e, k in zip(node, sid, cols["end"], kind) if k == "request"}
+    forward_start = {(n, p): t for n, p, t, k in zip(node, pid, cols["start"], kind) if k == "forward"}
+    sent: dict[tuple[str, float], float] = {}  # (node, batch start) -> the latest send of its requests
+    compute = np.flatnonzero(kind == "compute")
+    for i in compute:
+        key = (node[i], pid[i])  # the request span of this request at this node
+        t = forward_start.get(key, request_end.get(key, ends[i]))
+        batch = (node[i], float(cols["start"][i]))
+        sent[batch] = max(sent.get(batch, ends[i]), t)
+    for i in compute:
+        ends[i] = max(ends[i], sent[(node[i], float(cols["start"][i]))])
+    return ends
+
+
+def with_answers(cols: dict) -> dict:
+    """The runtime's columns with each compute span running until its batch's answers were sent."""
+    ends = answers_sent(cols)
+    return cols | {"end": ends, "seconds": ends - cols["start"]}
 
 
 def _summary(seconds: np.ndarray) -> dict:

@@ -350,31 +350,6 @@ def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, flo
     }
 
 
-def span_messaging(cols: dict, load: dict, spec, window: tuple[float, float]) -> dict:
-    """A light load's messaging from the nodes' spans (benchmarks/_span_node.py's trace ids): each answered
-    request's latency beyond its entry node's request span is its client's messaging (``entry_rtt_s``); each
-    forward's span beyond the parent's request span of it is that hop's (``hop_rtt_s``)."""
-    from _span_node import trace_of
-
-    inside = (cols["start"] >= window[0]) & (cols["start"] < window[1])
-    request = {(n, t): s for n, t, s, k in zip(cols["node"], cols["trace_id"], cols["seconds"], cols["kind"])
-               if k == "request"}
-    entry = []
-    for nid, idx in load["entries"].items():  # a fresh client per entry node: ids 1, 2, ... in send order
-        for cid, i in enumerate(sorted(int(i) for i in idx), start=1):
-            r = load["results"][i]
-            at = request.get((nid, trace_of(nid, cid)))
-            if r is not None and r.error is None and at is not None:
-                entry.append(max(0.0, r.latency - at))
-    parent = {n.id: n.parent for n in spec.nodes}
-    hops = [max(0.0, s - request[(parent[n], t)]) for n, t, s, k, ok in zip(
-        cols["node"], cols["trace_id"], cols["seconds"], cols["kind"], inside)
-        if ok and k == "forward" and (parent.get(n), t) in request]
-    return {"entry_rtt_s": entry, "hop_rtt_s": hops,
-            "entry_rtt_median_s": float(np.median(entry)) if entry else None,
-            "forward_hop_median_s": float(np.median(hops)) if hops else None}
-
-
 def profiled_batch(profile: dict, stage_from: list[int], exit_: int) -> float:
     """Seconds the stage profile gives a batch whose requests enter at ``stage_from`` and run to ``exit_``
     (stage k runs once on every request that entered at k or before: sim.station's batch time)."""
@@ -393,24 +368,29 @@ WORK_BINS = (0.0005, 0.002, 0.005, 0.02, 0.1)  # seconds a node idled before a b
 
 def batch_overheads(cols: dict, profile: dict, spec, window: tuple[float, float]) -> tuple[dict, dict]:
     """Per node, what each of its batches (compute spans starting in ``window``) took beyond the profiled time
-    of its stage calls, by how long the node had idled before the batch: ({node: ((median idle, median extra)
-    of each idle bin with 5 batches or more, never decreasing), ...}, {node: mean extra})."""
+    of its stage calls, until its answers and forward were sent (_spans.answers_sent), by how long the node
+    had idled before the batch: ({node: ((median idle, median extra) of each idle bin with 5 batches or
+    more, never decreasing), ...}, {node: mean extra})."""
+    from _spans import answers_sent
+
     tables, means = {}, {}
-    keep = (cols["kind"] == "compute") & (cols["start"] >= window[0]) & (cols["start"] < window[1])
+    sent = answers_sent(cols)
     for node in spec.nodes:
         at = np.flatnonzero((cols["kind"] == "compute") & (cols["node"] == node.id))
-        if not np.any(keep[at]):
-            continue
         batches: dict[float, list[int]] = {}
         for i in at:  # one span per request of a batch, all with the batch's start
             batches.setdefault(float(cols["start"][i]), []).append(int(i))
+        if not batches:
+            continue
         starts = np.array(sorted(batches))
-        ends = np.array([cols["end"][batches[t][0]] for t in starts])
+        ends = np.array([sent[batches[t][0]] for t in starts])
         idle = np.maximum(0.0, starts - np.concatenate([[-np.inf], ends[:-1]]))
-        extra = np.array([cols["seconds"][batches[t][0]] - profiled_batch(
+        extra = np.array([ends[j] - t - profiled_batch(
             profile, [int(cols["stage_from"][i]) for i in batches[t] for _ in range(max(1, int(cols["samples"][i])))],
-            node.exit) for t in starts])
+            node.exit) for j, t in enumerate(starts)])
         inside = (starts >= window[0]) & (starts < window[1])
+        if not inside.any():
+            continue
         idle, extra = idle[inside], extra[inside]
         means[node.id] = max(0.0, float(np.mean(extra)))
         edges = (0.0, *WORK_BINS, np.inf)
@@ -422,6 +402,29 @@ def batch_overheads(cols: dict, profile: dict, spec, window: tuple[float, float]
                 points.append((float(np.median(idle[b])), top))
         tables[node.id] = tuple(points) if points else ((0.0, means[node.id]),)
     return tables, means
+
+
+def span_messaging(cols: dict, load: dict, spec, window: tuple[float, float]) -> dict:
+    """A light load's messaging from the nodes' spans: each answered request's latency beyond its entry node's
+    request span is its client's messaging (``entry_rtt_s``); each forward's span beyond the parent's request
+    span of it (the span whose parent the forward is) is that hop's (``hop_rtt_s``)."""
+    inside = (cols["start"] >= window[0]) & (cols["start"] < window[1])
+    kind, node, sid, pid = cols["kind"], cols["node"], cols["span_id"], cols["parent_id"]
+    first = {(n, r): s for n, r, s, k, p in zip(node, cols["req_id"], cols["seconds"], kind, pid)
+             if k == "request" and not p}  # a client's request: a new trace at its entry node
+    under = {p: s for s, k, p in zip(cols["seconds"], kind, pid) if k == "request" and p}
+    entry = []
+    for nid, idx in load["entries"].items():  # a fresh client per entry node: ids 1, 2, ... in send order
+        for cid, i in enumerate(sorted(int(i) for i in idx), start=1):
+            r = load["results"][i]
+            at = first.get((nid, cid))
+            if r is not None and r.error is None and at is not None:
+                entry.append(max(0.0, r.latency - at))
+    hops = [max(0.0, s - under[i]) for i, s, k, ok in zip(sid, cols["seconds"], kind, inside)
+            if ok and k == "forward" and i in under]
+    return {"entry_rtt_s": entry, "hop_rtt_s": hops,
+            "entry_rtt_median_s": float(np.median(entry)) if entry else None,
+            "forward_hop_median_s": float(np.median(hops)) if hops else None}
 
 
 # ---------------------------------------------------------------- the same figures from runtime and simulator

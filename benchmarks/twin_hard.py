@@ -154,20 +154,24 @@ def bottleneck_spec(rate: float, cap: float):
     )
 
 
-def read_node_spans(cluster, spans_dir: Path) -> dict:
-    """Have the nodes write their spans so far (benchmarks/_span_node.py), then read them all."""
-    from _span_node import flush
+def read_node_spans(spans_dir: Path) -> dict:
+    """The spans every node has written so far (``cis serve --spans-file``: a node flushes its file at least
+    every half second)."""
+    from cis.runtime.tracing import FLUSH_SECONDS
     from sim.spans import read_spans
 
-    flush({nid: p.pid for nid, p in cluster.procs.items()}, spans_dir)
+    time.sleep(FLUSH_SECONDS + 0.3)
     return read_spans(sorted(spans_dir.glob("*.spans.jsonl")))
 
 
-def span_prefix(spans_dir: Path | None) -> list[str]:
-    """The command prefix that makes a node write its spans to ``spans_dir`` (benchmarks/_span_node.py)."""
+def spans_args(spans_dir: Path | None) -> list[str]:
+    """The node option that makes each node write its spans to ``spans_dir`` (a fresh folder)."""
     if spans_dir is None:
         return []
-    return [sys.executable, str(Path(__file__).with_name("_span_node.py")), str(spans_dir)]
+    spans_dir.mkdir(parents=True, exist_ok=True)
+    for old in spans_dir.glob("*.spans.jsonl"):
+        old.unlink()
+    return ["--spans-file", str(spans_dir / "{node}.spans.jsonl")]
 
 
 def bottleneck_inputs() -> np.ndarray:
@@ -210,16 +214,17 @@ class Bench:
         spec_file = work / f"{name}.toml"
         write_spec(spec, spec_file)
         forced = {"device0": ["--threshold", "inf"], "device1": ["--threshold", "inf"]}
-        prefix = {n.id: [*NICE, "taskset", "-c", "1" if n.parent is None else "0", *span_prefix(spans_dir)]
-                  for n in spec.nodes}
-        self.cluster = launch(bdir, spec, str(spec_file), True, node_args=forced, node_prefix=prefix)
+        prefix = {n.id: [*NICE, "taskset", "-c", "1" if n.parent is None else "0"] for n in spec.nodes}
+        self.cluster = launch(bdir, spec, str(spec_file), True, spans_args(spans_dir), node_args=forced,
+                              node_prefix=prefix)
         self.x = bottleneck_inputs()
         self.last: dict = {}  # the last load: its arrivals, answers and when it started (unix seconds)
         self.spans_dir = spans_dir
 
     def spans(self) -> dict:
         """The spans every node has written so far (sim.spans.read_spans columns)."""
-        return read_node_spans(self.cluster, self.spans_dir)
+        assert self.spans_dir is not None  # a bench started with a spans folder
+        return read_node_spans(self.spans_dir)
 
     def measure(self, rate: float, seed: int) -> tuple[dict, dict]:
         """A load of warm-up + measured seconds; the figures of the requests sent in the measured window."""
@@ -417,15 +422,12 @@ class Bed:
         self.bundle = load_bundle(self.bdir)
         spec_file = work / f"paper7-{dtype}{'-hosts' if spec.hosts else ''}.toml"
         write_spec(spec, spec_file)
-        spans_dir.mkdir(parents=True, exist_ok=True)
-        for old in spans_dir.glob("*.spans.jsonl"):
-            old.unlink()
         forced = {n.id: ["--threshold", "inf"] for n in spec.nodes if n.parent is not None}
-        prefix = {n.id: [*NICE, *span_prefix(spans_dir)] for n in spec.nodes}
-        self.bed = start(self.bdir, spec, str(spec_file), node_args=forced, node_prefix=prefix)
+        self.bed = start(self.bdir, spec, str(spec_file), extra_args=spans_args(spans_dir), node_args=forced,
+                         node_prefix={n.id: NICE for n in spec.nodes})
 
     def spans(self) -> dict:
-        return read_node_spans(self.bed.cluster, self.spans_dir)
+        return read_node_spans(self.spans_dir)
 
     def calibrate(self) -> tuple[dict, dict]:
         """(stage profile, calibration): stages timed where the cloud's and the others' cores are (pinned to

@@ -4,8 +4,8 @@
     python benchmarks/twin_spans.py --cases loopback --levels 0.8
     python benchmarks/twin_spans.py --quick                            # smoke run: short loads, 1 twin seed
 
-Each case runs a real cluster whose nodes write their spans (queue, compute, forward, request: sim/spans.py;
-``benchmarks/_span_node.py`` until the runtime's tracing of issue 33 writes them itself), calibrates the twin
+Each case runs a real cluster whose nodes write their spans (queue, compute, forward, request: ``cis serve
+--spans-file``, docs/runtime.md *Tracing*; sim/spans.py reads them), calibrates the twin
 once at a light load exactly as benchmarks/twin_hard.py does, then sends loads; the twin replays each load
 (the same arrival times at the same entry nodes, the same samples, so the same exits: ``sim_vs_runtime``'s
 replay) with its per-visit spans on. Per node and kind the two distributions are set side by side (per
@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from _results import RESULTS, machine
-from _spans import compare, parting, per_kind, plot_cdfs, replay_files, sent_profile
+from _spans import compare, parting, per_kind, plot_cdfs, replay_files, sent_profile, with_answers
 from _twin import (
     batch_overheads,
     calibrate,
@@ -88,7 +88,7 @@ def twin_replay(spec, config, bundle, profile, load: dict, work: Path, seeds: in
     for seed in range(seeds):
         result = simulate(spec, replace(config, seed=seed), bundle, profile=profile, rows=rows)
         logs.append(result.requests)
-        cols.append(span_columns(span_records(result.spans, spec.ids)))
+        cols.append(span_columns(span_records(result.spans, spec.ids, {n.id: n.parent for n in spec.nodes})))
     pooled = {k: np.concatenate([c[k] for c in cols]) for k in cols[0]}
     return {k: np.concatenate([log[k] for log in logs]) for k in logs[0]}, pooled
 
@@ -98,13 +98,14 @@ def compare_load(args, name: str, spec, rt_cols, tw_cols, rt_figs: dict, tw_req:
     """One load: end to end, per span, where they part; the CDF figure."""
     tw_figs = summarise_sim(tw_req, spec.num_exits, window)
     rt_window = (wall + window[0], wall + window[1])
-    runtime, twin = per_kind(rt_cols, rt_window, True), per_kind(tw_cols, window, True)
+    runtime, twin = per_kind(with_answers(rt_cols), rt_window, True), per_kind(tw_cols, window, True)
     answered = {"runtime": rt_figs["answered"], "twin": tw_figs["answered"] / seeds}
     twin = {n: {k: v | {"count": v["count"] / seeds} for k, v in kinds.items()} for n, kinds in twin.items()}
     spans = compare(runtime, twin, answered)
     end = {"runtime": rt_figs["latency"], "twin": tw_figs["latency"]}
     figure = RESULTS / "twin_spans" / f"{name}.png"
-    drawn = plot_cdfs(figure, rt_cols, tw_cols, rt_window, window, f"{name}: runtime (solid) vs twin (dashed)")
+    drawn = plot_cdfs(figure, with_answers(rt_cols), tw_cols, rt_window, window,
+                      f"{name}: runtime (solid) vs twin (dashed)")
     return {
         "end_to_end": end | {"error": {k: _rel(end["twin"][k], end["runtime"][k]) for k in end["runtime"]}},
         "answered": answered,
@@ -144,9 +145,6 @@ def loopback_runtime(args, work: Path, spans_dir: Path) -> None:
         scatter = spread(bdir, 3, 1, bottleneck_inputs())
     stages_mu = 32 / (profile[2][32] + profile[3][32])
     cap, light = CAP_SHARE * stages_mu, 0.15 * stages_mu
-    spans_dir.mkdir(parents=True, exist_ok=True)
-    for old in spans_dir.glob("*.spans.jsonl"):
-        old.unlink()
     cores = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {0})  # the load generator beside the devices, off the cloud's core
     bench = Bench(args, work, bdir, bottleneck_spec(light, cap), "spans", spans_dir=spans_dir)

@@ -174,7 +174,7 @@ def request(env: simpy.Environment, model: Model, rid: int, station: Station, ro
         start, begin, n = yield waiting
         if spans is not None:
             assert station.admitted is not None  # recording spans: the station notes admissions
-            entered = station.admitted.pop(waiting, entered)  # came during a batch: admitted after it
+            entered = station.admitted.pop(waiting, entered)  # came during a batch: stamped with its start
             spans.add(rid, station.index, QUEUE, entered, begin, n, (first, station.exit))
             spans.add(rid, station.index, COMPUTE, begin, env.now, n, (first, station.exit))
         done = station.exit

@@ -88,7 +88,8 @@ def write_plots(out: Path, summary: dict, requests: dict[str, np.ndarray]) -> li
 
 
 def write_outputs(
-    out: str | Path, summary: dict, requests: dict[str, np.ndarray], spans: dict[str, np.ndarray] | None = None
+    out: str | Path, summary: dict, requests: dict[str, np.ndarray], spans: dict[str, np.ndarray] | None = None,
+    parents: dict[str, str | None] | None = None,
 ) -> list[str]:
     """Write every output file of one run (spans.jsonl when the run recorded spans); returns notes for the user."""
     from sim.spans import span_records, write_spans
@@ -99,5 +100,5 @@ def write_outputs(
     write_requests_csv(out / "requests.csv", requests, list(summary["nodes"]))
     write_nodes_csv(out / "nodes.csv", summary)
     if spans is not None:
-        write_spans(out / "spans.jsonl", span_records(spans, list(summary["nodes"])))
+        write_spans(out / "spans.jsonl", span_records(spans, list(summary["nodes"]), parents))
     return write_plots(out, summary, requests)

@@ -3,42 +3,37 @@
 A span is one stretch of one request's visit to one node, of one kind:
 
 - ``queue``: admitted at the node -> its batch starts running stages;
-- ``compute``: the batch's stages ran (one span per request of the batch, all with the batch's start and end);
+- ``compute``: the batch ran (one span per request of the batch, all with the batch's start and end); the
+  twin's holds the node's work per batch too (its decision and answers), which a runtime node records
+  between its ``compute`` span's end and the answer or forward it sends;
 - ``forward``: sent to the parent -> the parent's answer (or a refusal) came back; a forward lost in an
   outage or answered too late ends when the node gives up on it;
 - ``request``: the request's whole time at the node (admitted -> its answer sent).
 
-The runtime's nodes write them (one JSON object per line, the tracing format of issue 33); the simulator
-records the same kinds when asked (``SimConfig.spans``), and :func:`write_spans` writes them in that
-format, so :func:`read_spans` reads either into the same columns. Recording is off by default and then
-costs nothing: the model checks one attribute per visit.
-
-A line::
-
-    {"trace_id": "32 hex", "span_id": "16 hex", "parent_id": "16 hex or null", "node": "edge0",
-     "kind": "queue", "start": 1700000000.25, "end": 1700000000.26, "req_id": 7, "samples": 1,
-     "batch": 4, "stage_from": 2, "stage_to": 2}
-
-``start``/``end`` are seconds (unix time from the runtime; simulated seconds from the twin);
-``batch`` is how many samples ran in the batch (queue and compute spans; 0 otherwise).
+The runtime's nodes write them (``cis serve --spans-file``: one JSON object per line,
+:class:`cis.runtime.tracing.SpanRecord`); the simulator records the same kinds when asked
+(``SimConfig.spans``), and :func:`write_spans` writes them in that format, so :func:`read_spans` reads
+either into the same columns. Recording is off by default and then costs nothing: the model checks one
+attribute per visit. In the twin's, one request is one trace (its id), each visit's ``request`` span is
+the parent of that visit's other spans, and a forward is the parent of the parent node's ``request``
+span, as in the runtime's.
 """
 
 from __future__ import annotations
 
-import json
 from array import array
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from cis.errors import CisError
 from cis.metrics import latency_summary
+from cis.runtime.tracing import KINDS, SpanRecord
+from cis.runtime.tracing import read_spans as read_spans_file
 
-KINDS = ("queue", "compute", "forward", "request")
-QUEUE, COMPUTE, FORWARD, REQUEST = range(len(KINDS))
-FIELDS = ("trace_id", "span_id", "parent_id", "node", "kind", "start", "end", "req_id", "samples", "batch",
-          "stage_from", "stage_to")
+QUEUE, COMPUTE, FORWARD, REQUEST = (KINDS.index(k) for k in ("queue", "compute", "forward", "request"))
 
 
 class SpanLog:
@@ -66,20 +61,38 @@ class SpanLog:
         return {k: np.frombuffer(getattr(self, k), dtype=getattr(self, k).typecode).copy() for k in self.COLUMNS}
 
 
-def span_records(spans: dict[str, np.ndarray], node_ids: list[str], offset: float = 0.0) -> Iterator[dict]:
-    """The twin's spans as the runtime writes them: one trace per request (its id), the request span of a
-    visit as the parent of that visit's other spans; ``offset`` seconds added to every time."""
-    request_span: dict[tuple[int, int], str] = {}
-    rows = sorted(range(len(spans["req"])), key=lambda i: (spans["kind"][i] != REQUEST, i))  # parents first
-    for n, i in enumerate(rows):
+def span_records(
+    spans: dict[str, np.ndarray], node_ids: list[str], parents: dict[str, str | None] | None = None,
+    offset: float = 0.0,
+) -> Iterator[dict]:
+    """The twin's spans as the runtime writes them (``offset`` seconds added to every time). ``parents``
+    (node -> its parent) makes each forward the parent of the parent node's request span of it."""
+    order = {FORWARD: 0, REQUEST: 1, QUEUE: 2, COMPUTE: 2}  # a visit's parents before its children
+    rows = sorted(range(len(spans["req"])), key=lambda i: (order[int(spans["kind"][i])], i))
+    ids = {i: f"{n + 1:016x}" for n, i in enumerate(rows)}
+    index = {nid: k for k, nid in enumerate(node_ids)}
+    request_span, forward_span = {}, {}
+    for i in rows:
+        key = (int(spans["req"][i]), int(spans["node"][i]))
+        if spans["kind"][i] == FORWARD:
+            forward_span[key] = ids[i]
+        elif spans["kind"][i] == REQUEST:
+            request_span[key] = ids[i]
+    children: dict[int, list[int]] = {}
+    for child, up in (parents or {}).items():
+        if up is not None:
+            children.setdefault(index[up], []).append(index[child])
+    for i in sorted(rows):
         rid, node, kind = int(spans["req"][i]), int(spans["node"][i]), int(spans["kind"][i])
-        span_id = f"{n + 1:016x}"
-        if kind == REQUEST:
-            request_span[(rid, node)] = span_id
+        if kind == REQUEST:  # the forward of the child that sent it here, if any
+            sent = [forward_span[(rid, c)] for c in children.get(node, ()) if (rid, c) in forward_span]
+            parent = sent[0] if sent else None
+        else:
+            parent = request_span.get((rid, node))
         yield {
             "trace_id": f"{rid + 1:032x}",
-            "span_id": span_id,
-            "parent_id": None if kind == REQUEST else request_span.get((rid, node)),
+            "span_id": ids[i],
+            "parent_id": parent,
             "node": node_ids[node],
             "kind": KINDS[kind],
             "start": float(spans["start"][i]) + offset,
@@ -93,43 +106,33 @@ def span_records(spans: dict[str, np.ndarray], node_ids: list[str], offset: floa
 
 
 def write_spans(path: str | Path, records: Iterable[dict]) -> int:
-    """One JSON object per line; returns how many."""
+    """One JSON object per line, exactly as a runtime node writes its spans file; returns how many."""
     count = 0
-    with open(path, "w") as f:
+    with open(path, "wb") as f:
         for rec in records:
-            f.write(json.dumps(rec, separators=(",", ":")) + "\n")
+            f.write(msgspec.json.encode(SpanRecord(**rec)) + b"\n")
             count += 1
     return count
 
 
 def read_spans(paths: Iterable[str | Path]) -> dict[str, np.ndarray]:
-    """Spans files (the runtime's per node, or the twin's) as :func:`span_columns`. A line that is not a
-    span stops with one line naming the file and line."""
-    return span_columns(rec for path in paths for rec in _lines(Path(path)))
-
-
-def _lines(path: Path) -> Iterator[dict]:
-    try:
-        lines = path.read_text().splitlines()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CisError(f"spans {path}: cannot read ({exc.__class__.__name__}); expected JSON lines") from None
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
+    """Spans files (the runtime's per node, ``cis serve --spans-file``, or the twin's) as :func:`span_columns`,
+    read by the runtime's own reader (a line a killed node cut short is skipped)."""
+    records = []
+    for path in paths:
         try:
-            rec = json.loads(line)
-            float(rec["start"]), float(rec["end"]), str(rec["node"]), rec["kind"]
-        except (ValueError, KeyError, TypeError):
-            raise CisError(
-                f"spans {path} line {number}: not a span; expected a JSON object with node, kind, start, end"
-            ) from None
-        yield rec
+            records += read_spans_file(path)
+        except OSError as exc:
+            raise CisError(f"spans {path}: cannot read ({exc.__class__.__name__}); expected a spans file") from None
+    return span_columns(msgspec.structs.asdict(r) for r in records)
 
 
 def span_columns(records: Iterable[dict]) -> dict[str, np.ndarray]:
-    """Span records as columns: ``node``, ``kind``, ``trace_id`` (str), ``start``, ``end``, ``seconds``
-    (end - start), ``req_id``, ``samples``, ``batch``, ``stage_from``, ``stage_to`` (0 where absent)."""
-    text, ints = ("node", "kind", "trace_id"), ("req_id", "samples", "batch", "stage_from", "stage_to")
+    """Span records as columns: ``node``, ``kind``, ``trace_id``, ``span_id``, ``parent_id`` (str; "" for
+    none), ``start``, ``end``, ``seconds`` (end - start), ``req_id``, ``samples``, ``batch``, ``stage_from``,
+    ``stage_to`` (0 where absent)."""
+    text = ("node", "kind", "trace_id", "span_id", "parent_id")
+    ints = ("req_id", "samples", "batch", "stage_from", "stage_to")
     cols: dict[str, list] = {k: [] for k in (*text, "start", "end", *ints)}
     for rec in records:
         for k in text:

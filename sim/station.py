@@ -74,10 +74,11 @@ class Station:
         self.last_reply = -1e300  # when the parent last answered a forward (it counts as a heartbeat)
         self.queue: collections.deque[tuple[simpy.Event, int, float]] = collections.deque()
         self.idle: list[simpy.Event] = []
-        # With spans: when each waiting request was admitted. The runtime's node reads its socket between
-        # batches, so a request that comes while every worker runs a batch is admitted when one ends.
+        # With spans: when each waiting request was admitted, as the runtime's node stamps it. The node reads
+        # its socket between batches and stamps what it reads after a batch with the time it last found the
+        # socket empty: just before that batch started. A request that comes during a batch is admitted then.
         self.admitted: dict[simpy.Event, float] | None = None
-        self.unread: list[simpy.Event] = []
+        self.started_at = 0.0  # when the batch now running started
         self.received = self.served = self.forwarded = self.capped = self.dropped = 0
         self.refused = self.degraded = self.batches = 0
         self.busy = self.waited = 0.0
@@ -97,7 +98,7 @@ class Station:
             self.idle.pop().succeed()
         else:
             if self.admitted is not None:
-                self.unread.append(event)
+                self.admitted[event] = self.started_at
             if len(self.queue) > self.max_queue:
                 self.max_queue = len(self.queue)
         return event
@@ -139,12 +140,8 @@ class Station:
             service = stages * unit + cold + reading
             self.busy += service
             self.batches += 1
+            self.started_at = now
             yield env.timeout(service) if self.cores is None else self.cores.run(service)
-            if self.unread:  # read when the batch is over
-                assert self.admitted is not None  # only spans leave requests unread
-                for event in self.unread:
-                    self.admitted[event] = env.now
-                self.unread.clear()
             # (batch start, its stages' start: the node's work per message comes first, batch size)
             ran = (now, now + reading, len(batch))
             for event, _, _ in batch:

@@ -297,7 +297,8 @@ def run(args: argparse.Namespace) -> int:
         raise CisError("--slo-p99 and --jobs apply to --sweep; expected --sweep arrival_rate=LIST with them")
     result = simulate(spec, config, bundle)
     summary = result.summary
-    notes = write_outputs(args.out, summary, result.requests, result.spans) if args.out else []
+    parents = {n.id: n.parent for n in spec.nodes}
+    notes = write_outputs(args.out, summary, result.requests, result.spans, parents) if args.out else []
     human = human_summary(summary) + "".join(f"\nnote: {n}" for n in notes)
     if args.out:
         human += f"\nwrote {args.out}/result.json, requests.csv, nodes.csv" + (

@@ -675,8 +675,8 @@ def main() -> int:
     ap.add_argument("--sim-seeds", type=int, default=4, help="simulator runs pooled per prediction")
     ap.add_argument("--slo-p99", type=float, default=100.0, help="capacity: the p99 target in ms (default 100)")
     ap.add_argument("--link-rate", type=float, default=40.0, help="links/partition: requests/s in total (default 40)")
-    ap.add_argument("--colocated-rate", type=float, default=100.0,
-                    help="colocated: requests/s in total (default 100)")
+    ap.add_argument("--colocated-rate", type=float, default=300.0,
+                    help="colocated: requests/s in total (default 300)")
     ap.add_argument("--partition-seconds", type=float, default=30.0)
     ap.add_argument("--down-at", type=float, default=8.0)
     ap.add_argument("--up-at", type=float, default=18.0)

@@ -331,7 +331,7 @@ def main() -> int:
     ap.add_argument("--calibration", type=int, default=300)
     ap.add_argument("--sim-seeds", type=int, default=3)
     ap.add_argument("--link-rate", type=float, default=40.0, help="link: requests/s in total (default 40)")
-    ap.add_argument("--colocated-rate", type=float, default=100.0, help="colocated: requests/s in total (default 100)")
+    ap.add_argument("--colocated-rate", type=float, default=300.0, help="colocated: requests/s in total (default 300)")
     ap.add_argument("--slo-p99", type=float, default=100.0, help=argparse.SUPPRESS)
     ap.add_argument("--pause-cwd", action="append", default=[], metavar="PATH")
     ap.add_argument("--priority", type=int, default=-15)

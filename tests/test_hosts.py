@@ -83,7 +83,8 @@ def test_a_bad_host_is_one_line_naming_the_file_and_field(change, expected):
 
 
 def test_a_node_on_a_host_needs_a_hosts_table():
-    with pytest.raises(SpecError, match="node 'root': field 'host' is 'box1'; expected a host of the \\[hosts\\] table"):
+    expected = "node 'root': field 'host' is 'box1'; expected a host of the \\[hosts\\] table"
+    with pytest.raises(SpecError, match=expected):
         parse(SPEC.replace("[hosts]\nbox0 = { cores = 1 }\nbox1 = { cores = 2 }\n", ""))
 
 

@@ -133,9 +133,10 @@ def compare(runtime: dict, twin: dict, requests: dict[str, int]) -> dict:
 
 
 def parting(spans: dict, end_to_end: dict) -> dict:
-    """Where the twin parts from the runtime: the queue and compute spans (they do not overlap, unlike forward
-    and request spans, which hold their parent's) ranked by what their gap adds to a request's mean latency,
-    and what is left of the mean's gap: messaging (everything outside the nodes' queues and batches)."""
+    """Where the twin parts from the runtime: the queue and compute spans (unlike forward and request spans,
+    they hold no other node's) ranked by what their gap adds to a request's mean latency, and what is left
+    of the mean's gap outside them (``messaging_ms``: messaging; negative where queue spans reach back into the
+    batch before them, as a runtime node stamps a message read after a batch)."""
     rows = []
     for node, kinds in spans.items():
         for kind in ("queue", "compute"):

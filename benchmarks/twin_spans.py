@@ -283,7 +283,7 @@ def describe(point: dict) -> str:
             f"({' / '.join(_pct(e['error'][k]) for k in ('p50', 'p95', 'p99'))}); mean gap {p['mean_gap_ms']:+.2f} ms")
     if big is not None:
         text += (f", of which {big['node']}'s {big['kind']} span {big['gap_ms']:+.2f} ms per request (its p95 "
-                 f"{_pct(big['error']['p95'])}), messaging {p['messaging_gap_ms']:+.2f} ms")
+                 f"{_pct(big['error']['p95'])}), outside the queue and compute spans {p['messaging_gap_ms']:+.2f} ms")
     return text
 
 

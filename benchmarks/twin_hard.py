@@ -2,7 +2,7 @@
 and for capacity planning. Every regime calibrates the twin once, at a light load, and then predicts the other
 loads; each prediction is compared with the runtime measured in the same run (medians of ``--repeats``).
 
-    python benchmarks/twin_hard.py --pause-cwd /work/wt/campaign      # all four regimes, 3 repeats (~30 min)
+    python benchmarks/twin_hard.py --pause-cwd /work/wt/campaign      # all five regimes, 3 repeats (~35 min)
     python benchmarks/twin_hard.py --regimes links --repeats 1
     python benchmarks/twin_hard.py --quick                            # smoke run: short loads, one repeat
 
@@ -24,11 +24,15 @@ Regimes (``--regimes``, default all):
 - ``partition``: paper-7 on the testbed with its own links (devices 20 Mbit/s, edges 100 Mbit/s), everything
   forwarded; edge0's uplink goes down 8 s into a 30 s load and comes back at 18 s. Targets: degraded share
   within 2 points, mean and p99 latency within 15 %; no request without an answer.
+- ``colocated``: paper-7 on the testbed with its own links on two hosts of one core each (the devices and edges
+  on one, the cloud on the other: the spec's ``[hosts]``, pinned by ``cis testbed``), ``--colocated-rate``
+  requests/s; the twin shares each host's core. Targets: p50/p95/p99 within 15 %, shares within 2 points.
 
-Calibration (``_twin.calibrate``): stage times measured in-process on the core that runs them
-(``profile_stages``); one-at-a-time requests give the node's own work per request (its latency beyond
-its stages while it never idles); one light Poisson load then gives how much slower the stages run after a
-core idled (by how long the system had idled before each request) and the per-visit messaging. Other jobs
+Calibration (``_twin.calibrate``): stage times measured in-process on the core that runs them, on the carries
+of the samples the loads send (``profile_stages``); the nodes write their spans (``cis serve --spans-file``),
+and one light Poisson load gives each node's work per batch by how long it idled before the batch (its compute
+spans until the batch's answers were sent, beyond the profiled stage calls), the client's messaging (latency
+beyond the entry node's request span) and each forward's (its span beyond the parent's request span). Other jobs
 (processes whose working directory is under ``--pause-cwd``) are stopped (SIGSTOP) only while a load runs
 and always resumed; ``--priority N`` (default -15) sets the nice value of this benchmark's scheduling group
 (``/proc/self/autogroup``: its session, so its nodes too) for the run, so that jobs of other sessions take

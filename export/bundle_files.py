@@ -100,11 +100,11 @@ def write_bundle(
             onnx.save_model(m, str(tmp / info.file))
         say("profiling latency (onnxruntime)")
         runners = [StageRunner.from_model(tmp / info.file, info, threads=fields["threads"]) for info in infos]
-        latency = latency_profile(runners, fields["latency_batches"], fields["latency_repeats"])
+        latency = latency_profile(runners, fields["latency_batches"], fields["latency_repeats"], x=run.val.x)
         trt_report, trt_runners = None, list[StageRunner]()
         if trt:
             trt_report, trt_runners = build_engines(tmp, models, infos, runners, run.val.x, trt_fp16, say)
-        gpu = gpu_profiles(tmp, infos, trt_runners, fields, say)
+        gpu = gpu_profiles(tmp, infos, trt_runners, fields, say, run.val.x)
         c_arr, ok_arr = confidence_profile(logits, run.val.y, fields["measure"])
         predicted = np.stack([logits[e].argmax(-1) for e in sorted(logits)], axis=1)
         write_profiles(tmp, c_arr, ok_arr, latency, predicted, gpu)
@@ -121,7 +121,8 @@ def write_bundle(
 
 
 def gpu_profiles(
-    root: Path, infos: list[StageInfo], trt_runners: list[StageRunner], fields: dict[str, Any], say: Progress
+    root: Path, infos: list[StageInfo], trt_runners: list[StageRunner], fields: dict[str, Any], say: Progress,
+    x: np.ndarray | None = None,
 ) -> dict[str, dict[int, dict[int, float]]]:
     """Latency profiles of the GPU backends this machine has, by backend (cis serve --provider, the simulator):
     ``cuda`` when onnxruntime's CUDA provider runs here, ``tensorrt`` for the engines just built."""
@@ -133,7 +134,7 @@ def gpu_profiles(
     for name, runners in (("cuda", cuda), ("tensorrt", trt_runners)):
         if runners:
             say(f"profiling latency ({name})")
-            out[name] = latency_profile(runners, fields["latency_batches"], fields["latency_repeats"])
+            out[name] = latency_profile(runners, fields["latency_batches"], fields["latency_repeats"], x=x)
     return out
 
 

@@ -133,10 +133,10 @@ class Client:
         n = len(next(iter(tensors.values())))
         rid = next(self._ids)
         trace = {"traceparent": check_traceparent(traceparent)} if traceparent is not None else _NONE
-        P.send(
-            self.sock, P.encode(P.INFER, rid, tensors, stage=stage, deadline=float(deadline or 0.0), route=[], **trace)
-        )
+        frames = P.encode(P.INFER, rid, tensors, stage=stage, deadline=float(deadline or 0.0), route=[], **trace)
+        # timed before the send: a node on this core may run the request before the sender gets the core back
         self._sent[rid] = (time.perf_counter(), n)
+        P.send(self.sock, frames)
         return rid
 
     def poll(self, timeout: float) -> list[tuple[int, Result]]:

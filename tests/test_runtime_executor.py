@@ -235,15 +235,17 @@ def test_logits_go_only_to_the_requests_that_ask_and_merge_with_the_parents_rows
     x = np.array([UNSURE, CONFIDENT, [0.2, 0.3, 0, 0]], np.float32)
     ex.admit([b"a"], msg(1, x, want_logits=True), 0.0)
     ex.admit([b"b"], msg(2, x[:2]), 0.0)  # same batch, no logits asked
+    ex.admit([b"c"], msg(3, x[1::-1], want_logits=True), 0.0)
     ex.run_batch()
     ((pending, _),) = out.forwards
-    assert pending.n == 3 and pending.logits.shape == (3, 3)  # the parent is asked: a part wants logits
-    up = np.array([[1, 2, 3], [4, 5, 6], [7, 8, 9]], np.float32)
-    ex.from_parent(pending, _result(1, [1, 2, 0], [2, 2, 2], ["root"] * 3, up))
-    a, b = sorted(out.replies, key=lambda r: r.req_id)
+    assert pending.n == 4 and pending.logits.shape == (4, 3)  # the parent is asked: a part wants logits
+    up = np.arange(12, dtype=np.float32).reshape(4, 3)
+    ex.from_parent(pending, _result(1, [1, 2, 0, 1], [2, 2, 2, 2], ["root"] * 4, up))
+    a, b, c = sorted(out.replies, key=lambda r: r.req_id)
     assert a.exit.tolist() == [2, 1, 2] and a.served_by == ["root", "leaf", "root"]
-    np.testing.assert_array_equal(a.logits, [[1, 2, 3], x[1, :3] * 10, [4, 5, 6]])  # own row kept, parent's merged
+    np.testing.assert_array_equal(a.logits, [up[0], x[1, :3] * 10, up[1]])  # own row kept, parent's merged
     assert b.logits is None and b.exit.tolist() == [2, 1]
+    np.testing.assert_array_equal(c.logits, [x[1, :3] * 10, up[3]])
     frames = P.result_frames(a.req_id, a.n, a.cls, a.conf, a.exit, a.flags, a.served_by, "leaf", a.logits)
     assert P.decode(frames).head.names[-1] == "logits"  # what the node sends the asker
 
@@ -267,11 +269,12 @@ def test_a_parent_that_sends_no_logits_leaves_nan_rows_and_a_fallback_gives_this
     ex.from_parent(out.forwards[0][0], _result(1, [2], [2], ["root"]))  # an older parent: no logits tensor
     r = out.replies[0]
     assert np.isnan(r.logits[0]).all() and r.logits[1].tolist() == (x[1, :3] * 10).tolist()
+    x = np.array([CONFIDENT, UNSURE, [0.3, 0.2, 0, 0]], np.float32)
     ex.admit([b"a"], msg(2, x, want_logits=True), 0.0)
     ex.run_batch()
     ex.fallback(out.forwards[1][0])  # the parent did not answer: served here, degraded, with this exit's logits
     r = out.replies[1]
-    assert r.flags.tolist() == [P.FLAG_DEGRADED, 0]
+    assert r.flags.tolist() == [0, P.FLAG_DEGRADED, P.FLAG_DEGRADED]
     np.testing.assert_array_equal(r.logits, x[:, :3] * 10)
 
 

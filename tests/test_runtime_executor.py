@@ -250,6 +250,18 @@ def test_logits_go_only_to_the_requests_that_ask_and_merge_with_the_parents_rows
     assert P.decode(frames).head.names[-1] == "logits"  # what the node sends the asker
 
 
+def test_a_request_forwarded_whole_passes_the_parents_answer_and_logits_on():
+    ex, stage, out = make(parent="tcp://parent")
+    ex.admit([b"a"], msg(1, [UNSURE, UNSURE], want_logits=True), 0.0)
+    ex.run_batch()
+    ((pending, _),) = out.forwards
+    up = np.array([[1, 2, 3], [4, 5, 6]], np.float32)
+    ex.from_parent(pending, _result(1, [1, 2], [3, 2], ["cloud", "edge0"], up))
+    (r,) = out.replies
+    assert r.served_by == ["cloud", "edge0"] and np.frombuffer(r.exit, np.int32).tolist() == [3, 2]  # frames as sent
+    np.testing.assert_array_equal(r.logits, up)
+
+
 def test_no_logits_asked_means_none_kept_none_asked_of_the_parent():
     ex, stage, out = make(parent="tcp://parent")
     ex.admit([b"a"], msg(1, [UNSURE, CONFIDENT]), 0.0)

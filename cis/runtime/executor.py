@@ -208,9 +208,9 @@ class Executor:
         the exit decision that saw every stage's logits, and when a request wants logits every stage's)."""
         cfg = self.cfg
         decision = self.policy.batch(cfg.node_id, cfg.exit, cfg.parent is None)
-        seen: dict[int, np.ndarray] | None = {} if any(req.want_logits for req in batch) else None
         if len(batch) == 1:  # one request: its own feeds, no concatenation
             k, req = batch[0].stage, batch[0]
+            seen: dict[int, np.ndarray] | None = {} if req.want_logits else None  # every stage's, when asked
             decision.join([req.feeds], [req.n])
             names = self.input_names[k]  # the feeds, less the policy's state if the request carries one
             out = self.stages[k].run(req.feeds if len(req.feeds) == len(names) else {nm: req.feeds[nm] for nm in names})
@@ -224,6 +224,7 @@ class Executor:
             return out[LOGITS], {nm: out[nm] for nm in self.carry_names}, batch, decision, seen
         order: list[Request] = []
         feeds: dict[str, np.ndarray] | None = None
+        seen = {} if any(req.want_logits for req in batch) else None
         out = {}
         for k in range(min(req.stage for req in batch), cfg.exit + 1):
             joining = [req for req in batch if req.stage == k]
@@ -246,12 +247,7 @@ class Executor:
     # ------------------------------------------------------------ deciding
 
     def _decide(
-        self,
-        order: list[Request],
-        logits: np.ndarray,
-        carry: dict[str, np.ndarray],
-        decision: BatchDecision,
-        seen: dict[int, np.ndarray] | None = None,
+        self, order: list[Request], logits: np.ndarray, carry: dict, decision: BatchDecision, seen: dict | None
     ) -> None:
         root = self.cfg.parent is None
         over = nonfinite_rows({LOGITS: logits, **carry}, len(logits))  # finite input that overflowed in the network
@@ -401,7 +397,8 @@ class Executor:
         if not isinstance(h, P.ResultHeader) or len(h.served_by) != pending.n:
             return self.fallback(pending)
         lg = None if pending.logits is None else parent_logits(msg.tensors, pending.logits.shape)
-        if len(pending.parts) == 1 and pending.parts[0][1] is None and h.names[:4] == P.RESULT_NAMES:
+        whole = len(pending.parts) == 1 and pending.parts[0][1] is None
+        if whole and (h.names == P.RESULT_NAMES or h.names[:4] == P.RESULT_NAMES):  # the four first, in order
             f = msg.frames  # one whole request: the parent's answer goes on as it is
             return self.scatter(pending, f[0], f[1], f[2], f[3], h.served_by, lg)
         t = msg.tensors

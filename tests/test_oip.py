@@ -43,8 +43,14 @@ def _input(data, shape=(2, 1, 8, 8), datatype="FP32", **params):
 def test_metadata_names_the_entry_stage_inputs_and_the_node_outputs():
     meta = MODEL.metadata()
     assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 1, 8, 8]}]
-    assert [o["name"] for o in meta["outputs"]] == ["class", "confidence", "exit", "flags", "node"]
+    names = ["class", "confidence", "exit", "flags", "node", "logits", "probabilities"]
+    assert [o["name"] for o in meta["outputs"]] == names
+    assert meta["outputs"][5] == {"name": "logits", "datatype": "FP32", "shape": [-1, -1]}  # width unknown here
     assert meta["versions"] == ["1"] and meta["platform"] == "cis"
+    exit_outputs = [_Spec("logits", (None, 10), "float32"), _Spec("features_1", (None, 16, 8, 8), "float32")]
+    wide = oip.Model.of_stage("cis", "device0", INPUTS, exit_outputs).metadata()["outputs"]
+    assert {o["name"]: o["shape"] for o in wide} == {**{n: [-1] for n in names[:5]}, "logits": [-1, 10],
+                                                       "probabilities": [-1, 10]}  # fmt: skip
 
 
 def test_flat_and_nested_data_give_the_same_tensor_the_stage_accepts():
@@ -53,7 +59,8 @@ def test_flat_and_nested_data_give_the_same_tensor_the_stage_accepts():
     nested = oip.decode_json(_json([_input(x.tolist())]), MODEL)
     np.testing.assert_array_equal(flat.tensors["input"], x)
     np.testing.assert_array_equal(nested.tensors["input"], x)
-    assert flat.id == "r1" and nested.id is None and flat.outputs == list(oip.OUTPUTS)
+    assert flat.id == "r1" and nested.id is None and flat.outputs == ["class", "confidence", "exit", "flags", "node"]
+    assert not flat.wants_logits  # the default outputs: the wire request asks for no logits
     assert FeedContract(INPUTS).check(flat.tensors) == (None, 2)  # what the executor admits
 
 
@@ -82,8 +89,30 @@ def test_binary_inputs_and_outputs_follow_the_extension():
 def test_all_outputs_binary_and_bytes_are_length_prefixed():
     head = _json([_input(None, (1, 1, 8, 8), binary_data_size=256)], parameters={"binary_data_output": True})
     req = oip.decode_json(head + bytes(256), MODEL, len(head))
-    assert req.binary == set(oip.OUTPUTS)
+    assert req.binary == {"class", "confidence", "exit", "flags", "node"}  # the default outputs, all binary
     assert oip.to_bytes("node", ["edge1"]) == struct.pack("<I", 5) + b"edge1"
+
+
+def test_logits_and_probabilities_when_named_json_flat_and_binary():
+    head = _json(
+        [_input(None, (2, 1, 8, 8), binary_data_size=512)],
+        outputs=[{"name": "probabilities", "parameters": {"binary_data": True}}, {"name": "logits"}, {"name": "exit"}],
+    )
+    req = oip.decode_json(head + bytes(512), MODEL, len(head))
+    assert req.outputs == ["probabilities", "logits", "exit"] and req.binary == {"probabilities"} and req.wants_logits
+    logits = np.array([[0.0, 1.0, 2.0], [np.nan, np.nan, np.nan]], np.float32)  # a row nobody could give: NaN
+    cls, conf = np.array([2, -1], np.int64), np.array([0.66, np.nan], np.float32)
+    ex, flags = np.array([3, 1], np.int32), np.array([0, 4], np.uint8)
+    body, length = oip.encode_json(MODEL, req, cls, conf, ex, flags, ["cloud", "device0"], logits)
+    answer = json.loads(body[:length])
+    probs, lg, ex_out = answer["outputs"]
+    assert probs == {"name": "probabilities", "datatype": "FP32", "shape": [2, 3],
+                     "parameters": {"binary_data_size": 24}}  # fmt: skip
+    assert lg == {"name": "logits", "datatype": "FP32", "shape": [2, 3], "data": [0.0, 1.0, 2.0, None, None, None]}
+    assert ex_out["data"] == [3, 1]
+    p = np.frombuffer(body[length:], "<f4").reshape(2, 3)
+    np.testing.assert_allclose(p[0], np.exp([0.0, 1.0, 2.0]) / np.exp([0.0, 1.0, 2.0]).sum(), rtol=1e-6)
+    assert abs(p[0].sum() - 1) < 1e-6 and np.isnan(p[1]).all()
 
 
 @pytest.mark.parametrize(
@@ -99,7 +128,8 @@ def test_all_outputs_binary_and_bytes_are_length_prefixed():
         (_json([_input(None)]), None, "bad_tensor", "no data"),
         (_json([{**_input([0.0] * 128), "name": "x"}]), None, "bad_tensor", "unknown input 'x'"),
         (_json([]), None, "bad_tensor", "missing input 'input'"),
-        (_json([_input([0.0] * 128)], outputs=[{"name": "logits"}]), None, "bad_tensor", "unknown output 'logits'"),
+        (_json([_input([0.0] * 128)], outputs=[{"name": "features"}]), None, "bad_tensor",
+         "unknown output 'features'"),
         (_json([_input([0.0] * 128)], parameters={"timeout": -1}), None, "bad_message", "timeout"),
         (b"{}", 10, "bad_message", "Inference-Header-Content-Length is 10; the body has 2 bytes"),
         (_json([_input(None, binary_data_size=512)]) + bytes(100), len(_json([_input(None, binary_data_size=512)])),

@@ -141,7 +141,8 @@ def _open_doors(node, doors: dict, model_name: str) -> None:
     """Give ``node`` its front doors; they bind when the node opens its sockets."""
     from cis.runtime.oip import Model
 
-    model = Model.of_stage(model_name, node.cfg.node_id, node.stages[min(node.stages)].inputs)
+    stages = node.stages
+    model = Model.of_stage(model_name, node.cfg.node_id, stages[min(stages)].inputs, stages[node.cfg.exit].outputs)
     for kind, cfg in doors.items():
         cfg.max_body = node.cfg.max_message_bytes
         if kind == "http":

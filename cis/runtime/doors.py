@@ -140,9 +140,13 @@ def result_arrays(req: Request) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
 def message(request: InferRequest) -> P.Message:
     """The INFER message a door request becomes: stage 1, the request's tensors, its deadline (from the
     request's timeout), the caller's ``traceparent`` as it came (the node's tracing starts a new trace when it
-    is not a valid one). The node sees it as it sees a decoded ZeroMQ INFER."""
+    is not a valid one), ``want_logits`` when it names ``logits`` or ``probabilities``. The node sees it as it
+    sees a decoded ZeroMQ INFER."""
     deadline = time.time() + request.timeout if request.timeout else 0.0
-    head = P.InferHeader(v=1, id=next(_wire_ids), deadline=deadline, traceparent=request.traceparent or "")
+    head = P.InferHeader(
+        v=1, id=next(_wire_ids), deadline=deadline, traceparent=request.traceparent or "",
+        want_logits=request.wants_logits,
+    )  # fmt: skip
     return P.Message(head, tensors=request.tensors)
 
 

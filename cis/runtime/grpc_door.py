@@ -71,7 +71,7 @@ def decode(request: Any, model: oip.Model) -> oip.InferRequest:
     return oip.request(model, tensors, request.id, [o.name for o in request.outputs])
 
 
-def response(model: oip.Model, req: oip.InferRequest, cls, conf, ex, flags, served_by) -> Any:
+def response(model: oip.Model, req: oip.InferRequest, cls, conf, ex, flags, served_by, logits=None) -> Any:
     """The ModelInferResponse of an answer: every requested output in ``raw_output_contents``."""
     out = pb.ModelInferResponse(model_name=model.name, model_version=model.version, id=req.id or "")
     for key, value in oip.parameters(model.node, flags).items():
@@ -79,9 +79,8 @@ def response(model: oip.Model, req: oip.InferRequest, cls, conf, ex, flags, serv
             out.parameters[key].string_param = value
         else:
             out.parameters[key].int64_param = value
-    n = len(cls)
-    for name, values in oip.output_arrays(req.outputs, cls, conf, ex, flags, served_by):
-        out.outputs.add(name=name, datatype=oip.OUTPUTS[name], shape=[n])
+    for name, values in oip.output_arrays(req.outputs, cls, conf, ex, flags, served_by, logits):
+        out.outputs.add(name=name, datatype=oip.OUTPUTS[name], shape=oip.shape_of(values))
         out.raw_output_contents.append(oip.to_bytes(name, values))
     return out
 
@@ -171,7 +170,7 @@ class GrpcDoor:
 
     def result(self, ticket: Ticket, req: Request) -> None:
         call = ticket.handle
-        call.answer = ("ok", *doors.result_arrays(req), req.served_by)
+        call.answer = ("ok", *doors.result_arrays(req), req.served_by, req.logits)
         call.done.set()
 
     def error(self, ticket: Ticket, code: str, message: str) -> None:

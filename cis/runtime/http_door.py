@@ -122,7 +122,9 @@ class HttpDoor:
             self.node.counters["undeliverable"] += 1
             return
         assert ticket.request is not None
-        body, header_length = oip.encode_json(self.model, ticket.request, *doors.result_arrays(req), req.served_by)
+        body, header_length = oip.encode_json(
+            self.model, ticket.request, *doors.result_arrays(req), req.served_by, req.logits
+        )
         if header_length is None:
             slot[0] = response(200, body, close=slot[1])
         else:

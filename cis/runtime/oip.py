@@ -9,8 +9,11 @@ at stage 1) and a node's answer into the protocol's outputs. One model per node:
 - its **outputs** are what a node answers per sample: ``class`` (INT64), ``confidence``
   (FP32, the exit policy's confidence of that answer), ``exit`` (INT32, the exit that
   answered), ``flags`` (UINT8: 1 degraded, 2 capped, 4 non-finite input) and ``node``
-  (BYTES, the node that answered); the response's ``parameters`` add ``node`` (the node
-  the request entered), ``degraded`` and ``capped`` (how many of its samples were).
+  (BYTES, the node that answered), the five a request gets unless it names others; and,
+  only when named, ``logits`` and ``probabilities`` (FP32 [N, C]: the answering exit's
+  logits, and their softmax), which the request asks the tree for (the wire's
+  ``want_logits``); the response's ``parameters`` add ``node`` (the node the request
+  entered), ``degraded`` and ``capped`` (how many of its samples were).
 
 Errors carry a code (the wire's :data:`cis.runtime.wire.ERROR_CODES`, or one of the
 door's own: ``not_found``, ``unauthenticated``, ``not_ready``, ``timeout``,
@@ -30,8 +33,10 @@ import msgspec
 import numpy as np
 
 from cis import __version__
+from cis.confidence import softmax
 from cis.runtime.feeds import TensorSpec
 from cis.runtime.wire import MAX_DIM, MAX_DIMS
+from cis.stages import LOGITS
 
 # OIP datatype -> numpy dtype name (BYTES: length-prefixed byte strings, only as an output here)
 DATATYPES: dict[str, str] = {
@@ -49,7 +54,11 @@ DATATYPES: dict[str, str] = {
     "FP64": "float64",
 }
 OIP_DATATYPE = {v: k for k, v in DATATYPES.items()}
-OUTPUTS: dict[str, str] = {"class": "INT64", "confidence": "FP32", "exit": "INT32", "flags": "UINT8", "node": "BYTES"}
+DEFAULT_OUTPUTS: dict[str, str] = {
+    "class": "INT64", "confidence": "FP32", "exit": "INT32", "flags": "UINT8", "node": "BYTES"
+}  # fmt: skip  (what a request that names no outputs gets)
+LOGIT_OUTPUTS: dict[str, str] = {"logits": "FP32", "probabilities": "FP32"}  # [N, C]: only when named
+OUTPUTS: dict[str, str] = {**DEFAULT_OUTPUTS, **LOGIT_OUTPUTS}
 VERSION = "1"  # the one version of a node's model
 PLATFORM = "cis"
 EXTENSIONS = ["binary_tensor_data"]
@@ -121,6 +130,12 @@ class Tensor:
         return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
 
 
+def output_tensors(classes: int | None = None) -> tuple[Tensor, ...]:
+    """The outputs' metadata: per sample ``[-1]``, the logits and probabilities ``[-1, classes]`` (-1: unknown)."""
+    wide = (-1, -1 if classes is None else classes)
+    return tuple(Tensor(k, v, wide if k in LOGIT_OUTPUTS else (-1,)) for k, v in OUTPUTS.items())
+
+
 @dataclass
 class Model:
     """The model a node serves through its doors: stage 1's inputs, the node's outputs."""
@@ -128,7 +143,7 @@ class Model:
     name: str
     node: str
     inputs: tuple[Tensor, ...]
-    outputs: tuple[Tensor, ...] = tuple(Tensor(k, v, (-1,)) for k, v in OUTPUTS.items())
+    outputs: tuple[Tensor, ...] = output_tensors()
     version: str = VERSION
     by_name: dict[str, Tensor] = field(init=False)
 
@@ -136,15 +151,19 @@ class Model:
         self.by_name = {t.name: t for t in self.inputs}
 
     @classmethod
-    def of_stage(cls, name: str, node: str, inputs: Sequence[TensorSpec]) -> Model:
-        """The model whose inputs are a stage's (``None`` dimensions become -1)."""
+    def of_stage(
+        cls, name: str, node: str, inputs: Sequence[TensorSpec], exit_outputs: Sequence[TensorSpec] = ()
+    ) -> Model:
+        """The model whose inputs are a stage's (``None`` dimensions become -1); ``exit_outputs``, the outputs of
+        the node's exit stage, give the width of the logits (their last dimension)."""
         tensors = []
         for t in inputs:
             dt = OIP_DATATYPE.get(str(t.dtype))
             if dt is None:
                 raise ValueError(f"input {t.name!r}: dtype {t.dtype} has no Open Inference Protocol datatype")
             tensors.append(Tensor(t.name, dt, tuple(-1 if d is None else int(d) for d in t.shape)))
-        return cls(name, node, tuple(tensors))
+        widths = [t.shape[-1] for t in exit_outputs if t.name == LOGITS and t.shape and t.shape[-1] is not None]
+        return cls(name, node, tuple(tensors), output_tensors(int(widths[0]) if widths else None))
 
     def check(self, name: str, version: str | None) -> None:
         """Raise ``not_found`` unless ``name`` (and ``version``, when given) is this model's."""
@@ -180,6 +199,11 @@ class InferRequest:
     binary: frozenset[str] = frozenset()  # outputs sent as raw bytes (HTTP's binary tensor data extension)
     timeout: float | None = None  # seconds (the request parameter "timeout", in microseconds as Triton's)
     traceparent: str | None = None  # W3C trace context of the caller (HTTP header / gRPC metadata "traceparent")
+
+    @property
+    def wants_logits(self) -> bool:
+        """Whether an output needs the answering exits' logits (the INFER's ``want_logits``)."""
+        return any(name in LOGIT_OUTPUTS for name in self.outputs)
 
 
 class _Input(msgspec.Struct):
@@ -302,7 +326,7 @@ def _complete(model: Model, tensors: dict[str, np.ndarray]) -> dict[str, np.ndar
 def _outputs(wanted: Iterable[_Output] | None, params: Mapping[str, Any]) -> tuple[list[str], frozenset[str]]:
     default = params.get("binary_data_output", False) is True
     if not wanted:
-        return list(OUTPUTS), frozenset(OUTPUTS) if default else frozenset()
+        return list(DEFAULT_OUTPUTS), frozenset(DEFAULT_OUTPUTS) if default else frozenset()
     names, binary = [], set()
     for o in wanted:
         if o.name not in OUTPUTS:
@@ -333,15 +357,25 @@ def request(
     for name in outputs:
         if name not in OUTPUTS:
             raise OipError("bad_tensor", f"unknown output {name!r}; expected some of {list(OUTPUTS)}")
-    return InferRequest(req_id or None, _complete(model, tensors), list(outputs or OUTPUTS), frozenset(), timeout)
+    return InferRequest(
+        req_id or None, _complete(model, tensors), list(outputs or DEFAULT_OUTPUTS), frozenset(), timeout
+    )
 
 
 # ---------------------------------------------------------------- an answer
 
 
-def output_arrays(names: Sequence[str], cls, conf, ex, flags, served_by: Sequence[str]) -> list[tuple[str, Any]]:
-    """(name, values) of the requested outputs: arrays, and for ``node`` a list of node ids."""
+def output_arrays(
+    names: Sequence[str], cls, conf, ex, flags, served_by: Sequence[str], logits: np.ndarray | None = None
+) -> list[tuple[str, Any]]:
+    """(name, values) of the requested outputs: arrays ((N,), or (N, C) for ``logits`` and ``probabilities``,
+    the softmax of the logits), and for ``node`` a list of node ids."""
     values = {"class": cls, "confidence": conf, "exit": ex, "flags": flags, "node": served_by}
+    if logits is not None or any(name in LOGIT_OUTPUTS for name in names):
+        lg = np.zeros((len(cls), 0), np.float32) if logits is None else np.asarray(logits, np.float32)
+        values["logits"] = lg
+        if "probabilities" in names:
+            values["probabilities"] = softmax(lg).astype(np.float32)
     return [(name, values[name]) for name in names]
 
 
@@ -350,6 +384,11 @@ def to_bytes(name: str, values: Any) -> bytes:
     if OUTPUTS[name] == "BYTES":
         return b"".join(struct.pack("<I", len(b)) + b for b in (s.encode() for s in values))
     return np.ascontiguousarray(values, np.dtype(DATATYPES[OUTPUTS[name]]).newbyteorder("<")).tobytes()
+
+
+def shape_of(values: Any) -> list[int]:
+    """An output's shape: an array's, or [N] for the node ids."""
+    return list(values.shape) if type(values) is np.ndarray else [len(values)]
 
 
 def parameters(node: str, flags: np.ndarray) -> dict[str, Any]:
@@ -362,19 +401,19 @@ def parameters(node: str, flags: np.ndarray) -> dict[str, Any]:
 
 
 def encode_json(
-    model: Model, req: InferRequest, cls, conf, ex, flags, served_by: Sequence[str]
+    model: Model, req: InferRequest, cls, conf, ex, flags, served_by: Sequence[str], logits: np.ndarray | None = None
 ) -> tuple[bytes, int | None]:
-    """The HTTP body of an answer, and the Inference-Header-Content-Length when outputs go as binary (else None)."""
-    n = len(cls)
+    """The HTTP body of an answer, and the Inference-Header-Content-Length when outputs go as binary (else None).
+    JSON ``data`` is flat (row-major), NaN as ``null``."""
     outputs, blobs = [], []
-    for name, values in output_arrays(req.outputs, cls, conf, ex, flags, served_by):
-        out: dict[str, Any] = {"name": name, "datatype": OUTPUTS[name], "shape": [n]}
+    for name, values in output_arrays(req.outputs, cls, conf, ex, flags, served_by, logits):
+        out: dict[str, Any] = {"name": name, "datatype": OUTPUTS[name], "shape": shape_of(values)}
         if name in req.binary:
             raw = to_bytes(name, values)
             out["parameters"] = {"binary_data_size": len(raw)}
             blobs.append(raw)
         else:
-            out["data"] = values if name == "node" else values.tolist()
+            out["data"] = values if name == "node" else values.ravel().tolist()
         outputs.append(out)
     body: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
     if req.id is not None:

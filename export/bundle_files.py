@@ -26,7 +26,7 @@ from cis.spec import CisSpec, spec_to_dict
 from cis.stages import ProviderError, StageRunner
 from export.profile import confidence_profile, latency_profile
 from export.tensorrt import build_engines
-from training.models import EarlyExitNet
+from training.contract import EarlyExitNet
 from training.stage_plan import StagePlan
 
 Progress = Callable[[str], None]

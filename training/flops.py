@@ -15,7 +15,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from cis.errors import CisError
-from training.models import EarlyExitNet
+from training.contract import EarlyExitNet
 
 
 def exit_costs(model: EarlyExitNet, input_shape: Sequence[int] | None = None) -> list[dict[str, Any]]:

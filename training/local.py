@@ -27,8 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from training.contract import EarlyExitNet
 from training.data import augment_batch
-from training.models import EarlyExitNet
 
 
 @dataclass

@@ -12,6 +12,7 @@ RUN_DIR holds
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
@@ -33,6 +34,7 @@ from training.aggregation.weights import Weights, make_weights
 from training.builders import build_method_setup, method_model
 from training.checkpoint import load_checkpoint, save_checkpoint
 from training.config import RunConfig
+from training.contract import EarlyExitNet
 from training.data import DataSplits, augment_options, load_dataset
 from training.device import describe, run_device, with_amp
 from training.engine import FederatedEngine
@@ -41,7 +43,6 @@ from training.flops import exit_costs
 from training.grad_variance import gradient_variance
 from training.local import Client, local_steps
 from training.methods.static_bn import refresh_statistics
-from training.models import EarlyExitNet
 from training.partition import partition
 from training.warm_start import warm_start
 
@@ -115,6 +116,8 @@ def build_setup(
     }
     weights_for = lambda model, matrix: run_weights(config, spec, model, matrix, sizes, train, log)  # noqa: E731
     m = build_method_setup(config, spec, train, clients, sgd, weights_for, log)  # training/builders.py, every method
+    if config.model and config.model_sha256 is None:  # what config.json records: the file this run starts from
+        config = dataclasses.replace(config, model_sha256=m.model.config().get("sha256"))
     if m.model.num_exits != spec.num_exits:
         raise CisError(
             f"spec {spec.name!r}: has {spec.num_exits} exits; the {config.method} model has {m.model.num_exits}"
@@ -298,12 +301,14 @@ def _open_run_dir(out: Path, resume: bool) -> CisSpec | None:
         return load_spec(out / "spec.toml")
     if (out / "checkpoint.pt").exists():
         raise CisError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
-    return None
+    if out.exists() and not out.is_dir():
+        raise CisError(f"{out}: exists and is not a folder; expected a new or empty run directory for --out")
+    return None  # made by write_run_start once the model and data are built: a bad input leaves nothing
 
 
 def write_run_start(s: Setup, out: Path) -> None:
-    """A new run dir's config.json, spec.toml and empty metrics.jsonl (both engines)."""
+    """A new run dir (made here) with its config.json, spec.toml and empty metrics.jsonl (both engines)."""
+    out.mkdir(parents=True, exist_ok=True)
     write_json(out / "config.json", s.config.to_json())
     write_spec(s.spec, out / "spec.toml")
     (out / "metrics.jsonl").write_text("")
@@ -335,7 +340,7 @@ def _restore(s: Setup, out: Path, log: Callable[[str], None]) -> None:
         )
     if not (out / "checkpoint.pt").is_file():
         return
-    model, meta, extra = load_checkpoint(out)
+    model, meta, extra = load_checkpoint(out, s.config.allow_model_change)
     s.engine.load_state_dict(extra["engine"], model.state_dict())
     lines = [ln for ln in (out / "metrics.jsonl").read_text().splitlines() if ln.strip()]
     kept = [ln for ln in lines if json.loads(ln)["round"] <= s.engine.round]
@@ -414,9 +419,10 @@ def sgd_steps(s: Setup) -> dict[str, Any]:
     return {"total": sum(per_node.values()), "root": root, "per_node": per_node}
 
 
-def evaluate_run(run_dir: str | Path, spec: CisSpec | None = None, measure: str | None = None) -> dict:
+def evaluate_run(run_dir: str | Path, spec: CisSpec | None = None, measure: str | None = None,
+                 allow_model_change: bool = False) -> dict:
     """Evaluate a finished (or checkpointed) run under any spec without retraining."""
-    model, meta, _ = load_checkpoint(run_dir)
+    model, meta, _ = load_checkpoint(run_dir, allow_model_change)
     spec = spec or parse_spec(meta["spec"], f"{run_dir}/checkpoint.json")
     if spec.num_exits != model.num_exits:
         raise CisError(f"spec {spec.name!r}: has {spec.num_exits} exits; the run's model has {model.num_exits}")
@@ -431,7 +437,7 @@ def measure_grad_variance(config: RunConfig) -> list[float]:
     """sigma_e^2 of the initial model (as balanced-adj would measure it)."""
     splits = load_dataset(config.dataset, seed=config.seed, val_size=config.val_size)
     spec = resolve_spec(config, splits.train.num_classes)
-    model = method_model(config, spec.num_exits, splits.train)
+    model = method_model(config, spec.num_exits, splits.train, logger.info)
     if not model_has_exit_gradients(model):
         raise CisError(
             f"--measure-grad-variance: method {config.method!r} trains nested sub-models; "

@@ -35,8 +35,9 @@ from torch import Tensor, nn
 
 from cis.errors import CisError
 from cis.stages import INPUT, carry_name
+from training.contract import EarlyExitNet
+from training.contract import is_int as _is_int
 from training.methods.ree import NormLinear, Ree, broadcast_param, multihead_attention, ree_step
-from training.models import EarlyExitNet, _is_int
 from training.stage_plan import ExportStage, StagePlan
 
 TOKENS = "tokens"

@@ -151,13 +151,14 @@ def _prepare_out(out_dir: Path) -> None:
             )
 
 
-def _load_run(run_dir: Path, spec: str | Path | CisSpec | dict | None, say: Progress) -> ExportRun:
+def _load_run(run_dir: Path, spec: str | Path | CisSpec | dict | None, say: Progress,
+              allow_model_change: bool = False) -> ExportRun:
     """Step 1-2: the checkpoint, the spec, the trainer's validation split and the model's stage plan."""
     from training.checkpoint import META, WEIGHTS, load_checkpoint
     from training.data import load_dataset
 
     say(f"loading checkpoint {run_dir}")
-    model, meta, _ = load_checkpoint(run_dir)
+    model, meta, _ = load_checkpoint(run_dir, allow_model_change)
     meta_path = str(run_dir / META) if run_dir.is_dir() else str(run_dir.with_suffix(".json"))
     weights_path = run_dir / WEIGHTS if run_dir.is_dir() else run_dir
     spec_obj = _resolve_spec(spec, meta, meta_path)
@@ -183,6 +184,11 @@ def _load_run(run_dir: Path, spec: str | Path | CisSpec | dict | None, say: Prog
         raise CisError(
             f"dataset {meta['dataset']!r}: samples of shape {tuple(val.x.shape[1:])}; the model expects {plan.inputs}"
         )
+    want = plan.input_dtypes.get(INPUT, torch.float32)
+    x = torch.from_numpy(np.ascontiguousarray(val.x[:256]))
+    if x.dtype.is_floating_point != want.is_floating_point:
+        raise CisError(f"dataset {meta['dataset']!r}: samples of dtype {x.dtype}; the model takes {want}")
+    plan.samples = {INPUT: x.to(want)}  # integer examples (token ids) are drawn from real samples
     return ExportRun(run_dir, model, meta, weights_path, spec_obj, val, plan)
 
 
@@ -322,6 +328,7 @@ def export_bundle(
     progress: Progress | None = None,
     patience: int | None = None,
     recalibration: Recalibration | None = None,
+    allow_model_change: bool = False,
 ) -> dict[str, Any]:
     """Cut, export, verify, calibrate and profile the model in ``run_dir``; write the bundle to ``out_dir``.
 
@@ -337,7 +344,7 @@ def export_bundle(
     say = progress or _noop
     out_dir = Path(out_dir)
     exporter, opset = _check_before_export(out_dir, feature_dtype, exporter, opset, trt)
-    run = _load_run(Path(run_dir), spec, say)
+    run = _load_run(Path(run_dir), spec, say, allow_model_change)
     if recalibration is not None and inference_patience(run.meta, patience) is not None:
         raise CisError(f"--rates-from: {run_dir} is a FLAME run served by its patience rule; it has no thresholds "
                        "to calibrate")

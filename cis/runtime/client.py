@@ -93,6 +93,15 @@ def _error_result(n: int, err: ServerError, latency: float, sent: float = math.n
     )
 
 
+def request_array(batch: np.ndarray) -> np.ndarray:
+    """A batch as a request carries it: floats as float32, integers and booleans (token ids) in their own dtype
+    (the node checks it against its entry stage's)."""
+    arr = np.asarray(batch)
+    if arr.dtype.kind in "iub":
+        return np.ascontiguousarray(arr)
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
 class Client:
     def __init__(
         self,
@@ -121,9 +130,7 @@ class Client:
 
     def submit(self, batch: np.ndarray | dict, deadline: float | None = None, stage: int = 1) -> int:
         """Send one request (a batch of samples) without waiting; returns its id."""
-        tensors = (
-            dict(batch) if isinstance(batch, dict) else {self.input_name: np.ascontiguousarray(batch, dtype=np.float32)}
-        )
+        tensors = dict(batch) if isinstance(batch, dict) else {self.input_name: request_array(batch)}
         n = len(next(iter(tensors.values())))
         rid = next(self._ids)
         P.send(self.sock, P.encode(P.INFER, rid, tensors, stage=stage, deadline=float(deadline or 0.0), route=[]))

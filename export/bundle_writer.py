@@ -152,7 +152,7 @@ def _prepare_out(out_dir: Path) -> None:
 
 
 def _load_run(run_dir: Path, spec: str | Path | CisSpec | dict | None, say: Progress,
-              allow_model_change: bool = False) -> ExportRun:
+              allow_model_change: bool = False, val: Any = None) -> ExportRun:
     """Step 1-2: the checkpoint, the spec, the trainer's validation split and the model's stage plan."""
     from training.checkpoint import META, WEIGHTS, load_checkpoint
     from training.data import load_dataset
@@ -173,8 +173,9 @@ def _load_run(run_dir: Path, spec: str | Path | CisSpec | dict | None, say: Prog
             f"spec {spec_obj.name!r}: [cis] classes is {spec_obj.num_classes}; the model in {run_dir} has {num_classes}"
         )
 
-    say(f"loading validation split of {meta['dataset']!r}")
-    val = load_dataset(str(meta["dataset"]), seed=int(meta.get("seed", 0)), val_size=meta.get("val_size")).val
+    if val is None:
+        say(f"loading validation split of {meta['dataset']!r}")
+        val = load_dataset(str(meta["dataset"]), seed=int(meta.get("seed", 0)), val_size=meta.get("val_size")).val
     if len(val) == 0:
         raise CisError(
             f"dataset {meta['dataset']!r}: empty validation split; expected validation data to calibrate thresholds"
@@ -329,6 +330,7 @@ def export_bundle(
     patience: int | None = None,
     recalibration: Recalibration | None = None,
     allow_model_change: bool = False,
+    val: Any = None,
 ) -> dict[str, Any]:
     """Cut, export, verify, calibrate and profile the model in ``run_dir``; write the bundle to ``out_dir``.
 
@@ -336,7 +338,9 @@ def export_bundle(
     policy instead of thresholds: p_ev = ``patience``, else the run's option
     ``eval_patience``, else 4 (the paper's). ``patience`` for another method is refused.
     ``recalibration`` (``--rates-from``): thresholds for measured rates; ``spec`` is then the design
-    updated with the measured arrival rates (:func:`cis.measured.update_spec`).
+    updated with the measured arrival rates (:func:`cis.measured.update_spec`). ``val``: the validation samples
+    (``x``, ``y``) to verify, calibrate and profile on (default: the run's dataset's validation split, rebuilt
+    from its seed). ``allow_model_change``: rebuild a user model whose file changed since the run.
 
     Returns the report: the manifest's main fields plus verification figures,
     per-feature-dtype accuracy and bytes, and the calibrated shares.
@@ -344,7 +348,7 @@ def export_bundle(
     say = progress or _noop
     out_dir = Path(out_dir)
     exporter, opset = _check_before_export(out_dir, feature_dtype, exporter, opset, trt)
-    run = _load_run(Path(run_dir), spec, say, allow_model_change)
+    run = _load_run(Path(run_dir), spec, say, allow_model_change, val)
     if recalibration is not None and inference_patience(run.meta, patience) is not None:
         raise CisError(f"--rates-from: {run_dir} is a FLAME run served by its patience rule; it has no thresholds "
                        "to calibrate")

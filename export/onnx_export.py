@@ -22,6 +22,7 @@ import io
 import os
 import re
 import warnings
+from typing import Any
 
 import onnx
 import torch
@@ -102,8 +103,8 @@ def _quiet():
 def _traceable():
     """nn.MultiheadAttention's inference fast path (one fused kernel, no ONNX operator) off while exporting:
     a torchvision or timm ViT then exports as plain matrix products."""
-    mha = getattr(torch.backends, "mha", None)
-    was = mha.get_fastpath_enabled() if mha is not None else False
+    mha: Any = getattr(torch.backends, "mha", None)
+    was = bool(mha.get_fastpath_enabled()) if mha is not None else False
     if was:
         mha.set_fastpath_enabled(False)
     try:

@@ -4,7 +4,7 @@ The file is read with ``torch.load(..., weights_only=True)`` (tensors only, neve
 (name -> tensor), or a dict with one under ``"model"`` or ``"state_dict"`` (a cis checkpoint.pt, a
 Lightning-style checkpoint). A tensor loads where its name is the model's, or, for a model whose stages came
 from one backbone (:func:`training.backbone.with_exits`, or any ``(body, head)`` pairs), where its name is
-the backbone's own: the model's ``stage_list.K.body.NAME`` takes the file's ``NAME``. A partial load says
+the backbone's own: the model's ``stage_list.K.body.NAME`` takes the file's ``NAME`` (where no other body has a ``NAME``). A partial load says
 so in one line each: which of the model's tensors the file did not give (missing, e.g. the new exit heads)
 and which of the file's the model has no place for (unexpected, e.g. the backbone's own classifier). A
 tensor whose shape differs from the model's, or a file none of whose tensors fit, is one line and exit 2.
@@ -45,16 +45,19 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
 
 
 def match_keys(model_keys: list[str], file_keys: list[str]) -> dict[str, str]:
-    """model key -> file key: the same name, else the backbone's own name of a stage body's tensor."""
+    """model key -> file key: the same name, else the backbone's own name of a stage body's tensor (where that
+    name is one stage body's only: bodies made apart may each have a ``0.weight``)."""
     have = set(file_keys)
+    own = {key: _BODY.sub("", key) for key in model_keys}
+    count: dict[str, int] = {}
+    for name in own.values():
+        count[name] = count.get(name, 0) + 1
     out = {}
     for key in model_keys:
         if key in have:
             out[key] = key
-        else:
-            own = _BODY.sub("", key)
-            if own != key and own in have:
-                out[key] = own
+        elif own[key] != key and own[key] in have and count[own[key]] == 1:
+            out[key] = own[key]
     return out
 
 

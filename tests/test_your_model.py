@@ -253,7 +253,7 @@ def test_a_method_with_its_own_architecture_refuses_a_user_model(method):
 
 
 def _token_splits(n=240, length=6, vocab=16, seed=0):
-    from training.data import DataSplits, Dataset
+    from training.data import Dataset, DataSplits
 
     rng = np.random.default_rng(seed)
     x = rng.integers(0, vocab, (n, length)).astype(np.int64)

@@ -4,10 +4,11 @@ The file is read with ``torch.load(..., weights_only=True)`` (tensors only, neve
 (name -> tensor), or a dict with one under ``"model"`` or ``"state_dict"`` (a cis checkpoint.pt, a
 Lightning-style checkpoint). A tensor loads where its name is the model's, or, for a model whose stages came
 from one backbone (:func:`training.backbone.with_exits`, or any ``(body, head)`` pairs), where its name is
-the backbone's own: the model's ``stage_list.K.body.NAME`` takes the file's ``NAME`` (where no other body has a ``NAME``). A partial load says
-so in one line each: which of the model's tensors the file did not give (missing, e.g. the new exit heads)
-and which of the file's the model has no place for (unexpected, e.g. the backbone's own classifier). A
-tensor whose shape differs from the model's, or a file none of whose tensors fit, is one line and exit 2.
+the backbone's own: the model's ``stage_list.K.body.NAME`` takes the file's ``NAME`` (where no other body has
+a ``NAME``). A partial load says so in one line each: which of the model's tensors the file did not give
+(missing, e.g. the new exit heads) and which of the file's the model has no place for (unexpected, e.g. the
+backbone's own classifier). A tensor whose shape differs from the model's, or a file none of whose tensors
+fit, is one line and exit 2.
 """
 
 from __future__ import annotations

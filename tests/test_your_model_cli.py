@@ -154,3 +154,20 @@ def test_bad_model_inputs_are_one_line_exit_2_and_no_run_dir(user, run_cli, tmp_
 
     assert re.search(message, r.err), r.err
     assert not (tmp_path / "run").exists()
+
+
+def test_weights_start_a_run_and_its_resume_needs_the_file_no_more(user, run_cli, tmp_path):
+    import torch
+
+    _, run, ref = user
+    state = torch.load(run / "checkpoint.pt", weights_only=True)["model"]
+    torch.save({k: v for k, v in state.items() if not k.startswith("stage_list.2.head.")}, tmp_path / "start.pt")
+    out = tmp_path / "warm"
+    first = run_cli("train", "--model", ref, "--model-arg", "width=16", "--weights", tmp_path / "start.pt", *TRAIN,
+                    "--rounds", "2", "--stop-after", "1", "--out", out)
+    assert first.code == 0, first.err
+    assert "loaded 25 of the model's 27 tensors" in first.err and "missing 2" in first.err
+    (tmp_path / "start.pt").unlink()
+    again = run_cli("train", "--out", out, "--resume", "--no-progress", "--json")
+    assert again.code == 0, again.err
+    assert json.loads((out / "config.json").read_text())["weights_file"] == str(tmp_path / "start.pt")

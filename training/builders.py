@@ -43,9 +43,11 @@ WeightsFor = Callable[[Any, np.ndarray], Any]
 _CHECK_BATCH = 2
 
 
-def method_model(config, num_exits: int, train, log: Callable[[str], None] = lambda s: None) -> EarlyExitNet:
+def method_model(config, num_exits: int, train, log: Callable[[str], None] = lambda s: None,
+                 start_weights: bool = True) -> EarlyExitNet:
     """The model a method trains for a dataset (shape and classes from the data), ``num_exits`` exits: the
-    user's ``--model`` or the method's built-in, with ``--weights`` loaded and one batch checked through it."""
+    user's ``--model`` or the method's built-in, one batch checked through it, and ``--weights`` loaded
+    (``start_weights``; a resumed run takes its checkpoint's instead)."""
     options = effective_options(config.method, config.options)
     torch.manual_seed(config.seed)
     if config.model:
@@ -62,19 +64,20 @@ def method_model(config, num_exits: int, train, log: Callable[[str], None] = lam
         check_chain(model, x, int(train.num_classes), f"model {config.model}")
     else:
         model = build_model(BUILDERS[family_of(config.method)].model_config(config, options, num_exits, train))
-    if config.weights_file:
+    if config.weights_file and start_weights:
         load_weights(model, config.weights_file, log)
     return model
 
 
 def build_method_setup(
-    config, spec, train, clients, sgd: dict, weights_for: WeightsFor, log: Callable[[str], None]
+    config, spec, train, clients, sgd: dict, weights_for: WeightsFor, log: Callable[[str], None],
+    start_weights: bool = True,
 ) -> MethodSetup:
     """Model and engine pieces of ``config.method`` for the spec's nodes (``clients``)."""
     builder = BUILDERS[family_of(config.method)]
     options = effective_options(config.method, config.options)
     try:
-        model = method_model(config, spec.num_exits, train, log)
+        model = method_model(config, spec.num_exits, train, log, start_weights)
         return builder.build_pieces(config, spec, model, clients, sgd, options, weights_for, log)
     except ValueError as exc:  # the methods' own checks of user input
         raise CisError(f"--method {config.method}: {exc}") from None

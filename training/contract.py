@@ -127,8 +127,6 @@ class EarlyExitNet(nn.Module):
     """
 
     arch: str = "early-exit"
-    config_fields: tuple[str, ...] = ("arch", "exits", "width", "num_classes", "in_channels", "input_size")
-    """The fields of a built-in's ``config()``, which ``training.reference.build_model`` accepts."""
 
     def __init__(
         self,

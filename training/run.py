@@ -79,8 +79,9 @@ def build_setup(
     spec: CisSpec | None = None,
     splits: DataSplits | None = None,
     log: Callable[[str], None] = lambda s: None,
+    resume: bool = False,
 ) -> Setup:
-    """Everything a run needs, deterministic in ``config.seed``.
+    """Everything a run needs, deterministic in ``config.seed`` (``resume``: no ``--weights``, the checkpoint's).
 
     The model is built and its aggregation weights measured on the CPU, then the model and
     the nodes' data move to the run's device (training/device.py); the engine's state follows.
@@ -115,7 +116,7 @@ def build_setup(
         "augment": augment_options(train.name) if config.augment else None,
     }
     weights_for = lambda model, matrix: run_weights(config, spec, model, matrix, sizes, train, log)  # noqa: E731
-    m = build_method_setup(config, spec, train, clients, sgd, weights_for, log)  # training/builders.py, every method
+    m = build_method_setup(config, spec, train, clients, sgd, weights_for, log, not resume)  # training/builders.py
     if config.model and config.model_sha256 is None:  # what config.json records: the file this run starts from
         config = dataclasses.replace(config, model_sha256=m.model.config().get("sha256"))
     if m.model.num_exits != spec.num_exits:
@@ -276,7 +277,7 @@ def train_run(
 ) -> dict:
     """Train (or resume) a run into ``out``; returns the summary (or a partial result when stopped)."""
     out = Path(out)
-    s = build_setup(config, spec=_open_run_dir(out, resume), log=log)
+    s = build_setup(config, spec=_open_run_dir(out, resume), log=log, resume=resume)
     if not resume:
         if config.init:
             warm_start(s.engine, config, log)

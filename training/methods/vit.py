@@ -143,17 +143,10 @@ class ReeParts:
         self.ree, self.classifier, self.modulation = ree, classifier, modulation
 
 
-VIT_FIELDS = (
-    "arch", "exits", "num_classes", "in_channels", "input_size", "patch", "dim", "depth", "heads", "mlp_ratio",
-    "head", "modulation",
-)
-
-
 class ViTEE(EarlyExitNet):
     """Early-exit ViT; ``exits`` are 1-based block indices ending at ``depth``."""
 
     arch = "vit"
-    config_fields = VIT_FIELDS
 
     def __init__(
         self,

@@ -28,7 +28,7 @@ import onnx
 import torch
 
 from cis.bundle import TensorInfo
-from cis.errors import CisError
+from cis.errors import CisError, error_line
 from training.stage_plan import ExportStage
 
 EXPORTERS = ("auto", "torchscript", "dynamo")
@@ -170,15 +170,14 @@ def export_failure(index: int, exporter: str, opset: int, exc: BaseException) ->
     """One line for a stage the exporter cannot convert: the stage, and the operator where the error names one
     (``aten::cummax``), else the error's first line."""
     text = str(exc).strip()
-    first = text.splitlines()[0] if text else ""
-    lines = [ln for ln in text.splitlines() if "operator" in ln.lower()] or [first]
+    lines = [ln for ln in text.splitlines() if "operator" in ln.lower()] or text.splitlines()[:1]
     op = next((m.group(1) for ln in lines for m in [_OPERATOR.search(ln)] if m), None)
     if op is not None:
         return (
             f"stage {index}: cannot be exported to ONNX: operator {op} is not supported ({exporter} exporter, opset "
             f"{opset}; {type(exc).__name__}); expected a stage whose operators ONNX has: rewrite it without {op}"
         )
-    return f"stage {index}: {exporter} ONNX export failed ({type(exc).__name__}: {first})"
+    return f"stage {index}: {exporter} ONNX export failed ({error_line(exc)})"
 
 
 def _fill_static_output_dims(model: onnx.ModelProto) -> None:

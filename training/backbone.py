@@ -33,7 +33,7 @@ import torch
 import torch.fx as fx
 from torch import nn
 
-from cis.errors import CisError
+from cis.errors import CisError, error_line
 from training.contract import default_head
 from training.vision import import_timm, import_torchvision
 
@@ -121,10 +121,7 @@ def split_after(backbone: nn.Module, after: Sequence[str]) -> list[fx.GraphModul
     try:
         graph = _Tracer(set(after)).trace(backbone, concrete_args=_defaults(backbone))
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise CisError(
-            f"with_exits: torch.fx cannot trace {type(backbone).__name__} ({type(exc).__name__}: {first})"
-        ) from None
+        raise CisError(f"with_exits: torch.fx cannot trace {type(backbone).__name__} ({error_line(exc)})") from None
     finally:
         backbone.train(was_training)
     calls = {n.target: n for n in graph.nodes if n.op == "call_module" and n.target in set(after)}
@@ -166,10 +163,9 @@ def with_exits(
             try:
                 x = body(x)
             except Exception as exc:
-                first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
                 raise CisError(
                     f"with_exits: body {k + 1} (up to {after[k]!r}) fails on inputs of shape {(2, *input_shape)} "
-                    f"({type(exc).__name__}: {first})"
+                    f"({error_line(exc)})"
                 ) from None
             body.train(was_training)
             head = heads[k] if heads is not None else default_head(x, num_classes, tokens)

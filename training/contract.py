@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from cis.errors import CisError
+from cis.errors import CisError, error_line
 
 TOKEN_POOLS = ("mean", "cls", "channels")
 """How :func:`default_head` reads a 3-D carry: tokens (N, L, D) by their mean or first (CLS) token, or a
@@ -234,11 +234,6 @@ def _describe(t: Any) -> str:
     return type(t).__name__
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
-
-
 @torch.no_grad()
 def check_chain(model: EarlyExitNet, x: Tensor, num_classes: int | None = None, where: str = "model") -> None:
     """Run one small batch ``x`` through every body and head (eval mode, no gradient) before training.
@@ -256,14 +251,14 @@ def check_chain(model: EarlyExitNet, x: Tensor, num_classes: int | None = None, 
                 try:
                     logits, carry = stage(carry)
                 except Exception as exc:
-                    raise CisError(f"{where}: stage {k} cannot take {source} ({_first_line(exc)})") from None
+                    raise CisError(f"{where}: stage {k} cannot take {source} ({error_line(exc)})") from None
             else:
                 try:
                     features = stage.body(carry)
                 except Exception as exc:
                     raise CisError(
                         f"{where}: stage {k}'s body cannot take {source} of shape {_describe(carry)} "
-                        f"({_first_line(exc)})"
+                        f"({error_line(exc)})"
                     ) from None
                 if not isinstance(features, Tensor):
                     raise CisError(
@@ -275,7 +270,7 @@ def check_chain(model: EarlyExitNet, x: Tensor, num_classes: int | None = None, 
                 except Exception as exc:
                     raise CisError(
                         f"{where}: stage {k}'s head cannot take its body's output of shape {_describe(features)} "
-                        f"({_first_line(exc)})"
+                        f"({error_line(exc)})"
                     ) from None
                 carry = features
             if not isinstance(logits, Tensor) or logits.dim() != 2 or logits.shape[0] != n or (

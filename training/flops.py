@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from cis.errors import CisError
+from cis.errors import CisError, error_line
 from training.contract import EarlyExitNet
 
 
@@ -47,8 +47,7 @@ def exit_costs(model: EarlyExitNet, input_shape: Sequence[int] | None = None) ->
                     try:
                         model(x, upto=e)
                     except (RuntimeError, ValueError, IndexError) as exc:
-                        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                        what = f"exit_costs: the model cannot take one sample of shape {shape} ({first})"
+                        what = f"exit_costs: the model cannot take one sample of shape {shape} ({error_line(exc)})"
                         raise CisError(what) from None
 
                 costs.append(

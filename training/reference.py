@@ -45,7 +45,7 @@ from typing import Any
 
 import torch
 
-from cis.errors import CisError
+from cis.errors import CisError, error_line
 from training.contract import EarlyExitNet, as_early_exit
 from training.vision import import_torchvision, is_cuda_build_error
 
@@ -102,11 +102,6 @@ def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
-
-
 def _import_file(path: Path) -> ModuleType:
     """The file as a module named by its content's hash (a changed file is imported afresh)."""
     name = f"cis_model_{file_sha256(path)[:16]}"
@@ -151,13 +146,13 @@ def import_source(ref: Reference) -> ModuleType:
         if ref.module is not None and exc.name and ref.module.startswith(exc.name):
             raise CisError(f"model {ref.text}: no module {ref.module!r} (not installed, not in the working "
                            f"directory); expected {FORM}") from None
-        raise CisError(f"model {ref.text}: importing {where} failed ({_first_line(exc)})") from None
+        raise CisError(f"model {ref.text}: importing {where} failed ({error_line(exc)})") from None
     except CisError:
         raise
     except BaseException as exc:  # the user's module raised while importing: one line, not a traceback
         if isinstance(exc, KeyboardInterrupt):
             raise
-        raise CisError(f"model {ref.text}: importing {where} failed ({_first_line(exc)})") from None
+        raise CisError(f"model {ref.text}: importing {where} failed ({error_line(exc)})") from None
 
 
 def load_factory(ref: Reference) -> Callable[..., Any]:
@@ -253,7 +248,7 @@ def call_factory(ref: Reference, args: dict[str, Any]) -> EarlyExitNet:
     except CisError:
         raise
     except Exception as exc:  # the user's factory failed on these arguments: one line
-        raise CisError(f"model {ref.text}: {ref.attr}(...) raised {_first_line(exc)}") from None
+        raise CisError(f"model {ref.text}: {ref.attr}(...) raised {error_line(exc)}") from None
     return as_early_exit(result, f"model {ref.text}: {ref.attr}(...)")
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import Tensor, nn
 
-from cis.errors import CisError
+from cis.errors import CisError, error_line
 
 _BODY = re.compile(r"^stage_list\.\d+\.body\.")
 _SHOWN = 6
@@ -34,8 +34,7 @@ def read_state_dict(path: str | Path) -> dict[str, Tensor]:
     try:
         blob = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # a foreign or corrupt file, or one that holds more than tensors
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise CisError(f"--weights {path}: cannot read it as a state dict ({type(exc).__name__}: {first})") from None
+        raise CisError(f"--weights {path}: cannot read it as a state dict ({error_line(exc)})") from None
     for key in ("model", "state_dict"):
         if isinstance(blob, Mapping) and isinstance(blob.get(key), Mapping):
             blob = blob[key]

@@ -338,12 +338,17 @@ def _resumed_config(args: argparse.Namespace, flags: dict, options: dict) -> Run
 def _new_config(args: argparse.Namespace, flags: dict, options: dict) -> RunConfig:
     """defaults <- --init's run <- --config file <- flags (<- --rates-from's measured rates)."""
     file_values = read_config_file(args.config) if args.config else {}
+    if isinstance(file_values.get("model"), str):  # a file's path made absolute, as --model's
+        from training.reference import parse_reference
+
+        file_values["model"] = parse_reference(file_values["model"]).text
     if args.init:
         from training.warm_start import check_data_split, inherited_config
 
         inherited = inherited_config(args.init)
         check_data_split(inherited, {**file_values, **flags}, args.init)
-        if "model" in flags or "model" in file_values:  # another model file: the earlier run's record is not its
+        model = flags.get("model", file_values.get("model", inherited.get("model")))
+        if model != inherited.get("model"):  # another model: the earlier run's arguments and hash are not its
             inherited = {k: v for k, v in inherited.items() if k not in ("model_args", "model_sha256")}
         file_values = {**inherited, **file_values}
     if args.rates_from:

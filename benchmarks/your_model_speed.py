@@ -261,7 +261,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="smoke run: narrow ResNet, few steps, 1 repeat")
     ap.add_argument("--repeats", type=int, default=5, help="alternating timed processes per side (default 5)")
     ap.add_argument("--baseline-ref", default="merge-base", help="git ref of the old path (default: the merge-base "
-                    "of this branch with main)")
+                    "of this branch with main; once merged, the main commit before the merge, e.g. 3c3876e)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--width", type=float, default=1.0, help="the built-in ResNet-18's width (default 1.0)")
     ap.add_argument("--batch", type=int, default=64)
@@ -285,6 +285,9 @@ def main() -> None:
         tmp_path = Path(tmp)
         (tmp_path / "base").mkdir()
         base, commit = baseline_code(a.baseline_ref, tmp_path / "base")
+        if not (base / "training" / "builders.py").read_text().count("FAMILY_BUILDERS"):
+            print(f"warning: {a.baseline_ref} ({commit[:12]}) already has the public path; pass --baseline-ref "
+                  "with a commit from before it", file=sys.stderr)
         result["baseline"] = {"ref": a.baseline_ref, "commit": commit}
         mine: list[float] = []
         theirs: list[float] = []

@@ -16,7 +16,7 @@ nn = torch.nn
 
 from cis.errors import CisError  # noqa: E402
 from training.contract import EarlyExitNet, ExitHead, TokenHead, check_chain, default_head  # noqa: E402
-from training.reference import build_model, parse_model_args, parse_reference, user_model  # noqa: E402
+from training.reference import build_model, is_own, parse_model_args, parse_reference, user_model  # noqa: E402
 from training.weights_file import load_weights  # noqa: E402
 
 CNN = '''
@@ -140,14 +140,14 @@ def test_a_module_reference_imports_from_the_working_directory(tmp_path, monkeyp
     import hashlib
 
     assert model.config()["sha256"] == hashlib.sha256((pkg / "cnn.py").read_bytes()).hexdigest()
-    assert parse_reference("training.architectures:resnet18").own  # cis's own factories record no hash
+    assert is_own(parse_reference("training.architectures:resnet18"))  # cis's own factories record no hash
 
 
 BAD_FILES = {
     "syntax": ("def make(:\n", "make", "importing .* failed \\(SyntaxError"),
     "import": ("import not_a_module_here\n", "make", "importing .* failed \\(ModuleNotFoundError"),
-    "no-name": ("def other():\n    pass\n", "make", "has no 'make'; expected a factory \\(it defines other\\)"),
-    "not-callable": ("make = 3\n", "make", "'make' is a int, not a callable"),
+    "no-name": ("def other():\n    pass\n", "make", "has no 'make'; expected a callable of that name"),
+    "not-callable": ("make = 3\n", "make", ":make is a int; expected a callable"),
     "raises": ("def make(num_classes):\n    raise ValueError('too small')\n", "make", "raised ValueError: too small"),
     "one-module": ("import torch\ndef make():\n    return torch.nn.Linear(2, 2)\n", "make",
                    "returned a Linear \\(one torch module\\); expected a list of \\(body, head\\) pairs"),
@@ -171,10 +171,10 @@ def test_reference_and_factory_mistakes_are_one_line(tmp_path, case):
 
 
 @pytest.mark.parametrize("ref, message", [
-    ("model.py", "expected PATH.py:FACTORY or pkg.module:FACTORY"),
+    ("model.py", "--model 'model.py': expected PATH.py:NAME or pkg.module:NAME"),
     ("nowhere/model.py:make", "file .* not found"),
-    ("model.py:1make", "is not a Python name"),
-    ("not_a_package_anywhere.models:make", "no module 'not_a_package_anywhere.models'"),
+    ("model.py:1make", "expected PATH.py:NAME or pkg.module:NAME"),
+    ("not_a_package_anywhere.models:make", "module 'not_a_package_anywhere.models' not found"),
 ])
 def test_references_that_name_nothing_are_one_line(ref, message):
     with pytest.raises(CisError, match=message):

@@ -135,8 +135,8 @@ def test_a_model_file_changed_since_the_run_is_one_line(user, run_cli, tmp_path)
 
 @pytest.mark.parametrize("factory, args, message", [
     ("nowhere.py:make", [], "file .*nowhere.py not found"),
-    ("model.py:absent", [], "has no 'absent'; expected a factory"),
-    ("model.py:constant", [], "'constant' is a int, not a callable"),
+    ("model.py:absent", [], "has no 'absent'; expected a callable of that name"),
+    ("model.py:constant", [], ":constant is a int; expected a callable"),
     ("model.py:module", [], "returned a Linear \\(one torch module\\); expected a list of \\(body, head\\) pairs"),
     ("model.py:two", [], "the factory returned 2 stages; the spec has 3 exits"),
     ("model.py:mismatched", [], "stage 2's body cannot take stage 1's body output of shape \\(2, 8, 8, 8\\)"),

@@ -190,13 +190,15 @@ class EarlyExitNet(nn.Module):
         params = [p for stage in self.stage_list[:e] for p in stage.body.parameters()]
         return params + list(self.stage_list[e - 1].head.parameters())
 
-    def exit_state_keys(self, e: int) -> list[str]:
+    def exit_state_keys(self, e: int, head: bool = True) -> list[str]:
         """The state-dict entries (parameters and BatchNorm buffers) that training exit e can change:
-        those of the bodies of stages 1..e and of head e."""
+        those of the bodies of stages 1..e and (``head``) of head e."""
         self._check_exit(e, "exit")
         keys = [
             f"stage_list.{k}.body.{name}" for k in range(e) for name in self.stage_list[k].body.state_dict()
         ]
+        if not head:
+            return keys
         return keys + [f"stage_list.{e - 1}.head.{name}" for name in self.stage_list[e - 1].head.state_dict()]
 
     def _check_exit(self, e: int, what: str) -> int:

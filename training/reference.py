@@ -1,4 +1,5 @@
-"""Model references: ``PATH.py:FACTORY`` or ``pkg.module:FACTORY`` (the uvicorn / Flower convention).
+"""Model references: ``PATH.py:FACTORY`` or ``pkg.module:FACTORY`` (the uvicorn / Flower convention; parsed,
+imported and hashed by :mod:`cis.references`, which the data references share).
 
 The one way a model is built, a user's and every built-in alike:
 
@@ -30,28 +31,23 @@ no sha256: they are versioned with cis.
 
 from __future__ import annotations
 
-import hashlib
-import importlib
-import importlib.util
 import inspect
 import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import torch
 
+from cis import references
 from cis.errors import CisError, error_line
+from cis.references import Reference
 from training.contract import EarlyExitNet, as_early_exit
-from training.vision import import_torchvision, is_cuda_build_error
+from training.vision import import_torchvision
 
 logger = logging.getLogger(__name__)
 
-FORM = "PATH.py:FACTORY or pkg.module:FACTORY"
 CONTEXT_ARGS = ("num_classes", "num_exits", "input_shape")
 """Factory parameters filled from the data and the spec where no --model-arg gives them."""
 BUILTIN = {
@@ -66,120 +62,42 @@ OWN_PACKAGES = ("training", "export", "cis", "sim")
 CHANGE_FLAG = "--allow-model-change"
 
 
-@dataclass(frozen=True)
-class Reference:
-    """A parsed reference: a file (``path``) or a module (``module``), and the attribute path of its factory."""
-
-    text: str  # normalised: a file's absolute path
-    path: Path | None
-    module: str | None
-    attr: str
-
-    @property
-    def own(self) -> bool:
-        """Whether it points into cis's own packages."""
-        return self.module is not None and self.module.split(".")[0] in OWN_PACKAGES
+def is_own(ref: Reference) -> bool:
+    """Whether ``ref`` points into cis's own packages (versioned with cis: no sha256 recorded)."""
+    return ref.module is not None and ref.module.split(".")[0] in OWN_PACKAGES
 
 
 def parse_reference(text: str) -> Reference:
-    """``PATH.py:FACTORY`` (a file, made absolute) or ``pkg.module:FACTORY``; one line when it is neither."""
-    if not isinstance(text, str) or ":" not in text:
-        raise CisError(f"model {text!r}: expected {FORM} (e.g. models.py:make_model)")
-    source, _, attr = text.rpartition(":")
-    if not source or not attr or not all(part.isidentifier() for part in attr.split(".")):
-        raise CisError(f"model {text!r}: expected {FORM}; {attr!r} is not a Python name")
-    if source.endswith(".py") or "/" in source:
-        path = Path(source).expanduser().resolve()
-        if not path.is_file():
-            raise CisError(f"model {text!r}: file {path} not found; expected {FORM}")
-        return Reference(f"{path}:{attr}", path, None, attr)
-    if not all(part.isidentifier() for part in source.split(".")):
-        raise CisError(f"model {text!r}: {source!r} is neither a .py file nor a module name; expected {FORM}")
-    return Reference(text, None, source, attr)
-
-
-def file_sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _import_file(path: Path) -> ModuleType:
-    """The file as a module named by its content's hash (a changed file is imported afresh)."""
-    name = f"cis_model_{file_sha256(path)[:16]}"
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load {path}")
-    module = importlib.util.module_from_spec(spec)
-    if str(path.parent) not in sys.path:
-        sys.path.insert(0, str(path.parent))
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[name]
-        raise
-    return module
-
-
-def _import(ref: Reference) -> ModuleType:
-    if ref.path is not None:
-        return _import_file(ref.path)
-    if "" not in sys.path and str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
-    return importlib.import_module(ref.module or "")
-
-
-def import_source(ref: Reference) -> ModuleType:
-    """The reference's module; one line when it does not import (a CUDA torchvision beside a CPU torch is
-    imported through training/vision.py's fallback, then the module again)."""
-    where = ref.path or ref.module
-    try:
-        try:
-            return _import(ref)
-        except RuntimeError as exc:
-            if not is_cuda_build_error(exc):
-                raise
-            import_torchvision()
-            return _import(ref)
-    except ModuleNotFoundError as exc:
-        if ref.module is not None and exc.name and ref.module.startswith(exc.name):
-            raise CisError(f"model {ref.text}: no module {ref.module!r} (not installed, not in the working "
-                           f"directory); expected {FORM}") from None
-        raise CisError(f"model {ref.text}: importing {where} failed ({error_line(exc)})") from None
-    except CisError:
-        raise
-    except BaseException as exc:  # the user's module raised while importing: one line, not a traceback
-        if isinstance(exc, KeyboardInterrupt):
-            raise
-        raise CisError(f"model {ref.text}: importing {where} failed ({error_line(exc)})") from None
+    """``PATH.py:FACTORY`` (a file that must exist, made absolute) or ``pkg.module:FACTORY``
+    (:func:`cis.references.parse_reference`, the one parser of references); one line when it is neither."""
+    ref = references.parse_reference(text, "--model")
+    if ref.path is None:
+        return ref
+    path = ref.path.resolve()
+    if not path.is_file():
+        raise CisError(f"--model {text!r}: file {path} not found; expected a Python file")
+    return Reference(f"{path}:{ref.name}", ref.name, path=path)
 
 
 def load_factory(ref: Reference) -> Callable[..., Any]:
-    """The callable a reference names; one line when the module has no such name or it is not callable."""
-    obj: Any = import_source(ref)
-    for part in ref.attr.split("."):
-        if not hasattr(obj, part):
-            names = sorted(n for n, v in vars(obj).items() if callable(v) and not n.startswith("_"))[:8]
-            where = ref.path or ref.module
-            raise CisError(
-                f"model {ref.text}: {where} has no {ref.attr!r}; expected a factory"
-                + (f" (it defines {', '.join(names)})" if names else "")
-            )
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise CisError(f"model {ref.text}: {ref.attr!r} is a {type(obj).__name__}, not a callable; expected a factory")
-    return obj
+    """The callable a reference names (:func:`cis.references.resolve`: one line when it does not import or names
+    no callable). A file's folder goes on ``sys.path``, so it may import its neighbours; a CUDA torchvision
+    beside a CPU torch is imported through training/vision.py's fallback, then the reference again."""
+    if ref.path is not None and str(ref.path.parent) not in sys.path:
+        sys.path.insert(0, str(ref.path.parent))
+    what = f"model {ref.text}"
+    try:
+        return references.resolve(ref, what)
+    except CisError as exc:
+        if "operator torchvision::" not in str(exc) or "does not exist" not in str(exc):
+            raise
+    import_torchvision()
+    return references.resolve(ref, what)
 
 
 def source_sha256(ref: Reference) -> str | None:
     """The sha256 of the reference's source file (a module's ``__file__``); None for cis's own code."""
-    if ref.own:
-        return None
-    if ref.path is not None:
-        return file_sha256(ref.path)
-    path = getattr(import_source(ref), "__file__", None)
-    return file_sha256(Path(path)) if path else None
+    return None if is_own(ref) else references.source_sha256(ref, f"model {ref.text}")
 
 
 def _value(text: str) -> Any:
@@ -239,17 +157,17 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
-def call_factory(ref: Reference, args: dict[str, Any]) -> EarlyExitNet:
-    """The factory's model for ``args`` (``input_shape`` handed over as a tuple)."""
-    factory = load_factory(ref)
+def call_factory(ref: Reference, factory: Callable[..., Any], args: dict[str, Any]) -> EarlyExitNet:
+    """``factory(**args)`` as an early-exit model (``input_shape`` handed over as a tuple); one line when the
+    factory raises or returns something else."""
     call = {k: tuple(v) if k == "input_shape" and isinstance(v, list) else v for k, v in args.items()}
     try:
         result = factory(**call)
     except CisError:
         raise
     except Exception as exc:  # the user's factory failed on these arguments: one line
-        raise CisError(f"model {ref.text}: {ref.attr}(...) raised {error_line(exc)}") from None
-    return as_early_exit(result, f"model {ref.text}: {ref.attr}(...)")
+        raise CisError(f"model {ref.text}: {ref.name}(...) raised {error_line(exc)}") from None
+    return as_early_exit(result, f"model {ref.text}: {ref.name}(...)")
 
 
 def check_source(ref: Reference, recorded: str | None, allow_changed: bool = False) -> str | None:
@@ -281,8 +199,9 @@ def user_model(reference: str, model_args: dict[str, Any] | None, context: dict[
     (``num_classes``, ``num_exits``, ``input_shape``); its record kept as ``model.config()``."""
     ref = parse_reference(reference)
     now = check_source(ref, sha256, allow_changed)
-    args = factory_args(load_factory(ref), dict(model_args or {}), context, f"model {ref.text}")
-    model = call_factory(ref, args)
+    factory = load_factory(ref)
+    args = factory_args(factory, dict(model_args or {}), context, f"model {ref.text}")
+    model = call_factory(ref, factory, args)
     model.set_input(context["input_shape"], input_dtype)
     model.set_config({
         "reference": ref.text, "args": _jsonable(args), "sha256": now,
@@ -315,5 +234,6 @@ def build_model(record: dict[str, Any], allow_changed: bool = False) -> EarlyExi
     if arch not in BUILTIN:
         raise CisError(f"model config: field 'arch' is {arch!r}, expected one of {sorted(BUILTIN)}")
     ref = parse_reference(BUILTIN[arch])
+    factory = load_factory(ref)
     fields = {k: v for k, v in record.items() if k != "arch"}
-    return call_factory(ref, factory_args(load_factory(ref), fields, {}, f"model config ({arch})"))
+    return call_factory(ref, factory, factory_args(factory, fields, {}, f"model config ({arch})"))

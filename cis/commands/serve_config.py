@@ -149,6 +149,69 @@ OPTIONS: tuple[Option, ...] = (
         "address the metrics server binds (default: the host of the node's ZeroMQ address)",
         node=True,
     ),  # fmt: skip
+    Option(
+        "http_port",
+        "int",
+        "serve the Open Inference Protocol (KServe v2) over HTTP on PORT (0: a free port; with --all, node i "
+        "of the spec gets PORT+i, or a free port each with 0); the 'http' extra",
+        metavar="PORT",
+    ),  # fmt: skip
+    Option(
+        "grpc_port",
+        "int",
+        "serve the Open Inference Protocol over gRPC (inference.GRPCInferenceService) on PORT, as --http-port; "
+        "the 'grpc' extra",
+        metavar="PORT",
+    ),  # fmt: skip
+    Option("model_name", "str", "the model's name on the HTTP and gRPC front doors", "cis", node=True),
+    Option(
+        "http_host",
+        "str",
+        "address the HTTP and gRPC front doors bind (default 127.0.0.1; 0.0.0.0 for a door with TLS and "
+        "--auth-token-file)",
+        node=True,
+    ),  # fmt: skip
+    Option("http_tls_cert", "path", "TLS certificate chain (PEM) of the HTTP front door (https)", node=True),
+    Option("http_tls_key", "path", "the private key (PEM) of --http-tls-cert", node=True),
+    Option("grpc_tls_cert", "path", "TLS certificate chain (PEM) of the gRPC front door", node=True),
+    Option("grpc_tls_key", "path", "the private key (PEM) of --grpc-tls-cert", node=True),
+    Option(
+        "auth_token_file",
+        "path",
+        "file whose first line is a bearer token that every front-door request but the health checks must "
+        "carry (HTTP header or gRPC metadata 'authorization: Bearer TOKEN')",
+        node=True,
+    ),  # fmt: skip
+    Option(
+        "http_timeout",
+        "float",
+        "seconds an HTTP request may take to arrive whole (else 408) and an idle connection may stay open",
+        30.0,
+        node=True,
+    ),  # fmt: skip
+    Option(
+        "http_max_connections",
+        "int",
+        "HTTP connections open at once (also capped by the open-files limit); a new one beyond is closed",
+        10000,
+        node=True,
+    ),  # fmt: skip
+    Option(
+        "spans_file",
+        "path",
+        "append the node's spans (request, queue, compute, forward) to PATH, one JSON line each; {node} in PATH "
+        "becomes the node id (with --all PATH must hold {node})",
+        node=True,
+        metavar="PATH",
+    ),  # fmt: skip
+    Option(
+        "otlp_endpoint",
+        "str",
+        "export the node's spans with OpenTelemetry over OTLP/HTTP to URL (a collector's base URL, e.g. "
+        "http://127.0.0.1:4318; /v1/traces is added); the 'otel' extra; also OTEL_EXPORTER_OTLP_ENDPOINT",
+        node=True,
+        metavar="URL",
+    ),  # fmt: skip
     Option("curve_key", "path", "own CurveZMQ .key_secret: encrypt the node's sockets", node=True),
     Option("allow", "path", "folder of authorised public .key files; other peers are refused", node=True),
     Option("server_key", "path", "the parent's public .key (default: the node's own public key)", node=True),

@@ -35,8 +35,17 @@ from cis.cli import print_result
 from cis.errors import CisError
 from cis.spec import CONFIDENCE_MEASURES
 from training.aggregation.weights import STRATEGIES
-from training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, P_MODES, P_RULES, STEP_RULES
-from training.config import AMP_MODES, DATASET_DEFAULTS, RunConfig, declared_default, make_config, read_config_file
+from training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, HEAD_UPDATES, P_MODES, P_RULES, STEP_RULES
+from training.config import (
+    AMP_MODES,
+    DATASET_DEFAULTS,
+    GRAPH_MODES,
+    MEMORY_FORMATS,
+    RunConfig,
+    declared_default,
+    make_config,
+    read_config_file,
+)
 from training.flower.launch import MODES as FLOWER_MODES
 from training.methods.registry import METHODS, NEFL_MODES, OPTIONS, parse_option_flags, resolve_options
 from training.partition import SCHEMES
@@ -73,7 +82,13 @@ _CONFIG_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--spec", {"help": "CIS spec (TOML); default: the built-in --topology under --serving"}),
     ("--serving", {"help": "x-y-z shares served at exits 1-2-3 for the built-in topology (default {default})"}),
     ("--topology", {"help": "built-in topology when no --spec (default {default})"}),
-    ("--dataset", {"help": "digits | cifar10:PATH | cifar100:PATH (default {default})"}),
+    ("--data", {
+        "dest": "dataset",
+        "aliases": ("--dataset",),
+        "metavar": "REF",
+        "help": "digits | cifar10:PATH | cifar100:PATH | PATH.npz | DIR (image folder) | hf:DIR | PATH.py:FACTORY | "
+        "pkg.module:FACTORY (default {default}; docs/training.md, 'Data')",
+    }),
     (
         "--strategy",
         {
@@ -89,8 +104,18 @@ _CONFIG_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     }),
     ("--rounds", {"type": int, "help": "communication rounds T (default {digits} digits, {cifar} CIFAR)"}),
     ("--seed", {"type": int, "help": "seed of data split, partition, init and sampling (default {default})"}),
-    ("--partition", {"choices": ("equal", *SCHEMES), "help": "data per network layer (default {default})"}),
+    ("--partition", {
+        "choices": ("equal", *SCHEMES, "node"),
+        "help": "data per network layer (default {default}), or node: each sample's node from the data's node column",
+    }),
     ("--dirichlet", {"type": float, "metavar": "ALPHA", "help": "non-IID classes with Dirichlet(ALPHA)"}),
+    ("--centralised", {
+        "action": "store_true",
+        "default": None,
+        "aliases": ("--centralized",),
+        "help": "one model on the pooled data, exit losses weighted by --strategy's Lambda~; no nodes, no "
+        "aggregation (--rounds of J steps each; docs/training.md, 'Centralised training')",
+    }),
     ("--algorithm", {
         "choices": ALGORITHMS,
         "help": "Algorithm 1 as printed (default) or as the authors' public code runs it: the root's model is the "
@@ -106,6 +131,11 @@ _CONFIG_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--bn-rule", {
         "choices": BN_RULES,
         "help": "BatchNorm running statistics: line 12 shortened where it would overshoot (default), or literal",
+    }),
+    ("--head-update", {
+        "choices": HEAD_UPDATES,
+        "help": "authors-code: apply every pair's exit-head update (default {default}), or released-code: drop the "
+        "non-root pairs' as arodio/FedCIS's released aggregate() does (a diagnostic; docs/training.md)",
     }),
     ("--lower-exit-steps", {
         "choices": STEP_RULES,
@@ -125,11 +155,21 @@ _CONFIG_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
         "change it (docs/training.md, 'Devices')",
     }),
     ("--amp", {"choices": AMP_MODES, "help": "bf16: local steps under torch.autocast(bfloat16) (default {default})"}),
+    ("--memory-format", {
+        "choices": MEMORY_FORMATS,
+        "help": "channels_last: the model's conv weights NHWC, faster on GPUs (default {default}); --resume may "
+        "change it",
+    }),
+    ("--cuda-graphs", {
+        "choices": GRAPH_MODES,
+        "help": "on: each local step's forward and backward replayed as a CUDA graph (--device cuda, method cis; "
+        "default {default}); --resume may change it",
+    }),
     ("--eval-every", {"type": int, "help": "validate every N rounds (default {default})"}),
 )
-_CONFIG_KEYS = tuple(spec.get("dest", flag[2:].replace("-", "_")) for flag, spec in _CONFIG_FLAGS)
-# settings of where a run computes, not of what: --resume may change them
-_RESUME_MAY_CHANGE = ("device", "allow_model_change")
+_CONFIG_KEYS = tuple(spec.get("dest") or flag[2:].replace("-", "_") for flag, spec in _CONFIG_FLAGS)
+# settings of where and how a run computes, not of what (and --allow-model-change): --resume may change them
+_RESUME_MAY_CHANGE = ("device", "memory_format", "cuda_graphs", "allow_model_change")
 
 # The flags of the command itself: the method's named options, where the run comes from and goes, the engine.
 _COMMAND_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
@@ -214,7 +254,8 @@ def _with_defaults(key: str, spec: dict[str, Any]) -> dict[str, Any]:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="federated training of an early-exit model for a CIS (Algorithm 1)")
     for (flag, spec), key in zip(_CONFIG_FLAGS, _CONFIG_KEYS):
-        p.add_argument(flag, **_with_defaults(key, {k: v for k, v in spec.items() if k != "dest"}), dest=key)
+        keywords = {k: v for k, v in _with_defaults(key, spec).items() if k != "aliases"}
+        p.add_argument(flag, *spec.get("aliases", ()), **keywords)
     for flag, spec in _COMMAND_FLAGS:
         p.add_argument(flag, **spec)
     p.set_defaults(func=run)
@@ -242,6 +283,8 @@ def run(args: argparse.Namespace) -> int:
     from training.evaluate import format_cis_report
 
     what = config.strategy if config.method == "cis" else f"{config.method} ({config.strategy} weights)"
+    if config.centralised:
+        what = f"centralised ({config.strategy} exit-loss weights)"
     human = f"trained {what} for {config.rounds} rounds into {args.out}\n" + format_cis_report(result["test"])
     print_result(args, result, human)
     return 0
@@ -266,6 +309,10 @@ def _config_flags(args: argparse.Namespace) -> dict[str, Any]:
         raise CisError(f"{args.spec}: spec file not found; expected a TOML file (make one with 'cis spec new')")
     if args.spec is not None:
         flags["spec"] = str(Path(args.spec).resolve())
+    if args.dataset is not None:  # paths made absolute: evaluate and export rebuild the data from any directory
+        from training.data_ref import absolute_ref
+
+        flags["dataset"] = absolute_ref(args.dataset)
     return flags
 
 
@@ -365,6 +412,8 @@ def _builtin_run(args: argparse.Namespace, config: RunConfig, log: Callable[[str
 
 
 def _flower_run(args: argparse.Namespace, config: RunConfig, log: Callable[[str], None]) -> dict:
+    if config.centralised:
+        raise CisError("--centralised trains one model in one process; drop --engine flower")
     if args.init:
         raise CisError("--init starts the builtin engine's model; use --engine builtin for a fine-tune")
     if args.resume:

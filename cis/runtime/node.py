@@ -53,8 +53,9 @@ import numpy as np
 import zmq
 
 from cis.metrics import LatencyWindow
-from cis.runtime import events
+from cis.runtime import events, tracing
 from cis.runtime import protocol as P
+from cis.runtime.doors import Door, Ticket, open_doors
 from cis.runtime.executor import Executor
 from cis.runtime.node_config import NodeConfig
 from cis.runtime.requests import BundleStage, Pending, Request, Stage
@@ -65,6 +66,9 @@ __all__ = ["BundleStage", "Node", "NodeConfig", "Stage"]
 _NOBLOCK = int(zmq.NOBLOCK)
 _OK = (("infer", "ok"), ("forward", "ok"))  # (kind, outcome) of a result, by Request.forward
 _poll = zmq.zmq_poll  # (socket, POLLIN) pairs -> the ready ones; zmq.Poller adds a Python layer
+_NONE: dict = {}  # no more header fields
+_COUNTERS = ("requests", "samples", "served", "forwarded", "degraded", "capped", "nonfinite", "errors", "overloaded",
+             "expired", "isolated", "undeliverable", "batches")  # fmt: skip  (status, in this order)
 
 
 class Node:
@@ -93,6 +97,9 @@ class Node:
         self.alive_at = time.monotonic()  # when the loop last turned (/livez)
         self.overload = events.OverloadWatch(config.node_id)
         self.parent_watch = events.ParentWatch(config, self.alive_at)
+        self.doors: list[Door] = []  # front doors (HTTP, gRPC: cis.runtime.doors), opened with the sockets
+        self.door_fds: dict[int, Door] = {}
+        self.door_due = math.inf  # when the doors' timers are due
 
     @property
     def stages(self) -> dict[int, Stage]:
@@ -118,24 +125,7 @@ class Node:
             "parent": self.cfg.parent,
             "parent_up": self.parent_up,
             "threshold": _num(ex.policy.thresholds[self.cfg.node_id]),
-            **{
-                key: c[key]
-                for key in (
-                    "requests",
-                    "samples",
-                    "served",
-                    "forwarded",
-                    "degraded",
-                    "capped",
-                    "nonfinite",
-                    "errors",
-                    "overloaded",
-                    "expired",
-                    "isolated",
-                    "undeliverable",
-                    "batches",
-                )
-            },
+            **{key: c[key] for key in _COUNTERS},
             "errors_by_code": dict(self.errors_by_code),
             "queue_depth": ex.queued,
             "queue_requests": len(ex.queue),
@@ -198,7 +188,10 @@ class Node:
             events.stopped(self.cfg, self.counters, time.time() - self.started)
 
     def open(self, ctx: zmq.Context) -> None:
-        """Bind the ROUTER, connect the DEALER to the parent."""
+        """Open the tracer (when the node traces), bind the ROUTER, connect the DEALER to the parent."""
+        cfg, ex = self.cfg, self.executor
+        if ex.tracer is None:
+            ex.tracer = tracing.open_tracer(cfg.node_id, cfg.exit, cfg.spans_file, cfg.otlp_endpoint)
         front = ctx.socket(zmq.ROUTER)
         front.linger = 0
         front.maxmsgsize = (
@@ -225,11 +218,16 @@ class Node:
             up.connect(self.cfg.parent)
         self.front, self.up = front, up
         self.poll_items = [(front, zmq.POLLIN)] + ([(up, zmq.POLLIN)] if up is not None else [])
+        open_doors(self)  # polled beside the sockets: a door's descriptor wakes the same loop
 
     def close(self) -> None:
+        for door in self.doors:
+            door.close()
         for sock in (self.front, self.up):
             if sock is not None:
                 sock.close(0)
+        if self.executor.tracer is not None:
+            self.executor.tracer.close()
 
     def step(self) -> None:
         """One turn of the loop: wait for a message or a timer, read every waiting message, run a batch, timers.
@@ -250,6 +248,8 @@ class Node:
         now = self.alive_at = time.monotonic()
         if now >= self.next_timer:
             self._timers(now)
+        if now >= self.door_due:
+            self.door_due = min(door.tick(now) for door in self.doors)
 
     def _wait(self, timeout_ms: int) -> list:
         """Block in poll until a message comes or the timeout passes; with ``spin``, busy-poll instead
@@ -275,6 +275,9 @@ class Node:
         try:
             for _ in range(limit):
                 for sock, _ in events:
+                    if type(sock) is int:  # a front door's descriptor
+                        self.door_fds[sock].on_ready()
+                        continue
                     try:
                         frames, total, count = P.recv(sock, max_bytes)
                     except zmq.Again:
@@ -304,10 +307,12 @@ class Node:
                 self.counters["undeliverable"] += 1
             return False
 
-    def _error(self, prefix: Sequence[bytes], req_id: int, code: str, message: str, kind: str | None) -> None:
+    def _error(self, prefix: Any, req_id: int, code: str, message: str, kind: str | None) -> None:
         self.counters["errors"] += 1
         self.errors_by_code[code] += 1
         self.outcomes[(kind if kind in (P.INFER, P.FORWARD) else "other", code)] += 1
+        if type(prefix) is Ticket:  # a front door's request: its door answers
+            return prefix.door.error(prefix, code, message)
         self._send(self.front, P.error_frames(req_id, code, message, node=self.cfg.node_id), prefix)
 
     # ------------------------------------------------------------ receiving
@@ -332,15 +337,21 @@ class Node:
             self._send(self.front, P.encode(P.PONG, msg.id, node=self.cfg.node_id), prefix)
         elif kind == P.STATUS:
             self.status_asked.append((prefix, msg.id))
-        elif self.stopping:
-            self._error(prefix, msg.id, "shutting_down", f"node {self.cfg.node_id} is stopping", kind)
         else:
-            refused = self.executor.admit(prefix, msg, self.seen_empty)
-            if refused is not None:
-                self._error(prefix, msg.id, *refused, kind)
-                if refused[0] == "overloaded":
-                    self.overload.refused(time.monotonic(), self.executor.queued, self.cfg.queue_limit)
-                    self.next_timer = min(self.next_timer, self.overload.due)
+            self.admit(prefix, msg)
+
+    def admit(self, prefix: Any, msg: P.Message) -> None:
+        """An INFER or FORWARD into the executor, or its refusal answered: the one way in, from the ROUTER
+        (``prefix``: the peer's identity frames) and from the front doors (``prefix``: a doors.Ticket)."""
+        kind = msg.kind
+        if self.stopping:
+            return self._error(prefix, msg.id, "shutting_down", f"node {self.cfg.node_id} is stopping", kind)
+        refused = self.executor.admit(prefix, msg, self.seen_empty)
+        if refused is not None:
+            self._error(prefix, msg.id, *refused, kind)
+            if refused[0] == "overloaded":
+                self.overload.refused(time.monotonic(), self.executor.queued, self.cfg.queue_limit)
+                self.next_timer = min(self.next_timer, self.overload.due)
 
     def _on_parent(self, frames: list, total: int, count: int) -> None:
         try:
@@ -373,18 +384,28 @@ class Node:
     # ------------------------------------------------------------ the executor's outbox
 
     def reply(self, req: Request) -> None:
-        frames = P.result_frames(
+        prefix: Any = req.prefix  # ROUTER identity frames, or a front door's Ticket
+        door = type(prefix) is Ticket  # a front door's request: counted as any, answered by its door
+        frames = None if door else P.result_frames(
             req.req_id, req.n, req.cls, req.conf, req.exit, req.flags, req.served_by, self.cfg.node_id
-        )
-        seconds = time.monotonic() - req.t0  # counted before it leaves: whoever gets it sees it in the metrics
+        )  # fmt: skip
+        now = time.monotonic()
+        seconds = now - req.t0  # counted before it leaves: whoever gets it sees it in the metrics
         self.latency.add(seconds)
         if self.observe_latency is not None:
             self.observe_latency(seconds)
         self.outcomes[_OK[req.forward]] += 1
-        self._send(self.front, frames, req.prefix)
+        if door:
+            prefix.door.result(prefix, req)
+        else:
+            self._send(self.front, frames or [], prefix)
+        if req.trace is not None:
+            tracing.finish(self.executor.tracer, req, "ok", now)
 
     def error(self, req: Request, code: str, message: str) -> None:
         self._error(req.prefix, req.req_id, code, message, P.FORWARD if req.forward else P.INFER)
+        if req.trace is not None:
+            tracing.finish(self.executor.tracer, req, code)
 
     def forward(self, pending: Pending, carry: dict[str, np.ndarray]) -> bool:
         """Send the carry of ``pending`` to the parent as one FORWARD; it waits at most
@@ -399,8 +420,10 @@ class Node:
         if len(parts) == 1:
             route = parts[0][0].route
             route = list(route) if nid in route else [*route, nid]
+            traced = parts[0][0].trace is not None  # a trace context goes up with its samples
         else:  # every node that ran stages for these samples, once, in order
             route = list(dict.fromkeys([r for req, _ in parts for r in req.route] + [nid]))
+            traced = any(req.trace is not None for req, _ in parts)
         frames = P.encode(
             P.FORWARD,
             fid,
@@ -409,6 +432,7 @@ class Node:
             deadline=wall + wait - 0.02,
             route=route[-P.MAX_ROUTE :],
             sender=nid,
+            **(tracing.forward_fields(parts, self.executor.tracer, now) if traced else _NONE),
         )
         if not self._send(self.up, frames):
             return False

@@ -16,6 +16,7 @@ from typing import Any
 from cis.errors import CisError
 from training.aggregation.aggregators import AuthorsCodeAggregator, CisAggregator
 from training.contract import EarlyExitNet
+from training.data import image_family
 from training.engine import ExitSampler, MethodSetup
 from training.flops import exit_costs
 from training.local import Client, ExitSGDTrainer
@@ -25,8 +26,11 @@ from training.sampling import sampling_matrix
 
 def model_config(config, options: dict[str, Any] | None, num_exits: int, train) -> dict[str, Any]:
     """The config of the dataset's early-exit CNN at ``config.width`` (its exits are fixed: the spec must match
-    them); ``training.reference.build_model`` builds it."""
-    return {**default_model_config(config.dataset_name, config.width), "num_classes": train.num_classes}
+    them); the user's images get the CNN of the built-in data set their size suits
+    (:func:`training.data.image_family`). ``training.reference.build_model`` builds it."""
+    config_ = default_model_config(image_family(config.dataset_name, train.input_shape), config.width)
+    channels, size = train.input_shape[0], train.input_shape[1]
+    return {**config_, "num_classes": train.num_classes, "in_channels": channels, "input_size": size}
 
 
 def build_pieces(config, spec, model: EarlyExitNet, clients: list[Client], sgd: dict, options: dict[str, Any] | None,
@@ -43,7 +47,7 @@ def build_pieces(config, spec, model: EarlyExitNet, clients: list[Client], sgd: 
     sizes = [c.size for c in clients]
     if config.algorithm == "authors-code":
         aggregator: CisAggregator | AuthorsCodeAggregator = AuthorsCodeAggregator(
-            weights, matrix, sizes, root_index(spec), model.exit_state_keys, config.server_lr
+            weights, matrix, sizes, root_index(spec), model.exit_state_keys, config.server_lr, config.head_update
         )
     else:
         aggregator = CisAggregator(

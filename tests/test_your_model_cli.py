@@ -171,3 +171,30 @@ def test_weights_start_a_run_and_its_resume_needs_the_file_no_more(user, run_cli
     again = run_cli("train", "--out", out, "--resume", "--no-progress", "--json")
     assert again.code == 0, again.err
     assert json.loads((out / "config.json").read_text())["weights_file"] == str(tmp_path / "start.pt")
+
+
+def test_a_token_id_model_goes_train_export_serve_infer_on_an_int_npz(run_cli, tmp_path):
+    """int64 token ids (N, L) from a .npz, a small transformer with exits between its encoder layers."""
+    from test_your_model import TOKENS
+
+    (tmp_path / "tokens.py").write_text(TOKENS)
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 16, (420, 6))
+    np.savez(tmp_path / "tokens.npz", x=x, y=x[:, 0] % 4)  # the first token decides the class
+    np.savez(tmp_path / "send.npz", x=x[:40].astype(np.int32), y=x[:40, 0] % 4)
+    trained = run_cli("train", "--model", f"{tmp_path / 'tokens.py'}:make", "--data", tmp_path / "tokens.npz",
+                      "--serving", "60-30-10", "--rounds", "2", "--out", tmp_path / "run", "--no-progress", "--json")
+    assert trained.code == 0, trained.err
+    exported = run_cli("export", tmp_path / "run", "--out", tmp_path / "bundle", "--latency-repeats", "1", "--json")
+    assert exported.code == 0, exported.err
+    manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
+    assert manifest["inputs"][0]["dtype"] == "int64" and manifest["inputs"][0]["shape"] == [None, 6]
+    proc = start("serve", tmp_path / "bundle", "--all", "--free-ports", "--json")
+    try:
+        nodes = started_nodes(proc)
+        sent = run_cli("infer", "--connect", nodes["device0"]["address"], "--dataset", tmp_path / "send.npz",
+                       "--bundle", tmp_path / "bundle", "--json")
+        assert sent.code == 0, sent.err
+        assert sent.json()["samples_answered"] == 40 and sent.json()["errors"] == {}
+    finally:
+        stop(proc)

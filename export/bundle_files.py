@@ -26,7 +26,7 @@ from cis.spec import CisSpec, spec_to_dict
 from cis.stages import ProviderError, StageRunner
 from export.profile import confidence_profile, latency_profile
 from export.tensorrt import build_engines
-from training.models import EarlyExitNet
+from training.contract import EarlyExitNet
 from training.stage_plan import StagePlan
 
 Progress = Callable[[str], None]
@@ -120,6 +120,23 @@ def write_bundle(
     return latency, stages, trt_report
 
 
+def request_inputs(stage1_inputs: list[dict[str, Any]], normalisation: dict | None) -> list[dict[str, Any]]:
+    """The manifest's ``inputs``: what a request carries (stage 1's inputs: name, dtype, shape with null for the
+    batch) and the preprocessing that turns raw data into it: ``normalise`` (x / 255 - mean) / std per channel
+    for images, ``none`` for anything else (token ids, sequences, already normalised arrays)."""
+    norm = normalisation or {}
+    mean, std = norm.get("mean"), norm.get("std")
+    out = []
+    for t in stage1_inputs:
+        floats = str(t["dtype"]).startswith("float")
+        if floats and mean and std and len(t["shape"]) == 4:
+            pre: dict[str, Any] = {"kind": "normalise", "scale": 1 / 255, "mean": list(mean), "std": list(std)}
+        else:
+            pre = {"kind": "none"}
+        out.append({"name": t["name"], "dtype": t["dtype"], "shape": list(t["shape"]), "preprocessing": pre})
+    return out
+
+
 def gpu_profiles(
     root: Path, infos: list[StageInfo], trt_runners: list[StageRunner], fields: dict[str, Any], say: Progress,
     x: np.ndarray | None = None,
@@ -147,6 +164,7 @@ def manifest(run: ExportRun, report: dict[str, Any], fields: dict[str, Any], sta
         "model": run.model.config(),
         "classes": list(meta["classes"]),
         "normalisation": meta["normalisation"],
+        "inputs": request_inputs(stages[0]["inputs"], meta.get("normalisation")),
         "dataset": meta["dataset"],
         "seed": int(meta.get("seed", 0)),
         **{k: report[k] for k in ("feature_dtype", "opset", "exporter")},

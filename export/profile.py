@@ -33,12 +33,15 @@ def confidence_profile(
 
 
 def random_feeds(inputs: Sequence[TensorInfo], batch: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """Inputs of the right names, shapes and dtypes (values do not matter for timing)."""
+    """Inputs of the right names, shapes and dtypes (values do not matter for timing). Wider integers are
+    indices (token ids: an embedding's table has a row 0 whatever its size), so they are 0."""
     feeds = {}
     for t in inputs:
         shape = tuple(int(d) for d in (batch, *t.shape[1:]) if d is not None)  # a stage's sample shape is static
         dt = np.dtype(t.dtype)
-        if dt.kind == "i":
+        if dt.kind in "iu" and dt.itemsize > 1:
+            feeds[t.name] = np.zeros(shape, dt)
+        elif dt.kind == "i":
             feeds[t.name] = rng.integers(-128, 128, size=shape).astype(dt)
         else:
             feeds[t.name] = rng.standard_normal(shape).astype(dt)

@@ -25,7 +25,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
 from cis.errors import CisError
 from training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, HEAD_UPDATES, P_MODES, STEP_RULES
 from training.data_ref import USER_KINDS, data_kind
-from training.methods.registry import resolve_options
+from training.methods.registry import check_user_model, resolve_options
 
 # Per-dataset training defaults. CIFAR: the paper's (SGD 0.1 cosine, momentum 0.9,
 # wd 5e-4, batch 128, crop+flip). Digits (~1.3k training images, 8x8): our choice,
@@ -104,6 +104,12 @@ def setting(default: Any = None, rule: Rule | None = None) -> Any:
 class RunConfig:
     method: str = "cis"  # "cis" (Algorithm 1) or another paper's method (training/methods/registry.py)
     options: dict[str, Any] | None = None  # the method's options (--option KEY=VALUE); defaults filled when resolved
+    # a user's model: PATH.py:FACTORY or pkg.module:FACTORY (training/reference.py); None: the method's built-in
+    model: str | None = None
+    model_args: dict[str, Any] | None = None  # --model-arg KEY=VALUE: the factory's keyword arguments
+    model_sha256: str | None = None  # the model's source file when the run started (cis train records it)
+    weights_file: str | None = None  # --weights FILE: starting weights, a state dict (training/weights_file.py)
+    allow_model_change: bool = False  # --allow-model-change: rebuild from a model file changed since the run
     dataset: str = "digits"
     spec: str | None = None  # path of a spec TOML; None: a built-in topology under `serving`
     topology: str = "paper-7"
@@ -195,7 +201,18 @@ class RunConfig:
         self.check_together()
 
     def check_together(self) -> None:
-        """The rules that tie settings together: the authors' code has one aggregation; p is Algorithm 1's."""
+        """The rules that tie settings together: the authors' code has one aggregation; p is Algorithm 1's; a
+        user's model goes with the methods that take one; one source of starting weights."""
+        if self.model is not None:
+            if not isinstance(self.model, str) or ":" not in self.model:
+                raise self._bad("model", "PATH.py:FACTORY or pkg.module:FACTORY")
+            check_user_model(self.method)
+        if self.model_args is not None and not isinstance(self.model_args, dict):
+            raise self._bad("model_args", "a table of the factory's keyword arguments")
+        if self.model_args and self.model is None:
+            raise CisError("config: --model-arg (model_args) goes with --model PATH.py:FACTORY")
+        if self.weights_file is not None and self.init is not None:
+            raise CisError("config: --weights and --init both give starting weights; expected one of them")
         if self.algorithm == "authors-code":  # multiply by p_ce, line 12's coefficients, literal BatchNorm
             if self.method != "cis":
                 raise CisError(f"config: algorithm 'authors-code' is Algorithm 1's; method {self.method!r} has its own")

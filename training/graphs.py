@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from training.models import EarlyExitNet
+from training.contract import EarlyExitNet
 
 
 def exit_loss(model: EarlyExitNet, xb: Tensor, yb: Tensor, exit: int) -> Tensor:

@@ -26,9 +26,9 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from training.contract import EarlyExitNet
 from training.data import augment_batch
 from training.graphs import exit_loss
-from training.models import EarlyExitNet
 
 
 @dataclass

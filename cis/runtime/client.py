@@ -105,6 +105,15 @@ def _error_result(n: int, err: ServerError, latency: float, sent: float = math.n
     )
 
 
+def request_array(batch: np.ndarray) -> np.ndarray:
+    """A batch as a request carries it: floats as float32, integers and booleans (token ids) in their own dtype
+    (the node checks it against its entry stage's)."""
+    arr = np.asarray(batch)
+    if arr.dtype.kind in "iub":
+        return np.ascontiguousarray(arr)
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
 class Client:
     def __init__(
         self,
@@ -142,9 +151,7 @@ class Client:
         """Send one request (a batch of samples) without waiting; returns its id. ``traceparent``: a W3C trace
         context (``00-<trace id>-<span id>-<flags>``) the request joins (docs/runtime.md, *Tracing*); ``logits``:
         the answer also carries the logits of the exit that answered each sample (``Result.logits``)."""
-        tensors = (
-            dict(batch) if isinstance(batch, dict) else {self.input_name: np.ascontiguousarray(batch, dtype=np.float32)}
-        )
+        tensors = dict(batch) if isinstance(batch, dict) else {self.input_name: request_array(batch)}
         n = len(next(iter(tensors.values())))
         rid = next(self._ids)
         trace = {"traceparent": check_traceparent(traceparent)} if traceparent is not None else _NONE

@@ -18,9 +18,11 @@ and every other dimension is static; :func:`check_graph` proves it.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import io
 import os
 import re
+import sys
 import warnings
 from typing import Any
 
@@ -87,16 +89,33 @@ def _quiet():
         levels = [lg.level for lg in loggers]
         for lg in loggers:
             lg.setLevel(logging.ERROR)
-        jit_log = getattr(torch._C, "_jit_is_onnx_log_enabled", lambda: False)()
-        if jit_log:  # the torchscript exporter's C++ log prints the whole graph on a failure
-            torch._C._jit_set_onnx_log_enabled(False)
         try:
-            yield
+            with _stdout_fd_silenced():
+                yield
         finally:
             for lg, lv in zip(loggers, levels):
                 lg.setLevel(lv)
-            if jit_log:
-                torch._C._jit_set_onnx_log_enabled(True)
+
+
+@contextlib.contextmanager
+def _stdout_fd_silenced():
+    """File descriptor 1 to /dev/null: the torchscript exporter's C++ log prints the whole graph a failure
+    happened in there, past ``sys.stdout``, and turns itself on whatever was set (torch 2.13's
+    ``setup_onnx_logging`` tests the function ``_jit_is_onnx_log_enabled``, not its value)."""
+    libc = ctypes.CDLL(None) if os.name == "posix" else None
+    if sys.__stdout__ is not None:
+        sys.__stdout__.flush()
+    saved = os.dup(1)
+    null = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(null, 1)
+    try:
+        yield
+    finally:
+        if libc is not None:
+            libc.fflush(None)  # C stdio's buffer still holds what the log wrote: to /dev/null with it
+        os.dup2(saved, 1)
+        os.close(saved)
+        os.close(null)
 
 
 @contextlib.contextmanager

@@ -302,7 +302,10 @@ def test_a_token_id_model_trains_exports_with_int64_inputs_and_takes_an_int_npz(
         load_npz(tmp_path / "floats.npz", bundle)
 
 
-def test_a_stage_that_cannot_be_exported_names_the_stage_and_the_operator():
+def test_a_stage_that_cannot_be_exported_names_the_stage_and_the_operator(capfd):
+    """One line, and nothing else: the torchscript exporter's C++ log (the graph it failed in) stays off fd 1."""
+    import ctypes
+
     from export.onnx_export import ExportError, export_stage
     from training.stage_plan import describe_stages
 
@@ -315,3 +318,5 @@ def test_a_stage_that_cannot_be_exported_names_the_stage_and_the_operator():
     with pytest.raises(ExportError, match="stage 2: cannot be exported to ONNX: operator aten::cummax") as err:
         export_stage(plan.stages[1], (torch.randn(2, 4),))
     assert "\n" not in str(err.value)
+    ctypes.CDLL(None).fflush(None)  # what C stdio still buffers reaches fd 1 now
+    assert "Torch IR graph" not in capfd.readouterr().out

@@ -4,7 +4,11 @@
 ``input_shape`` (one sample's shape, (C, H, W)) from the data, ``--model-arg width=0.5`` sets ``width``.
 The backbone helper cuts the network after three of its blocks and puts a pooled linear head on each
 (docs/your-model.md, "Exits on an existing backbone"). Random weights: nothing is downloaded
-(``--weights FILE`` starts from a local state dict, e.g. torchvision's own).
+(``--weights FILE`` starts from a local state dict).
+
+GroupNorm replaces torchvision's BatchNorm: federated averaging mixes each node's BatchNorm running statistics
+with weights that moved differently, and torchvision's MobileNetV3 updates those statistics slowly (momentum
+0.01), so after a few hundred steps the evaluated model sits at chance. GroupNorm keeps no running statistics.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ AFTER = ["features.3", "features.8", "features.12"]  # exit 1 after block 3, exi
 
 
 def group_norm(channels: int) -> nn.Module:
+    """The norm layer for ``channels`` (MobileNetV3's channel counts are multiples of 8)."""
     return nn.GroupNorm(8, channels)
 
 

@@ -145,6 +145,13 @@ def test_every_cis_command_in_the_docs_parses(doc):
             assert exc.code == 0, f"{doc}: {command!r} does not parse"
 
 
+def test_the_readmes_first_screen_shows_the_two_references():
+    top = (ROOT / "README.md").read_text().split("\n## Install")[0]
+    assert "--model PATH.py:FACTORY" in top and "--data PATH.npz | DIR | hf:DIR | PATH.py:FACTORY" in top
+    assert "examples/" in top and "docs/your-model.md" in top
+    assert any("--model" in c and "--data" in c for c in cis_commands(ROOT / "README.md"))
+
+
 def script_commands(name: str) -> list[str]:
     """run.sh's commands (cis, python3, the device's address) with its variables at their defaults, ``$HERE``
     the example's folder in the repo and ``$OUT`` ``cis-NAME``: as the tutorial writes them."""

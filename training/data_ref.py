@@ -101,6 +101,13 @@ def absolute_ref(text: str) -> str:
     return where
 
 
+_EXPECTED = {  # what a missing path of each kind should have been
+    "npz": "an .npz file (arrays x, y)",
+    "images": "an image folder (DIR/<class>/*)",
+    "hf": "a folder written by datasets' save_to_disk",
+}
+
+
 def data_sha256(text: str) -> str | None:
     """sha256 of the data a reference names: the npz file, the image or hf folder (every file), the factory's
     source file; None for the built-in data sets."""
@@ -112,7 +119,7 @@ def data_sha256(text: str) -> str | None:
         return source_sha256(ref.factory, f"--data {text}")
     assert ref.path is not None
     if not ref.path.exists():
-        raise CisError(f"data {text!r}: {ref.path} not found; expected the data the run was trained on")
+        raise CisError(f"data {text!r}: {ref.path} not found; expected {_EXPECTED.get(ref.kind, 'the data it names')}")
     return sha256_of(ref.path)
 
 

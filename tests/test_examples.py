@@ -189,10 +189,14 @@ def test_the_tutorials_model_and_data_files_build(tmp_path):
             path = tmp_path / Path(first[2:]).name
             path.write_text(block)
             files[path.stem] = path
-    assert {"small_cnn", "my_data"} <= set(files), files
+    assert {"small_cnn", "mobilenet", "my_data"} <= set(files), files
     model = user_model(f"{files['small_cnn']}:make", {"width": 8},
                        {"num_classes": 10, "num_exits": 3, "input_shape": (1, 8, 8)}, torch.float32)
     assert [tuple(t.shape) for t in model(torch.randn(2, 1, 8, 8))] == [(2, 10)] * 3
+    if importlib.util.find_spec("torchvision") is not None:  # the backbone helper's example
+        cut = user_model(f"{files['mobilenet']}:make", {}, {"num_classes": 4, "input_shape": (3, 32, 32)},
+                         torch.float32)
+        assert [tuple(t.shape) for t in cut.eval()(torch.randn(2, 3, 32, 32))] == [(2, 4)] * 3
     splits = load_dataset(f"{files['my_data']}:make")
     assert [len(s.y) for s in (splits.train, splits.val, splits.test)] == [900, 100, 200]
     assert splits.train.x.shape[1:] == (3, 64) and splits.train.classes == ["quiet", "busy"]

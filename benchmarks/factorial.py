@@ -31,6 +31,7 @@ import json
 from pathlib import Path
 
 import numpy as np
+
 from _args import common_args, seeds_of
 from _results import RESULTS, ensure_cifar, write_scale
 from _stats import add_holm, paired, paired_t_p, stats
@@ -190,7 +191,8 @@ def findings(result: dict) -> list[str]:
             continue
         moved = [k for k in ("data", "steps") if (e[k].get("holm_p") or 1.0) < 0.05]
         parts = ", ".join(
-            f"{k} {e[k]['mean']:+.2f} ± {e[k]['sd']:.2f} ({e[k]['signs']}, Holm p {e[k]['holm_p']:.3f})" for k in EFFECTS
+            f"{k} {c['mean']:+.2f} ± {c['sd']:.2f} ({c['signs']}, Holm p {c['holm_p']:.3f})"
+            for k, c in ((k, e[k]) for k in EFFECTS)
         )
         if moved:
             verdict = " and ".join(moved) + (" moves" if len(moved) == 1 else " move")

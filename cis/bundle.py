@@ -26,6 +26,7 @@ import numpy as np
 
 from cis.errors import BundleError
 from cis.policy import ExitPolicy
+from cis.references import sha256_file  # also what export and the tests import from here
 from cis.spec import CisSpec, parse_spec
 from cis.stages import LOGITS
 
@@ -34,14 +35,6 @@ MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig"  # cis.signing.signature_path(MANIFEST): written after the manifest, never listed in it
 CONFIDENCE_PROFILE = "profiles/confidence.npz"
 LATENCY_PROFILE = "profiles/latency.json"
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 @dataclass(frozen=True)

@@ -23,9 +23,11 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "train": ("torch", "sklearn", "PIL"),
     "export": ("torch", "sklearn", "PIL", "onnx"),
     "flower": ("torch", "sklearn", "PIL", "flwr"),
+    "hf": ("datasets",),
     "plot": ("matplotlib",),
     "metrics": ("prometheus_client",),
     "tensorrt": ("tensorrt", "cuda"),
+    "otel": ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"),  # cis serve --otlp-endpoint
 }
 
 

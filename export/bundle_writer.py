@@ -154,7 +154,7 @@ def _prepare_out(out_dir: Path) -> None:
 def _load_run(run_dir: Path, spec: str | Path | CisSpec | dict | None, say: Progress) -> ExportRun:
     """Step 1-2: the checkpoint, the spec, the trainer's validation split and the model's stage plan."""
     from training.checkpoint import META, WEIGHTS, load_checkpoint
-    from training.data import load_dataset
+    from training.data import load_run_data
 
     say(f"loading checkpoint {run_dir}")
     model, meta, _ = load_checkpoint(run_dir)
@@ -173,7 +173,7 @@ def _load_run(run_dir: Path, spec: str | Path | CisSpec | dict | None, say: Prog
         )
 
     say(f"loading validation split of {meta['dataset']!r}")
-    val = load_dataset(str(meta["dataset"]), seed=int(meta.get("seed", 0)), val_size=meta.get("val_size")).val
+    val = load_run_data(meta, str(run_dir)).val  # one line when the run's data file changed since
     if len(val) == 0:
         raise CisError(
             f"dataset {meta['dataset']!r}: empty validation split; expected validation data to calibrate thresholds"

@@ -27,6 +27,20 @@ def test_round_trip_keeps_names_dtypes_shapes_and_fields():
         np.testing.assert_array_equal(msg.tensors[k], v)
 
 
+def test_a_trace_context_travels_in_the_header_on_either_path():
+    x = {"x": np.zeros((3, 2), np.float32)}
+    parts = [[1, TP], [2, ""]]
+    for frames in (P.encode(P.FORWARD, 3, x, traceparent=TP), P.encode(P.FORWARD, 3, x, trace_parts=parts)):
+        fast = P.decode(frames).head
+        slow = P._checked(P._buffer(frames[0]), frames, None, None, None, P.KINDS).head
+        for h in (fast, slow):
+            assert (h.traceparent, h.trace_parts) in ((TP, ()), ("", ((1, TP), (2, ""))))
+    absent = P.decode(P.encode(P.INFER, 4, x)).head
+    assert absent.traceparent == "" and absent.trace_parts == ()
+    # unknown keys stay ignored: a node of this version reads a header from a later one
+    assert P.decode(P.encode(P.INFER, 5, x, traceparent=TP, tracestate="a=1")).head.traceparent == TP
+
+
 def test_decode_is_zero_copy_over_the_frame():
     buf = bytearray(np.arange(6, dtype=np.float32).tobytes())
     header = P.encode(P.INFER, 1, {"x": np.zeros((2, 3), np.float32)})[0]
@@ -117,6 +131,7 @@ def _infer(**fields):
     return [msgpack.packb(header, use_bin_type=True), bytes(24)]
 
 
+TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"  # the W3C specification's example
 CONFUSED = [True, False, 1.5, -1, "1", b"1", [1], {"a": 1}, [], {}]
 BAD_VALUES = {  # header field -> (code, values of the wrong type or out of range)
     "v": ("bad_version", [*CONFUSED, 2, 0, 1.0]),
@@ -133,6 +148,16 @@ BAD_VALUES = {  # header field -> (code, values of the wrong type or out of rang
     "route": ("bad_message", [True, 1, 1.5, "a", {"a": 1}, [1], [b"a"], [""], ["a"] * 17, [["a"]]]),
     "sender": ("bad_message", [True, 1, 1.5, b"a", [1], {"a": 1}, "a" * 200]),
     "node": ("bad_message", [True, 1, 1.5, b"a", ["a"], {"a": 1}, "a" * 200]),
+    "traceparent": (
+        "bad_message",
+        [*CONFUSED, "", TP.upper(), TP + "\n", " " + TP, "01" + TP[2:], TP[:-1], TP.replace("0af7", "0000" * 8),
+         "00-" + "0" * 32 + TP[35:], TP[:36] + "0" * 16 + TP[52:], TP.replace("-", "_")],
+    ),  # fmt: skip
+    "trace_parts": (
+        "bad_message",
+        [*CONFUSED, [[1]], [[1, TP, 1]], [[0, TP]], [[-1, ""]], [[True, ""]], [[1.0, ""]], [["1", ""]], [[1, None]],
+         [[1, "x"]], [[1, TP.upper()]], [1, TP], [(1, b"")], [[1, ""]] * 4097],
+    ),  # fmt: skip
 }
 
 
@@ -210,6 +235,8 @@ _keys = st.sampled_from(
         "route",
         "sender",
         "node",
+        "traceparent",
+        "trace_parts",
         "served_by",
         "code",
         "message",
@@ -231,6 +258,9 @@ def _accepted_header_is_in_schema(h: dict, tensors: dict) -> None:
         assert type(h["route"]) is list and all(type(r) is str for r in h["route"])
     for key in ("sender", "node"):
         assert key not in h or type(h[key]) is str
+    assert "traceparent" not in h or P.is_traceparent(h["traceparent"])
+    assert "trace_parts" not in h or (0 < len(h["trace_parts"]) <= P.MAX_TRACE_PARTS and all(
+        type(c) is int and c >= 1 and (tp == "" or P.is_traceparent(tp)) for c, tp in h["trace_parts"]))  # fmt: skip
     for a in tensors.values():
         assert a.dtype.name in P.DTYPES
 
@@ -352,7 +382,7 @@ def test_valid_messages_take_the_one_pass_path(kinds):
 @pytest.mark.parametrize(
     "field, code",
     [("stage", "bad_stage"), ("deadline", "bad_message"), ("route", "bad_message"), ("sender", "bad_message"),
-     ("node", "bad_message")],
+     ("node", "bad_message"), ("traceparent", "bad_message"), ("trace_parts", "bad_message")],
 )  # fmt: skip
 def test_nil_is_no_value_of_any_field_an_absent_one_takes_its_default(field, code):
     """A field present with nil (msgpack None) is refused like any wrong type, never read as absent:
@@ -366,4 +396,6 @@ def test_nil_is_no_value_of_any_field_an_absent_one_takes_its_default(field, cod
     assert _checked_or_none(frames, P.KINDS) is None  # the documented checks refuse it too
     header.pop(field)
     absent = P.decode([msgpack.packb(header), bytes(24)]).head
-    assert getattr(absent, field) == {"stage": 1, "deadline": 0.0, "route": [], "sender": "", "node": ""}[field]
+    defaults = {"stage": 1, "deadline": 0.0, "route": [], "sender": "", "node": ""}
+    defaults.update(traceparent="", trace_parts=())
+    assert getattr(absent, field) == defaults[field]

@@ -231,6 +231,74 @@ def test_the_simulator_takes_each_nodes_backend_profile(bundle_dir, tmp_path, ru
     assert ok.code == 0, ok.err
 
 
+# ---------------------------------------------------------------- tracing: one trace across the tiers
+
+
+def test_a_forwarded_request_is_one_trace_with_spans_from_device_edge_and_cloud(bundle_dir, digits, tmp_path):
+    """Issue 33's "Done when": a request sent with a traceparent to a device whose thresholds forward it to the
+    cloud is one trace, in the spans files and through a real OTLP/HTTP receiver: device, edge and cloud each
+    a request span with its queue, compute (and forward) spans, each node's request span the child of the
+    node below's forward span."""
+    pytest.importorskip("opentelemetry.sdk")
+    from otlp_receiver import OtlpReceiver
+
+    from cis.runtime.tracing import read_spans
+
+    trace, client_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+    receiver = OtlpReceiver()
+    env = {**os.environ, "OTEL_BSP_SCHEDULE_DELAY": "100"}
+    proc = start(
+        "serve", bundle_dir, "--all", "--free-ports", "--json", "--no-cap", "--threshold", "inf", "--provider", "cpu",
+        "--spans-file", tmp_path / "{node}.spans.jsonl", "--otlp-endpoint", receiver.url, *FAST, env=env,
+    )  # fmt: skip
+    try:
+        nodes = started_nodes(proc)
+        device = sorted(nid for nid, n in nodes.items() if n["exit"] == 1)[0]
+        edge = nodes[device]["parent"]
+        cloud = nodes[edge]["parent"]
+        with Client(nodes[device]["address"], timeout=20) as c:
+            traced = c.infer(digits[:4], traceparent=f"00-{trace}-{client_span}-01")
+            plain = c.infer(digits[:4])
+        services = {f"cis-{n}" for n in (device, edge, cloud)}
+        exported = receiver.wait(lambda s: len([x for x in s if x["trace_id"] == trace]) >= 11)
+    finally:
+        assert stop(proc) == 0
+        receiver.close()
+    assert traced.exit.tolist() == [3] * 4 and traced.served_by == [cloud] * 4
+    for a in ("cls", "confidence", "exit", "flags", "served_by"):  # a trace context changes no answer
+        assert np.array_equal(getattr(traced, a), getattr(plain, a)), a
+
+    spans = [s for nid in (device, edge, cloud) for s in read_spans(tmp_path / f"{nid}.spans.jsonl")]
+    mine = [s for s in spans if s.trace_id == trace]
+    kinds = {(s.node, s.kind): s for s in mine}
+    assert len(kinds) == len(mine) == 11 and {n for n, _ in kinds} == {device, edge, cloud}
+    parent = client_span
+    for nid, stages, last in ((device, (1, 1), False), (edge, (2, 2), False), (cloud, (3, 3), True)):
+        req = kinds[(nid, "request")]
+        assert req.parent_id == parent and req.samples == 4 and (req.stage_from, req.stage_to) == stages
+        for kind in ("queue", "compute") + (() if last else ("forward",)):
+            s = kinds[(nid, kind)]
+            assert s.parent_id == req.span_id and req.start <= s.start <= s.end <= req.end and s.samples == 4
+        assert kinds[(nid, "compute")].batch == 4 and kinds[(nid, "queue")].end <= kinds[(nid, "compute")].start
+        if not last:
+            parent = kinds[(nid, "forward")].span_id
+    assert (cloud, "forward") not in kinds
+    for below, above in ((device, edge), (edge, cloud)):  # the parent's time lies inside the child's forward
+        fwd, req = kinds[(below, "forward")], kinds[(above, "request")]
+        assert fwd.start - 0.005 <= req.start and req.end <= fwd.end + 0.005
+    assert len({s.trace_id for s in spans}) == 2  # the request without a context: a trace of its own
+
+    otlp = [x for x in exported if x["trace_id"] == trace]
+    assert {(x["span_id"], x["parent_id"], x["name"]) for x in otlp} == {(s.span_id, s.parent_id, s.kind) for s in mine}
+    assert {x["service"] for x in otlp} == services
+    for x in otlp:
+        s = next(s for s in mine if s.span_id == x["span_id"])
+        assert x["attributes"]["cis.node"] == s.node and x["attributes"]["cis.samples"] == s.samples
+        assert abs(x["start"] / 1e9 - s.start) < 1e-6 and abs(x["end"] / 1e9 - s.end) < 1e-6
+    answered = next(x for x in otlp if x["name"] == "request" and x["service"] == f"cis-{cloud}")
+    assert answered["attributes"]["cis.exit"] == 3 and answered["attributes"]["cis.outcome"] == "ok"
+
+
 # ---------------------------------------------------------------- on a GPU
 
 

@@ -24,6 +24,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
 
 from cis.errors import CisError
 from training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, P_MODES, STEP_RULES
+from training.data_ref import USER_KINDS, data_kind
 from training.methods.registry import resolve_options
 
 # Per-dataset training defaults. CIFAR: the paper's (SGD 0.1 cosine, momentum 0.9,
@@ -48,6 +49,14 @@ DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
     "cifar10": {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "batch_size": 128, "augment": True, "rounds": 100},
     "cifar100": {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "batch_size": 128, "augment": True, "rounds": 100},
 }
+# The user's data (--data PATH.npz | DIR | hf:DIR | PATH.py:FACTORY): digits' SGD settings, torch's threads, no
+# augmentation.
+USER_DATA_DEFAULTS: dict[str, Any] = {
+    "lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4, "batch_size": 32, "augment": False, "rounds": 30,
+}
+DATASET_DEFAULTS.update({kind: USER_DATA_DEFAULTS for kind in USER_KINDS})
+# training/partition.py: the layer shares, or "node": the data's own node column
+PARTITIONS = ("equal", "biased", "highly-biased", "node")
 
 
 @dataclass(frozen=True)
@@ -101,8 +110,12 @@ class RunConfig:
     weights: list[float] | None = None  # explicit Lambda~ (strategy "explicit")
     rounds: int | None = setting(None, COUNT)
     seed: int = 0
-    partition: str = "equal"
+    # layer shares (equal, biased, highly-biased; a list of shares in a config file) or "node": the data's node column
+    partition: str | list[float] = setting("equal", Rule(lambda v: v in PARTITIONS or isinstance(v, list),
+                                                         " or ".join(map(repr, PARTITIONS)) + " or a list of shares"))
     dirichlet: float | None = None
+    # one model on the pooled data, exit losses weighted by the strategy's Lambda~ (training/centralised.py)
+    centralised: bool = setting(False, Rule(lambda v: isinstance(v, bool), "true or false"))
     # Algorithm 1 as printed, or "authors-code": as arodio/FedCIS runs it (docs/training.md)
     algorithm: str = setting("printed", one_of(ALGORITHMS))
     p: float = 0.0
@@ -147,13 +160,12 @@ class RunConfig:
 
     @property
     def dataset_name(self) -> str:
-        return self.dataset.partition(":")[0]
+        """The data's kind: digits, cifar10, cifar100, or the user's npz, images, hf, factory (training/data_ref.py)."""
+        return data_kind(self.dataset)
 
     def resolved(self) -> RunConfig:
         """Fill the per-dataset defaults."""
-        d = DATASET_DEFAULTS.get(self.dataset_name)
-        if d is None:
-            raise CisError(f"dataset {self.dataset!r}: unknown, expected 'digits', 'cifar10:PATH' or 'cifar100:PATH'")
+        d = DATASET_DEFAULTS[self.dataset_name]
         out = RunConfig(**asdict(self))
         for k, v in d.items():
             if getattr(out, k) is None:
@@ -183,11 +195,26 @@ class RunConfig:
             for key, only in (("p_mode", "multiply"), ("coefficient_rule", "literal"), ("bn_rule", "literal")):
                 if getattr(self, key) != only:
                     raise self._bad(key, f"{only!r} under algorithm 'authors-code' (the authors' code has no other)")
+        if self.partition == "node" and self.dirichlet is not None:
+            raise CisError("config: partition 'node' takes each sample's node from the data; drop dirichlet")
+        if self.centralised:
+            self._check_centralised()
         if self.method != "cis" and (self.p or self.p_matrix):
             raise CisError(
                 f"config: --p / p_matrix sample lower exits in Algorithm 1; method {self.method!r} chooses its own "
                 "sub-models"
             )
+
+    def _check_centralised(self) -> None:
+        """--centralised trains the early-exit model of Algorithm 1 on pooled data: no partition, no exit sampling."""
+        if self.method != "cis":
+            raise CisError(f"config: centralised trains method 'cis' (weighted exit losses), not {self.method!r}")
+        if self.partition == "node":
+            raise self._bad("partition", "layer shares with centralised (one model on the pooled data, no nodes)")
+        for key, neutral in (("algorithm", "printed"), ("dirichlet", None), ("p", 0.0), ("p_matrix", None),
+                             ("participation", 1.0), ("lower_exit_steps", "same")):
+            if getattr(self, key) != neutral:
+                raise self._bad(key, f"{neutral!r} with centralised (one model on the pooled data, no nodes)")
 
     def _bad(self, key: str, expected: str) -> CisError:
         return CisError(f"config: field {key!r} is {getattr(self, key)!r}; expected {expected}")

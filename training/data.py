@@ -1,7 +1,6 @@
-"""Datasets: the bundled 8x8 digits and CIFAR-10/100 read from a local folder.
+"""Datasets: ``load_dataset(ref)`` -> train/validation/test splits for any data reference.
 
-``load_dataset(spec)`` returns train/validation/test splits as normalised float32
-arrays in (N, C, H, W) layout. Specs:
+References (training/data_ref.py parses them, torch-free):
 
 - ``digits``: scikit-learn's bundled 8x8 digits (no download), split 70/10/20 %
   with a seed and normalised with the training split's mean and std.
@@ -13,31 +12,34 @@ arrays in (N, C, H, W) layout. Specs:
     ``PATH/cifar-100-python/{train,test}``, or PATH being that folder itself);
   * an image folder ``PATH/{train,test}/<class>/*.png|jpg`` with the classes in
     alphabetical order (images are converted to RGB and resized to 32x32 when
-    they are another size).
+    they are another size; training/data_images.py).
 
   The training set is split into train/validation with a seed (the paper's
   45k/5k: ``val_size`` defaults to 5000, capped at 10 % of a smaller training
   set) and everything is normalised with the standard CIFAR constants.
+- ``PATH.npz``, an image folder ``DIR``, ``hf:DIR``, ``PATH.py:FACTORY`` | ``pkg.module:FACTORY``: the
+  user's data (training/data_sources.py), checked and split by training/dataset.py.
 
-Decoded image folders are cached as ``.npz`` under ``$CIS_CACHE_DIR`` (default
-``~/.cache/cis``), keyed by the folder's path and its files' sizes and mtimes;
-the dataset folder itself is never written to (it may be read-only).
+The splits carry the sha256 of the user's data (:func:`training.data_ref.data_sha256`); a run records it
+and :func:`load_run_data` refuses data that changed since.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 import pickle
-import zipfile
-from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
 
 from cis.errors import CisError
+from training.data_images import has_split_layout, read_image_folder
+from training.data_ref import BUILTIN, check_unchanged, data_sha256, parse_data_ref
+from training.data_sources import load_user_data
+from training.dataset import Dataset, DataSplits, check_val_size, seeded_split, train_val_split
+
+__all__ = ["DataSplits", "Dataset", "augment_batch", "augment_options", "load_dataset", "load_run_data"]
 
 CIFAR10_MEAN = (0.4914, 0.4822, 0.4465)
 CIFAR10_STD = (0.2470, 0.2435, 0.2616)
@@ -45,62 +47,45 @@ CIFAR100_MEAN = (0.5071, 0.4865, 0.4409)
 CIFAR100_STD = (0.2673, 0.2564, 0.2762)
 
 _CIFAR_VAL_SIZE = 5000
-_IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg"}
 _CIFAR_SIZE = 32
 
 
-@dataclass
-class Dataset:
-    """Normalised images ``x`` (N, C, H, W) float32 and labels ``y`` (N,) int64."""
-
-    x: np.ndarray
-    y: np.ndarray
-    classes: list[str]
-    mean: list[float]
-    std: list[float]
-    name: str
-
-    def __len__(self) -> int:
-        return len(self.y)
-
-    @property
-    def num_classes(self) -> int:
-        return len(self.classes)
-
-    @property
-    def input_shape(self) -> tuple[int, int, int]:
-        """(C, H, W) of one sample."""
-        return tuple(self.x.shape[1:])  # type: ignore[return-value]
-
-    def subset(self, indices: np.ndarray) -> Dataset:
-        """The samples at ``indices`` (e.g. one node's partition), same metadata."""
-        return Dataset(self.x[indices], self.y[indices], self.classes, self.mean, self.std, self.name)
-
-
-@dataclass
-class DataSplits:
-    """Train, validation (held out of the training set) and test sets of one dataset."""
-
-    train: Dataset
-    val: Dataset
-    test: Dataset
-
-
 def load_dataset(spec: str, seed: int = 0, val_size: int | None = None, cache: bool = True) -> DataSplits:
-    """Load ``digits``, ``cifar10:PATH`` or ``cifar100:PATH`` as seeded train/val/test splits.
+    """The seeded train/val/test splits of a data reference (the module doc lists them).
 
     ``val_size`` is the number of training samples held out for validation
-    (default: 10 % for digits, 5000 capped at 10 % of the training set for CIFAR).
-    ``cache`` enables the decoded-image cache for image-folder layouts.
+    (default: 10 % for digits and the user's data, 5000 capped at 10 % of the training set for CIFAR).
+    ``cache`` enables the decoded-image cache for image folders.
     """
-    name, sep, path = spec.partition(":")
-    if name == "digits" and not sep:
+    ref = parse_data_ref(spec, "dataset")
+    if ref.kind == "digits":
         return _load_digits(seed, val_size)
-    if name in ("cifar10", "cifar100"):
-        if not path:
-            raise CisError(f"dataset {spec!r}: missing folder, expected '{name}:PATH'")
-        return _load_cifar(name, Path(path).expanduser(), seed, val_size, cache)
-    raise CisError(f"dataset {spec!r}: unknown dataset, expected 'digits', 'cifar10:PATH' or 'cifar100:PATH'")
+    if ref.kind in ("cifar10", "cifar100"):
+        assert ref.path is not None
+        return _load_cifar(ref.kind, ref.path, seed, val_size, cache)
+    sha256 = data_sha256(spec)
+    splits = load_user_data(ref, seed, val_size, cache)
+    splits.sha256 = sha256
+    return splits
+
+
+def load_run_data(meta: dict[str, Any], where: str) -> DataSplits:
+    """The splits a run (its checkpoint meta or config) trained on; one line when its data file changed since."""
+    check_unchanged(str(meta["dataset"]), meta.get("data_sha256"), where)
+    return load_dataset(str(meta["dataset"]), seed=int(meta.get("seed", 0)), val_size=meta.get("val_size"))
+
+
+def image_family(name: str, input_shape: tuple[int, ...]) -> str:
+    """The built-in data set whose model fits data of ``input_shape``: its own for a built-in data set, else
+    ``digits`` (the small CNN) for square images up to 16 px and ``cifar10`` (ResNet-18) for larger ones."""
+    if name in BUILTIN:
+        return name
+    if len(input_shape) != 3 or input_shape[1] != input_shape[2]:
+        raise CisError(
+            f"data of shape {input_shape} per sample: the built-in models take square images (C, H, W); "
+            "pass your own model (--model PATH.py:FACTORY, docs/your-model.md)"
+        )
+    return "digits" if input_shape[1] <= 16 else "cifar10"
 
 
 def augment_options(name: str) -> dict[str, int | bool]:
@@ -111,9 +96,12 @@ def augment_options(name: str) -> dict[str, int | bool]:
     """
     if name == "digits":
         return {"padding": 1, "flip": False}
-    if name in ("cifar10", "cifar100"):
+    if name in ("cifar10", "cifar100", "images"):
         return {"padding": 4, "flip": True}
-    raise CisError(f"augmentation for dataset {name!r}: unknown dataset, expected 'digits', 'cifar10' or 'cifar100'")
+    raise CisError(
+        f"augmentation for dataset {name!r}: crops and flips are for images; expected digits, cifar10, cifar100 "
+        "or an image folder (set augment = false)"
+    )
 
 
 def augment_batch(
@@ -143,32 +131,13 @@ def augment_batch(
     return x.contiguous()
 
 
-def _train_val_split(n: int, val_size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    order = np.random.default_rng(seed).permutation(n)
-    return np.sort(order[val_size:]), np.sort(order[:val_size])
-
-
-def _check_val_size(spec: str, val_size: int, n_train: int) -> None:
-    if isinstance(val_size, bool) or not isinstance(val_size, int) or not 0 <= val_size < n_train:
-        raise CisError(f"dataset {spec}: val_size is {val_size!r}, expected an integer in 0..{n_train - 1}")
-
-
 def _load_digits(seed: int, val_size: int | None) -> DataSplits:
     from sklearn.datasets import load_digits
 
     raw = load_digits()
     x = (raw.data.reshape(-1, 1, 8, 8) / 16.0).astype(np.float32)
     y = raw.target.astype(np.int64)
-    order = np.random.default_rng(seed).permutation(len(y))
-    n_test = round(0.2 * len(y))
-    n_rest = len(y) - n_test
-    n_val = round(0.1 * len(y)) if val_size is None else val_size
-    _check_val_size("digits", n_val, n_rest)
-    test_idx, val_idx, train_idx = (
-        np.sort(order[:n_test]),
-        np.sort(order[n_test : n_test + n_val]),
-        np.sort(order[n_test + n_val :]),
-    )
+    train_idx, val_idx, test_idx = seeded_split(len(y), seed, val_size, "digits")
     mean = [float(x[train_idx].mean())]
     std = [float(x[train_idx].std())]
     x = ((x - mean[0]) / std[0]).astype(np.float32)
@@ -188,8 +157,11 @@ def _load_cifar(name: str, root: Path, seed: int, val_size: int | None, cache: b
     pickle_dir = _find_pickle_dir(name, root)
     if pickle_dir is not None:
         train_x, train_y, test_x, test_y, classes = _read_cifar_pickles(name, pickle_dir)
-    elif (root / "train").is_dir() and (root / "test").is_dir():
-        train_x, train_y, test_x, test_y, classes = _read_image_folder_cached(root, cache)
+    elif has_split_layout(root):
+        folder = read_image_folder(root, cache, _CIFAR_SIZE, 3)
+        train, test = folder.split == 0, folder.split == 2
+        train_x, train_y, test_x, test_y = folder.x[train], folder.y[train], folder.x[test], folder.y[test]
+        classes = folder.classes
     else:
         sub = "cifar-10-batches-py" if name == "cifar10" else "cifar-100-python"
         raise CisError(
@@ -200,8 +172,8 @@ def _load_cifar(name: str, root: Path, seed: int, val_size: int | None, cache: b
         raise CisError(f"dataset {spec}: found {len(classes)} classes in {root}, expected {num_classes} for {name}")
 
     n_val = min(_CIFAR_VAL_SIZE, len(train_y) // 10) if val_size is None else val_size
-    _check_val_size(spec, n_val, len(train_y))
-    train_idx, val_idx = _train_val_split(len(train_y), n_val, seed)
+    check_val_size(spec, n_val, len(train_y))
+    train_idx, val_idx = train_val_split(len(train_y), n_val, seed)
     mean, std = (CIFAR10_MEAN, CIFAR10_STD) if name == "cifar10" else (CIFAR100_MEAN, CIFAR100_STD)
 
     def part(x: np.ndarray, y: np.ndarray) -> Dataset:
@@ -312,79 +284,4 @@ def _read_cifar_pickles(name: str, folder: Path) -> tuple[np.ndarray, np.ndarray
                 f"CIFAR meta {folder / meta_file}: entry {names_key!r} malformed, expected {num_classes} names"
             )
         classes = [n.decode() if isinstance(n, bytes) else str(n) for n in names]
-    return train_x, train_y, test_x, test_y, classes
-
-
-# ---------------------------------------------------------- image-folder layout
-
-
-def _class_files(split_dir: Path, classes: list[str]) -> list[tuple[Path, int]]:
-    files = []
-    for label, cls in enumerate(classes):
-        cls_dir = split_dir / cls
-        if not cls_dir.is_dir():
-            raise CisError(
-                f"image folder {split_dir}: class folder {cls!r} not found, expected the same classes as train/"
-            )
-        images = sorted(p for p in cls_dir.iterdir() if p.suffix.lower() in _IMAGE_SUFFIXES)
-        if not images:
-            raise CisError(f"image folder {cls_dir}: no images, expected *.png or *.jpg files")
-        files.extend((p, label) for p in images)
-    return files
-
-
-def _image_folder_files(root: Path) -> tuple[list[str], list[tuple[Path, int]], list[tuple[Path, int]]]:
-    classes = sorted(p.name for p in (root / "train").iterdir() if p.is_dir())
-    if not classes:
-        raise CisError(f"image folder {root / 'train'}: no class folders, expected train/<class>/*.png")
-    extra = sorted({p.name for p in (root / "test").iterdir() if p.is_dir()} - set(classes))
-    if extra:
-        raise CisError(f"image folder {root / 'test'}: classes {extra} are not in train/, expected the same classes")
-    return classes, _class_files(root / "train", classes), _class_files(root / "test", classes)
-
-
-def _decode(files: list[tuple[Path, int]]) -> tuple[np.ndarray, np.ndarray]:
-    x = np.empty((len(files), 3, _CIFAR_SIZE, _CIFAR_SIZE), np.uint8)
-    for i, (path, _) in enumerate(files):
-        try:
-            with Image.open(path) as img:
-                img = img.convert("RGB")
-                if img.size != (_CIFAR_SIZE, _CIFAR_SIZE):
-                    img = img.resize((_CIFAR_SIZE, _CIFAR_SIZE), Image.BILINEAR)
-                x[i] = np.asarray(img).transpose(2, 0, 1)
-        except (UnidentifiedImageError, OSError, SyntaxError) as exc:
-            raise CisError(f"image {path}: cannot be decoded ({exc}), expected a PNG or JPEG image") from None
-    return x, np.array([label for _, label in files], np.int64)
-
-
-def _cache_path(root: Path, files: list[tuple[Path, int]]) -> Path:
-    digest = hashlib.sha256(str(root.resolve()).encode())
-    for path, label in files:
-        st = path.stat()
-        digest.update(f"{path.relative_to(root)}|{label}|{st.st_size}|{st.st_mtime_ns}\n".encode())
-    cache_dir = Path(os.environ.get("CIS_CACHE_DIR") or Path.home() / ".cache" / "cis")
-    return cache_dir / f"imagefolder-{digest.hexdigest()[:24]}.npz"
-
-
-def _read_image_folder_cached(
-    root: Path, cache: bool
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, list[str]]:
-    classes, train_files, test_files = _image_folder_files(root)
-    cache_file = _cache_path(root, train_files + test_files) if cache else None
-    if cache_file is not None and cache_file.is_file():
-        try:
-            with np.load(cache_file, allow_pickle=False) as z:
-                return z["train_x"], z["train_y"], z["test_x"], z["test_y"], [str(c) for c in z["classes"]]
-        except (OSError, ValueError, KeyError, zipfile.BadZipFile):
-            pass  # a stale or truncated cache is rebuilt below
-    train_x, train_y = _decode(train_files)
-    test_x, test_y = _decode(test_files)
-    if cache_file is not None:
-        tmp = cache_file.with_suffix(f".{os.getpid()}.tmp.npz")
-        try:
-            cache_file.parent.mkdir(parents=True, exist_ok=True)
-            np.savez(tmp, train_x=train_x, train_y=train_y, test_x=test_x, test_y=test_y, classes=np.array(classes))
-            os.replace(tmp, cache_file)
-        except OSError:
-            tmp.unlink(missing_ok=True)  # the cache is an optimisation; an unwritable home is fine
     return train_x, train_y, test_x, test_y, classes

@@ -16,6 +16,10 @@ moved, one at a time, from a node with a surplus to one with a deficit, choosing
 the class whose rounded count is furthest from the target in that direction.
 Node sizes are therefore exact and the class mix is as close to the Dirichlet
 draw as the size constraints allow.
+
+Scheme ``node`` (:func:`partition_by_column`) takes each sample's node from the data itself (an npz's
+``node`` array, a Hugging Face dataset's ``node`` column): a node's index in the spec's node order
+(0-based) or its id; every node must get at least one sample.
 """
 
 from __future__ import annotations
@@ -119,6 +123,10 @@ def node_sizes(num_samples: int, nodes: Sequence[NodeLike], scheme: str | Sequen
     nodes = list(nodes)
     if not nodes:
         raise CisError("partition nodes: none given, expected at least one node")
+    if num_samples < len(nodes):
+        raise CisError(
+            f"partition: {num_samples} training samples for {len(nodes)} nodes; expected at least one sample per node"
+        )
     ids = [n.id for n in nodes]
     if len(set(ids)) != len(ids):
         raise CisError(f"partition nodes: duplicate node ids in {ids}, expected unique ids")
@@ -139,6 +147,37 @@ def node_sizes(num_samples: int, nodes: Sequence[NodeLike], scheme: str | Sequen
                 )
             sizes[node_id] = int(size)
     return {i: sizes[i] for i in ids}
+
+
+def partition_by_column(column: np.ndarray | None, nodes: Sequence[NodeLike], where: str) -> dict[str, np.ndarray]:
+    """``{node_id: sorted indices}`` from a node per sample (its index in ``nodes`` or its id)."""
+    ids = [n.id for n in nodes]
+    if column is None:
+        raise CisError(f"partition 'node': the data {where} has no node column; expected 'node' beside x and y")
+    column = np.asarray(column)
+    if column.dtype.kind in "USO":
+        names = np.array([v.decode() if isinstance(v, bytes) else str(v) for v in column.tolist()])
+        unknown = sorted(set(names.tolist()) - set(ids))
+        if unknown:
+            raise CisError(
+                f"data {where}: node column names node {unknown[0]!r}; the spec's nodes are {', '.join(ids)}"
+            )
+        index = np.array([ids.index(v) for v in names.tolist()], np.int64)
+    elif np.issubdtype(column.dtype, np.integer):
+        index = column.astype(np.int64)
+        outside = index[(index < 0) | (index >= len(ids))]
+        if len(outside):
+            raise CisError(
+                f"data {where}: node column names node index {int(outside[0])}; the spec has {len(ids)} nodes, "
+                f"expected 0..{len(ids) - 1} (or node ids)"
+            )
+    else:
+        raise CisError(f"data {where}: node column has dtype {column.dtype}; expected node indices or node ids")
+    parts = {i: np.flatnonzero(index == k) for k, i in enumerate(ids)}
+    empty = [i for i, idx in parts.items() if not len(idx)]
+    if empty:
+        raise CisError(f"data {where}: node column gives node {empty[0]!r} no training sample; expected at least one")
+    return parts
 
 
 def _largest_remainder(total: int, weights: np.ndarray) -> np.ndarray:

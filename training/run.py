@@ -5,7 +5,8 @@ RUN_DIR holds
     spec.toml       the CIS spec the run trains for
     weights.json    the aggregation weights (and sigma for balanced-adj)
     metrics.jsonl   one line per round: per-exit loss, validation accuracy per exit, CIS accuracy, seconds
-    checkpoint.*    training/checkpoint.py (meta: model, classes, normalisation, dataset, seed, spec, weights, round);
+    checkpoint.*    training/checkpoint.py (meta: model, classes, normalisation, dataset and its data_sha256, seed,
+                    spec, weights, round, centralised);
                     extra state: per-node momentum buffers and the round number
     summary.json    final per-exit and CIS test accuracy, served shares, calibrated thresholds, weights
 """
@@ -26,24 +27,27 @@ import torch
 
 from cis.errors import CisError
 from cis.policy import evaluate_cis
-from cis.rates import compute_rates
 from cis.spec import CisSpec, load_spec, parse_spec, spec_to_dict, write_spec
 from cis.topologies import make_spec
-from training.aggregation.weights import Weights, make_weights
+from training.aggregation.weights import Weights
 from training.builders import build_method_setup, method_model
-from training.checkpoint import load_checkpoint, save_checkpoint
+from training.centralised import centralised_setup
+from training.checkpoint import load_checkpoint, read_json, save_checkpoint
+from training.clients import make_clients, run_splits, weight_sizes
 from training.config import RunConfig
-from training.data import DataSplits, augment_options, load_dataset
+from training.data import DataSplits, augment_options, load_run_data
+from training.data_ref import check_digest
 from training.device import describe, run_device, with_amp
 from training.engine import FederatedEngine
 from training.evaluate import cis_report, predict_exits
-from training.flops import exit_costs
 from training.grad_variance import gradient_variance
 from training.local import Client, local_steps
 from training.methods.static_bn import refresh_statistics
 from training.models import EarlyExitNet
-from training.partition import partition
+from training.run_weights import appendix_c_sigma, model_has_exit_gradients, run_weights
 from training.warm_start import warm_start
+
+__all__ = ["Setup", "appendix_c_sigma", "build_setup", "run_weights", "train_run"]  # run_weights.py's, re-exported
 
 logger = logging.getLogger(__name__)
 
@@ -87,22 +91,12 @@ def build_setup(
     if config.threads:
         torch.set_num_threads(config.threads)
     device = run_device(config, log)
-    splits = splits or load_dataset(config.dataset, seed=config.seed, val_size=config.val_size)
-    if config.train_subset is not None and config.train_subset < len(splits.train):
-        keep = np.sort(np.random.default_rng(config.seed).permutation(len(splits.train))[: config.train_subset])
-        splits = DataSplits(splits.train.subset(keep), splits.val, splits.test)
+    splits = run_splits(config, splits)
     train = splits.train
     spec = spec or resolve_spec(config, train.num_classes)
-    parts = partition(train.y, spec.nodes, config.partition, config.dirichlet, seed=config.seed)
-    xt, yt = torch.from_numpy(train.x), torch.from_numpy(train.y)
-    clients = [
-        Client(
-            n.id, k, n.exit, xt[torch.from_numpy(parts[n.id])].to(device), yt[torch.from_numpy(parts[n.id])].to(device)
-        )
-        for k, n in enumerate(spec.nodes)
-    ]
-    sizes = [c.size for c in clients]
-    steps = local_steps(sizes, config.batch_size, config.local_epochs, config.local_steps)
+    clients = make_clients(config, spec, train, device)
+    steps = local_steps([c.size for c in clients], config.batch_size, config.local_epochs, config.local_steps)
+    sizes = weight_sizes(config, spec, clients, len(train))
     sgd = {  # the local trainers' SGD settings
         "lr": config.lr,
         "momentum": config.momentum,
@@ -114,7 +108,10 @@ def build_setup(
         "augment": augment_options(train.name) if config.augment else None,
     }
     weights_for = lambda model, matrix: run_weights(config, spec, model, matrix, sizes, train, log)  # noqa: E731
-    m = build_method_setup(config, spec, train, clients, sgd, weights_for, log)  # training/builders.py, every method
+    if config.centralised:  # one model on the pooled data (training/centralised.py)
+        m = centralised_setup(config, spec, train, sgd, weights_for)
+    else:
+        m = build_method_setup(config, spec, train, clients, sgd, weights_for, log)  # training/builders.py
     if m.model.num_exits != spec.num_exits:
         raise CisError(
             f"spec {spec.name!r}: has {spec.num_exits} exits; the {config.method} model has {m.model.num_exits}"
@@ -125,78 +122,14 @@ def build_setup(
     return Setup(config, spec, splits, m.model, clients, m.matrix, m.weights, engine, steps, device)
 
 
-def run_weights(
-    config: RunConfig,
-    spec: CisSpec,
-    model: EarlyExitNet,
-    matrix: np.ndarray,
-    sizes: list[int],
-    train,
-    log: Callable[[str], None],
-) -> Weights:
-    """The ``--strategy`` aggregation weights Lambda~ for this model and sampling matrix."""
-    lam = config.exit_rates or [compute_rates(spec).exit_serving_rate[e] for e in range(1, spec.num_exits + 1)]
-    if len(lam) != spec.num_exits:
-        raise CisError(f"config: exit_rates has {len(lam)} values; spec {spec.name!r} has {spec.num_exits} exits")
-    sigma = config.sigma
-    needs_sigma = config.strategy in ("balanced-adj", "balanced-ramp")
-    authors = config.algorithm == "authors-code"
-    if needs_sigma and sigma is None and authors:
-        sigma = appendix_c_sigma(model)
-        log(
-            "balanced-adj (authors-code): "
-            + (
-                "the Appendix-C constants " + ", ".join(map(str, sigma))
-                if sigma
-                else "exits not after conv layers 3, 9, 17 (or 9, 13, 17) of ResNet-18: sigma measured"
-            )
-        )
-    if needs_sigma and sigma is None:
-        if not model_has_exit_gradients(model):
-            raise CisError(
-                f"--strategy balanced-adj: method {config.method!r} trains nested sub-models, whose per-exit gradient "
-                "variance cannot be measured on one shared graph; give 'sigma' in the config file or pick another "
-                "strategy"
-            )
-        var = gradient_variance(model, train.x, train.y, config.batch_size, config.sigma_batches, config.seed)
-        sigma = [float(np.sqrt(v)) for v in var]
-        log("gradient variance per exit (Appendix C): " + ", ".join(f"{v:.3g}" for v in var))
-    flops = [c["flops"] for c in exit_costs(model)] if config.strategy in ("flops", "auto") else None
-    return make_weights(
-        config.strategy,
-        spec.num_exits,
-        total_rounds=config.rounds,
-        exit_serving_rate=lam,
-        flops=flops,
-        sigma=sigma,
-        matrix=matrix,
-        sizes=sizes,
-        vector=config.weights,
-        balanced_rule=config.algorithm,
-        node_exits=[n.exit for n in spec.nodes],
-    )
-
-
-def appendix_c_sigma(model: EarlyExitNet) -> list[float] | None:
-    """The authors' hard-coded sigma_e for a ResNet-18 whose exits sit where theirs do, else None."""
-    from training.aggregation.weights import APPENDIX_C_SIGMA
-
-    cfg = model.config()
-    found = APPENDIX_C_SIGMA.get(tuple(cfg.get("exits", ()))) if cfg.get("arch") == "resnet18" else None
-    return list(found) if found else None
-
-
-def model_has_exit_gradients(model: EarlyExitNet) -> bool:
-    """False for nested models, whose forward runs detached copies of the sub-models."""
-    return not hasattr(model, "submodel")
-
-
 def checkpoint_meta(s: Setup) -> dict[str, Any]:
     train = s.splits.train
     return {
         "classes": train.classes,
         "normalisation": {"mean": train.mean, "std": train.std},
         "dataset": s.config.dataset,
+        "data_sha256": s.splits.sha256,
+        "centralised": s.config.centralised,
         "method": s.config.method,
         "options": s.config.options,
         "seed": s.config.seed,
@@ -238,15 +171,17 @@ def write_json(path: Path, data: Any) -> None:
     tmp.replace(path)
 
 
-_PAIR_KEYS = ("node", "exit", "loss", "steps", "samples", "lr")
+_PAIR_KEYS = ("node", "exit", "loss", "steps", "samples", "lr", "exit_loss")
 
 
 def round_line(s: Setup, r: dict) -> dict[str, Any]:
     """The metrics.jsonl line of a round before evaluation: losses per exit, lr, weights, a method's own statistics."""
     line: dict[str, Any] = {"round": r["round"], "train_seconds": r["train_seconds"]}
     losses: dict[str, list[float]] = {}
-    for rec in r["pairs"]:
-        losses.setdefault(str(rec["exit"]), []).append(rec["loss"])
+    for rec in r["pairs"]:  # a centralised round's one pair trains every exit: its exit_loss has each one's
+        per_exit = rec.get("exit_loss") or {rec["exit"]: rec["loss"]}
+        for e, value in (enumerate(per_exit, 1) if isinstance(per_exit, list) else per_exit.items()):
+            losses.setdefault(str(e), []).append(value)
     line["loss"] = {e: float(np.mean(v)) for e, v in sorted(losses.items())}
     line["lr"] = r["pairs"][0]["lr"] if r["pairs"] else None
     extras = {rec["node"]: {k: v for k, v in rec.items() if k not in _PAIR_KEYS} for rec in r["pairs"]}
@@ -274,6 +209,8 @@ def train_run(
     """Train (or resume) a run into ``out``; returns the summary (or a partial result when stopped)."""
     out = Path(out)
     s = build_setup(config, spec=_open_run_dir(out, resume), log=log)
+    for earlier in ([out] if resume else []) + ([Path(config.init)] if config.init and not resume else []):
+        same_data(s, earlier)
     if not resume:
         if config.init:
             warm_start(s.engine, config, log)
@@ -291,19 +228,26 @@ def train_run(
 
 
 def _open_run_dir(out: Path, resume: bool) -> CisSpec | None:
-    """A new run's empty dir (made), or a resumed run's: its spec."""
+    """A resumed run's spec; for a new run, None (its dir is made once the data and model are built)."""
     if resume:
         if not (out / "config.json").is_file():
             raise CisError(f"{out}: nothing to resume; expected config.json from an earlier 'cis train --out {out}'")
         return load_spec(out / "spec.toml")
     if (out / "checkpoint.pt").exists():
         raise CisError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
-    out.mkdir(parents=True, exist_ok=True)
     return None
+
+
+def same_data(s: Setup, run_dir: Path) -> None:
+    """One line when the data a run (resumed, or the --init run) recorded is not the data just loaded."""
+    meta_file = run_dir / "checkpoint.json"
+    recorded = read_json(meta_file).get("data_sha256") if meta_file.is_file() else None
+    check_digest(s.config.dataset, s.splits.sha256, recorded, str(run_dir))
 
 
 def write_run_start(s: Setup, out: Path) -> None:
     """A new run dir's config.json, spec.toml and empty metrics.jsonl (both engines)."""
+    out.mkdir(parents=True, exist_ok=True)
     write_json(out / "config.json", s.config.to_json())
     write_spec(s.spec, out / "spec.toml")
     (out / "metrics.jsonl").write_text("")
@@ -403,6 +347,8 @@ def run_summary(s: Setup) -> dict[str, Any]:
         "final_exit_accuracy": report["exit_accuracy"][str(s.spec.num_exits)],
         "cis_accuracy": report["cis_accuracy"],
         "sgd_steps": sgd_steps(s),
+        "centralised": config.centralised,
+        "data_sha256": s.splits.sha256,
     }
 
 
@@ -410,7 +356,7 @@ def sgd_steps(s: Setup) -> dict[str, Any]:
     """The run's compute in local SGD steps: per node, the root's and the total."""
     per_node = {c.id: int(n) for c, n in zip(s.clients, s.engine.sgd_steps)}
     roots = [n.id for n in s.spec.nodes if n.parent is None]
-    root = per_node[roots[0]] if len(roots) == 1 else None
+    root = per_node.get(roots[0]) if len(roots) == 1 else None  # None: several roots, or centralised (no nodes)
     return {"total": sum(per_node.values()), "root": root, "per_node": per_node}
 
 
@@ -420,7 +366,7 @@ def evaluate_run(run_dir: str | Path, spec: CisSpec | None = None, measure: str 
     spec = spec or parse_spec(meta["spec"], f"{run_dir}/checkpoint.json")
     if spec.num_exits != model.num_exits:
         raise CisError(f"spec {spec.name!r}: has {spec.num_exits} exits; the run's model has {model.num_exits}")
-    splits = load_dataset(meta["dataset"], seed=int(meta.get("seed", 0)), val_size=meta.get("val_size"))
+    splits = load_run_data(meta, str(run_dir))
     val = predict_exits(model, splits.val.x)
     test = predict_exits(model, splits.test.x)
     report = cis_report(spec, val, splits.val.y, test, splits.test.y, measure, int(meta.get("seed", 0)))
@@ -429,7 +375,7 @@ def evaluate_run(run_dir: str | Path, spec: CisSpec | None = None, measure: str 
 
 def measure_grad_variance(config: RunConfig) -> list[float]:
     """sigma_e^2 of the initial model (as balanced-adj would measure it)."""
-    splits = load_dataset(config.dataset, seed=config.seed, val_size=config.val_size)
+    splits = run_splits(config)
     spec = resolve_spec(config, splits.train.num_classes)
     model = method_model(config, spec.num_exits, splits.train)
     if not model_has_exit_gradients(model):

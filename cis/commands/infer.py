@@ -10,6 +10,7 @@ normalisation). ``--out FILE.csv`` writes one row per sample, with the node it w
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Sequence
 
 from cis.cli import print_result
@@ -43,6 +44,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-size", type=int, default=1, help="samples per request with --connect (default 1)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds before a request counts as lost")
     p.add_argument("--seed", type=int, default=0, help="data split seed and entry assignment seed")
+    p.add_argument(
+        "--traceparent",
+        help="W3C trace context 00-<32 hex>-<16 hex>-<2 hex> that every request joins (default: the TRACEPARENT "
+        "environment variable); the nodes that trace record their spans in that trace",
+    )
     p.add_argument("--curve-key", help="own CurveZMQ .key_secret")
     p.add_argument("--server-key", help="the node's public .key")
     p.add_argument(
@@ -58,6 +64,15 @@ def run(args: argparse.Namespace) -> int:
     from cis.runtime.client import Client, Result, infer_spread, summarize
     from cis.runtime.security import CurveConfig
 
+    if args.traceparent is None and os.environ.get("TRACEPARENT", "").strip():
+        args.traceparent = os.environ["TRACEPARENT"].strip()  # OpenTelemetry's carrier for a process's context
+        where = "the TRACEPARENT variable"
+    else:
+        where = "--traceparent"
+    if args.traceparent is not None:
+        from cis.runtime.tracing import check_traceparent
+
+        check_traceparent(args.traceparent, where)
     data = read_dataset(args)
     x, y = data.x, data.y
     if args.n is not None:
@@ -67,8 +82,9 @@ def run(args: argparse.Namespace) -> int:
     if args.connect:
         with Client(args.connect, timeout=args.timeout, curve=curve) as c:
             results = c.infer_many(
-                x, batch_size=args.batch_size, window=args.window, rate=args.rate, timeout=args.timeout
-            )
+                x, batch_size=args.batch_size, window=args.window, rate=args.rate, timeout=args.timeout,
+                traceparent=args.traceparent,
+            )  # fmt: skip
             entry = [_node_id(c, args.connect)] * len(x) if args.out else []
     else:
         from cis.policy import assign_entries
@@ -83,7 +99,9 @@ def run(args: argparse.Namespace) -> int:
                 if addr is None:
                     raise CisError(f"{args.spec}: node {nid!r} has no address")
                 clients[nid] = Client(addr, timeout=args.timeout, curve=curve)
-            results = infer_spread(clients, x, entries, args.window, args.rate, args.timeout)
+            results = infer_spread(
+                clients, x, entries, args.window, args.rate, args.timeout, traceparent=args.traceparent
+            )
         finally:
             for c in clients.values():
                 c.close()

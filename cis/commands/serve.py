@@ -44,16 +44,46 @@ def run(args: argparse.Namespace) -> int:
         if not 0 <= args.metrics_port <= 65535:
             raise CisError(f"--metrics-port is {args.metrics_port}; expected 0 (a free port) to 65535")
         require("metrics", "--metrics-port")
+    _check_tracing(args)
     bundle = load_bundle(args.bundle, trust=args.trust)
     spec = load_spec(args.spec) if args.spec else bundle.spec
     if spec is None:
         raise CisError(f"{args.bundle}: bundle has no spec; pass --spec")
     if args.all:
         _check_providers(args, bundle, spec)
+        _check_spans_files(args, spec)
         return _run_all(args, spec)
     if args.log_dir:
         raise CisError("--log-dir goes with --all; a single node writes to its own stderr")
     return _run_node(args, bundle, spec)
+
+
+def _check_tracing(args: argparse.Namespace) -> None:
+    """--spans-file and --otlp-endpoint: one line now rather than from each node later."""
+    from cis.runtime.tracing import otlp_endpoint
+
+    if args.all and args.spans_file and "{node}" not in args.spans_file:
+        raise CisError(
+            f"--spans-file {args.spans_file}: with --all each node writes its own file; put {{node}} in the path "
+            "(e.g. logs/{node}.spans.jsonl)"
+        )
+    if args.otlp_endpoint:
+        from cis.extras import require
+
+        otlp_endpoint(args.otlp_endpoint)
+        require("otel", "--otlp-endpoint")
+
+
+def _check_spans_files(args: argparse.Namespace, spec) -> None:
+    """Before --all starts any node: each node's spans file can be opened (a node that cannot would only be
+    restarted again and again)."""
+    from pathlib import Path
+
+    from cis.runtime.tracing import open_spans_file
+
+    if args.spans_file:
+        for n in spec.nodes:
+            open_spans_file(Path(args.spans_file.replace("{node}", n.id))).close()
 
 
 def _curve(args: argparse.Namespace):

@@ -149,6 +149,22 @@ OPTIONS: tuple[Option, ...] = (
         "address the metrics server binds (default: the host of the node's ZeroMQ address)",
         node=True,
     ),  # fmt: skip
+    Option(
+        "spans_file",
+        "path",
+        "append the node's spans (request, queue, compute, forward) to PATH, one JSON line each; {node} in PATH "
+        "becomes the node id (with --all PATH must hold {node})",
+        node=True,
+        metavar="PATH",
+    ),  # fmt: skip
+    Option(
+        "otlp_endpoint",
+        "str",
+        "export the node's spans with OpenTelemetry over OTLP/HTTP to URL (a collector's base URL, e.g. "
+        "http://127.0.0.1:4318; /v1/traces is added); the 'otel' extra; also OTEL_EXPORTER_OTLP_ENDPOINT",
+        node=True,
+        metavar="URL",
+    ),  # fmt: skip
     Option("curve_key", "path", "own CurveZMQ .key_secret: encrypt the node's sockets", node=True),
     Option("allow", "path", "folder of authorised public .key files; other peers are refused", node=True),
     Option("server_key", "path", "the parent's public .key (default: the node's own public key)", node=True),

@@ -51,7 +51,13 @@ _CONFIG_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--spec", {"help": "CIS spec (TOML); default: the built-in --topology under --serving"}),
     ("--serving", {"help": "x-y-z shares served at exits 1-2-3 for the built-in topology (default {default})"}),
     ("--topology", {"help": "built-in topology when no --spec (default {default})"}),
-    ("--dataset", {"help": "digits | cifar10:PATH | cifar100:PATH (default {default})"}),
+    ("--data", {
+        "dest": "dataset",
+        "aliases": ("--dataset",),
+        "metavar": "REF",
+        "help": "digits | cifar10:PATH | cifar100:PATH | PATH.npz | DIR (image folder) | hf:DIR | PATH.py:FACTORY | "
+        "pkg.module:FACTORY (default {default}; docs/training.md, 'Data')",
+    }),
     (
         "--strategy",
         {
@@ -63,8 +69,18 @@ _CONFIG_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--weights", {"type": _floats, "help": "explicit Lambda~, e.g. 0.6,0.3,0.1 (implies --strategy explicit)"}),
     ("--rounds", {"type": int, "help": "communication rounds T (default {digits} digits, {cifar} CIFAR)"}),
     ("--seed", {"type": int, "help": "seed of data split, partition, init and sampling (default {default})"}),
-    ("--partition", {"choices": ("equal", *SCHEMES), "help": "data per network layer (default {default})"}),
+    ("--partition", {
+        "choices": ("equal", *SCHEMES, "node"),
+        "help": "data per network layer (default {default}), or node: each sample's node from the data's node column",
+    }),
     ("--dirichlet", {"type": float, "metavar": "ALPHA", "help": "non-IID classes with Dirichlet(ALPHA)"}),
+    ("--centralised", {
+        "action": "store_true",
+        "default": None,
+        "aliases": ("--centralized",),
+        "help": "one model on the pooled data, exit losses weighted by --strategy's Lambda~; no nodes, no "
+        "aggregation (--rounds of J steps each; docs/training.md, 'Centralised training')",
+    }),
     ("--algorithm", {
         "choices": ALGORITHMS,
         "help": "Algorithm 1 as printed (default) or as the authors' public code runs it: the root's model is the "
@@ -101,7 +117,7 @@ _CONFIG_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--amp", {"choices": AMP_MODES, "help": "bf16: local steps under torch.autocast(bfloat16) (default {default})"}),
     ("--eval-every", {"type": int, "help": "validate every N rounds (default {default})"}),
 )
-_CONFIG_KEYS = tuple(flag[2:].replace("-", "_") for flag, _ in _CONFIG_FLAGS)
+_CONFIG_KEYS = tuple(spec.get("dest") or flag[2:].replace("-", "_") for flag, spec in _CONFIG_FLAGS)
 # settings of where a run computes, not of what: --resume may change them
 _RESUME_MAY_CHANGE = ("device",)
 
@@ -181,7 +197,8 @@ def _with_defaults(key: str, spec: dict[str, Any]) -> dict[str, Any]:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="federated training of an early-exit model for a CIS (Algorithm 1)")
     for (flag, spec), key in zip(_CONFIG_FLAGS, _CONFIG_KEYS):
-        p.add_argument(flag, **_with_defaults(key, spec))
+        keywords = {k: v for k, v in _with_defaults(key, spec).items() if k != "aliases"}
+        p.add_argument(flag, *spec.get("aliases", ()), **keywords)
     for flag, spec in _COMMAND_FLAGS:
         p.add_argument(flag, **spec)
     p.set_defaults(func=run)
@@ -209,6 +226,8 @@ def run(args: argparse.Namespace) -> int:
     from training.evaluate import format_cis_report
 
     what = config.strategy if config.method == "cis" else f"{config.method} ({config.strategy} weights)"
+    if config.centralised:
+        what = f"centralised ({config.strategy} exit-loss weights)"
     human = f"trained {what} for {config.rounds} rounds into {args.out}\n" + format_cis_report(result["test"])
     print_result(args, result, human)
     return 0
@@ -223,6 +242,10 @@ def _config_flags(args: argparse.Namespace) -> dict[str, Any]:
         raise CisError(f"{args.spec}: spec file not found; expected a TOML file (make one with 'cis spec new')")
     if args.spec is not None:
         flags["spec"] = str(Path(args.spec).resolve())
+    if args.dataset is not None:  # paths made absolute: evaluate and export rebuild the data from any directory
+        from training.data_ref import absolute_ref
+
+        flags["dataset"] = absolute_ref(args.dataset)
     return flags
 
 
@@ -301,6 +324,8 @@ def _builtin_run(args: argparse.Namespace, config: RunConfig, log: Callable[[str
 
 
 def _flower_run(args: argparse.Namespace, config: RunConfig, log: Callable[[str], None]) -> dict:
+    if config.centralised:
+        raise CisError("--centralised trains one model in one process; drop --engine flower")
     if args.init:
         raise CisError("--init starts the builtin engine's model; use --engine builtin for a fine-tune")
     if args.resume:

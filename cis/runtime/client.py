@@ -2,6 +2,7 @@
 
     with Client("tcp://127.0.0.1:5553") as c:
         r = c.infer(x)                 # one request with the whole batch
+        r = c.infer(x, traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")  # joins a trace
         r.cls, r.confidence, r.exit, r.served_by, r.degraded, r.latency
         rs = c.infer_many(x, batch_size=1, window=64)   # pipelined: many requests in flight
 
@@ -23,8 +24,10 @@ from cis.errors import CisError
 from cis.metrics import latency_summary
 from cis.runtime import protocol as P
 from cis.runtime.security import CurveConfig, secure_client
+from cis.runtime.tracing import check_traceparent
 
 _NO_LIMIT = 1 << 62  # a client reads whatever its node sends
+_NONE: dict = {}  # no more header fields
 
 
 class ServerError(CisError):
@@ -119,14 +122,20 @@ class Client:
 
     # ------------------------------------------------------------ async form
 
-    def submit(self, batch: np.ndarray | dict, deadline: float | None = None, stage: int = 1) -> int:
-        """Send one request (a batch of samples) without waiting; returns its id."""
+    def submit(
+        self, batch: np.ndarray | dict, deadline: float | None = None, stage: int = 1, traceparent: str | None = None
+    ) -> int:
+        """Send one request (a batch of samples) without waiting; returns its id. ``traceparent``: a W3C trace
+        context (``00-<trace id>-<span id>-<flags>``) the request joins (docs/runtime.md, *Tracing*)."""
         tensors = (
             dict(batch) if isinstance(batch, dict) else {self.input_name: np.ascontiguousarray(batch, dtype=np.float32)}
         )
         n = len(next(iter(tensors.values())))
         rid = next(self._ids)
-        P.send(self.sock, P.encode(P.INFER, rid, tensors, stage=stage, deadline=float(deadline or 0.0), route=[]))
+        trace = {"traceparent": check_traceparent(traceparent)} if traceparent is not None else _NONE
+        P.send(
+            self.sock, P.encode(P.INFER, rid, tensors, stage=stage, deadline=float(deadline or 0.0), route=[], **trace)
+        )
         self._sent[rid] = (time.perf_counter(), n)
         return rid
 
@@ -182,9 +191,15 @@ class Client:
 
     # ------------------------------------------------------------ blocking forms
 
-    def infer(self, batch: np.ndarray | dict, timeout: float | None = None, deadline: float | None = None) -> Result:
+    def infer(
+        self,
+        batch: np.ndarray | dict,
+        timeout: float | None = None,
+        deadline: float | None = None,
+        traceparent: str | None = None,
+    ) -> Result:
         """Send one request and wait for its answer; raises ServerError or TimeoutError."""
-        rid = self.submit(batch, deadline)
+        rid = self.submit(batch, deadline, traceparent=traceparent)
         wait = self.timeout if timeout is None else timeout
         end = time.monotonic() + wait
         poll = self._poller.poll
@@ -208,12 +223,13 @@ class Client:
         rate: float | None = None,
         timeout: float | None = None,
         deadline: float | None = None,
+        traceparent: str | None = None,
     ) -> list[Result]:
         """Pipelined: requests of ``batch_size`` samples, up to ``window`` in flight (or sent at
         ``rate`` requests/s); results in order. A request that gets no reply within ``timeout``
-        seconds gets an error result with code "timeout"."""
+        seconds gets an error result with code "timeout". ``traceparent``: every request joins that trace."""
         chunks = [x[i : i + batch_size] for i in range(0, len(x), batch_size)]
-        return list(self.stream(chunks, window, rate, timeout, deadline))
+        return list(self.stream(chunks, window, rate, timeout, deadline, traceparent))
 
     def stream(
         self,
@@ -222,6 +238,7 @@ class Client:
         rate: float | None = None,
         timeout: float | None = None,
         deadline: float | None = None,
+        traceparent: str | None = None,
     ) -> Iterator[Result]:
         timeout = self.timeout if timeout is None else timeout
         chunks = list(chunks)
@@ -234,7 +251,7 @@ class Client:
             now = time.perf_counter()
             while nxt < len(chunks) and self.in_flight < window and (rate is None or now >= start + nxt / rate):
                 d = time.time() + deadline if deadline else None
-                ids.append(self.submit(chunks[nxt], d))
+                ids.append(self.submit(chunks[nxt], d, traceparent=traceparent))
                 nxt += 1
             wait = 0.05
             if rate is not None and nxt < len(chunks):
@@ -282,11 +299,13 @@ def infer_spread(
     rate: float | None = None,
     timeout: float = 30.0,
     times: np.ndarray | None = None,
+    traceparent: str | None = None,
 ) -> list[Result | None]:
     """Send sample i (one request each) to ``clients[node]`` for the node whose ``entries`` hold i,
     with up to ``window`` requests in flight per client, paced at ``rate`` requests/s in total, or
     each sample no earlier than ``times[i]`` seconds after the start (non-decreasing; e.g. Poisson).
-    Returns one Result per sample in sample order (error results for errors and timeouts)."""
+    Returns one Result per sample in sample order (error results for errors and timeouts). ``traceparent``:
+    every request joins that trace."""
     queue = sorted((int(i), nid) for nid, idx in entries.items() for i in idx)
     if times is None and rate is not None:
         times = np.arange(len(x)) / rate
@@ -305,7 +324,7 @@ def infer_spread(
             c = clients[nid]
             if c.in_flight >= window or (times is not None and now < start + times[i]):
                 break
-            owner[(nid, c.submit(x[i : i + 1]))] = i
+            owner[(nid, c.submit(x[i : i + 1], traceparent=traceparent))] = i
             sent += 1
         wait = 50.0
         if times is not None and sent < total:

@@ -33,6 +33,7 @@ import numpy as np
 from cis.decision import BatchDecision
 from cis.policy import ExitPolicy
 from cis.runtime import protocol as P
+from cis.runtime import tracing
 from cis.runtime.adapt import ThresholdController
 from cis.runtime.events import FailureLog
 from cis.runtime.feeds import FeedContract, nonfinite_rows
@@ -72,6 +73,7 @@ class Executor:
         self.served_early = np.zeros(config.exit, np.int64)  # samples the policy answered at exit e < the node's
         self._const: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.timings: BatchTimings | None = None  # queue time, compute time, batch size (set by metrics_http)
+        self.tracer: tracing.Tracer | None = None  # the node's spans (cis.runtime.tracing), when it traces
         self.failures = FailureLog(config.node_id)  # a stage's or the decision's traceback, rate-limited
 
     # ------------------------------------------------------------ admission
@@ -89,6 +91,11 @@ class Executor:
         problem, n = contract.check(msg.tensors)
         if problem:
             return "bad_tensor", f"stage {stage}: {problem}"
+        trace = None
+        if self.tracer is not None or h.traceparent or h.trace_parts:
+            trace = tracing.admitted(self.tracer, h, n)
+            if type(trace) is str:
+                return "bad_message", trace
         if n > limit:
             return (
                 "too_many_samples",
@@ -112,7 +119,7 @@ class Executor:
                 f"{len(rows)} of {n} samples hold NaN or infinity (first: sample {rows[0]}); expected finite values",
             )
         self.queue.append(
-            Request(prefix, h.id, stage, msg.tensors, n, t0, deadline, h.route or (), h.kind == P.FORWARD, bad)
+            Request(prefix, h.id, stage, msg.tensors, n, t0, deadline, h.route or (), h.kind == P.FORWARD, bad, trace)
         )
         self.queued += n
         self.counters["requests"] += 1
@@ -148,9 +155,13 @@ class Executor:
             return
         self.counters["batches"] += 1
         timings = self.timings
-        if timings is None:
+        if timings is None and self.tracer is None:
             return self._process(batch)
         start = time.monotonic()
+        if self.tracer is not None:
+            tracing.started(batch, start, total)
+        if timings is None:
+            return self._process(batch)
         timings.started(start, batch, total)
         self._process(batch)
         timings.compute.observe(time.monotonic() - start)
@@ -171,6 +182,8 @@ class Executor:
                 self._fail(batch[0], "internal", f"node {nid}: stage failed: {type(exc).__name__}: {exc}")
             return
         self.stage_ok = True
+        if self.tracer is not None:
+            tracing.computed(order, time.monotonic())
         try:
             self._decide(order, logits, carry, decision)
         except Exception as exc:  # a bug in deciding must not kill the node: every unanswered request gets one error
@@ -354,6 +367,8 @@ class Executor:
         if self.out.forward(pending, carry):
             self.counters["forwarded"] += pending.n
         else:
+            if self.tracer is not None:  # it never left: no forward span
+                tracing.unsent(pending.parts)
             self.counters["degraded"] += pending.n
             self.counters["served"] += pending.n
             self.fallback(pending, count=False)
@@ -395,6 +410,8 @@ class Executor:
         """Fill the forwarded samples with the parent's answer (or this node's own); reply to complete requests.
 
         With one part the answer is passed as it is (it may be the parent's frames: see Node._on_parent)."""
+        if self.tracer is not None:
+            tracing.returned(pending.parts, time.monotonic())
         if len(pending.parts) == 1:
             req, idx = pending.parts[0]
             if not req.answered:

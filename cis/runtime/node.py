@@ -53,7 +53,7 @@ import numpy as np
 import zmq
 
 from cis.metrics import LatencyWindow
-from cis.runtime import events
+from cis.runtime import events, tracing
 from cis.runtime import protocol as P
 from cis.runtime.executor import Executor
 from cis.runtime.node_config import NodeConfig
@@ -65,6 +65,9 @@ __all__ = ["BundleStage", "Node", "NodeConfig", "Stage"]
 _NOBLOCK = int(zmq.NOBLOCK)
 _OK = (("infer", "ok"), ("forward", "ok"))  # (kind, outcome) of a result, by Request.forward
 _poll = zmq.zmq_poll  # (socket, POLLIN) pairs -> the ready ones; zmq.Poller adds a Python layer
+_NONE: dict = {}  # no more header fields
+_COUNTERS = ("requests", "samples", "served", "forwarded", "degraded", "capped", "nonfinite", "errors", "overloaded",
+             "expired", "isolated", "undeliverable", "batches")  # fmt: skip  (status, in this order)
 
 
 class Node:
@@ -118,24 +121,7 @@ class Node:
             "parent": self.cfg.parent,
             "parent_up": self.parent_up,
             "threshold": _num(ex.policy.thresholds[self.cfg.node_id]),
-            **{
-                key: c[key]
-                for key in (
-                    "requests",
-                    "samples",
-                    "served",
-                    "forwarded",
-                    "degraded",
-                    "capped",
-                    "nonfinite",
-                    "errors",
-                    "overloaded",
-                    "expired",
-                    "isolated",
-                    "undeliverable",
-                    "batches",
-                )
-            },
+            **{key: c[key] for key in _COUNTERS},
             "errors_by_code": dict(self.errors_by_code),
             "queue_depth": ex.queued,
             "queue_requests": len(ex.queue),
@@ -198,7 +184,10 @@ class Node:
             events.stopped(self.cfg, self.counters, time.time() - self.started)
 
     def open(self, ctx: zmq.Context) -> None:
-        """Bind the ROUTER, connect the DEALER to the parent."""
+        """Open the tracer (when the node traces), bind the ROUTER, connect the DEALER to the parent."""
+        cfg, ex = self.cfg, self.executor
+        if ex.tracer is None:
+            ex.tracer = tracing.open_tracer(cfg.node_id, cfg.exit, cfg.spans_file, cfg.otlp_endpoint)
         front = ctx.socket(zmq.ROUTER)
         front.linger = 0
         front.maxmsgsize = (
@@ -230,6 +219,8 @@ class Node:
         for sock in (self.front, self.up):
             if sock is not None:
                 sock.close(0)
+        if self.executor.tracer is not None:
+            self.executor.tracer.close()
 
     def step(self) -> None:
         """One turn of the loop: wait for a message or a timer, read every waiting message, run a batch, timers.
@@ -376,15 +367,20 @@ class Node:
         frames = P.result_frames(
             req.req_id, req.n, req.cls, req.conf, req.exit, req.flags, req.served_by, self.cfg.node_id
         )
-        seconds = time.monotonic() - req.t0  # counted before it leaves: whoever gets it sees it in the metrics
+        now = time.monotonic()
+        seconds = now - req.t0  # counted before it leaves: whoever gets it sees it in the metrics
         self.latency.add(seconds)
         if self.observe_latency is not None:
             self.observe_latency(seconds)
         self.outcomes[_OK[req.forward]] += 1
         self._send(self.front, frames, req.prefix)
+        if req.trace is not None:
+            tracing.finish(self.executor.tracer, req, "ok", now)
 
     def error(self, req: Request, code: str, message: str) -> None:
         self._error(req.prefix, req.req_id, code, message, P.FORWARD if req.forward else P.INFER)
+        if req.trace is not None:
+            tracing.finish(self.executor.tracer, req, code)
 
     def forward(self, pending: Pending, carry: dict[str, np.ndarray]) -> bool:
         """Send the carry of ``pending`` to the parent as one FORWARD; it waits at most
@@ -399,8 +395,10 @@ class Node:
         if len(parts) == 1:
             route = parts[0][0].route
             route = list(route) if nid in route else [*route, nid]
+            traced = parts[0][0].trace is not None  # a trace context goes up with its samples
         else:  # every node that ran stages for these samples, once, in order
             route = list(dict.fromkeys([r for req, _ in parts for r in req.route] + [nid]))
+            traced = any(req.trace is not None for req, _ in parts)
         frames = P.encode(
             P.FORWARD,
             fid,
@@ -409,6 +407,7 @@ class Node:
             deadline=wall + wait - 0.02,
             route=route[-P.MAX_ROUTE :],
             sender=nid,
+            **(tracing.forward_fields(parts, self.executor.tracer, now) if traced else _NONE),
         )
         if not self._send(self.up, frames):
             return False

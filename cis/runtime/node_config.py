@@ -61,6 +61,8 @@ class NodeConfig:
     restarts: int = 0  # how often the launcher restarted this node (shown by status)
     backend: Backend | None = None  # what runs the bundle's stages (cis.backends; None: stages given directly)
     parent_id: str | None = None  # the parent's node id (the build-info metric, logs); None at the root or unknown
+    spans_file: str | None = None  # append the node's spans here ("{node}": its id); docs/runtime.md, Tracing
+    otlp_endpoint: str | None = None  # export them over OTLP/HTTP (also the OTEL_EXPORTER_OTLP_* variables)
     bundle: str = ""  # the bundle's folder, and the sha256 of its manifest (which lists every file's sha256)
     bundle_sha256: str = ""
 

@@ -60,6 +60,7 @@ from cis.runtime.wire import (  # noqa: F401  (the vocabulary is re-exported: ca
     MAX_STAGE,
     MAX_TENSORS,
     MAX_TEXT,
+    MAX_TRACE_PARTS,
     NUMPY_DTYPE,
     PING,
     PONG,
@@ -70,6 +71,8 @@ from cis.runtime.wire import (  # noqa: F401  (the vocabulary is re-exported: ca
     STATUS,
     STATUS_REPLY,
     TENSOR_KINDS,
+    TRACE_PART_FULL,
+    TRACEPARENT_FULL,
     VERSION,
     ProtocolError,
     check_common,
@@ -84,6 +87,8 @@ from cis.runtime.wire import (  # noqa: F401  (the vocabulary is re-exported: ca
 
 _Name = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME)]
 _Text = Annotated[str, msgspec.Meta(max_length=MAX_NAME)]
+_TraceParent = Annotated[str, msgspec.Meta(pattern=TRACEPARENT_FULL)]
+_TracePart = tuple[Annotated[int, msgspec.Meta(ge=1)], Annotated[str, msgspec.Meta(pattern=TRACE_PART_FULL)]]
 _Shape = Annotated[list[Annotated[int, msgspec.Meta(ge=0, le=MAX_DIM)]], msgspec.Meta(max_length=MAX_DIMS)]
 
 
@@ -102,6 +107,9 @@ class Header(msgspec.Struct, tag_field="kind"):
     route: Annotated[list[_Name], msgspec.Meta(max_length=MAX_ROUTE)] = []
     sender: _Text = ""
     node: _Text = ""
+    # the trace context (docs/protocol.md, *Trace context*); absent: "" and () (no allocation per message)
+    traceparent: _TraceParent = ""
+    trace_parts: Annotated[tuple[_TracePart, ...], msgspec.Meta(min_length=1, max_length=MAX_TRACE_PARTS)] = ()
 
 
 class InferHeader(Header, tag=INFER):

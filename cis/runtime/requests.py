@@ -61,6 +61,7 @@ class Request:
         "served_by",
         "remaining",
         "answered",
+        "trace",
     )
 
     def __init__(
@@ -75,6 +76,7 @@ class Request:
         route: Sequence[str] = (),
         forward: bool = False,
         bad: np.ndarray | None = None,
+        trace: Any = None,
     ):
         self.prefix, self.req_id, self.stage, self.feeds, self.n = prefix, req_id, stage, feeds, n
         self.t0 = t0  # monotonic seconds when the request reached the node (status latencies start here)
@@ -86,6 +88,7 @@ class Request:
         self.served_by: Any = None
         self.remaining = n
         self.answered = False
+        self.trace = trace  # cis.runtime.tracing.Trace: only a request with a trace context, or at a tracing node
 
 
 class Pending:

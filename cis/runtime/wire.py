@@ -9,6 +9,7 @@ these checks only for a header the schema refuses (or is stricter about).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import Any, TypeGuard
 
@@ -67,6 +68,11 @@ MAX_DIM = (1 << 31) - 1
 MAX_NAME = 128  # characters of a tensor name, node id or route entry
 MAX_ROUTE = 16
 MAX_TEXT = 4096  # characters of an error message
+# a W3C trace context (https://www.w3.org/TR/trace-context/): version 00, lowercase hex, ids not all zero
+TRACEPARENT_PATTERN = r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}"
+TRACEPARENT_FULL = r"\A" + TRACEPARENT_PATTERN + r"\Z"  # one whole string: no trailing newline
+TRACE_PART_FULL = r"\A(?:" + TRACEPARENT_PATTERN + r")?\Z"  # a trace_parts entry's context: one, or "" for none
+MAX_TRACE_PARTS = 4096  # entries of trace_parts: the traced requests whose samples one forward carries
 RESULT_TENSORS = {"class": "int64", "confidence": "float32", "exit": "int32", "flags": "uint8"}
 TENSOR_KINDS = (INFER, FORWARD, RESULT)  # the other kinds carry no tensors
 
@@ -100,6 +106,19 @@ def optional_text(h: dict, key: str, limit: int = MAX_NAME) -> None:
     v = h.get(key)
     if key in h and not (type(v) is str and len(v) <= limit):
         fail("bad_message", f"{key} is {show(v)}; expected a string of at most {limit} characters")
+
+
+_TRACEPARENT = re.compile(TRACEPARENT_FULL)
+
+
+def is_traceparent(v: Any) -> bool:
+    """A W3C traceparent string: ``00-<32 hex>-<16 hex>-<2 hex>``, lowercase, trace and span id not all zero."""
+    return type(v) is str and _TRACEPARENT.match(v) is not None
+
+
+def is_trace_part(v: Any) -> bool:
+    """One entry of ``trace_parts``: [samples >= 1, a traceparent or "" (those samples carry no context)]."""
+    return type(v) is list and len(v) == 2 and is_int(v[0], 1, MAX_ID) and (v[1] == "" or is_traceparent(v[1]))
 
 
 def show(v: Any) -> str:
@@ -140,6 +159,7 @@ def check_fields(h: dict) -> None:
             )
     optional_text(h, "sender")
     optional_text(h, "node")
+    check_trace(h)
     kind = h["kind"]
     if kind == ERROR:
         for key, limit in (("code", MAX_NAME), ("message", MAX_TEXT)):
@@ -147,6 +167,25 @@ def check_fields(h: dict) -> None:
                 fail("bad_message", f"error {key} is {show(h.get(key))}; expected a string")
     elif kind == STATUS_REPLY and type(h.get("status")) is not dict:
         fail("bad_message", f"status is {show(h.get('status'))}; expected a map")
+
+
+def check_trace(h: dict) -> None:
+    """``traceparent`` and ``trace_parts`` (docs/protocol.md, *Trace context*): present means valid."""
+    tp = h.get("traceparent")
+    if "traceparent" in h and not is_traceparent(tp):
+        fail(
+            "bad_message",
+            f"traceparent is {show(tp)}; expected a W3C traceparent 00-<32 hex>-<16 hex>-<2 hex> "
+            "(lowercase, ids not all zero)",
+        )
+    parts = h.get("trace_parts")
+    if "trace_parts" in h and not (
+        type(parts) is list and 0 < len(parts) <= MAX_TRACE_PARTS and all(map(is_trace_part, parts))
+    ):
+        fail(
+            "bad_message",
+            f"trace_parts is {show(parts)}; expected 1..{MAX_TRACE_PARTS} pairs [samples >= 1, traceparent or \"\"]",
+        )
 
 
 def check_tensors(h: dict, n_frames: int, max_bytes: int | None) -> list[tuple[str, str, list]]:

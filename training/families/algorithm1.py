@@ -16,6 +16,7 @@ from typing import Any
 from cis.errors import CisError
 from training.aggregation.aggregators import AuthorsCodeAggregator, CisAggregator
 from training.architectures import build_model as model_from_config
+from training.data import image_family
 from training.engine import ExitSampler, MethodSetup
 from training.flops import exit_costs
 from training.local import Client, ExitSGDTrainer
@@ -24,9 +25,11 @@ from training.sampling import sampling_matrix
 
 
 def build_model(config, options: dict[str, Any] | None, num_exits: int, train) -> EarlyExitNet:
-    """The dataset's early-exit CNN at ``config.width`` (its exits are fixed: the spec must match them)."""
-    config_ = default_model_config(config.dataset_name, config.width)
-    return model_from_config({**config_, "num_classes": train.num_classes})
+    """The dataset's early-exit CNN at ``config.width`` (its exits are fixed: the spec must match them); the user's
+    images get the CNN of the built-in data set their size suits (:func:`training.data.image_family`)."""
+    config_ = default_model_config(image_family(config.dataset_name, train.input_shape), config.width)
+    channels, size = train.input_shape[0], train.input_shape[1]
+    return model_from_config({**config_, "num_classes": train.num_classes, "in_channels": channels, "input_size": size})
 
 
 def build_pieces(config, spec, model: EarlyExitNet, clients: list[Client], sgd: dict, options: dict[str, Any] | None,

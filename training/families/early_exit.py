@@ -34,6 +34,7 @@ from training.aggregation.averages import (
 )
 from training.aggregation.weights import Weights
 from training.architectures import build_model as model_from_config
+from training.data import image_family
 from training.engine import MethodSetup
 from training.flops import exit_costs
 from training.local import Client, ExitSGDTrainer
@@ -48,7 +49,7 @@ def build_model(config, options: dict[str, Any], num_exits: int, train) -> Early
     """The method's model for the dataset: the ViT of :func:`vit_config`, or the dataset's CNN (option arch=cnn)."""
     in_channels, size = int(train.x.shape[1]), int(train.x.shape[2])
     if options["arch"] == "cnn":
-        base = default_model_config(config.dataset_name, config.width)
+        base = default_model_config(image_family(config.dataset_name, train.input_shape), config.width)
         base.update(num_classes=train.num_classes, in_channels=in_channels, input_size=size)
         if len(base["exits"]) != num_exits:
             raise CisError(

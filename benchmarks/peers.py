@@ -76,6 +76,7 @@ from systems import (  # noqa: E402
     cis_has_front_door,
     descendants,
     memory,
+    missing_peers,
     oip_body,
     versions,
     wait_http,
@@ -672,15 +673,21 @@ def figures(r: dict) -> dict[str, str]:
 MARK = re.compile(r"<!--peers (?P<key>\w+)-->(?P<value>.*?)<!--/peers-->", re.S)
 
 
-def fill_docs(r: dict, path: Path = REPO / "docs" / "runtime.md") -> int:
-    """Write the figures into docs/runtime.md where ``<!--peers NAME-->...<!--/peers-->`` marks them."""
+DOCS = (REPO / "docs" / "runtime.md", REPO / "README.md")
+
+
+def fill_docs(r: dict, paths: tuple[Path, ...] = DOCS) -> int:
+    """Write the figures into the docs where ``<!--peers NAME-->...<!--/peers-->`` marks them; how many."""
     f = figures(r)
-    text = path.read_text()
-    unknown = sorted({m["key"] for m in MARK.finditer(text)} - set(f))
-    if unknown:
-        raise SystemExit(f"peers: {path}: unknown figure(s) {', '.join(unknown)}; expected one of {', '.join(f)}")
-    new, n = MARK.subn(lambda m: f"<!--peers {m['key']}-->{f[m['key']]}<!--/peers-->", text)
-    path.write_text(new)
+    n = 0
+    for path in paths:
+        text = path.read_text()
+        unknown = sorted({m["key"] for m in MARK.finditer(text)} - set(f))
+        if unknown:
+            raise SystemExit(f"peers: {path}: unknown figure(s) {', '.join(unknown)}; expected one of {', '.join(f)}")
+        new, k = MARK.subn(lambda m: f"<!--peers {m['key']}-->{f[m['key']]}<!--/peers-->", text)
+        path.write_text(new)
+        n += k
     return n
 
 
@@ -793,22 +800,6 @@ NOTES = [
 ]
 
 
-def missing_peers() -> list[str]:
-    """What this environment lacks to drive the peers (ray[serve], tritonclient's HTTP client)."""
-    import importlib.util
-
-    need = {"ray.serve": "ray[serve]", "aiohttp_cors": "ray[serve]", "tritonclient.http.aio": "tritonclient[http]"}
-    out = []
-    for module, package in need.items():
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except ModuleNotFoundError:
-            found = False
-        if not found and package not in out:
-            out.append(package)
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.setup:
@@ -817,7 +808,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.report:
         r = json.loads((Path(args.out) if args.out else RESULTS / f"{name}.json").read_text())
         write_results(name, r, markdown(r))
-        print(f"docs/runtime.md: {fill_docs(r)} figures", file=sys.stderr)
+        if not r["quick"]:
+            print(f"docs/runtime.md and README.md: {fill_docs(r)} figures", file=sys.stderr)
         return 0
     missing = missing_peers()
     if missing:
@@ -861,7 +853,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         write_results(name, r, markdown(r))
     if not args.quick and not args.out and not args.bundle:
-        print(f"docs/runtime.md: {fill_docs(r)} figures", file=sys.stderr)
+        print(f"docs/runtime.md and README.md: {fill_docs(r)} figures", file=sys.stderr)
     for key, h in r["headline"].items():
         print(f"{key:22s} cis {h['cis']}  peer {h['peer']}  ratio {h['ratio']}  goal {h['goal']}  met {h['met']}")
     return 0

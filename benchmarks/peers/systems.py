@@ -38,6 +38,25 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def missing_peers(http: bool = True) -> list[str]:
+    """What this environment lacks to drive the peers: ray[serve] (and tritonclient[http] with ``http``).
+    Read from the installed distributions, without importing ray (importing it before the loopback setting
+    above would make this process look for Ray on the host's address)."""
+    import importlib.metadata as md
+
+    need = {"ray": "ray[serve]", "aiohttp-cors": "ray[serve]", "starlette": "ray[serve]"}
+    if http:
+        need |= {"tritonclient": "tritonclient[http]", "aiohttp": "tritonclient[http]"}
+    out = []
+    for dist, extra in need.items():
+        try:
+            md.version(dist)
+        except md.PackageNotFoundError:
+            if extra not in out:
+                out.append(extra)
+    return out
+
+
 def cis_has_front_door() -> bool:
     """Whether this cis serves the Open Inference Protocol (``cis serve --http-port``, issue 33)."""
     out = subprocess.run([sys.executable, "-m", "cis.cli", "serve", "--help"], capture_output=True, text=True)
@@ -244,7 +263,10 @@ class RayServer:
         if self._handle is None:
             import ray
             from ray import serve
+            from ray._private import ray_constants
 
+            if ray_constants.ENABLE_RAY_CLUSTER:  # ray came in before this module: it would look elsewhere
+                raise RuntimeError("ray was imported before benchmarks/peers/systems.py set Ray to loopback")
             if not ray.is_initialized():
                 ray.init(address=self.info["gcs_address"], configure_logging=False, log_to_driver=False)
             self._handle = serve.get_app_handle("cis")

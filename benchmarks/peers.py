@@ -110,11 +110,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--bundle", help="the bundle to time (default: the CIFAR-10 bundle; --quick: digits)")
     ap.add_argument("--inputs", help="an .npz with x (N, C, H, W) to send (default: the bundle's test split)")
     ap.add_argument("--ray-configs", default=None,
-                    help="Ray batching tried, MAX_BATCH/WAIT_S,... (default 10/0.01,1/0,32/0,32/0.002)")
+                    help="Ray batching tried, MAX_BATCH/WAIT_S,... (default 10/0.01,1/0,32/0,32/0.002; --quick 32/0; "
+                         "--p50-only 32/0,10/0.01,1/0)")
     ap.add_argument("--out", default=None, help="result file (default results/peers.json, peers-quick.json)")
     args = ap.parse_args(argv)
-    quick_configs, full_configs = "32/0", "10/0.01,1/0,32/0,32/0.002"
-    text = args.ray_configs or (quick_configs if args.quick or args.p50_only else full_configs)
+    default = "32/0,10/0.01,1/0" if args.p50_only else "32/0" if args.quick else "10/0.01,1/0,32/0,32/0.002"
+    text = args.ray_configs or default
     args.configs = [{"max_batch_size": int(b), "batch_wait_timeout_s": float(w)}
                     for b, w in (c.split("/") for c in text.split(","))]  # fmt: skip
     args.light_n = 20 if args.quick else 250

@@ -32,6 +32,12 @@ LOOPBACK_RAY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # Ray on loopback onl
 os.environ.update(LOOPBACK_RAY)  # this process is a Ray driver too: set before anything imports ray
 
 
+def python_path() -> str:
+    """PYTHONPATH for a server: benchmarks/peers and the checkout first, then what this process was given
+    (a machine without an install of cis or ray, e.g. scripts/gpu_peers.sh's --target folder)."""
+    return os.pathsep.join([str(HERE), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -245,7 +251,7 @@ class RayServer:
     def __init__(self, bundle: Path, log: Path, args: list[str]):
         self.t0 = time.monotonic()
         self.port = free_port()
-        env = {**os.environ, **LOOPBACK_RAY, "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)])}
+        env = {**os.environ, **LOOPBACK_RAY, "PYTHONPATH": python_path()}
         cmd = [sys.executable, str(HERE / "ray_serve_cis.py"), "--bundle", str(bundle),
                "--http-port", str(self.port), *args]  # fmt: skip
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=open(log, "w"), text=True, env=env,
@@ -299,7 +305,7 @@ class SingleServer:
         python = VENVS[kind] / "bin" / "python"
         self.t0 = time.monotonic()
         self.port = free_port()
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(HERE), str(REPO)])}
+        env = {**os.environ, "PYTHONPATH": python_path()}
         self.log = work / f"{kind}-w{workers}.log"
         log = open(self.log, "w")
         if kind == "kserve":

@@ -105,6 +105,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--setup", action="store_true", help="install the peers (scripts/peers_setup.sh) and stop")
     ap.add_argument("--report", action="store_true", help="rebuild peers.md and docs/runtime.md's figures")
     ap.add_argument("--p50-only", action="store_true", help="p50 through three tiers only (GPU machine)")
+    ap.add_argument("--profile", choices=["tree", "one-tier"], help="py-spy every cis process under load instead")
+    ap.add_argument("--profile-path", choices=["native", "http"], default="native", help="--profile's client path")
+    ap.add_argument("--profile-rate", type=float, default=300.0, help="--profile's request rate (Poisson)")
+    ap.add_argument("--profile-seconds", type=float, default=10.0, help="--profile's duration")
     ap.add_argument("--work", default="/tmp/cis-bench/peers", help="bundles, inputs, logs")
     ap.add_argument("--data", default="/tmp/cifar10", help="CIFAR-10 folder (unzipped when missing)")
     ap.add_argument("--bundle", help="the bundle to time (default: the CIFAR-10 bundle; --quick: digits)")
@@ -118,8 +122,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     text = args.ray_configs or default
     args.configs = [{"max_batch_size": int(b), "batch_wait_timeout_s": float(w)}
                     for b, w in (c.split("/") for c in text.split(","))]  # fmt: skip
-    args.light_n = 20 if args.quick else 250
-    args.step_s = 0.5 if args.quick else 4.0
+    args.light_n = 20 if args.quick else 200
+    args.step_s = 0.5 if args.quick else 3.0
     args.sweep = {"start": 50.0, "cap": 400.0, "bisect": 0} if args.quick else {}
     args.overload_s = 1.0 if args.quick else 10.0
     args.agree_n = 40 if args.quick else 200
@@ -206,13 +210,14 @@ def run_load(make: Callable[[], object], x: np.ndarray, nodes: list[str], rate: 
 
 
 def settle(make: Callable[[], object], x: np.ndarray, node: str, limit: float = 20.0) -> float:
-    """After an overload: wait until a lone request is answered within 50 ms again (a backlog drained)."""
+    """After an overload: wait until three lone requests are answered within the p99 limit again (a backlog
+    drained)."""
     start = time.monotonic()
     time.sleep(0.5)
     while time.monotonic() - start < limit:
         run = run_load(make, x[:3], [node] * 3, None, timeout=5.0)
         lats = [o.latency for o in run.outcomes if o.error is None]
-        if len(lats) == 3 and min(lats) < 0.05:  # type: ignore[type-var]
+        if len(lats) == 3 and max(lats) < P99_LIMIT:  # type: ignore[type-var]
             break
         time.sleep(0.5)
     return time.monotonic() - start
@@ -224,8 +229,10 @@ def light(make, x, nodes, n: int) -> dict:
     return run_load(make, x[:n], nodes[:n], LIGHT_RATE, seed=1).summary()
 
 
-def sweep(make, x, nodes, step_s: float, start: float = 25.0, cap: float = 4000.0, bisect: int = 3) -> dict:
-    """The largest Poisson rate held with p99 < 100 ms and every request answered: double, then bisect."""
+def sweep(make, x, nodes, step_s: float, start: float = 25.0, cap: float = 4000.0, bisect: int = 3,
+          floor: float = 1.0) -> dict:  # fmt: skip
+    """The largest Poisson rate held with p99 < 100 ms and every request answered: doubling from ``start``
+    (halving when it does not hold there, down to ``floor``), then ``bisect`` geometric bisections."""
     steps: list[dict] = []
 
     def at(rate: float) -> bool:
@@ -241,12 +248,17 @@ def sweep(make, x, nodes, step_s: float, start: float = 25.0, cap: float = 4000.
         return s["held"]
 
     lo, hi, rate = None, None, start
-    while rate <= cap:
+    while floor <= rate <= cap:  # up from the start while it holds, or down from it until it holds
         if at(rate):
-            lo, rate = rate, rate * 2
+            lo = rate
+            if hi is not None:
+                break
+            rate *= 2
         else:
             hi = rate
-            break
+            if lo is not None:
+                break
+            rate /= 2
     if lo is not None and hi is not None:
         for _ in range(bisect):
             mid = math.sqrt(lo * hi)
@@ -402,7 +414,7 @@ def tree_ray(bundle: Path, x: np.ndarray, nodes: list[str], args, agree: dict[st
     first = args.configs[0]
     cmd = ["--max-batch-size", str(first["max_batch_size"]), "--batch-wait-timeout-s",
            str(first["batch_wait_timeout_s"])]  # fmt: skip
-    ray = RayServer(bundle, work / "ray.log", cmd)
+    ray = RayServer(bundle, work / "ray.log", cmd, first)
     out: dict = {"command": "python benchmarks/peers/ray_serve_cis.py --bundle BUNDLE " + " ".join(cmd)}
     try:
         http = ray_http(ray, nodes)
@@ -432,7 +444,7 @@ def tree_ray(bundle: Path, x: np.ndarray, nodes: list[str], args, agree: dict[st
         native = {"light_forced": by_p50["light_forced"], "light_spec": by_rate["light_spec"],
                   "sweep": by_rate["sweep"], "largest_rate": by_rate["largest_rate"]}  # fmt: skip
         out["paths"] = {"native": native}
-        ray.redeploy(bundle, threshold=math.inf, **out["best_for_p50"])
+        ray.redeploy(bundle, threshold=math.inf, **out["best_for_p50"])  # (runs already when it was the last)
         p = out["paths"]["http"] = {"light_forced": light(http, x, nodes, args.light_n)}
         ray.redeploy(bundle, **best)
         p["light_spec"] = light(http, x, nodes, args.light_n)
@@ -525,8 +537,9 @@ def p50_only(args) -> dict:
     finally:
         tree.stop()
     first = args.configs[0]
-    ray = RayServer(bundle, work / "ray.log", ["--threshold", "inf", "--max-batch-size", str(first["max_batch_size"]),
-                                               "--batch-wait-timeout-s", str(first["batch_wait_timeout_s"])])
+    cmd = ["--threshold", "inf", "--max-batch-size", str(first["max_batch_size"]), "--batch-wait-timeout-s",
+           str(first["batch_wait_timeout_s"])]  # fmt: skip
+    ray = RayServer(bundle, work / "ray.log", cmd, {"threshold": math.inf, **first})
     try:
         waited = wait_http(f"{ray.url}/v2/models/{nodes[0]}/infer", oip_body(x[:1]), 120, ray.proc)
         out["ray"] = {"startup_s": None if waited is None else time.monotonic() - ray.t0, "configs_tried": []}
@@ -540,6 +553,67 @@ def p50_only(args) -> dict:
     out["ray"]["light_forced"] = best["light_forced"]
     out["p50_ratio"] = ratio(out["cis"]["light_forced"]["p50_s"], best["light_forced"]["p50_s"])
     return out
+
+
+# ---------------------------------------------------------------- where the time goes
+
+
+def profile(args) -> dict:
+    """py-spy on every cis process (and the load generator) while it serves ``--profile-rate`` for a while."""
+    import os
+
+    from profile_spy import record, summary
+
+    work = Path(args.work)
+    bundle = Path(args.bundle) if args.bundle else cifar_bundle(work, args.data)
+    x = inputs_of(bundle, work, 2000, args.inputs)
+    http = args.profile_path == "http"
+    if http and not cis_has_front_door():
+        raise SystemExit(f"peers: --profile-path http: {PENDING_DOOR}")
+    if args.profile == "tree":
+        system: CisTree = CisTree(bundle, work / "logs", ["--no-cap"], http=http)
+        nodes = entry_nodes(bundle, len(x))
+        pids = {n: int(v["pid"]) for n, v in system.nodes.items()}
+    else:
+        system = CisNode(bundle, "cloud", http=http)
+        nodes = ["cloud"] * len(x)
+        pids = {"cloud": system.proc.pid}
+    pids["load-generator"] = os.getpid()
+    folder = work / f"profile-{args.profile}-{args.profile_path}"
+    try:
+        make = cis_http(system) if http else cis_native(system)
+        assert make is not None
+        first_answer(make, x, nodes[0])
+        run_load(make, x[:50], nodes[:50], None)
+        n = int(args.profile_rate * args.profile_seconds)
+        reps = math.ceil(n / len(x))
+        xs, ns = (np.concatenate([x] * reps)[:n], (nodes * reps)[:n]) if reps > 1 else (x[:n], nodes[:n])
+        spies = record(pids, args.profile_seconds, folder)
+        run = run_load(make, xs, ns, args.profile_rate, seed=7).summary()
+        for p in spies.values():
+            p.wait(60)
+    finally:
+        system.stop()
+    return {"benchmark": "peers --profile", "what": args.profile, "path": args.profile_path, "bundle": str(bundle),
+            "rate": args.profile_rate, "seconds": args.profile_seconds, "machine": machine(), "run": run,
+            "processes": {name: summary(folder / f"{name}.txt") for name in pids}, "raw": str(folder)}  # fmt: skip
+
+
+def profile_markdown(r: dict) -> list[str]:
+    run = r["run"]
+    lines = [f"# Where cis's time goes: {r['what']}, {r['path']} path, {r['rate']:.0f} requests/s for "
+             f"{r['seconds']:.0f} s (py-spy, 250 Hz)", "",
+             f"{r['machine']['cpus']} cores, load average {r['machine']['load_avg'][0]:.1f}. Bundle `{r['bundle']}`. "
+             f"Answered {run['answered']} of {run['requests']}, p50 {fmt(run['p50_s'], 'ms')}, "
+             f"p99 {fmt(run['p99_s'], 'ms')}. Raw stacks: `{r['raw']}`.", ""]  # fmt: skip
+    for name, p in r["processes"].items():
+        parts = ", ".join(f"{k} {v:.0%}" for k, v in p["parts"].items())
+        lines += [f"## {name} ({p['samples']} samples)", "", f"By part: {parts}.", "",
+                  "| self | function | inclusive | function |", "|---|---|---|---|"]  # fmt: skip
+        for a, b in zip(p["self"], p["inclusive"]):
+            lines.append(f"| {a['share']:.1%} | `{a['function']}` | {b['share']:.1%} | `{b['function']}` |")
+        lines.append("")
+    return lines
 
 
 # ---------------------------------------------------------------- the figures
@@ -819,6 +893,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     work = Path(args.work)
     (work / "logs").mkdir(parents=True, exist_ok=True)
+    if args.profile:
+        out = profile(args)
+        write_results(f"peers-profile-{args.profile}-{args.profile_path}", out, profile_markdown(out))
+        return 0
     if args.p50_only:
         if not args.bundle:
             args.bundle = str(cifar_bundle(work, args.data))

@@ -9,8 +9,10 @@ A request names the node it enters at; its threshold is that node's. A sample th
 goes to the parent tier's deployment through a :class:`ray.serve.handle.DeploymentHandle` with the carry
 and the parent node's id, as a cis node forwards to its parent. Requests are micro-batched with
 ``@serve.batch`` (``max_batch_size``, ``batch_wait_timeout_s``), where a cis node batches (``--max-batch``,
-``--max-wait``). Not modelled: the transfer cap (run cis with ``--no-cap`` to compare), the patience rule,
-deadlines, degraded serving when a tier is down.
+``--max-wait``); access logs off and warnings only (:data:`QUIET`), replicas ``num_cpus=0`` and
+``max_ongoing_requests`` twice the batch (Ray's default, 5, would cap a replica's batch at 5). Not modelled:
+the transfer cap (run cis with ``--no-cap`` to compare), the patience rule, deadlines, degraded serving when
+a tier is down.
 
 Two ways in: the handle (``handle.infer.remote(node, x)``, the native path) and Ray Serve's HTTP ingress on
 the devices deployment, which speaks the Open Inference Protocol's infer call in JSON
@@ -57,6 +59,8 @@ from cis.policy import ExitPolicy  # noqa: E402
 from cis.stages import INPUT, LOGITS, StageRunner, carry_of  # noqa: E402
 
 APP = "cis"
+# part of the best configuration: no access log line per request, warnings only (cis nodes log events, not requests)
+QUIET = {"log_level": "WARNING", "enable_access_log": False}
 TIERS = ("devices", "edges", "cloud")  # by exit 1, 2, 3 of paper-7's tree
 
 
@@ -190,9 +194,8 @@ def build_app(bundle: str, threshold: float | None = None, max_batch_size: int =
     parent = None
     for e in reversed(exits):  # the root first: each tier is bound with its parent's handle
         name = TIERS[exits.index(e)] if len(exits) == 3 else f"exit{e}"
-        parent = Tier.options(name=name, num_replicas=count[e], max_ongoing_requests=ongoing).bind(
-            bundle, e, parent, threshold, max_batch_size, batch_wait_timeout_s
-        )
+        options = {"name": name, "num_replicas": count[e], "max_ongoing_requests": ongoing, "logging_config": QUIET}
+        parent = Tier.options(**options).bind(bundle, e, parent, threshold, max_batch_size, batch_wait_timeout_s)
     return parent
 
 
@@ -209,10 +212,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--num-cpus", type=int, default=os.cpu_count())
     args = ap.parse_args(argv)
     ray.init(include_dashboard=False, num_cpus=args.num_cpus, configure_logging=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": args.http_port})
+    serve.start(http_options={"host": "127.0.0.1", "port": args.http_port}, logging_config=QUIET)
     app = build_app(args.bundle, args.threshold, args.max_batch_size, args.batch_wait_timeout_s,
                     args.max_ongoing_requests)  # fmt: skip
-    serve.run(app, name=APP, route_prefix="/")
+    serve.run(app, name=APP, route_prefix="/", logging_config=QUIET)
     gcs = ray.get_runtime_context().gcs_address
     print(json.dumps({"gcs_address": gcs, "http": f"http://127.0.0.1:{args.http_port}", "pid": os.getpid()}),
           flush=True)  # fmt: skip

@@ -248,9 +248,12 @@ class CisNode(CisTree):
 class RayServer:
     """``ray_serve_cis.py`` in its own process (Ray's head, Serve, the app), reached as a Ray driver."""
 
-    def __init__(self, bundle: Path, log: Path, args: list[str]):
+    def __init__(self, bundle: Path, log: Path, args: list[str], options: dict | None = None):
+        """``args``: the program's flags; ``options``: the same as :func:`ray_serve_cis.build_app`'s keywords
+        (so that :meth:`redeploy` knows what runs)."""
         self.t0 = time.monotonic()
         self.port = free_port()
+        self.deployed = (str(bundle), sorted((options or {}).items()))
         env = {**os.environ, **LOOPBACK_RAY, "PYTHONPATH": python_path()}
         cmd = [sys.executable, str(HERE / "ray_serve_cis.py"), "--bundle", str(bundle),
                "--http-port", str(self.port), *args]  # fmt: skip
@@ -281,11 +284,11 @@ class RayServer:
     def redeploy(self, bundle: Path, **options) -> float:
         """Run the app again with other options (threshold, batching): seconds until it is ready."""
         from ray import serve
-        from ray_serve_cis import APP, build_app
+        from ray_serve_cis import APP, QUIET, build_app
 
         self.handle()
         t = time.monotonic()
-        serve.run(build_app(str(bundle), **options), name=APP, route_prefix="/")
+        serve.run(build_app(str(bundle), **options), name=APP, route_prefix="/", logging_config=QUIET)
         self._handle = serve.get_app_handle(APP)
         return time.monotonic() - t
 

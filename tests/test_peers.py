@@ -57,6 +57,7 @@ def _samples(n: int):
     return load_dataset("digits").test.x[:n].astype("float32")
 
 
+@pytest.mark.slow
 def test_ray_serve_app_answers_what_cis_answers(digits, ray_app, tmp_path):
     from peers import agreement
 
@@ -69,6 +70,7 @@ def test_ray_serve_app_answers_what_cis_answers(digits, ray_app, tmp_path):
     assert len(got["served_share_per_exit"]) >= 2, "some samples were forwarded through the handles"
 
 
+@pytest.mark.slow
 def test_forced_thresholds_serve_everything_at_the_cloud(digits, ray_app, tmp_path):
     from loadgen import CisNative, RayHandle
 
@@ -90,6 +92,7 @@ def test_forced_thresholds_serve_everything_at_the_cloud(digits, ray_app, tmp_pa
         assert a.answer["cls"] == b.answer["cls"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(bool(missing_peers()), reason="tritonclient[http] is not installed")
 def test_quick_benchmark_writes_every_section(tmp_path):
     out = tmp_path / "peers.json"

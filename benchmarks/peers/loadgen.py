@@ -223,23 +223,26 @@ class RayHandle:
 
 # tritonclient's asyncio client posts bytes (aiohttp then says application/octet-stream, which KServe reads as
 # Triton's binary extension) and reads bodies undecoded while aiohttp asks for gzip (which MLServer sends):
-# say JSON, and ask for no compression
+# say JSON when it is JSON, and ask for no compression
 JSON_HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
+BINARY_HEADERS = {"Accept-Encoding": "identity"}
 
 
 class OipHttp:
-    """tritonclient's asyncio HTTP client: ``infer`` in the Open Inference Protocol's JSON, to each entry node's
-    URL, on ``model`` (None: the model is named after the entry node, as Ray's ingress here); ``input_name``
-    is the model's input (cis's front door: from its metadata)."""
+    """tritonclient's asyncio HTTP client: ``infer`` in the Open Inference Protocol, to each entry node's URL, on
+    ``model`` (None: the model is named after the entry node, as Ray's ingress here); ``input_name`` is the
+    model's input (cis's front door: from its metadata). The input goes as JSON, or with ``binary`` as Triton's
+    binary tensor extension (cis's front door and KServe read it; MLServer and the Ray app here do not)."""
 
     name = "Open Inference Protocol over HTTP (tritonclient)"
 
     def __init__(self, urls: dict[str, str], model: str | None = "cis", input_name: str = "input",
-                 conn_limit: int = 256):  # fmt: skip
+                 conn_limit: int = 256, binary: bool = False):  # fmt: skip
         import tritonclient.http.aio as aio
 
         self._aio = aio
-        self.urls, self.model, self.input_name = urls, model, input_name
+        self.urls, self.model, self.input_name, self.binary = urls, model, input_name, binary
+        self.headers = BINARY_HEADERS if binary else JSON_HEADERS
         self.clients = {u: aio.InferenceServerClient(url=u.split("://", 1)[-1], conn_limit=conn_limit)
                         for u in set(urls.values())}  # fmt: skip
 
@@ -248,9 +251,9 @@ class OipHttp:
 
         url, model = self.urls[node], self.model or node
         inp = self._aio.InferInput(self.input_name, list(x.shape), "FP32")
-        inp.set_data_from_numpy(np.ascontiguousarray(x, dtype=np.float32), binary_data=False)
+        inp.set_data_from_numpy(np.ascontiguousarray(x, dtype=np.float32), binary_data=self.binary)
         try:
-            result = await self.clients[url].infer(model, [inp], headers=JSON_HEADERS)
+            result = await self.clients[url].infer(model, [inp], headers=self.headers)
         except InferenceServerException as exc:
             raise Refused(str(exc.status() or "error")) from None
         out = {}

@@ -90,6 +90,10 @@ def wide_cloud_bundle(work: Path, cifar: str) -> Path:
         return out / "bundle"
     import torch
 
+    from _results import ensure_cifar
+
+    cifar = str(ensure_cifar(Path(cifar)))
+
     from cis.spec import spec_to_dict
     from cis.topologies import make_spec
     from export import export_bundle
@@ -128,16 +132,20 @@ def digits_bundle(work: Path, feature_dtype: str) -> Path:
     return out / "bundle"
 
 
-def profile_stages(bundle_dir: Path, cores: dict[int, int], batches=(1, 2, 4, 8, 16, 32), repeats: int = 30) -> dict:
+def profile_stages(bundle_dir: Path, cores: dict[int, int], x: np.ndarray, batches=(1, 2, 4, 8, 16, 32),
+                   repeats: int = 30) -> dict:
     """{stage: {batch: mean seconds per call}}: each stage run alone (onnxruntime, one thread) on ``cores[stage]``,
-    the core its node runs on. The mean, not the median: a queue sees every slow call."""
+    the core its node runs on, on the carries of the samples ``x`` the loads send (a stage's time depends on its
+    values: twin_spans found a later stage 1.3-1.6 times slower on real carries than on random ones at batch 2 and
+    more). The mean, not the median: a queue sees every slow call."""
     from cis.bundle import load_bundle
-    from cis.stages import StageRunner
-    from export.profile import random_feeds
+    from cis.stages import StageRunner, stage_runners
+    from export.profile import stage_inputs
 
     bundle = load_bundle(bundle_dir)
     before = os.sched_getaffinity(0)
-    rng = np.random.default_rng(0)
+    chain = stage_runners(bundle, threads=1)
+    real = {b: stage_inputs(chain, x, b) for b in batches}
     out: dict[int, dict[int, float]] = {}
     try:
         for k in range(1, bundle.num_exits + 1):
@@ -145,7 +153,7 @@ def profile_stages(bundle_dir: Path, cores: dict[int, int], batches=(1, 2, 4, 8,
             runner = StageRunner(bundle, k, threads=1)
             out[k] = {}
             for b in batches:
-                feeds = random_feeds(bundle.stage(k).inputs, b, rng)
+                feeds = real[b][k - 1]
                 for _ in range(3):
                     runner.run(feeds)
                 times = []
@@ -206,19 +214,19 @@ def node_counters(addresses: dict, keys=("overloaded", "capped", "degraded", "ba
 # ---------------------------------------------------------------- calibration at a light load
 
 
-def spread(bundle_dir: Path, stage: int, core: int, calls: int = 200) -> tuple[float, ...]:
-    """Each call's time over the mean, ``calls`` batch-1 calls of ``stage`` back to back on ``core``: how a
-    stage's time spreads (the simulator's service_spread)."""
+def spread(bundle_dir: Path, stage: int, core: int, x: np.ndarray, calls: int = 200) -> tuple[float, ...]:
+    """Each call's time over the mean, ``calls`` batch-1 calls of ``stage`` back to back on ``core`` (on the
+    carry of the first sample of ``x``): how a stage's time spreads (the simulator's service_spread)."""
     from cis.bundle import load_bundle
-    from cis.stages import StageRunner
-    from export.profile import random_feeds
+    from cis.stages import StageRunner, stage_runners
+    from export.profile import stage_inputs
 
     bundle = load_bundle(bundle_dir)
+    feeds = stage_inputs(stage_runners(bundle, stage, threads=1), x[:1], 1)[stage - 1]
     before = os.sched_getaffinity(0)
     os.sched_setaffinity(0, {core})
     try:
         runner = StageRunner(bundle, stage, threads=1)
-        feeds = random_feeds(bundle.stage(stage).inputs, 1, np.random.default_rng(0))
         for _ in range(5):
             runner.run(feeds)
         times = []
@@ -235,7 +243,7 @@ IDLE_BINS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2)  # seconds: the idle-time
 
 
 def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, float], rate: float, n: int,
-              seed: int, back_to_back: int = 200) -> dict:
+              seed: int, back_to_back: int = 200, spans=None, profile: dict | None = None) -> dict:
     """Calibrate the twin on the live system: node work, slowdown after idling, messaging.
 
     First ``back_to_back`` one-sample requests, one at a time: the root (which runs its stages and
@@ -246,7 +254,15 @@ def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, flo
     against how long the system had been idle when it came, gives how much longer a node takes after
     idling (``idle_slowdown``: the excess of each idle-time bin over the shortest idle times', in
     seconds per visit: waking the process, cold caches); what stays, per node visited, is messaging
-    (``hop_rtt``: sockets, the client, unshaped links)."""
+    (``hop_rtt``: sockets, the client, unshaped links).
+
+    With the nodes' spans (``spans``: a function returning the span columns written so far, and the stage
+    ``profile`` by batch size), the node work is measured where the runtime spends it, per node and per
+    batch: what each of the light load's batches took beyond its profiled stage calls, by how long the node
+    had idled before it, is that node's ``batch_overhead`` table (:func:`batch_overheads`); the node's
+    reading of a message is a few tens of microseconds (twin_spans: the time between batches), so
+    ``visit_overhead`` is 0, and each request's messaging is what its latency holds beyond its stages and
+    the mean batch work of the nodes it visited."""
     from cis.app.calibration import warm_up
     from cis.runtime.client import Client
 
@@ -266,7 +282,12 @@ def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, flo
     finally:
         for c in clients.values():
             c.close()
+    wall = time.time()
     load = run_load(addresses, x, spec, rate, n / rate, seed)
+    batch_work, batch_tables = None, None
+    if spans is not None:
+        cols = spans()
+        batch_tables, batch_work = batch_overheads(cols, profile, spec, (wall, time.time()))
 
     def entry_stage(nid: str) -> int:
         kids = spec.children(nid)
@@ -277,6 +298,9 @@ def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, flo
 
     root_hot = hot(root, entry_stage(root))
     work = max(0.0, hot_in_node - root_hot)
+    if batch_work is not None:
+        work = 0.0
+    per_node = batch_work or {}
     entry_of = {int(i): nid for nid, idx in load["entries"].items() for i in idx}
     rows, last_end = [], -np.inf  # (idle seconds before the request, its stage times, latency, visits)
     for i in np.argsort(load["times"]):
@@ -288,6 +312,7 @@ def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, flo
             continue
         visited = path[: path.index(r.served_by[0]) + 1]
         stages = sum(hot(v, 1 if j == 0 else spec.node(visited[j - 1]).exit + 1) for j, v in enumerate(visited))
+        stages += sum(per_node.get(v, 0.0) for v in visited)  # the batch work of the nodes it visited
         rows.append((max(0.0, t - last_end), stages, r.latency, len(visited)))
         last_end = max(last_end, t + r.latency)
     idle = np.array([g for g, *_ in rows])
@@ -303,18 +328,103 @@ def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, flo
     slow = tuple(table)
     gaps, extra = zip(*slow)
     costs = [max(0.0, (lat - st - k * work) / k - float(np.interp(g, gaps, extra))) for g, st, lat, k in rows]
+    messaging = {}
+    if spans is not None:  # measured where it happens: the client's messaging, and each forward's
+        messaging = span_messaging(cols, load, spec, (wall, time.time()))
+        slow = ((0.0, 0.0),)  # a node that slept: its batch work table
+        costs = messaging["hop_rtt_s"] or costs
     return {
         "rate": rate,
         "requests": n,
         "root_back_to_back_mean_s": hot_in_node,
         "root_stages_hot_s": root_hot,
         "visit_overhead_s": work,
+        "batch_overhead_s": batch_tables or {},
+        "batch_overhead_mean_s": per_node,
         "idle_slowdown": [list(p) for p in slow],
         "idle_bins": [int(b.sum()) for b in bins],
         "hop_rtt_s": costs,
         "hop_rtt_median_s": float(np.median(costs)),
         "hop_rtt_mean_s": float(np.mean(costs)),
+        **{k: v for k, v in messaging.items() if k != "hop_rtt_s"},
     }
+
+
+def profiled_batch(profile: dict, stage_from: list[int], exit_: int) -> float:
+    """Seconds the stage profile gives a batch whose requests enter at ``stage_from`` and run to ``exit_``
+    (stage k runs once on every request that entered at k or before: sim.station's batch time)."""
+    total = 0.0
+    for k in range(min(stage_from), exit_ + 1):
+        joined = sum(1 for s in stage_from if s <= k)
+        points = profile[k]
+        sizes = sorted(points)
+        total += float(np.interp(joined, sizes, [points[b] for b in sizes])) if joined <= sizes[-1] else (
+            points[sizes[-1]] * joined / sizes[-1])
+    return total
+
+
+WORK_BINS = (0.0005, 0.002, 0.005, 0.02, 0.1)  # seconds a node idled before a batch: the bins of its work table
+
+
+def batch_overheads(cols: dict, profile: dict, spec, window: tuple[float, float]) -> tuple[dict, dict]:
+    """Per node, what each of its batches (compute spans starting in ``window``) took beyond the profiled time
+    of its stage calls, until its answers and forward were sent (_spans.answers_sent), by how long the node
+    had idled before the batch: ({node: ((median idle, median extra) of each idle bin with 5 batches or
+    more, never decreasing), ...}, {node: mean extra})."""
+    from _spans import answers_sent
+
+    tables, means = {}, {}
+    sent = answers_sent(cols)
+    for node in spec.nodes:
+        at = np.flatnonzero((cols["kind"] == "compute") & (cols["node"] == node.id))
+        batches: dict[float, list[int]] = {}
+        for i in at:  # one span per request of a batch, all with the batch's start
+            batches.setdefault(float(cols["start"][i]), []).append(int(i))
+        if not batches:
+            continue
+        starts = np.array(sorted(batches))
+        ends = np.array([sent[batches[t][0]] for t in starts])
+        idle = np.maximum(0.0, starts - np.concatenate([[-np.inf], ends[:-1]]))
+        extra = np.array([ends[j] - t - profiled_batch(
+            profile, [int(cols["stage_from"][i]) for i in batches[t] for _ in range(max(1, int(cols["samples"][i])))],
+            node.exit) for j, t in enumerate(starts)])
+        inside = (starts >= window[0]) & (starts < window[1])
+        if not inside.any():
+            continue
+        idle, extra = idle[inside], extra[inside]
+        means[node.id] = max(0.0, float(np.mean(extra)))
+        edges = (0.0, *WORK_BINS, np.inf)
+        points, top = [], 0.0
+        for lo, hi in zip(edges, edges[1:]):
+            b = (idle >= lo) & (idle < hi)
+            if b.sum() >= 5:
+                top = max(top, float(np.median(extra[b])))  # the longer it slept, the longer it takes
+                points.append((float(np.median(idle[b])), top))
+        tables[node.id] = tuple(points) if points else ((0.0, means[node.id]),)
+    return tables, means
+
+
+def span_messaging(cols: dict, load: dict, spec, window: tuple[float, float]) -> dict:
+    """A light load's messaging from the nodes' spans: each answered request's latency beyond its entry node's
+    request span is its client's messaging (``entry_rtt_s``); each forward's span beyond the parent's request
+    span of it (the span whose parent the forward is) is that hop's (``hop_rtt_s``)."""
+    inside = (cols["start"] >= window[0]) & (cols["start"] < window[1])
+    kind, node, sid, pid = cols["kind"], cols["node"], cols["span_id"], cols["parent_id"]
+    first = {(n, r): s for n, r, s, k, p in zip(node, cols["req_id"], cols["seconds"], kind, pid)
+             if k == "request" and not p}  # a client's request: a new trace at its entry node
+    under = {p: s for s, k, p in zip(cols["seconds"], kind, pid) if k == "request" and p}
+    entry = []
+    for nid, idx in load["entries"].items():  # a fresh client per entry node: ids 1, 2, ... in send order
+        for cid, i in enumerate(sorted(int(i) for i in idx), start=1):
+            r = load["results"][i]
+            at = first.get((nid, cid))
+            if r is not None and r.error is None and at is not None:
+                entry.append(max(0.0, r.latency - at))
+    hops = [max(0.0, s - under[i]) for i, s, k, ok in zip(sid, cols["seconds"], kind, inside)
+            if ok and k == "forward" and i in under]
+    return {"entry_rtt_s": entry, "hop_rtt_s": hops,
+            "entry_rtt_median_s": float(np.median(entry)) if entry else None,
+            "forward_hop_median_s": float(np.median(hops)) if hops else None}
 
 
 # ---------------------------------------------------------------- the same figures from runtime and simulator

@@ -29,7 +29,7 @@ from pathlib import Path
 from _args import common_args
 from _results import RESULTS, ensure_cifar, write_scale
 from _stats import paired, stats
-from table1 import ALGORITHMS, campaign, run_files
+from table1 import ALGORITHMS, PAPER_TABLE1, campaign, run_files
 
 CELLS = ["80-15-5", "5-15-80"]
 STRATEGIES = ["equal", "flops", "serving-rate", "balanced-adj"]
@@ -49,9 +49,10 @@ def budget_folder(name: str) -> Path:
     return {"x1": RESULTS / "table1", "large": RESULTS / "table1_large"}.get(name, OUT / name)
 
 
-def collect(seeds: list[int], algorithm: str) -> tuple[dict, dict]:
-    """({budget: mean root SGD steps}, {cell: {strategy: {budget: {seed: accuracy}}}}) of one algorithm."""
-    steps, table = {}, {}
+def collect(seeds: list[int], algorithm: str) -> tuple[dict, dict, dict]:
+    """({budget: mean root SGD steps}, {cell: {strategy: {budget: {seed: accuracy}}}}, the same of the per-exit
+    test accuracies (%)) of one algorithm."""
+    steps, table, exits = {}, {}, {}
     for name in BUDGETS:
         records = [r for r in run_files(budget_folder(name), seeds) if r["algorithm"] == algorithm]
         records = [r for r in records if r["strategy"] in STRATEGIES]
@@ -60,15 +61,30 @@ def collect(seeds: list[int], algorithm: str) -> tuple[dict, dict]:
             continue
         steps[name] = sum(roots) / len(roots)
         for r in records:
+            per_exit = [100 * r["exit_accuracy"][k] for k in sorted(r["exit_accuracy"], key=int)]
             for cell, acc in r["cis_accuracy"].items():
                 if cell in CELLS and (r["strategy"] in SHARED or r["trained_for"] == cell):
                     table.setdefault(cell, {}).setdefault(r["strategy"], {}).setdefault(name, {})[r["seed"]] = acc
-    return steps, table
+                    exits.setdefault(cell, {}).setdefault(r["strategy"], {}).setdefault(name, {})[r["seed"]] = per_exit
+    return steps, table, exits
 
 
-def summarise(steps: dict, table: dict, seeds: list[int]) -> dict:
+def paper_vs_equal() -> dict[str, dict[str, float]]:
+    """{cell: {strategy: the paper's Table 1 mean minus equal's}} (points)."""
+    eq = PAPER_TABLE1["equal"]
+    return {c: {s: round(PAPER_TABLE1[s][c] - eq[c], 2) for s in STRATEGIES if s != "equal"} for c in CELLS}
+
+
+def summarise(steps: dict, table: dict, seeds: list[int], exits: dict | None = None) -> dict:
     key = {name: str(round(s)) for name, s in steps.items()}  # budgets are named by their root SGD steps
-    per_seed, summary, vs_equal = {}, {}, {}
+    per_seed, summary, vs_equal, exit_summary = {}, {}, {}, {}
+    for cell, by_strategy in (exits or {}).items():
+        for strategy, by_budget in by_strategy.items():
+            for name, got in by_budget.items():
+                rows = [got[s] for s in seeds if s in got]
+                exit_summary.setdefault(cell, {}).setdefault(strategy, {})[key[name]] = [
+                    sum(col) / len(col) for col in zip(*rows)
+                ]
     for cell, by_strategy in table.items():
         for strategy, by_budget in by_strategy.items():
             for name, got in by_budget.items():
@@ -82,9 +98,12 @@ def summarise(steps: dict, table: dict, seeds: list[int]) -> dict:
                         **paired([got[s] for s in both], [base[s] for s in both]),
                         "seeds": both,
                     }
+    x1 = steps.get("x1")
     return {
         "budgets": sorted(round(s) for s in steps.values()),
         "budget_scales": {key[n]: BUDGETS[n] for n in steps},
+        "steps_ratio": {key[n]: s / x1 for n, s in steps.items()} if x1 else {},
+        "exit_accuracy": exit_summary,
         "per_seed": per_seed,
         "summary": summary,
         "paired_vs_equal": vs_equal,
@@ -95,10 +114,11 @@ def report(seeds: list[int]) -> dict:
     result = {"seeds": seeds, "cells": CELLS, "strategies": STRATEGIES}
     parts = {}
     for algorithm in ALGORITHMS:
-        steps, table = collect(seeds, algorithm)
+        steps, table, exits = collect(seeds, algorithm)
         if steps:
-            parts[algorithm] = summarise(steps, table, seeds)
+            parts[algorithm] = summarise(steps, table, seeds, exits)
     result.update(parts.get("printed", {}))  # the printed algorithm's at the top level (the issue's keys)
+    result["paper_vs_equal"] = paper_vs_equal()
     result["by_algorithm"] = parts
     findings = RESULTS / "budget_curve_findings.md"
     result["findings"] = findings.read_text() if findings.is_file() else ""

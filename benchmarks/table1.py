@@ -176,6 +176,19 @@ def collect_steps(out: Path, seeds: list[int]) -> dict[str, dict[str, dict[str, 
     return steps
 
 
+def collect_exits(out: Path, seeds: list[int]) -> dict[str, dict[str, dict[str, list[float]]]]:
+    """{algorithm: {strategy: {trained_for: [mean test accuracy (%) of exit 1, 2, ...]}}} over the run files (an
+    exit's accuracy does not depend on the serving setting: equal's and flops's hold for every cell)."""
+    got: dict[tuple, list[list[float]]] = {}
+    for r in run_files(out, seeds):
+        exits = [100 * r["exit_accuracy"][k] for k in sorted(r["exit_accuracy"], key=int)]
+        got.setdefault((r["algorithm"], r["strategy"], r["trained_for"]), []).append(exits)
+    table: dict[str, dict[str, dict[str, list[float]]]] = {}
+    for (algorithm, strategy, cell), rows in got.items():
+        table.setdefault(algorithm, {}).setdefault(strategy, {})[cell] = [sum(c) / len(c) for c in zip(*rows)]
+    return table
+
+
 def summarise(table: dict, seeds: list[int], settings: list[str]) -> dict:
     """per_seed lists (seed order), mean +- sd, and the paired difference against equal on the seeds both have,
     with its paired t-test p and the Holm-adjusted p over the table's comparisons."""
@@ -198,14 +211,32 @@ def summarise(table: dict, seeds: list[int], settings: list[str]) -> dict:
     return {"per_seed": per_seed, "summary": summary, "paired_vs_equal": vs_equal}
 
 
+def printed_minus_authors(tables: dict, seeds: list[int], settings: list[str]) -> dict:
+    """{strategy: {serving: the printed algorithm's run minus the authors-code run, paired on the seed}} for the
+    strategies both algorithms ran (the runs were trained on different machines: table1_rerun says how far that
+    alone moves a run)."""
+    printed, authors = tables.get("printed", {}), tables.get("authors-code", {})
+    out: dict = {}
+    for strategy in [s for s in STRATEGIES if s in printed and s in authors]:
+        for serving in settings:
+            a, b = printed[strategy].get(serving, {}), authors[strategy].get(serving, {})
+            if both := [s for s in seeds if s in a and s in b]:
+                out.setdefault(strategy, {})[serving] = {
+                    **paired([a[s] for s in both], [b[s] for s in both]),
+                    "seeds": both,
+                }
+    return out
+
+
 def by_algorithm(tables: dict, seeds: list[int], settings: list[str]) -> dict:
     """:func:`summarise` per algorithm: {"per_seed": {algorithm: ...}, "summary": {algorithm: ...}, ...}."""
     parts = {a: summarise(tables[a], seeds, settings) for a in ALGORITHMS if a in tables}
     return {key: {a: part[key] for a, part in parts.items()} for key in ("per_seed", "summary", "paired_vs_equal")}
 
 
-def auto_goal(summary: dict, settings: list[str], steps: dict | None = None) -> dict:
-    """Issue 22's goal for auto per cell: mean >= best fixed strategy's mean - 0.5, at <= 1.1x its SGD steps."""
+def auto_goal(summary: dict, settings: list[str], steps: dict | None = None, table: dict | None = None) -> dict:
+    """Issue 22's goal for auto per cell: mean >= best fixed strategy's mean - 0.5, at <= 1.1x its SGD steps;
+    with the per-seed ``table``, also auto minus the best fixed strategy paired on the seed."""
     out = {}
     for serving in settings:
         if serving not in summary.get("auto", {}):
@@ -225,7 +256,11 @@ def auto_goal(summary: dict, settings: list[str], steps: dict | None = None) -> 
             "bar": bar,
             "steps_ratio": ratio,
             "met": bool(got >= bar and (ratio is None or ratio <= AUTO_STEPS)),
+            "margin": got - bar,  # auto's mean above (+) or below (-) the bar
         }
+        a, b = (table or {}).get("auto", {}).get(serving, {}), (table or {}).get(best, {}).get(serving, {})
+        if both := [s for s in sorted(a) if s in b]:
+            out[serving]["auto_minus_best"] = {**paired([a[s] for s in both], [b[s] for s in both]), "seeds": both}
     return out
 
 
@@ -381,8 +416,12 @@ def report(out: Path, large_out: Path, stem: str) -> dict:
         **by_algorithm(tables, seeds, SETTINGS),
         "sgd_steps": steps,
     }
+    result["printed_minus_authors_code"] = printed_minus_authors(tables, seeds, SETTINGS)
+    result["exit_accuracy"] = collect_exits(out, seeds)
     result["val_summary"] = val_summary(out, seeds)
-    result["auto_goal"] = auto_goal(result["summary"].get("printed", {}), SETTINGS, steps.get("printed"))
+    result["auto_goal"] = auto_goal(
+        result["summary"].get("printed", {}), SETTINGS, steps.get("printed"), tables.get("printed")
+    )
     result["auto_choices"] = auto_choices(out)
     note = (
         f"Reduced scale: ResNet-18 width {scale.get('width')}, {scale.get('rounds')} rounds, "
@@ -410,7 +449,8 @@ def large_cell(large_out: Path, large: tuple[dict, list[int]]) -> tuple[dict, st
     ldone = sorted({seed for cells_ in ltable.values() for accs in cells_.values() for seed in accs})
     part = {"scale": lscale, "cells": cells, "seeds": ldone, "seeds_planned": lseeds,
             **summarise(ltable, lseeds, cells)}  # fmt: skip
-    part["auto_goal"] = auto_goal(part["summary"], cells)
+    part["exit_accuracy"] = collect_exits(large_out, lseeds).get("printed", {})
+    part["auto_goal"] = auto_goal(part["summary"], cells, table=ltable)
     line = (
         f"\n\nLarger scale, {' and '.join(cells)} (printed algorithm): width {lscale['width']}, "
         f"{lscale['rounds']} rounds, {lscale['train_subset']} images, seeds {','.join(map(str, lseeds))}, trained on "

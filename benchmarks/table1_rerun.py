@@ -33,23 +33,36 @@ def records(folder: Path, seeds: list[int]) -> dict[str, dict]:
 
 
 def compare(seeds: list[int]) -> dict:
-    """{strategy: {setting: {stored, rerun, rerun_minus_stored}}} over the seeds both have."""
+    """{strategy: {setting: {stored, rerun, rerun_minus_stored}}} over the seeds both have; where the stored
+    table has the same strategy's authors-code run of a seed (trained on the rerun's machine), also
+    ``rerun_minus_authors_code``: the printed algorithm against the authors' on one machine, paired on the seed."""
     stored, rerun = records(STORED, seeds), records(OUT, seeds)
     result: dict[str, dict] = {}
+    authors: dict[tuple, dict[int, float]] = {}
     for name, r in rerun.items():
         if name not in stored:
             continue
+        theirs = stored.get(run_name(r["seed"], r["strategy"], r["trained_for"], "authors-code"))
         for setting, acc in r["cis_accuracy"].items():
             cell = result.setdefault(r["strategy"], {}).setdefault(setting, {"seeds": [], "stored": [], "rerun": []})
             cell["seeds"].append(r["seed"])
             cell["stored"].append(stored[name]["cis_accuracy"][setting])
             cell["rerun"].append(acc)
-    flat = {}
+            if theirs and setting in theirs["cis_accuracy"]:
+                authors.setdefault((r["strategy"], setting), {})[r["seed"]] = theirs["cis_accuracy"][setting]
+    flat, flat_authors = {}, {}
     for strategy, cells in result.items():
         for setting, c in cells.items():
             c["stored_stats"], c["rerun_stats"] = stats(c["stored"]), stats(c["rerun"])
             c["rerun_minus_stored"] = flat[f"{strategy} {setting}"] = paired(c["rerun"], c["stored"])
+            theirs_by_seed = authors.get((strategy, setting), {})
+            if both := [k for k, s in enumerate(c["seeds"]) if s in theirs_by_seed]:
+                c["rerun_minus_authors_code"] = flat_authors[f"{strategy} {setting}"] = {
+                    **paired([c["rerun"][k] for k in both], [theirs_by_seed[c["seeds"][k]] for k in both]),
+                    "seeds": [c["seeds"][k] for k in both],
+                }
     add_holm(flat)
+    add_holm(flat_authors)
     return result
 
 
@@ -60,15 +73,17 @@ def report(seeds: list[int]) -> None:
         f"Seeds {','.join(map(str, seeds))}; stored runs: benchmarks/results/table1/runs (issue 17's machine); "
         f"reruns: benchmarks/results/table1_rerun/runs ({platform.machine()}, {machine()['cpus']} CPUs). "
         "CIS accuracy (%) mean ± sd; rerun - stored paired on the seed (signs per seed), t-test p / Holm.\n",
-        "| strategy | setting | stored | rerun | rerun - stored |",
-        "|---|---|---|---|---|",
+        "| strategy | setting | stored | rerun | rerun - stored | rerun - authors-code (same machine) |",
+        "|---|---|---|---|---|---|",
     ]
     for strategy, cells in result.items():
         for setting in [s for s in SETTINGS if s in cells]:
             c = cells[setting]
+            theirs = fmt_test(c["rerun_minus_authors_code"]) if "rerun_minus_authors_code" in c else "–"
             lines.append(
                 f"| {strategy} | {setting} | {c['stored_stats']['mean']:.1f} ± {c['stored_stats']['sd']:.1f} | "
-                f"{c['rerun_stats']['mean']:.1f} ± {c['rerun_stats']['sd']:.1f} | {fmt_test(c['rerun_minus_stored'])} |"
+                f"{c['rerun_stats']['mean']:.1f} ± {c['rerun_stats']['sd']:.1f} | {fmt_test(c['rerun_minus_stored'])} "
+                f"| {theirs} |"
             )
     write_results("table1_rerun", {"seeds": seeds, "by_strategy": result, "machine": machine()}, lines)
 

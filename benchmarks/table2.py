@@ -58,6 +58,11 @@ CONTROLS: dict[str, tuple[float, dict]] = {  # step-matched controls of the flop
         {"coefficient_rule": "self-normalised", "local_steps": MATCH_FLOPS_STEPS},
     ),
 }
+CONTROL_PAIRS = (  # (run, its baseline): the controls' family of comparisons, Holm-adjusted among themselves
+    ("serving-rate p=0 steps-matched", "serving-rate p=0"),  # more steps alone, at p = 0
+    ("serving-rate p=0.2 self-normalised steps-matched", "serving-rate p=0 steps-matched"),  # p, at the same steps
+    ("serving-rate p=0.2 self-normalised+flops-steps", "serving-rate p=0.2 self-normalised steps-matched"),  # where
+)
 DEV_SEED = 6  # the diagnostics' development seed: variants are chosen on its validation split, outside the table
 BIASED = "self-normalised"  # a variant with its own (biased) estimator: not line 12, Theorem 1 does not cover it
 SETTING = dict(partition="highly-biased")
@@ -212,12 +217,14 @@ def summarise(table: dict[str, dict[int, dict]], seeds: list[int], names: list[s
         runs = [table[name][s] for s in have]
         per_seed[name] = [r["cis_accuracy"] for r in runs]
         steps = [r["sgd_steps"]["total"] for r in runs if r.get("sgd_steps")]
+        roots = [r["sgd_steps"]["root"] for r in runs if r.get("sgd_steps")]
         vals = [r["val_cis_accuracy"] for r in runs if r.get("val_cis_accuracy") is not None]
         summary[name] = {
             **stats(per_seed[name]),
             "seeds": have,
             "exit_accuracy": {e: stats([r["exit_accuracy"][e] * 100 for r in runs])["mean"] for e in ("1", "2", "3")},
             "sgd_steps": float(np.mean(steps)) if steps else None,
+            "root_sgd_steps": float(np.mean(roots)) if roots else None,
             "val_cis_accuracy": float(np.mean(vals)) if len(vals) == len(runs) else None,
             "estimator": "its own (biased)" if BIASED in name else "line 12",
             "bn_clamped_total": sum(r["aggregation"]["bn_clamped_total"] for r in runs),
@@ -235,7 +242,20 @@ def summarise(table: dict[str, dict[int, dict]], seeds: list[int], names: list[s
                         "seeds": both,
                     }
     add_holm({f"{n} vs {b}": c for n, bases in vs.items() for b, c in bases.items()})
-    return {"per_seed": per_seed, "summary": summary, "paired": vs}
+    return {"per_seed": per_seed, "summary": summary, "paired": vs, "controls": controls(table, seeds)}
+
+
+def controls(table: dict[str, dict[int, dict]], seeds: list[int]) -> dict[str, dict]:
+    """The step-matched controls' comparisons (:data:`CONTROL_PAIRS`, where both runs have seeds), paired on the
+    seed, Holm-adjusted over this family alone: {"run vs baseline": paired difference}."""
+    out = {}
+    for name, base in CONTROL_PAIRS:
+        both = [s for s in seeds if s in table.get(name, {}) and s in table.get(base, {})]
+        if both:
+            runs, bases = ([table[n][s]["cis_accuracy"] for s in both] for n in (name, base))
+            out[f"{name} vs {base}"] = {**paired(runs, bases), "seeds": both}
+    add_holm(out)
+    return out
 
 
 def markdown_rows(part: dict) -> list[str]:
@@ -273,6 +293,7 @@ def report(out: Path, stem: str, names: list[str]) -> dict:
         "per_seed": {a: part["per_seed"] for a, part in parts.items()},
         "summary": {a: part["summary"] for a, part in parts.items()},
         "paired": {a: part["paired"] for a, part in parts.items()},
+        "controls": {a: part["controls"] for a, part in parts.items() if part["controls"]},
         "paper": PAPER,
     }
     diag = RESULTS / f"{stem}_diagnostics_seed{DEV_SEED}.json"
@@ -289,6 +310,10 @@ def report(out: Path, stem: str, names: list[str]) -> dict:
     ]
     for algorithm, part in parts.items():
         lines += [f"\n## Algorithm: {algorithm}\n", *markdown_rows(part)]
+        if part["controls"]:
+            lines += ["", "Step-matched controls (paired on the seed; Holm over these comparisons alone):\n",
+                      "| comparison | difference |", "|---|---|"]  # fmt: skip
+            lines += [f"| {k} | {fmt_test(c)} |" for k, c in part["controls"].items()]
     if result.get("val_choice"):
         v = result["val_choice"]
         lines += [

@@ -2,7 +2,7 @@
 and for capacity planning. Every regime calibrates the twin once, at a light load, and then predicts the other
 loads; each prediction is compared with the runtime measured in the same run (medians of ``--repeats``).
 
-    python benchmarks/twin_hard.py --pause-cwd /work/wt/campaign      # all four regimes, 3 repeats (~30 min)
+    python benchmarks/twin_hard.py --pause-cwd /work/wt/campaign      # all five regimes, 3 repeats (~35 min)
     python benchmarks/twin_hard.py --regimes links --repeats 1
     python benchmarks/twin_hard.py --quick                            # smoke run: short loads, one repeat
 
@@ -24,11 +24,15 @@ Regimes (``--regimes``, default all):
 - ``partition``: paper-7 on the testbed with its own links (devices 20 Mbit/s, edges 100 Mbit/s), everything
   forwarded; edge0's uplink goes down 8 s into a 30 s load and comes back at 18 s. Targets: degraded share
   within 2 points, mean and p99 latency within 15 %; no request without an answer.
+- ``colocated``: paper-7 on the testbed with its own links on two hosts of one core each (the devices and edges
+  on one, the cloud on the other: the spec's ``[hosts]``, pinned by ``cis testbed``), ``--colocated-rate``
+  requests/s; the twin shares each host's core. Targets: p50/p95/p99 within 15 %, shares within 2 points.
 
-Calibration (``_twin.calibrate``): stage times measured in-process on the core that runs them
-(``profile_stages``); one-at-a-time requests give the node's own work per request (its latency beyond
-its stages while it never idles); one light Poisson load then gives how much slower the stages run after a
-core idled (by how long the system had idled before each request) and the per-visit messaging. Other jobs
+Calibration (``_twin.calibrate``): stage times measured in-process on the core that runs them, on the carries
+of the samples the loads send (``profile_stages``); the nodes write their spans (``cis serve --spans-file``),
+and one light Poisson load gives each node's work per batch by how long it idled before the batch (its compute
+spans until the batch's answers were sent, beyond the profiled stage calls), the client's messaging (latency
+beyond the entry node's request span) and each forward's (its span beyond the parent's request span). Other jobs
 (processes whose working directory is under ``--pause-cwd``) are stopped (SIGSTOP) only while a load runs
 and always resumed; ``--priority N`` (default -15) sets the nice value of this benchmark's scheduling group
 (``/proc/self/autogroup``: its session, so its nodes too) for the run, so that jobs of other sessions take
@@ -55,7 +59,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _results import RESULTS, ensure_cifar, machine
+from _results import RESULTS, machine
 from _twin import (
     PERCENTILES,
     calibrate,
@@ -73,7 +77,7 @@ from _twin import (
     wide_cloud_bundle,
 )
 
-NICE = ["nice", "-n", "-15"]
+NICE = ["nice", "-n", "-15"] if os.geteuid() == 0 else []  # a higher priority needs root
 CAP_SHARE = 0.1  # device0's transfer cap, as a share of the cloud's capacity
 LEVELS = (0.5, 0.8, 0.9, 1.2)
 BANDWIDTHS = {"2 Mbit/s": 250_000.0, "20 Mbit/s": 2_500_000.0}
@@ -106,7 +110,10 @@ def twin_config(cal: dict, profile: dict, **fields):
 
     return SimConfig(
         hop_rtt=tuple(cal["hop_rtt_s"]),
+        entry_rtt=tuple(cal.get("entry_rtt_s") or ()),
         visit_overhead=cal["visit_overhead_s"],
+        batch_overhead={k: v if isinstance(v, (int, float)) else tuple(map(tuple, v))
+                        for k, v in (cal.get("batch_overhead_s") or {}).items()},
         latency_profile=profile,
         idle_slowdown=tuple(map(tuple, cal["idle_slowdown"])),
         service_spread=tuple(cal.get("service_spread", ())),
@@ -151,6 +158,49 @@ def bottleneck_spec(rate: float, cap: float):
     )
 
 
+def read_node_spans(spans_dir: Path) -> dict:
+    """The spans every node has written so far (``cis serve --spans-file``: a node flushes its file at least
+    every half second)."""
+    from cis.runtime.tracing import FLUSH_SECONDS
+    from sim.spans import read_spans
+
+    time.sleep(FLUSH_SECONDS + 0.3)
+    return read_spans(sorted(spans_dir.glob("*.spans.jsonl")))
+
+
+def spans_args(spans_dir: Path | None) -> list[str]:
+    """The node option that makes each node write its spans to ``spans_dir`` (a fresh folder)."""
+    if spans_dir is None:
+        return []
+    spans_dir.mkdir(parents=True, exist_ok=True)
+    for old in spans_dir.glob("*.spans.jsonl"):
+        old.unlink()
+    return ["--spans-file", str(spans_dir / "{node}.spans.jsonl")]
+
+
+def bottleneck_inputs() -> np.ndarray:
+    """The samples the bottleneck's loads send (request i carries sample i mod 256)."""
+    return np.random.default_rng(0).standard_normal((256, 3, 32, 32)).astype(np.float32)
+
+
+def cloud_capacity(profile: dict, cal: dict) -> float:
+    """Requests/s the twin's cloud serves in batches of 32 (stages 2 and 3, and its node work)."""
+    batch = profile[2][32] + profile[3][32] + 32 * cal["visit_overhead_s"]
+    work = (cal.get("batch_overhead_s") or {}).get("cloud", 0.0)
+    busy = work if isinstance(work, (int, float)) else work[0][1]  # its work per batch after no idling
+    return 32 / (batch + busy)
+
+
+def work_text(cal: dict) -> str:
+    per_batch = cal.get("batch_overhead_s") or {}
+    if per_batch:
+        tables = {nid: ((0.0, t),) if isinstance(t, (int, float)) else t for nid, t in per_batch.items()}
+        return "per batch " + ", ".join(
+            f"{nid} {t[0][1] * 1e3:.2f}" + (f"-{t[-1][1] * 1e3:.2f}" if len(t) > 1 else "") + " ms"
+            for nid, t in tables.items())
+    return f"{cal['visit_overhead_s'] * 1e3:.2f} ms per request"
+
+
 def rate_for(rho: float, mu: float, cap: float) -> float:
     """Total arrivals that offer the cloud rho times its capacity ``mu``: device1 forwards all of its half,
     device0 its cap (once its bucket is empty: after the warm-up)."""
@@ -160,7 +210,7 @@ def rate_for(rho: float, mu: float, cap: float) -> float:
 class Bench:
     """A cluster of the bottleneck's nodes (the cloud on core 1, the rest on core 0), and loads on it."""
 
-    def __init__(self, args, work: Path, bdir: Path, spec, name: str):
+    def __init__(self, args, work: Path, bdir: Path, spec, name: str, spans_dir: Path | None = None):
         from cis.runtime.launcher import launch
         from cis.spec import write_spec
 
@@ -169,15 +219,25 @@ class Bench:
         write_spec(spec, spec_file)
         forced = {"device0": ["--threshold", "inf"], "device1": ["--threshold", "inf"]}
         prefix = {n.id: [*NICE, "taskset", "-c", "1" if n.parent is None else "0"] for n in spec.nodes}
-        self.cluster = launch(bdir, spec, str(spec_file), True, node_args=forced, node_prefix=prefix)
-        self.x = np.random.default_rng(0).standard_normal((256, 3, 32, 32)).astype(np.float32)
+        self.cluster = launch(bdir, spec, str(spec_file), True, spans_args(spans_dir), node_args=forced,
+                              node_prefix=prefix)
+        self.x = bottleneck_inputs()
+        self.last: dict = {}  # the last load: its arrivals, answers and when it started (unix seconds)
+        self.spans_dir = spans_dir
+
+    def spans(self) -> dict:
+        """The spans every node has written so far (sim.spans.read_spans columns)."""
+        assert self.spans_dir is not None  # a bench started with a spans folder
+        return read_node_spans(self.spans_dir)
 
     def measure(self, rate: float, seed: int) -> tuple[dict, dict]:
         """A load of warm-up + measured seconds; the figures of the requests sent in the measured window."""
         args, addresses = self.args, self.cluster.addresses
         with paused(args.pause_cwd):
+            wall = time.time()
             load = run_load(addresses, self.x, self.spec, rate, args.warmup + args.seconds, seed)
             busy = load_now()
+        self.last = load | {"wall": wall}
         time.sleep(SETTLE_S)
         window = (args.warmup, args.warmup + args.seconds)
         figs = summarise_runtime(load, 3, window)
@@ -194,12 +254,12 @@ class Bench:
 def bottleneck_and_capacity(args, work: Path, regimes: list[str]) -> dict:
     from cis.bundle import load_bundle
 
-    bdir = wide_cloud_bundle(work, str(ensure_cifar(Path(args.cifar))))
+    bdir = wide_cloud_bundle(work, args.cifar)
     bundle = load_bundle(bdir)
     with paused(args.pause_cwd):
         quiet = load_now()
-        profile = profile_stages(bdir, {1: 0, 2: 1, 3: 1})
-        scatter = spread(bdir, 3, 1)
+        profile = profile_stages(bdir, {1: 0, 2: 1, 3: 1}, bottleneck_inputs())
+        scatter = spread(bdir, 3, 1, bottleneck_inputs())
     stages_mu = 32 / (profile[2][32] + profile[3][32])  # what the stages alone allow
     cap = CAP_SHARE * stages_mu  # device0's transfer cap, set once
     light = 0.15 * stages_mu
@@ -207,18 +267,19 @@ def bottleneck_and_capacity(args, work: Path, regimes: list[str]) -> dict:
     with contextlib.suppress(OSError):
         os.nice(-15)  # as the nodes (NICE)
     out: dict = {"profile": profile, "spread_cv": float(np.std(scatter)), "quiet": quiet, "device0_cap": cap}
-    bench = Bench(args, work, bdir, bottleneck_spec(light, cap), "bottleneck")
+    bench = Bench(args, work, bdir, bottleneck_spec(light, cap), "bottleneck", spans_dir=work / "spans-bottleneck")
     try:
         with paused(args.pause_cwd):
             cal = calibrate(bench.cluster.addresses, bench.x, bench.spec, {k: profile[k][1] for k in profile},
-                            light, args.calibration, 999)
+                            light, args.calibration, 999, spans=bench.spans, profile=profile)
         cal["service_spread"] = scatter
-        out["calibration"] = {k: v for k, v in cal.items() if k not in ("hop_rtt_s", "service_spread")}
-        mu = 32 / (profile[2][32] + profile[3][32] + 32 * cal["visit_overhead_s"])
-        out.update(capacity_rps=mu, node_work_s=cal["visit_overhead_s"])
-        say(f"calibrated at {light:.1f}/s: node work {cal['visit_overhead_s'] * 1e3:.2f} ms per request, slowdown "
-            f"after idling {slowdown_text(cal)}, messaging {cal['hop_rtt_median_s'] * 1e3:.2f} ms per visit "
-            f"(median); the cloud's capacity (twin) {mu:.1f}/s")
+        out["calibration"] = {k: v for k, v in cal.items()
+                              if k not in ("hop_rtt_s", "entry_rtt_s", "service_spread")}
+        mu = cloud_capacity(profile, cal)
+        out.update(capacity_rps=mu, node_work_s=cal["visit_overhead_s"], batch_work_s=cal["batch_overhead_s"])
+        say(f"calibrated at {light:.1f}/s: node work {work_text(cal)}, slowdown after idling {slowdown_text(cal)}, "
+            f"messaging {cal['hop_rtt_median_s'] * 1e3:.2f} ms per visit (median); the cloud's capacity (twin) "
+            f"{mu:.1f}/s")
         if "bottleneck" in regimes:
             out["bottleneck"] = bottleneck_points(args, bench, bundle, (mu, cap), cal, profile)
     finally:
@@ -273,13 +334,17 @@ def capacity_check(args, work: Path, bdir: Path, bench: Bench, mu: float, cal, p
     spec_file = work / "capacity.toml"
     write_spec(bench.spec, spec_file)  # arrivals at the twin's capacity: factors are utilisations
     (work / "latency.json").write_text(json.dumps({"stages": profile, "idle_slowdown": cal["idle_slowdown"],
-                                                  "spread": list(cal["service_spread"])}))
+                                                  "spread": list(cal["service_spread"]),
+                                                  "batch_overhead": cal.get("batch_overhead_s") or {}}))
     (work / "visits.txt").write_text("".join(f"{v:.9f}\n" for v in cal["hop_rtt_s"]))
+    entry = ["--entry-cost", str(work / "entry.txt")] if cal.get("entry_rtt_s") else []
+    if entry:
+        (work / "entry.txt").write_text("".join(f"{v:.9f}\n" for v in cal["entry_rtt_s"]))
     cmd = ["simulate", "--spec", str(spec_file), "--bundle", str(bdir), "--duration", str(args.seconds),
            "--sweep", "arrival_rate=0.3:1.5", "--slo-p99", f"{args.slo_p99:g}",
            "--latency-profile", str(work / "latency.json"), "--visit-cost", str(work / "visits.txt"),
            "--visit-overhead", f"{cal['visit_overhead_s']:.6g}", "--loopback", "--max-batch", "32",
-           "--threshold", "inf", "--jobs", "2", "--json"]
+           "--threshold", "inf", "--jobs", "2", "--json", *entry]
     done = subprocess.run([sys.executable, "-m", "cis.cli", *cmd], capture_output=True, text=True, check=True)
     sweep = json.loads(done.stdout)
     if sweep["capacity"] is None:
@@ -330,41 +395,118 @@ def sim_links_spec(spec, emulated_latency: bool):
     return spec.replace_nodes(Node(**{**n.__dict__, "link": Link(n.link.bandwidth, 0.0)}) for n in spec.nodes)
 
 
-def testbed_regimes(args, work: Path, regimes: list[str]) -> dict:
-    from cis.bundle import load_bundle
-    from cis.spec import write_spec
-    from cis.testbed import net
-    from cis.testbed.bed import start
+def testbed_inputs() -> np.ndarray:
+    """The samples the testbed's loads send (the digits model's 8 x 8 images)."""
+    return np.random.default_rng(0).standard_normal((256, 1, 8, 8)).astype(np.float32)
 
-    out: dict = {}
-    x = np.random.default_rng(0).standard_normal((256, 1, 8, 8)).astype(np.float32)
-    dtypes = ("fp32", "int8") if "links" in regimes else ("fp32",)
-    for dtype in dtypes:
-        bdir = digits_bundle(work, dtype)
-        bundle = load_bundle(bdir)
-        spec = testbed_spec(None, args.link_rate)
-        spec_file = work / "paper7.toml"
+
+def colocated_spec(rate: float):
+    """paper-7 as testbed_spec with its own links, on two hosts of one core each: the devices and edges on one
+    (an edge server hosting device gateways), the cloud on the other."""
+    from dataclasses import replace as with_
+
+    from cis.spec import Host, validate
+
+    spec = testbed_spec(None, rate)
+    nodes = tuple(with_(n, host="cloudbox" if n.parent is None else "edgebox") for n in spec.nodes)
+    return validate(with_(spec, nodes=nodes, hosts=(Host("edgebox", 1), Host("cloudbox", 1))))
+
+
+class Bed:
+    """paper-7 on the testbed (the digits model, ``dtype`` carries, every forward to the cloud), its nodes
+    writing spans to ``spans_dir``, calibrated once at a light load (10 requests/s) on unshaped links."""
+
+    def __init__(self, args, work: Path, dtype: str, spec, spans_dir: Path):
+        from cis.bundle import load_bundle
+        from cis.spec import write_spec
+        from cis.testbed.bed import start
+
+        self.args, self.spec, self.spans_dir, self.x = args, spec, spans_dir, testbed_inputs()
+        self.bdir = digits_bundle(work, dtype)
+        self.bundle = load_bundle(self.bdir)
+        spec_file = work / f"paper7-{dtype}{'-hosts' if spec.hosts else ''}.toml"
         write_spec(spec, spec_file)
         forced = {n.id: ["--threshold", "inf"] for n in spec.nodes if n.parent is not None}
-        bed = start(bdir, spec, str(spec_file), node_args=forced, node_prefix={n.id: NICE for n in spec.nodes})
+        self.bed = start(self.bdir, spec, str(spec_file), extra_args=spans_args(spans_dir), node_args=forced,
+                         node_prefix={n.id: NICE for n in spec.nodes})
+
+    def spans(self) -> dict:
+        return read_node_spans(self.spans_dir)
+
+    def calibrate(self) -> tuple[dict, dict]:
+        """(stage profile, calibration): stages timed where the cloud's and the others' cores are (pinned to
+        their hosts' cores when the spec has hosts), then the light load, on unshaped links."""
+        args, bed = self.args, self.bed
+        for child in bed.plan.links:  # calibrate on unshaped links: messaging, not transfer
+            bed.set_bandwidth(child, math.inf)
+        cores = bed.cores or {}
+        at = {1: cores.get("device0", [0])[0], 2: cores.get("edge0", [0])[0], 3: cores.get("cloud", [1])[0]}
+        with paused(args.pause_cwd):
+            profile = profile_stages(self.bdir, at, self.x, repeats=50)
+            cal = calibrate(bed.addresses, self.x, self.spec, {k: profile[k][1] for k in profile}, 10.0,
+                            args.calibration, 998, spans=self.spans, profile=profile)
+        return profile, cal
+
+    def stop(self) -> None:
+        self.bed.stop()
+
+
+def testbed_regimes(args, work: Path, regimes: list[str]) -> dict:
+    from cis.testbed import net
+
+    out: dict = {}
+    dtypes = ("fp32", "int8") if "links" in regimes else ("fp32",) if "partition" in regimes else ()
+    for dtype in dtypes:
+        bed = Bed(args, work, dtype, testbed_spec(None, args.link_rate), work / f"spans-testbed-{dtype}")
         try:
-            for child in bed.plan.links:  # calibrate on unshaped links: messaging, not transfer
-                bed.set_bandwidth(child, math.inf)
-            with paused(args.pause_cwd):
-                profile = profile_stages(bdir, {1: 0, 2: 0, 3: 1}, repeats=50)
-                cal = calibrate(bed.addresses, x, spec, {k: profile[k][1] for k in profile}, 10.0,
-                                args.calibration, 998)
-            say(f"testbed {dtype}: calibrated, messaging {cal['hop_rtt_median_s'] * 1e3:.2f} ms per visit (median)")
-            entry = {"calibration": {k: v for k, v in cal.items() if k != "hop_rtt_s"}, "profile": profile}
+            profile, cal = bed.calibrate()
+            say(f"testbed {dtype}: calibrated, node work {work_text(cal)}, messaging "
+                f"{cal['hop_rtt_median_s'] * 1e3:.2f} ms per visit (median)")
+            entry = {"calibration": {k: v for k, v in cal.items() if k not in ("hop_rtt_s", "entry_rtt_s")},
+                     "profile": profile}
             if "links" in regimes:
-                entry["links"] = links_points(args, bed, bundle, spec, x, cal, profile)
+                entry["links"] = links_points(args, bed.bed, bed.bundle, bed.spec, bed.x, cal, profile)
             if dtype == "fp32" and "partition" in regimes:
-                entry["partition"] = partition_runs(args, bed, bundle, spec, x, cal, profile)
+                entry["partition"] = partition_runs(args, bed.bed, bed.bundle, bed.spec, bed.x, cal, profile)
             out[dtype] = entry
         finally:
             bed.stop()
+    if "colocated" in regimes:
+        out["colocated"] = colocated_regime(args, work)
     assert not [ns for ns in net.run("ip", "netns", "list").split() if ns.startswith("cistb-")], "namespaces left"
     return out
+
+
+def colocated_regime(args, work: Path) -> dict:
+    """paper-7 on two hosts of one core each (cis testbed pins them), its own links, ``--colocated-rate``
+    requests/s; the twin shares each host's core among its nodes."""
+    bed = Bed(args, work, "fp32", colocated_spec(args.colocated_rate), work / "spans-colocated")
+    try:
+        profile, cal = bed.calibrate()
+        for child in bed.bed.plan.links:  # paper-7's own links
+            bed.bed.set_bandwidth(child, bed.spec.node(child).link.bandwidth)
+        runs = []
+        for r in range(args.repeats):
+            with paused(args.pause_cwd):
+                load = run_load(bed.bed.addresses, bed.x, bed.spec, args.colocated_rate, args.seconds, 400 + 10 * r)
+                busy = load_now()
+            runs.append(summarise_runtime(load, 3) | {"busy": busy["busy"]})
+            time.sleep(1.0)
+        cores = bed.bed.cores
+    finally:
+        bed.stop()
+    rt = median_figures(runs)
+    config = twin_config(cal, profile, duration=args.seconds, wire="tcp", link_burst=1600.0, threshold=math.inf)
+    sim = summarise_sim(sim_runs(sim_links_spec(bed.spec, bed.bed.netem), config, bed.bundle, args.sim_seeds), 3)
+    apart = summarise_sim(sim_runs(sim_links_spec(bed.spec.replace_nodes(
+        n.__class__(**{**n.__dict__, "host": None}) for n in bed.spec.nodes), bed.bed.netem), config, bed.bundle,
+        args.sim_seeds), 3)  # the same twin with every node on a machine of its own: what sharing costs
+    err = {k: rel(sim["latency"][k], rt["latency"][k]) for k in PERCENTILES}
+    say(f"colocated: p50 {ms(rt['latency']['p50'])} / {ms(sim['latency']['p50'])} ms (runtime / twin)")
+    return {"rate": args.colocated_rate, "cores": cores, "profile": profile, "runtime": rt, "per_repeat": runs,
+            "calibration": {k: v for k, v in cal.items() if k not in ("hop_rtt_s", "entry_rtt_s")}, "sim": sim,
+            "sim_unshared": apart, "shares_points": share_gap(rt, sim), "latency_rel_error": err,
+            "met": share_gap(rt, sim) <= 2 and all(e is not None and e <= 0.15 for e in err.values())}
 
 
 def links_points(args, bed, bundle, spec, x, cal, profile) -> dict:
@@ -509,12 +651,26 @@ def markdown(result: dict) -> str:
                   f"{ms(sm['latency']['p50'])} / {ms(sm['latency']['p95'])} | | |",
                   f"| requests without an answer | {part['lost']} | | | 0 |", "",
                   f"Met: {'yes' if part['met'] else 'NO'}.", ""]
+    co = tb.get("colocated")
+    if co:
+        rt, sm, un, e = co["runtime"], co["sim"], co["sim_unshared"], co["latency_rel_error"]
+        pins = ", ".join(f"{nid} {'/'.join(map(str, c))}" for nid, c in (co.get("cores") or {}).items())
+        lines += ["## colocated", "", f"paper-7 on two hosts of one core each (devices and edges on one, the cloud "
+                  f"on the other; pinned: {pins}), its own links, {co['rate']:g} requests/s.", "",
+                  "| | p50 ms | p95 ms | p99 ms | share gap (pts) |", "|---|---|---|---|---|",
+                  "| runtime | " + " | ".join(ms(rt["latency"][k]) for k in PERCENTILES) + " | |",
+                  "| twin, cores shared | " + " | ".join(ms(sm["latency"][k]) for k in PERCENTILES)
+                  + f" | {co['shares_points']:.2f} |",
+                  "| twin, every node on its own machine | " + " | ".join(ms(un["latency"][k]) for k in PERCENTILES)
+                  + " | |",
+                  f"| error (shared) | {' | '.join(pct(e[k]) for k in PERCENTILES)} | |", "",
+                  f"Met (within 15 %, shares within 2 points): {'yes' if co['met'] else 'NO'}.", ""]
     return "\n".join(lines) + "\n"
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--regimes", default="bottleneck,capacity,links,partition")
+    ap.add_argument("--regimes", default="bottleneck,capacity,links,partition,colocated")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=20.0, help="seconds of each measured load (default 20)")
     ap.add_argument("--warmup", type=float, default=5.0,
@@ -523,6 +679,8 @@ def main() -> int:
     ap.add_argument("--sim-seeds", type=int, default=4, help="simulator runs pooled per prediction")
     ap.add_argument("--slo-p99", type=float, default=100.0, help="capacity: the p99 target in ms (default 100)")
     ap.add_argument("--link-rate", type=float, default=40.0, help="links/partition: requests/s in total (default 40)")
+    ap.add_argument("--colocated-rate", type=float, default=300.0,
+                    help="colocated: requests/s in total (default 300)")
     ap.add_argument("--partition-seconds", type=float, default=30.0)
     ap.add_argument("--down-at", type=float, default=8.0)
     ap.add_argument("--up-at", type=float, default=18.0)
@@ -580,7 +738,7 @@ def run(args, regimes: list[str], work: Path) -> dict:
             result["bottleneck"] = bottleneck_and_capacity(args, work, regimes)
         finally:
             os.sched_setaffinity(0, cores)  # the testbed's nodes inherit it
-    if {"links", "partition"} & set(regimes):
+    if {"links", "partition", "colocated"} & set(regimes):
         result["testbed"] = testbed_regimes(args, work, regimes)
         tb = result["testbed"]
         if "int8" in tb and "links" in tb["fp32"]:
@@ -609,6 +767,8 @@ def summary_met(result: dict) -> dict:
             "links_order", {}).get("same", False)
     if "partition" in tb.get("fp32", {}):
         met["partition"] = tb["fp32"]["partition"]["met"]
+    if "colocated" in tb:
+        met["colocated"] = tb["colocated"]["met"]
     return met
 
 

@@ -15,3 +15,9 @@ class SpecError(CisError):
 
 class BundleError(CisError):
     """A bundle is missing, malformed or tampered with."""
+
+
+def error_line(exc: BaseException) -> str:
+    """``Type: first line of its message`` (or ``Type``): how a one-line error quotes the exception under it."""
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__

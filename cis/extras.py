@@ -27,6 +27,8 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "plot": ("matplotlib",),
     "metrics": ("prometheus_client",),
     "tensorrt": ("tensorrt", "cuda"),
+    "http": ("httptools",),
+    "grpc": ("grpc", "google.protobuf"),
     "otel": ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"),  # cis serve --otlp-endpoint
 }
 

@@ -1,9 +1,12 @@
 """What ``cis infer`` sends, from files, with the core install only (numpy; no torch).
 
-- ``FILE.npz`` (or ``npz:FILE``): array ``x`` (N, C, H, W), optional labels ``y`` (N,).
-  float ``x`` is sent as it is: the model's input space, normalised like the training
-  data (``np.savez(f, x=splits.test.x, y=splits.test.y)`` writes one). uint8 ``x`` is raw
-  pixels, normalised like images (below).
+- ``FILE.npz`` (or ``npz:FILE``): array ``x`` (N, ...), optional labels ``y`` (N,). With
+  ``--bundle``, ``x`` has the samples of the bundle's stage 1 input (the manifest's ``inputs``) in any
+  dtype it takes: floats are sent in the model's float dtype (the model's input space, normalised like
+  the training data: ``np.savez(f, x=splits.test.x, y=splits.test.y)`` writes one), integers (token
+  ids) in the model's integer dtype, and uint8 (N, C, H, W) to an image model is raw pixels,
+  normalised like images (below). Without ``--bundle``, ``x`` is float (N, C, H, W) images, sent
+  as float32.
 - an image folder ``DIR`` (or ``images:DIR``): ``DIR/<class>/*.png`` (labels: the class
   folder's name, looked up in the bundle's class list) or ``DIR/*.png`` (no labels).
   Pixels are scaled to 0..1 and normalised with the bundle's mean and std, converted
@@ -23,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cis.bundle import Bundle
+from cis.bundle import Bundle, TensorInfo
 from cis.errors import CisError
 from cis.extras import installed
 from cis.png import UnsupportedPng, read_png
@@ -72,22 +75,46 @@ def load_npz(path: str | Path, bundle: Bundle | None = None) -> Inputs:
             f"{path}: no array 'x' (has {', '.join(sorted(arrays)) or 'nothing'}); expected 'x' (N, C, H, W)"
         )
     x, y = arrays["x"], arrays.get("y")
-    if x.ndim != 4:
-        raise CisError(f"{path}: 'x' has shape {x.shape}; expected (N, C, H, W)")
-    if y is not None and (y.shape != (len(x),) or not np.issubdtype(y.dtype, np.integer)):
+    if y is not None and (x.ndim < 1 or y.shape != (len(x),) or not np.issubdtype(y.dtype, np.integer)):
         raise CisError(f"{path}: 'y' has shape {y.shape} and dtype {y.dtype}; expected {len(x)} integer labels")
-    if bundle is not None and tuple(x.shape[1:]) != _input_shape(bundle)[1:]:
-        raise CisError(
-            f"{path}: 'x' has samples of shape {tuple(x.shape[1:])}; "
-            f"the bundle's model takes {_input_shape(bundle)[1:]}"
-        )
-    if x.dtype == np.uint8:
-        x = normalise_pixels(x, _need_bundle(bundle, f"{path}: 'x' is uint8 pixels"), str(path))
-    elif np.issubdtype(x.dtype, np.floating):
-        x = x.astype(np.float32, copy=False)
-    else:
-        raise CisError(f"{path}: 'x' has dtype {x.dtype}; expected float (model inputs) or uint8 (pixels)")
-    return Inputs(np.ascontiguousarray(x), None if y is None else y.astype(np.int64))
+    if bundle is None:
+        if x.ndim != 4 or not (np.issubdtype(x.dtype, np.floating) or x.dtype == np.uint8):
+            raise CisError(
+                f"{path}: 'x' has shape {x.shape} and dtype {x.dtype}; without --bundle expected (N, C, H, W) float "
+                "images: pass --bundle BUNDLE for the inputs its model takes (any shape and dtype)"
+            )
+        if x.dtype == np.uint8:
+            _need_bundle(bundle, f"{path}: 'x' is uint8 pixels")
+        return Inputs(np.ascontiguousarray(x, dtype=np.float32), None if y is None else y.astype(np.int64))
+    return Inputs(entry_array(x, bundle, str(path)), None if y is None else y.astype(np.int64))
+
+
+def entry_array(x: np.ndarray, bundle: Bundle, where: str) -> np.ndarray:
+    """``x`` as the bundle's stage 1 takes it: its per-sample shape, and its dtype: floats cast to the model's
+    float; integers (token ids) to the model's integer dtype when they fit; uint8 (N, C, H, W) pixels into a
+    float image model normalised with the bundle's normalisation."""
+    info = entry_input(bundle)
+    want, sample = np.dtype(info.dtype), tuple(info.shape[1:])
+    if x.ndim < 1 or tuple(x.shape[1:]) != sample:
+        raise CisError(f"{where}: 'x' has samples of shape {tuple(x.shape[1:])}; the bundle's model takes {sample}")
+    if want.kind == "f" and x.dtype == np.uint8 and x.ndim == 4:
+        return normalise_pixels(x, bundle, where)
+    if want.kind == "f" and np.issubdtype(x.dtype, np.floating):
+        return np.ascontiguousarray(x, dtype=want)
+    if want.kind in "iu" and np.issubdtype(x.dtype, np.integer):
+        if x.size and (x.min() < np.iinfo(want).min or x.max() > np.iinfo(want).max):
+            raise CisError(f"{where}: 'x' holds values outside {want}'s range; the bundle's model takes {want}")
+        return np.ascontiguousarray(x, dtype=want)
+    kind = "uint8 pixels or floats" if want.kind == "f" else "integers (e.g. token ids)"
+    raise CisError(f"{where}: 'x' has dtype {x.dtype}; the bundle's model takes {want} ({kind})")
+
+
+def entry_input(bundle: Bundle) -> TensorInfo:
+    """Stage 1's input (what a request carries)."""
+    info = next((t for t in bundle.stage(1).inputs if t.name == "input"), None)
+    if info is None or any(not isinstance(d, int) for d in info.shape[1:]):
+        raise CisError(f"{bundle.root}: stage 1 has no static input 'input'; expected one written by cis export")
+    return info
 
 
 def load_image_folder(path: str | Path, bundle: Bundle | None = None) -> Inputs:
@@ -193,8 +220,8 @@ def _images(folder: Path) -> list[Path]:
 
 
 def _input_shape(bundle: Bundle) -> tuple:
-    shape = next((t.shape for t in bundle.stage(1).inputs if t.name == "input"), ())
-    if len(shape) != 4 or any(not isinstance(d, int) for d in shape[1:]):
+    shape = entry_input(bundle).shape
+    if len(shape) != 4:
         raise CisError(f"{bundle.root}: stage 1 input shape {shape}; expected (N, C, H, W) images")
     return tuple(shape)
 

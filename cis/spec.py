@@ -26,6 +26,11 @@ Example::
     arrival_rate = 10.0
     max_transfer_rate = 4.0
     link = { bandwidth = 1.25e6, latency = 0.01 }
+
+Nodes that share a machine name it (``host = "box1"``) and the ``[hosts]``
+table says how many cores each machine has (``box1 = { cores = 1 }``): the
+simulator shares those cores among the nodes' work, and ``cis testbed`` pins
+the nodes of each host to that many cores.
 """
 
 from __future__ import annotations
@@ -51,10 +56,12 @@ CONFIDENCE_MEASURES = ("max_softmax", "entropy", "margin")
 PROVIDERS = ("cpu", "cuda", "tensorrt", "auto")
 
 _CIS_KEYS = {"exits", "classes", "confidence", "name"}
+_TOP_KEYS = {"cis", "nodes", "hosts"}
+_HOST_KEYS = {"cores"}
 # a node's fields as spec_to_dict writes them, in order (those that are None left out), before its link table
 _NODE_FIELDS = (
     "id", "parent", "exit", "arrival_rate", "max_transfer_rate", "speed", "workers", "queue_limit", "address",
-    "provider",
+    "provider", "host",
 )
 _NODE_KEYS = {*_NODE_FIELDS, "link"}
 # a node's numeric fields, checked in this order: (minimum, integer); absent ones take Node's default
@@ -88,6 +95,15 @@ class Node:
     workers: int = 1
     queue_limit: int | None = None
     provider: str | None = None  # one of PROVIDERS; None: cpu (cis serve --provider overrides)
+    host: str | None = None  # the machine the node shares with others (a key of the [hosts] table); None: its own
+
+
+@dataclass(frozen=True)
+class Host:
+    """A machine that nodes share (the spec's ``[hosts]`` table): how many cores their work runs on."""
+
+    id: str
+    cores: int
 
 
 @dataclass(frozen=True)
@@ -99,12 +115,23 @@ class CisSpec:
     num_classes: int = 10
     confidence: str = "max_softmax"
     name: str = "cis"
+    hosts: tuple[Host, ...] = ()  # machines shared by nodes (Node.host names one)
 
     def node(self, node_id: str) -> Node:
         for n in self.nodes:
             if n.id == node_id:
                 return n
         raise SpecError(f"spec {self.name!r}: no node with id {node_id!r} (nodes: {', '.join(self.ids)})")
+
+    def host(self, host_id: str) -> Host:
+        for h in self.hosts:
+            if h.id == host_id:
+                return h
+        raise SpecError(f"spec {self.name!r}: no host {host_id!r} in [hosts] ({', '.join(h.id for h in self.hosts)})")
+
+    def on_host(self, host_id: str) -> list[Node]:
+        """The nodes that run on ``host_id``, in spec order."""
+        return [n for n in self.nodes if n.host == host_id]
 
     @property
     def ids(self) -> list[str]:
@@ -142,7 +169,9 @@ class CisSpec:
 
     def replace_nodes(self, nodes: Iterable[Node]) -> CisSpec:
         """A new validated spec with the same [cis] table and other nodes."""
-        return validate(CisSpec(tuple(nodes), self.num_exits, self.num_classes, self.confidence, self.name))
+        return validate(
+            CisSpec(tuple(nodes), self.num_exits, self.num_classes, self.confidence, self.name, self.hosts)
+        )
 
 
 def _defaults(cls: type) -> dict[str, Any]:
@@ -174,7 +203,7 @@ def parse_spec(data: dict, source: str = "<spec>") -> CisSpec:
     """Build and validate a spec from the parsed TOML tables."""
     if not isinstance(data, dict):
         raise SpecError(f"{source}: expected a TOML document with a [cis] table and [[nodes]]")
-    _unknown_keys(data, {"cis", "nodes"}, source)
+    _unknown_keys(data, _TOP_KEYS, source)
     cis_table = data.get("cis")
     if not isinstance(cis_table, dict):
         raise SpecError(f"{source}: missing [cis] table (with exits, classes, confidence)")
@@ -194,8 +223,26 @@ def parse_spec(data: dict, source: str = "<spec>") -> CisSpec:
     if not isinstance(raw_nodes, list) or not raw_nodes:
         raise SpecError(f"{source}: no [[nodes]]; expected at least one node")
     nodes = [_parse_node(raw, i, source) for i, raw in enumerate(raw_nodes)]
-    spec = CisSpec(tuple(nodes), num_exits, num_classes, confidence, str(cis_table.get("name", Path(source).stem)))
+    hosts = _parse_hosts(data.get("hosts", {}), source)
+    name = str(cis_table.get("name", Path(source).stem))
+    spec = CisSpec(tuple(nodes), num_exits, num_classes, confidence, name, hosts)
     return validate(spec, source)
+
+
+def _parse_hosts(raw: Any, source: str) -> tuple[Host, ...]:
+    """``[hosts]``: one table per machine, ``NAME = { cores = N }``."""
+    if not isinstance(raw, dict):
+        raise SpecError(f"{source}: [hosts] is {raw!r}; expected a table of hosts such as box1 = {{ cores = 2 }}")
+    hosts = []
+    for host_id, table in raw.items():
+        where = f"{source}: host {host_id!r}"
+        if not isinstance(table, dict):
+            raise SpecError(f"{where} is {table!r}; expected a table with 'cores' (e.g. {host_id} = {{ cores = 2 }})")
+        _unknown_keys(table, _HOST_KEYS, where)
+        if "cores" not in table:
+            raise SpecError(f"{where}: missing 'cores'; expected the number of cores its nodes share (an integer >= 1)")
+        hosts.append(Host(host_id, int(_number(table["cores"], "cores", where, 1, integer=True))))
+    return tuple(hosts)
 
 
 def _parse_node(raw: Any, index: int, source: str) -> Node:
@@ -222,6 +269,9 @@ def _parse_node(raw: Any, index: int, source: str) -> Node:
     address = raw.get("address")
     if address is not None and not isinstance(address, str):
         raise SpecError(f"{where}: field 'address' is {address!r}; expected a ZeroMQ endpoint such as 'tcp://127.0.0.1:5555'")
+    host = raw.get("host")
+    if host is not None and (not isinstance(host, str) or not host):
+        raise SpecError(f"{where}: field 'host' is {host!r}; expected the name of a host in the [hosts] table")
     provider = raw.get("provider")
     if provider is not None and provider not in PROVIDERS:
         raise SpecError(f"{where}: field 'provider' is {provider!r}; expected one of {', '.join(PROVIDERS)}")
@@ -235,6 +285,7 @@ def _parse_node(raw: Any, index: int, source: str) -> Node:
         link=link,
         address=address,
         provider=provider,
+        host=host,
         **numbers,
     )
 
@@ -255,6 +306,18 @@ def validate(spec: CisSpec, source: str | None = None) -> CisSpec:
             raise SpecError(f"{where}: unknown parent {n.parent!r}; expected one of {', '.join(sorted(seen - {n.id}))}")
         if n.parent == n.id:
             raise SpecError(f"{where}: node is its own parent")
+    host_ids = [h.id for h in spec.hosts]
+    for h in spec.hosts:
+        if host_ids.count(h.id) > 1:
+            raise SpecError(f"{source}: host {h.id!r}: duplicate; every host needs a unique name")
+        if isinstance(h.cores, bool) or not isinstance(h.cores, int) or h.cores < 1:
+            raise SpecError(f"{source}: host {h.id!r}: field 'cores' is {h.cores!r}; expected an integer >= 1")
+    for n in spec.nodes:
+        if n.host is not None and n.host not in host_ids:
+            expected = f"one of {', '.join(host_ids)} (the [hosts] table)" if host_ids else (
+                "a host of the [hosts] table, which the spec does not have"
+            )
+            raise SpecError(f"{_where(source, n.id)}: field 'host' is {n.host!r}; expected {expected}")
     roots = [n.id for n in spec.nodes if n.parent is None]
     parent_of = {n.id: n.parent for n in spec.nodes}
     for n in spec.nodes:  # walk up; a walk longer than the node count is a cycle
@@ -299,10 +362,13 @@ def spec_to_dict(spec: CisSpec) -> dict:
         if n.parent is not None:
             d["link"] = {"bandwidth": n.link.bandwidth, "latency": n.link.latency}
         nodes.append(d)
-    return {
+    out: dict[str, Any] = {
         "cis": {"name": spec.name, "exits": spec.num_exits, "classes": spec.num_classes, "confidence": spec.confidence},
         "nodes": nodes,
     }
+    if spec.hosts:
+        out["hosts"] = {h.id: {"cores": h.cores} for h in spec.hosts}
+    return out
 
 
 def dumps_spec(spec: CisSpec) -> str:

@@ -26,7 +26,7 @@ from cis.spec import CisSpec, spec_to_dict
 from cis.stages import ProviderError, StageRunner
 from export.profile import confidence_profile, latency_profile
 from export.tensorrt import build_engines
-from training.models import EarlyExitNet
+from training.contract import EarlyExitNet
 from training.stage_plan import StagePlan
 
 Progress = Callable[[str], None]
@@ -100,11 +100,11 @@ def write_bundle(
             onnx.save_model(m, str(tmp / info.file))
         say("profiling latency (onnxruntime)")
         runners = [StageRunner.from_model(tmp / info.file, info, threads=fields["threads"]) for info in infos]
-        latency = latency_profile(runners, fields["latency_batches"], fields["latency_repeats"])
+        latency = latency_profile(runners, fields["latency_batches"], fields["latency_repeats"], x=run.val.x)
         trt_report, trt_runners = None, list[StageRunner]()
         if trt:
             trt_report, trt_runners = build_engines(tmp, models, infos, runners, run.val.x, trt_fp16, say)
-        gpu = gpu_profiles(tmp, infos, trt_runners, fields, say)
+        gpu = gpu_profiles(tmp, infos, trt_runners, fields, say, run.val.x)
         c_arr, ok_arr = confidence_profile(logits, run.val.y, fields["measure"])
         predicted = np.stack([logits[e].argmax(-1) for e in sorted(logits)], axis=1)
         write_profiles(tmp, c_arr, ok_arr, latency, predicted, gpu)
@@ -120,8 +120,26 @@ def write_bundle(
     return latency, stages, trt_report
 
 
+def request_inputs(stage1_inputs: list[dict[str, Any]], normalisation: dict | None) -> list[dict[str, Any]]:
+    """The manifest's ``inputs``: what a request carries (stage 1's inputs: name, dtype, shape with null for the
+    batch) and the preprocessing that turns raw data into it: ``normalise`` (x / 255 - mean) / std per channel
+    for images, ``none`` for anything else (token ids, sequences, already normalised arrays)."""
+    norm = normalisation or {}
+    mean, std = norm.get("mean"), norm.get("std")
+    out = []
+    for t in stage1_inputs:
+        floats = str(t["dtype"]).startswith("float")
+        if floats and mean and std and len(t["shape"]) == 4:
+            pre: dict[str, Any] = {"kind": "normalise", "scale": 1 / 255, "mean": list(mean), "std": list(std)}
+        else:
+            pre = {"kind": "none"}
+        out.append({"name": t["name"], "dtype": t["dtype"], "shape": list(t["shape"]), "preprocessing": pre})
+    return out
+
+
 def gpu_profiles(
-    root: Path, infos: list[StageInfo], trt_runners: list[StageRunner], fields: dict[str, Any], say: Progress
+    root: Path, infos: list[StageInfo], trt_runners: list[StageRunner], fields: dict[str, Any], say: Progress,
+    x: np.ndarray | None = None,
 ) -> dict[str, dict[int, dict[int, float]]]:
     """Latency profiles of the GPU backends this machine has, by backend (cis serve --provider, the simulator):
     ``cuda`` when onnxruntime's CUDA provider runs here, ``tensorrt`` for the engines just built."""
@@ -133,7 +151,7 @@ def gpu_profiles(
     for name, runners in (("cuda", cuda), ("tensorrt", trt_runners)):
         if runners:
             say(f"profiling latency ({name})")
-            out[name] = latency_profile(runners, fields["latency_batches"], fields["latency_repeats"])
+            out[name] = latency_profile(runners, fields["latency_batches"], fields["latency_repeats"], x=x)
     return out
 
 
@@ -146,6 +164,7 @@ def manifest(run: ExportRun, report: dict[str, Any], fields: dict[str, Any], sta
         "model": run.model.config(),
         "classes": list(meta["classes"]),
         "normalisation": meta["normalisation"],
+        "inputs": request_inputs(stages[0]["inputs"], meta.get("normalisation")),
         "dataset": meta["dataset"],
         "seed": int(meta.get("seed", 0)),
         **{k: report[k] for k in ("feature_dtype", "opset", "exporter")},

@@ -151,13 +151,14 @@ def _prepare_out(out_dir: Path) -> None:
             )
 
 
-def _load_run(run_dir: Path, spec: str | Path | CisSpec | dict | None, say: Progress) -> ExportRun:
+def _load_run(run_dir: Path, spec: str | Path | CisSpec | dict | None, say: Progress,
+              allow_model_change: bool = False, val: Any = None) -> ExportRun:
     """Step 1-2: the checkpoint, the spec, the trainer's validation split and the model's stage plan."""
     from training.checkpoint import META, WEIGHTS, load_checkpoint
     from training.data import load_run_data
 
     say(f"loading checkpoint {run_dir}")
-    model, meta, _ = load_checkpoint(run_dir)
+    model, meta, _ = load_checkpoint(run_dir, allow_model_change)
     meta_path = str(run_dir / META) if run_dir.is_dir() else str(run_dir.with_suffix(".json"))
     weights_path = run_dir / WEIGHTS if run_dir.is_dir() else run_dir
     spec_obj = _resolve_spec(spec, meta, meta_path)
@@ -172,8 +173,9 @@ def _load_run(run_dir: Path, spec: str | Path | CisSpec | dict | None, say: Prog
             f"spec {spec_obj.name!r}: [cis] classes is {spec_obj.num_classes}; the model in {run_dir} has {num_classes}"
         )
 
-    say(f"loading validation split of {meta['dataset']!r}")
-    val = load_run_data(meta, str(run_dir)).val  # one line when the run's data file changed since
+    if val is None:
+        say(f"loading validation split of {meta['dataset']!r}")
+        val = load_run_data(meta, str(run_dir)).val  # one line when the run's data file changed since
     if len(val) == 0:
         raise CisError(
             f"dataset {meta['dataset']!r}: empty validation split; expected validation data to calibrate thresholds"
@@ -183,6 +185,11 @@ def _load_run(run_dir: Path, spec: str | Path | CisSpec | dict | None, say: Prog
         raise CisError(
             f"dataset {meta['dataset']!r}: samples of shape {tuple(val.x.shape[1:])}; the model expects {plan.inputs}"
         )
+    want = plan.input_dtypes.get(INPUT, torch.float32)
+    x = torch.from_numpy(np.ascontiguousarray(val.x[:256]))
+    if x.dtype.is_floating_point != want.is_floating_point:
+        raise CisError(f"dataset {meta['dataset']!r}: samples of dtype {x.dtype}; the model takes {want}")
+    plan.samples = {INPUT: x.to(want)}  # integer examples (token ids) are drawn from real samples
     return ExportRun(run_dir, model, meta, weights_path, spec_obj, val, plan)
 
 
@@ -322,6 +329,8 @@ def export_bundle(
     progress: Progress | None = None,
     patience: int | None = None,
     recalibration: Recalibration | None = None,
+    allow_model_change: bool = False,
+    val: Any = None,
 ) -> dict[str, Any]:
     """Cut, export, verify, calibrate and profile the model in ``run_dir``; write the bundle to ``out_dir``.
 
@@ -329,7 +338,9 @@ def export_bundle(
     policy instead of thresholds: p_ev = ``patience``, else the run's option
     ``eval_patience``, else 4 (the paper's). ``patience`` for another method is refused.
     ``recalibration`` (``--rates-from``): thresholds for measured rates; ``spec`` is then the design
-    updated with the measured arrival rates (:func:`cis.measured.update_spec`).
+    updated with the measured arrival rates (:func:`cis.measured.update_spec`). ``val``: the validation samples
+    (``x``, ``y``) to verify, calibrate and profile on (default: the run's dataset's validation split, rebuilt
+    from its seed). ``allow_model_change``: rebuild a user model whose file changed since the run.
 
     Returns the report: the manifest's main fields plus verification figures,
     per-feature-dtype accuracy and bytes, and the calibrated shares.
@@ -337,7 +348,7 @@ def export_bundle(
     say = progress or _noop
     out_dir = Path(out_dir)
     exporter, opset = _check_before_export(out_dir, feature_dtype, exporter, opset, trt)
-    run = _load_run(Path(run_dir), spec, say)
+    run = _load_run(Path(run_dir), spec, say, allow_model_change, val)
     if recalibration is not None and inference_patience(run.meta, patience) is not None:
         raise CisError(f"--rates-from: {run_dir} is a FLAME run served by its patience rule; it has no thresholds "
                        "to calibrate")

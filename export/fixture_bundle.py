@@ -33,10 +33,10 @@ def make_demo_run(
     batch_size: int = 64,
 ) -> Path:
     """Train a digits model briefly on all exits and save it as a run dir."""
-    from training.architectures import build_model
     from training.checkpoint import save_checkpoint
     from training.data import load_dataset
     from training.models import default_model_config
+    from training.reference import build_model
 
     torch.manual_seed(seed)
     splits = load_dataset("digits", seed=seed)

@@ -20,13 +20,15 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import re
 import warnings
+from typing import Any
 
 import onnx
 import torch
 
 from cis.bundle import TensorInfo
-from cis.errors import CisError
+from cis.errors import CisError, error_line
 from training.stage_plan import ExportStage
 
 EXPORTERS = ("auto", "torchscript", "dynamo")
@@ -74,8 +76,10 @@ def _has_torchscript_exporter() -> bool:
 
 @contextlib.contextmanager
 def _quiet():
-    """The exporters print progress and deprecation chatter; keep stdout clean for --json."""
-    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+    """The exporters print progress, deprecation chatter and the graph a failure happened in; keep stdout clean
+    for --json and stderr to the one line a failure gives (:func:`export_failure`)."""
+    quiet_out, quiet_err = contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO())
+    with warnings.catch_warnings(), quiet_out, quiet_err:
         warnings.simplefilter("ignore")
         import logging
 
@@ -83,11 +87,31 @@ def _quiet():
         levels = [lg.level for lg in loggers]
         for lg in loggers:
             lg.setLevel(logging.ERROR)
+        jit_log = getattr(torch._C, "_jit_is_onnx_log_enabled", lambda: False)()
+        if jit_log:  # the torchscript exporter's C++ log prints the whole graph on a failure
+            torch._C._jit_set_onnx_log_enabled(False)
         try:
             yield
         finally:
             for lg, lv in zip(loggers, levels):
                 lg.setLevel(lv)
+            if jit_log:
+                torch._C._jit_set_onnx_log_enabled(True)
+
+
+@contextlib.contextmanager
+def _traceable():
+    """nn.MultiheadAttention's inference fast path (one fused kernel, no ONNX operator) off while exporting:
+    a torchvision or timm ViT then exports as plain matrix products."""
+    mha: Any = getattr(torch.backends, "mha", None)
+    was = bool(mha.get_fastpath_enabled()) if mha is not None else False
+    if was:
+        mha.set_fastpath_enabled(False)
+    try:
+        yield
+    finally:
+        if was:
+            mha.set_fastpath_enabled(True)
 
 
 def export_stage(
@@ -98,7 +122,7 @@ def export_stage(
     module = stage.module.eval()
     names_in, names_out = list(stage.inputs), list(stage.outputs)
     try:
-        with _quiet(), torch.no_grad():
+        with _quiet(), _traceable(), torch.no_grad():
             if exporter == "torchscript":
                 buf = io.BytesIO()
                 axes = {n: {0: BATCH} for n in names_in + names_out}
@@ -132,14 +156,28 @@ def export_stage(
     except ExportError:
         raise
     except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        raise ExportError(
-            f"stage {stage.index}: {exporter} ONNX export failed ({type(exc).__name__}: {first})"
-        ) from None
+        raise ExportError(export_failure(stage.index, exporter, opset, exc)) from None
     model.producer_name = "cis export"
     _fill_static_output_dims(model)
     check_graph(model, stage, opset)
     return model
+
+
+_OPERATOR = re.compile(r"\b([a-z_]+::[A-Za-z_][\w.]*)")
+
+
+def export_failure(index: int, exporter: str, opset: int, exc: BaseException) -> str:
+    """One line for a stage the exporter cannot convert: the stage, and the operator where the error names one
+    (``aten::cummax``), else the error's first line."""
+    text = str(exc).strip()
+    lines = [ln for ln in text.splitlines() if "operator" in ln.lower()] or text.splitlines()[:1]
+    op = next((m.group(1) for ln in lines for m in [_OPERATOR.search(ln)] if m), None)
+    if op is not None:
+        return (
+            f"stage {index}: cannot be exported to ONNX: operator {op} is not supported ({exporter} exporter, opset "
+            f"{opset}; {type(exc).__name__}); expected a stage whose operators ONNX has: rewrite it without {op}"
+        )
+    return f"stage {index}: {exporter} ONNX export failed ({error_line(exc)})"
 
 
 def _fill_static_output_dims(model: onnx.ModelProto) -> None:

@@ -50,7 +50,17 @@ class SimConfig:
     # work together) and leave ``visit_overhead`` at 0.
     loopback: bool = False
     hop_rtt: tuple[float, ...] = ()
+    # The client's own messaging (its request to the entry node, the answer back), drawn once per request
+    # from ``entry_rtt`` and paid on the entry visit in place of a ``hop_rtt`` (empty: hop_rtt's draw): a
+    # request pays its client's send and receive once, and a node-to-node hop per forward.
+    entry_rtt: tuple[float, ...] = ()
     visit_overhead: float = 0.0
+    # Node work per micro-batch on top of its stages, holding the worker (per node id; "*": every node not
+    # named): what a runtime node's batch costs beyond the profiled stage calls (the exit decision, the
+    # answers and the forward sent, and the stage's weights coming back into the caches). Seconds, or a
+    # table ((idle seconds, seconds), ...) by how long the node idled before the batch (0: it was busy),
+    # linear between the points and flat beyond them: a node that slept finds its caches cold.
+    batch_overhead: dict[str, float | tuple[tuple[float, float], ...]] = field(default_factory=dict)
     # Seconds per call of each stage by batch size, {stage: {batch: seconds}} (the bundle's
     # profiles/latency.json format), measured where the nodes run; None: the bundle's profile.
     latency_profile: dict[int, dict[int, float]] | None = None
@@ -78,6 +88,9 @@ class SimConfig:
     heartbeat: float = node_default("heartbeat")
     heartbeat_timeout: float = heartbeat_timeout(node_default("heartbeat"))
     rto: float = 0.2
+    # Record each request's visit per node as spans (queue, compute, forward, request: sim.spans), the
+    # runtime's tracing kinds; off: nothing recorded.
+    spans: bool = False
     progress: bool = False
 
     def to_json(self) -> dict:
@@ -98,6 +111,7 @@ def check_config(config: SimConfig, spec: CisSpec, with_bundle: bool) -> SimConf
     _check_decision(config, spec, with_bundle)
     return replace(
         config, service=service, max_batch=max_batch, hop_rtt=tuple(float(v) for v in config.hop_rtt),
+        entry_rtt=tuple(float(v) for v in config.entry_rtt),
         faults=tuple(sorted(config.faults, key=lambda f: f.at)),
         idle_slowdown=tuple((float(g), float(f)) for g, f in config.idle_slowdown),
         service_spread=tuple(float(v) for v in config.service_spread),
@@ -131,10 +145,26 @@ def _check_costs(config: SimConfig, spec: CisSpec) -> None:
         raise CisError(f"simulate: --payload-bytes is {config.payload_bytes}; expected bytes >= 0")
     if config.burst is not None:
         _positive(config.burst, "--burst")
-    for value, name in [*((v, "hop_rtt") for v in config.hop_rtt), (config.visit_overhead, "visit_overhead")]:
+    flags = {"hop_rtt": " (--visit-cost)", "entry_rtt": " (--entry-cost)", "visit_overhead": ""}
+    for value, name in [*((v, "hop_rtt") for v in config.hop_rtt), *((v, "entry_rtt") for v in config.entry_rtt),
+                        (config.visit_overhead, "visit_overhead")]:
         if not (math.isfinite(value) and value >= 0):
+            raise CisError(f"simulate: {name} is {value}; expected seconds >= 0{flags[name]}")
+    for node_id, work in config.batch_overhead.items():
+        if node_id != "*" and node_id not in spec.ids:
             raise CisError(
-                f"simulate: {name} is {value}; expected seconds >= 0" + (" (--visit-cost)" if name == "hop_rtt" else "")
+                f"simulate: --batch-overhead {node_id}={work}: no node {node_id!r} in spec {spec.name!r}; expected "
+                f"one of {', '.join(spec.ids)}"
+            )
+        points = [(0.0, work)] if isinstance(work, (int, float)) else work
+        if not points or not all(
+            isinstance(p, (tuple, list)) and len(p) == 2 and all(isinstance(v, (int, float)) and math.isfinite(v)
+                                                                 and v >= 0 for v in p)
+            for p in points
+        ):
+            raise CisError(
+                f"simulate: --batch-overhead {node_id}={work!r}; expected seconds >= 0, or [[idle seconds, "
+                "seconds], ...] (both >= 0)"
             )
     if config.max_batch is not None and (isinstance(config.max_batch, bool) or config.max_batch < 1):
         raise CisError(f"simulate: --max-batch is {config.max_batch}; expected an integer >= 1")

@@ -27,8 +27,10 @@ from cis.spec import CisSpec, Link, Node
 from cis.transfer_cap import TokenBucket
 from sim.arrivals import deterministic, mmpp, poisson, read_trace
 from sim.config import SimConfig
+from sim.cores import Cores
 from sim.links import Uplink
 from sim.service import Profile
+from sim.spans import COMPUTE, FORWARD, QUEUE, REQUEST, SpanLog
 from sim.station import Station
 from sim.streams import indices, spawn, uniforms, unit_exponentials
 
@@ -97,6 +99,7 @@ class Model:
 
     env: simpy.Environment
     stations: dict[str, Station]
+    hosts: dict[str, Cores]  # the cores of each shared host (the spec's [hosts])
     messages: dict[int, int]  # stage -> bytes of a forward on the wire
     reply_bytes: int
     correct: dict[int, list[int]] | None
@@ -108,6 +111,8 @@ class Model:
     exit_at: list[int] | None = None  # the exit the policy serves each profile row at (None: the node's own)
     forward_timeout: float = 1.0  # seconds a forward waits per tier above (the runtime's --forward-timeout)
     heartbeat_timeout: float = 1.0  # a parent unheard for this long is down (the runtime's heartbeat rule)
+    spans: SpanLog | None = None  # each visit's queue, compute, forward and request spans (None: not recorded)
+    entries: Iterator[float] | None = None  # the client's messaging round trip, one draw per request (None: hops')
     log: Log = field(default_factory=Log)
     arrived: int = 0
     last_arrival: float = 0.0
@@ -127,33 +132,51 @@ def request(env: simpy.Environment, model: Model, rid: int, station: Station, ro
     waiting (forward_timeout x tiers above); the answer then travels back down
     the same links. A forward that a full parent refuses, that an outage loses,
     or whose answer comes back too late is served by the node that sent it, at
-    its own exit, flagged degraded: what the runtime does.
+    its own exit, flagged degraded: what the runtime does. With ``model.spans``
+    each visit's queue, compute, forward and request spans are recorded.
     """
     entry, arrived, done, flags = station.index, env.now, 0, 0
+    spans = model.spans
     # one messaging cost per request, paid on every node visit: its visits happen within
     # milliseconds, under the same machine load (and cis.app.calibration.calibrate_visits measures
     # exactly this, each request's average cost per visit)
     rtt = next(model.hops) if model.hops is not None else 0.0
     half = rtt / 2
-    trail: list[tuple[Station, float]] = []  # (node that forwarded, when it gives up), from the entry up
-    if half:  # the client's message to the entry node: half a round trip, the reply the other half
-        yield env.timeout(half)
+    # the client's own messages (its request in, the answer out): the entry cost when the run has one
+    outer = next(model.entries) / 2 if model.entries is not None else half
+    trail: list[Hop] = []  # the nodes that forwarded it, from the entry up
+    if outer:  # the client's message to the entry node: half a round trip, the reply the other half
+        yield env.timeout(outer)
     while True:
         station.received += 1
+        entered = env.now
         if station.full():
             if not trail:  # a client's request at a full entry node: refused (the runtime answers overloaded)
                 station.dropped += 1
                 model.log.add(rid, entry, station.index, 0, -1, arrived, env.now)
                 return
             station.refused += 1  # the refusal goes back: the child serves the request, degraded
-            station, giveup = trail.pop()
+            hop = trail.pop()
+            station, entered, first = hop.station, hop.entered, hop.first
             assert station.uplink is not None  # it forwarded: it has a parent
             back = station.uplink.reply(env.now, model.reply_bytes)
             flags = FLAG_DEGRADED
             station.degraded += 1
-            yield env.timeout((back if back is not None and back <= giveup else giveup) - env.now + half)
-            break
-        yield station.visit(done)
+            back = back if back is not None and back <= hop.giveup else hop.giveup
+            yield env.timeout(back - env.now + half)
+            if spans is not None:
+                spans.add(rid, station.index, FORWARD, hop.sent, env.now, 0, (first, station.exit))
+            yield from _answer(env, model, rid, entry, arrived, station, row, flags, trail, (half, outer),
+                               (entered, env.now, first))
+            return
+        first = done + 1  # the first stage it runs here
+        waiting = station.visit(done)
+        start, begin, n = yield waiting
+        if spans is not None:
+            assert station.admitted is not None  # recording spans: the station notes admissions
+            entered = station.admitted.pop(waiting, entered)  # came during a batch: stamped with its start
+            spans.add(rid, station.index, QUEUE, entered, begin, n, (first, station.exit))
+            spans.add(rid, station.index, COMPUTE, begin, env.now, n, (first, station.exit))
         done = station.exit
         now = env.now
         if station.parent is None or station.keeps(row):
@@ -172,31 +195,56 @@ def request(env: simpy.Environment, model: Model, rid: int, station: Station, ro
         if reach is None:  # lost in an outage: the node waits, then serves it here
             station.degraded += 1
             flags = FLAG_DEGRADED
+            if spans is not None:
+                spans.add(rid, station.index, FORWARD, now, giveup, 0, (first, station.exit))
             yield env.timeout(giveup - now)
             break
-        trail.append((station, giveup))
+        trail.append(Hop(station, giveup, now, entered, first))
         yield env.timeout(reach - now + half)
         station = station.parent
-    yield from _answer(env, model, rid, entry, arrived, station, row, flags, trail, half)
+    yield from _answer(env, model, rid, entry, arrived, station, row, flags, trail, (half, outer),
+                       (entered, env.now, first))
 
 
-def _answer(env, model: Model, rid, entry, arrived, station: Station, row, flags, trail, half):
-    """Serve at ``station`` and carry the answer down the trail to the client."""
+class Hop:
+    """A node that forwarded a request: when it gives up waiting, when it sent it, when the request came in,
+    the first stage it ran there."""
+
+    __slots__ = ("station", "giveup", "sent", "entered", "first")
+
+    def __init__(self, station: Station, giveup: float, sent: float, entered: float, first: int):
+        self.station, self.giveup, self.sent, self.entered, self.first = station, giveup, sent, entered, first
+
+
+def _answer(env, model: Model, rid, entry, arrived, station: Station, row, flags, trail, halves, visit):
+    """Serve at ``station`` and carry the answer down the trail to the client (``visit``: when the request
+    came in at ``station``, when its answer left, the first stage it ran there; ``halves``: a forward's
+    messaging on its way down, the client's)."""
+    half, outer = halves
     station.served += 1
     server, t = station, env.now
+    spans = model.spans
+    if spans is not None:
+        spans.add(rid, station.index, REQUEST, visit[0], visit[1], 0, (visit[2], station.exit))
     exit_ = server.exit if flags & FLAG_DEGRADED else model.served_exit(row, server.exit)
-    for child, giveup in reversed(trail):
+    for hop in reversed(trail):
+        child, giveup = hop.station, hop.giveup
         back = child.uplink.reply(t, model.reply_bytes)
         if back is None or back > giveup:  # lost or too late: the child has answered it itself
             server.served -= 1
             child.served += 1
             child.degraded += 1
             server, t, flags, exit_ = child, giveup, FLAG_DEGRADED, child.exit
+            came = giveup
         else:
             child.last_reply = back
-            t = back
+            t = came = back
+            came += half  # the answer's way down to the child
+        if spans is not None:
+            spans.add(rid, child.index, FORWARD, hop.sent, came, 0, (hop.first, child.exit))
+            spans.add(rid, child.index, REQUEST, hop.entered, came, 0, (hop.first, child.exit))
         t += half
-    t += half
+    t += outer
     if t > env.now and model.reply_bytes:  # replies share the links' wires: keep their order in time
         yield env.timeout(t - env.now)
     model.log.add(rid, entry, server.index, exit_, model.outcome(row, exit_), arrived, t, flags)
@@ -231,6 +279,7 @@ def build(plan: Plan) -> tuple[Model, list[tuple[Station, Iterator[float], Itera
     stations: dict[str, Station] = {}
     feeds = []
     max_batch = config.max_batch or 1
+    hosts = {h.id: Cores(env, h.cores) for h in spec.hosts}
     for index, node in enumerate(spec.nodes):
         arrival_rng, service_rng, decision_rng, row_rng = (next(rngs) for _ in range(4))
         units = _units(config, service_rng)
@@ -245,6 +294,9 @@ def build(plan: Plan) -> tuple[Model, list[tuple[Station, Iterator[float], Itera
             config.visit_overhead,
             max_batch,
             _slowdown(config.idle_slowdown),
+            None if node.host is None else hosts[node.host],
+            _batch_work(config.batch_overhead.get(node.id, config.batch_overhead.get("*"))),
+            bool(config.service_spread),
         )
         stations[node.id] = station
         if plan.rows is not None:  # replay: this node's arrivals take these rows, in order
@@ -255,6 +307,9 @@ def build(plan: Plan) -> tuple[Model, list[tuple[Station, Iterator[float], Itera
         if times is not None:
             feeds.append((station, times, rows))
     _connect(spec, config, stations)
+    if config.spans:
+        for st in stations.values():
+            st.admitted = {}
     correct = None
     if plan.profile is not None:
         correct = {e: plan.profile.correct[:, e - 1].astype(np.int8).tolist() for e in range(1, spec.num_exits + 1)}
@@ -268,10 +323,14 @@ def build(plan: Plan) -> tuple[Model, list[tuple[Station, Iterator[float], Itera
             if len(config.hop_rtt) == 1
             else (config.hop_rtt[i] for i in indices(hop_rng, len(config.hop_rtt)))
         )
+    entries = None
+    if config.entry_rtt:  # its own stream too
+        entry_rng = spawn(config.seed, 4 * len(spec.nodes) + 4)[-1]
+        entries = (config.entry_rtt[i] for i in indices(entry_rng, len(config.entry_rtt)))
     messages = plan.messages if plan.messages is not None else plan.payloads
     model = Model(
-        env, stations, messages, plan.reply_bytes, correct, limit, horizon, hops, plan.exit_at,
-        config.forward_timeout, config.heartbeat_timeout,
+        env, stations, hosts, messages, plan.reply_bytes, correct, limit, horizon, hops, plan.exit_at,
+        config.forward_timeout, config.heartbeat_timeout, SpanLog() if config.spans else None, entries,
     )
     return model, feeds
 
@@ -308,6 +367,15 @@ def _units(config: SimConfig, rng: np.random.Generator) -> Iterator[float]:
         spread = config.service_spread
         return (spread[i] for i in indices(rng, len(spread)))
     return unit_exponentials(rng) if config.service == "exponential" else itertools.repeat(1.0)
+
+
+def _batch_work(value) -> Callable[[float], float] | None:
+    """A node's work per batch by how long it idled before it: a constant, or a table (linear, flat beyond)."""
+    if value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return lambda _idle: float(value)
+    return _slowdown(tuple((float(g), float(w)) for g, w in value))
 
 
 def _slowdown(table: tuple[tuple[float, float], ...]) -> Callable[[float], float] | None:

@@ -87,11 +87,18 @@ def write_plots(out: Path, summary: dict, requests: dict[str, np.ndarray]) -> li
     return []
 
 
-def write_outputs(out: str | Path, summary: dict, requests: dict[str, np.ndarray]) -> list[str]:
-    """Write every output file of one run; returns notes for the user."""
+def write_outputs(
+    out: str | Path, summary: dict, requests: dict[str, np.ndarray], spans: dict[str, np.ndarray] | None = None,
+    parents: dict[str, str | None] | None = None,
+) -> list[str]:
+    """Write every output file of one run (spans.jsonl when the run recorded spans); returns notes for the user."""
+    from sim.spans import span_records, write_spans
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "result.json", summary)
     write_requests_csv(out / "requests.csv", requests, list(summary["nodes"]))
     write_nodes_csv(out / "nodes.csv", summary)
+    if spans is not None:
+        write_spans(out / "spans.jsonl", span_records(spans, list(summary["nodes"]), parents))
     return write_plots(out, summary, requests)

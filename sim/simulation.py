@@ -26,6 +26,7 @@ from sim.service import (
     state_payload,
     tcp_messages,
 )
+from sim.spans import span_columns, span_records, span_summary
 from sim.summary import summarise
 
 Rows = dict[str, list[int]] | None  # per node, the profile rows its arrivals take in order (a replay), or None
@@ -35,6 +36,7 @@ Rows = dict[str, list[int]] | None  # per node, the profile rows its arrivals ta
 class SimResult:
     summary: dict  # the --json result
     requests: dict[str, np.ndarray]  # one entry per request, ordered by id (see sim.model.Log)
+    spans: dict[str, np.ndarray] | None = None  # with SimConfig.spans: one row per span (sim.spans.SpanLog)
 
 
 def plan_run(
@@ -108,4 +110,7 @@ def simulate(
     requests = model.log.arrays()
     summary = summarise(plan, model, requests)
     summary["bundle"] = None if bundle is None else str(Path(bundle.root))
-    return SimResult(summary, requests)
+    spans = None if model.spans is None else model.spans.arrays()
+    if spans is not None:
+        summary["spans"] = span_summary(span_columns(span_records(spans, spec.ids)))
+    return SimResult(summary, requests, spans)

@@ -7,22 +7,29 @@ the runtime's node does (``cis serve --max-batch``, ``--max-wait 0``): stage k
 runs once on all the requests of the batch that need it, so a batch takes
 ``sum_k T_k(n_k) / speed``, where n_k is how many of its requests run stage k
 and T_k(n) the stage's time on a batch of n (the latency profile, interpolated
-between its batch sizes), plus ``overhead`` per request (the runtime's work per
-message: decode, admit, reply), all drawn once per batch with the run's service
-distribution. A worker that idled before a batch takes longer over it
+between its batch sizes), drawn once per batch with the run's service
+distribution (a measured spread of single calls shrinks over a batch as
+sqrt(T(1) / T(n)): what goes fast and slow during one long batch averages
+out); plus ``overhead`` per request (the node's work per message: decode,
+admit) and ``batch_overhead`` per batch (what a runtime batch costs beyond its
+stage calls). A worker that idled before a batch takes longer over it
 (``slowdown``: the idle time's extra seconds; a process that slept must be
-woken, and a machine's caches and clock go cold while a core sleeps).
+woken, and a machine's caches and clock go cold while a core sleeps). A node
+on a shared host (``cores``: :class:`sim.cores.Cores`) runs its batches on the
+host's cores, shared with the other nodes there.
 """
 
 from __future__ import annotations
 
 import collections
+import math
 from collections.abc import Callable, Iterator
 
 import simpy
 
 from cis.spec import Node
 from cis.transfer_cap import TokenBucket
+from sim.cores import Cores
 from sim.links import Uplink
 
 
@@ -41,6 +48,9 @@ class Station:
         overhead: float = 0.0,
         max_batch: int = 1,
         slowdown: Callable[[float], float] | None = None,
+        cores: Cores | None = None,
+        batch_overhead: Callable[[float], float] | None = None,
+        per_call_spread: bool = False,
     ):
         self.env = env
         self.id, self.index, self.exit = node.id, index, node.exit
@@ -48,16 +58,27 @@ class Station:
         self.tables = tables  # stage k -> seconds of a batch of n (index n), at this node's speed
         self.means = {done: sum(t[1] for t in tables[done:]) for done in range(node.exit)}  # batch of one
         self.units = units
+        # the multipliers are measured single calls' (service_spread): a batch of n is n calls' work, and
+        # independent slow and fast moments average out over it, so its spread shrinks as sqrt(1 / length)
+        self.per_call_spread = per_call_spread
         self.overhead = overhead  # node work per request beyond the stages (the runtime's messaging)
+        # node work per batch beyond the stages, by how long the node idled before it (decision, replies, cold caches)
+        self.batch_overhead = batch_overhead
         self.max_batch = max_batch
         self.slowdown = slowdown  # idle seconds -> extra seconds of the batch that ends the idling
         self.keeps, self.bucket = keeps, bucket
+        self.cores = cores  # the host's cores, shared with the other nodes there (None: a core of its own)
         self.parent: Station | None = None
         self.uplink: Uplink | None = None
         self.tiers_above = 0
         self.last_reply = -1e300  # when the parent last answered a forward (it counts as a heartbeat)
         self.queue: collections.deque[tuple[simpy.Event, int, float]] = collections.deque()
         self.idle: list[simpy.Event] = []
+        # With spans: when each waiting request was admitted, as the runtime's node stamps it. The node reads
+        # its socket between batches and stamps what it reads after a batch with the time it last found the
+        # socket empty: just before that batch started. A request that comes during a batch is admitted then.
+        self.admitted: dict[simpy.Event, float] | None = None
+        self.started_at = 0.0  # when the batch now running started
         self.received = self.served = self.forwarded = self.capped = self.dropped = 0
         self.refused = self.degraded = self.batches = 0
         self.busy = self.waited = 0.0
@@ -69,13 +90,17 @@ class Station:
         return self.limit is not None and len(self.queue) >= self.limit
 
     def visit(self, done: int) -> simpy.Event:
-        """Queue a request that has run stages 1..done; the event fires when its batch has run."""
+        """Queue a request that has run stages 1..done; the event fires when its batch has run, with the value
+        (when the batch started, when its stages started, how many requests it ran)."""
         event = self.env.event()
         self.queue.append((event, done, self.env.now))
         if self.idle:
             self.idle.pop().succeed()
-        elif len(self.queue) > self.max_queue:
-            self.max_queue = len(self.queue)
+        else:
+            if self.admitted is not None:
+                self.admitted[event] = self.started_at
+            if len(self.queue) > self.max_queue:
+                self.max_queue = len(self.queue)
         return event
 
     def batch_time(self, dones: list[int]) -> float:
@@ -92,24 +117,35 @@ class Station:
     def _worker(self):
         env, queue = self.env, self.queue
         while True:
-            cold = 0.0
+            cold = idled = 0.0
             if not queue:
                 idle_from = env.now
                 wake = env.event()
                 self.idle.append(wake)
                 yield wake
+                idled = env.now - idle_from
                 if self.slowdown is not None:
-                    cold = self.slowdown(env.now - idle_from)
+                    cold = self.slowdown(idled)
+            if self.batch_overhead is not None:
+                cold += self.batch_overhead(idled)
             batch = [queue.popleft() for _ in range(min(self.max_batch, len(queue)))]
             now = env.now
             self.waited += sum(now - t for _, _, t in batch)
-            stages = self.batch_time([done for _, done, _ in batch])
-            service = stages * next(self.units) + cold + self.overhead * len(batch)
+            dones = [done for _, done, _ in batch]
+            stages = self.batch_time(dones)
+            unit = next(self.units)
+            if self.per_call_spread and len(batch) > 1 and stages > 0:
+                unit = 1.0 + (unit - 1.0) * math.sqrt(self.means[min(dones)] / stages)
+            reading = self.overhead * len(batch)
+            service = stages * unit + cold + reading
             self.busy += service
             self.batches += 1
-            yield env.timeout(service)
+            self.started_at = now
+            yield env.timeout(service) if self.cores is None else self.cores.run(service)
+            # (batch start, its stages' start: the node's work per message comes first, batch size)
+            ran = (now, now + reading, len(batch))
             for event, _, _ in batch:
-                event.succeed()
+                event.succeed(ran)
 
     def parent_up(self, now: float, timeout: float) -> bool:
         """The runtime's heartbeat rule: the parent answered within ``timeout`` seconds."""

@@ -56,6 +56,11 @@ def summarise(plan: Plan, model: Model, requests: dict[str, np.ndarray]) -> dict
         "nodes": _nodes(plan, model, requests, rates, horizon, makespan),
         "exits": _exits(plan, requests, rates, horizon, latency),
         "links": _links(plan, model, makespan),
+        "hosts": {
+            h.id: {"cores": h.cores, "nodes": [n.id for n in spec.on_host(h.id)],
+                   "utilisation": share(model.hosts[h.id].busy, h.cores * makespan)}
+            for h in spec.hosts
+        },
     }
 
 

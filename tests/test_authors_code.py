@@ -204,3 +204,72 @@ def test_a_real_round_is_the_aliased_update_of_its_local_models():
 
 def clone(st):
     return {k: v.detach().clone() for k, v in st.items()}
+
+
+# ---------------------------------------------------------------- head_update: the released code's exit-head rule
+
+
+def split_keys(e, head=True):
+    """A toy model: one shared body, one head per exit."""
+    return ["body"] + ([f"head{e}"] if head else [])
+
+
+@pytest.mark.parametrize("rule", ["applied", "released-code"])
+def test_released_rule_drops_every_non_root_head_update(rule):
+    # their aggregate(): `for block in range(e_block)` leaves block = e_block - 1, so head e's difference goes to
+    # w_diff.classifiers[L_e - 1] (2, 8, 16 for layers 3, 9, 17), but it is applied only where
+    # `block in layers_per_classifier` (3 and 9): no non-root head difference ever reaches the model
+    exits = [3, 2, 1]
+    cl = clients([10, 5, 5], exits)
+    weights = make_weights("explicit", 3, vector=[0.4, 0.3, 0.3])
+    agg = AuthorsCodeAggregator(weights, sampling_matrix(exits, 3, 0.0), [10, 5, 5], 0, split_keys, head_update=rule)
+    g = state(body=[0.0], head1=[0.0], head2=[0.0], head3=[0.0])
+    root = state(body=[1.0], head1=[0.0], head2=[0.0], head3=[2.0])  # the root trains exit 3 in place
+    edge = state(body=[3.0], head1=[0.0], head2=[5.0], head3=[0.0])
+    leaf = state(body=[4.0], head1=[7.0], head2=[0.0], head3=[0.0])
+    pairs = [(0, 3), (1, 2), (2, 1)]
+    agg.begin(g, 1, pairs)
+    for (i, e), local in zip(pairs, (root, edge, leaf)):
+        agg.add(cl[i], e, local)
+    agg.finish(g)
+    c = dict(zip(pairs, agg.coefficients(1, pairs)))
+    # bodies move by every pair under both rules, against the root's trained weights
+    assert g["body"].item() == pytest.approx(1.0 + c[1, 2] * (3.0 - 1.0) + c[2, 1] * (4.0 - 1.0))
+    assert g["head3"].item() == 2.0  # the root's own head: trained in place, kept under both rules
+    heads = agg.last_stats["coefficients"]["head"]
+    if rule == "applied":
+        assert g["head2"].item() == pytest.approx(c[1, 2] * 5.0) and g["head1"].item() == pytest.approx(c[2, 1] * 7.0)
+        assert heads == [pytest.approx(c[2, 1]), pytest.approx(c[1, 2]), 1.0]
+        assert "head_update" not in agg.last_stats
+    else:
+        assert g["head2"].item() == 0.0 and g["head1"].item() == 0.0  # the start's heads: the updates are lost
+        assert heads == [0.0, 0.0, 1.0] and agg.last_stats["head_update"] == "released-code"
+
+
+@pytest.mark.parametrize("rule", ["applied", "released-code"])
+def test_a_real_round_at_p0_moves_the_lower_heads_only_when_applied(rule):
+    from training.run import build_setup
+
+    s = build_setup(make_config(overrides={"algorithm": "authors-code", "head_update": rule, "rounds": 2, "seed": 3}))
+    start = clone(s.engine.global_state)
+    for _ in range(2):
+        s.engine.run_round()
+    moved = {k for k, v in s.engine.global_state.items() if not torch.equal(start[k], v)}
+    heads = {e: set(s.model.exit_state_keys(e)) - set(s.model.exit_state_keys(e, head=False)) for e in (1, 2, 3)}
+    assert heads[3] <= moved  # the root (exit 3 at p = 0) trains its head in place under both rules
+    assert any(k.startswith("stage_list.0.body") for k in moved)
+    lower = heads[1] | heads[2]  # at p = 0 only the edges and devices train these
+    assert (lower <= moved) if rule == "applied" else not (lower & moved)
+
+
+def test_head_update_is_authors_codes_diagnostic():
+    assert make_config().head_update == "applied"
+    assert make_config(overrides={"algorithm": "authors-code"}).head_update == "applied"
+    with pytest.raises(CisError, match="head_update"):
+        make_config(overrides={"head_update": "released-code"})
+    with pytest.raises(CisError, match="head_update"):
+        make_config(overrides={"algorithm": "authors-code", "head_update": "nonsense"})
+    model = ResNet18EE(exits=CIFAR10_EXITS, width=0.0625)
+    assert set(model.exit_state_keys(2)) - set(model.exit_state_keys(2, head=False)) == {
+        k for k in model.state_dict() if k.startswith("stage_list.1.head.")
+    }

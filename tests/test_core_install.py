@@ -26,8 +26,8 @@ pytest.importorskip("onnx")
 
 from cli_process import cis_argv, start, started_nodes, stop  # noqa: E402
 
-# never imported by a core command (torch and what needs it)
-FORBIDDEN = ("torch", "sklearn", "onnx", "onnxscript", "PIL", "flwr")
+# never imported by a core command (torch and what needs it; the front doors' extras)
+FORBIDDEN = ("torch", "sklearn", "onnx", "onnxscript", "PIL", "flwr", "httptools", "grpc", "tritonclient")
 # also absent from a core install, but a core command may look for them (plots)
 OPTIONAL = ("matplotlib",)
 
@@ -270,4 +270,15 @@ def test_metrics_port_without_prometheus_client_is_one_line(core, bundle):
     assert res.stderr.strip().splitlines() == [
         "cis serve: --metrics-port needs the 'metrics' extra: pip install 'cis[metrics]' "
         "(not installed: prometheus_client)"
+    ]
+
+
+@pytest.mark.parametrize("door, module", [("http", "httptools"), ("grpc", "grpc")])
+def test_front_doors_without_their_extra_are_one_line(core, bundle, door, module):
+    """--http-port and --grpc-port need the 'http' and 'grpc' extras; a core install says which, in one line."""
+    argv = ("serve", bundle, "--node", "cloud", "--bind", "tcp://127.0.0.1:0", f"--{door}-port", "0")
+    res = core.run(*argv)
+    assert res.returncode == 2
+    assert res.stderr.strip().splitlines() == [
+        f"cis serve: --{door}-port needs the '{door}' extra: pip install 'cis[{door}]' (not installed: {module})"
     ]

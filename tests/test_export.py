@@ -326,3 +326,20 @@ def test_tensorrt_engines(run_dir, tmp_path):
     assert all(s.engine and (tmp_path / "trt" / s.engine).is_file() for s in bundle.stages)
     for stage in report["tensorrt"]["stages"].values():
         assert all(c["passed"] for c in stage["checks"].values())
+
+
+def test_stages_are_timed_on_real_carries(exported, model_and_val):
+    """The latency profile feeds each stage what the one before passes on for real samples (a stage's time can
+    depend on its values), repeating the samples up to the batch size."""
+    from cis.stages import stage_runners
+    from export.profile import latency_profile, stage_inputs
+
+    _, val = model_and_val
+    runners = stage_runners(load_bundle(exported[0]))
+    feeds = stage_inputs(runners, val.x[:3], 5)
+    first = feeds[0][runners[0].input_names[0]]
+    assert first.shape[0] == 5 and np.array_equal(first[3:], val.x[:2])
+    out = runners[0].run(feeds[0])
+    assert all(np.array_equal(feeds[1][name], out[name]) for name in runners[1].input_names)
+    timed = latency_profile(runners, (1, 4), repeats=2, x=val.x)
+    assert set(timed) == {1, 2, 3} and all(min(v.values()) > 0 for v in timed.values())

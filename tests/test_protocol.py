@@ -41,6 +41,29 @@ def test_a_trace_context_travels_in_the_header_on_either_path():
     assert P.decode(P.encode(P.INFER, 5, x, traceparent=TP, tracestate="a=1")).head.traceparent == TP
 
 
+def test_want_logits_asks_for_a_fifth_result_tensor_that_both_paths_check():
+    x = {"x": np.zeros((3, 2), np.float32)}
+    assert P.decode(P.encode(P.INFER, 4, x, want_logits=True)).head.want_logits is True
+    assert P.decode(P.encode(P.FORWARD, 4, x, stage=2, want_logits=False)).head.want_logits is False
+    assert P.decode(P.encode(P.INFER, 4, x)).head.want_logits is False  # absent: no logits (old peers send none)
+    four = (np.array([1, 2], np.int64), np.ones(2, np.float32), np.ones(2, np.int32), np.zeros(2, np.uint8))
+    plain = P.result_frames(9, 2, *four, ["a", "b"], "b")
+    assert len(plain) == 5 and msgpack.unpackb(plain[0])["names"] == list(P.RESULT_TENSORS)  # unchanged
+    logits = np.arange(6, dtype=np.float32).reshape(2, 3)
+    frames = [bytes(P._buffer(f)) for f in P.result_frames(9, 2, *four, ["a", "b"], "b", logits)]
+    fast = P._fast(P._decoder(P.REPLY_KINDS).decode(frames[0]), frames[0], frames, None, None, None)
+    slow = P._checked(P._buffer(frames[0]), frames, None, None, None, P.REPLY_KINDS)
+    for msg in (fast, slow):
+        assert msg is not None and msg.head.names[4] == P.RESULT_LOGITS
+        np.testing.assert_array_equal(msg.tensors["logits"], logits)
+    ok = dict(zip(P.RESULT_TENSORS, four))
+    shuffled = {"logits": logits, **ok}  # another order: valid, the checked way
+    assert P.decode(P.encode(P.RESULT, 4, shuffled, served_by=["a", "b"])).tensors["logits"].shape == (2, 3)
+    for bad in (logits.astype(np.float64), logits[:1], logits.ravel(), np.zeros((2, 0), np.float32)):
+        assert _code(P.encode(P.RESULT, 4, {**ok, "logits": bad}, served_by=["a", "b"])) == "bad_tensor"
+    assert _code(P.encode(P.RESULT, 4, {**ok, "probabilities": logits}, served_by=["a", "b"])) == "bad_tensor"
+
+
 def test_decode_is_zero_copy_over_the_frame():
     buf = bytearray(np.arange(6, dtype=np.float32).tobytes())
     header = P.encode(P.INFER, 1, {"x": np.zeros((2, 3), np.float32)})[0]
@@ -158,6 +181,7 @@ BAD_VALUES = {  # header field -> (code, values of the wrong type or out of rang
         [*CONFUSED, [[1]], [[1, TP, 1]], [[0, TP]], [[-1, ""]], [[True, ""]], [[1.0, ""]], [["1", ""]], [[1, None]],
          [[1, "x"]], [[1, TP.upper()]], [1, TP], [(1, b"")], [[1, ""]] * 4097],
     ),  # fmt: skip
+    "want_logits": ("bad_message", [1, 0, 1.5, -1, "true", b"1", [True], {"a": 1}, [], {}]),
 }
 
 
@@ -237,6 +261,7 @@ _keys = st.sampled_from(
         "node",
         "traceparent",
         "trace_parts",
+        "want_logits",
         "served_by",
         "code",
         "message",
@@ -261,6 +286,7 @@ def _accepted_header_is_in_schema(h: dict, tensors: dict) -> None:
     assert "traceparent" not in h or P.is_traceparent(h["traceparent"])
     assert "trace_parts" not in h or (0 < len(h["trace_parts"]) <= P.MAX_TRACE_PARTS and all(
         type(c) is int and c >= 1 and (tp == "" or P.is_traceparent(tp)) for c, tp in h["trace_parts"]))  # fmt: skip
+    assert "want_logits" not in h or type(h["want_logits"]) is bool
     for a in tensors.values():
         assert a.dtype.name in P.DTYPES
 
@@ -311,13 +337,20 @@ _BASES = {
         "served_by": ["a"],
         "node": "a",
     },
+    "result+logits": {
+        "names": ["class", "confidence", "exit", "flags", "logits"],
+        "dtypes": ["int64", "float32", "int32", "uint8", "float32"],
+        "shapes": [[1], [1], [1], [1], [1, 2]],
+        "served_by": ["a"],
+        "node": "a",
+    },
     "error": {"code": "overloaded", "message": "full", "node": "a"},
     "status": {},
     "status_reply": {"status": {"node": "a"}},
     "ping": {"node": "a"},
     "pong": {"node": "a"},
 }
-_FRAMES = {"infer": [4], "forward": [4], "result": [8, 4, 4, 1]}
+_FRAMES = {"infer": [4], "forward": [4], "result": [8, 4, 4, 1], "result+logits": [8, 4, 4, 1, 8]}
 
 
 @settings(max_examples=1500, deadline=None)
@@ -331,7 +364,7 @@ def test_the_schema_never_accepts_what_the_checks_refuse(kind, changes, kinds, e
     """decode's one-pass path (msgspec schema + counts and sizes) may only accept a message that the
     documented checks accept too, as the same kind and id: valid messages with up to three fields
     replaced by anything, and a frame too many or too few."""
-    header = {"v": 1, "kind": kind, "id": 77, **_BASES[kind]}
+    header = {"v": 1, "kind": kind.split("+")[0], "id": 77, **_BASES[kind]}
     for key, value in changes:
         header[key] = value
     sizes = _FRAMES.get(kind, [])
@@ -382,7 +415,8 @@ def test_valid_messages_take_the_one_pass_path(kinds):
 @pytest.mark.parametrize(
     "field, code",
     [("stage", "bad_stage"), ("deadline", "bad_message"), ("route", "bad_message"), ("sender", "bad_message"),
-     ("node", "bad_message"), ("traceparent", "bad_message"), ("trace_parts", "bad_message")],
+     ("node", "bad_message"), ("traceparent", "bad_message"), ("trace_parts", "bad_message"),
+     ("want_logits", "bad_message")],
 )  # fmt: skip
 def test_nil_is_no_value_of_any_field_an_absent_one_takes_its_default(field, code):
     """A field present with nil (msgpack None) is refused like any wrong type, never read as absent:
@@ -397,5 +431,5 @@ def test_nil_is_no_value_of_any_field_an_absent_one_takes_its_default(field, cod
     header.pop(field)
     absent = P.decode([msgpack.packb(header), bytes(24)]).head
     defaults = {"stage": 1, "deadline": 0.0, "route": [], "sender": "", "node": ""}
-    defaults.update(traceparent="", trace_parts=())
+    defaults.update(traceparent="", trace_parts=(), want_logits=False)
     assert getattr(absent, field) == defaults[field]

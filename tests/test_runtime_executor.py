@@ -217,3 +217,117 @@ def test_an_overflow_flagged_is_answered_here_like_non_finite_input():
     (r,) = out.replies
     assert r.cls.tolist() == [-1, 2, 0] and r.flags.tolist() == [P.FLAG_NONFINITE, 0, 0] and np.isnan(r.conf[0])
     assert r.exit.tolist() == [1, 2, 1] and ex.counters["nonfinite"] == 1 and not out.errors
+
+
+# ---------------------------------------------------------------- the answering exit's logits (want_logits)
+
+
+def _result(fid, cls, exit_, served_by, logits=None):
+    """A parent's RESULT as the node receives it (decoded frames)."""
+    n = len(cls)
+    frames = P.result_frames(fid, n, np.asarray(cls, np.int64), np.full(n, 0.9, np.float32),
+                             np.asarray(exit_, np.int32), np.zeros(n, np.uint8), served_by, "root", logits)  # fmt: skip
+    return P.decode([bytes(P._buffer(f)) for f in frames])
+
+
+def test_logits_go_only_to_the_requests_that_ask_and_merge_with_the_parents_rows():
+    ex, stage, out = make(parent="tcp://parent")
+    x = np.array([UNSURE, CONFIDENT, [0.2, 0.3, 0, 0]], np.float32)
+    ex.admit([b"a"], msg(1, x, want_logits=True), 0.0)
+    ex.admit([b"b"], msg(2, x[:2]), 0.0)  # same batch, no logits asked
+    ex.admit([b"c"], msg(3, x[1::-1], want_logits=True), 0.0)
+    ex.run_batch()
+    ((pending, _),) = out.forwards
+    assert pending.n == 4 and pending.logits.shape == (4, 3)  # the parent is asked: a part wants logits
+    up = np.arange(12, dtype=np.float32).reshape(4, 3)
+    ex.from_parent(pending, _result(1, [1, 2, 0, 1], [2, 2, 2, 2], ["root"] * 4, up))
+    a, b, c = sorted(out.replies, key=lambda r: r.req_id)
+    assert a.exit.tolist() == [2, 1, 2] and a.served_by == ["root", "leaf", "root"]
+    np.testing.assert_array_equal(a.logits, [up[0], x[1, :3] * 10, up[1]])  # own row kept, parent's merged
+    assert b.logits is None and b.exit.tolist() == [2, 1]
+    np.testing.assert_array_equal(c.logits, [x[1, :3] * 10, up[3]])
+    frames = P.result_frames(a.req_id, a.n, a.cls, a.conf, a.exit, a.flags, a.served_by, "leaf", a.logits)
+    assert P.decode(frames).head.names[-1] == "logits"  # what the node sends the asker
+
+
+def test_a_request_forwarded_whole_passes_the_parents_answer_and_logits_on():
+    ex, stage, out = make(parent="tcp://parent")
+    ex.admit([b"a"], msg(1, [UNSURE, UNSURE], want_logits=True), 0.0)
+    ex.run_batch()
+    ((pending, _),) = out.forwards
+    up = np.array([[1, 2, 3], [4, 5, 6]], np.float32)
+    ex.from_parent(pending, _result(1, [1, 2], [3, 2], ["cloud", "edge0"], up))
+    (r,) = out.replies
+    assert r.served_by == ["cloud", "edge0"] and np.frombuffer(r.exit, np.int32).tolist() == [3, 2]  # frames as sent
+    np.testing.assert_array_equal(r.logits, up)
+
+
+def test_no_logits_asked_means_none_kept_none_asked_of_the_parent():
+    ex, stage, out = make(parent="tcp://parent")
+    ex.admit([b"a"], msg(1, [UNSURE, CONFIDENT]), 0.0)
+    ex.run_batch()
+    ((pending, _),) = out.forwards
+    assert pending.logits is None
+    ex.from_parent(pending, _result(1, [2], [2], ["root"]))
+    (r,) = out.replies
+    assert r.logits is None and r.cls.tolist() == [2, 0]
+
+
+def test_a_parent_that_sends_no_logits_leaves_nan_rows_and_a_fallback_gives_this_nodes_own():
+    ex, stage, out = make(parent="tcp://parent")
+    x = np.array([UNSURE, CONFIDENT], np.float32)
+    ex.admit([b"a"], msg(1, x, want_logits=True), 0.0)
+    ex.run_batch()
+    ex.from_parent(out.forwards[0][0], _result(1, [2], [2], ["root"]))  # an older parent: no logits tensor
+    r = out.replies[0]
+    assert np.isnan(r.logits[0]).all() and r.logits[1].tolist() == (x[1, :3] * 10).tolist()
+    x = np.array([CONFIDENT, UNSURE, [0.3, 0.2, 0, 0]], np.float32)
+    ex.admit([b"a"], msg(2, x, want_logits=True), 0.0)
+    ex.run_batch()
+    ex.fallback(out.forwards[1][0])  # the parent did not answer: served here, degraded, with this exit's logits
+    r = out.replies[1]
+    assert r.flags.tolist() == [0, P.FLAG_DEGRADED, P.FLAG_DEGRADED]
+    np.testing.assert_array_equal(r.logits, x[:, :3] * 10)
+
+
+def test_a_flagged_non_finite_sample_has_nan_logits():
+    ex, stage, out = make(nonfinite="flag")
+    x = np.array([CONFIDENT, CONFIDENT], np.float32)
+    x[0, 1] = np.nan
+    ex.admit([b"a"], msg(1, x, want_logits=True), 0.0)
+    ex.run_batch()
+    (r,) = out.replies
+    assert np.isnan(r.logits[0]).all() and r.logits[1].tolist() == [50, 0, 0] and r.flags.tolist() == [4, 0]
+
+
+class _LabelStage:
+    """Exit k predicts class x[:, k-1], with logits 5 x one-hot; the carry is the input."""
+
+    def __init__(self, k):
+        self.k = k
+        self.inputs = (T("input" if k == 1 else f"features_{k - 1}", (None, 3), "float32"),)
+        self.outputs = (T("logits", (None, 3), "float32"), T(f"features_{k}", (None, 3), "float32"))
+
+    def run(self, feeds):
+        x = next(iter(feeds.values()))
+        return {"logits": np.eye(3, dtype=np.float32)[x[:, self.k - 1].astype(int)] * 5, f"features_{self.k}": x}
+
+
+def test_under_patience_the_logits_are_the_exit_that_answered_even_before_the_nodes_own():
+    from cis import patience as pt
+
+    stages = {k: _LabelStage(k) for k in (1, 2, 3)}
+    out = Outbox()
+    ex = Executor(NodeConfig("root", 3, measure="patience", patience=2), stages, out)
+    x = np.array([[0, 0, 1], [0, 1, 1], [2, 2, 2]], np.float32)  # exit k predicts x[:, k-1]: served at 2, 3, 2
+    ex.admit([b"a"], msg(1, x, want_logits=True), 0.0)
+    # a child's forward of one sample entering at stage 2 with its count from exit 1 (label 1, count 1): the
+    # batch's stage-1 logits cover request 1 only, its stage-2 logits both
+    fwd = {"features_1": np.array([[1, 1, 0]], np.float32), pt.LABEL: np.array([1]), pt.COUNT: np.array([1])}
+    ex.admit([b"b"], msg(2, fwd, stage=2, want_logits=True), 0.0)
+    ex.run_batch()
+    a, b = sorted(out.replies, key=lambda r: r.req_id)
+    assert a.exit.tolist() == [2, 3, 2] and b.exit.tolist() == [2]
+    eye = np.eye(3, dtype=np.float32) * 5
+    np.testing.assert_array_equal(a.logits, eye[[0, 1, 2]])  # exit 2's row for samples 0 and 2, exit 3's for 1
+    np.testing.assert_array_equal(b.logits, eye[[1]])

@@ -1,40 +1,63 @@
-"""Every model architecture by name: the one table :func:`build_model` reads.
+"""The built-in architectures, as factories like any user's (``training.architectures:resnet18``, ...).
 
-Explicit, not registration as a side effect of importing: training/models.py (the
-early-exit base class and the CNNs) and training/methods (the methods' models)
-never import each other, and this module, above both, names them all.
+A built-in model's ``config()`` is ``{"arch": NAME, **its factory's arguments}``;
+:data:`training.reference.BUILTIN` maps the name to the factory, and :func:`training.reference.build_model`
+rebuilds every model, built-in or a user's, through the same reference path. The methods' builders
+(training/families/) pick a factory and its arguments; so can a user:
+``cis train --model training.architectures:resnet18 --model-arg width=0.5``.
 
-    arch            model                                              defined in
-    resnet18        ResNet18EE: early-exit ResNet-18 for 32x32 inputs  training/models.py
-    digits-cnn      DigitsCNN: small early-exit CNN for 8x8 digits     training/models.py
-    vit             ViTEE: early-exit ViT (per-exit heads or Ree)      training/methods/vit.py
-    nested-resnet   NestedNet: nested sub-models (NeFL, SLT, ...)      training/methods/nested.py
+    factory          arch            model                                              defined in
+    resnet18         resnet18        ResNet18EE: early-exit ResNet-18 for 32x32 inputs  training/models.py
+    digits_cnn       digits-cnn      DigitsCNN: small early-exit CNN for 8x8 digits     training/models.py
+    vit              vit             ViTEE: early-exit ViT (per-exit heads or Ree)      training/methods/vit.py
+    nested_resnet    nested-resnet   NestedNet: nested sub-models (NeFL, SLT, ...)      training/methods/nested.py
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
-from cis.errors import CisError
 from training.methods.nested import NestedNet, build_nested
-from training.methods.vit import ViTEE
-from training.models import DigitsCNN, EarlyExitNet, ResNet18EE
+from training.methods.vit import DEFAULT_EXITS, ViTEE
+from training.models import _DEFAULT, DigitsCNN, ResNet18EE
+from training.reference import build_model
 
-ARCHITECTURES: dict[str, type[EarlyExitNet]] = {cls.arch: cls for cls in (ResNet18EE, DigitsCNN, ViTEE)}
-"""Architectures rebuilt from their flat ``config()`` fields (``cls.config_fields``)."""
+__all__ = ["build_model", "digits_cnn", "nested_resnet", "resnet18", "vit"]
 
 
-def build_model(config: dict[str, Any]) -> EarlyExitNet:
-    """Rebuild a model from ``model.config()``; missing fields take the architecture's defaults."""
-    if not isinstance(config, dict):
-        raise CisError(f"model config: got {type(config).__name__}, expected a dict with an 'arch' field")
-    arch = config.get("arch")
-    if arch == NestedNet.arch:  # nested sub-models: a layout and one spec per sub-model, not flat fields
-        return build_nested(config)
-    if arch not in ARCHITECTURES:
-        raise CisError(f"model config: field 'arch' is {arch!r}, expected one of {sorted(ARCHITECTURES)}")
-    cls = ARCHITECTURES[arch]
-    unknown = sorted(set(config) - set(cls.config_fields))
-    if unknown:
-        raise CisError(f"model config ({arch}): unknown fields {unknown}, expected only {list(cls.config_fields)}")
-    return cls(**{k: v for k, v in config.items() if k != "arch"})
+def resnet18(
+    num_classes: int = 10, exits: Sequence[int] = _DEFAULT, width: float = 1.0, in_channels: int = _DEFAULT,
+    input_size: int = _DEFAULT,
+) -> ResNet18EE:
+    """Early-exit ResNet-18 for 32x32 images; ``exits`` are residual-block indices ending at 8 (default 1, 4, 8)."""
+    return ResNet18EE(num_classes, exits, width, in_channels, input_size)
+
+
+def digits_cnn(
+    num_classes: int = 10, exits: Sequence[int] = _DEFAULT, width: float = 1.0, in_channels: int = _DEFAULT,
+    input_size: int = _DEFAULT,
+) -> DigitsCNN:
+    """Small early-exit CNN for 8x8 digits: three conv blocks, an exit after each by default."""
+    return DigitsCNN(num_classes, exits, width, in_channels, input_size)
+
+
+def vit(
+    num_classes: int = 10, exits: Sequence[int] = DEFAULT_EXITS, in_channels: int = 3, input_size: int = 32,
+    patch: int = 4, dim: int = 64, depth: int = 6, heads: int = 4, mlp_ratio: float = 2.0, head: str = "exit",
+    modulation: bool = True,
+) -> ViTEE:
+    """Early-exit ViT; ``exits`` are block indices ending at ``depth``; ``head`` ``exit`` or ``ree`` (ReeFL)."""
+    return ViTEE(num_classes, exits, in_channels, input_size, patch, dim, depth, heads, mlp_ratio, head, modulation)
+
+
+def nested_resnet(
+    layout: dict[str, Any], specs: list[dict[str, Any]], decoupled_bn: bool, use_steps: bool, learn_steps: bool,
+    static_bn: bool = False, **derived: Any,
+) -> NestedNet:
+    """The nested methods' server model from its layout and sub-model specs (``derived``: the exits, input and
+    classes its config repeats from the layout)."""
+    return build_nested({
+        "layout": layout, "specs": specs, "decoupled_bn": decoupled_bn, "use_steps": use_steps,
+        "learn_steps": learn_steps, "static_bn": static_bn,
+    })

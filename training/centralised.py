@@ -15,18 +15,18 @@ of the lr schedule, validation and checkpoints, so metrics.jsonl, ``--resume``, 
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
 from training.aggregation.weights import Weights
 from training.builders import WeightsFor, method_model
+from training.contract import EarlyExitNet
 from training.data import augment_batch
 from training.engine import MethodSetup
 from training.local import Client, ExitSGDTrainer, batch_indices
 from training.methods.distill import exit_cross_entropies
-from training.models import EarlyExitNet
 from training.sampling import sampling_matrix
 
 POOLED = "pooled"  # the one node's id: its SGD steps are the run's
@@ -95,9 +95,11 @@ def pooled_client(train_x: Tensor, train_y: Tensor, num_exits: int) -> Client:
     return Client(POOLED, 0, num_exits, train_x, train_y)
 
 
-def centralised_setup(config, spec, train, sgd: dict, weights_for: WeightsFor) -> MethodSetup:
-    """Method ``cis``'s model, the weights of the federated run with the spec's nodes, and the pooled pieces."""
-    model = method_model(config, spec.num_exits, train)
+def centralised_setup(config, spec, train, sgd: dict, weights_for: WeightsFor,
+                      log: Callable[[str], None] = lambda s: None, start_weights: bool = True) -> MethodSetup:
+    """Method ``cis``'s model (the built-in or ``--model``; ``--weights`` where ``start_weights``), the weights of
+    the federated run with the spec's nodes, and the pooled pieces."""
+    model = method_model(config, spec.num_exits, train, log, start_weights)
     matrix = sampling_matrix([n.exit for n in spec.nodes], spec.num_exits, 0.0, config.p_rule, None)
     weights = weights_for(model, matrix)
     trainer = WeightedExitTrainer(weights, **sgd)

@@ -5,7 +5,8 @@ trainer state such as optimizer moments), so it loads with
 ``torch.load(..., weights_only=True)`` and never runs code from the file.
 ``checkpoint.json`` holds the metadata needed to rebuild and use the model:
 
-    model          the model config (``build_model(config)`` rebuilds it)
+    model          the model's record: a built-in's config (``arch`` and its fields) or a user model's
+                   reference, arguments, source sha256 and input (``training.reference.build_model`` rebuilds it)
     classes        class names in label order
     normalisation  {"mean": [...], "std": [...]} applied to inputs
     dataset        the dataset spec it was trained on (e.g. "digits")
@@ -22,8 +23,8 @@ from typing import Any
 import torch
 
 from cis.errors import CisError
-from training.architectures import build_model
-from training.models import EarlyExitNet
+from training.contract import EarlyExitNet
+from training.reference import build_model
 
 WEIGHTS = "checkpoint.pt"
 META = "checkpoint.json"
@@ -64,10 +65,11 @@ def read_json(path: Path) -> Any:
         raise CisError(f"{path}: not valid JSON ({exc})") from None
 
 
-def load_checkpoint(path: str | Path) -> tuple[EarlyExitNet, dict[str, Any], dict]:
+def load_checkpoint(path: str | Path, allow_model_change: bool = False) -> tuple[EarlyExitNet, dict[str, Any], dict]:
     """Rebuild the model from a run dir (or checkpoint.pt); returns (model, meta, extra_state).
 
-    Refuses a checkpoint whose tensors do not match the architecture its metadata describes.
+    Refuses a checkpoint whose tensors do not match the architecture its metadata describes, and a user
+    model whose source file changed since the run (``allow_model_change``: a warning instead).
     """
     weights, meta_path = _paths(path)
     if not weights.is_file() or not meta_path.is_file():
@@ -76,7 +78,7 @@ def load_checkpoint(path: str | Path) -> tuple[EarlyExitNet, dict[str, Any], dic
     missing = [k for k in REQUIRED_META if k not in meta]
     if missing:
         raise CisError(f"{meta_path}: missing {missing}; expected {list(REQUIRED_META)}")
-    model = build_model(meta["model"])
+    model = build_model(meta["model"], allow_model_change)
     try:
         blob = torch.load(weights, map_location="cpu", weights_only=True)
     except Exception as exc:  # a corrupt or foreign file: one line, not a traceback

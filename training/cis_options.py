@@ -3,8 +3,9 @@
 The CLI offers them (cis/commands/train.py), the run config checks them
 (training/config.py), and the modules that implement them import them from
 here: the algorithm (printed, or the authors' code), the p rules (training/sampling.py),
-the p modes, coefficient rules and BatchNorm rules of line 12 (training/aggregation/line12.py), and the local-step rule
-for lower exits (training/local.py). docs/training.md says what each does.
+the p modes, coefficient rules and BatchNorm rules of line 12 (training/aggregation/line12.py), the local-step rule
+for lower exits (training/local.py), and the authors' code's exit-head rule (training/aggregation/aggregators.py).
+docs/training.md says what each does.
 """
 
 ALGORITHMS = ("printed", "authors-code")  # Algorithm 1 as printed, or as the authors' public code runs it
@@ -13,3 +14,6 @@ P_MODES = ("divide", "multiply")
 COEFFICIENT_RULES = ("literal", "capped", "self-normalised")
 BN_RULES = ("convex", "literal")
 STEP_RULES = ("same", "flops")
+# authors-code: a non-root pair's exit-head update is applied (default), or dropped as arodio/FedCIS's released
+# aggregate() drops it (it writes head e's difference at classifiers[L_e - 1] but applies classifiers[L_k])
+HEAD_UPDATES = ("applied", "released-code")

@@ -23,9 +23,9 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
     import tomli as tomllib
 
 from cis.errors import CisError
-from training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, P_MODES, STEP_RULES
+from training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, HEAD_UPDATES, P_MODES, STEP_RULES
 from training.data_ref import USER_KINDS, data_kind
-from training.methods.registry import resolve_options
+from training.methods.registry import check_user_model, resolve_options
 
 # Per-dataset training defaults. CIFAR: the paper's (SGD 0.1 cosine, momentum 0.9,
 # wd 5e-4, batch 128, crop+flip). Digits (~1.3k training images, 8x8): our choice,
@@ -35,6 +35,8 @@ from training.methods.registry import resolve_options
 # Not part of what a run computes on the CPU: --resume may move a run to another device.
 DEVICES = ("auto", "cpu", "cuda")
 AMP_MODES = ("off", "bf16")
+MEMORY_FORMATS = ("contiguous", "channels_last")  # the model's tensors: NCHW, or NHWC (faster convolutions on GPUs)
+GRAPH_MODES = ("off", "on")  # on: each local step's forward and backward replayed as a CUDA graph
 
 DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
     "digits": {
@@ -102,6 +104,12 @@ def setting(default: Any = None, rule: Rule | None = None) -> Any:
 class RunConfig:
     method: str = "cis"  # "cis" (Algorithm 1) or another paper's method (training/methods/registry.py)
     options: dict[str, Any] | None = None  # the method's options (--option KEY=VALUE); defaults filled when resolved
+    # a user's model: PATH.py:FACTORY or pkg.module:FACTORY (training/reference.py); None: the method's built-in
+    model: str | None = None
+    model_args: dict[str, Any] | None = None  # --model-arg KEY=VALUE: the factory's keyword arguments
+    model_sha256: str | None = None  # the model's source file when the run started (cis train records it)
+    weights_file: str | None = None  # --weights FILE: starting weights, a state dict (training/weights_file.py)
+    allow_model_change: bool = False  # --allow-model-change: rebuild from a model file changed since the run
     dataset: str = "digits"
     spec: str | None = None  # path of a spec TOML; None: a built-in topology under `serving`
     topology: str = "paper-7"
@@ -129,6 +137,8 @@ class RunConfig:
     bn_rule: str | None = setting(None, one_of(BN_RULES))
     # "same" J for every exit, or "flops": J * flops(E_i) / flops(e) for a lower exit
     lower_exit_steps: str = setting("same", one_of(STEP_RULES))
+    # authors-code only: a non-root pair's exit-head update "applied" (default) or dropped as the released code does
+    head_update: str = setting("applied", one_of(HEAD_UPDATES))
     participation: float = setting(1.0, FRACTION)
     width: float = setting(1.0, POSITIVE)
     lr: float | None = setting(None, POSITIVE)
@@ -151,6 +161,9 @@ class RunConfig:
     # auto (cuda when torch sees a GPU) | cpu | cuda | cuda:K
     device: str = setting("auto", Rule(is_device_name, f"one of {', '.join(DEVICES)} or cuda:K"))
     amp: str = setting("off", one_of(AMP_MODES))  # off | bf16: the local steps under torch.autocast(bfloat16)
+    # how a run computes, not what (training/device.py; --resume may change them, like device):
+    memory_format: str = setting("contiguous", one_of(MEMORY_FORMATS))  # channels_last: conv weights NHWC
+    cuda_graphs: str = setting("off", one_of(GRAPH_MODES))  # on: steps as CUDA graphs (training/graphs.py)
     init: str | None = None  # a run dir whose weights start the model: a fine-tune (training/warm_start.py)
     rates_from: str | None = None  # where exit_rates were measured (cis train --rates-from SOURCE; cis.measured)
     # measured Lambda_e per exit: the weights' serving rates, not the calculus
@@ -188,13 +201,28 @@ class RunConfig:
         self.check_together()
 
     def check_together(self) -> None:
-        """The rules that tie settings together: the authors' code has one aggregation; p is Algorithm 1's."""
+        """The rules that tie settings together: the authors' code has one aggregation; p is Algorithm 1's; a
+        user's model goes with the methods that take one; one source of starting weights."""
+        if self.model is not None:
+            if not isinstance(self.model, str) or ":" not in self.model:
+                raise self._bad("model", "PATH.py:FACTORY or pkg.module:FACTORY")
+            check_user_model(self.method)
+        if self.model_args is not None and not isinstance(self.model_args, dict):
+            raise self._bad("model_args", "a table of the factory's keyword arguments")
+        if self.model_args and self.model is None:
+            raise CisError("config: --model-arg (model_args) goes with --model PATH.py:FACTORY")
+        if self.weights_file is not None and self.init is not None:
+            raise CisError("config: --weights and --init both give starting weights; expected one of them")
         if self.algorithm == "authors-code":  # multiply by p_ce, line 12's coefficients, literal BatchNorm
             if self.method != "cis":
                 raise CisError(f"config: algorithm 'authors-code' is Algorithm 1's; method {self.method!r} has its own")
             for key, only in (("p_mode", "multiply"), ("coefficient_rule", "literal"), ("bn_rule", "literal")):
                 if getattr(self, key) != only:
                     raise self._bad(key, f"{only!r} under algorithm 'authors-code' (the authors' code has no other)")
+        elif self.head_update != "applied":
+            raise self._bad("head_update", "'applied' under algorithm 'printed' (released-code is authors-code's)")
+        if self.cuda_graphs == "on" and self.method != "cis":
+            raise self._bad("cuda_graphs", f"'off' for method {self.method!r} (graphs capture Algorithm 1's step)")
         if self.partition == "node" and self.dirichlet is not None:
             raise CisError("config: partition 'node' takes each sample's node from the data; drop dirichlet")
         if self.centralised:

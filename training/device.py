@@ -10,6 +10,9 @@ bits, as GPU kernels sum in another order).
 ``--amp bf16`` runs each local step's forward and loss under ``torch.autocast``
 with bfloat16 (weights, optimizer state and aggregation stay float32). It works
 on the CPU too (slowly), which is how it is tested without a GPU.
+
+``memory_format`` channels_last and ``cuda_graphs`` on (:func:`apply_compute_options`) are the
+other two speed settings of a GPU run (benchmarks/train_device_speed.py measures them).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import torch
 
 from cis.errors import CisError
 from training.config import AMP_MODES, DEVICES, is_device_name
+from training.graphs import GraphedExitLoss
 
 
 def resolve_device(name: str) -> torch.device:
@@ -105,6 +109,8 @@ def run_device(config: Any, log: Callable[[str], None] = lambda s: None) -> torc
             "--amp bf16: method 'flame' reads each batch's exit logits into numpy, which has no bfloat16; use --amp off"
         )
     device = resolve_device(config.device)
+    if config.cuda_graphs == "on" and device.type != "cuda":
+        raise CisError(f"--cuda-graphs on: CUDA graphs need a CUDA device, and this run's is {device.type}; use off")
     if device.type != "cpu" and config.method in NESTED_METHODS:
         if config.device != "auto":
             raise CisError(
@@ -114,3 +120,13 @@ def run_device(config: Any, log: Callable[[str], None] = lambda s: None) -> torc
         log(f"device: cpu (method {config.method!r} trains on the CPU only)")
         return torch.device("cpu")
     return device
+
+
+def apply_compute_options(model: torch.nn.Module, trainer: Any, config: Any) -> None:
+    """``memory_format`` channels_last: the model's 4-D tensors (conv weights) go NHWC, in place, so the
+    convolutions run in that layout (their inputs follow); ``cuda_graphs`` on: the trainer's step loss goes
+    through :class:`training.graphs.GraphedExitLoss`. Both change how a run computes, not what."""
+    if config.memory_format == "channels_last":
+        model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    if config.cuda_graphs == "on":
+        trainer.exit_loss = GraphedExitLoss()

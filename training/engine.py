@@ -40,8 +40,8 @@ import torch
 from torch import Tensor
 
 from training.aggregation.aggregators import Aggregator
+from training.contract import EarlyExitNet
 from training.local import Client, LocalTrainer
-from training.models import EarlyExitNet
 from training.sampling import choose_participants, sample_exits
 
 Pairs = Sequence[tuple[int, int]]

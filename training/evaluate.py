@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from training.contract import EarlyExitNet
 from training.device import module_device
-from training.models import EarlyExitNet
 
 
 @torch.no_grad()

@@ -14,8 +14,8 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from cis.errors import CisError
-from training.models import EarlyExitNet
+from cis.errors import CisError, error_line
+from training.contract import EarlyExitNet
 
 
 def exit_costs(model: EarlyExitNet, input_shape: Sequence[int] | None = None) -> list[dict[str, Any]]:
@@ -27,13 +27,15 @@ def exit_costs(model: EarlyExitNet, input_shape: Sequence[int] | None = None) ->
     - ``params``: parameters of stages 1..e (what a node whose largest exit is e holds);
     - ``exit_params``: parameters exit e's loss touches (stage bodies 1..e and head e).
 
-    ``input_shape`` is (C, H, W) of one sample, default ``model.input_shape``.
+    ``input_shape`` is the shape of one sample ((C, H, W) for images), default ``model.input_shape``; the
+    sample is zeros of the model's ``input_dtype`` (floats in the parameters' dtype; token ids 0).
     """
     shape = tuple(model.input_shape if input_shape is None else input_shape)
-    if len(shape) != 3 or not all(isinstance(d, int) and d > 0 for d in shape):
-        raise CisError(f"exit_costs input_shape {shape}: expected (C, H, W) positive integers")
+    if not shape or not all(isinstance(d, int) and d > 0 for d in shape):
+        raise CisError(f"exit_costs input_shape {shape}: expected the positive dimensions of one sample")
     param = next(model.parameters())
-    x = torch.zeros((1, *shape), dtype=param.dtype, device=param.device)
+    dtype = getattr(model, "input_dtype", torch.float32)
+    x = torch.zeros((1, *shape), dtype=param.dtype if dtype.is_floating_point else dtype, device=param.device)
     was_training = model.training
     model.eval()
     costs = []
@@ -42,7 +44,12 @@ def exit_costs(model: EarlyExitNet, input_shape: Sequence[int] | None = None) ->
             for e in range(1, model.num_exits + 1):
                 counter = FlopCounterMode(display=False)
                 with counter:
-                    model(x, upto=e)
+                    try:
+                        model(x, upto=e)
+                    except (RuntimeError, ValueError, IndexError) as exc:
+                        what = f"exit_costs: the model cannot take one sample of shape {shape} ({error_line(exc)})"
+                        raise CisError(what) from None
+
                 costs.append(
                     {
                         "exit": e,

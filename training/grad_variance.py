@@ -19,7 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from training.models import EarlyExitNet
+from training.contract import EarlyExitNet
 
 
 def gradient_variance(

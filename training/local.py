@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
+from training.contract import EarlyExitNet
 from training.data import augment_batch
-from training.models import EarlyExitNet
+from training.graphs import exit_loss
 
 
 @dataclass
@@ -128,6 +128,7 @@ class ExitSGDTrainer(LocalSGD):
     def __init__(self, exit_flops: Sequence[float] | None = None, **settings) -> None:
         super().__init__(**settings)
         self.exit_flops = exit_flops  # set: lower exits train J * flops(own) / flops(e) steps (rule "flops")
+        self.exit_loss = exit_loss  # a step's loss; training/graphs.py's GraphedExitLoss with cuda_graphs "on"
         self.optimizers: dict[str, torch.optim.Optimizer] = {}
         self._params: list[Tensor] = []
 
@@ -150,7 +151,7 @@ class ExitSGDTrainer(LocalSGD):
             xb, yb = client.x[idx], client.y[idx]
             if self.augment:
                 xb = augment_batch(xb, gen, **self.augment)
-            loss = F.cross_entropy(model(xb, upto=exit)[exit - 1], yb)
+            loss = self.exit_loss(model, xb, yb, exit)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()

@@ -1,14 +1,15 @@
-"""Early-exit networks, cut into stages at their exits.
+"""The built-in early-exit CNNs, cut into stages at their exits.
 
-Every model here is an :class:`EarlyExitNet`: a list of stages, where stage k is
+Every model here is an :class:`~training.contract.EarlyExitNet` (the public model contract,
+training/contract.py): a list of stages, where stage k is
 the blocks between exit k-1 and exit k followed by exit head k (adaptive average
 pool + linear). ``stage_k(carry) -> (logits_k, carry_out)``; stage 1's carry is
 the input image, every later stage's carry is the previous stage's feature map.
 ``forward(x, upto=e)`` runs stages 1..e and nothing beyond, so the federated
 trainer, the offline evaluation and the exporter all use one code path.
 
-Architectures (``training.architectures.build_model`` rebuilds every architecture, these and the
-methods', from ``model.config()``):
+Architectures (factories in training/architectures.py, like any user's; ``training.reference.build_model``
+rebuilds every model, these and the methods', from ``model.config()``):
 
 - ``resnet18``: ResNet-18 for 32x32 inputs (3x3 stem, no max-pool), BasicBlocks
   [2, 2, 2, 2] = 8 residual blocks. ``exits`` are 1-based residual-block indices
@@ -24,107 +25,20 @@ methods', from ``model.config()``):
 
 from __future__ import annotations
 
-import numbers
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
 from cis.errors import CisError
+from training.contract import EarlyExitNet, ExitHead, Stage
+from training.contract import is_int as _is_int
 
 CIFAR10_EXITS = (1, 4, 8)
 CIFAR100_EXITS = (4, 6, 8)
 DIGITS_EXITS = (1, 2, 3)
 _MIN_CHANNELS = 4
-
-
-class ExitHead(nn.Module):
-    """Adaptive average pool + linear classifier."""
-
-    def __init__(self, channels: int, num_classes: int) -> None:
-        super().__init__()
-        self.pool = nn.AdaptiveAvgPool2d(1)
-        self.fc = nn.Linear(channels, num_classes)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.fc(torch.flatten(self.pool(x), 1))
-
-
-class Stage(nn.Module):
-    """The blocks between two exits (``body``) and the exit head at its end (``head``)."""
-
-    def __init__(self, body: nn.Sequential, head: ExitHead) -> None:
-        super().__init__()
-        self.body = body
-        self.head = head
-
-    def forward(self, carry: Tensor) -> tuple[Tensor, Tensor]:
-        """Returns (logits of this exit, features for the next stage)."""
-        features = self.body(carry)
-        return self.head(features), features
-
-
-class EarlyExitNet(nn.Module):
-    """A model made of stages 1..E; the common interface of every early-exit model."""
-
-    arch: str
-    config_fields: tuple[str, ...] = ("arch", "exits", "width", "num_classes", "in_channels", "input_size")
-    """The fields of ``config()``, which ``training.architectures.build_model`` accepts."""
-
-    def __init__(self, stages: Sequence[Stage], config: dict[str, Any]) -> None:
-        super().__init__()
-        self.stage_list = nn.ModuleList(stages)
-        self._config = config
-
-    @property
-    def num_exits(self) -> int:
-        return len(self.stage_list)
-
-    @property
-    def input_shape(self) -> tuple[int, int, int]:
-        """(C, H, W) of one input sample."""
-        size = self._config["input_size"]
-        return (self._config["in_channels"], size, size)
-
-    def stages(self) -> list[Stage]:
-        """Stage k (index k-1) maps its carry to (logits_k, carry for stage k+1)."""
-        return list(self.stage_list)
-
-    def forward(self, x: Tensor, upto: int | None = None) -> list[Tensor]:
-        """Logits of exits 1..upto (default: all); stages after ``upto`` are not run."""
-        upto = self.num_exits if upto is None else self._check_exit(upto, "upto")
-        logits: list[Tensor] = []
-        carry = x
-        for stage in self.stage_list[:upto]:
-            out, carry = stage(carry)
-            logits.append(out)
-        return logits
-
-    def config(self) -> dict[str, Any]:
-        """JSON-serialisable description; ``build_model(model.config())`` rebuilds the model."""
-        return {**self._config, "exits": list(self._config["exits"])}
-
-    def exit_params(self, e: int) -> list[nn.Parameter]:
-        """The parameters exit e's loss depends on: the bodies of stages 1..e and head e."""
-        self._check_exit(e, "exit")
-        params = [p for stage in self.stage_list[:e] for p in stage.body.parameters()]
-        return params + list(self.stage_list[e - 1].head.parameters())
-
-    def exit_state_keys(self, e: int) -> list[str]:
-        """The state-dict entries (parameters and BatchNorm buffers) that training exit e can change:
-        those of the bodies of stages 1..e and of head e."""
-        self._check_exit(e, "exit")
-        keys = [
-            f"stage_list.{k}.body.{name}" for k in range(e) for name in self.stage_list[k].body.state_dict()
-        ]
-        return keys + [f"stage_list.{e - 1}.head.{name}" for name in self.stage_list[e - 1].head.state_dict()]
-
-    def _check_exit(self, e: int, what: str) -> int:
-        if not _is_int(e) or not 1 <= e <= self.num_exits:
-            raise CisError(f"{self._config['arch']} {what} {e!r}: expected an exit in 1..{self.num_exits}")
-        return int(e)
 
 
 def _channels(base: int, width: float) -> int:
@@ -240,11 +154,6 @@ class DigitsCNN(ConvEarlyExitNet):
             blocks.append(nn.Sequential(*_conv_bn_relu(c_in, c_out, stride), *_conv_bn_relu(c_out, c_out, 1)))
             c_in = c_out
         return blocks, channels
-
-
-def _is_int(v: object) -> bool:
-    """True for Python and numpy integers (an exit sampled with numpy is fine), False for bools."""
-    return isinstance(v, numbers.Integral) and not isinstance(v, (bool, np.bool_))
 
 
 def _validated(

@@ -13,6 +13,7 @@ RUN_DIR holds
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import sys
@@ -35,15 +36,15 @@ from training.centralised import centralised_setup
 from training.checkpoint import load_checkpoint, read_json, save_checkpoint
 from training.clients import make_clients, run_splits, weight_sizes
 from training.config import RunConfig
+from training.contract import EarlyExitNet
 from training.data import DataSplits, augment_options, load_run_data
 from training.data_ref import check_digest
-from training.device import describe, run_device, with_amp
+from training.device import apply_compute_options, describe, run_device, with_amp
 from training.engine import FederatedEngine
 from training.evaluate import cis_report, predict_exits
 from training.grad_variance import gradient_variance
 from training.local import Client, local_steps
 from training.methods.static_bn import refresh_statistics
-from training.models import EarlyExitNet
 from training.run_weights import appendix_c_sigma, model_has_exit_gradients, run_weights
 from training.warm_start import warm_start
 
@@ -82,8 +83,9 @@ def build_setup(
     spec: CisSpec | None = None,
     splits: DataSplits | None = None,
     log: Callable[[str], None] = lambda s: None,
+    resume: bool = False,
 ) -> Setup:
-    """Everything a run needs, deterministic in ``config.seed``.
+    """Everything a run needs, deterministic in ``config.seed`` (``resume``: no ``--weights``, the checkpoint's).
 
     The model is built and its aggregation weights measured on the CPU, then the model and
     the nodes' data move to the run's device (training/device.py); the engine's state follows.
@@ -109,14 +111,17 @@ def build_setup(
     }
     weights_for = lambda model, matrix: run_weights(config, spec, model, matrix, sizes, train, log)  # noqa: E731
     if config.centralised:  # one model on the pooled data (training/centralised.py)
-        m = centralised_setup(config, spec, train, sgd, weights_for)
+        m = centralised_setup(config, spec, train, sgd, weights_for, log, not resume)
     else:
-        m = build_method_setup(config, spec, train, clients, sgd, weights_for, log)  # training/builders.py
+        m = build_method_setup(config, spec, train, clients, sgd, weights_for, log, not resume)  # training/builders.py
+    if config.model and config.model_sha256 is None:  # what config.json records: the file this run starts from
+        config = dataclasses.replace(config, model_sha256=m.model.config().get("sha256"))
     if m.model.num_exits != spec.num_exits:
         raise CisError(
             f"spec {spec.name!r}: has {spec.num_exits} exits; the {config.method} model has {m.model.num_exits}"
         )
     m.model.to(device)
+    apply_compute_options(m.model, m.trainer, config)
     trainer = with_amp(m.trainer, config.amp, device)
     engine = FederatedEngine(m.model, clients, m.chooser, trainer, m.aggregator, seed=config.seed)
     return Setup(config, spec, splits, m.model, clients, m.matrix, m.weights, engine, steps, device)
@@ -208,7 +213,7 @@ def train_run(
 ) -> dict:
     """Train (or resume) a run into ``out``; returns the summary (or a partial result when stopped)."""
     out = Path(out)
-    s = build_setup(config, spec=_open_run_dir(out, resume), log=log)
+    s = build_setup(config, spec=_open_run_dir(out, resume), log=log, resume=resume)
     for earlier in ([out] if resume else []) + ([Path(config.init)] if config.init and not resume else []):
         same_data(s, earlier)
     if not resume:
@@ -235,7 +240,9 @@ def _open_run_dir(out: Path, resume: bool) -> CisSpec | None:
         return load_spec(out / "spec.toml")
     if (out / "checkpoint.pt").exists():
         raise CisError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
-    return None
+    if out.exists() and not out.is_dir():
+        raise CisError(f"{out}: exists and is not a folder; expected a new or empty run directory for --out")
+    return None  # made by write_run_start once the model and data are built: a bad input leaves nothing
 
 
 def same_data(s: Setup, run_dir: Path) -> None:
@@ -246,7 +253,7 @@ def same_data(s: Setup, run_dir: Path) -> None:
 
 
 def write_run_start(s: Setup, out: Path) -> None:
-    """A new run dir's config.json, spec.toml and empty metrics.jsonl (both engines)."""
+    """A new run dir (made here) with its config.json, spec.toml and empty metrics.jsonl (both engines)."""
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "config.json", s.config.to_json())
     write_spec(s.spec, out / "spec.toml")
@@ -267,7 +274,12 @@ def _log_setup(s: Setup, log: Callable[[str], None]) -> None:
         + ", ".join(f"{c.id}:{c.size}" for c in s.clients)
         + f"; J = {s.steps} local steps per round"
     )
-    log(f"device: {describe(s.device)}" + (", bf16 autocast" if config.amp == "bf16" else ""))
+    log(
+        f"device: {describe(s.device)}"
+        + (", bf16 autocast" if config.amp == "bf16" else "")
+        + (", channels_last" if config.memory_format == "channels_last" else "")
+        + (", CUDA graphs" if config.cuda_graphs == "on" else "")
+    )
 
 
 def _restore(s: Setup, out: Path, log: Callable[[str], None]) -> None:
@@ -279,7 +291,7 @@ def _restore(s: Setup, out: Path, log: Callable[[str], None]) -> None:
         )
     if not (out / "checkpoint.pt").is_file():
         return
-    model, meta, extra = load_checkpoint(out)
+    model, meta, extra = load_checkpoint(out, s.config.allow_model_change)
     s.engine.load_state_dict(extra["engine"], model.state_dict())
     lines = [ln for ln in (out / "metrics.jsonl").read_text().splitlines() if ln.strip()]
     kept = [ln for ln in lines if json.loads(ln)["round"] <= s.engine.round]
@@ -360,9 +372,10 @@ def sgd_steps(s: Setup) -> dict[str, Any]:
     return {"total": sum(per_node.values()), "root": root, "per_node": per_node}
 
 
-def evaluate_run(run_dir: str | Path, spec: CisSpec | None = None, measure: str | None = None) -> dict:
+def evaluate_run(run_dir: str | Path, spec: CisSpec | None = None, measure: str | None = None,
+                 allow_model_change: bool = False) -> dict:
     """Evaluate a finished (or checkpointed) run under any spec without retraining."""
-    model, meta, _ = load_checkpoint(run_dir)
+    model, meta, _ = load_checkpoint(run_dir, allow_model_change)
     spec = spec or parse_spec(meta["spec"], f"{run_dir}/checkpoint.json")
     if spec.num_exits != model.num_exits:
         raise CisError(f"spec {spec.name!r}: has {spec.num_exits} exits; the run's model has {model.num_exits}")
@@ -377,7 +390,7 @@ def measure_grad_variance(config: RunConfig) -> list[float]:
     """sigma_e^2 of the initial model (as balanced-adj would measure it)."""
     splits = run_splits(config)
     spec = resolve_spec(config, splits.train.num_classes)
-    model = method_model(config, spec.num_exits, splits.train)
+    model = method_model(config, spec.num_exits, splits.train, logger.info)
     if not model_has_exit_gradients(model):
         raise CisError(
             f"--measure-grad-variance: method {config.method!r} trains nested sub-models; "

@@ -11,9 +11,9 @@ from cis.rates import compute_rates
 from cis.spec import CisSpec
 from training.aggregation.weights import Weights, make_weights
 from training.config import RunConfig
+from training.contract import EarlyExitNet
 from training.flops import exit_costs
 from training.grad_variance import gradient_variance
-from training.models import EarlyExitNet
 
 
 def run_weights(

@@ -16,8 +16,9 @@ tensors and a CLS history (ReeFL), a patience counter (FLAME), or the raw input
 (nested models, whose every stage starts again from the image).
 
 A model provides its plan with a method ``export_stages() -> StagePlan``;
-:class:`training.models.EarlyExitNet` gets the default below: stage 1 reads
-``input``, stage k forwards its feature map as ``features_k``. The names follow
+:class:`training.contract.EarlyExitNet` (every user model) gets the default below: stage k is body k + head k,
+stage 1 reads ``input`` (the model's ``input_shape`` and ``input_dtype``: images, sequences, int64 token ids),
+stage k forwards its features as ``features_k``. The names follow
 the stage contract of :mod:`cis.stages` (``INPUT``, ``LOGITS``, ``carry_name``),
 which the bundle, the runtime and the simulator read; the plan lives here, in
 training, because its stages are torch modules (export imports training, never
@@ -57,16 +58,26 @@ class StagePlan:
     inputs: dict[str, tuple[int, ...]]  # stage 1's tensors: name -> per-sample shape
     reference: Callable[[Mapping[str, Tensor]], Sequence[Tensor]]
     input_dtypes: dict[str, torch.dtype] = field(default_factory=dict)  # default float32
+    samples: dict[str, Tensor] = field(default_factory=dict)  # real inputs to draw integer examples from
 
     @property
     def num_exits(self) -> int:
         return len(self.stages)
 
     def example_inputs(self, batch: int, generator: torch.Generator | None = None) -> dict[str, Tensor]:
-        return {
-            name: torch.randn((batch, *shape), generator=generator).to(self.input_dtypes.get(name, torch.float32))
-            for name, shape in self.inputs.items()
-        }
+        """A batch of inputs: floats drawn from a normal; integers (token ids, indices whose valid range only
+        the data knows) drawn from :attr:`samples` where given, else 0."""
+        out = {}
+        for name, shape in self.inputs.items():
+            dtype = self.input_dtypes.get(name, torch.float32)
+            if dtype.is_floating_point:
+                out[name] = torch.randn((batch, *shape), generator=generator).to(dtype)
+            elif name in self.samples and len(self.samples[name]):
+                rows = torch.randint(len(self.samples[name]), (batch,), generator=generator)
+                out[name] = self.samples[name][rows].to(dtype)
+            else:
+                out[name] = torch.zeros((batch, *shape), dtype=dtype)
+        return out
 
     def validate(self) -> StagePlan:
         """Check that every stage reads only what the request or the previous stage provides."""
@@ -125,7 +136,8 @@ def early_exit_plan(model: nn.Module) -> StagePlan:
                 carry=() if last else (carry_name(FEATURES, k),),
             )
         )
-    return StagePlan(out, {INPUT: tuple(model.input_shape)}, lambda feeds: model(feeds[INPUT]))
+    dtype = getattr(model, "input_dtype", torch.float32)
+    return StagePlan(out, {INPUT: tuple(model.input_shape)}, lambda feeds: model(feeds[INPUT]), {INPUT: dtype})
 
 
 def describe_stages(model: nn.Module) -> StagePlan:

@@ -18,7 +18,7 @@ from training.checkpoint import load_checkpoint, read_json
 from training.config import RunConfig
 from training.engine import FederatedEngine
 
-NOT_INHERITED = ("rounds", "init", "rates_from", "exit_rates", "device", "spec")
+NOT_INHERITED = ("rounds", "init", "rates_from", "exit_rates", "device", "spec", "weights_file", "allow_model_change")
 DATA_SPLIT = ("dataset", "seed", "val_size")  # what the earlier run's test numbers rest on
 
 
@@ -46,7 +46,7 @@ def check_data_split(inherited: dict[str, Any], given: dict[str, Any], init: str
 def warm_start(engine: FederatedEngine, config: RunConfig, log: Callable[[str], None]) -> None:
     """Load ``config.init``'s weights into the engine's global model (same method and architecture)."""
     assert config.init is not None
-    model, meta, _ = load_checkpoint(config.init)
+    model, meta, _ = load_checkpoint(config.init, config.allow_model_change)
     method = str(meta.get("method", "cis"))
     if method != config.method:
         raise CisError(f"--init {config.init}: a {method} run; this run trains {config.method}")

@@ -16,6 +16,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--spec", help="CIS spec (TOML) to evaluate under (default: the run's spec)")
     g.add_argument("--serving", help="x-y-z: the run's topology under another serving setting")
     p.add_argument("--confidence", choices=CONFIDENCE_MEASURES, help="confidence measure (default: the spec's)")
+    p.add_argument(
+        "--allow-model-change", action="store_true",
+        help="rebuild a user model whose file changed since the run (default: one line, exit 2)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -40,7 +44,7 @@ def run(args: argparse.Namespace) -> int:
             raise CisError(f"{args.run_dir}: no checkpoint; expected checkpoint.json (written by 'cis train')")
         base = parse_spec(json.loads(meta_path.read_text())["spec"], str(meta_path))
         spec = apply_serving(base, parse_serving(args.serving, base.num_exits))
-    result = evaluate_run(args.run_dir, spec, args.confidence)
+    result = evaluate_run(args.run_dir, spec, args.confidence, args.allow_model_change)
     human = f"{args.run_dir} (round {result['round']}) under {result['spec']}" + (
         f" serving {args.serving}" if args.serving else ""
     )

@@ -65,6 +65,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--sign", metavar="KEYFILE", help="Ed25519 private key (PEM): sign the finished bundle's manifest "
         "(manifest.sig)"
     )
+    p.add_argument(
+        "--allow-model-change", action="store_true",
+        help="rebuild a user model whose file changed since the run (default: one line, exit 2)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -97,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         latency_repeats=max(1, args.latency_repeats),
         patience=args.patience,
         progress=_progress,
+        allow_model_change=args.allow_model_change,
     )
     if args.sign:
         report["signature"] = str(sign_bundle(args.out, args.sign))

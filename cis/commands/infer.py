@@ -2,9 +2,10 @@
 
 ``--dataset`` is a built-in data set (``digits``, ``cifar10:PATH``, ``cifar100:PATH``: the
 'train' extra, as training reads them) or files that the core install reads alone
-(:mod:`cis.inputs`): ``FILE.npz`` arrays or an image folder (with ``--bundle`` for the
-normalisation). ``--out FILE.csv`` writes one row per sample, with the node it was sent to and when
-(a requests file ``cis rates --measured`` reads).
+(:mod:`cis.inputs`): ``FILE.npz`` arrays (with ``--bundle``: any shape and dtype the bundle's stage 1
+takes, token ids included) or an image folder (with ``--bundle`` for the normalisation).
+``--out FILE.csv`` writes one row per sample, with the node it was sent to and when (a requests file
+``cis rates --measured`` reads).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--dataset",
         required=True,
         help="digits, cifar10:PATH, cifar100:PATH (these need the 'train' extra), "
-        "FILE.npz (array x, optional labels y; or npz:FILE) or an image folder DIR[/<class>]/*.png "
+        "FILE.npz (array x, optional labels y; or npz:FILE: with --bundle any shape and dtype its stage 1 takes, "
+        "e.g. int64 token ids; without, float (N, C, H, W) images) or an image folder DIR[/<class>]/*.png "
         "(or images:DIR; needs --bundle)",
     )
     p.add_argument(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 
 from cis.bundle import load_bundle
 from cis.cli import print_result
@@ -35,12 +36,20 @@ def run(args: argparse.Namespace) -> int:
     bundle = load_bundle(args.bundle)
     m = bundle.manifest
     model = m.get("model", {})
+    if "reference" in model:  # a user's model (docs/your-model.md)
+        what = f"{model['reference']} args {json.dumps(model.get('args', {}))}"
+    else:
+        what = f"{model.get('arch', '?')} exits {model.get('exits')} width {model.get('width')}"
+    inputs = "; ".join(
+        f"{t['name']} {t['dtype']} {t['shape']} preprocessing {t.get('preprocessing', {}).get('kind', '?')}"
+        for t in m.get("inputs", [])
+    )
     lines = [
         f"bundle {bundle.root} (schema {m['schema_version']}, {len(m['files'])} files, sha256 verified)",
-        f"model   {model.get('arch', '?')} exits {model.get('exits')} width {model.get('width')} "
-        f"classes {len(m.get('classes', []))}; method {m.get('method', '?')}",
-        f"input   normalisation mean {m.get('normalisation', {}).get('mean')} "
-        f"std {m.get('normalisation', {}).get('std')}",
+        f"model   {what} classes {len(m.get('classes', []))}; method {m.get('method', '?')}",
+        (f"input   {inputs}; " if inputs else "input   ")
+        + f"normalisation mean {(m.get('normalisation') or {}).get('mean')} "
+        f"std {(m.get('normalisation') or {}).get('std')}",
         f"carries {bundle.feature_dtype}; opset {m.get('opset', '?')} ({m.get('exporter', '?')})",
         "",
         "stages:",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import time
 from collections.abc import Callable
@@ -45,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
             raise CisError(f"--metrics-port is {args.metrics_port}; expected 0 (a free port) to 65535")
         require("metrics", "--metrics-port")
     _check_tracing(args)
+    doors = _door_configs(args)  # checked before any node starts
     bundle = load_bundle(args.bundle, trust=args.trust)
     spec = load_spec(args.spec) if args.spec else bundle.spec
     if spec is None:
@@ -55,7 +57,7 @@ def run(args: argparse.Namespace) -> int:
         return _run_all(args, spec)
     if args.log_dir:
         raise CisError("--log-dir goes with --all; a single node writes to its own stderr")
-    return _run_node(args, bundle, spec)
+    return _run_node(args, bundle, spec, doors)
 
 
 def _check_tracing(args: argparse.Namespace) -> None:
@@ -97,11 +99,68 @@ def _curve(args: argparse.Namespace):
     return CurveConfig(args.curve_key, args.allow, server)
 
 
-def _run_node(args: argparse.Namespace, bundle, spec) -> int:
+def _door_configs(args: argparse.Namespace) -> dict:
+    """{"http": DoorConfig, "grpc": DoorConfig} for the doors asked for (--http-port, --grpc-port), checked:
+    the port's range, the extra, a TLS certificate with its key, the token file."""
+    from cis.extras import require
+    from cis.runtime.doors import DoorConfig
+
+    out = {}
+    token = _token(args.auth_token_file) if args.auth_token_file else None
+    for door in ("http", "grpc"):
+        port, cert, key = (getattr(args, f"{door}_{k}") for k in ("port", "tls_cert", "tls_key"))
+        if (cert is None) != (key is None):
+            raise CisError(f"--{door}-tls-cert and --{door}-tls-key go together; give both")
+        if port is None:
+            continue
+        if not 0 <= port <= 65535:
+            raise CisError(f"--{door}-port is {port}; expected 0 (a free port) to 65535")
+        require(door, f"--{door}-port")
+        for flag, path in ((f"--{door}-tls-cert", cert), (f"--{door}-tls-key", key)):
+            if path is not None and not os.path.isfile(path):
+                raise CisError(f"{flag} {path}: no such file; expected a PEM file")
+        out[door] = DoorConfig(port, args.http_host, cert, key, token, args.http_timeout, args.http_max_connections)
+    if args.http_timeout <= 0 or args.http_max_connections < 1:
+        raise CisError("--http-timeout must be > 0 seconds and --http-max-connections at least 1")
+    return out
+
+
+def _token(path: str) -> str:
+    """The bearer token: the file's first line, stripped."""
+    try:
+        with open(path) as f:
+            token = f.readline().strip()
+    except OSError as exc:
+        raise CisError(f"--auth-token-file {path}: cannot read ({exc.strerror or exc})") from None
+    if not token or any(c.isspace() for c in token):
+        raise CisError(f"--auth-token-file {path}: expected a token (no spaces) on its first line")
+    return token
+
+
+def _open_doors(node, doors: dict, model_name: str) -> None:
+    """Give ``node`` its front doors; they bind when the node opens its sockets."""
+    from cis.runtime.oip import Model
+
+    stages = node.stages
+    model = Model.of_stage(model_name, node.cfg.node_id, stages[min(stages)].inputs, stages[node.cfg.exit].outputs)
+    for kind, cfg in doors.items():
+        cfg.max_body = node.cfg.max_message_bytes
+        if kind == "http":
+            from cis.runtime.http_door import HttpDoor
+
+            node.doors.append(HttpDoor(model, cfg))
+        else:
+            from cis.runtime.grpc_door import GrpcDoor
+
+            node.doors.append(GrpcDoor(model, cfg))
+
+
+def _run_node(args: argparse.Namespace, bundle, spec, doors: dict) -> int:
     opts = {**options.node_config(args), "curve": _curve(args), "restarts": args.restarts}
     metrics = _metrics_server(args, spec)  # up before the stages load: /readyz says "loading" meanwhile
     try:
         node = _build(bundle, args, spec, opts)
+        _open_doors(node, doors, args.model_name)
         node.run(ready=None if metrics is None else lambda: metrics.attach(node))  # logs its start and its stop
     finally:
         if metrics is not None:
@@ -204,6 +263,9 @@ def _run_all(args: argparse.Namespace, spec) -> int:
         metrics_port=args.metrics_port,
         metrics_host=args.metrics_host,
         env=options.child_env(),
+        door_ports={door: getattr(args, f"{door}_port") for door in ("http", "grpc")},
+        door_host=args.http_host,
+        door_tls=args.http_tls_cert is not None,
     )
     try:
         _print_cluster(args, spec, cluster)
@@ -221,9 +283,10 @@ def _print_cluster(args: argparse.Namespace, spec, cluster) -> None:
     describe: Callable[..., dict] = getattr(cluster, "describe", lambda node=None: {})  # a testbed's namespace, link
     if not args.json:
         for n in spec.nodes:
-            url = f"  {cluster.metrics[n.id]}" if n.id in cluster.metrics else ""
+            urls = [cluster.metrics.get(n.id), *(cluster.doors.get(d, {}).get(n.id) for d in ("http", "grpc"))]
+            shown = "".join(f"  {u}" for u in urls if u)
             pid = cluster.procs[n.id].pid
-            print(f"{n.id:<12} exit {n.exit}  {cluster.addresses[n.id]}  pid {pid}{url}", flush=True)
+            print(f"{n.id:<12} exit {n.exit}  {cluster.addresses[n.id]}  pid {pid}{shown}", flush=True)
         log.info("serving %d nodes; Ctrl-C stops every node", len(spec.nodes))
         return
     nodes = {
@@ -233,6 +296,8 @@ def _print_cluster(args: argparse.Namespace, spec, cluster) -> None:
             "parent": n.parent,
             "pid": cluster.procs[n.id].pid,
             "metrics": cluster.metrics.get(n.id),
+            "http": cluster.doors.get("http", {}).get(n.id),
+            "grpc": cluster.doors.get("grpc", {}).get(n.id),
             **describe(n.id),
         }
         for n in spec.nodes

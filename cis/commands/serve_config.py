@@ -150,6 +150,53 @@ OPTIONS: tuple[Option, ...] = (
         node=True,
     ),  # fmt: skip
     Option(
+        "http_port",
+        "int",
+        "serve the Open Inference Protocol (KServe v2) over HTTP on PORT (0: a free port; with --all, node i "
+        "of the spec gets PORT+i, or a free port each with 0); the 'http' extra",
+        metavar="PORT",
+    ),  # fmt: skip
+    Option(
+        "grpc_port",
+        "int",
+        "serve the Open Inference Protocol over gRPC (inference.GRPCInferenceService) on PORT, as --http-port; "
+        "the 'grpc' extra",
+        metavar="PORT",
+    ),  # fmt: skip
+    Option("model_name", "str", "the model's name on the HTTP and gRPC front doors", "cis", node=True),
+    Option(
+        "http_host",
+        "str",
+        "address the HTTP and gRPC front doors bind (default 127.0.0.1; 0.0.0.0 for a door with TLS and "
+        "--auth-token-file)",
+        node=True,
+    ),  # fmt: skip
+    Option("http_tls_cert", "path", "TLS certificate chain (PEM) of the HTTP front door (https)", node=True),
+    Option("http_tls_key", "path", "the private key (PEM) of --http-tls-cert", node=True),
+    Option("grpc_tls_cert", "path", "TLS certificate chain (PEM) of the gRPC front door", node=True),
+    Option("grpc_tls_key", "path", "the private key (PEM) of --grpc-tls-cert", node=True),
+    Option(
+        "auth_token_file",
+        "path",
+        "file whose first line is a bearer token that every front-door request but the health checks must "
+        "carry (HTTP header or gRPC metadata 'authorization: Bearer TOKEN')",
+        node=True,
+    ),  # fmt: skip
+    Option(
+        "http_timeout",
+        "float",
+        "seconds an HTTP request may take to arrive whole (else 408) and an idle connection may stay open",
+        30.0,
+        node=True,
+    ),  # fmt: skip
+    Option(
+        "http_max_connections",
+        "int",
+        "HTTP connections open at once (also capped by the open-files limit); a new one beyond is closed",
+        10000,
+        node=True,
+    ),  # fmt: skip
+    Option(
         "spans_file",
         "path",
         "append the node's spans (request, queue, compute, forward) to PATH, one JSON line each; {node} in PATH "

@@ -60,6 +60,11 @@ def config_flags() -> dict[str, Flag]:
             float, "node work per request beyond its stages, holding the node (the runtime's decode, admit, reply)",
             "SECONDS",
         ),
+        "spans": Flag(
+            bool, "record each request's visit per node as spans (queue, compute, forward, request): their "
+            "summary per node and kind in the result, and with --out the spans in DIR/spans.jsonl (the runtime's "
+            "tracing format)",
+        ),
         "max_batch": Flag(
             int, "requests a node runs as one micro-batch (cis serve --max-batch); default: cis serve's with --bundle, "
             "else 1",
@@ -92,6 +97,18 @@ OTHER_FLAGS: dict[str, dict[str, Any]] = {
         "help": "messaging cost per node visit: a number of seconds, or a file of them (one per line) to draw from, "
         "e.g. a calibration load's (docs/simulator.md)",
     },
+    "batch_overhead": {
+        "action": "append",
+        "default": [],
+        "metavar": "[NODE=]SECONDS",
+        "help": "node work per micro-batch beyond its stages, holding the node (a runtime batch's cost beyond its "
+        "stage calls); SECONDS for every node, NODE=SECONDS for one (repeatable; default 0)",
+    },
+    "entry_cost": {
+        "metavar": "SECONDS|FILE",
+        "help": "the client's messaging with its entry node (request in, answer out), once per request, in place of "
+        "the entry visit's --visit-cost: seconds, or a file of them to draw from (docs/simulator.md)",
+    },
     "provider": {
         "choices": PROVIDERS,
         "help": "with --bundle: every node's stage times from this backend's latency profile (cpu, cuda, tensorrt; "
@@ -100,8 +117,8 @@ OTHER_FLAGS: dict[str, dict[str, Any]] = {
     "latency_profile": {
         "metavar": "FILE",
         "help": "stage times measured where the nodes run, instead of the bundle's: JSON "
-        '{"stages": {STAGE: {BATCH: SECONDS}}, "idle_slowdown": [[IDLE_S, EXTRA_S], ...], "spread": [X, ...]} '
-        "(idle_slowdown and spread optional)",
+        '{"stages": {STAGE: {BATCH: SECONDS}}, "idle_slowdown": [[IDLE_S, EXTRA_S], ...], "spread": [X, ...], '
+        '"batch_overhead": {NODE: SECONDS or [[IDLE_S, SECONDS], ...]}} (all but stages optional)',
     },
     "faults": {
         "metavar": "FILE",
@@ -171,8 +188,24 @@ def parse_shares(items: list[str]) -> dict[str, float]:
     return shares
 
 
-def parse_visit_cost(value: str | None) -> tuple[float, ...]:
-    """``--visit-cost``: seconds, or a file with one number of seconds per line ('#' comments)."""
+def parse_batch_overhead(items: list[str]) -> dict[str, float]:
+    """``--batch-overhead``: ``SECONDS`` (every node: key ``*``) or ``NODE=SECONDS``, repeatable."""
+    out = {}
+    for item in items:
+        node, sep, value = item.rpartition("=")
+        try:
+            seconds = float(value)
+        except ValueError:
+            raise CisError(
+                f"--batch-overhead {item!r}: expected SECONDS or NODE=SECONDS, such as 0.001 or cloud=0.001"
+            ) from None
+        out[node.strip() if sep else "*"] = seconds
+    return out
+
+
+def parse_visit_cost(value: str | None, flag: str = "--visit-cost") -> tuple[float, ...]:
+    """``--visit-cost`` (or ``--entry-cost``): seconds, or a file with one number of seconds per line ('#'
+    comments)."""
     if value is None:
         return ()
     try:
@@ -182,7 +215,7 @@ def parse_visit_cost(value: str | None) -> tuple[float, ...]:
     path = Path(value)
     if not path.is_file():
         raise CisError(
-            f"--visit-cost {value!r}: not a number of seconds and not a file; expected e.g. 0.0008 or costs.txt"
+            f"{flag} {value!r}: not a number of seconds and not a file; expected e.g. 0.0008 or costs.txt"
         )
     out = []
     for n, line in enumerate(path.read_text().splitlines(), 1):
@@ -211,12 +244,16 @@ def read_latency_profile(path: str | None) -> dict:
         stages = {int(k): {int(b): float(t) for b, t in v.items()} for k, v in data["stages"].items()}
         slowdown = tuple((float(g), float(f)) for g, f in data.get("idle_slowdown", []))
         spread = tuple(float(v) for v in data.get("spread", []))
+        work = {str(k): float(v) if isinstance(v, (int, float)) else tuple((float(g), float(w)) for g, w in v)
+                for k, v in data.get("batch_overhead", {}).items()}
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CisError(
             f"--latency-profile {path}: cannot read ({exc.__class__.__name__}: {exc}); expected JSON "
-            '{"stages": {STAGE: {BATCH: SECONDS}}, "idle_slowdown": [[IDLE_S, EXTRA_S], ...], "spread": [X, ...]}'
+            '{"stages": {STAGE: {BATCH: SECONDS}}, "idle_slowdown": [[IDLE_S, EXTRA_S], ...], "spread": [X, ...], '
+            '"batch_overhead": {NODE: SECONDS or [[IDLE_S, SECONDS], ...]}}'
         ) from None
-    return {"latency_profile": stages, "idle_slowdown": slowdown, "service_spread": spread}
+    out = {"latency_profile": stages, "idle_slowdown": slowdown, "service_spread": spread}
+    return out | ({"batch_overhead": work} if work else {})
 
 
 def run(args: argparse.Namespace) -> int:
@@ -234,6 +271,8 @@ def run(args: argparse.Namespace) -> int:
     )
     bundle = load_bundle(args.bundle) if args.bundle else None
     kind, _, trace = args.arrivals.partition(":")
+    measured = read_latency_profile(args.latency_profile)
+    work = measured.pop("batch_overhead", {}) | parse_batch_overhead(args.batch_overhead)  # the flag wins
     config = SimConfig(
         requests=args.requests,
         duration=args.duration,
@@ -241,10 +280,12 @@ def run(args: argparse.Namespace) -> int:
         trace=trace or None,
         shares=parse_shares(args.share),
         hop_rtt=parse_visit_cost(args.visit_cost),
+        entry_rtt=parse_visit_cost(args.entry_cost, "--entry-cost"),
+        batch_overhead=work,
         faults=read_faults(args.faults) if args.faults else (),
         progress=True,
         **{name: getattr(args, name) for name in config_flags()},
-        **read_latency_profile(args.latency_profile),
+        **measured,
     )
     if args.sweep:
         swept = sweep(spec, config, parse_sweep(args.sweep), args.bundle, args.slo_p99, args.jobs)
@@ -256,11 +297,12 @@ def run(args: argparse.Namespace) -> int:
         raise CisError("--slo-p99 and --jobs apply to --sweep; expected --sweep arrival_rate=LIST with them")
     result = simulate(spec, config, bundle)
     summary = result.summary
-    notes = write_outputs(args.out, summary, result.requests) if args.out else []
+    parents = {n.id: n.parent for n in spec.nodes}
+    notes = write_outputs(args.out, summary, result.requests, result.spans, parents) if args.out else []
     human = human_summary(summary) + "".join(f"\nnote: {n}" for n in notes)
     if args.out:
         human += f"\nwrote {args.out}/result.json, requests.csv, nodes.csv" + (
-            "" if notes else ", latency_cdf.png, utilisation.png"
-        )
+            ", spans.jsonl" if result.spans is not None else ""
+        ) + ("" if notes else ", latency_cdf.png, utilisation.png")
     print_result(args, {**summary, "notes": notes}, human)
     return 0

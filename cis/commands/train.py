@@ -5,6 +5,12 @@ partitions and weighting (training/methods/registry.py); its options come from
 ``--option KEY=VALUE`` (repeatable), an ``options`` table in the config file, and
 the named flags ``--no-distill``, ``--no-modulation``, ``--patience``, ``--nefl-mode``.
 
+``--model PATH.py:FACTORY | pkg.module:FACTORY [--model-arg KEY=VALUE ...]`` trains a model of your own
+(training/contract.py, training/reference.py; docs/your-model.md) with ``--method`` cis, depthfl,
+exclusivefl or flame; ``--weights FILE`` starts it (or a built-in) from a state dict. The run dir records
+the reference, its arguments and the file's sha256, so evaluate, export, ``--resume`` and ``--init``
+rebuild the model without the flags.
+
 Settings come from defaults <- ``--config FILE`` (JSON or TOML with the keys of
 :class:`training.config.RunConfig`) <- flags. ``--resume`` continues RUN_DIR from
 its last checkpoint with the config stored there (flags may not change it) and
@@ -29,8 +35,17 @@ from cis.cli import print_result
 from cis.errors import CisError
 from cis.spec import CONFIDENCE_MEASURES
 from training.aggregation.weights import STRATEGIES
-from training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, P_MODES, P_RULES, STEP_RULES
-from training.config import AMP_MODES, DATASET_DEFAULTS, RunConfig, declared_default, make_config, read_config_file
+from training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, HEAD_UPDATES, P_MODES, P_RULES, STEP_RULES
+from training.config import (
+    AMP_MODES,
+    DATASET_DEFAULTS,
+    GRAPH_MODES,
+    MEMORY_FORMATS,
+    RunConfig,
+    declared_default,
+    make_config,
+    read_config_file,
+)
 from training.flower.launch import MODES as FLOWER_MODES
 from training.methods.registry import METHODS, NEFL_MODES, OPTIONS, parse_option_flags, resolve_options
 from training.partition import SCHEMES
@@ -48,6 +63,22 @@ def _floats(text: str) -> list[float]:
 # registries (all torch-free).
 _CONFIG_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--method", {"help": " | ".join(METHODS) + " (default {default}: Algorithm 1)"}),
+    ("--model", {
+        "metavar": "PATH.py:FACTORY",
+        "help": "your early-exit model: a factory in a file or module (PATH.py:FACTORY | pkg.module:FACTORY) "
+        "returning (body, head) pairs or an EarlyExitNet; default: the method's built-in (docs/your-model.md)",
+    }),
+    ("--weights", {
+        "dest": "weights_file",
+        "metavar": "FILE",
+        "help": "starting weights: a state dict (torch.save; loaded with weights_only=True); a partial load says "
+        "which tensors are missing and unexpected",
+    }),
+    ("--allow-model-change", {
+        "action": "store_true",
+        "default": None,
+        "help": "with --resume / --init: rebuild from a model file that changed since the run (else one line, exit 2)",
+    }),
     ("--spec", {"help": "CIS spec (TOML); default: the built-in --topology under --serving"}),
     ("--serving", {"help": "x-y-z shares served at exits 1-2-3 for the built-in topology (default {default})"}),
     ("--topology", {"help": "built-in topology when no --spec (default {default})"}),
@@ -66,7 +97,11 @@ _CONFIG_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
             "than the first, else serving-ramp)",
         },
     ),
-    ("--weights", {"type": _floats, "help": "explicit Lambda~, e.g. 0.6,0.3,0.1 (implies --strategy explicit)"}),
+    ("--exit-weights", {
+        "dest": "weights",
+        "type": _floats,
+        "help": "explicit Lambda~, e.g. 0.6,0.3,0.1 (implies --strategy explicit)",
+    }),
     ("--rounds", {"type": int, "help": "communication rounds T (default {digits} digits, {cifar} CIFAR)"}),
     ("--seed", {"type": int, "help": "seed of data split, partition, init and sampling (default {default})"}),
     ("--partition", {
@@ -97,6 +132,11 @@ _CONFIG_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
         "choices": BN_RULES,
         "help": "BatchNorm running statistics: line 12 shortened where it would overshoot (default), or literal",
     }),
+    ("--head-update", {
+        "choices": HEAD_UPDATES,
+        "help": "authors-code: apply every pair's exit-head update (default {default}), or released-code: drop the "
+        "non-root pairs' as arodio/FedCIS's released aggregate() does (a diagnostic; docs/training.md)",
+    }),
     ("--lower-exit-steps", {
         "choices": STEP_RULES,
         "help": "local steps when a node trains a lower exit: same J (default) or J x flops(own) / flops(exit)",
@@ -115,14 +155,31 @@ _CONFIG_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
         "change it (docs/training.md, 'Devices')",
     }),
     ("--amp", {"choices": AMP_MODES, "help": "bf16: local steps under torch.autocast(bfloat16) (default {default})"}),
+    ("--memory-format", {
+        "choices": MEMORY_FORMATS,
+        "help": "channels_last: the model's conv weights NHWC, faster on GPUs (default {default}); --resume may "
+        "change it",
+    }),
+    ("--cuda-graphs", {
+        "choices": GRAPH_MODES,
+        "help": "on: each local step's forward and backward replayed as a CUDA graph (--device cuda, method cis; "
+        "default {default}); --resume may change it",
+    }),
     ("--eval-every", {"type": int, "help": "validate every N rounds (default {default})"}),
 )
 _CONFIG_KEYS = tuple(spec.get("dest") or flag[2:].replace("-", "_") for flag, spec in _CONFIG_FLAGS)
-# settings of where a run computes, not of what: --resume may change them
-_RESUME_MAY_CHANGE = ("device",)
+# settings of where and how a run computes, not of what (and --allow-model-change): --resume may change them
+_RESUME_MAY_CHANGE = ("device", "memory_format", "cuda_graphs", "allow_model_change")
 
 # The flags of the command itself: the method's named options, where the run comes from and goes, the engine.
 _COMMAND_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
+    ("--model-arg", {
+        "action": "append",
+        "default": [],
+        "metavar": "KEY=VALUE",
+        "help": "a keyword argument of the --model factory, repeatable; VALUE read as JSON where it parses (4, 0.5, "
+        "true, [1, 2]), a comma list as a list, else text",
+    }),
     ("--option", {
         "action": "append",
         "default": [],
@@ -234,10 +291,20 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _config_flags(args: argparse.Namespace) -> dict[str, Any]:
-    """The config settings the flags give (--weights implies --strategy explicit; --spec made absolute)."""
+    """The config settings the flags give (--exit-weights implies --strategy explicit; --spec, --model's file and
+    --weights made absolute; --model-arg's values parsed)."""
     flags = {key: getattr(args, key) for key in _CONFIG_KEYS if getattr(args, key) is not None}
     if args.weights is not None and "strategy" not in flags:
         flags["strategy"] = "explicit"
+    if args.model is not None or args.model_arg:
+        from training.reference import parse_model_args, parse_reference
+
+        if args.model is not None:
+            flags["model"] = parse_reference(args.model).text
+        if args.model_arg:
+            flags["model_args"] = parse_model_args(args.model_arg)
+    if args.weights_file is not None:
+        flags["weights_file"] = _weights_file(args.weights_file)
     if args.spec is not None and not Path(args.spec).is_file():
         raise CisError(f"{args.spec}: spec file not found; expected a TOML file (make one with 'cis spec new')")
     if args.spec is not None:
@@ -247,6 +314,19 @@ def _config_flags(args: argparse.Namespace) -> dict[str, Any]:
 
         flags["dataset"] = absolute_ref(args.dataset)
     return flags
+
+
+def _weights_file(text: str) -> str:
+    """--weights FILE made absolute; one line for a missing file (and for the old --weights a,b,c form)."""
+    path = Path(text).expanduser()
+    if not path.is_file():
+        try:
+            _floats(text)
+            hint = "; explicit exit weights are --exit-weights " + text
+        except argparse.ArgumentTypeError:
+            hint = ""
+        raise CisError(f"--weights {text}: file not found; expected a state dict saved with torch.save{hint}")
+    return str(path.resolve())
 
 
 def _measure_grad_variance(args: argparse.Namespace, flags: dict, options: dict) -> int:
@@ -279,6 +359,7 @@ def _resumed_config(args: argparse.Namespace, flags: dict, options: dict) -> Run
             f"{args.out}: nothing to resume; expected config.json from an earlier 'cis train --out {args.out}'"
         )
     stored = read_json(stored_path)
+    stored.pop("allow_model_change", None)  # a permission of one command, not of the run
     defaults = RunConfig().to_json()  # keys that older runs did not store
     differing = [k for k, v in flags.items() if k not in _RESUME_MAY_CHANGE and stored.get(k, defaults.get(k)) != v]
     if differing:
@@ -304,11 +385,18 @@ def _resumed_config(args: argparse.Namespace, flags: dict, options: dict) -> Run
 def _new_config(args: argparse.Namespace, flags: dict, options: dict) -> RunConfig:
     """defaults <- --init's run <- --config file <- flags (<- --rates-from's measured rates)."""
     file_values = read_config_file(args.config) if args.config else {}
+    if isinstance(file_values.get("model"), str):  # a file's path made absolute, as --model's
+        from training.reference import parse_reference
+
+        file_values["model"] = parse_reference(file_values["model"]).text
     if args.init:
         from training.warm_start import check_data_split, inherited_config
 
         inherited = inherited_config(args.init)
         check_data_split(inherited, {**file_values, **flags}, args.init)
+        model = flags.get("model", file_values.get("model", inherited.get("model")))
+        if model != inherited.get("model"):  # another model: the earlier run's arguments and hash are not its
+            inherited = {k: v for k, v in inherited.items() if k not in ("model_args", "model_sha256")}
         file_values = {**inherited, **file_values}
     if args.rates_from:
         flags = {**flags, **_measured_rates(args, {**file_values, **flags})}

@@ -4,6 +4,7 @@
         r = c.infer(x)                 # one request with the whole batch
         r = c.infer(x, traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")  # joins a trace
         r.cls, r.confidence, r.exit, r.served_by, r.degraded, r.latency
+        r = c.infer(x, logits=True)    # also the answering exit's logits: r.logits (N, C), r.probabilities
         rs = c.infer_many(x, batch_size=1, window=64)   # pipelined: many requests in flight
 
 One DEALER socket; not thread-safe (use one Client per thread).
@@ -20,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
+from cis.confidence import softmax
 from cis.errors import CisError
 from cis.metrics import latency_summary
 from cis.runtime import protocol as P
@@ -28,6 +30,7 @@ from cis.runtime.tracing import check_traceparent
 
 _NO_LIMIT = 1 << 62  # a client reads whatever its node sends
 _NONE: dict = {}  # no more header fields
+_WANT_LOGITS = {"want_logits": True}
 
 
 class ServerError(CisError):
@@ -49,6 +52,12 @@ class Result:
     latency: float  # seconds from send to reply, seen by the client
     error: ServerError | None = None
     sent: float = math.nan  # time.perf_counter() when the request was sent (cis infer --out: sent_s)
+    logits: np.ndarray | None = None  # (N, C) float32, the answering exit's: only when asked for (logits=True)
+
+    @property
+    def probabilities(self) -> np.ndarray | None:
+        """The softmax of :attr:`logits` (float32 (N, C)); None without logits."""
+        return None if self.logits is None else softmax(self.logits).astype(np.float32)
 
     @property
     def degraded(self) -> np.ndarray:
@@ -96,6 +105,15 @@ def _error_result(n: int, err: ServerError, latency: float, sent: float = math.n
     )
 
 
+def request_array(batch: np.ndarray) -> np.ndarray:
+    """A batch as a request carries it: floats as float32, integers and booleans (token ids) in their own dtype
+    (the node checks it against its entry stage's)."""
+    arr = np.asarray(batch)
+    if arr.dtype.kind in "iub":
+        return np.ascontiguousarray(arr)
+    return np.ascontiguousarray(arr, dtype=np.float32)
+
+
 class Client:
     def __init__(
         self,
@@ -123,20 +141,26 @@ class Client:
     # ------------------------------------------------------------ async form
 
     def submit(
-        self, batch: np.ndarray | dict, deadline: float | None = None, stage: int = 1, traceparent: str | None = None
+        self,
+        batch: np.ndarray | dict,
+        deadline: float | None = None,
+        stage: int = 1,
+        traceparent: str | None = None,
+        logits: bool = False,
     ) -> int:
         """Send one request (a batch of samples) without waiting; returns its id. ``traceparent``: a W3C trace
-        context (``00-<trace id>-<span id>-<flags>``) the request joins (docs/runtime.md, *Tracing*)."""
-        tensors = (
-            dict(batch) if isinstance(batch, dict) else {self.input_name: np.ascontiguousarray(batch, dtype=np.float32)}
-        )
+        context (``00-<trace id>-<span id>-<flags>``) the request joins (docs/runtime.md, *Tracing*); ``logits``:
+        the answer also carries the logits of the exit that answered each sample (``Result.logits``)."""
+        tensors = dict(batch) if isinstance(batch, dict) else {self.input_name: request_array(batch)}
         n = len(next(iter(tensors.values())))
         rid = next(self._ids)
         trace = {"traceparent": check_traceparent(traceparent)} if traceparent is not None else _NONE
-        P.send(
-            self.sock, P.encode(P.INFER, rid, tensors, stage=stage, deadline=float(deadline or 0.0), route=[], **trace)
-        )
+        want = _WANT_LOGITS if logits else _NONE
+        fields = {"stage": stage, "deadline": float(deadline or 0.0), "route": [], **trace, **want}
+        frames = P.encode(P.INFER, rid, tensors, **fields)
+        # timed before the send: a node on this core may run the request before the sender gets the core back
         self._sent[rid] = (time.perf_counter(), n)
+        P.send(self.sock, frames)
         return rid
 
     def poll(self, timeout: float) -> list[tuple[int, Result]]:
@@ -168,9 +192,10 @@ class Client:
             return msg.id, _error_result(n, ServerError(h.code, h.message), now - t0, t0)
         assert isinstance(h, P.ResultHeader)
         t = msg.tensors
+        lg = t.get(P.RESULT_LOGITS)
         return msg.id, Result(
             t["class"].copy(), t["confidence"].copy(), t["exit"].copy(), t["flags"].copy(), h.served_by, now - t0,
-            sent=t0,
+            sent=t0, logits=None if lg is None else lg.copy(),
         )
 
     @property
@@ -197,9 +222,11 @@ class Client:
         timeout: float | None = None,
         deadline: float | None = None,
         traceparent: str | None = None,
+        logits: bool = False,
     ) -> Result:
-        """Send one request and wait for its answer; raises ServerError or TimeoutError."""
-        rid = self.submit(batch, deadline, traceparent=traceparent)
+        """Send one request and wait for its answer; raises ServerError or TimeoutError. ``logits``: the answer
+        carries the answering exit's logits too (``Result.logits``, ``Result.probabilities``)."""
+        rid = self.submit(batch, deadline, traceparent=traceparent, logits=logits)
         wait = self.timeout if timeout is None else timeout
         end = time.monotonic() + wait
         poll = self._poller.poll
@@ -224,12 +251,14 @@ class Client:
         timeout: float | None = None,
         deadline: float | None = None,
         traceparent: str | None = None,
+        logits: bool = False,
     ) -> list[Result]:
         """Pipelined: requests of ``batch_size`` samples, up to ``window`` in flight (or sent at
         ``rate`` requests/s); results in order. A request that gets no reply within ``timeout``
-        seconds gets an error result with code "timeout". ``traceparent``: every request joins that trace."""
+        seconds gets an error result with code "timeout". ``traceparent``: every request joins that trace;
+        ``logits``: every result carries its logits."""
         chunks = [x[i : i + batch_size] for i in range(0, len(x), batch_size)]
-        return list(self.stream(chunks, window, rate, timeout, deadline, traceparent))
+        return list(self.stream(chunks, window, rate, timeout, deadline, traceparent, logits))
 
     def stream(
         self,
@@ -239,6 +268,7 @@ class Client:
         timeout: float | None = None,
         deadline: float | None = None,
         traceparent: str | None = None,
+        logits: bool = False,
     ) -> Iterator[Result]:
         timeout = self.timeout if timeout is None else timeout
         chunks = list(chunks)
@@ -251,7 +281,7 @@ class Client:
             now = time.perf_counter()
             while nxt < len(chunks) and self.in_flight < window and (rate is None or now >= start + nxt / rate):
                 d = time.time() + deadline if deadline else None
-                ids.append(self.submit(chunks[nxt], d, traceparent=traceparent))
+                ids.append(self.submit(chunks[nxt], d, traceparent=traceparent, logits=logits))
                 nxt += 1
             wait = 0.05
             if rate is not None and nxt < len(chunks):

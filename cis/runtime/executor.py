@@ -36,9 +36,9 @@ from cis.runtime import protocol as P
 from cis.runtime import tracing
 from cis.runtime.adapt import ThresholdController
 from cis.runtime.events import FailureLog
-from cis.runtime.feeds import FeedContract, nonfinite_rows
+from cis.runtime.feeds import FeedContract, nonfinite_rows, overflowed
 from cis.runtime.node_config import NodeConfig
-from cis.runtime.requests import Outbox, Pending, Request, Stage
+from cis.runtime.requests import Outbox, Pending, Request, Stage, exit_logits, parent_logits
 from cis.stages import LOGITS
 from cis.transfer_cap import TokenBucket
 
@@ -119,7 +119,10 @@ class Executor:
                 f"{len(rows)} of {n} samples hold NaN or infinity (first: sample {rows[0]}); expected finite values",
             )
         self.queue.append(
-            Request(prefix, h.id, stage, msg.tensors, n, t0, deadline, h.route or (), h.kind == P.FORWARD, bad, trace)
+            Request(
+                prefix, h.id, stage, msg.tensors, n, t0, deadline, h.route or (), h.kind == P.FORWARD, bad, trace,
+                h.want_logits,
+            )  # fmt: skip
         )
         self.queued += n
         self.counters["requests"] += 1
@@ -169,7 +172,7 @@ class Executor:
     def _process(self, batch: list[Request]) -> None:
         nid = self.cfg.node_id
         try:
-            logits, carry, order, decision = self._run_stages(batch)
+            logits, carry, order, decision, seen = self._run_stages(batch)
         except Exception as exc:  # a stage failed: retry each request alone before blaming any
             if len(batch) > 1:
                 self.failures.isolating(len(batch), exc)
@@ -185,7 +188,7 @@ class Executor:
         if self.tracer is not None:
             tracing.computed(order, time.monotonic())
         try:
-            self._decide(order, logits, carry, decision)
+            self._decide(order, logits, carry, decision, seen)
         except Exception as exc:  # a bug in deciding must not kill the node: every unanswered request gets one error
             self.failures.report("decide_failed", "the exit decision", [req.req_id for req in order], exc)
             for req in order:
@@ -198,26 +201,30 @@ class Executor:
 
     def _run_stages(
         self, batch: list[Request]
-    ) -> tuple[np.ndarray, dict[str, np.ndarray], list[Request], BatchDecision]:
+    ) -> tuple[np.ndarray, dict[str, np.ndarray], list[Request], BatchDecision, dict[int, np.ndarray] | None]:
         """Run the batch stage by stage; requests entering later join at their stage.
 
         Returns (logits at the node's exit, carry, the requests in sample order,
-        the exit decision that saw every stage's logits)."""
+        the exit decision that saw every stage's logits, and when a request wants logits every stage's)."""
         cfg = self.cfg
         decision = self.policy.batch(cfg.node_id, cfg.exit, cfg.parent is None)
         if len(batch) == 1:  # one request: its own feeds, no concatenation
             k, req = batch[0].stage, batch[0]
+            seen: dict[int, np.ndarray] | None = {} if req.want_logits else None  # every stage's, when asked
             decision.join([req.feeds], [req.n])
             names = self.input_names[k]  # the feeds, less the policy's state if the request carries one
             out = self.stages[k].run(req.feeds if len(req.feeds) == len(names) else {nm: req.feeds[nm] for nm in names})
             decision.stage(k, out[LOGITS])
             while k < cfg.exit:
+                if seen is not None:
+                    seen[k] = out[LOGITS]
                 k += 1
                 out = self.stages[k].run({nm: out[nm] for nm in self.input_names[k]})
                 decision.stage(k, out[LOGITS])
-            return out[LOGITS], {nm: out[nm] for nm in self.carry_names}, batch, decision
+            return out[LOGITS], {nm: out[nm] for nm in self.carry_names}, batch, decision, seen
         order: list[Request] = []
         feeds: dict[str, np.ndarray] | None = None
+        seen = {} if any(req.want_logits for req in batch) else None
         out = {}
         for k in range(min(req.stage for req in batch), cfg.exit + 1):
             joining = [req for req in batch if req.stage == k]
@@ -232,25 +239,30 @@ class Executor:
             }
             out = self.stages[k].run(run_feeds)
             decision.stage(k, out[LOGITS])
+            if seen is not None:
+                seen[k] = out[LOGITS]
             feeds = out
-        return out[LOGITS], {nm: out[nm] for nm in self.carry_names}, order, decision
+        return out[LOGITS], {nm: out[nm] for nm in self.carry_names}, order, decision, seen
 
     # ------------------------------------------------------------ deciding
 
     def _decide(
-        self, order: list[Request], logits: np.ndarray, carry: dict[str, np.ndarray], decision: BatchDecision
+        self, order: list[Request], logits: np.ndarray, carry: dict, decision: BatchDecision, seen: dict | None
     ) -> None:
         root = self.cfg.parent is None
         over = nonfinite_rows({LOGITS: logits, **carry}, len(logits))  # finite input that overflowed in the network
         keep = None
         if over is not None and self.cfg.nonfinite == "refuse":
-            keep = self._refuse_overflow(order, over)
+            keep, refused = overflowed([req.n for req in order], over, self.cfg.node_id)
+            for i, text in refused.items():  # nothing of these requests is served or forwarded
+                self._fail(order[i], "bad_input", text)
             if not keep.any():
                 return
             order = [req for req in order if not req.answered]
             logits, carry, over = logits[keep], {k: v[keep] for k, v in carry.items()}, None
         verdict = decision.verdict(logits, keep)
         serve, cls, conf = verdict.serve, verdict.cls, verdict.conf
+        lg = None if seen is None else exit_logits(logits, seen, verdict.exit_at, keep)  # only when asked for
         if verdict.state:
             carry = {**carry, **verdict.state}
         n = len(cls)
@@ -265,6 +277,8 @@ class Executor:
             serve = None if serve is None else serve | bad
             cls, conf = np.where(bad, -1, cls), np.where(bad, np.float32(np.nan), conf)
             flags = np.where(bad, np.uint8(P.FLAG_NONFINITE), flags)
+            if lg is not None:
+                lg = np.where(bad[:, None], np.float32(np.nan), lg)
             self.counters["nonfinite"] += int(np.count_nonzero(bad))
         wanted = 0
         if not root:  # what goes up, as far as the parent and the cap allow
@@ -274,11 +288,11 @@ class Executor:
             self.served_early += np.bincount(exit_at, minlength=self.cfg.exit + 1)[: self.cfg.exit]
         self.counters["served"] += n - wanted
         if wanted == n:  # all of it goes up (the confidence kept as float64 until a fallback needs it)
-            self._forward_and_answer(order, None, cls, conf, exit_at, flags, carry)
+            self._forward_and_answer(order, None, cls, conf, exit_at, flags, carry, lg)
         elif not wanted:
-            self._answer_all(order, cls, conf.astype(np.float32, copy=False), exit_at, flags)
+            self._answer_all(order, cls, conf.astype(np.float32, copy=False), exit_at, flags, lg)
         else:
-            self._forward_and_answer(order, serve, cls, conf.astype(np.float32, copy=False), exit_at, flags, carry)
+            self._forward_and_answer(order, serve, cls, conf.astype(np.float32, copy=False), exit_at, flags, carry, lg)
 
     def _upward(self, serve: np.ndarray, flags: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, int]:
         """(serve, flags, samples to forward) once the controller, the parent's state and the transfer cap
@@ -301,25 +315,6 @@ class Executor:
                 wanted = granted
         return serve, flags, wanted
 
-    def _refuse_overflow(self, order: list[Request], over: np.ndarray) -> np.ndarray:
-        """nonfinite="refuse": answer ``bad_input`` to every request with a sample whose logits or carry at this
-        node's exit are not finite (a finite input that overflowed inside the network); nothing of those
-        requests is served or forwarded. Returns the mask of the samples that go on."""
-        keep, start = np.ones(len(over), bool), 0
-        for req in order:
-            end = start + req.n
-            rows = np.flatnonzero(over[start:end])
-            if len(rows):
-                keep[start:end] = False
-                self._fail(
-                    req,
-                    "bad_input",
-                    f"{len(rows)} of {req.n} samples overflow inside the network (first: sample {rows[0]}): their "
-                    f"outputs at node {self.cfg.node_id}'s exit are NaN or infinite; expected inputs it keeps finite",
-                )
-            start = end
-        return keep
-
     def _constants(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """This node's exit and zero flags for n samples (read-only; cached up to max_batch)."""
         got = self._const.get(n)
@@ -331,22 +326,23 @@ class Executor:
                 self._const[n] = got
         return got
 
-    def _answer_all(self, order: list[Request], cls, conf, exit_at, flags) -> None:
+    def _answer_all(self, order: list[Request], cls, conf, exit_at, flags, lg) -> None:
         nid, start = self.cfg.node_id, 0
         if len(order) == 1:
-            return self._fill(order[0], None, cls, conf, exit_at, flags, nid)
+            return self._fill(order[0], None, cls, conf, exit_at, flags, nid, lg)
         for req in order:
             end = start + req.n
             if not req.answered:
-                self._fill(req, None, cls[start:end], conf[start:end], exit_at[start:end], flags[start:end], nid)
+                rows = None if lg is None else lg[start:end]
+                self._fill(req, None, cls[start:end], conf[start:end], exit_at[start:end], flags[start:end], nid, rows)
             start = end
 
-    def _forward_and_answer(self, order: list[Request], serve, cls, conf, exit_at, flags, carry) -> None:
+    def _forward_and_answer(self, order: list[Request], serve, cls, conf, exit_at, flags, carry, lg) -> None:
         """Forward the samples not served here (one FORWARD for the batch; ``serve`` None: all of them);
-        answer the others."""
+        answer the others. ``lg``: the answering exit's logits, when a request of the batch wants them."""
         if serve is None:
             parts: list[tuple[Request, np.ndarray | None]] = [(req, None) for req in order]
-            pending = Pending(parts, cls, conf)
+            pending = Pending(parts, cls, conf, lg)
         else:
             here: list[tuple[Request, int, np.ndarray | None]] = []
             parts, start = [], 0
@@ -362,7 +358,8 @@ class Executor:
                     here.append((req, start, None))
                 start = end
             fwd = np.flatnonzero(~serve)
-            pending = Pending(parts, cls[fwd], conf[fwd])
+            wants = lg is not None and any(req.want_logits for req, _ in parts)
+            pending = Pending(parts, cls[fwd], conf[fwd], lg[fwd] if wants else None)
             carry = {k: v[fwd] for k, v in carry.items()}
         if self.out.forward(pending, carry):
             self.counters["forwarded"] += pending.n
@@ -380,49 +377,51 @@ class Executor:
                 continue
             if idx is None:
                 e = s + req.n
-                self._fill(req, None, cls[s:e], conf[s:e], exit_at[s:e], flags[s:e], nid)
+                self._fill(req, None, cls[s:e], conf[s:e], exit_at[s:e], flags[s:e], nid, _rows(lg, slice(s, e)))
             else:
                 src = idx + s
-                self._fill(req, idx, cls[src], conf[src], exit_at[src], flags[src], nid)
+                self._fill(req, idx, cls[src], conf[src], exit_at[src], flags[src], nid, _rows(lg, src))
 
-    def _fill(self, req: Request, idx: np.ndarray | None, cls, conf, ex, flags, served_by: str | Sequence[str]) -> None:
-        """Answer samples ``idx`` of ``req`` (None: all of them; the arrays are then its answer as they are)."""
-        m = req.n if idx is None else len(idx)
-        if m == req.n and req.remaining == req.n:  # the whole request at once: no copies
-            req.cls, req.conf, req.exit, req.flags = cls, conf, ex, flags
-            req.served_by = [served_by] * m if type(served_by) is str else list(served_by)
-        else:
-            if req.cls is None:
-                req.cls, req.conf = np.zeros(req.n, np.int64), np.zeros(req.n, np.float32)
-                req.exit, req.flags = np.zeros(req.n, np.int32), np.zeros(req.n, np.uint8)
-                req.served_by = np.full(req.n, "", object)
-            at = slice(None) if idx is None else idx
-            req.cls[at], req.conf[at], req.exit[at], req.flags[at] = cls, conf, ex, flags
-            req.served_by[at] = served_by if type(served_by) is str else np.array(served_by, object)
-        req.remaining -= m
-        if req.remaining == 0:
-            if type(req.served_by) is np.ndarray:
-                req.served_by = req.served_by.tolist()
+    def _fill(
+        self, req: Request, idx: np.ndarray | None, cls, conf, ex, flags, served_by: str | Sequence[str], lg=None
+    ) -> None:
+        """Answer samples ``idx`` of ``req`` (:meth:`Request.fill`); reply once the request is complete."""
+        if req.fill(idx, cls, conf, ex, flags, served_by, lg):
             req.answered = True
             self.out.reply(req)
 
-    def scatter(self, pending: Pending, cls, conf, ex, flags, served_by: Sequence[Any]) -> None:
+    def from_parent(self, pending: Pending, msg: P.Message) -> None:
+        """The parent's reply to a forward: a result of its samples (with the parent's logits when they were
+        asked for) fills them; anything else (an error) serves them here (:meth:`fallback`)."""
+        h = msg.head
+        if not isinstance(h, P.ResultHeader) or len(h.served_by) != pending.n:
+            return self.fallback(pending)
+        lg = None if pending.logits is None else parent_logits(msg.tensors, pending.logits.shape)
+        whole = len(pending.parts) == 1 and pending.parts[0][1] is None
+        if whole and (h.names == P.RESULT_NAMES or h.names[:4] == P.RESULT_NAMES):  # the four first, in order
+            f = msg.frames  # one whole request: the parent's answer goes on as it is
+            return self.scatter(pending, f[0], f[1], f[2], f[3], h.served_by, lg)
+        t = msg.tensors
+        self.scatter(pending, t["class"], t["confidence"], t["exit"], t["flags"], h.served_by, lg)
+
+    def scatter(self, pending: Pending, cls, conf, ex, flags, served_by: Sequence[Any], logits=None) -> None:
         """Fill the forwarded samples with the parent's answer (or this node's own); reply to complete requests.
 
-        With one part the answer is passed as it is (it may be the parent's frames: see Node._on_parent)."""
+        With one part the answer is passed as it is (it may be the parent's frames: see :meth:`from_parent`)."""
         if self.tracer is not None:
             tracing.returned(pending.parts, time.monotonic())
         if len(pending.parts) == 1:
             req, idx = pending.parts[0]
             if not req.answered:
-                self._fill(req, idx, cls, conf, ex, flags, served_by)
+                self._fill(req, idx, cls, conf, ex, flags, served_by, logits)
             return
         off = 0
         for req, idx in pending.parts:
             m = req.n if idx is None else len(idx)
             if not req.answered:
                 end = off + m
-                self._fill(req, idx, cls[off:end], conf[off:end], ex[off:end], flags[off:end], served_by[off:end])
+                rows = _rows(logits, slice(off, end))
+                self._fill(req, idx, cls[off:end], conf[off:end], ex[off:end], flags[off:end], served_by[off:end], rows)
             off += m
 
     def fallback(self, pending: Pending, count: bool = True) -> None:
@@ -440,4 +439,9 @@ class Executor:
             np.full(n, self.cfg.exit, np.int32),
             np.full(n, P.FLAG_DEGRADED, np.uint8),
             [self.cfg.node_id] * n,
+            pending.logits,
         )
+
+
+def _rows(lg: np.ndarray | None, at: Any) -> np.ndarray | None:
+    return None if lg is None else lg[at]

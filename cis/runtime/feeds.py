@@ -90,3 +90,21 @@ def nonfinite_rows(tensors: Mapping[str, np.ndarray], n: int) -> np.ndarray | No
         rows = ~ok.reshape(n, -1).all(axis=1)
         bad = rows if bad is None else bad | rows
     return bad
+
+
+def overflowed(sizes: Sequence[int], over: np.ndarray, node_id: str) -> tuple[np.ndarray, dict[int, str]]:
+    """nonfinite="refuse" once the stages ran: the mask of the samples that go on, and for each request
+    (``sizes``: their samples, in batch order) with a sample whose logits or carry at the node's exit are not
+    finite (``over``: a finite input that overflowed inside the network) the ``bad_input`` message it gets."""
+    keep, start, refused = np.ones(len(over), bool), 0, {}
+    for i, n in enumerate(sizes):
+        end = start + n
+        rows = np.flatnonzero(over[start:end])
+        if len(rows):
+            keep[start:end] = False
+            refused[i] = (
+                f"{len(rows)} of {n} samples overflow inside the network (first: sample {rows[0]}): their "
+                f"outputs at node {node_id}'s exit are NaN or infinite; expected inputs it keeps finite"
+            )
+        start = end
+    return keep, refused

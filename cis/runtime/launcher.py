@@ -71,6 +71,25 @@ def plan_metrics(
     return ports, urls
 
 
+def plan_doors(
+    spec: CisSpec, ports: Mapping[str, int | None], host: str | None = None, tls: bool = False
+) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, str]]]:
+    """Front doors ({door: {node: port}}, {door: {node: URL}}): PORT+i for node i of the spec, or free ports
+    for 0; ``door`` is "http" (URL http(s)://HOST:PORT) or "grpc" (HOST:PORT, what gRPC clients take)."""
+    from cis.runtime.doors import LOOPBACK, url
+
+    where = host or LOOPBACK
+    plan: dict[str, dict[str, int]] = {}
+    urls: dict[str, dict[str, str]] = {}
+    for door, port in ports.items():
+        if port is None:
+            continue
+        plan[door] = {n.id: port + i if port else free_port(where) for i, n in enumerate(spec.nodes)}
+        scheme = ("https" if tls else "http") if door == "http" else "grpc"
+        urls[door] = {nid: url(scheme, where, p).removeprefix("grpc://") for nid, p in plan[door].items()}
+    return plan, urls
+
+
 def _resolve_prctl() -> Callable | None:
     if not sys.platform.startswith("linux"):
         return None
@@ -124,6 +143,8 @@ class Cluster:
     supervision: dict[str, Supervision] = field(default_factory=dict)
     metrics_ports: dict[str, int] = field(default_factory=dict)  # --metrics-port of each node (none: no metrics)
     metrics: dict[str, str] = field(default_factory=dict)  # each node's metrics URL (ends in /metrics)
+    door_ports: dict[str, dict[str, int]] = field(default_factory=dict)  # {"http"/"grpc": {node: port}}
+    doors: dict[str, dict[str, str]] = field(default_factory=dict)  # {"http"/"grpc": {node: URL}}
     stopping: bool = False
     env: Mapping[str, str] | None = None  # the nodes' environment (None: the launcher's)
     node_prefix: dict[str, Sequence[str]] = field(default_factory=dict)  # a command before each node's (the testbed)
@@ -155,6 +176,8 @@ class Cluster:
             cmd += ["--restarts", str(restarts)]
         if node_id in self.metrics_ports:
             cmd += ["--metrics-port", str(self.metrics_ports[node_id])]
+        for door, ports in self.door_ports.items():
+            cmd += [f"--{door}-port", str(ports[node_id])]
         cmd += list(self.extra_args) + list(self.node_args.get(node_id, ()))
         return [*self.node_prefix.get(node_id, ()), *cmd]
 
@@ -334,14 +357,20 @@ def launch(
     metrics_host: str | None = None,
     env: Mapping[str, str] | None = None,
     node_prefix: dict[str, Sequence[str]] | None = None,
+    door_ports: Mapping[str, int | None] | None = None,
+    door_host: str | None = None,
+    door_tls: bool = False,
 ) -> Cluster:
     """Start all nodes and wait until they serve; on failure, stop what was started.
 
     ``metrics_port``: every node serves /metrics and /healthz (see :func:`plan_metrics`);
     ``metrics_host`` is passed on in ``extra_args`` by ``cis serve`` and only names the URLs here;
-    ``node_prefix`` runs each node's command behind a prefix (``ip netns exec NS``: :mod:`cis.testbed`)."""
+    ``node_prefix`` runs each node's command behind a prefix (``ip netns exec NS``: :mod:`cis.testbed`);
+    ``door_ports`` the front doors' ports ({"http": PORT, "grpc": PORT}, see :func:`plan_doors`), ``door_host``
+    and ``door_tls`` only name their URLs (``--http-host`` and the TLS flags go to the nodes in ``extra_args``)."""
     addresses = plan_addresses(spec, free_ports)
     ports, urls = plan_metrics(spec, addresses, metrics_port, metrics_host)
+    door_plan, door_urls = plan_doors(spec, door_ports or {}, door_host, door_tls)
     cluster = Cluster(
         str(bundle),
         spec,
@@ -353,6 +382,8 @@ def launch(
         curve=curve,
         metrics_ports=ports,
         metrics=urls,
+        door_ports=door_plan,
+        doors=door_urls,
         env=env,
         node_prefix=dict(node_prefix or {}),
     )

@@ -62,8 +62,9 @@ def http_host(address: str) -> str:
 
 def metrics_url(host: str, port: int) -> str:
     """Where Prometheus scrapes a node whose metrics server binds ``host``."""
-    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
-    return f"http://{'[' + shown + ']' if ':' in shown else shown}:{port}/metrics"
+    from cis.runtime.doors import url
+
+    return url("http", host, port) + "/metrics"
 
 
 class Buckets:

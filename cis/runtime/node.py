@@ -52,12 +52,13 @@ from typing import Any
 import numpy as np
 import zmq
 
-from cis.metrics import LatencyWindow
+from cis.metrics import LatencyWindow, json_float
 from cis.runtime import events, tracing
 from cis.runtime import protocol as P
+from cis.runtime.doors import Door, Ticket, open_doors
 from cis.runtime.executor import Executor
 from cis.runtime.node_config import NodeConfig
-from cis.runtime.requests import BundleStage, Pending, Request, Stage
+from cis.runtime.requests import BundleStage, Pending, Request, Stage, forward_route
 from cis.runtime.security import CurveConfig, secure_client, secure_server, start_authenticator
 
 __all__ = ["BundleStage", "Node", "NodeConfig", "Stage"]
@@ -66,6 +67,7 @@ _NOBLOCK = int(zmq.NOBLOCK)
 _OK = (("infer", "ok"), ("forward", "ok"))  # (kind, outcome) of a result, by Request.forward
 _poll = zmq.zmq_poll  # (socket, POLLIN) pairs -> the ready ones; zmq.Poller adds a Python layer
 _NONE: dict = {}  # no more header fields
+_WANT_LOGITS = {"want_logits": True}
 _COUNTERS = ("requests", "samples", "served", "forwarded", "degraded", "capped", "nonfinite", "errors", "overloaded",
              "expired", "isolated", "undeliverable", "batches")  # fmt: skip  (status, in this order)
 
@@ -96,6 +98,9 @@ class Node:
         self.alive_at = time.monotonic()  # when the loop last turned (/livez)
         self.overload = events.OverloadWatch(config.node_id)
         self.parent_watch = events.ParentWatch(config, self.alive_at)
+        self.doors: list[Door] = []  # front doors (HTTP, gRPC: cis.runtime.doors), opened with the sockets
+        self.door_fds: dict[int, Door] = {}
+        self.door_due = math.inf  # when the doors' timers are due
 
     @property
     def stages(self) -> dict[int, Stage]:
@@ -120,7 +125,7 @@ class Node:
             "address": self.cfg.bind,
             "parent": self.cfg.parent,
             "parent_up": self.parent_up,
-            "threshold": _num(ex.policy.thresholds[self.cfg.node_id]),
+            "threshold": json_float(ex.policy.thresholds[self.cfg.node_id]),
             **{key: c[key] for key in _COUNTERS},
             "errors_by_code": dict(self.errors_by_code),
             "queue_depth": ex.queued,
@@ -128,7 +133,7 @@ class Node:
             "queue_limit": self.cfg.queue_limit,
             "in_flight_forwarded": sum(p.n for p in self.pending.values()),
             "latency": self.latency.summary(),
-            "transfer_cap": {"rate": _num(bucket.rate), "burst": _num(bucket.burst), "tokens": _num(bucket.tokens)},
+            "transfer_cap": {k: json_float(getattr(bucket, k)) for k in ("rate", "burst", "tokens")},
             "adapt": ex.controller.to_json() if ex.controller else None,
             "restarts": self.cfg.restarts,
             "uptime": time.time() - self.started,
@@ -214,8 +219,11 @@ class Node:
             up.connect(self.cfg.parent)
         self.front, self.up = front, up
         self.poll_items = [(front, zmq.POLLIN)] + ([(up, zmq.POLLIN)] if up is not None else [])
+        open_doors(self)  # polled beside the sockets: a door's descriptor wakes the same loop
 
     def close(self) -> None:
+        for door in self.doors:
+            door.close()
         for sock in (self.front, self.up):
             if sock is not None:
                 sock.close(0)
@@ -241,6 +249,8 @@ class Node:
         now = self.alive_at = time.monotonic()
         if now >= self.next_timer:
             self._timers(now)
+        if now >= self.door_due:
+            self.door_due = min(door.tick(now) for door in self.doors)
 
     def _wait(self, timeout_ms: int) -> list:
         """Block in poll until a message comes or the timeout passes; with ``spin``, busy-poll instead
@@ -266,6 +276,9 @@ class Node:
         try:
             for _ in range(limit):
                 for sock, _ in events:
+                    if type(sock) is int:  # a front door's descriptor
+                        self.door_fds[sock].on_ready()
+                        continue
                     try:
                         frames, total, count = P.recv(sock, max_bytes)
                     except zmq.Again:
@@ -295,10 +308,12 @@ class Node:
                 self.counters["undeliverable"] += 1
             return False
 
-    def _error(self, prefix: Sequence[bytes], req_id: int, code: str, message: str, kind: str | None) -> None:
+    def _error(self, prefix: Any, req_id: int, code: str, message: str, kind: str | None) -> None:
         self.counters["errors"] += 1
         self.errors_by_code[code] += 1
         self.outcomes[(kind if kind in (P.INFER, P.FORWARD) else "other", code)] += 1
+        if type(prefix) is Ticket:  # a front door's request: its door answers
+            return prefix.door.error(prefix, code, message)
         self._send(self.front, P.error_frames(req_id, code, message, node=self.cfg.node_id), prefix)
 
     # ------------------------------------------------------------ receiving
@@ -323,15 +338,21 @@ class Node:
             self._send(self.front, P.encode(P.PONG, msg.id, node=self.cfg.node_id), prefix)
         elif kind == P.STATUS:
             self.status_asked.append((prefix, msg.id))
-        elif self.stopping:
-            self._error(prefix, msg.id, "shutting_down", f"node {self.cfg.node_id} is stopping", kind)
         else:
-            refused = self.executor.admit(prefix, msg, self.seen_empty)
-            if refused is not None:
-                self._error(prefix, msg.id, *refused, kind)
-                if refused[0] == "overloaded":
-                    self.overload.refused(time.monotonic(), self.executor.queued, self.cfg.queue_limit)
-                    self.next_timer = min(self.next_timer, self.overload.due)
+            self.admit(prefix, msg)
+
+    def admit(self, prefix: Any, msg: P.Message) -> None:
+        """An INFER or FORWARD into the executor, or its refusal answered: the one way in, from the ROUTER
+        (``prefix``: the peer's identity frames) and from the front doors (``prefix``: a doors.Ticket)."""
+        kind = msg.kind
+        if self.stopping:
+            return self._error(prefix, msg.id, "shutting_down", f"node {self.cfg.node_id} is stopping", kind)
+        refused = self.executor.admit(prefix, msg, self.seen_empty)
+        if refused is not None:
+            self._error(prefix, msg.id, *refused, kind)
+            if refused[0] == "overloaded":
+                self.overload.refused(time.monotonic(), self.executor.queued, self.cfg.queue_limit)
+                self.next_timer = min(self.next_timer, self.overload.due)
 
     def _on_parent(self, frames: list, total: int, count: int) -> None:
         try:
@@ -351,29 +372,26 @@ class Node:
         if pending is None:
             return  # a late answer to a forward already answered from here
         self.last_pong = time.monotonic()  # any reply shows the parent is alive
-        h = msg.head
-        if not isinstance(h, P.ResultHeader) or len(h.served_by) != pending.n:
-            self.executor.fallback(pending)
-        elif len(pending.parts) == 1 and pending.parts[0][1] is None and h.names == P.RESULT_NAMES:
-            f = msg.frames  # one whole request: the parent's answer goes on as it is
-            self.executor.scatter(pending, f[0], f[1], f[2], f[3], h.served_by)
-        else:
-            t = msg.tensors
-            self.executor.scatter(pending, t["class"], t["confidence"], t["exit"], t["flags"], h.served_by)
+        self.executor.from_parent(pending, msg)
 
     # ------------------------------------------------------------ the executor's outbox
 
     def reply(self, req: Request) -> None:
-        frames = P.result_frames(
-            req.req_id, req.n, req.cls, req.conf, req.exit, req.flags, req.served_by, self.cfg.node_id
-        )
+        prefix: Any = req.prefix  # ROUTER identity frames, or a front door's Ticket
+        door = type(prefix) is Ticket  # a front door's request: counted as any, answered by its door
+        frames = None if door else P.result_frames(
+            req.req_id, req.n, req.cls, req.conf, req.exit, req.flags, req.served_by, self.cfg.node_id, req.logits
+        )  # fmt: skip
         now = time.monotonic()
         seconds = now - req.t0  # counted before it leaves: whoever gets it sees it in the metrics
         self.latency.add(seconds)
         if self.observe_latency is not None:
             self.observe_latency(seconds)
         self.outcomes[_OK[req.forward]] += 1
-        self._send(self.front, frames, req.prefix)
+        if door:
+            prefix.door.result(prefix, req)
+        else:
+            self._send(self.front, frames or [], prefix)
         if req.trace is not None:
             tracing.finish(self.executor.tracer, req, "ok", now)
 
@@ -392,13 +410,7 @@ class Node:
         if wait <= 0:
             return False
         fid, nid, parts = next(self.up_ids), self.cfg.node_id, pending.parts
-        if len(parts) == 1:
-            route = parts[0][0].route
-            route = list(route) if nid in route else [*route, nid]
-            traced = parts[0][0].trace is not None  # a trace context goes up with its samples
-        else:  # every node that ran stages for these samples, once, in order
-            route = list(dict.fromkeys([r for req, _ in parts for r in req.route] + [nid]))
-            traced = any(req.trace is not None for req, _ in parts)
+        route, traced = forward_route(parts, nid)
         frames = P.encode(
             P.FORWARD,
             fid,
@@ -408,6 +420,7 @@ class Node:
             route=route[-P.MAX_ROUTE :],
             sender=nid,
             **(tracing.forward_fields(parts, self.executor.tracer, now) if traced else _NONE),
+            **(_WANT_LOGITS if pending.logits is not None else _NONE),  # a request among them wants logits
         )
         if not self._send(self.up, frames):
             return False
@@ -429,14 +442,6 @@ class Node:
             for fid in [f for f, p in self.pending.items() if p.expires <= now]:
                 self.executor.fallback(self.pending.pop(fid))
         self.overload.check(now)
-        self.next_timer = min(
-            [
-                self.next_ping if self.cfg.parent else math.inf,
-                self.overload.due,
-                *(p.expires for p in self.pending.values()),
-            ]
-        )
+        expires = [p.expires for p in self.pending.values()]
+        self.next_timer = min(self.next_ping if self.cfg.parent else math.inf, self.overload.due, *expires)
 
-
-def _num(v: float) -> float | str:
-    return v if math.isfinite(v) else ("inf" if v > 0 else "-inf")

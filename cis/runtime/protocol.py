@@ -67,6 +67,7 @@ from cis.runtime.wire import (  # noqa: F401  (the vocabulary is re-exported: ca
     REPLY_KINDS,
     REQUEST_KINDS,
     RESULT,
+    RESULT_LOGITS,
     RESULT_TENSORS,
     STATUS,
     STATUS_REPLY,
@@ -110,6 +111,7 @@ class Header(msgspec.Struct, tag_field="kind"):
     # the trace context (docs/protocol.md, *Trace context*); absent: "" and () (no allocation per message)
     traceparent: _TraceParent = ""
     trace_parts: Annotated[tuple[_TracePart, ...], msgspec.Meta(min_length=1, max_length=MAX_TRACE_PARTS)] = ()
+    want_logits: bool = False  # infer/forward: the result also carries the answering exit's logits (N, C)
 
 
 class InferHeader(Header, tag=INFER):
@@ -256,12 +258,15 @@ def encode(kind: str, req_id: int = 0, tensors: Mapping[str, np.ndarray] | None 
 
 
 RESULT_NAMES, _RESULT_DTYPES = list(RESULT_TENSORS), list(RESULT_TENSORS.values())
+_LOGITS_NAMES, _LOGITS_DTYPES = [*RESULT_NAMES, RESULT_LOGITS], [*_RESULT_DTYPES, "float32"]
 
 
-def result_frames(req_id: int, n: int, cls, conf, ex, flags, served_by: list[str], node: str) -> list:
+def result_frames(
+    req_id: int, n: int, cls, conf, ex, flags, served_by: list[str], node: str, logits: np.ndarray | None = None
+) -> list:
     """The frames of a RESULT of n samples: what :func:`encode` makes of the four (n,) tensors, without its
     generic work (so they must be contiguous int64, float32, int32 and uint8 arrays already, or the frames
-    of a checked result in that order)."""
+    of a checked result in that order); ``logits`` (n, C) float32, the fifth tensor, only when asked for."""
     header = {
         "v": VERSION,
         "kind": RESULT,
@@ -272,7 +277,11 @@ def result_frames(req_id: int, n: int, cls, conf, ex, flags, served_by: list[str
         "served_by": served_by,
         "node": node,
     }
-    return [_ENCODER.encode(header), cls, conf, ex, flags]
+    if logits is None:
+        return [_ENCODER.encode(header), cls, conf, ex, flags]
+    logits = np.ascontiguousarray(logits, np.float32)
+    header.update(names=_LOGITS_NAMES, dtypes=_LOGITS_DTYPES, shapes=[[n], [n], [n], [n], list(logits.shape)])
+    return [_ENCODER.encode(header), cls, conf, ex, flags, logits]
 
 
 def decode(
@@ -333,13 +342,17 @@ def _fast(h: Header, head: memoryview, frames: Sequence[Any], max_bytes, total, 
     if isinstance(h, ResultHeader):
         s0 = shapes[0]
         if (
-            n != 4
+            n not in (4, 5)
             or len(s0) != 1
             or shapes.count(s0) != 4
             or len(h.served_by) != s0[0]
-            or dict(zip(names, dtypes)) != RESULT_TENSORS
+            or dict(zip(names[:4], dtypes[:4])) != RESULT_TENSORS
         ):
             return None
+        if n == 5:  # the logits, fifth (the documented order; any other goes the checked way)
+            s4 = shapes[4]
+            if names[4] != RESULT_LOGITS or dtypes[4] != "float32" or len(s4) != 2 or s4[0] != s0[0] or s4[1] < 1:
+                return None
     return Message(h, bufs, head)
 
 

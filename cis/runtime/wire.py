@@ -20,7 +20,7 @@ VERSION = 1
 # kinds
 INFER = "infer"  # client -> node: tensors enter at header "stage" (1 = the raw input)
 FORWARD = "forward"  # child node -> parent: the carry of the samples the child did not serve
-RESULT = "result"  # node -> asker: per-sample class, confidence, exit, flags (+ served_by)
+RESULT = "result"  # node -> asker: per-sample class, confidence, exit, flags (+ served_by; + logits when asked)
 ERROR = "error"  # node -> asker: header "code" and "message"
 STATUS = "status"  # asker -> node: counters request
 STATUS_REPLY = "status_reply"  # node -> asker: header "status"
@@ -74,6 +74,7 @@ TRACEPARENT_FULL = r"\A" + TRACEPARENT_PATTERN + r"\Z"  # one whole string: no t
 TRACE_PART_FULL = r"\A(?:" + TRACEPARENT_PATTERN + r")?\Z"  # a trace_parts entry's context: one, or "" for none
 MAX_TRACE_PARTS = 4096  # entries of trace_parts: the traced requests whose samples one forward carries
 RESULT_TENSORS = {"class": "int64", "confidence": "float32", "exit": "int32", "flags": "uint8"}
+RESULT_LOGITS = "logits"  # the fifth result tensor, float32 (N, C), only for a request whose header has want_logits
 TENSOR_KINDS = (INFER, FORWARD, RESULT)  # the other kinds carry no tensors
 
 
@@ -160,6 +161,9 @@ def check_fields(h: dict) -> None:
     optional_text(h, "sender")
     optional_text(h, "node")
     check_trace(h)
+    want = h.get("want_logits")
+    if "want_logits" in h and type(want) is not bool:
+        fail("bad_message", f"want_logits is {show(want)}; expected true or false")
     kind = h["kind"]
     if kind == ERROR:
         for key, limit in (("code", MAX_NAME), ("message", MAX_TEXT)):
@@ -224,10 +228,21 @@ def check_tensors(h: dict, n_frames: int, max_bytes: int | None) -> list[tuple[s
 
 
 def check_result(h: dict, tensors: dict[str, np.ndarray]) -> None:
-    """A result carries class, confidence, exit, flags (N,) in the documented dtypes and N served_by strings."""
-    got = {k: a.dtype.name for k, a in tensors.items()}
-    if got != RESULT_TENSORS or len({a.shape for a in tensors.values()}) != 1 or tensors["class"].ndim != 1:
+    """A result carries class, confidence, exit, flags (N,) in the documented dtypes, optionally ``logits``
+    float32 (N, C) with C >= 1, and N served_by strings."""
+    logits = tensors.get(RESULT_LOGITS)
+    four = {k: a for k, a in tensors.items() if k != RESULT_LOGITS}
+    got = {k: a.dtype.name for k, a in four.items()}
+    if got != RESULT_TENSORS or len({a.shape for a in four.values()}) != 1 or tensors["class"].ndim != 1:
         fail("bad_tensor", f"result tensors {got}; expected {RESULT_TENSORS}, all of shape (N,)")
+    if logits is not None and not (
+        logits.dtype.name == "float32" and logits.ndim == 2 and logits.shape[0] == len(tensors["class"])
+        and logits.shape[1] >= 1
+    ):  # fmt: skip
+        fail(
+            "bad_tensor",
+            f"result tensor logits: {logits.dtype.name} {list(logits.shape)}; expected float32 [N, C], C >= 1",
+        )
     served = h.get("served_by")
     if type(served) is not list or len(served) != len(tensors["class"]) or not set(map(type, served)) <= {str}:
         fail("bad_message", f"served_by is {show(served)}; expected one node id (string) per sample")

@@ -10,6 +10,9 @@ prefixed by ``ip netns exec`` into its namespace. No node knows where it runs.
         bed.link_down("edge0"); ...; bed.link_up("edge0")
         bed.set_bandwidth("device1", 250_000)      # bytes/s, both directions
 
+Nodes the spec puts on one host (``host``, ``[hosts]`` with ``cores``) run on that
+host's share of this machine's cores (``taskset``: :func:`cis.testbed.plan.core_sets`).
+
 The network is removed on :meth:`Testbed.stop` (also on an error while
 starting); what a killed testbed left behind is removed by the next
 :func:`start` (namespaces are named ``cistb-RUN-I``, RUN the owner's pid).
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -29,7 +33,7 @@ from cis.faults import Fault, check_faults
 from cis.runtime.launcher import Cluster, launch
 from cis.spec import CisSpec
 from cis.testbed import net
-from cis.testbed.plan import DEFAULT_PORT, DEFAULT_SUBNET, NetPlan, overlaps, plan_network
+from cis.testbed.plan import DEFAULT_PORT, DEFAULT_SUBNET, NetPlan, core_sets, overlaps, plan_network
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +41,12 @@ log = logging.getLogger(__name__)
 class Testbed:
     """The cluster of a testbed, its network plan and its fault schedule; what ``cis serve --all`` drives."""
 
-    def __init__(self, plan: NetPlan, cluster: Cluster, faults: Sequence[Fault], netem: bool):
+    def __init__(
+        self, plan: NetPlan, cluster: Cluster, faults: Sequence[Fault], netem: bool,
+        cores: dict[str, list[int]] | None = None,
+    ):
         self.plan, self.cluster, self.netem = plan, cluster, netem
+        self.cores = cores or {}  # node -> the cores it is pinned to (its host's); absent: not pinned
         self.pending = sorted(faults, key=lambda f: f.at)
         self.started = time.monotonic()
         self.applied: list[dict] = []  # each fault applied: {at, action, node, value, t} (t: seconds from start)
@@ -114,7 +122,7 @@ class Testbed:
         uplink = None
         if link is not None:
             uplink = {"bandwidth": link.bandwidth, "latency": link.latency if self.netem else 0.0}
-        return {"namespace": self.plan.nodes[node].namespace, "link": uplink}
+        return {"namespace": self.plan.nodes[node].namespace, "link": uplink, "cores": self.cores.get(node)}
 
     def stop(self, grace: float = 15.0) -> dict[str, int | None]:
         """Stop every node, then remove the network."""
@@ -156,6 +164,10 @@ def start(
     if run in net.running():
         raise CisError(f"this process already runs testbed {run}; stop it before starting another")
     plan = plan_network(spec, run, subnet, port)
+    cores = core_sets(spec, sorted(os.sched_getaffinity(0)))
+    if cores and shutil.which("taskset") is None:
+        raise CisError(f"spec {spec.name!r} has [hosts]: pinning their nodes needs the 'taskset' command "
+                       "(util-linux), not found on PATH")
     clash = overlaps(plan, net.caller_routes())
     if clash:
         raise CisError(f"--subnet {plan.subnet} overlaps this machine's route to {clash}; pick another")
@@ -170,7 +182,8 @@ def start(
         net.build(plan, netem)
         placed = spec.replace_nodes(replace(n, address=plan.nodes[n.id].address) for n in spec.nodes)
         prefix: dict[str, Sequence[str]] = {
-            nid: ["ip", "netns", "exec", plan.nodes[nid].namespace, *(node_prefix or {}).get(nid, ())]
+            nid: ["ip", "netns", "exec", plan.nodes[nid].namespace, *_pin(cores.get(nid)),
+                  *(node_prefix or {}).get(nid, ())]
             for nid in spec.ids
         }
         cluster = launch(bundle, placed, spec_file, False, extra_args, node_args, node_prefix=prefix, **launch_options)
@@ -181,4 +194,12 @@ def start(
         "testbed %s: %d nodes in namespaces %s-%s-*, links shaped with tbf (burst %d bytes)%s",
         run, len(spec.nodes), "cistb", run, net.BURST, " and netem" if netem else "",
     )
-    return Testbed(plan, cluster, faults, netem)
+    if cores:
+        log.info("testbed %s: nodes pinned to their host's cores: %s", run,
+                 ", ".join(f"{nid} {','.join(map(str, c))}" for nid, c in cores.items()))
+    return Testbed(plan, cluster, faults, netem, cores)
+
+
+def _pin(cores: list[int] | None) -> list[str]:
+    """The command prefix that keeps a node on its host's cores (none for a node without a host)."""
+    return [] if not cores else ["taskset", "-c", ",".join(map(str, cores))]

@@ -12,7 +12,9 @@ I: the node's index in the spec) with two kinds of veth links:
   shaped link and nothing else.
 
 Addresses are /30 networks carved from one subnet (default 10.213.0.0/16):
-access links from its first half, tree links from its second.
+access links from its first half, tree links from its second. Nodes that the
+spec puts on one host (``host``, ``[hosts]`` with ``cores``) are pinned to that
+host's share of the machine's cores (:func:`core_sets`; ``taskset``).
 """
 
 from __future__ import annotations
@@ -124,6 +126,27 @@ def plan_network(spec: CisSpec, run: str, subnet: str = DEFAULT_SUBNET, port: in
             node.id, node.parent, "uplink", f"dn{i}", child_ip, parent_ip, node.link.bandwidth, node.link.latency
         )
     return NetPlan(run, str(net), nodes, links)
+
+
+def core_sets(spec: CisSpec, available: list[int]) -> dict[str, list[int]]:
+    """The cores each node of a shared host is pinned to: the spec's ``[hosts]`` take, in order, as many of
+    the ``available`` cores as each has (``cores``), and every node on a host runs on its host's cores.
+    Nodes without a host are not pinned (absent from the result)."""
+    wanted = sum(h.cores for h in spec.hosts)
+    cpus = sorted(available)
+    if wanted > len(cpus):
+        asked = ", ".join(f"{h.id} {h.cores}" for h in spec.hosts)
+        raise CisError(
+            f"spec {spec.name!r}: [hosts] ask for {wanted} cores ({asked}); this machine lets the testbed use "
+            f"{len(cpus)} ({', '.join(map(str, cpus))}): expected at most {len(cpus)} in all"
+        )
+    out, at = {}, 0
+    for host in spec.hosts:
+        cores = cpus[at : at + host.cores]
+        at += host.cores
+        for node in spec.on_host(host.id):
+            out[node.id] = cores
+    return out
 
 
 def overlaps(plan: NetPlan, routes: list[str]) -> str | None:

@@ -34,6 +34,7 @@ from training.aggregation.line12 import (
     zeros_like_state,
 )
 from training.aggregation.weights import Weights
+from training.cis_options import HEAD_UPDATES
 from training.sampling import exit_data_sizes
 from training.selection import Selection, gather
 
@@ -120,8 +121,13 @@ class AuthorsCodeAggregator:
     The global model is the root's own model: the root trains it in place, and every other
     pair's difference is taken against the root's trained weights, on the parts that pair
     trained, with c_ce = Lambda~_e |S_c| p_ce / |S_{e,p}| (p_ce: the pair's row of the
-    sampling matrix, 1 for a one-exit node). ``exit_keys(e)`` names the state entries that
+    sampling matrix, 1 for a one-exit node). ``exit_keys(e, head=True)`` names the state entries that
     training exit e changes (:meth:`training.models.EarlyExitNet.exit_state_keys`).
+
+    ``head_update`` "applied" (default) moves head e by every pair that trained it; "released-code"
+    drops the other pairs' head updates as arodio/FedCIS's released ``aggregate`` does (it writes
+    them into ``classifiers[e_block - 1]`` and applies ``classifiers[block]`` for ``block in
+    layers_per_classifier``, never the same index): only the root's in-place training moves a head.
     """
 
     def __init__(
@@ -130,13 +136,16 @@ class AuthorsCodeAggregator:
         matrix: np.ndarray,
         sizes: Sequence[int],
         root: int,
-        exit_keys: Callable[[int], list[str]],
+        exit_keys: Callable[..., list[str]],
         server_lr: float = 1.0,
+        head_update: str = "applied",
     ) -> None:
+        if head_update not in HEAD_UPDATES:
+            raise ValueError(f"head update {head_update!r}: expected one of {HEAD_UPDATES}")
         self.weights, self.matrix, self.root = weights, np.asarray(matrix), root
         self.sizes = [int(s) for s in sizes]
         self.exit_sizes = exit_data_sizes(self.matrix, self.sizes)
-        self.exit_keys, self.server_lr = exit_keys, server_lr
+        self.exit_keys, self.server_lr, self.head_update = exit_keys, server_lr, head_update
         self._acc: dict[str, Tensor] = {}
         self._totals: dict[str, float] = {}
         self._coef: dict[int, float] = {}
@@ -157,10 +166,13 @@ class AuthorsCodeAggregator:
     def begin(self, global_state: dict[str, Tensor], round: int, pairs: Sequence[tuple[int, int]]) -> None:
         coefs = self.coefficients(round, pairs)
         self._coef = {i: c for (i, _), c in zip(pairs, coefs)}
+        heads = self.head_update == "applied"
         self.last_stats = {
-            "coefficients": aliased_totals(pairs, coefs, self.matrix.shape[1], self.root),
+            "coefficients": aliased_totals(pairs, coefs, self.matrix.shape[1], self.root, heads_applied=heads),
             "reference": "root",
         }
+        if not heads:
+            self.last_stats["head_update"] = self.head_update
         self._global, self._reference, self._totals = global_state, None, {}
         if not self._acc:
             self._acc = {k: torch.zeros_like(v) for k, v in global_state.items()}
@@ -175,7 +187,8 @@ class AuthorsCodeAggregator:
             return
         c = self._coef[client.index]
         self.last_coefficients.append(c)
-        accumulate_aliased(self._acc, self._totals, local_state, self.exit_keys(exit), c)
+        keys = self.exit_keys(exit) if self.head_update == "applied" else self.exit_keys(exit, head=False)
+        accumulate_aliased(self._acc, self._totals, local_state, keys, c)
 
     def finish(self, global_state: dict[str, Tensor]) -> None:
         reference = self._reference if self._reference is not None else {k: v.clone() for k, v in global_state.items()}

@@ -38,6 +38,10 @@ round's start:
 (the root's own update enters with weight 1 whatever Lambda~ and p are; a pair moves
 only the bodies of stages 1..e and head e, which is all the authors' loop touches;
 BatchNorm statistics get the same update; ``num_batches_tracked`` is the root's).
+Their released loop writes head e's difference into ``classifiers[L_e - 1]`` but applies
+``classifiers[L_k]`` (L_k: the layers with an exit), so a non-root pair's head update never
+reaches the model; ``head_update`` "released-code" drops it the same way (a diagnostic; the
+default applies it, as the loop's comment and the paper intend; docs/training.md).
 
 BatchNorm running statistics (``bn_rule``; the project's choice, issue 17):
 
@@ -265,12 +269,20 @@ def aliased_update(
 
 
 def aliased_totals(
-    pairs: Sequence[tuple[int, int]], coefs: Sequence[float], num_exits: int, root: int | None
+    pairs: Sequence[tuple[int, int]],
+    coefs: Sequence[float],
+    num_exits: int,
+    root: int | None,
+    heads_applied: bool = True,
 ) -> dict[str, list[float]]:
     """:func:`coefficient_totals` of the authors' update: the parts the root trained total 1 (the
-    root's own weight is 1 minus the others'), the rest the others' coefficients."""
+    root's own weight is 1 minus the others'), the rest the others' coefficients. ``heads_applied``
+    False (head_update "released-code"): the other pairs move no head, so a head totals 1 where the
+    root trained it and 0 elsewhere."""
     others = [(p, c) for p, c in zip(pairs, coefs) if p[0] != root]
     out = coefficient_totals([p for p, _ in others], [c for _, c in others], num_exits)
+    if not heads_applied:
+        out["head"] = [0.0] * num_exits
     for i, e in pairs:
         if i == root:
             for k in range(e):

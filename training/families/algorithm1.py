@@ -1,6 +1,6 @@
 """The builder of Algorithm 1 (``--method cis``): the dataset's early-exit CNN and line 12.
 
-    model = build_model(config, options, num_exits, train)     # digits-cnn or resnet18, its exits the spec's
+    record = model_config(config, options, num_exits, train)   # digits-cnn or resnet18 (a user's: --model)
     setup = build_pieces(config, spec, model, clients, sgd, options, weights_for, log)
 
 Each node draws an exit from its row of the sampling matrix (:class:`training.engine.ExitSampler`, line 3),
@@ -15,35 +15,39 @@ from typing import Any
 
 from cis.errors import CisError
 from training.aggregation.aggregators import AuthorsCodeAggregator, CisAggregator
-from training.architectures import build_model as model_from_config
+from training.contract import EarlyExitNet
 from training.data import image_family
 from training.engine import ExitSampler, MethodSetup
 from training.flops import exit_costs
 from training.local import Client, ExitSGDTrainer
-from training.models import EarlyExitNet, default_model_config
+from training.models import default_model_config
 from training.sampling import sampling_matrix
 
 
-def build_model(config, options: dict[str, Any] | None, num_exits: int, train) -> EarlyExitNet:
-    """The dataset's early-exit CNN at ``config.width`` (its exits are fixed: the spec must match them); the user's
-    images get the CNN of the built-in data set their size suits (:func:`training.data.image_family`)."""
+def model_config(config, options: dict[str, Any] | None, num_exits: int, train) -> dict[str, Any]:
+    """The config of the dataset's early-exit CNN at ``config.width`` (its exits are fixed: the spec must match
+    them); the user's images get the CNN of the built-in data set their size suits
+    (:func:`training.data.image_family`). ``training.reference.build_model`` builds it."""
     config_ = default_model_config(image_family(config.dataset_name, train.input_shape), config.width)
     channels, size = train.input_shape[0], train.input_shape[1]
-    return model_from_config({**config_, "num_classes": train.num_classes, "in_channels": channels, "input_size": size})
+    return {**config_, "num_classes": train.num_classes, "in_channels": channels, "input_size": size}
 
 
 def build_pieces(config, spec, model: EarlyExitNet, clients: list[Client], sgd: dict, options: dict[str, Any] | None,
                  weights_for, log) -> MethodSetup:
     """The sampling matrix of ``--p``, the ExitSampler, the ExitSGDTrainer and line 12's aggregator."""
     if model.num_exits != spec.num_exits:
-        raise CisError(f"spec {spec.name!r}: has {spec.num_exits} exits; the {model.arch} model has {model.num_exits}")
+        raise CisError(
+            f"spec {spec.name!r}: has {spec.num_exits} exits; the {model.config().get('arch', 'given')} model has "
+            f"{model.num_exits}"
+        )
     matrix = sampling_matrix([n.exit for n in spec.nodes], spec.num_exits, config.p, config.p_rule, config.p_matrix)
     weights = weights_for(model, matrix)
     sampler = ExitSampler(matrix, config.participation)
     sizes = [c.size for c in clients]
     if config.algorithm == "authors-code":
         aggregator: CisAggregator | AuthorsCodeAggregator = AuthorsCodeAggregator(
-            weights, matrix, sizes, root_index(spec), model.exit_state_keys, config.server_lr
+            weights, matrix, sizes, root_index(spec), model.exit_state_keys, config.server_lr, config.head_update
         )
     else:
         aggregator = CisAggregator(

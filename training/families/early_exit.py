@@ -1,11 +1,11 @@
 """The builder of the early-exit methods (ReeFL, DepthFL, InclusiveFL, ExclusiveFL, ScaleFL, FLAME).
 
-    model = build_model(config, options, num_exits, train)     # a ViT (or the dataset's CNN, option arch=cnn)
+    record = model_config(config, options, num_exits, train)   # a ViT (or the dataset's CNN, option arch=cnn)
     setup = build_pieces(config, spec, model, clients, sgd, options, weights_for, log)
 
 or, for code and tests, the two steps apart:
 
-    model = build_model(method_model_config("reefl", {"arch": "vit", "exits": [2, 4, 6]}))
+    model = build_model(method_model_config("reefl", {"arch": "vit", "exits": [2, 4, 6]}))   # training.reference
     chooser, trainer, aggregator = build_method("reefl", model, clients, sgd, method_options("reefl"))
 
 ``options`` are the method's options with every default filled
@@ -33,7 +33,7 @@ from training.aggregation.averages import (
     patience_term,
 )
 from training.aggregation.weights import Weights
-from training.architectures import build_model as model_from_config
+from training.contract import EarlyExitNet
 from training.data import image_family
 from training.engine import MethodSetup
 from training.flops import exit_costs
@@ -41,12 +41,13 @@ from training.local import Client, ExitSGDTrainer
 from training.methods import baselines as bl
 from training.methods.registry import EARLY_EXIT_METHODS, FLAME_AGGREGATIONS, FLAME_SETTING_A
 from training.methods.vit import ViTEE
-from training.models import EarlyExitNet, default_model_config
+from training.models import default_model_config
 from training.sampling import sampling_matrix
 
 
-def build_model(config, options: dict[str, Any], num_exits: int, train) -> EarlyExitNet:
-    """The method's model for the dataset: the ViT of :func:`vit_config`, or the dataset's CNN (option arch=cnn)."""
+def model_config(config, options: dict[str, Any], num_exits: int, train) -> dict[str, Any]:
+    """The config of the method's model for the dataset: the ViT of :func:`vit_config`, or the dataset's CNN
+    (option arch=cnn); ``training.reference.build_model`` builds it."""
     in_channels, size = int(train.x.shape[1]), int(train.x.shape[2])
     if options["arch"] == "cnn":
         base = default_model_config(image_family(config.dataset_name, train.input_shape), config.width)
@@ -57,7 +58,7 @@ def build_model(config, options: dict[str, Any], num_exits: int, train) -> Early
             )
     else:
         base = vit_config(config, options, num_exits, train.num_classes, in_channels, size)
-    return model_from_config(method_model_config(config.method, base))
+    return method_model_config(config.method, base)
 
 
 def vit_config(config, opts: dict[str, Any], num_exits: int, classes: int, in_channels: int, size: int) -> dict:

@@ -1,6 +1,6 @@
 """The builder of the nested methods (NeFL, SLT, HeteroFL, FjORD, FedRolex, FD, small model).
 
-    model = build_model(config, options, num_exits, train)     # the NestedNet server model
+    record = model_config(config, options, num_exits, train)   # the NestedNet server model's config
     setup = build_pieces(config, spec, model, clients, sgd, options, weights_for, log)
 
 The server model is a :class:`~training.methods.nested.NestedNet` over a residual layout
@@ -28,10 +28,12 @@ from training.methods.registry import NESTED_METHODS, OPTIONS
 from training.methods.resnet import LAYOUTS, ResNetLayout
 from training.methods.static_bn import mark_stale_
 from training.methods.subfl import DeviceModel, FjordDevice, GroupDevice, NestedDevice, SltDevice, SubsetTrainer
+from training.reference import build_model
 
 
-def build_model(config, options: dict[str, Any], num_exits: int, train) -> NestedNet:
-    """The server model of ``config.method`` on the dataset's layout, scaled by ``config.width``."""
+def model_config(config, options: dict[str, Any], num_exits: int, train) -> dict[str, Any]:
+    """The config of ``config.method``'s server model on the dataset's layout, scaled by ``config.width``
+    (``training.reference.build_model`` builds it)."""
     if options["gammas"] is not None and len(options["gammas"]) != num_exits:
         raise CisError(
             f"option gammas: {len(options['gammas'])} values; expected one parameter ratio per sub-model (E "
@@ -42,7 +44,7 @@ def build_model(config, options: dict[str, Any], num_exits: int, train) -> Neste
         base, in_channels=int(train.x.shape[1]), input_size=int(train.x.shape[2]), num_classes=train.num_classes,
         channels=tuple(max(2, round(c * config.width)) for c in base.channels),
     )
-    return subset_model(
+    return subset_config(
         config.method, layout, num_exits, options["gammas"], options["nefl_mode"], options["nefl_init"],
         options["learn_steps"], options["static_bn"],
     )
@@ -74,7 +76,7 @@ def default_gammas(num_submodels: int) -> list[float]:
     return [k / num_submodels for k in range(1, num_submodels + 1)]
 
 
-def subset_model(
+def subset_config(
     method: str,
     layout: ResNetLayout,
     num_submodels: int,
@@ -83,22 +85,32 @@ def subset_model(
     init: str = OPTIONS["nefl_init"].default,
     learn_steps: bool = OPTIONS["learn_steps"].default,
     static_bn: bool = OPTIONS["static_bn"].default,
-) -> NestedNet:
-    """The server model a method trains; its sub-models 1..E are what the CIS tiers serve.
-    ``static_bn`` applies to heterofl only (its static BatchNorm, :mod:`training.methods.static_bn`)."""
+) -> dict[str, Any]:
+    """The config (``NestedNet.config()``) of the server model a method trains; its sub-models 1..E are what
+    the CIS tiers serve. ``static_bn`` applies to heterofl only (its static BatchNorm,
+    :mod:`training.methods.static_bn`)."""
     if method not in NESTED_METHODS:
         raise ValueError(f"method {method!r}: expected one of {NESTED_METHODS}")
     gammas = list(gammas or default_gammas(num_submodels))
     if method == "nefl":
-        return NestedNet(
-            layout, nefl_specs(layout, gammas, mode, init), decoupled_bn=True, use_steps=True, learn_steps=learn_steps
-        )
-    if method == "small":
-        gammas = [min(gammas)] * len(gammas)
-    return NestedNet(
-        layout, nefl_specs(layout, gammas, "W"), decoupled_bn=method == "fjord", use_steps=False,
-        static_bn=static_bn and method == "heterofl",
-    )
+        specs, decoupled, steps = nefl_specs(layout, gammas, mode, init), True, True
+    else:
+        if method == "small":
+            gammas = [min(gammas)] * len(gammas)
+        specs, decoupled, steps = nefl_specs(layout, gammas, "W"), method == "fjord", False
+        learn_steps = True
+    return {
+        "arch": NestedNet.arch, "layout": layout.to_json(), "specs": [s.to_json() for s in specs],
+        "decoupled_bn": decoupled, "use_steps": steps, "learn_steps": bool(learn_steps),
+        "static_bn": bool(static_bn and method == "heterofl"),
+    }
+
+
+def subset_model(method: str, layout: ResNetLayout, num_submodels: int, *args: Any, **kwargs: Any) -> NestedNet:
+    """The server model of :func:`subset_config` (same arguments), built through the reference path."""
+    model = build_model(subset_config(method, layout, num_submodels, *args, **kwargs))
+    assert isinstance(model, NestedNet)
+    return model
 
 
 def device_model(method: str, model: NestedNet, sgd: dict, budgets: Sequence[float]) -> DeviceModel:

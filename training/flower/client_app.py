@@ -34,7 +34,6 @@ from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, 
 from flwr.clientapp import ClientApp
 
 from cis.errors import CisError
-from training.architectures import build_model
 from training.device import resolve_device, with_amp
 from training.engine import derived_generator
 from training.flower.records import (
@@ -51,6 +50,7 @@ from training.flower.records import (
     state_to_record,
 )
 from training.local import Client, ExitSGDTrainer
+from training.reference import build_model
 
 DATA_STATE = "cis-data"
 NODE_STATE = "cis-node"

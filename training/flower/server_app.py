@@ -53,8 +53,7 @@ def serve(
     """Train ``config`` over the nodes behind ``grid`` into run dir ``out``; returns the summary."""
     t_start = time.perf_counter()
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    s = build_setup(config, log=log)
+    s = build_setup(config, log=log)  # a bad model or data stops here, before the run dir is made
     write_run_start(s, out)
     write_json(out / "weights.json", s.weights.describe())
     strategy = CisStrategy(s.engine, config_to_text(config), connect_timeout=connect_timeout)

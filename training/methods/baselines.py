@@ -23,12 +23,12 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from training.aggregation.averages import Holds, key_exit
+from training.contract import EarlyExitNet
 from training.data import augment_batch
 from training.local import Client, ExitSGDTrainer, batch_indices
 from training.methods import distill, flame
 from training.methods.registry import FLAME_GROUP_STEPS, FLAME_GROUPINGS, FLAME_OPTIMIZERS, KD_RAMP_ROUNDS
 from training.methods.vit import Block, ViTEE, qkv_rows, width_counts
-from training.models import EarlyExitNet
 from training.sampling import choose_participants
 
 LOSSES = ("reefl", "depthfl", "all", "scalefl")

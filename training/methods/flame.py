@@ -48,8 +48,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from cis import patience as pt
+from training.contract import EarlyExitNet
 from training.methods.registry import FLAME_GROUP_STEPS, FLAME_GROUPINGS
-from training.models import EarlyExitNet
 
 ADAMW_BETAS, ADAMW_EPS = (0.9, 0.999), 1e-8  # the paper's fine-tuning optimizer (appendix A.2)
 TRAIN_FLOPS_FACTOR = 3

@@ -33,10 +33,10 @@ from torch import Tensor, nn
 
 from cis.errors import CisError
 from cis.stages import INPUT, carry_name
+from training.contract import EarlyExitNet
 from training.methods.registry import NEFL_STEP_INITS
 from training.methods.resnet import CompactResNet, ResNetLayout, fold_steps, uniform_widths
 from training.methods.slicing import prefix, width_ratio
-from training.models import EarlyExitNet
 from training.selection import Selection, gather
 from training.stage_plan import ExportStage, StagePlan
 

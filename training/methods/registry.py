@@ -1,14 +1,16 @@
 """The method registry: every ``cis train --method`` and every option, with its default, named once.
 
-    method  family       model                                  built by (FAMILY_BUILDERS)
+    method  family       model                                  built by (training.builders.BUILDERS)
     cis     cis          the dataset's early-exit CNN            training/families/algorithm1.py
     reefl, depthfl, inclusivefl, exclusivefl, scalefl, flame
             early-exit   ViT (training/methods/vit.py)          training/families/early_exit.py
     nefl, slt, heterofl, fjord, fedrolex, fd, small
             nested       NestedNet (training/methods/nested.py) training/families/nested.py
 
-A family's entry names its builder module; :func:`training.builders.build_method_setup` imports it
-and the builder builds the model and the engine's pieces top-down (``build_model``, ``build_pieces``).
+:func:`training.builders.build_method_setup` hands a method to its family's builder, which gives its model's
+config (``model_config``) and builds the engine's pieces (``build_pieces``). The methods of
+:data:`USER_MODEL_METHODS` also train a user's model (``cis train --model``); the others need their own
+architecture (:data:`OWN_ARCHITECTURE` says why, in the one line that refuses ``--model``).
 
 Options are ``--option KEY=VALUE`` (or an ``options`` table in the config file);
 :data:`OPTIONS` lists every key, the methods it applies to, its type and its default
@@ -42,12 +44,17 @@ from cis.errors import CisError
 EARLY_EXIT_METHODS = ("reefl", "depthfl", "inclusivefl", "exclusivefl", "scalefl", "flame")
 NESTED_METHODS = ("nefl", "slt", "heterofl", "fjord", "fedrolex", "fd", "small")
 FAMILIES = {"cis": ("cis",), "early-exit": EARLY_EXIT_METHODS, "nested": NESTED_METHODS}
-FAMILY_BUILDERS = {  # each family's builder: a module with build_model(...) and build_pieces(...)
-    "cis": "training.families.algorithm1",
-    "early-exit": "training.families.early_exit",
-    "nested": "training.families.nested",
-}
 METHODS = tuple(m for family in FAMILIES.values() for m in family)
+USER_MODEL_METHODS = ("cis", "depthfl", "exclusivefl", "flame")
+"""Methods that train any early-exit model of the contract (training/contract.py): ``cis train --model``."""
+_NESTED_OWN = "trains width/depth-sliced sub-models of its own residual network (training/methods/nested.py)"
+OWN_ARCHITECTURE = {
+    "reefl": "trains its own ViT with Ree, the recurrent early-exit module every exit shares",
+    "inclusivefl": "moves weights between the transformer blocks of its own ViT (momentum distillation)",
+    "scalefl": "slices the attention heads and MLP units of its own ViT by width",
+    **{m: _NESTED_OWN for m in NESTED_METHODS},
+}
+"""Why a method cannot take a user's model."""
 
 # Choices and constants of the methods, named once (the torch modules import them from here).
 VIT_ARCHS = ("vit", "cnn")
@@ -260,6 +267,15 @@ def options_of(method: str) -> list[Option]:
 def family_of(method: str) -> str:
     """"cis", "early-exit" or "nested"."""
     return next(f for f, methods in FAMILIES.items() if check_method(method) in methods)
+
+
+def check_user_model(method: str) -> None:
+    """One line where ``method`` needs its own architecture (``cis train --model`` with it)."""
+    if check_method(method) not in USER_MODEL_METHODS:
+        raise CisError(
+            f"--model: method {method!r} {OWN_ARCHITECTURE[method]}; a model of your own trains with "
+            f"--method {', '.join(USER_MODEL_METHODS)}"
+        )
 
 
 def check_method(method: Any) -> str:

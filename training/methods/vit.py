@@ -35,8 +35,9 @@ from torch import Tensor, nn
 
 from cis.errors import CisError
 from cis.stages import INPUT, carry_name
+from training.contract import EarlyExitNet
+from training.contract import is_int as _is_int
 from training.methods.ree import NormLinear, Ree, broadcast_param, multihead_attention, ree_step
-from training.models import EarlyExitNet, _is_int
 from training.stage_plan import ExportStage, StagePlan
 
 TOKENS = "tokens"
@@ -142,17 +143,10 @@ class ReeParts:
         self.ree, self.classifier, self.modulation = ree, classifier, modulation
 
 
-VIT_FIELDS = (
-    "arch", "exits", "num_classes", "in_channels", "input_size", "patch", "dim", "depth", "heads", "mlp_ratio",
-    "head", "modulation",
-)
-
-
 class ViTEE(EarlyExitNet):
     """Early-exit ViT; ``exits`` are 1-based block indices ending at ``depth``."""
 
     arch = "vit"
-    config_fields = VIT_FIELDS
 
     def __init__(
         self,

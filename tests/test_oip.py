@@ -1,0 +1,182 @@
+"""The Open Inference Protocol's encode and decode (cis/runtime/oip.py), without sockets: JSON tensors flat and
+nested, Triton's binary tensor data extension both ways, and every bad input the front doors refuse, each with
+its code (HTTP 400/404/413) and one line saying what was expected. The servers are tested in
+tests/test_front_door.py."""
+
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from cis.runtime import oip
+from cis.runtime.feeds import FeedContract
+
+pytest.importorskip("httptools")
+from cis.runtime.http_wire import route  # noqa: E402
+
+
+class _Spec:
+    def __init__(self, name, shape, dtype):
+        self.name, self.shape, self.dtype = name, shape, dtype
+
+
+INPUTS = [_Spec("input", (None, 1, 8, 8), "float32")]
+MODEL = oip.Model.of_stage("cis", "device0", INPUTS)
+
+
+def _json(inputs, **extra) -> bytes:
+    return json.dumps({"inputs": inputs, **extra}).encode()
+
+
+def _input(data, shape=(2, 1, 8, 8), datatype="FP32", **params):
+    t = {"name": "input", "shape": list(shape), "datatype": datatype}
+    if data is not None:
+        t["data"] = data
+    if params:
+        t["parameters"] = params
+    return t
+
+
+def test_metadata_names_the_entry_stage_inputs_and_the_node_outputs():
+    meta = MODEL.metadata()
+    assert meta["inputs"] == [{"name": "input", "datatype": "FP32", "shape": [-1, 1, 8, 8]}]
+    names = ["class", "confidence", "exit", "flags", "node", "logits", "probabilities"]
+    assert [o["name"] for o in meta["outputs"]] == names
+    assert meta["outputs"][5] == {"name": "logits", "datatype": "FP32", "shape": [-1, -1]}  # width unknown here
+    assert meta["versions"] == ["1"] and meta["platform"] == "cis"
+    exit_outputs = [_Spec("logits", (None, 10), "float32"), _Spec("features_1", (None, 16, 8, 8), "float32")]
+    wide = oip.Model.of_stage("cis", "device0", INPUTS, exit_outputs).metadata()["outputs"]
+    assert {o["name"]: o["shape"] for o in wide} == {**{n: [-1] for n in names[:5]}, "logits": [-1, 10],
+                                                       "probabilities": [-1, 10]}  # fmt: skip
+
+
+def test_flat_and_nested_data_give_the_same_tensor_the_stage_accepts():
+    x = np.arange(128, dtype=np.float32).reshape(2, 1, 8, 8) / 128
+    flat = oip.decode_json(_json([_input(x.ravel().tolist())], id="r1"), MODEL)
+    nested = oip.decode_json(_json([_input(x.tolist())]), MODEL)
+    np.testing.assert_array_equal(flat.tensors["input"], x)
+    np.testing.assert_array_equal(nested.tensors["input"], x)
+    assert flat.id == "r1" and nested.id is None and flat.outputs == ["class", "confidence", "exit", "flags", "node"]
+    assert not flat.wants_logits  # the default outputs: the wire request asks for no logits
+    assert FeedContract(INPUTS).check(flat.tensors) == (None, 2)  # what the executor admits
+
+
+def test_binary_inputs_and_outputs_follow_the_extension():
+    x = np.random.default_rng(0).random((3, 1, 8, 8), dtype=np.float32)
+    head = _json(
+        [_input(None, x.shape, binary_data_size=x.nbytes)],
+        outputs=[{"name": "class", "parameters": {"binary_data": True}}, {"name": "node"}],
+        parameters={"binary_data_output": False},
+    )
+    req = oip.decode_json(head + x.tobytes(), MODEL, len(head))
+    np.testing.assert_array_equal(req.tensors["input"], x)
+    assert req.outputs == ["class", "node"] and req.binary == {"class"}
+    cls, conf = np.array([1, 2, 3], np.int64), np.array([0.5, 0.25, 1.0], np.float32)
+    ex, flags = np.array([1, 2, 2], np.int32), np.array([0, 1, 2], np.uint8)
+    body, length = oip.encode_json(MODEL, req, cls, conf, ex, flags, ["device0", "edge0", "device0"])
+    assert length is not None
+    answer = json.loads(body[:length])
+    assert answer["parameters"] == {"node": "device0", "degraded": 1, "capped": 1}
+    assert answer["outputs"][0] == {"name": "class", "datatype": "INT64", "shape": [3],
+                                    "parameters": {"binary_data_size": 24}}  # fmt: skip
+    assert answer["outputs"][1]["data"] == ["device0", "edge0", "device0"]
+    np.testing.assert_array_equal(np.frombuffer(body[length:], "<i8"), cls)
+
+
+def test_all_outputs_binary_and_bytes_are_length_prefixed():
+    head = _json([_input(None, (1, 1, 8, 8), binary_data_size=256)], parameters={"binary_data_output": True})
+    req = oip.decode_json(head + bytes(256), MODEL, len(head))
+    assert req.binary == {"class", "confidence", "exit", "flags", "node"}  # the default outputs, all binary
+    assert oip.to_bytes("node", ["edge1"]) == struct.pack("<I", 5) + b"edge1"
+
+
+def test_logits_and_probabilities_when_named_json_flat_and_binary():
+    head = _json(
+        [_input(None, (2, 1, 8, 8), binary_data_size=512)],
+        outputs=[{"name": "probabilities", "parameters": {"binary_data": True}}, {"name": "logits"}, {"name": "exit"}],
+    )
+    req = oip.decode_json(head + bytes(512), MODEL, len(head))
+    assert req.outputs == ["probabilities", "logits", "exit"] and req.binary == {"probabilities"} and req.wants_logits
+    logits = np.array([[0.0, 1.0, 2.0], [np.nan, np.nan, np.nan]], np.float32)  # a row nobody could give: NaN
+    cls, conf = np.array([2, -1], np.int64), np.array([0.66, np.nan], np.float32)
+    ex, flags = np.array([3, 1], np.int32), np.array([0, 4], np.uint8)
+    body, length = oip.encode_json(MODEL, req, cls, conf, ex, flags, ["cloud", "device0"], logits)
+    answer = json.loads(body[:length])
+    probs, lg, ex_out = answer["outputs"]
+    assert probs == {"name": "probabilities", "datatype": "FP32", "shape": [2, 3],
+                     "parameters": {"binary_data_size": 24}}  # fmt: skip
+    assert lg == {"name": "logits", "datatype": "FP32", "shape": [2, 3], "data": [0.0, 1.0, 2.0, None, None, None]}
+    assert ex_out["data"] == [3, 1]
+    p = np.frombuffer(body[length:], "<f4").reshape(2, 3)
+    np.testing.assert_allclose(p[0], np.exp([0.0, 1.0, 2.0]) / np.exp([0.0, 1.0, 2.0]).sum(), rtol=1e-6)
+    assert abs(p[0].sum() - 1) < 1e-6 and np.isnan(p[1]).all()
+
+
+@pytest.mark.parametrize(
+    "body, length, code, words",
+    [
+        (b'{"inputs": [', None, "bad_message", "not valid JSON"),
+        (b'{"inputs": 3}', None, "bad_message", "Expected `array`"),
+        (_json([_input([0.0] * 128, datatype="FP64")]), None, "bad_tensor", "datatype 'FP64'; expected FP32"),
+        (_json([_input([0.0] * 128, shape=(2, 64))]), None, "bad_tensor", "shape [2, 64]; expected [-1, 1, 8, 8]"),
+        (_json([_input([0.0] * 127)]), None, "bad_tensor", "127 values in data; shape [2, 1, 8, 8] holds 128"),
+        (_json([_input([[0.0] * 64, [0.0] * 63])]), None, "bad_tensor", "flat or nested list of FP32"),
+        (_json([_input(["a"] * 128)]), None, "bad_tensor", "flat or nested list of FP32"),
+        (_json([_input(None)]), None, "bad_tensor", "no data"),
+        (_json([{**_input([0.0] * 128), "name": "x"}]), None, "bad_tensor", "unknown input 'x'"),
+        (_json([]), None, "bad_tensor", "missing input 'input'"),
+        (_json([_input([0.0] * 128)], outputs=[{"name": "features"}]), None, "bad_tensor",
+         "unknown output 'features'"),
+        (_json([_input([0.0] * 128)], parameters={"timeout": -1}), None, "bad_message", "timeout"),
+        (b"{}", 10, "bad_message", "Inference-Header-Content-Length is 10; the body has 2 bytes"),
+        (_json([_input(None, binary_data_size=512)]) + bytes(100), len(_json([_input(None, binary_data_size=512)])),
+         "bad_message", "runs past the body"),
+        (_json([_input(None, binary_data_size=100)]) + bytes(100), len(_json([_input(None, binary_data_size=100)])),
+         "bad_tensor", "100 bytes; shape [2, 1, 8, 8] of FP32 needs 512"),
+        (_json([_input([0.0] * 128)]) + bytes(8), len(_json([_input([0.0] * 128)])), "bad_message", "binary data"),
+    ],
+)  # fmt: skip
+def test_bad_requests_are_refused_with_a_code_and_one_line(body, length, code, words):
+    with pytest.raises(oip.OipError) as err:
+        oip.decode_json(body, MODEL, length)
+    assert err.value.code == code and err.value.status == 400
+    assert words in err.value.message and "\n" not in err.value.message
+
+
+def test_unknown_model_or_version_is_404():
+    MODEL.check("cis", None)
+    MODEL.check("cis", "1")
+    for name, version in (("other", None), ("cis", "2")):
+        with pytest.raises(oip.OipError) as err:
+            MODEL.check(name, version)
+        assert err.value.status == 404 and err.value.code == "not_found"
+
+
+def test_every_wire_error_code_has_an_http_and_a_grpc_status():
+    from cis.runtime.wire import ERROR_CODES
+
+    assert set(ERROR_CODES) <= set(oip.HTTP_STATUS) and set(oip.HTTP_STATUS) == set(oip.GRPC_STATUS)
+    assert oip.HTTP_STATUS["overloaded"] == 503 and oip.HTTP_STATUS["deadline_exceeded"] == 504
+    assert oip.HTTP_STATUS["too_large"] == 413
+
+
+@pytest.mark.parametrize(
+    "path, want",
+    [
+        ("/v2", ("server", None, None)),
+        ("/v2/health/live", ("live", None, None)),
+        ("/v2/health/ready", ("ready", None, None)),
+        ("/v2/models/cis", ("model", "cis", None)),
+        ("/v2/models/cis/ready", ("model_ready", "cis", None)),
+        ("/v2/models/cis/infer", ("infer", "cis", None)),
+        ("/v2/models/cis/versions/1/infer", ("infer", "cis", "1")),
+        ("/v2/models/my%20model/versions/7", ("model", "my model", "7")),
+        ("/v2/models/cis/explain", ("", "cis", None)),
+        ("/v1/models/cis", ("", None, None)),
+    ],
+)
+def test_routes(path, want):
+    assert route(path) == want

@@ -485,7 +485,8 @@ def single(bundle: Path, x: np.ndarray, args, door: bool) -> dict:
                                                        **one_tier(native, x, nodes, args, [node.proc.pid])}}
         for key, binary in (("http", False), ("http_binary", True)):  # JSON, as MLServer; binary, as KServe
             make = cis_http(node, binary=binary) if door else None
-            out["cis"][key] = one_tier(make, x, nodes, args, [node.proc.pid]) if make else {"pending": PENDING_DOOR}
+            out["cis"][key] = ({"startup_s": startup, **one_tier(make, x, nodes, args, [node.proc.pid])} if make
+                               else {"pending": PENDING_DOOR})  # fmt: skip
     finally:
         node.stop()
     for kind, workers in (("kserve", 1), ("mlserver", 0), ("mlserver", 1)):
@@ -888,7 +889,7 @@ def main(argv: list[str] | None = None) -> int:
         if not r["quick"]:
             print(f"docs/runtime.md and README.md: {fill_docs(r)} figures", file=sys.stderr)
         return 0
-    missing = missing_peers()
+    missing = missing_peers(http=not args.p50_only)  # --p50-only: the handle path alone, no HTTP client
     if missing:
         print(f"peers: needs {', '.join(missing)}: bash scripts/peers_setup.sh (or pip install '.[peers]')",
               file=sys.stderr)  # fmt: skip

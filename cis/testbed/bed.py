@@ -64,6 +64,10 @@ class Testbed:
         return self.cluster.metrics
 
     @property
+    def doors(self) -> dict[str, dict[str, str]]:
+        return self.cluster.doors
+
+    @property
     def run(self) -> str:
         return self.plan.run
 

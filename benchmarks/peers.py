@@ -1,0 +1,945 @@
+"""Ahead of the peers, measured (issue 34): cis against Ray Serve on the same three tiers, and cis's front door
+against KServe's and MLServer's servers, in one run on one machine, driven by one load generator.
+
+**The tree** (paper-7: four devices, two edges, a cloud; the same bundle, thresholds and exit policy):
+``cis serve --all`` (seven node processes and the launcher) against the same CIS as a Ray Serve app
+(benchmarks/peers/ray_serve_cis.py: a deployment per tier, seven replicas, DeploymentHandles between tiers,
+``@serve.batch``; Ray's dashboard off). cis runs with ``--no-cap`` (the Ray app has no transfer cap).
+
+1. agreement: the same samples, one at a time, through both: the same class, exit and serving node for every
+   sample, on the digits bundle and on a CIFAR-10 bundle (a tiny ``cis train`` run);
+2. p50 / p99 at batch 1 under light load (Poisson, 25 requests/s), every sample forced through the three
+   tiers (threshold inf below the root) and at the bundle's thresholds;
+3. the largest request rate each holds with p99 under 100 ms (every request answered; Poisson arrivals,
+   doubling then bisecting), batching on (cis's defaults: ``--max-batch 32 --max-wait 0``);
+4. memory: RSS and PSS of every process of each system at rest and under load at that rate;
+5. start-up: from the command to the first answered request;
+6. 2x that rate for a while: answered, refused, timed out (5 s), and memory before and after.
+
+Each over its native path (cis.Client over ZeroMQ; a Ray Serve DeploymentHandle from a driver) and over
+HTTP (cis's Open Inference Protocol front door, when ``cis serve`` has ``--http-port``: else reported as
+"pending front door"; Ray Serve's HTTP ingress speaking the same protocol's JSON infer call). Ray Serve's
+best configuration: dashboard off, the handle path, batching tuned over ``--ray-configs``
+(max_batch_size/batch_wait_timeout_s; Ray's default 10/0.01 among them), replicas with num_cpus=0 and
+``max_ongoing_requests`` twice the batch; every configuration tried is in the results.
+
+**One tier** (the cloud node's stages alone, what a single-model server does): cis (``cis serve --node
+cloud``, its front door when it has one; cis.Client as a reference), KServe's ``ModelServer`` with a
+``kserve.Model`` and MLServer with an ``MLModel`` (custom runtimes running the same ONNX stages with
+onnxruntime; MLServer with 0 and 1 parallel workers), all driven by tritonclient's HTTP client
+(``tritonclient.http.aio``): p50 / p99 at batch 1 and the largest rate under p99 100 ms. Triton's own server
+is not a Python package: it is not on the package index, so it is not compared.
+
+The load generator, cis.Client, tritonclient and the Ray driver run in this process (the project's venv);
+the servers in their own processes. Setup (once; ray[serve] in the project's venv, kserve and mlserver in
+their own venvs because they pin other fastapi/uvicorn versions)::
+
+    bash scripts/peers_setup.sh          # or: python benchmarks/peers.py --setup
+
+Runs::
+
+    python benchmarks/peers.py                 # the full run, about 20 minutes: results/peers.{json,md}
+    python benchmarks/peers.py --quick         # smoke run on the digits bundle (CI): results/peers-quick.*
+    python benchmarks/peers.py --report        # peers.md and docs/runtime.md's figures again from peers.json
+    python benchmarks/peers.py --p50-only --bundle B --inputs X.npz --out FILE.json   # scripts/gpu_peers.sh
+
+A missing peer (kserve or mlserver venv, tritonclient, ray[serve]) is reported as not installed, never
+faked. Bundles and inputs are cached in ``--work`` (default /tmp/cis-bench/peers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE / "peers"))
+
+from loadgen import CisNative, OipHttp, RayHandle, drive, holds, poisson_offsets  # noqa: E402
+from systems import (  # noqa: E402
+    VENVS,
+    CisNode,
+    CisTree,
+    MemoryPeak,
+    RayServer,
+    SingleServer,
+    cis_has_front_door,
+    descendants,
+    memory,
+    missing_peers,
+    oip_body,
+    versions,
+    wait_http,
+)
+
+from _results import REPO, RESULTS, ensure_cifar, machine, write_results  # noqa: E402
+
+PENDING_DOOR = "pending front door (cis serve has no --http-port yet: issue 33)"
+P99_LIMIT = 0.100
+LIGHT_RATE = 25.0
+GOALS = {  # issue 34's goals: (figure, comparison, bound)
+    "p50_three_tiers": ("cis p50 / Ray Serve p50, three tiers forced, batch 1", "<=", 0.25),
+    "largest_rate": ("cis / Ray Serve largest rate under p99 100 ms", ">=", 8.0),
+    "memory": ("cis / Ray Serve RSS of the 7-node tree", "<=", 0.3),
+    "startup": ("cis / Ray Serve start-up to the first answer", "<=", 0.3),
+    "door_p50_kserve": ("cis front door p50 / KServe p50, one tier, binary input", "<=", 0.5),
+    "door_p50_mlserver": ("cis front door p50 / MLServer p50, one tier, JSON input", "<=", 0.5),
+    "door_rate_kserve": ("cis front door / KServe largest rate, binary input", ">=", 2.0),
+    "door_rate_mlserver": ("cis front door / MLServer largest rate, JSON input", ">=", 2.0),
+}
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smoke run: digits bundle, short phases (CI)")
+    ap.add_argument("--setup", action="store_true", help="install the peers (scripts/peers_setup.sh) and stop")
+    ap.add_argument("--report", action="store_true", help="rebuild peers.md and docs/runtime.md's figures")
+    ap.add_argument("--p50-only", action="store_true", help="p50 through three tiers only (GPU machine)")
+    ap.add_argument("--profile", choices=["tree", "one-tier"], help="py-spy every cis process under load instead")
+    ap.add_argument("--profile-path", choices=["native", "http"], default="native", help="--profile's client path")
+    ap.add_argument("--profile-rate", type=float, default=300.0, help="--profile's request rate (Poisson)")
+    ap.add_argument("--profile-seconds", type=float, default=10.0, help="--profile's duration")
+    ap.add_argument("--work", default="/tmp/cis-bench/peers", help="bundles, inputs, logs")
+    ap.add_argument("--data", default="/tmp/cifar10", help="CIFAR-10 folder (unzipped when missing)")
+    ap.add_argument("--bundle", help="the bundle to time (default: the CIFAR-10 bundle; --quick: digits)")
+    ap.add_argument("--inputs", help="an .npz with x (N, C, H, W) to send (default: the bundle's test split)")
+    ap.add_argument("--ray-configs", default=None,
+                    help="Ray batching tried, MAX_BATCH/WAIT_S,... (default 10/0.01,1/0,32/0,32/0.002; --quick 32/0; "
+                         "--p50-only 32/0,10/0.01,1/0)")
+    ap.add_argument("--out", default=None, help="result file (default results/peers.json, peers-quick.json)")
+    args = ap.parse_args(argv)
+    default = "32/0,10/0.01,1/0" if args.p50_only else "32/0" if args.quick else "10/0.01,1/0,32/0,32/0.002"
+    text = args.ray_configs or default
+    args.configs = [{"max_batch_size": int(b), "batch_wait_timeout_s": float(w)}
+                    for b, w in (c.split("/") for c in text.split(","))]  # fmt: skip
+    args.light_n = 20 if args.quick else 200
+    args.step_s = 0.5 if args.quick else 3.0
+    args.sweep = {"start": 50.0, "cap": 400.0, "bisect": 0} if args.quick else {}
+    args.overload_s = 1.0 if args.quick else 10.0
+    args.agree_n = 40 if args.quick else 200
+    return args
+
+
+# ---------------------------------------------------------------- bundles and inputs
+
+
+def digits_bundle(work: Path) -> Path:
+    bundle = work / "digits" / "bundle"
+    if not (bundle / "manifest.json").is_file():
+        from export.fixture_bundle import make_demo_bundle
+
+        make_demo_bundle(work / "digits", steps=300)
+    return bundle
+
+
+def cifar_bundle(work: Path, data: str) -> Path:
+    """A tiny CIFAR-10 run (``cis train``, ResNet18EE at width 0.25, 3 rounds of 20 local steps), exported."""
+    bundle, run = work / "cifar10" / "bundle", work / "cifar10" / "run"
+    if (bundle / "manifest.json").is_file():
+        return bundle
+    ensure_cifar(Path(data))
+    cli = [sys.executable, "-m", "cis.cli"]
+    if not (run / "checkpoint.pt").is_file():
+        subprocess.run([*cli, "train", "--dataset", f"cifar10:{data}", "--serving", "60-30-10", "--rounds", "3",
+                        "--width", "0.25", "--local-steps", "20", "--threads", "1", "--no-progress",
+                        "--out", str(run)], check=True, stdout=subprocess.DEVNULL)  # fmt: skip
+    subprocess.run([*cli, "export", str(run), "--out", str(bundle)], check=True, stdout=subprocess.DEVNULL)
+    return bundle
+
+
+def inputs_of(bundle: Path, work: Path, n: int, given: str | None = None) -> np.ndarray:
+    """``n`` test inputs of the bundle's data set (normalised, float32), cached as an .npz in ``work``."""
+    if given:
+        with np.load(given) as z:
+            return z["x"][:n].astype(np.float32)
+    from cis.bundle import load_bundle
+
+    dataset = load_bundle(bundle, verify=False).manifest.get("dataset", "digits")
+    path = work / f"inputs-{dataset.split(':')[0]}.npz"
+    if not path.is_file():
+        from training.data import load_dataset
+
+        x = load_dataset(dataset).test.x[:2000].astype(np.float32)
+        np.savez_compressed(path, x=x)
+    with np.load(path) as z:
+        x = z["x"]
+    reps = math.ceil(n / len(x))
+    return np.concatenate([x] * reps)[:n] if reps > 1 else x[:n]
+
+
+def entry_nodes(bundle: Path, n: int) -> list[str]:
+    """The entry node of each of ``n`` requests (cis.policy.assign_entries, as ``cis infer --spec`` sends)."""
+    from cis.bundle import load_bundle
+    from cis.policy import assign_entries
+
+    spec = load_bundle(bundle, verify=False).spec
+    assert spec is not None
+    nodes = [""] * n
+    for node, idx in assign_entries(spec, n).items():
+        for i in idx:
+            nodes[int(i)] = node
+    return nodes
+
+
+# ---------------------------------------------------------------- driving
+
+
+def run_load(make: Callable[[], object], x: np.ndarray, nodes: list[str], rate: float | None,
+             timeout: float = 2.0, keep: bool = False, seed: int = 0):  # fmt: skip
+    """One run of the load generator: ``len(nodes)`` requests at ``rate`` (Poisson; None: one by one)."""
+
+    async def go():
+        transport = make()
+        try:
+            offsets = None if rate is None else poisson_offsets(rate, len(nodes), seed)
+            return await drive(transport, x, nodes, offsets, timeout, keep, rate)  # type: ignore[arg-type]
+        finally:
+            await transport.close()  # type: ignore[attr-defined]
+
+    return asyncio.run(go())
+
+
+def settle(make: Callable[[], object], x: np.ndarray, node: str, limit: float = 20.0) -> float:
+    """After an overload: wait until three lone requests are answered within the p99 limit again (a backlog
+    drained)."""
+    start = time.monotonic()
+    time.sleep(0.5)
+    while time.monotonic() - start < limit:
+        run = run_load(make, x[:3], [node] * 3, None, timeout=5.0)
+        lats = [o.latency for o in run.outcomes if o.error is None]
+        if len(lats) == 3 and max(lats) < P99_LIMIT:  # type: ignore[type-var]
+            break
+        time.sleep(0.5)
+    return time.monotonic() - start
+
+
+def light(make, x, nodes, n: int) -> dict:
+    """p50 / p99 at batch 1 under light load (Poisson at LIGHT_RATE), after 20 warm-up requests."""
+    run_load(make, x[:20], nodes[:20], None)
+    return run_load(make, x[:n], nodes[:n], LIGHT_RATE, seed=1).summary()
+
+
+def sweep(make, x, nodes, step_s: float, start: float = 25.0, cap: float = 4000.0, bisect: int = 3,
+          floor: float = 1.0) -> dict:  # fmt: skip
+    """The largest Poisson rate held with p99 < 100 ms and every request answered: doubling from ``start``
+    (halving when it does not hold there, down to ``floor``), then ``bisect`` geometric bisections."""
+    steps: list[dict] = []
+
+    def at(rate: float) -> bool:
+        n = max(30, int(rate * step_s))
+        reps = math.ceil(n / len(x))
+        xs, ns = (np.concatenate([x] * reps)[:n], (nodes * reps)[:n]) if reps > 1 else (x[:n], nodes[:n])
+        s = run_load(make, xs, ns, rate, seed=len(steps) + 2).summary()
+        s["rate"] = rate
+        s["held"] = holds(s, P99_LIMIT)
+        steps.append(s)
+        if not s["held"]:
+            s["settle_s"] = settle(make, x, nodes[0])
+        return s["held"]
+
+    lo, hi, rate = None, None, start
+    while floor <= rate <= cap:  # up from the start while it holds, or down from it until it holds
+        if at(rate):
+            lo = rate
+            if hi is not None:
+                break
+            rate *= 2
+        else:
+            hi = rate
+            if lo is not None:
+                break
+            rate /= 2
+    if lo is not None and hi is not None:
+        for _ in range(bisect):
+            mid = math.sqrt(lo * hi)
+            if at(mid):
+                lo = mid
+            else:
+                hi = mid
+    return {"largest_rate": lo or 0.0, "first_failed": hi, "steps": steps, "step_s": step_s}
+
+
+def overload(make, x, nodes, rate: float, seconds: float, roots: list[int]) -> dict:
+    """``rate`` (twice the largest held) for ``seconds``: answered, refused, timed out; memory around it."""
+    before = memory(sorted({p for r in roots for p in descendants(r)}))
+    n = max(30, int(rate * seconds))
+    reps = math.ceil(n / len(x))
+    xs, ns = (np.concatenate([x] * reps)[:n], (nodes * reps)[:n]) if reps > 1 else (x[:n], nodes[:n])
+    with MemoryPeak(roots) as peak:
+        s = run_load(make, xs, ns, rate, timeout=5.0, seed=99).summary()
+    drained = settle(make, x, nodes[0])
+    after = memory(sorted({p for r in roots for p in descendants(r)}))
+    s.update(rate=rate, seconds=seconds, rss_before_mb=before["rss_mb"], rss_peak_mb=peak.peak["rss_mb"],
+             rss_after_mb=after["rss_mb"], drained_s=drained,
+             rss_growth_mb=round(after["rss_mb"] - before["rss_mb"], 1))  # fmt: skip
+    return s
+
+
+def under_load(make, x, nodes, rate: float, seconds: float, roots: list[int]) -> dict:
+    """Memory of every process while the largest held rate runs."""
+    n = max(30, int(rate * seconds))
+    reps = math.ceil(n / len(x))
+    xs, ns = (np.concatenate([x] * reps)[:n], (nodes * reps)[:n]) if reps > 1 else (x[:n], nodes[:n])
+    with MemoryPeak(roots) as peak:
+        s = run_load(make, xs, ns, rate, seed=98).summary()
+    return {"rate": rate, "run": s, **peak.peak}
+
+
+def at_rest(roots: list[int]) -> dict:
+    time.sleep(1.0)
+    return memory(sorted({p for r in roots for p in descendants(r)}))
+
+
+# ---------------------------------------------------------------- transports per system
+
+
+def cis_native(tree: CisTree) -> Callable[[], CisNative]:
+    return lambda: CisNative({n: tree.address(n) for n in tree.nodes})
+
+
+def cis_http(tree: CisTree, model: str = "cis", binary: bool = False) -> Callable[[], OipHttp] | None:
+    urls = {n: u for n in tree.nodes if (u := tree.http_url(n))}
+    if not urls:
+        return None
+    name = door_input_name(next(iter(urls.values())), model)
+    return lambda: OipHttp(urls, model, input_name=name, binary=binary)
+
+
+def door_input_name(url: str, model: str) -> str:
+    """The model's input name from its metadata (``GET /v2/models/{model}``)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"{url}/v2/models/{model}", timeout=5) as r:
+        return json.loads(r.read())["inputs"][0]["name"]
+
+
+def first_answer(make, x, node: str, timeout: float = 120.0) -> float:
+    """Seconds (monotonic clock) at which ``node`` first answered a request."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        run = run_load(make, x[:1], [node], None, timeout=1.0)
+        if run.outcomes and run.outcomes[0].error is None:
+            return time.monotonic()
+        time.sleep(0.05)
+    raise SystemExit(f"peers: {node} gave no answer within {timeout:.0f} s")
+
+
+# ---------------------------------------------------------------- 1. agreement
+
+
+def agreement(bundle: Path, x: np.ndarray, ray: RayServer, logs: Path) -> dict:
+    """The same samples, one at a time, through cis and the Ray Serve app: class, exit, serving node."""
+    nodes = entry_nodes(bundle, len(x))
+    tree = CisTree(bundle, logs, ["--no-cap"], http=False)
+    try:
+        ours = run_load(cis_native(tree), x, nodes, None, timeout=10.0, keep=True).outcomes
+    finally:
+        tree.stop()
+    ray.redeploy(bundle)
+    theirs = run_load(lambda: RayHandle(ray.handle()), x, nodes, None, timeout=10.0, keep=True).outcomes
+    pairs = [(a.answer, b.answer) for a, b in zip(ours, theirs)]
+    answered = [(a, b) for a, b in pairs if a is not None and b is not None]
+    same = {k: sum(a[k] == b[k] for a, b in answered) for k in ("cls", "exit", "node")}
+    gap = max((abs(p - q) for a, b in answered for p, q in zip(a["confidence"], b["confidence"])), default=None)
+    exits = [e for a, _ in answered for e in a["exit"]]
+    return {
+        "bundle": str(bundle),
+        "samples": len(x),
+        "answered_both": len(answered),
+        "same_class": same["cls"],
+        "same_exit": same["exit"],
+        "same_node": same["node"],
+        "max_confidence_gap": gap,
+        "identical": len(answered) == len(x) and all(v == len(x) for v in same.values()),
+        "served_share_per_exit": {str(e): exits.count(e) / max(len(exits), 1) for e in sorted(set(exits))},
+    }
+
+
+# ---------------------------------------------------------------- 2. the tree
+
+
+def tree_cis(bundle: Path, x: np.ndarray, nodes: list[str], args, door: bool) -> dict:
+    logs = Path(args.work) / "logs"
+    out: dict = {"command": "cis serve BUNDLE --all --no-cap" + (" --http-port 0" if door else "")}
+    tree = CisTree(bundle, logs, ["--no-cap"], http=door)
+    native = cis_native(tree)
+    try:
+        out["startup_s"] = first_answer(native, x, nodes[0]) - tree.t0
+        out["ready_s"] = tree.ready_s
+        roots = [tree.proc.pid]
+        run_load(native, x[:20], nodes[:20], None)
+        out["rss_rest"] = at_rest(roots)
+        paths = {"native": native, "http": cis_http(tree) if door else None}
+        out["paths"] = {}
+        for name, make in paths.items():
+            if make is None:
+                out["paths"][name] = {"pending": PENDING_DOOR}
+                continue
+            p = out["paths"][name] = {"light_spec": light(make, x, nodes, args.light_n)}
+            p["sweep"] = sweep(make, x, nodes, args.step_s, **args.sweep)
+            p["largest_rate"] = p["sweep"]["largest_rate"]
+        rate = out["paths"]["native"]["largest_rate"]
+        if rate:
+            out["rss_load"] = under_load(native, x, nodes, rate, args.overload_s, roots)
+        for name, make in paths.items():
+            p = out["paths"][name]
+            if make is not None and p.get("largest_rate"):
+                p["overload_2x"] = overload(make, x, nodes, 2 * p["largest_rate"], args.overload_s, roots)
+    finally:
+        tree.stop()
+    tree = CisTree(bundle, logs, ["--no-cap", "--threshold", "inf"], http=door)
+    try:
+        for name, make in {"native": cis_native(tree), "http": cis_http(tree) if door else None}.items():
+            if make is not None:
+                out["paths"][name]["light_forced"] = light(make, x, nodes, args.light_n)
+    finally:
+        tree.stop()
+    return out
+
+
+def tree_ray(bundle: Path, x: np.ndarray, nodes: list[str], args, agree: dict[str, tuple[Path, np.ndarray]]) -> dict:
+    """Ray Serve: start-up and memory at rest (first configuration), agreement, every batching configuration
+    on the handle path (light load, both thresholds; the sweep), HTTP and overload with the best."""
+    work = Path(args.work)
+    first = args.configs[0]
+    cmd = ["--max-batch-size", str(first["max_batch_size"]), "--batch-wait-timeout-s",
+           str(first["batch_wait_timeout_s"])]  # fmt: skip
+    ray = RayServer(bundle, work / "ray.log", cmd, first)
+    out: dict = {"command": "python benchmarks/peers/ray_serve_cis.py --bundle BUNDLE " + " ".join(cmd)}
+    try:
+        http = ray_http(ray, nodes)
+        body = oip_body(x[:1])
+        waited = wait_http(f"{ray.url}/v2/models/{nodes[0]}/infer", body, 120, ray.proc)
+        out["startup_s"] = None if waited is None else time.monotonic() - ray.t0
+        out["ready_s"] = ray.ready_s
+        roots = [ray.proc.pid]
+        handle = ray_native(ray)
+        run_load(handle, x[:20], nodes[:20], None)
+        out["rss_rest"] = at_rest(roots)
+        out["agreement"] = {name: agreement(b, xs, ray, work / "logs") for name, (b, xs) in agree.items()}
+        tried = []
+        for cfg in args.configs:
+            row: dict = {**cfg, "redeploy_s": ray.redeploy(bundle, **cfg)}
+            row["light_spec"] = light(handle, x, nodes, args.light_n)
+            row["sweep"] = sweep(handle, x, nodes, args.step_s, **args.sweep)
+            row["largest_rate"] = row["sweep"]["largest_rate"]
+            ray.redeploy(bundle, threshold=math.inf, **cfg)
+            row["light_forced"] = light(handle, x, nodes, args.light_n)
+            tried.append(row)
+        out["configs_tried"] = tried
+        by_rate = max(tried, key=lambda r: (r["largest_rate"], -(r["light_spec"]["p50_s"] or 1e9)))
+        by_p50 = min(tried, key=lambda r: r["light_forced"]["p50_s"] or 1e9)
+        best = {k: by_rate[k] for k in ("max_batch_size", "batch_wait_timeout_s")}
+        out["best_for_rate"], out["best_for_p50"] = best, {k: by_p50[k] for k in best}
+        native = {"light_forced": by_p50["light_forced"], "light_spec": by_rate["light_spec"],
+                  "sweep": by_rate["sweep"], "largest_rate": by_rate["largest_rate"]}  # fmt: skip
+        out["paths"] = {"native": native}
+        ray.redeploy(bundle, threshold=math.inf, **out["best_for_p50"])  # (runs already when it was the last)
+        p = out["paths"]["http"] = {"light_forced": light(http, x, nodes, args.light_n)}
+        ray.redeploy(bundle, **best)
+        p["light_spec"] = light(http, x, nodes, args.light_n)
+        p["sweep"] = sweep(http, x, nodes, args.step_s, **args.sweep)
+        p["largest_rate"] = p["sweep"]["largest_rate"]
+        if native["largest_rate"]:
+            out["rss_load"] = under_load(handle, x, nodes, native["largest_rate"], args.overload_s, roots)
+        for name, make in (("native", handle), ("http", http)):
+            q = out["paths"][name]
+            if q.get("largest_rate"):
+                q["overload_2x"] = overload(make, x, nodes, 2 * q["largest_rate"], args.overload_s, roots)
+    finally:
+        ray.stop()
+    return out
+
+
+def ray_native(ray: RayServer) -> Callable[[], RayHandle]:
+    return lambda: RayHandle(ray.handle())
+
+
+def ray_http(ray: RayServer, nodes: list[str]) -> Callable[[], OipHttp]:
+    """Ray's HTTP ingress: one URL, the model named after the entry node."""
+    return lambda: OipHttp({n: ray.url for n in set(nodes)}, model=None)
+
+
+# ---------------------------------------------------------------- 3. one tier
+
+
+def single(bundle: Path, x: np.ndarray, args, door: bool) -> dict:
+    """The cloud node's stages alone behind cis, KServe and MLServer; tritonclient's HTTP client drives all."""
+    nodes = ["cloud"] * len(x)
+    out: dict = {}
+    node = CisNode(bundle, "cloud", http=door)
+    try:
+        native = cis_native(node)
+        startup = first_answer(native, x, "cloud") - node.t0
+        out["cis"] = {"startup_s": startup, "native": {"startup_s": startup,
+                                                       **one_tier(native, x, nodes, args, [node.proc.pid])}}
+        for key, binary in (("http", False), ("http_binary", True)):  # JSON, as MLServer; binary, as KServe
+            make = cis_http(node, binary=binary) if door else None
+            out["cis"][key] = ({"startup_s": startup, **one_tier(make, x, nodes, args, [node.proc.pid])} if make
+                               else {"pending": PENDING_DOOR})  # fmt: skip
+    finally:
+        node.stop()
+    for kind, workers in (("kserve", 1), ("mlserver", 0), ("mlserver", 1)):
+        key = kind if kind == "kserve" else f"mlserver_workers{workers}"
+        if not (VENVS[kind] / "bin" / "python").exists():
+            out[key] = {"not_installed": f"{VENVS[kind]} missing: bash scripts/peers_setup.sh"}
+            continue
+        server = SingleServer(kind, bundle, Path(args.work), workers)
+        try:
+            waited = wait_http(f"{server.url}/v2/models/cis/infer", oip_body(x[:1]), 120, server.proc)
+            if waited is None:
+                out[key] = {"failed": f"no answer (exit status {server.proc.poll()}); see {server.log}"}
+                continue
+            binary = kind == "kserve"  # KServe reads Triton's binary extension; MLServer only JSON
+            make = lambda url=server.url, b=binary: OipHttp({"cloud": url}, binary=b)  # noqa: E731
+            out[key] = {"startup_s": time.monotonic() - server.t0, "workers": workers,
+                        "encoding": "binary" if binary else "JSON",
+                        **one_tier(make, x, nodes, args, [server.proc.pid])}  # fmt: skip
+        finally:
+            server.stop()
+    return out
+
+
+def one_tier(make, x, nodes, args, roots: list[int]) -> dict:
+    run_load(make, x[:20], nodes[:20], None)
+    out = {"rss_rest": at_rest(roots)["rss_mb"], "light": light(make, x, nodes, args.light_n)}
+    with MemoryPeak(roots) as peak:
+        out["sweep"] = sweep(make, x, nodes, args.step_s, **args.sweep)
+    out["largest_rate"] = out["sweep"]["largest_rate"]
+    out["rss_peak"] = peak.peak["rss_mb"]
+    return out
+
+
+# ---------------------------------------------------------------- the GPU machine's variant
+
+
+def p50_only(args) -> dict:
+    """p50 at batch 1 through three tiers (forced), cis against Ray Serve (each configuration), start-up."""
+    bundle, work = Path(args.bundle), Path(args.work)
+    x = inputs_of(bundle, work, 400, args.inputs)
+    nodes = entry_nodes(bundle, len(x))
+    out: dict = {"benchmark": "peers --p50-only", "machine": machine(), "versions": versions(), "bundle": str(bundle)}
+    tree = CisTree(bundle, work / "logs", ["--no-cap", "--threshold", "inf"], http=False)
+    try:
+        native = cis_native(tree)
+        out["cis"] = {"startup_s": first_answer(native, x, nodes[0]) - tree.t0,
+                      "light_forced": light(native, x, nodes, args.light_n)}  # fmt: skip
+    finally:
+        tree.stop()
+    first = args.configs[0]
+    cmd = ["--threshold", "inf", "--max-batch-size", str(first["max_batch_size"]), "--batch-wait-timeout-s",
+           str(first["batch_wait_timeout_s"])]  # fmt: skip
+    ray = RayServer(bundle, work / "ray.log", cmd, {"threshold": math.inf, **first})
+    try:
+        waited = wait_http(f"{ray.url}/v2/models/{nodes[0]}/infer", oip_body(x[:1]), 120, ray.proc)
+        out["ray"] = {"startup_s": None if waited is None else time.monotonic() - ray.t0, "configs_tried": []}
+        for cfg in args.configs:
+            ray.redeploy(bundle, threshold=math.inf, **cfg)
+            out["ray"]["configs_tried"].append({**cfg, "light_forced": light(ray_native(ray), x, nodes,
+                                                                             args.light_n)})  # fmt: skip
+    finally:
+        ray.stop()
+    best = min(out["ray"]["configs_tried"], key=lambda r: r["light_forced"]["p50_s"] or 1e9)
+    out["ray"]["light_forced"] = best["light_forced"]
+    out["p50_ratio"] = ratio(out["cis"]["light_forced"]["p50_s"], best["light_forced"]["p50_s"])
+    return out
+
+
+# ---------------------------------------------------------------- where the time goes
+
+
+def profile(args) -> dict:
+    """py-spy on every cis process (and the load generator) while it serves ``--profile-rate`` for a while."""
+    import os
+
+    from profile_spy import record, summary
+
+    work = Path(args.work)
+    bundle = Path(args.bundle) if args.bundle else cifar_bundle(work, args.data)
+    x = inputs_of(bundle, work, 2000, args.inputs)
+    http = args.profile_path == "http"
+    if http and not cis_has_front_door():
+        raise SystemExit(f"peers: --profile-path http: {PENDING_DOOR}")
+    if args.profile == "tree":
+        system: CisTree = CisTree(bundle, work / "logs", ["--no-cap"], http=http)
+        nodes = entry_nodes(bundle, len(x))
+        pids = {n: int(v["pid"]) for n, v in system.nodes.items()}
+    else:
+        system = CisNode(bundle, "cloud", http=http)
+        nodes = ["cloud"] * len(x)
+        pids = {"cloud": system.proc.pid}
+    pids["load-generator"] = os.getpid()
+    folder = work / f"profile-{args.profile}-{args.profile_path}"
+    try:
+        first_answer(cis_native(system), x, nodes[0])  # up (the front door's metadata is read when it serves)
+        make = cis_http(system) if http else cis_native(system)
+        assert make is not None
+        run_load(make, x[:50], nodes[:50], None)
+        n = int(args.profile_rate * args.profile_seconds)
+        reps = math.ceil(n / len(x))
+        xs, ns = (np.concatenate([x] * reps)[:n], (nodes * reps)[:n]) if reps > 1 else (x[:n], nodes[:n])
+        spies = record(pids, args.profile_seconds, folder)
+        run = run_load(make, xs, ns, args.profile_rate, seed=7).summary()
+        for p in spies.values():
+            p.wait(60)
+    finally:
+        system.stop()
+    return {"benchmark": "peers --profile", "what": args.profile, "path": args.profile_path, "bundle": str(bundle),
+            "rate": args.profile_rate, "seconds": args.profile_seconds, "machine": machine(), "run": run,
+            "processes": {name: summary(folder / f"{name}.txt") for name in pids}, "raw": str(folder)}  # fmt: skip
+
+
+def profile_markdown(r: dict) -> list[str]:
+    run = r["run"]
+    lines = [f"# Where cis's time goes: {r['what']}, {r['path']} path, {r['rate']:.0f} requests/s for "
+             f"{r['seconds']:.0f} s (py-spy, 250 Hz)", "",
+             f"{r['machine']['cpus']} cores, load average {r['machine']['load_avg'][0]:.1f}. Bundle `{r['bundle']}`. "
+             f"Answered {run['answered']} of {run['requests']}, p50 {fmt(run['p50_s'], 'ms')}, "
+             f"p99 {fmt(run['p99_s'], 'ms')}. Raw stacks: `{r['raw']}`.", ""]  # fmt: skip
+    for name, p in r["processes"].items():
+        parts = ", ".join(f"{k} {v:.0%}" for k, v in p["parts"].items())
+        lines += [f"## {name} ({p['samples']} samples)", "", f"By part: {parts}.", "",
+                  "| self | function | inclusive | function |", "|---|---|---|---|"]  # fmt: skip
+        for a, b in zip(p["self"], p["inclusive"]):
+            lines.append(f"| {a['share']:.1%} | `{a['function']}` | {b['share']:.1%} | `{b['function']}` |")
+        lines.append("")
+    return lines
+
+
+# ---------------------------------------------------------------- the figures
+
+
+def ratio(a, b) -> float | None:
+    return None if a is None or b is None or not b else a / b
+
+
+def dig(d: dict | None, *keys):
+    for k in keys:
+        if not isinstance(d, dict) or k not in d:
+            return None
+        d = d[k]
+    return d
+
+
+def best_of(one: dict, prefix: str, keys: tuple[str, ...], pick=min):
+    """The best figure among the configurations of one single-model server (MLServer: 0 and 1 workers)."""
+    vals = [v for k, row in one.items() if k.startswith(prefix) if (v := dig(row, *keys)) is not None]
+    return pick(vals) if vals else None
+
+
+def headline(r: dict) -> dict:
+    """The issue's goals, each as cis's figure, the peer's, their ratio and whether the goal is met."""
+    cis, ray, one = r["tree"]["cis"], r["tree"]["ray"], r.get("single", {})
+    door, binary = dig(one, "cis", "http") or {}, dig(one, "cis", "http_binary") or {}  # JSON, binary inputs
+    pairs = {
+        "p50_three_tiers": (dig(cis, "paths", "native", "light_forced", "p50_s"),
+                            dig(ray, "paths", "native", "light_forced", "p50_s")),
+        "largest_rate": (dig(cis, "paths", "native", "largest_rate"), dig(ray, "paths", "native", "largest_rate")),
+        "memory": (dig(cis, "rss_load", "rss_mb"), dig(ray, "rss_load", "rss_mb")),
+        "startup": (cis.get("startup_s"), ray.get("startup_s")),
+        "door_p50_kserve": (dig(binary, "light", "p50_s"), dig(one, "kserve", "light", "p50_s")),
+        "door_p50_mlserver": (dig(door, "light", "p50_s"), best_of(one, "mlserver", ("light", "p50_s"))),
+        "door_rate_kserve": (binary.get("largest_rate"), dig(one, "kserve", "largest_rate")),
+        "door_rate_mlserver": (door.get("largest_rate"), best_of(one, "mlserver", ("largest_rate",), max)),
+    }  # fmt: skip
+    out = {}
+    for key, (ours, theirs) in pairs.items():
+        what, op, bound = GOALS[key]
+        q = ratio(ours, theirs)
+        met = None if q is None else (q <= bound if op == "<=" else q >= bound)
+        row = {"what": what, "cis": ours, "peer": theirs, "ratio": q, "goal": f"{op} {bound}", "met": met}
+        if key.startswith("door") and "pending" in door:
+            row["pending"] = PENDING_DOOR
+        out[key] = row
+    return out
+
+
+def fmt(v, kind: str) -> str:
+    """A figure as the docs and the markdown print it; ``pending`` when it was not measured."""
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "pending"
+    if kind == "ms":
+        return f"{v * 1000:.2f} ms"
+    if kind == "x":
+        return f"{v:.2f}x"
+    if kind == "rate":
+        return f"{v:,.0f}/s"
+    if kind == "mb":
+        return f"{v:,.0f} MB"
+    if kind == "s":
+        return f"{v:.1f} s"
+    return str(v)
+
+
+def figures(r: dict) -> dict[str, str]:
+    """The figures docs/runtime.md shows ("cis or Ray Serve?"), by name, formatted, all from the result."""
+    cis, ray, one, h = r["tree"]["cis"], r["tree"]["ray"], r.get("single", {}), r["headline"]
+    nat, rnat = dig(cis, "paths", "native") or {}, dig(ray, "paths", "native") or {}
+    http, rhttp = dig(cis, "paths", "http") or {}, dig(ray, "paths", "http") or {}
+    best = ray.get("best_for_rate") or {}
+    agree = ray.get("agreement", {})
+    f = {
+        "machine": f"{r['machine']['cpus']} cores, load average {r['machine']['load_avg'][0]:.1f} at the start",
+        "date": r.get("date", "pending"),
+        "ray_version": r["versions"].get("ray") or "pending",
+        "kserve_version": dig(r["versions"], "kserve", "kserve") or "pending",
+        "mlserver_version": dig(r["versions"], "mlserver", "mlserver") or "pending",
+        "ray_best": (f"max_batch_size {best['max_batch_size']}, batch_wait_timeout_s {best['batch_wait_timeout_s']}"
+                     if best else "pending"),
+        "p50_cis": fmt(dig(nat, "light_forced", "p50_s"), "ms"),
+        "p50_ray": fmt(dig(rnat, "light_forced", "p50_s"), "ms"),
+        "p50_ratio": fmt(h["p50_three_tiers"]["ratio"], "x"),
+        "p99_cis": fmt(dig(nat, "light_forced", "p99_s"), "ms"),
+        "p99_ray": fmt(dig(rnat, "light_forced", "p99_s"), "ms"),
+        "p50_spec_cis": fmt(dig(nat, "light_spec", "p50_s"), "ms"),
+        "p50_spec_ray": fmt(dig(rnat, "light_spec", "p50_s"), "ms"),
+        "rate_cis": fmt(nat.get("largest_rate"), "rate"),
+        "rate_ray": fmt(rnat.get("largest_rate"), "rate"),
+        "rate_ratio": fmt(h["largest_rate"]["ratio"], "x"),
+        "rss_cis": fmt(dig(cis, "rss_load", "rss_mb"), "mb"),
+        "rss_ray": fmt(dig(ray, "rss_load", "rss_mb"), "mb"),
+        "rss_ratio": fmt(h["memory"]["ratio"], "x"),
+        "pss_cis": fmt(dig(cis, "rss_load", "pss_mb"), "mb"),
+        "pss_ray": fmt(dig(ray, "rss_load", "pss_mb"), "mb"),
+        "procs_cis": str(dig(cis, "rss_load", "processes") or "pending"),
+        "procs_ray": str(dig(ray, "rss_load", "processes") or "pending"),
+        "startup_cis": fmt(cis.get("startup_s"), "s"),
+        "startup_ray": fmt(ray.get("startup_s"), "s"),
+        "startup_ratio": fmt(h["startup"]["ratio"], "x"),
+        "http_p50_cis": fmt(dig(http, "light_forced", "p50_s"), "ms"),
+        "http_p50_ray": fmt(dig(rhttp, "light_forced", "p50_s"), "ms"),
+        "http_rate_cis": fmt(http.get("largest_rate"), "rate"),
+        "http_rate_ray": fmt(rhttp.get("largest_rate"), "rate"),
+        "door_p50": fmt(h["door_p50_mlserver"]["cis"], "ms"),
+        "door_p50_binary": fmt(h["door_p50_kserve"]["cis"], "ms"),
+        "kserve_p50": fmt(h["door_p50_kserve"]["peer"], "ms"),
+        "mlserver_p50": fmt(h["door_p50_mlserver"]["peer"], "ms"),
+        "door_rate": fmt(h["door_rate_mlserver"]["cis"], "rate"),
+        "door_rate_binary": fmt(h["door_rate_kserve"]["cis"], "rate"),
+        "kserve_rate": fmt(h["door_rate_kserve"]["peer"], "rate"),
+        "mlserver_rate": fmt(h["door_rate_mlserver"]["peer"], "rate"),
+        "one_tier_native_p50": fmt(dig(one, "cis", "native", "light", "p50_s"), "ms"),
+        "one_tier_native_rate": fmt(dig(one, "cis", "native", "largest_rate"), "rate"),
+    }  # fmt: skip
+    for who, p in (("cis", nat), ("ray", rnat)):
+        o = p.get("overload_2x") or {}
+        f[f"overload_{who}"] = (
+            f"{o['answered']:,} answered, {o['refused']:,} refused, {o['timed_out']:,} timed out of "
+            f"{o['requests']:,}; RSS {o['rss_before_mb']:,.0f} -> {o['rss_after_mb']:,.0f} MB"
+            if o else "pending"
+        )
+    for name in ("digits", "cifar10"):
+        a = agree.get(name)
+        f[f"agree_{name}"] = (f"{min(a['same_class'], a['same_exit'], a['same_node'])}/{a['samples']}"
+                              if a else "pending")  # fmt: skip
+    return f
+
+
+MARK = re.compile(r"<!--peers (?P<key>\w+)-->(?P<value>.*?)<!--/peers-->", re.S)
+
+
+DOCS = (REPO / "docs" / "runtime.md", REPO / "README.md")
+
+
+def fill_docs(r: dict, paths: tuple[Path, ...] = DOCS) -> int:
+    """Write the figures into the docs where ``<!--peers NAME-->...<!--/peers-->`` marks them; how many."""
+    f = figures(r)
+    n = 0
+    for path in paths:
+        text = path.read_text()
+        unknown = sorted({m["key"] for m in MARK.finditer(text)} - set(f))
+        if unknown:
+            raise SystemExit(f"peers: {path}: unknown figure(s) {', '.join(unknown)}; expected one of {', '.join(f)}")
+        new, k = MARK.subn(lambda m: f"<!--peers {m['key']}-->{f[m['key']]}<!--/peers-->", text)
+        path.write_text(new)
+        n += k
+    return n
+
+
+def _tree_row(label: str, p: dict) -> str:
+    if "pending" in p:
+        return f"| {label} | {p['pending']} | | | | | | |"
+    o = p.get("overload_2x") or {}
+    cells = [fmt(dig(p, phase, q), "ms") for phase in ("light_forced", "light_spec") for q in ("p50_s", "p99_s")]
+    cells.append(fmt(p.get("largest_rate"), "rate"))
+    if o:
+        cells += [f"{o['answered']} / {o['refused']} / {o['timed_out']} of {o['requests']} at {o['rate']:.0f}/s",
+                  f"{o['rss_before_mb']:.0f} -> {o['rss_after_mb']:.0f} MB"]  # fmt: skip
+    else:
+        cells += ["-", "-"]
+    return f"| {label} | " + " | ".join(cells) + " |"
+
+
+def _one_tier_row(label: str, p: dict | None) -> str:
+    why = next((p[k] for k in ("pending", "not_installed", "failed") if p and k in p), None)
+    if p is None or why:
+        return f"| {label} | {why or 'not measured'} | | | | | |"
+    cells = [fmt(dig(p, "light", "p50_s"), "ms"), fmt(dig(p, "light", "p99_s"), "ms"),
+             fmt(p.get("largest_rate"), "rate"), fmt(p.get("startup_s"), "s"), fmt(p.get("rss_rest"), "mb"),
+             fmt(p.get("rss_peak"), "mb")]  # fmt: skip
+    return f"| {label} | " + " | ".join(cells) + " |"
+
+
+def markdown(r: dict) -> list[str]:
+    v, m = r["versions"], r["machine"]
+    smoke = " -- QUICK SMOKE RUN, not a result" if r["quick"] else ""
+    load = ", ".join(f"{x:.1f}" for x in m["load_avg"])
+    lines = [
+        f"# cis against its peers (issue 34){smoke}",
+        "",
+        f"{m['cpus']} cores, load average {load} at the start, {r['date']}, {r['seconds'] / 60:.1f} min. "
+        f"Timed bundle: `{r['bundle']}`. Versions: cis {v.get('cis')}, Ray {v.get('ray')}, KServe "
+        f"{dig(v, 'kserve', 'kserve')}, MLServer {dig(v, 'mlserver', 'mlserver')}, tritonclient "
+        f"{v.get('tritonclient')}, onnxruntime {v.get('onnxruntime')}, Python {v.get('python')}.",
+        "",
+        "## The goals",
+        "",
+        "| figure | cis | peer | ratio | goal | met |",
+        "|---|---|---|---|---|---|",
+    ]
+    for key, h in r["headline"].items():
+        kind = "ms" if "p50" in key else "rate" if "rate" in key else "mb" if key == "memory" else "s"
+        met = h.get("pending") or {True: "yes", False: "**no**", None: "-"}[h["met"]]
+        cells = [h["what"], fmt(h["cis"], kind), fmt(h["peer"], kind), fmt(h["ratio"], "x"), h["goal"], met]
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "## The tree: paper-7, batch 1", "",
+              "| path | p50 forced | p99 forced | p50 thresholds | p99 thresholds | largest rate, p99 < 100 ms "
+              "| 2x that rate: answered / refused / timed out | RSS before -> after 2x |",
+              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for who, label in (("cis", "cis"), ("ray", "Ray Serve")):
+        lines += [_tree_row(f"{label} {path}", p) for path, p in (r["tree"][who].get("paths") or {}).items()]
+    lines += ["", "## Memory and start-up", "",
+              "| system | processes | RSS at rest | RSS under load | PSS under load | start-up to first answer |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
+    for who, label in (("cis", "cis serve --all"), ("ray", "Ray Serve app")):
+        t = r["tree"][who]
+        cells = [label, str(dig(t, "rss_load", "processes")), fmt(dig(t, "rss_rest", "rss_mb"), "mb"),
+                 fmt(dig(t, "rss_load", "rss_mb"), "mb"), fmt(dig(t, "rss_load", "pss_mb"), "mb"),
+                 fmt(t.get("startup_s"), "s")]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    for who in ("cis", "ray"):
+        rows = sorted(dig(r["tree"][who], "rss_load", "per_process") or [], key=lambda p: -p["rss_mb"])
+        each = "; ".join(f"`{p['name']}` {p['rss_mb']:.0f} / {p['pss_mb'] or 0:.0f}" for p in rows)
+        lines += ["", f"Processes of {who} under load (RSS / PSS, MB): {each}"]
+    lines += ["", "## Ray Serve configurations tried (handle path)", "",
+              "| max_batch_size | batch_wait_timeout_s | p50 forced | p50 thresholds | largest rate |",
+              "|---|---|---|---|---|"]  # fmt: skip
+    for c in r["tree"]["ray"].get("configs_tried", []):
+        cells = [str(c["max_batch_size"]), str(c["batch_wait_timeout_s"]), fmt(dig(c, "light_forced", "p50_s"), "ms"),
+                 fmt(dig(c, "light_spec", "p50_s"), "ms"), fmt(c["largest_rate"], "rate")]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "## One tier: the cloud node's stages behind cis, KServe and MLServer (tritonclient HTTP)", "",
+              "| server | p50 | p99 | largest rate, p99 < 100 ms | start-up | RSS at rest | RSS peak |",
+              "|---|---|---|---|---|---|---|"]  # fmt: skip
+    one = r.get("single", {})
+    lines.append(_one_tier_row("cis --node cloud, cis.Client (reference, not HTTP)", dig(one, "cis", "native")))
+    lines.append(_one_tier_row("cis front door, JSON (as MLServer)", dig(one, "cis", "http")))
+    lines.append(_one_tier_row("cis front door, binary (as KServe)", dig(one, "cis", "http_binary")))
+    lines += [_one_tier_row(f"{k} ({p.get('encoding', '-')})", p) for k, p in one.items() if k != "cis"]
+    lines += ["", "## The Ray Serve app answers what cis answers", ""]
+    for name, a in r["tree"]["ray"].get("agreement", {}).items():
+        lines.append(f"- {name}: {a['samples']} samples one at a time; same class {a['same_class']}, same exit "
+                     f"{a['same_exit']}, same serving node {a['same_node']}; largest confidence gap "
+                     f"{a['max_confidence_gap']}; served per exit {a['served_share_per_exit']}")  # fmt: skip
+    lines += ["", "## Notes", "", *[f"- {n}" for n in r["notes"]]]
+    return lines
+
+
+NOTES = [
+    "Triton Inference Server itself is not compared: its server is not a Python package and is not on the package "
+    "index; its HTTP client (tritonclient) drives every HTTP path here.",
+    "cis runs with --no-cap: the Ray Serve app has no transfer cap (a cis node past its cap would serve here, "
+    "flagged capped, which is cheaper). Both use the bundle's per-node thresholds; 'forced' is threshold inf below "
+    "the root.",
+    "One load generator (asyncio, open loop, Poisson arrivals, one sample per request) in one process drives every "
+    "system; it shares the machine's cores with the servers, so on a small machine its own cost is in every figure "
+    "(the same for all). A rate is held when every request was answered, p99 < 100 ms and the generator kept up.",
+    "Ray Serve: dashboard off (Ray still starts its dashboard head process for its APIs), Ray on loopback, "
+    "replicas num_cpus=0 (seven replicas on few cores), "
+    "max_ongoing_requests twice the batch; HTTP ingress on the devices deployment (one proxy actor).",
+    "One tier: tritonclient sends the input as JSON to MLServer (it has no binary tensor extension) and with "
+    "Triton's binary extension to KServe; cis's front door is measured both ways and compared like for like. "
+    "KServe: one uvicorn worker, gRPC off. MLServer: parallel_workers 0 (the model in the server's process) and 1 "
+    "(its default: a separate inference process), metrics server off. Both run a custom model (no mlserver-onnx on "
+    "the package index) calling the same onnxruntime stages (benchmarks/peers/node_stages.py).",
+    "Memory: RSS sums count pages shared between processes once per process; PSS splits them. A system's processes "
+    "are the process started and all its descendants (Ray: its driver, GCS, raylet, agents, controller, proxy, "
+    "replicas and idle workers).",
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    if args.setup:
+        return subprocess.run(["bash", str(REPO / "scripts" / "peers_setup.sh")]).returncode
+    name = "peers-quick" if args.quick else "peers"
+    if args.report:
+        r = json.loads((Path(args.out) if args.out else RESULTS / f"{name}.json").read_text())
+        write_results(name, r, markdown(r))
+        if not r["quick"]:
+            print(f"docs/runtime.md and README.md: {fill_docs(r)} figures", file=sys.stderr)
+        return 0
+    missing = missing_peers(http=not args.p50_only)  # --p50-only: the handle path alone, no HTTP client
+    if missing:
+        print(f"peers: needs {', '.join(missing)}: bash scripts/peers_setup.sh (or pip install '.[peers]')",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    work = Path(args.work)
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    if args.profile:
+        out = profile(args)
+        write_results(f"peers-profile-{args.profile}-{args.profile_path}", out, profile_markdown(out))
+        return 0
+    if args.p50_only:
+        if not args.bundle:
+            args.bundle = str(cifar_bundle(work, args.data))
+        out = p50_only(args)
+        path = Path(args.out or RESULTS / "peers-p50.json")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(out, indent=2, default=float))
+        print(json.dumps({"p50_cis_s": out["cis"]["light_forced"]["p50_s"],
+                          "p50_ray_s": out["ray"]["light_forced"]["p50_s"], "ratio": out["p50_ratio"]}))  # fmt: skip
+        return 0
+    start = time.perf_counter()
+    r: dict = {"benchmark": "peers", "quick": args.quick, "machine": machine(), "versions": versions(),
+               "date": time.strftime("%Y-%m-%d %H:%M"), "notes": NOTES}  # fmt: skip
+    digits = digits_bundle(work)
+    agree = {"digits": (digits, inputs_of(digits, work, args.agree_n))}
+    if not args.quick:
+        cifar = cifar_bundle(work, args.data)
+        agree["cifar10"] = (cifar, inputs_of(cifar, work, args.agree_n))
+    bundle = Path(args.bundle) if args.bundle else (digits if args.quick else agree["cifar10"][0])
+    r["bundle"] = str(bundle)
+    x = inputs_of(bundle, work, 2000, args.inputs)
+    nodes = entry_nodes(bundle, len(x))
+    door = cis_has_front_door()
+    r["front_door"] = door or PENDING_DOOR
+    r["ray_configs"] = args.configs
+    print(f"peers: timing {bundle}; front door {'yes' if door else 'pending'}", file=sys.stderr)
+    r["tree"] = {"cis": tree_cis(bundle, x, nodes, args, door), "ray": tree_ray(bundle, x, nodes, args, agree)}
+    r["single"] = single(bundle, x, args, door)
+    r["headline"] = headline(r)
+    r["seconds"] = time.perf_counter() - start
+    if args.out:
+        Path(args.out).write_text(json.dumps(r, indent=2, default=float))
+    else:
+        write_results(name, r, markdown(r))
+    if not args.quick and not args.out and not args.bundle:
+        print(f"docs/runtime.md and README.md: {fill_docs(r)} figures", file=sys.stderr)
+    for key, h in r["headline"].items():
+        print(f"{key:22s} cis {h['cis']}  peer {h['peer']}  ratio {h['ratio']}  goal {h['goal']}  met {h['met']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

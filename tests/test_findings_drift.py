@@ -86,7 +86,7 @@ STRIP = (
     r"\]\([^)]*\)",
     r"\S+\.(?:md|json|py|png|sh)\b",
     r"\b\d+-\d+-\d+\b",
-    r"\b(?:ResNet|CIFAR)-\d+\b",
+    r"\b(?:ResNet|CIFAR|paper)-\d+\b",
     r"\b[HA]\d{2,3}\b",
     r"\b(?:issue|issues|Table|Theorem|line|lines|Algorithm|exit|exits|stage|head|x)\s?\d+(?:[-/,]\d+)*\b",
     r"\bseeds? \d+(?:\s?[-,]\s?\d+)*\b",

@@ -10,6 +10,8 @@ import dataclasses
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -158,3 +160,44 @@ def digits():
     from training.data import load_dataset
 
     return load_dataset("digits", seed=0).test.x[:10]
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or only its zombie (reaped by whoever adopted it)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def test_nodes_die_with_a_launcher_killed_by_sigkill(bundle_dir, two):
+    """No orphans: the nodes ask for SIGTERM on their launcher's death themselves (no preexec_fn fork)."""
+    proc = start("serve", bundle_dir, "--all", "--spec", two, "--free-ports", "--json")
+    try:
+        pids = [n["pid"] for n in started_nodes(proc).values()]
+        assert all(str(proc.pid) == open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[1] for p in pids)
+    finally:
+        proc.kill()
+        proc.wait(10)
+    end = time.monotonic() + 20
+    while not all(_gone(p) for p in pids) and time.monotonic() < end:
+        time.sleep(0.1)
+    assert all(_gone(p) for p in pids), [p for p in pids if not _gone(p)]
+
+
+def test_a_node_started_with_a_dead_launchers_pid_exits_at_once(bundle_dir, two):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    proc = start(
+        "serve",
+        bundle_dir,
+        "--spec",
+        two,
+        "--node",
+        "cloud",
+        "--bind",
+        f"tcp://127.0.0.1:{free_port()}",
+        env={**os.environ, "CIS_LAUNCHER_PID": str(dead.pid)},
+    )
+    assert proc.wait(30) == -signal.SIGTERM

@@ -36,8 +36,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from cis.bundle import load_bundle
+    from cis.runtime.orphans import die_with_launcher
     from cis.spec import load_spec
 
+    die_with_launcher()
     logs.configure(options.resolve(args))  # the file may set the log level and format too
     if args.metrics_port is not None:
         from cis.extras import require

@@ -29,12 +29,13 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cis import logs
 from cis.errors import CisError
+from cis.runtime.orphans import launcher_env
 from cis.runtime.security import CurveConfig
 from cis.spec import CisSpec
 
@@ -88,33 +89,6 @@ def plan_doors(
         scheme = ("https" if tls else "http") if door == "http" else "grpc"
         urls[door] = {nid: url(scheme, where, p).removeprefix("grpc://") for nid, p in plan[door].items()}
     return plan, urls
-
-
-def _resolve_prctl() -> Callable | None:
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        import ctypes
-
-        return ctypes.CDLL(None, use_errno=True).prctl  # resolved here: the child must not load anything
-    except (OSError, AttributeError):
-        return None
-
-
-_PRCTL = _resolve_prctl()
-
-
-def _main_thread() -> bool:
-    """PR_SET_PDEATHSIG fires when the *thread* that started the child ends: only use it from the main thread."""
-    import threading
-
-    return threading.current_thread() is threading.main_thread()
-
-
-def _die_with_parent() -> None:  # runs in the child between fork and exec
-    """The node gets SIGTERM when the launcher dies, even by SIGKILL (no orphans)."""
-    assert _PRCTL is not None  # only given to Popen when there is one
-    _PRCTL(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 @dataclass
@@ -199,8 +173,7 @@ class Cluster:
                 stdin=subprocess.DEVNULL,
                 stdout=out if out else subprocess.DEVNULL,
                 stderr=out if out else None,
-                env=None if self.env is None else dict(self.env),
-                preexec_fn=_die_with_parent if _PRCTL is not None and _main_thread() else None,
+                env=launcher_env(None if self.env is None else dict(self.env)),  # no preexec_fn: see orphans
             )
         finally:
             if out is not None:

@@ -160,25 +160,32 @@ def effects(acc: dict, seeds: list[int]) -> dict:
     return out
 
 
-def auto_regret(summary: dict) -> dict:
-    """Per condition and cell: the best fixed strategy's mean minus auto's (auto at 5-15-80 is flops)."""
+def auto_regret(acc: dict) -> dict:
+    """Per condition and cell: the best fixed strategy's mean minus auto's, both over auto's seeds (auto at
+    5-15-80 is flops), so a strategy with more seeds is not compared on a different sample."""
     out: dict = {}
-    for name, by_cell in summary.items():
+    for name, by_cell in acc.items():
         for cell, by_strategy in by_cell.items():
-            fixed = {s: c["mean"] for s, c in by_strategy.items() if s in STRATEGIES}
-            auto = by_strategy.get("auto") if cell == AUTO_CELL else by_strategy.get("flops")
-            if not fixed or auto is None:
+            auto = by_strategy.get("auto" if cell == AUTO_CELL else "flops", {})
+            seeds = sorted(s for s in auto if all(s in by_strategy.get(f, {}) for f in STRATEGIES))
+            if not seeds:
                 continue
-            best = max(fixed, key=fixed.get)
+            fixed = {f: float(np.mean([by_strategy[f][s] for s in seeds])) for f in STRATEGIES}
+            auto_mean = float(np.mean([auto[s] for s in seeds]))
+            best = max(fixed, key=fixed.__getitem__)
             out.setdefault(name, {})[cell] = {
                 "auto_is": "serving-ramp" if cell == AUTO_CELL else "flops",
-                "auto_mean": auto["mean"],
-                "auto_seeds": auto["seeds"],
+                "auto_mean": auto_mean,
+                "auto_seeds": seeds,
                 "best_fixed": best,
                 "best_mean": fixed[best],
-                "regret": fixed[best] - auto["mean"],
+                "regret": fixed[best] - auto_mean,
             }
     return out
+
+
+def _p(p: float | None) -> str:
+    return "–" if p is None else f"{p:.3f}"
 
 
 def findings(result: dict) -> list[str]:
@@ -191,10 +198,12 @@ def findings(result: dict) -> list[str]:
             continue
         moved = [k for k in ("data", "steps") if (e[k].get("holm_p") or 1.0) < 0.05]
         parts = ", ".join(
-            f"{k} {c['mean']:+.2f} ± {c['sd']:.2f} ({c['signs']}, Holm p {c['holm_p']:.3f})"
+            f"{k} {c['mean']:+.2f} ± {c['sd']:.2f} ({c['signs']}, Holm p {_p(c['holm_p'])})"
             for k, c in ((k, e[k]) for k in EFFECTS)
         )
-        if moved:
+        if len(e["data"]["seeds"]) < 2:
+            verdict = "one seed so far, no test: nothing can be said yet about what moves"
+        elif moved:
             verdict = " and ".join(moved) + (" moves" if len(moved) == 1 else " move")
         else:
             bigger = max(("data", "steps"), key=lambda k: abs(e[k]["mean"]))
@@ -205,7 +214,7 @@ def findings(result: dict) -> list[str]:
         for cell, r in by_cell.items():
             lines.append(
                 f"- auto regret, {name} {cell}: {r['regret']:+.2f} (auto = {r['auto_is']} {r['auto_mean']:.2f}; "
-                f"best fixed {r['best_fixed']} {r['best_mean']:.2f})."
+                f"best fixed {r['best_fixed']} {r['best_mean']:.2f}; seeds {','.join(map(str, r['auto_seeds']))})."
             )
     return lines
 
@@ -223,7 +232,7 @@ def report(seeds: list[int]) -> dict:
         "effects": effects(acc, seeds),
         "root_sgd_steps": steps,
     }
-    result["auto_regret"] = auto_regret(summary)
+    result["auto_regret"] = auto_regret(acc)
     text = findings(result)
     result["findings"] = "\n".join(text)
     RESULTS.mkdir(parents=True, exist_ok=True)

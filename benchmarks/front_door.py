@@ -13,7 +13,10 @@ others), and in every block, side by side:
 (b) requests per second with the node on one core: ``GET /v2/health/live`` (goal: at least 5,000/s; 16 pipelined
     on each of 4 connections, and one at a time on each of 8, as load balancers probe) and infer at batch 1 over
     HTTP (8 pipelined on each of 8 connections), gRPC and ZeroMQ (64 in flight each);
-(c) ``--idle`` idle HTTP connections held open (default 10,000; the node's open-files limit permitting):
+(c) the transport floor: bare echo servers (benchmarks/transport_echo.py, pinned like the node) over grpcio and
+    pyzmq, the request's bytes sent and returned, taking turns call by call: what grpcio costs over ZeroMQ
+    before any cis code runs, so the gRPC door's added latency splits into the library's and the door's own;
+(d) ``--idle`` idle HTTP connections held open (default 10,000; the node's open-files limit permitting):
     infer p50 over HTTP beside them, and the node's open files and RSS before, with them, and after.
 
 Medians over ``--repeats`` blocks. The machine's load is recorded (the development machine is shared).
@@ -142,6 +145,50 @@ def grpc_call(target: str, x: np.ndarray):
     return channel, stub, req
 
 
+def start_echo(kind: str) -> tuple[subprocess.Popen, int]:
+    from cis.runtime.launcher import free_port
+
+    port = free_port()
+    cmd = [sys.executable, str(Path(__file__).with_name("transport_echo.py")), kind, str(port)]
+    if (os.cpu_count() or 1) >= 2 and shutil.which("taskset"):
+        cmd = ["taskset", "-c", "0", *cmd]
+    return subprocess.Popen(cmd, stderr=subprocess.DEVNULL), port
+
+
+def floor_block(payload: bytes, n: int) -> dict:
+    """p50 and p99 of a bare grpcio echo and a bare pyzmq echo of ``payload``, taking turns call by call."""
+    import grpc
+    import zmq
+
+    from transport_echo import METHOD
+
+    (gproc, gport), (zproc, zport) = start_echo("grpc"), start_echo("zeromq")
+    channel = grpc.insecure_channel(f"127.0.0.1:{gport}")
+    try:
+        grpc.channel_ready_future(channel).result(timeout=30)
+        echo = channel.unary_unary(METHOD)
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.connect(f"tcp://127.0.0.1:{zport}")
+        calls = {"grpc_echo": lambda: echo(payload), "zeromq_echo": lambda: (sock.send(payload), sock.recv())}
+        out = {name: np.empty(n) for name in calls}
+        for _ in range(50):
+            for call in calls.values():
+                call()
+        for i in range(n):
+            for name, call in calls.items():
+                t = time.perf_counter()
+                call()
+                out[name][i] = time.perf_counter() - t
+        sock.close(0)
+    finally:
+        channel.close()
+        for p in (gproc, zproc):
+            p.kill()
+            p.wait(10)
+    return {k: {"p50_ms": float(np.percentile(v, 50) * 1e3), "p99_ms": float(np.percentile(v, 99) * 1e3)}
+            for k, v in out.items()}  # fmt: skip
+
+
 def latency_block(zmq: str, http: tuple[str, int], target: str, x: np.ndarray, n: int) -> dict:
     """p50 and p99 per protocol, the protocols taking turns request by request (so a shared machine's load
     falls on all of them alike)."""
@@ -265,9 +312,10 @@ def main() -> int:
     blocks: list[dict] = []
     try:
         for _ in range(args.repeats):
-            block: dict = {"latency": {}, "rate": {}}
+            block: dict = {"latency": {}, "rate": {}, "floor": {}}
             for batch, x in inputs.items():
                 block["latency"][str(batch)] = latency_block(zmq, http, target, x, args.n)
+                block["floor"][str(batch)] = floor_block(x.tobytes(), args.n)
             health = b"GET /v2/health/live HTTP/1.1\r\nHost: b\r\n\r\n"
             block["rate"]["http_health"] = http_rate(http, health, args.rate_n)
             block["rate"]["http_health_one_in_flight_per_conn"] = http_rate(http, health, args.rate_n // 4, 8, 1)
@@ -304,6 +352,15 @@ def summarize(blocks: list[dict]) -> dict:
         out["latency"][batch] = rows
     for key in blocks[0]["rate"]:
         out["rate"][key] = med([b["rate"][key] for b in blocks])
+    out["floor"] = {}
+    for batch in blocks[0]["floor"]:
+        g = [b["floor"][batch]["grpc_echo"]["p50_ms"] for b in blocks]
+        z = [b["floor"][batch]["zeromq_echo"]["p50_ms"] for b in blocks]
+        grpc_over = med([a - c for a, c in zip(g, z)])
+        door = out["latency"][batch]["grpc"]["added_p50_ms"]
+        out["floor"][batch] = {"grpc_echo_p50_ms": med(g), "zeromq_echo_p50_ms": med(z),
+                               "grpcio_over_zeromq_p50_ms": grpc_over,
+                               "grpc_door_own_p50_ms": door - grpc_over}  # fmt: skip
     return out
 
 
@@ -325,6 +382,13 @@ def markdown(summary: dict, idle: dict, data: dict) -> list[str]:
                          f"{r['added_p99_ms']:+.3f} |")  # fmt: skip
     lines += ["", "| requests per second (node on one core) | |", "|---|---|"]
     lines += [f"| {k} | {v:,.0f} |" for k, v in summary["rate"].items()]
+    lines += ["", "Transport floor (bare echo servers of the request's bytes, no cis code; "
+              "benchmarks/transport_echo.py):", "",
+              "| batch | grpcio echo p50 ms | pyzmq echo p50 ms | grpcio over pyzmq | gRPC door's own (added - that) |",
+              "|---|---|---|---|---|"]  # fmt: skip
+    for batch, f in summary.get("floor", {}).items():
+        lines.append(f"| {batch} | {f['grpc_echo_p50_ms']:.3f} | {f['zeromq_echo_p50_ms']:.3f} | "
+                     f"{f['grpcio_over_zeromq_p50_ms']:+.3f} | {f['grpc_door_own_p50_ms']:+.3f} |")  # fmt: skip
     b, w, a = idle["before"], idle["with_them"], idle["after"]
     lines += [
         "",

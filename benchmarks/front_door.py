@@ -170,21 +170,27 @@ def floor_block(payload: bytes, n: int) -> dict:
         sock = zmq.Context.instance().socket(zmq.DEALER)
         sock.connect(f"tcp://127.0.0.1:{zport}")
         calls = {"grpc_echo": lambda: echo(payload), "zeromq_echo": lambda: (sock.send(payload), sock.recv())}
-        out = {name: np.empty(n) for name in calls}
         for _ in range(50):
             for call in calls.values():
                 call()
-        for i in range(n):
-            for name, call in calls.items():
-                t = time.perf_counter()
-                call()
-                out[name][i] = time.perf_counter() - t
+        out = taking_turns(calls, n)
         sock.close(0)
     finally:
         channel.close()
         for p in (gproc, zproc):
             p.kill()
             p.wait(10)
+    return out
+
+
+def taking_turns(calls: dict, n: int) -> dict:
+    """p50 and p99 (ms) of each call, the calls taking turns ``n`` times (a shared machine's load falls on all)."""
+    out = {name: np.empty(n) for name in calls}
+    for i in range(n):
+        for name, call in calls.items():
+            t = time.perf_counter()
+            call()
+            out[name][i] = time.perf_counter() - t
     return {k: {"p50_ms": float(np.percentile(v, 50) * 1e3), "p99_ms": float(np.percentile(v, 99) * 1e3)}
             for k, v in out.items()}  # fmt: skip
 
@@ -204,20 +210,14 @@ def latency_block(zmq: str, http: tuple[str, int], target: str, x: np.ndarray, n
         calls[name] = lambda h=h, req=req: h.call(req)
     channel, stub, greq = grpc_call(target, x)
     calls["grpc"] = lambda: stub(greq)
-    out = {name: np.empty(n) for name in calls}
     for call in calls.values():
         call()
-    for i in range(n):
-        for name, call in calls.items():
-            t = time.perf_counter()
-            call()
-            out[name][i] = time.perf_counter() - t
+    out = taking_turns(calls, n)
     c.close()
     for h in clients:
         h.sock.close()
     channel.close()
-    return {k: {"p50_ms": float(np.percentile(v, 50) * 1e3), "p99_ms": float(np.percentile(v, 99) * 1e3)}
-            for k, v in out.items()}  # fmt: skip
+    return out
 
 
 def http_rate(http: tuple[str, int], request: bytes, n: int, conns: int = 4, depth: int = 16) -> float:

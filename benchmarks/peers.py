@@ -53,6 +53,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -65,7 +66,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "peers"))
 
-from loadgen import CisNative, OipHttp, RayHandle, drive, holds, poisson_offsets  # noqa: E402
+from loadgen import CisNative, OipHttp, RayHandle, drive, drive_sync, holds, poisson_offsets  # noqa: E402
 from systems import (  # noqa: E402
     VENVS,
     CisNode,
@@ -74,10 +75,12 @@ from systems import (  # noqa: E402
     RayServer,
     SingleServer,
     cis_has_front_door,
+    cpu_seconds,
     descendants,
     memory,
     missing_peers,
     oip_body,
+    split_cpus,
     versions,
     wait_http,
 )
@@ -105,8 +108,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--setup", action="store_true", help="install the peers (scripts/peers_setup.sh) and stop")
     ap.add_argument("--report", action="store_true", help="rebuild peers.md and docs/runtime.md's figures")
     ap.add_argument("--p50-only", action="store_true", help="p50 through three tiers only (GPU machine)")
-    ap.add_argument("--profile", choices=["tree", "one-tier"], help="py-spy every cis process under load instead")
-    ap.add_argument("--profile-path", choices=["native", "http"], default="native", help="--profile's client path")
+    ap.add_argument("--only", choices=["one-tier"], help="one section alone: results/peers[-quick]-one-tier.*")
+    ap.add_argument("--no-pin", dest="pin", action="store_false",
+                    help="one tier: do not pin the load generator to its own core and the servers to the others")
+    ap.add_argument("--profile", choices=["tree", "one-tier"], help="py-spy every process under load instead")
+    ap.add_argument("--profile-path", choices=["native", "http", "binary"], default="native",
+                    help="--profile's client path (http: JSON input; binary: Triton's binary extension)")
+    ap.add_argument("--profile-server", choices=["cis", "kserve", "mlserver", "null"], default="cis",
+                    help="--profile one-tier: the server profiled (all but cis over HTTP)")
     ap.add_argument("--profile-rate", type=float, default=300.0, help="--profile's request rate (Poisson)")
     ap.add_argument("--profile-seconds", type=float, default=10.0, help="--profile's duration")
     ap.add_argument("--work", default="/tmp/cis-bench/peers", help="bundles, inputs, logs")
@@ -126,6 +135,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args.step_s = 0.5 if args.quick else 3.0
     args.sweep = {"start": 50.0, "cap": 400.0, "bisect": 0} if args.quick else {}
     args.overload_s = 1.0 if args.quick else 10.0
+    args.cost_rate, args.cost_s = (50.0, 1.0) if args.quick else (200.0, 5.0)
     args.agree_n = 40 if args.quick else 200
     return args
 
@@ -197,16 +207,27 @@ def entry_nodes(bundle: Path, n: int) -> list[str]:
 def run_load(make: Callable[[], object], x: np.ndarray, nodes: list[str], rate: float | None,
              timeout: float = 2.0, keep: bool = False, seed: int = 0):  # fmt: skip
     """One run of the load generator: ``len(nodes)`` requests at ``rate`` (Poisson; None: one by one)."""
+    offsets = None if rate is None else poisson_offsets(rate, len(nodes), seed)
+    transport = make()
+    if isinstance(transport, OipHttp):  # the synchronous HTTP client: greenlets, no asyncio
+        try:
+            return drive_sync(transport, x, nodes, offsets, timeout, keep, rate)
+        finally:
+            transport.close()
 
     async def go():
-        transport = make()
         try:
-            offsets = None if rate is None else poisson_offsets(rate, len(nodes), seed)
             return await drive(transport, x, nodes, offsets, timeout, keep, rate)  # type: ignore[arg-type]
         finally:
             await transport.close()  # type: ignore[attr-defined]
 
     return asyncio.run(go())
+
+
+def repeat(x: np.ndarray, nodes: list[str], n: int) -> tuple[np.ndarray, list[str]]:
+    """``n`` requests: the inputs and entry nodes repeated as often as needed."""
+    reps = math.ceil(n / len(x))
+    return (np.concatenate([x] * reps)[:n], (nodes * reps)[:n]) if reps > 1 else (x[:n], nodes[:n])
 
 
 def settle(make: Callable[[], object], x: np.ndarray, node: str, limit: float = 20.0) -> float:
@@ -236,9 +257,7 @@ def sweep(make, x, nodes, step_s: float, start: float = 25.0, cap: float = 4000.
     steps: list[dict] = []
 
     def at(rate: float) -> bool:
-        n = max(30, int(rate * step_s))
-        reps = math.ceil(n / len(x))
-        xs, ns = (np.concatenate([x] * reps)[:n], (nodes * reps)[:n]) if reps > 1 else (x[:n], nodes[:n])
+        xs, ns = repeat(x, nodes, max(30, int(rate * step_s)))
         s = run_load(make, xs, ns, rate, seed=len(steps) + 2).summary()
         s["rate"] = rate
         s["held"] = holds(s, P99_LIMIT)
@@ -272,9 +291,7 @@ def sweep(make, x, nodes, step_s: float, start: float = 25.0, cap: float = 4000.
 def overload(make, x, nodes, rate: float, seconds: float, roots: list[int]) -> dict:
     """``rate`` (twice the largest held) for ``seconds``: answered, refused, timed out; memory around it."""
     before = memory(sorted({p for r in roots for p in descendants(r)}))
-    n = max(30, int(rate * seconds))
-    reps = math.ceil(n / len(x))
-    xs, ns = (np.concatenate([x] * reps)[:n], (nodes * reps)[:n]) if reps > 1 else (x[:n], nodes[:n])
+    xs, ns = repeat(x, nodes, max(30, int(rate * seconds)))
     with MemoryPeak(roots) as peak:
         s = run_load(make, xs, ns, rate, timeout=5.0, seed=99).summary()
     drained = settle(make, x, nodes[0])
@@ -287,9 +304,7 @@ def overload(make, x, nodes, rate: float, seconds: float, roots: list[int]) -> d
 
 def under_load(make, x, nodes, rate: float, seconds: float, roots: list[int]) -> dict:
     """Memory of every process while the largest held rate runs."""
-    n = max(30, int(rate * seconds))
-    reps = math.ceil(n / len(x))
-    xs, ns = (np.concatenate([x] * reps)[:n], (nodes * reps)[:n]) if reps > 1 else (x[:n], nodes[:n])
+    xs, ns = repeat(x, nodes, max(30, int(rate * seconds)))
     with MemoryPeak(roots) as peak:
         s = run_load(make, xs, ns, rate, seed=98).summary()
     return {"rate": rate, "run": s, **peak.peak}
@@ -474,10 +489,36 @@ def ray_http(ray: RayServer, nodes: list[str]) -> Callable[[], OipHttp]:
 
 
 def single(bundle: Path, x: np.ndarray, args, door: bool) -> dict:
-    """The cloud node's stages alone behind cis, KServe and MLServer; tritonclient's HTTP client drives all."""
+    """The cloud node's stages alone behind cis, KServe and MLServer, and a null endpoint (the client's floor);
+    tritonclient's HTTP client drives all, from a core of its own (``--pin``: the servers on the others)."""
     nodes = ["cloud"] * len(x)
+    cpus = split_cpus() if args.pin else None
+    client_cpus, server_cpus = cpus if cpus else (None, None)
+    out: dict = {"pinning": {"load_generator": sorted(client_cpus), "servers": sorted(server_cpus)} if cpus
+                 else None}  # fmt: skip
+    before = os.sched_getaffinity(0)
+    if client_cpus:
+        os.sched_setaffinity(0, client_cpus)
+    try:
+        out.update(single_servers(bundle, x, nodes, args, door, server_cpus))
+    finally:
+        os.sched_setaffinity(0, before)
+    return out
+
+
+def single_servers(bundle: Path, x: np.ndarray, nodes: list[str], args, door: bool, cpus: set[int] | None) -> dict:
     out: dict = {}
-    node = CisNode(bundle, "cloud", http=door)
+    work = Path(args.work)
+    null = SingleServer("null", bundle, work, cpus=cpus)
+    try:
+        if wait_http(f"{null.url}/v2/models/cis/infer", oip_body(x[:1]), 30, null.proc) is None:
+            raise SystemExit(f"peers: the null endpoint did not start; see {null.log}")
+        for key, binary in (("null", False), ("null_binary", True)):
+            make = lambda url=null.url, b=binary: OipHttp({"cloud": url}, binary=b)  # noqa: E731
+            out[key] = {"encoding": "binary" if binary else "JSON", **one_tier(make, x, nodes, args, [null.proc.pid])}
+    finally:
+        null.stop()
+    node = CisNode(bundle, "cloud", http=door, cpus=cpus)
     try:
         native = cis_native(node)
         startup = first_answer(native, x, "cloud") - node.t0
@@ -494,7 +535,7 @@ def single(bundle: Path, x: np.ndarray, args, door: bool) -> dict:
         if not (VENVS[kind] / "bin" / "python").exists():
             out[key] = {"not_installed": f"{VENVS[kind]} missing: bash scripts/peers_setup.sh"}
             continue
-        server = SingleServer(kind, bundle, Path(args.work), workers)
+        server = SingleServer(kind, bundle, work, workers, cpus=cpus)
         try:
             waited = wait_http(f"{server.url}/v2/models/cis/infer", oip_body(x[:1]), 120, server.proc)
             if waited is None:
@@ -513,11 +554,29 @@ def single(bundle: Path, x: np.ndarray, args, door: bool) -> dict:
 def one_tier(make, x, nodes, args, roots: list[int]) -> dict:
     run_load(make, x[:20], nodes[:20], None)
     out = {"rss_rest": at_rest(roots)["rss_mb"], "light": light(make, x, nodes, args.light_n)}
+    out["cost"] = cost(make, x, nodes, args.cost_rate, args.cost_s, roots)
     with MemoryPeak(roots) as peak:
         out["sweep"] = sweep(make, x, nodes, args.step_s, **args.sweep)
     out["largest_rate"] = out["sweep"]["largest_rate"]
     out["rss_peak"] = peak.peak["rss_mb"]
     return out
+
+
+def cost(make, x, nodes, rate: float, seconds: float, roots: list[int]) -> dict:
+    """CPU per request at a fixed rate, each side's own: the load generator's (this process: the client) and the
+    server's (every process of it), from the kernel's accounting (user + system time)."""
+    xs, ns = repeat(x, nodes, max(30, int(rate * seconds)))
+    transport = make()
+    if isinstance(transport, OipHttp):
+        transport.prepare(xs)  # the bodies are made once, before any timed run: not the client's cost here
+    pids = sorted({p for r in roots for p in descendants(r)})
+    server0, client0 = cpu_seconds(pids), time.process_time()
+    s = run_load(make, xs, ns, rate, seed=97).summary()
+    client, server = time.process_time() - client0, cpu_seconds(pids) - server0
+    done = max(s["answered"], 1)
+    return {"rate": rate, "requests": s["requests"], "answered": s["answered"], "p50_s": s["p50_s"],
+            "client_cpu_ms": 1000 * client / done, "server_cpu_ms": 1000 * server / done,
+            "server_busy": server / max(s["requests"] / rate, 1e-9)}  # fmt: skip
 
 
 # ---------------------------------------------------------------- the GPU machine's variant
@@ -559,49 +618,71 @@ def p50_only(args) -> dict:
 
 
 def profile(args) -> dict:
-    """py-spy on every cis process (and the load generator) while it serves ``--profile-rate`` for a while."""
-    import os
-
+    """py-spy on every process of a system (and the load generator) while it serves ``--profile-rate`` for a
+    while: cis's tree or its cloud node, or (``--profile one-tier --profile-server``) KServe, MLServer (0 parallel
+    workers) or the null endpoint; one tier pinned as in the benchmark (``--no-pin``: not)."""
     from profile_spy import record, summary
 
     work = Path(args.work)
     bundle = Path(args.bundle) if args.bundle else cifar_bundle(work, args.data)
     x = inputs_of(bundle, work, 2000, args.inputs)
-    http = args.profile_path == "http"
-    if http and not cis_has_front_door():
-        raise SystemExit(f"peers: --profile-path http: {PENDING_DOOR}")
+    http, binary = args.profile_path != "native", args.profile_path == "binary"
+    server = args.profile_server if args.profile == "one-tier" else "cis"
+    if http and server == "cis" and not cis_has_front_door():
+        raise SystemExit(f"peers: --profile-path {args.profile_path}: {PENDING_DOOR}")
+    if server != "cis" and not http:
+        raise SystemExit(f"peers: --profile-server {server} is reached over HTTP: --profile-path http or binary")
+    cpus = split_cpus() if args.pin and args.profile == "one-tier" else None
+    before = os.sched_getaffinity(0)
+    system: CisTree | SingleServer
     if args.profile == "tree":
-        system: CisTree = CisTree(bundle, work / "logs", ["--no-cap"], http=http)
+        system = CisTree(bundle, work / "logs", ["--no-cap"], http=http)
         nodes = entry_nodes(bundle, len(x))
         pids = {n: int(v["pid"]) for n, v in system.nodes.items()}
-    else:
-        system = CisNode(bundle, "cloud", http=http)
+    elif server == "cis":
+        system = CisNode(bundle, "cloud", http=http, cpus=cpus and cpus[1])
         nodes = ["cloud"] * len(x)
         pids = {"cloud": system.proc.pid}
+    else:
+        system = SingleServer(server, bundle, work, 0, cpus=cpus and cpus[1])
+        nodes = ["cloud"] * len(x)
+        if wait_http(f"{system.url}/v2/models/cis/infer", oip_body(x[:1]), 120, system.proc) is None:
+            system.stop()
+            raise SystemExit(f"peers: {server} did not start; see {system.log}")
+        pids = {server: system.proc.pid}
     pids["load-generator"] = os.getpid()
-    folder = work / f"profile-{args.profile}-{args.profile_path}"
+    tag = f"-{server}" if args.profile == "one-tier" else ""
+    folder = work / f"profile-{args.profile}-{args.profile_path}{tag}"
     try:
-        first_answer(cis_native(system), x, nodes[0])  # up (the front door's metadata is read when it serves)
-        make = cis_http(system) if http else cis_native(system)
+        if cpus:
+            os.sched_setaffinity(0, cpus[0])
+        if isinstance(system, SingleServer):
+            make: Callable | None = lambda: OipHttp({"cloud": system.url}, binary=binary)  # noqa: E731
+        else:
+            first_answer(cis_native(system), x, nodes[0])  # up (the front door's metadata is read when it serves)
+            make = cis_http(system, binary=binary) if http else cis_native(system)
         assert make is not None
         run_load(make, x[:50], nodes[:50], None)
-        n = int(args.profile_rate * args.profile_seconds)
-        reps = math.ceil(n / len(x))
-        xs, ns = (np.concatenate([x] * reps)[:n], (nodes * reps)[:n]) if reps > 1 else (x[:n], nodes[:n])
+        xs, ns = repeat(x, nodes, int(args.profile_rate * args.profile_seconds))
+        if http:
+            make().prepare(xs)  # the bodies, before the profile
         spies = record(pids, args.profile_seconds, folder)
         run = run_load(make, xs, ns, args.profile_rate, seed=7).summary()
         for p in spies.values():
             p.wait(60)
     finally:
+        os.sched_setaffinity(0, before)
         system.stop()
-    return {"benchmark": "peers --profile", "what": args.profile, "path": args.profile_path, "bundle": str(bundle),
-            "rate": args.profile_rate, "seconds": args.profile_seconds, "machine": machine(), "run": run,
-            "processes": {name: summary(folder / f"{name}.txt") for name in pids}, "raw": str(folder)}  # fmt: skip
+    return {"benchmark": "peers --profile", "what": args.profile, "path": args.profile_path, "server": server,
+            "bundle": str(bundle), "rate": args.profile_rate, "seconds": args.profile_seconds, "machine": machine(),
+            "pinned": bool(cpus), "run": run, "raw": str(folder),
+            "processes": {name: summary(folder / f"{name}.txt") for name in pids}}  # fmt: skip
 
 
 def profile_markdown(r: dict) -> list[str]:
     run = r["run"]
-    lines = [f"# Where cis's time goes: {r['what']}, {r['path']} path, {r['rate']:.0f} requests/s for "
+    lines = [f"# Where the time goes: {r.get('server', 'cis')}, {r['what']}, {r['path']} path, {r['rate']:.0f} "
+             f"requests/s for "
              f"{r['seconds']:.0f} s (py-spy, 250 Hz)", "",
              f"{r['machine']['cpus']} cores, load average {r['machine']['load_avg'][0]:.1f}. Bundle `{r['bundle']}`. "
              f"Answered {run['answered']} of {run['requests']}, p50 {fmt(run['p50_s'], 'ms')}, "
@@ -639,7 +720,7 @@ def best_of(one: dict, prefix: str, keys: tuple[str, ...], pick=min):
 
 def headline(r: dict) -> dict:
     """The issue's goals, each as cis's figure, the peer's, their ratio and whether the goal is met."""
-    cis, ray, one = r["tree"]["cis"], r["tree"]["ray"], r.get("single", {})
+    cis, ray, one = dig(r, "tree", "cis") or {}, dig(r, "tree", "ray") or {}, r.get("single", {})
     door, binary = dig(one, "cis", "http") or {}, dig(one, "cis", "http_binary") or {}  # JSON, binary inputs
     pairs = {
         "p50_three_tiers": (dig(cis, "paths", "native", "light_forced", "p50_s"),
@@ -678,6 +759,8 @@ def fmt(v, kind: str) -> str:
         return f"{v:,.0f} MB"
     if kind == "s":
         return f"{v:.1f} s"
+    if kind == "cpu":
+        return f"{v:.2f} ms"
     return str(v)
 
 
@@ -783,11 +866,39 @@ def _tree_row(label: str, p: dict) -> str:
 def _one_tier_row(label: str, p: dict | None) -> str:
     why = next((p[k] for k in ("pending", "not_installed", "failed") if p and k in p), None)
     if p is None or why:
-        return f"| {label} | {why or 'not measured'} | | | | | |"
+        return f"| {label} | {why or 'not measured'} | | | | | | | |"
     cells = [fmt(dig(p, "light", "p50_s"), "ms"), fmt(dig(p, "light", "p99_s"), "ms"),
-             fmt(p.get("largest_rate"), "rate"), fmt(p.get("startup_s"), "s"), fmt(p.get("rss_rest"), "mb"),
+             fmt(p.get("largest_rate"), "rate"), fmt(dig(p, "cost", "client_cpu_ms"), "cpu"),
+             fmt(dig(p, "cost", "server_cpu_ms"), "cpu"), fmt(p.get("startup_s"), "s"), fmt(p.get("rss_rest"), "mb"),
              fmt(p.get("rss_peak"), "mb")]  # fmt: skip
     return f"| {label} | " + " | ".join(cells) + " |"
+
+
+ONE_TIER_ROWS = (  # (label, keys into the one-tier result)
+    ("null endpoint, JSON (the client's floor)", ("null",)),
+    ("null endpoint, binary (the client's floor)", ("null_binary",)),
+    ("cis --node cloud, cis.Client (reference, not HTTP)", ("cis", "native")),
+    ("cis front door, JSON (as MLServer)", ("cis", "http")),
+    ("cis front door, binary (as KServe)", ("cis", "http_binary")),
+)
+
+
+def one_tier_markdown(r: dict) -> list[str]:
+    one = r.get("single", {})
+    pin = one.get("pinning")
+    where = (f"The load generator ran on core {pin['load_generator']}, every server on cores {pin['servers']} "
+             "(taskset)." if pin else "The load generator and the servers shared every core (no pinning).")  # fmt: skip
+    rate = next((dig(p, "cost", "rate") for p in one.values() if dig(p, "cost", "rate")), None)
+    lines = ["", "## One tier: the cloud node's stages behind cis, KServe and MLServer (tritonclient HTTP)", "",
+             f"{where} CPU per request: user + system time of the load generator's process (client) and of every "
+             f"process of the server (server), over a run at {fmt(rate, 'rate')}, divided by the answers.", "",
+             "| server | p50 | p99 | largest rate, p99 < 100 ms | client CPU / request | server CPU / request "
+             "| start-up | RSS at rest | RSS peak |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [_one_tier_row(label, dig(one, *keys)) for label, keys in ONE_TIER_ROWS if dig(one, *keys)]
+    lines += [_one_tier_row(f"{k} ({p.get('encoding', '-')})", p) for k, p in one.items()
+              if k not in ("cis", "null", "null_binary", "pinning")]  # fmt: skip
+    return lines
 
 
 def markdown(r: dict) -> list[str]:
@@ -812,42 +923,37 @@ def markdown(r: dict) -> list[str]:
         met = h.get("pending") or {True: "yes", False: "**no**", None: "-"}[h["met"]]
         cells = [h["what"], fmt(h["cis"], kind), fmt(h["peer"], kind), fmt(h["ratio"], "x"), h["goal"], met]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "## The tree: paper-7, batch 1", "",
-              "| path | p50 forced | p99 forced | p50 thresholds | p99 thresholds | largest rate, p99 < 100 ms "
-              "| 2x that rate: answered / refused / timed out | RSS before -> after 2x |",
-              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for who, label in (("cis", "cis"), ("ray", "Ray Serve")):
-        lines += [_tree_row(f"{label} {path}", p) for path, p in (r["tree"][who].get("paths") or {}).items()]
-    lines += ["", "## Memory and start-up", "",
-              "| system | processes | RSS at rest | RSS under load | PSS under load | start-up to first answer |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
-    for who, label in (("cis", "cis serve --all"), ("ray", "Ray Serve app")):
-        t = r["tree"][who]
-        cells = [label, str(dig(t, "rss_load", "processes")), fmt(dig(t, "rss_rest", "rss_mb"), "mb"),
-                 fmt(dig(t, "rss_load", "rss_mb"), "mb"), fmt(dig(t, "rss_load", "pss_mb"), "mb"),
-                 fmt(t.get("startup_s"), "s")]  # fmt: skip
-        lines.append("| " + " | ".join(cells) + " |")
-    for who in ("cis", "ray"):
-        rows = sorted(dig(r["tree"][who], "rss_load", "per_process") or [], key=lambda p: -p["rss_mb"])
-        each = "; ".join(f"`{p['name']}` {p['rss_mb']:.0f} / {p['pss_mb'] or 0:.0f}" for p in rows)
-        lines += ["", f"Processes of {who} under load (RSS / PSS, MB): {each}"]
-    lines += ["", "## Ray Serve configurations tried (handle path)", "",
-              "| max_batch_size | batch_wait_timeout_s | p50 forced | p50 thresholds | largest rate |",
-              "|---|---|---|---|---|"]  # fmt: skip
-    for c in r["tree"]["ray"].get("configs_tried", []):
-        cells = [str(c["max_batch_size"]), str(c["batch_wait_timeout_s"]), fmt(dig(c, "light_forced", "p50_s"), "ms"),
-                 fmt(dig(c, "light_spec", "p50_s"), "ms"), fmt(c["largest_rate"], "rate")]  # fmt: skip
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "## One tier: the cloud node's stages behind cis, KServe and MLServer (tritonclient HTTP)", "",
-              "| server | p50 | p99 | largest rate, p99 < 100 ms | start-up | RSS at rest | RSS peak |",
-              "|---|---|---|---|---|---|---|"]  # fmt: skip
-    one = r.get("single", {})
-    lines.append(_one_tier_row("cis --node cloud, cis.Client (reference, not HTTP)", dig(one, "cis", "native")))
-    lines.append(_one_tier_row("cis front door, JSON (as MLServer)", dig(one, "cis", "http")))
-    lines.append(_one_tier_row("cis front door, binary (as KServe)", dig(one, "cis", "http_binary")))
-    lines += [_one_tier_row(f"{k} ({p.get('encoding', '-')})", p) for k, p in one.items() if k != "cis"]
-    lines += ["", "## The Ray Serve app answers what cis answers", ""]
-    for name, a in r["tree"]["ray"].get("agreement", {}).items():
+    if r.get("tree"):
+        lines += ["", "## The tree: paper-7, batch 1", "",
+                  "| path | p50 forced | p99 forced | p50 thresholds | p99 thresholds | largest rate, p99 < 100 ms "
+                  "| 2x that rate: answered / refused / timed out | RSS before -> after 2x |",
+                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for who, label in (("cis", "cis"), ("ray", "Ray Serve")):
+            lines += [_tree_row(f"{label} {path}", p) for path, p in (r["tree"][who].get("paths") or {}).items()]
+        lines += ["", "## Memory and start-up", "",
+                  "| system | processes | RSS at rest | RSS under load | PSS under load | start-up to first answer |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for who, label in (("cis", "cis serve --all"), ("ray", "Ray Serve app")):
+            t = r["tree"][who]
+            cells = [label, str(dig(t, "rss_load", "processes")), fmt(dig(t, "rss_rest", "rss_mb"), "mb"),
+                     fmt(dig(t, "rss_load", "rss_mb"), "mb"), fmt(dig(t, "rss_load", "pss_mb"), "mb"),
+                     fmt(t.get("startup_s"), "s")]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
+        for who in ("cis", "ray"):
+            rows = sorted(dig(r["tree"][who], "rss_load", "per_process") or [], key=lambda p: -p["rss_mb"])
+            each = "; ".join(f"`{p['name']}` {p['rss_mb']:.0f} / {p['pss_mb'] or 0:.0f}" for p in rows)
+            lines += ["", f"Processes of {who} under load (RSS / PSS, MB): {each}"]
+        lines += ["", "## Ray Serve configurations tried (handle path)", "",
+                  "| max_batch_size | batch_wait_timeout_s | p50 forced | p50 thresholds | largest rate |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for c in r["tree"]["ray"].get("configs_tried", []):
+            cells = [str(c["max_batch_size"]), str(c["batch_wait_timeout_s"]),
+                     fmt(dig(c, "light_forced", "p50_s"), "ms"), fmt(dig(c, "light_spec", "p50_s"), "ms"),
+                     fmt(c["largest_rate"], "rate")]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
+    lines += one_tier_markdown(r)
+    lines += ["", "## The Ray Serve app answers what cis answers", ""] if r.get("tree") else []
+    for name, a in (dig(r, "tree", "ray", "agreement") or {}).items():
         lines.append(f"- {name}: {a['samples']} samples one at a time; same class {a['same_class']}, same exit "
                      f"{a['same_exit']}, same serving node {a['same_node']}; largest confidence gap "
                      f"{a['max_confidence_gap']}; served per exit {a['served_share_per_exit']}")  # fmt: skip
@@ -882,11 +988,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.setup:
         return subprocess.run(["bash", str(REPO / "scripts" / "peers_setup.sh")]).returncode
-    name = "peers-quick" if args.quick else "peers"
+    name = ("peers-quick" if args.quick else "peers") + (f"-{args.only}" if args.only else "")
     if args.report:
         r = json.loads((Path(args.out) if args.out else RESULTS / f"{name}.json").read_text())
         write_results(name, r, markdown(r))
-        if not r["quick"]:
+        if not r["quick"] and r.get("tree"):
             print(f"docs/runtime.md and README.md: {fill_docs(r)} figures", file=sys.stderr)
         return 0
     missing = missing_peers(http=not args.p50_only)  # --p50-only: the handle path alone, no HTTP client
@@ -898,7 +1004,8 @@ def main(argv: list[str] | None = None) -> int:
     (work / "logs").mkdir(parents=True, exist_ok=True)
     if args.profile:
         out = profile(args)
-        write_results(f"peers-profile-{args.profile}-{args.profile_path}", out, profile_markdown(out))
+        tag = f"-{args.profile_server}" if args.profile == "one-tier" else ""
+        write_results(f"peers-profile-{args.profile}-{args.profile_path}{tag}", out, profile_markdown(out))
         return 0
     if args.p50_only:
         if not args.bundle:
@@ -915,10 +1022,10 @@ def main(argv: list[str] | None = None) -> int:
                "date": time.strftime("%Y-%m-%d %H:%M"), "notes": NOTES}  # fmt: skip
     digits = digits_bundle(work)
     agree = {"digits": (digits, inputs_of(digits, work, args.agree_n))}
-    if not args.quick:
+    if not args.quick and not args.only:
         cifar = cifar_bundle(work, args.data)
         agree["cifar10"] = (cifar, inputs_of(cifar, work, args.agree_n))
-    bundle = Path(args.bundle) if args.bundle else (digits if args.quick else agree["cifar10"][0])
+    bundle = Path(args.bundle) if args.bundle else digits if args.quick else cifar_bundle(work, args.data)
     r["bundle"] = str(bundle)
     x = inputs_of(bundle, work, 2000, args.inputs)
     nodes = entry_nodes(bundle, len(x))
@@ -926,7 +1033,8 @@ def main(argv: list[str] | None = None) -> int:
     r["front_door"] = door or PENDING_DOOR
     r["ray_configs"] = args.configs
     print(f"peers: timing {bundle}; front door {'yes' if door else 'pending'}", file=sys.stderr)
-    r["tree"] = {"cis": tree_cis(bundle, x, nodes, args, door), "ray": tree_ray(bundle, x, nodes, args, agree)}
+    if not args.only:
+        r["tree"] = {"cis": tree_cis(bundle, x, nodes, args, door), "ray": tree_ray(bundle, x, nodes, args, agree)}
     r["single"] = single(bundle, x, args, door)
     r["headline"] = headline(r)
     r["seconds"] = time.perf_counter() - start
@@ -934,7 +1042,7 @@ def main(argv: list[str] | None = None) -> int:
         Path(args.out).write_text(json.dumps(r, indent=2, default=float))
     else:
         write_results(name, r, markdown(r))
-    if not args.quick and not args.out and not args.bundle:
+    if not args.quick and not args.out and not args.bundle and not args.only:
         print(f"docs/runtime.md and README.md: {fill_docs(r)} figures", file=sys.stderr)
     for key, h in r["headline"].items():
         print(f"{key:22s} cis {h['cis']}  peer {h['peer']}  ratio {h['ratio']}  goal {h['goal']}  met {h['met']}")

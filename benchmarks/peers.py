@@ -77,6 +77,7 @@ from systems import (  # noqa: E402
     cis_has_front_door,
     cpu_seconds,
     descendants,
+    machine_busy,
     memory,
     missing_peers,
     oip_body,
@@ -506,8 +507,24 @@ def single(bundle: Path, x: np.ndarray, args, door: bool) -> dict:
     return out
 
 
+def stages_alone(bundle: Path, x: np.ndarray, n: int) -> dict:
+    """The cloud node's stages and decision alone, in this process, one sample at a time (node_stages.py, what
+    every server here runs per request): the part of each round trip no server can save."""
+    from node_stages import NodeStages
+
+    stages = NodeStages(str(bundle))
+    for i in range(20):
+        stages(x[i : i + 1])
+    times = []
+    for i in range(n):
+        t = time.perf_counter()
+        stages(x[i : i + 1])
+        times.append(time.perf_counter() - t)
+    return {"samples": n, "p50_s": float(np.median(times)), "mean_s": float(np.mean(times))}
+
+
 def single_servers(bundle: Path, x: np.ndarray, nodes: list[str], args, door: bool, cpus: set[int] | None) -> dict:
-    out: dict = {}
+    out: dict = {"stages_alone": stages_alone(bundle, x, args.light_n)}
     work = Path(args.work)
     null = SingleServer("null", bundle, work, cpus=cpus)
     try:
@@ -552,14 +569,23 @@ def single_servers(bundle: Path, x: np.ndarray, nodes: list[str], args, door: bo
 
 
 def one_tier(make, x, nodes, args, roots: list[int]) -> dict:
+    """p50 / p99 under light load, CPU per request, the largest rate, memory; and how busy other processes kept
+    the machine meanwhile (``others_cores``: the cores they used on average; on a quiet machine about 0)."""
     run_load(make, x[:20], nodes[:20], None)
+    t0, busy0, ours0 = time.monotonic(), machine_busy(), time.process_time() + cpu_seconds(_pids(roots))
     out = {"rss_rest": at_rest(roots)["rss_mb"], "light": light(make, x, nodes, args.light_n)}
     out["cost"] = cost(make, x, nodes, args.cost_rate, args.cost_s, roots)
     with MemoryPeak(roots) as peak:
         out["sweep"] = sweep(make, x, nodes, args.step_s, **args.sweep)
     out["largest_rate"] = out["sweep"]["largest_rate"]
     out["rss_peak"] = peak.peak["rss_mb"]
+    others = machine_busy() - busy0 - (time.process_time() + cpu_seconds(_pids(roots)) - ours0)
+    out["others_cores"] = round(max(others, 0.0) / (time.monotonic() - t0), 3)
     return out
+
+
+def _pids(roots: list[int]) -> list[int]:
+    return sorted({p for r in roots for p in descendants(r)})
 
 
 def cost(make, x, nodes, rate: float, seconds: float, roots: list[int]) -> dict:
@@ -569,7 +595,7 @@ def cost(make, x, nodes, rate: float, seconds: float, roots: list[int]) -> dict:
     transport = make()
     if isinstance(transport, OipHttp):
         transport.prepare(xs)  # the bodies are made once, before any timed run: not the client's cost here
-    pids = sorted({p for r in roots for p in descendants(r)})
+    pids = _pids(roots)
     server0, client0 = cpu_seconds(pids), time.process_time()
     s = run_load(make, xs, ns, rate, seed=97).summary()
     client, server = time.process_time() - client0, cpu_seconds(pids) - server0
@@ -764,9 +790,32 @@ def fmt(v, kind: str) -> str:
     return str(v)
 
 
+SHORT = {  # the goals as the README's sentence names them
+    "p50_three_tiers": "p50 through three tiers against Ray Serve",
+    "largest_rate": "largest rate against Ray Serve",
+    "memory": "memory of the tree against Ray Serve",
+    "startup": "start-up against Ray Serve",
+    "door_p50_kserve": "front door p50 against KServe (binary input)",
+    "door_p50_mlserver": "front door p50 against MLServer (JSON input)",
+    "door_rate_kserve": "front door rate against KServe (binary input)",
+    "door_rate_mlserver": "front door rate against MLServer (JSON input)",
+}
+
+
+def verdict(h: dict) -> str:
+    """The goals met and the goals missed, each with its ratio: one sentence for the README."""
+    said = {True: [], False: []}  # type: dict[bool, list[str]]
+    for key, row in h.items():
+        if row.get("met") is not None and "pending" not in row:
+            said[row["met"]].append(f"{SHORT[key]} {fmt(row['ratio'], 'x')} ({row['goal']})")
+    met = "; ".join(said[True]) or "none"
+    missed = "; ".join(said[False]) or "none"
+    return f"Goals met: {met}. Goals missed: {missed}"
+
+
 def figures(r: dict) -> dict[str, str]:
     """The figures docs/runtime.md shows ("cis or Ray Serve?"), by name, formatted, all from the result."""
-    cis, ray, one, h = r["tree"]["cis"], r["tree"]["ray"], r.get("single", {}), r["headline"]
+    cis, ray, one, h = dig(r, "tree", "cis") or {}, dig(r, "tree", "ray") or {}, r.get("single", {}), r["headline"]
     nat, rnat = dig(cis, "paths", "native") or {}, dig(ray, "paths", "native") or {}
     http, rhttp = dig(cis, "paths", "http") or {}, dig(ray, "paths", "http") or {}
     best = ray.get("best_for_rate") or {}
@@ -813,6 +862,21 @@ def figures(r: dict) -> dict[str, str]:
         "mlserver_rate": fmt(h["door_rate_mlserver"]["peer"], "rate"),
         "one_tier_native_p50": fmt(dig(one, "cis", "native", "light", "p50_s"), "ms"),
         "one_tier_native_rate": fmt(dig(one, "cis", "native", "largest_rate"), "rate"),
+        "null_p50": fmt(dig(one, "null", "light", "p50_s"), "ms"),
+        "null_p50_binary": fmt(dig(one, "null_binary", "light", "p50_s"), "ms"),
+        "null_rate": fmt(dig(one, "null", "largest_rate"), "rate"),
+        "null_rate_binary": fmt(dig(one, "null_binary", "largest_rate"), "rate"),
+        "client_cpu": fmt(dig(one, "null", "cost", "client_cpu_ms"), "cpu"),
+        "client_cpu_binary": fmt(dig(one, "null_binary", "cost", "client_cpu_ms"), "cpu"),
+        "server_cpu_cis": fmt(dig(one, "cis", "http", "cost", "server_cpu_ms"), "cpu"),
+        "server_cpu_cis_binary": fmt(dig(one, "cis", "http_binary", "cost", "server_cpu_ms"), "cpu"),
+        "server_cpu_cis_native": fmt(dig(one, "cis", "native", "cost", "server_cpu_ms"), "cpu"),
+        "server_cpu_kserve": fmt(dig(one, "kserve", "cost", "server_cpu_ms"), "cpu"),
+        "server_cpu_mlserver": fmt(dig(one, "mlserver_workers0", "cost", "server_cpu_ms"), "cpu"),
+        "cost_rate": fmt(next((dig(p, "cost", "rate") for p in one.values() if dig(p, "cost", "rate")), None), "rate"),
+        "verdict": verdict(h),
+        "stages_alone": fmt(dig(one, "stages_alone", "p50_s"), "ms"),
+        "floor": (floors(one) or {}).get("text", "pending"),
     }  # fmt: skip
     for who, p in (("cis", nat), ("ray", rnat)):
         o = p.get("overload_2x") or {}
@@ -897,8 +961,38 @@ def one_tier_markdown(r: dict) -> list[str]:
              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     lines += [_one_tier_row(label, dig(one, *keys)) for label, keys in ONE_TIER_ROWS if dig(one, *keys)]
     lines += [_one_tier_row(f"{k} ({p.get('encoding', '-')})", p) for k, p in one.items()
-              if k not in ("cis", "null", "null_binary", "pinning")]  # fmt: skip
+              if k not in ("cis", "null", "null_binary", "pinning", "stages_alone")]  # fmt: skip
+    others = {k: p["others_cores"] for k, p in _one_tier_results(one) if p.get("others_cores") is not None}
+    if others:
+        lines += ["", "Other processes on the machine meanwhile, cores used on average: "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in others.items()) + "."]  # fmt: skip
+    floor = floors(one)
+    if floor:
+        lines += ["", f"The floor of every HTTP p50 here: the client alone (the null endpoint's p50) plus the stages "
+                  f"alone (onnxruntime and the decision, one sample in the load generator's process: "
+                  f"{fmt(dig(one, 'stages_alone', 'p50_s'), 'ms')}): {floor['text']}."]  # fmt: skip
     return lines
+
+
+def _one_tier_results(one: dict) -> list[tuple[str, dict]]:
+    """(name, result) of every one-tier row measured."""
+    rows = [(k, p) for k, p in one.items() if k not in ("cis", "pinning", "stages_alone") and isinstance(p, dict)]
+    return [*((f"cis {k}", p) for k, p in (one.get("cis") or {}).items() if isinstance(p, dict)), *rows]
+
+
+def floors(one: dict) -> dict | None:
+    """The best p50 any server could give with this client and these stages, per encoding, and what that best
+    would be as a ratio of each peer's p50 (a goal below it cannot be met by the server alone)."""
+    stages = dig(one, "stages_alone", "p50_s")
+    json_floor, bin_floor = dig(one, "null", "light", "p50_s"), dig(one, "null_binary", "light", "p50_s")
+    if stages is None or json_floor is None or bin_floor is None:
+        return None
+    json_floor, bin_floor = json_floor + stages, bin_floor + stages
+    ks = ratio(bin_floor, dig(one, "kserve", "light", "p50_s"))
+    ml = ratio(json_floor, best_of(one, "mlserver", ("light", "p50_s")))
+    text = (f"{fmt(bin_floor, 'ms')} with binary input ({fmt(ks, 'x')} of KServe's p50), {fmt(json_floor, 'ms')} "
+            f"with JSON ({fmt(ml, 'x')} of MLServer's)")  # fmt: skip
+    return {"binary_s": bin_floor, "json_s": json_floor, "kserve_ratio": ks, "mlserver_ratio": ml, "text": text}
 
 
 def markdown(r: dict) -> list[str]:
@@ -967,9 +1061,15 @@ NOTES = [
     "cis runs with --no-cap: the Ray Serve app has no transfer cap (a cis node past its cap would serve here, "
     "flagged capped, which is cheaper). Both use the bundle's per-node thresholds; 'forced' is threshold inf below "
     "the root.",
-    "One load generator (asyncio, open loop, Poisson arrivals, one sample per request) in one process drives every "
-    "system; it shares the machine's cores with the servers, so on a small machine its own cost is in every figure "
-    "(the same for all). A rate is held when every request was answered, p99 < 100 ms and the generator kept up.",
+    "One load generator (open loop, Poisson arrivals, one sample per request) in one process drives every system: "
+    "asyncio for cis.Client and Ray's handle; for every HTTP path the same tritonclient client "
+    "(tritonclient.http, its synchronous geventhttpclient client, a greenlet per request in flight), each sample's "
+    "request body made once with tritonclient's generate_request_body before the timed run and posted as infer "
+    "posts it. A rate is held when every request was answered, p99 < 100 ms and the generator kept up.",
+    "One tier: the load generator runs on a core of its own and every server on the others (taskset; --no-pin: "
+    "not); a null endpoint (benchmarks/peers/null_oip.py: a canned answer, no work) measures the client alone, and "
+    "the stages alone are timed in the load generator's process: together, the floor of every HTTP p50. CPU per "
+    "request is each side's own user + system time (the kernel's accounting) over a run at a fixed rate.",
     "Ray Serve: dashboard off (Ray still starts its dashboard head process for its APIs), Ray on loopback, "
     "replicas num_cpus=0 (seven replicas on few cores), "
     "max_ongoing_requests twice the batch; HTTP ingress on the devices deployment (one proxy actor).",

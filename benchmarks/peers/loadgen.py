@@ -274,8 +274,9 @@ class OipHttp:
     def prepare(self, x: np.ndarray) -> list[tuple[bytes, int | None]]:
         return [self.body(x[i : i + 1]) for i in range(len(x))]
 
-    def post(self, node: str, prepared: tuple[bytes, int | None]) -> dict:
-        """One infer call (``InferenceServerClient.infer`` with its body made already): the outputs' data."""
+    def post(self, node: str, prepared: tuple[bytes, int | None], keep: bool = False) -> dict | None:
+        """One infer call (``InferenceServerClient.infer`` with its body made already); with ``keep``, the outputs
+        as lists (tritonclient asks for binary outputs where the server has the extension: read as numpy)."""
         body, json_size = prepared
         model = self.model or node
         headers = dict(self.headers)
@@ -285,9 +286,12 @@ class OipHttp:
         if response.status_code != 200:
             response.read()
             raise Refused(str(response.status_code))
-        result = self._th.InferResult(response, False).get_response()
-        out = {o["name"]: list(o.get("data", [])) for o in result.get("outputs", [])}
-        return {"outputs": out, "parameters": result.get("parameters") or {}}
+        result = self._th.InferResult(response, False)
+        if not keep:
+            return None
+        outputs = result.get_response().get("outputs", [])
+        out = {o["name"]: result.as_numpy(o["name"]).ravel().tolist() for o in outputs}
+        return {"outputs": out, "parameters": result.get_response().get("parameters") or {}}
 
     def close(self) -> None:
         for c in self.clients.values():
@@ -309,7 +313,7 @@ def drive_sync(transport: OipHttp, x: np.ndarray, nodes: Sequence[str], offsets:
     def one(i: int, t_send: float) -> None:
         try:
             with gevent.Timeout(timeout + 5.0):  # a backstop: the connection's own timeout comes first
-                got = transport.post(nodes[i], bodies[i])
+                got = transport.post(nodes[i], bodies[i], keep_answers)
             lat = time.perf_counter() - t_send
             late = lat > timeout  # waited for a free connection, then answered: too late all the same
             outcomes[i] = Outcome(t_send - start, None if late else lat, "timeout" if late else None,

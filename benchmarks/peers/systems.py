@@ -145,6 +145,12 @@ def cpu_seconds(pids: list[int]) -> float:
     return total / tick
 
 
+def machine_busy() -> float:
+    """CPU seconds every core of the machine has been busy so far (/proc/stat: all but idle and iowait)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def split_cpus() -> tuple[set[int], set[int]] | None:
     """The load generator's core and the servers' cores (the first of this process's cores; the rest), or None
     with fewer than two."""

@@ -109,7 +109,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--setup", action="store_true", help="install the peers (scripts/peers_setup.sh) and stop")
     ap.add_argument("--report", action="store_true", help="rebuild peers.md and docs/runtime.md's figures")
     ap.add_argument("--p50-only", action="store_true", help="p50 through three tiers only (GPU machine)")
-    ap.add_argument("--only", choices=["one-tier"], help="one section alone: results/peers[-quick]-one-tier.*")
+    ap.add_argument("--only", choices=["tree", "one-tier"],
+                    help="one section alone: results/peers[-quick]-SECTION.* (--merge joins the two)")
+    ap.add_argument("--merge", action="store_true",
+                    help="peers.json (and the docs' figures) from peers-tree.json and peers-one-tier.json, two runs "
+                         "each in a window of its own (a machine where one run may take at most 15 minutes)")
     ap.add_argument("--no-pin", dest="pin", action="store_false",
                     help="one tier: do not pin the load generator to its own core and the servers to the others")
     ap.add_argument("--profile", choices=["tree", "one-tier"], help="py-spy every process under load instead")
@@ -509,18 +513,24 @@ def single(bundle: Path, x: np.ndarray, args, door: bool) -> dict:
 
 def stages_alone(bundle: Path, x: np.ndarray, n: int) -> dict:
     """The cloud node's stages and decision alone, in this process, one sample at a time (node_stages.py, what
-    every server here runs per request): the part of each round trip no server can save."""
+    every server here runs per request): the part of each round trip no server can save. Timed back to back,
+    and spaced as the light load spaces requests (an idle core between them: what a request at light load meets)."""
     from node_stages import NodeStages
 
     stages = NodeStages(str(bundle))
     for i in range(20):
         stages(x[i : i + 1])
-    times = []
-    for i in range(n):
-        t = time.perf_counter()
-        stages(x[i : i + 1])
-        times.append(time.perf_counter() - t)
-    return {"samples": n, "p50_s": float(np.median(times)), "mean_s": float(np.mean(times))}
+    out: dict = {"samples": n}
+    for key, gap in (("back_to_back", 0.0), ("light", 1.0 / LIGHT_RATE)):
+        times = []
+        for i in range(n):
+            time.sleep(gap)
+            t = time.perf_counter()
+            stages(x[i : i + 1])
+            times.append(time.perf_counter() - t)
+        out[key] = {"p50_s": float(np.median(times)), "mean_s": float(np.mean(times))}
+    out["p50_s"] = out["light"]["p50_s"]
+    return out
 
 
 def single_servers(bundle: Path, x: np.ndarray, nodes: list[str], args, door: bool, cpus: set[int] | None) -> dict:
@@ -969,8 +979,9 @@ def one_tier_markdown(r: dict) -> list[str]:
     floor = floors(one)
     if floor:
         lines += ["", f"The floor of every HTTP p50 here: the client alone (the null endpoint's p50) plus the stages "
-                  f"alone (onnxruntime and the decision, one sample in the load generator's process: "
-                  f"{fmt(dig(one, 'stages_alone', 'p50_s'), 'ms')}): {floor['text']}."]  # fmt: skip
+                  f"alone (onnxruntime and the decision, one sample at a time in the load generator's process, spaced "
+                  f"as the light load: {fmt(dig(one, 'stages_alone', 'p50_s'), 'ms')}; back to back "
+                  f"{fmt(dig(one, 'stages_alone', 'back_to_back', 'p50_s'), 'ms')}): {floor['text']}."]  # fmt: skip
     return lines
 
 
@@ -1007,6 +1018,9 @@ def markdown(r: dict) -> list[str]:
         f"{dig(v, 'kserve', 'kserve')}, MLServer {dig(v, 'mlserver', 'mlserver')}, tritonclient "
         f"{v.get('tritonclient')}, onnxruntime {v.get('onnxruntime')}, Python {v.get('python')}.",
         "",
+        *(["Run in two windows (`--only tree`, `--only one-tier`, then `--merge`): " + "; ".join(
+            f"{name} {p['date']}, load average {p['machine']['load_avg'][0]:.1f} at its start, "
+            f"{p['seconds'] / 60:.1f} min" for name, p in r["parts"].items()) + ".", ""] if r.get("parts") else []),
         "## The goals",
         "",
         "| figure | cis | peer | ratio | goal | met |",
@@ -1045,7 +1059,8 @@ def markdown(r: dict) -> list[str]:
                      fmt(dig(c, "light_forced", "p50_s"), "ms"), fmt(dig(c, "light_spec", "p50_s"), "ms"),
                      fmt(c["largest_rate"], "rate")]  # fmt: skip
             lines.append("| " + " | ".join(cells) + " |")
-    lines += one_tier_markdown(r)
+    if r.get("single"):
+        lines += one_tier_markdown(r)
     lines += ["", "## The Ray Serve app answers what cis answers", ""] if r.get("tree") else []
     for name, a in (dig(r, "tree", "ray", "agreement") or {}).items():
         lines.append(f"- {name}: {a['samples']} samples one at a time; same class {a['same_class']}, same exit "
@@ -1084,11 +1099,29 @@ NOTES = [
 ]
 
 
+def merge(tree: dict, one: dict) -> dict:
+    """One result from a ``--only tree`` run and a ``--only one-tier`` run: each section as its run measured it,
+    each run's date, machine and length kept (``parts``); the goals from both."""
+    r = {**tree, "single": one["single"]}
+    r["parts"] = {name: {k: part.get(k) for k in ("date", "machine", "seconds", "bundle", "versions")}
+                  for name, part in (("tree", tree), ("one-tier", one))}  # fmt: skip
+    r["seconds"] = tree["seconds"] + one["seconds"]
+    r["date"] = f"{tree['date']} (tree), {one['date']} (one tier)"
+    r["headline"] = headline(r)
+    return r
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.setup:
         return subprocess.run(["bash", str(REPO / "scripts" / "peers_setup.sh")]).returncode
     name = ("peers-quick" if args.quick else "peers") + (f"-{args.only}" if args.only else "")
+    if args.merge:
+        r = merge(*(json.loads((RESULTS / f"{name}-{part}.json").read_text()) for part in ("tree", "one-tier")))
+        write_results(name, r, markdown(r))
+        if not r["quick"]:
+            print(f"docs/runtime.md and README.md: {fill_docs(r)} figures", file=sys.stderr)
+        return 0
     if args.report:
         r = json.loads((Path(args.out) if args.out else RESULTS / f"{name}.json").read_text())
         write_results(name, r, markdown(r))
@@ -1122,7 +1155,7 @@ def main(argv: list[str] | None = None) -> int:
                "date": time.strftime("%Y-%m-%d %H:%M"), "notes": NOTES}  # fmt: skip
     digits = digits_bundle(work)
     agree = {"digits": (digits, inputs_of(digits, work, args.agree_n))}
-    if not args.quick and not args.only:
+    if not args.quick and args.only != "one-tier":
         cifar = cifar_bundle(work, args.data)
         agree["cifar10"] = (cifar, inputs_of(cifar, work, args.agree_n))
     bundle = Path(args.bundle) if args.bundle else digits if args.quick else cifar_bundle(work, args.data)
@@ -1133,9 +1166,10 @@ def main(argv: list[str] | None = None) -> int:
     r["front_door"] = door or PENDING_DOOR
     r["ray_configs"] = args.configs
     print(f"peers: timing {bundle}; front door {'yes' if door else 'pending'}", file=sys.stderr)
-    if not args.only:
+    if args.only != "one-tier":
         r["tree"] = {"cis": tree_cis(bundle, x, nodes, args, door), "ray": tree_ray(bundle, x, nodes, args, agree)}
-    r["single"] = single(bundle, x, args, door)
+    if args.only != "tree":
+        r["single"] = single(bundle, x, args, door)
     r["headline"] = headline(r)
     r["seconds"] = time.perf_counter() - start
     if args.out:

@@ -262,12 +262,12 @@ class CisTree:
 class CisNode(CisTree):
     """One node alone: ``cis serve BUNDLE --node ID --bind ... [--http-port P]``."""
 
-    def __init__(self, bundle: Path, node: str, http: bool, cpus: set[int] | None = None):
+    def __init__(self, bundle: Path, node: str, http: bool, cpus: set[int] | None = None, args: tuple = ()):
         self.t0 = time.monotonic()
         port = free_port()
         self.http_port = free_port() if http else None
         cmd = [*taskset(cpus), sys.executable, "-m", "cis.cli", "serve", str(bundle), "--node", node,
-               "--bind", f"tcp://127.0.0.1:{port}", "--no-cap",
+               "--bind", f"tcp://127.0.0.1:{port}", "--no-cap", *args,
                *(["--http-port", str(self.http_port)] if http else [])]  # fmt: skip
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=True)  # fmt: skip

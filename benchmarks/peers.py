@@ -27,7 +27,9 @@ best configuration: dashboard off, the handle path, batching tuned over ``--ray-
 cloud``, its front door when it has one; cis.Client as a reference), KServe's ``ModelServer`` with a
 ``kserve.Model`` and MLServer with an ``MLModel`` (custom runtimes running the same ONNX stages with
 onnxruntime; MLServer with 0 and 1 parallel workers), all driven by tritonclient's HTTP client
-(``tritonclient.http.aio``): p50 / p99 at batch 1 and the largest rate under p99 100 ms. Triton's own server
+(``tritonclient.http``, each request body made once): p50 / p99 at batch 1, the largest rate under p99 100 ms
+and each side's CPU per request, the load generator on a core of its own and the servers on the others; a null
+endpoint (``null_oip.py``) and the stages timed alone give the floor of every HTTP p50. Triton's own server
 is not a Python package: it is not on the package index, so it is not compared.
 
 The load generator, cis.Client, tritonclient and the Ray driver run in this process (the project's venv);
@@ -42,6 +44,8 @@ Runs::
     python benchmarks/peers.py --quick         # smoke run on the digits bundle (CI): results/peers-quick.*
     python benchmarks/peers.py --report        # peers.md and docs/runtime.md's figures again from peers.json
     python benchmarks/peers.py --p50-only --bundle B --inputs X.npz --out FILE.json   # scripts/gpu_peers.sh
+    python benchmarks/peers.py --only tree       # then --only one-tier, then --merge: peers.json from two runs
+    python benchmarks/peers.py --profile one-tier --profile-path http --profile-server mlserver   # py-spy
 
 A missing peer (kserve or mlserver venv, tritonclient, ray[serve]) is reported as not installed, never
 faked. Bundles and inputs are cached in ``--work`` (default /tmp/cis-bench/peers).

@@ -840,6 +840,21 @@ def verdict(h: dict) -> str:
     return f"Goals met: {met}. Goals missed: {missed}"
 
 
+def peer_ahead(h: dict) -> str:
+    """The goals' figures where the peer does better than cis (not merely where a goal is missed), with both
+    figures; "none" when cis is ahead on every one measured."""
+    kinds = {"memory": "mb", "startup": "s"}
+    ahead = []
+    for key, row in h.items():
+        q = row.get("ratio")
+        if q is None or "pending" in row:
+            continue
+        if (q > 1) if row["goal"].startswith("<=") else (q < 1):
+            kind = kinds.get(key, "ms" if "p50" in key else "rate")
+            ahead.append(f"{SHORT[key]}: cis {fmt(row['cis'], kind)}, the peer {fmt(row['peer'], kind)}")
+    return "; ".join(ahead) or "none"
+
+
 def figures(r: dict) -> dict[str, str]:
     """The figures docs/runtime.md shows ("cis or Ray Serve?"), by name, formatted, all from the result."""
     cis, ray, one, h = dig(r, "tree", "cis") or {}, dig(r, "tree", "ray") or {}, r.get("single", {}), r["headline"]
@@ -903,6 +918,7 @@ def figures(r: dict) -> dict[str, str]:
         "server_cpu_mlserver": fmt(dig(one, "mlserver_workers0", "cost", "server_cpu_ms"), "cpu"),
         "cost_rate": fmt(next((dig(p, "cost", "rate") for p in one.values() if dig(p, "cost", "rate")), None), "rate"),
         "verdict": verdict(h),
+        "peer_ahead": peer_ahead(h),
         "stages_alone": fmt(dig(one, "stages_alone", "p50_s"), "ms"),
         "floor": (floors(one) or {}).get("text", "pending"),
     }  # fmt: skip

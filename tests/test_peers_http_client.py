@@ -108,3 +108,17 @@ def test_verdict_names_goals_missed_and_met():
     assert "p50 through three tiers against Ray Serve 0.18x (<= 0.25)" in met
     assert "front door p50 against KServe (binary input) 0.59x (<= 0.5)" in missed
     assert "rate against KServe" not in text  # not measured: neither met nor missed
+
+
+def test_peer_ahead_names_only_figures_where_the_peer_does_better():
+    from peers import GOALS, peer_ahead
+
+    def row(key, ours, theirs):
+        return {"what": GOALS[key][0], "cis": ours, "peer": theirs, "ratio": ours / theirs,
+                "goal": f"{GOALS[key][1]} {GOALS[key][2]}", "met": None}  # fmt: skip
+
+    assert peer_ahead({"door_p50_kserve": row("door_p50_kserve", 0.0026, 0.0047)}) == "none"  # missed, still ahead
+    text = peer_ahead({"door_p50_mlserver": row("door_p50_mlserver", 0.004, 0.003),
+                       "door_rate_kserve": row("door_rate_kserve", 300.0, 400.0)})  # fmt: skip
+    assert "front door p50 against MLServer (JSON input): cis 4.00 ms, the peer 3.00 ms" in text
+    assert "front door rate against KServe (binary input): cis 300/s, the peer 400/s" in text

@@ -921,6 +921,8 @@ def figures(r: dict) -> dict[str, str]:
         "peer_ahead": peer_ahead(h),
         "stages_alone": fmt(dig(one, "stages_alone", "p50_s"), "ms"),
         "floor": (floors(one) or {}).get("text", "pending"),
+        "stages_alone_b2b": fmt(dig(one, "stages_alone", "back_to_back", "p50_s"), "ms"),
+        **{f"above_floor_{k}": fmt(v, "ms") for k, v in ((floors(one) or {}).get("above") or {}).items()},
     }  # fmt: skip
     for who, p in (("cis", nat), ("ray", rnat)):
         o = p.get("overload_2x") or {}
@@ -1038,7 +1040,13 @@ def floors(one: dict) -> dict | None:
     ml = ratio(json_floor, best_of(one, "mlserver", ("light", "p50_s")))
     text = (f"{fmt(bin_floor, 'ms')} with binary input ({fmt(ks, 'x')} of KServe's p50), {fmt(json_floor, 'ms')} "
             f"with JSON ({fmt(ml, 'x')} of MLServer's)")  # fmt: skip
-    return {"binary_s": bin_floor, "json_s": json_floor, "kserve_ratio": ks, "mlserver_ratio": ml, "text": text}
+    above = {"cis_binary": (dig(one, "cis", "http_binary", "light", "p50_s"), bin_floor),
+             "kserve": (dig(one, "kserve", "light", "p50_s"), bin_floor),
+             "cis_json": (dig(one, "cis", "http", "light", "p50_s"), json_floor),
+             "mlserver": (best_of(one, "mlserver", ("light", "p50_s")), json_floor)}  # fmt: skip
+    over = {k: None if v is None else v - f for k, (v, f) in above.items()}
+    return {"binary_s": bin_floor, "json_s": json_floor, "kserve_ratio": ks, "mlserver_ratio": ml, "text": text,
+            "above": over}
 
 
 def markdown(r: dict) -> list[str]:

@@ -27,7 +27,9 @@ best configuration: dashboard off, the handle path, batching tuned over ``--ray-
 cloud``, its front door when it has one; cis.Client as a reference), KServe's ``ModelServer`` with a
 ``kserve.Model`` and MLServer with an ``MLModel`` (custom runtimes running the same ONNX stages with
 onnxruntime; MLServer with 0 and 1 parallel workers), all driven by tritonclient's HTTP client
-(``tritonclient.http.aio``): p50 / p99 at batch 1 and the largest rate under p99 100 ms. Triton's own server
+(``tritonclient.http``, each request body made once): p50 / p99 at batch 1, the largest rate under p99 100 ms
+and each side's CPU per request, the load generator on a core of its own and the servers on the others; a null
+endpoint (``null_oip.py``) and the stages timed alone give the floor of every HTTP p50. Triton's own server
 is not a Python package: it is not on the package index, so it is not compared.
 
 The load generator, cis.Client, tritonclient and the Ray driver run in this process (the project's venv);
@@ -42,6 +44,8 @@ Runs::
     python benchmarks/peers.py --quick         # smoke run on the digits bundle (CI): results/peers-quick.*
     python benchmarks/peers.py --report        # peers.md and docs/runtime.md's figures again from peers.json
     python benchmarks/peers.py --p50-only --bundle B --inputs X.npz --out FILE.json   # scripts/gpu_peers.sh
+    python benchmarks/peers.py --only tree       # then --only one-tier, then --merge: peers.json from two runs
+    python benchmarks/peers.py --profile one-tier --profile-path http --profile-server mlserver   # py-spy
 
 A missing peer (kserve or mlserver venv, tritonclient, ray[serve]) is reported as not installed, never
 faked. Bundles and inputs are cached in ``--work`` (default /tmp/cis-bench/peers).
@@ -53,6 +57,7 @@ import argparse
 import asyncio
 import json
 import math
+import os
 import re
 import subprocess
 import sys
@@ -65,7 +70,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE / "peers"))
 
-from loadgen import CisNative, OipHttp, RayHandle, drive, holds, poisson_offsets  # noqa: E402
+from loadgen import CisNative, OipHttp, RayHandle, drive, drive_sync, holds, poisson_offsets  # noqa: E402
 from systems import (  # noqa: E402
     VENVS,
     CisNode,
@@ -74,10 +79,13 @@ from systems import (  # noqa: E402
     RayServer,
     SingleServer,
     cis_has_front_door,
+    cpu_seconds,
     descendants,
+    machine_busy,
     memory,
     missing_peers,
     oip_body,
+    split_cpus,
     versions,
     wait_http,
 )
@@ -105,8 +113,18 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--setup", action="store_true", help="install the peers (scripts/peers_setup.sh) and stop")
     ap.add_argument("--report", action="store_true", help="rebuild peers.md and docs/runtime.md's figures")
     ap.add_argument("--p50-only", action="store_true", help="p50 through three tiers only (GPU machine)")
-    ap.add_argument("--profile", choices=["tree", "one-tier"], help="py-spy every cis process under load instead")
-    ap.add_argument("--profile-path", choices=["native", "http"], default="native", help="--profile's client path")
+    ap.add_argument("--only", choices=["tree", "one-tier"],
+                    help="one section alone: results/peers[-quick]-SECTION.* (--merge joins the two)")
+    ap.add_argument("--merge", action="store_true",
+                    help="peers.json (and the docs' figures) from peers-tree.json and peers-one-tier.json, two runs "
+                         "each in a window of its own (a machine where one run may take at most 15 minutes)")
+    ap.add_argument("--no-pin", dest="pin", action="store_false",
+                    help="one tier: do not pin the load generator to its own core and the servers to the others")
+    ap.add_argument("--profile", choices=["tree", "one-tier"], help="py-spy every process under load instead")
+    ap.add_argument("--profile-path", choices=["native", "http", "binary"], default="native",
+                    help="--profile's client path (http: JSON input; binary: Triton's binary extension)")
+    ap.add_argument("--profile-server", choices=["cis", "kserve", "mlserver", "null"], default="cis",
+                    help="--profile one-tier: the server profiled (all but cis over HTTP)")
     ap.add_argument("--profile-rate", type=float, default=300.0, help="--profile's request rate (Poisson)")
     ap.add_argument("--profile-seconds", type=float, default=10.0, help="--profile's duration")
     ap.add_argument("--work", default="/tmp/cis-bench/peers", help="bundles, inputs, logs")
@@ -126,6 +144,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args.step_s = 0.5 if args.quick else 3.0
     args.sweep = {"start": 50.0, "cap": 400.0, "bisect": 0} if args.quick else {}
     args.overload_s = 1.0 if args.quick else 10.0
+    args.cost_rate, args.cost_s = (50.0, 1.0) if args.quick else (200.0, 5.0)
     args.agree_n = 40 if args.quick else 200
     return args
 
@@ -197,16 +216,27 @@ def entry_nodes(bundle: Path, n: int) -> list[str]:
 def run_load(make: Callable[[], object], x: np.ndarray, nodes: list[str], rate: float | None,
              timeout: float = 2.0, keep: bool = False, seed: int = 0):  # fmt: skip
     """One run of the load generator: ``len(nodes)`` requests at ``rate`` (Poisson; None: one by one)."""
+    offsets = None if rate is None else poisson_offsets(rate, len(nodes), seed)
+    transport = make()
+    if isinstance(transport, OipHttp):  # the synchronous HTTP client: greenlets, no asyncio
+        try:
+            return drive_sync(transport, x, nodes, offsets, timeout, keep, rate)
+        finally:
+            transport.close()
 
     async def go():
-        transport = make()
         try:
-            offsets = None if rate is None else poisson_offsets(rate, len(nodes), seed)
             return await drive(transport, x, nodes, offsets, timeout, keep, rate)  # type: ignore[arg-type]
         finally:
             await transport.close()  # type: ignore[attr-defined]
 
     return asyncio.run(go())
+
+
+def repeat(x: np.ndarray, nodes: list[str], n: int) -> tuple[np.ndarray, list[str]]:
+    """``n`` requests: the inputs and entry nodes repeated as often as needed."""
+    reps = math.ceil(n / len(x))
+    return (np.concatenate([x] * reps)[:n], (nodes * reps)[:n]) if reps > 1 else (x[:n], nodes[:n])
 
 
 def settle(make: Callable[[], object], x: np.ndarray, node: str, limit: float = 20.0) -> float:
@@ -236,9 +266,7 @@ def sweep(make, x, nodes, step_s: float, start: float = 25.0, cap: float = 4000.
     steps: list[dict] = []
 
     def at(rate: float) -> bool:
-        n = max(30, int(rate * step_s))
-        reps = math.ceil(n / len(x))
-        xs, ns = (np.concatenate([x] * reps)[:n], (nodes * reps)[:n]) if reps > 1 else (x[:n], nodes[:n])
+        xs, ns = repeat(x, nodes, max(30, int(rate * step_s)))
         s = run_load(make, xs, ns, rate, seed=len(steps) + 2).summary()
         s["rate"] = rate
         s["held"] = holds(s, P99_LIMIT)
@@ -272,9 +300,7 @@ def sweep(make, x, nodes, step_s: float, start: float = 25.0, cap: float = 4000.
 def overload(make, x, nodes, rate: float, seconds: float, roots: list[int]) -> dict:
     """``rate`` (twice the largest held) for ``seconds``: answered, refused, timed out; memory around it."""
     before = memory(sorted({p for r in roots for p in descendants(r)}))
-    n = max(30, int(rate * seconds))
-    reps = math.ceil(n / len(x))
-    xs, ns = (np.concatenate([x] * reps)[:n], (nodes * reps)[:n]) if reps > 1 else (x[:n], nodes[:n])
+    xs, ns = repeat(x, nodes, max(30, int(rate * seconds)))
     with MemoryPeak(roots) as peak:
         s = run_load(make, xs, ns, rate, timeout=5.0, seed=99).summary()
     drained = settle(make, x, nodes[0])
@@ -287,9 +313,7 @@ def overload(make, x, nodes, rate: float, seconds: float, roots: list[int]) -> d
 
 def under_load(make, x, nodes, rate: float, seconds: float, roots: list[int]) -> dict:
     """Memory of every process while the largest held rate runs."""
-    n = max(30, int(rate * seconds))
-    reps = math.ceil(n / len(x))
-    xs, ns = (np.concatenate([x] * reps)[:n], (nodes * reps)[:n]) if reps > 1 else (x[:n], nodes[:n])
+    xs, ns = repeat(x, nodes, max(30, int(rate * seconds)))
     with MemoryPeak(roots) as peak:
         s = run_load(make, xs, ns, rate, seed=98).summary()
     return {"rate": rate, "run": s, **peak.peak}
@@ -474,10 +498,58 @@ def ray_http(ray: RayServer, nodes: list[str]) -> Callable[[], OipHttp]:
 
 
 def single(bundle: Path, x: np.ndarray, args, door: bool) -> dict:
-    """The cloud node's stages alone behind cis, KServe and MLServer; tritonclient's HTTP client drives all."""
+    """The cloud node's stages alone behind cis, KServe and MLServer, and a null endpoint (the client's floor);
+    tritonclient's HTTP client drives all, from a core of its own (``--pin``: the servers on the others)."""
     nodes = ["cloud"] * len(x)
-    out: dict = {}
-    node = CisNode(bundle, "cloud", http=door)
+    cpus = split_cpus() if args.pin else None
+    client_cpus, server_cpus = cpus if cpus else (None, None)
+    out: dict = {"pinning": {"load_generator": sorted(client_cpus), "servers": sorted(server_cpus)} if cpus
+                 else None}  # fmt: skip
+    before = os.sched_getaffinity(0)
+    if client_cpus:
+        os.sched_setaffinity(0, client_cpus)
+    try:
+        out.update(single_servers(bundle, x, nodes, args, door, server_cpus))
+    finally:
+        os.sched_setaffinity(0, before)
+    return out
+
+
+def stages_alone(bundle: Path, x: np.ndarray, n: int) -> dict:
+    """The cloud node's stages and decision alone, in this process, one sample at a time (node_stages.py, what
+    every server here runs per request): the part of each round trip no server can save. Timed back to back,
+    and spaced as the light load spaces requests (an idle core between them: what a request at light load meets)."""
+    from node_stages import NodeStages
+
+    stages = NodeStages(str(bundle))
+    for i in range(20):
+        stages(x[i : i + 1])
+    out: dict = {"samples": n}
+    for key, gap in (("back_to_back", 0.0), ("light", 1.0 / LIGHT_RATE)):
+        times = []
+        for i in range(n):
+            time.sleep(gap)
+            t = time.perf_counter()
+            stages(x[i : i + 1])
+            times.append(time.perf_counter() - t)
+        out[key] = {"p50_s": float(np.median(times)), "mean_s": float(np.mean(times))}
+    out["p50_s"] = out["light"]["p50_s"]
+    return out
+
+
+def single_servers(bundle: Path, x: np.ndarray, nodes: list[str], args, door: bool, cpus: set[int] | None) -> dict:
+    out: dict = {"stages_alone": stages_alone(bundle, x, args.light_n)}
+    work = Path(args.work)
+    null = SingleServer("null", bundle, work, cpus=cpus)
+    try:
+        if wait_http(f"{null.url}/v2/models/cis/infer", oip_body(x[:1]), 30, null.proc) is None:
+            raise SystemExit(f"peers: the null endpoint did not start; see {null.log}")
+        for key, binary in (("null", False), ("null_binary", True)):
+            make = lambda url=null.url, b=binary: OipHttp({"cloud": url}, binary=b)  # noqa: E731
+            out[key] = {"encoding": "binary" if binary else "JSON", **one_tier(make, x, nodes, args, [null.proc.pid])}
+    finally:
+        null.stop()
+    node = CisNode(bundle, "cloud", http=door, cpus=cpus)
     try:
         native = cis_native(node)
         startup = first_answer(native, x, "cloud") - node.t0
@@ -489,12 +561,23 @@ def single(bundle: Path, x: np.ndarray, args, door: bool) -> dict:
                                else {"pending": PENDING_DOOR})  # fmt: skip
     finally:
         node.stop()
+    if door:  # where a request's time goes at light load: the same node busy-polling its core instead of sleeping
+        node = CisNode(bundle, "cloud", http=True, cpus=cpus, args=("--spin",))
+        try:
+            first_answer(cis_native(node), x, "cloud")
+            make = cis_http(node, binary=True)
+            run_load(make, x[:20], nodes[:20], None)
+            out["cis"]["http_binary_spin"] = {"light": light(make, x, nodes, args.light_n),
+                                              "cost": cost(make, x, nodes, args.cost_rate, args.cost_s,
+                                                           [node.proc.pid])}  # fmt: skip
+        finally:
+            node.stop()
     for kind, workers in (("kserve", 1), ("mlserver", 0), ("mlserver", 1)):
         key = kind if kind == "kserve" else f"mlserver_workers{workers}"
         if not (VENVS[kind] / "bin" / "python").exists():
             out[key] = {"not_installed": f"{VENVS[kind]} missing: bash scripts/peers_setup.sh"}
             continue
-        server = SingleServer(kind, bundle, Path(args.work), workers)
+        server = SingleServer(kind, bundle, work, workers, cpus=cpus)
         try:
             waited = wait_http(f"{server.url}/v2/models/cis/infer", oip_body(x[:1]), 120, server.proc)
             if waited is None:
@@ -511,13 +594,42 @@ def single(bundle: Path, x: np.ndarray, args, door: bool) -> dict:
 
 
 def one_tier(make, x, nodes, args, roots: list[int]) -> dict:
+    """p50 / p99 under light load, CPU per request, the largest rate, memory; and how busy other processes kept
+    the machine meanwhile (``others_cores``: the cores they used on average; on a quiet machine about 0)."""
     run_load(make, x[:20], nodes[:20], None)
+    t0, busy0, ours0 = time.monotonic(), machine_busy(), time.process_time() + cpu_seconds(_pids(roots))
     out = {"rss_rest": at_rest(roots)["rss_mb"], "light": light(make, x, nodes, args.light_n)}
+    out["cost"] = cost(make, x, nodes, args.cost_rate, args.cost_s, roots)
     with MemoryPeak(roots) as peak:
         out["sweep"] = sweep(make, x, nodes, args.step_s, **args.sweep)
     out["largest_rate"] = out["sweep"]["largest_rate"]
     out["rss_peak"] = peak.peak["rss_mb"]
+    others = machine_busy() - busy0 - (time.process_time() + cpu_seconds(_pids(roots)) - ours0)
+    out["others_cores"] = round(max(others, 0.0) / (time.monotonic() - t0), 3)
     return out
+
+
+def _pids(roots: list[int]) -> list[int]:
+    return sorted({p for r in roots for p in descendants(r)})
+
+
+def cost(make, x, nodes, rate: float, seconds: float, roots: list[int]) -> dict:
+    """CPU per request at a fixed rate, each side's own: the load generator's (this process: the client) and the
+    server's (every process of it), from the kernel's accounting (user + system time)."""
+    xs, ns = repeat(x, nodes, max(30, int(rate * seconds)))
+    transport = make()
+    if isinstance(transport, OipHttp):
+        transport.prepare(xs)  # the bodies are made once, before any timed run: not the client's cost here
+    else:
+        asyncio.run(transport.close())
+    pids = _pids(roots)
+    server0, client0 = cpu_seconds(pids), time.process_time()
+    s = run_load(make, xs, ns, rate, seed=97).summary()
+    client, server = time.process_time() - client0, cpu_seconds(pids) - server0
+    done = max(s["answered"], 1)
+    return {"rate": rate, "requests": s["requests"], "answered": s["answered"], "p50_s": s["p50_s"],
+            "client_cpu_ms": 1000 * client / done, "server_cpu_ms": 1000 * server / done,
+            "server_busy": server / max(s["requests"] / rate, 1e-9)}  # fmt: skip
 
 
 # ---------------------------------------------------------------- the GPU machine's variant
@@ -559,49 +671,71 @@ def p50_only(args) -> dict:
 
 
 def profile(args) -> dict:
-    """py-spy on every cis process (and the load generator) while it serves ``--profile-rate`` for a while."""
-    import os
-
+    """py-spy on every process of a system (and the load generator) while it serves ``--profile-rate`` for a
+    while: cis's tree or its cloud node, or (``--profile one-tier --profile-server``) KServe, MLServer (0 parallel
+    workers) or the null endpoint; one tier pinned as in the benchmark (``--no-pin``: not)."""
     from profile_spy import record, summary
 
     work = Path(args.work)
     bundle = Path(args.bundle) if args.bundle else cifar_bundle(work, args.data)
     x = inputs_of(bundle, work, 2000, args.inputs)
-    http = args.profile_path == "http"
-    if http and not cis_has_front_door():
-        raise SystemExit(f"peers: --profile-path http: {PENDING_DOOR}")
+    http, binary = args.profile_path != "native", args.profile_path == "binary"
+    server = args.profile_server if args.profile == "one-tier" else "cis"
+    if http and server == "cis" and not cis_has_front_door():
+        raise SystemExit(f"peers: --profile-path {args.profile_path}: {PENDING_DOOR}")
+    if server != "cis" and not http:
+        raise SystemExit(f"peers: --profile-server {server} is reached over HTTP: --profile-path http or binary")
+    cpus = split_cpus() if args.pin and args.profile == "one-tier" else None
+    before = os.sched_getaffinity(0)
+    system: CisTree | SingleServer
     if args.profile == "tree":
-        system: CisTree = CisTree(bundle, work / "logs", ["--no-cap"], http=http)
+        system = CisTree(bundle, work / "logs", ["--no-cap"], http=http)
         nodes = entry_nodes(bundle, len(x))
         pids = {n: int(v["pid"]) for n, v in system.nodes.items()}
-    else:
-        system = CisNode(bundle, "cloud", http=http)
+    elif server == "cis":
+        system = CisNode(bundle, "cloud", http=http, cpus=cpus and cpus[1])
         nodes = ["cloud"] * len(x)
         pids = {"cloud": system.proc.pid}
+    else:
+        system = SingleServer(server, bundle, work, 0, cpus=cpus and cpus[1])
+        nodes = ["cloud"] * len(x)
+        if wait_http(f"{system.url}/v2/models/cis/infer", oip_body(x[:1]), 120, system.proc) is None:
+            system.stop()
+            raise SystemExit(f"peers: {server} did not start; see {system.log}")
+        pids = {server: system.proc.pid}
     pids["load-generator"] = os.getpid()
-    folder = work / f"profile-{args.profile}-{args.profile_path}"
+    tag = f"-{server}" if args.profile == "one-tier" else ""
+    folder = work / f"profile-{args.profile}-{args.profile_path}{tag}"
     try:
-        first_answer(cis_native(system), x, nodes[0])  # up (the front door's metadata is read when it serves)
-        make = cis_http(system) if http else cis_native(system)
+        if cpus:
+            os.sched_setaffinity(0, cpus[0])
+        if isinstance(system, SingleServer):
+            make: Callable | None = lambda: OipHttp({"cloud": system.url}, binary=binary)  # noqa: E731
+        else:
+            first_answer(cis_native(system), x, nodes[0])  # up (the front door's metadata is read when it serves)
+            make = cis_http(system, binary=binary) if http else cis_native(system)
         assert make is not None
         run_load(make, x[:50], nodes[:50], None)
-        n = int(args.profile_rate * args.profile_seconds)
-        reps = math.ceil(n / len(x))
-        xs, ns = (np.concatenate([x] * reps)[:n], (nodes * reps)[:n]) if reps > 1 else (x[:n], nodes[:n])
+        xs, ns = repeat(x, nodes, int(args.profile_rate * args.profile_seconds))
+        if http:
+            make().prepare(xs)  # the bodies, before the profile
         spies = record(pids, args.profile_seconds, folder)
         run = run_load(make, xs, ns, args.profile_rate, seed=7).summary()
         for p in spies.values():
             p.wait(60)
     finally:
+        os.sched_setaffinity(0, before)
         system.stop()
-    return {"benchmark": "peers --profile", "what": args.profile, "path": args.profile_path, "bundle": str(bundle),
-            "rate": args.profile_rate, "seconds": args.profile_seconds, "machine": machine(), "run": run,
-            "processes": {name: summary(folder / f"{name}.txt") for name in pids}, "raw": str(folder)}  # fmt: skip
+    return {"benchmark": "peers --profile", "what": args.profile, "path": args.profile_path, "server": server,
+            "bundle": str(bundle), "rate": args.profile_rate, "seconds": args.profile_seconds, "machine": machine(),
+            "pinned": bool(cpus), "run": run, "raw": str(folder),
+            "processes": {name: summary(folder / f"{name}.txt") for name in pids}}  # fmt: skip
 
 
 def profile_markdown(r: dict) -> list[str]:
     run = r["run"]
-    lines = [f"# Where cis's time goes: {r['what']}, {r['path']} path, {r['rate']:.0f} requests/s for "
+    lines = [f"# Where the time goes: {r.get('server', 'cis')}, {r['what']}, {r['path']} path, {r['rate']:.0f} "
+             f"requests/s for "
              f"{r['seconds']:.0f} s (py-spy, 250 Hz)", "",
              f"{r['machine']['cpus']} cores, load average {r['machine']['load_avg'][0]:.1f}. Bundle `{r['bundle']}`. "
              f"Answered {run['answered']} of {run['requests']}, p50 {fmt(run['p50_s'], 'ms')}, "
@@ -639,7 +773,7 @@ def best_of(one: dict, prefix: str, keys: tuple[str, ...], pick=min):
 
 def headline(r: dict) -> dict:
     """The issue's goals, each as cis's figure, the peer's, their ratio and whether the goal is met."""
-    cis, ray, one = r["tree"]["cis"], r["tree"]["ray"], r.get("single", {})
+    cis, ray, one = dig(r, "tree", "cis") or {}, dig(r, "tree", "ray") or {}, r.get("single", {})
     door, binary = dig(one, "cis", "http") or {}, dig(one, "cis", "http_binary") or {}  # JSON, binary inputs
     pairs = {
         "p50_three_tiers": (dig(cis, "paths", "native", "light_forced", "p50_s"),
@@ -678,12 +812,52 @@ def fmt(v, kind: str) -> str:
         return f"{v:,.0f} MB"
     if kind == "s":
         return f"{v:.1f} s"
+    if kind == "cpu":
+        return f"{v:.2f} ms"
     return str(v)
+
+
+SHORT = {  # the goals as the README's sentence names them
+    "p50_three_tiers": "p50 through three tiers against Ray Serve",
+    "largest_rate": "largest rate against Ray Serve",
+    "memory": "memory of the tree against Ray Serve",
+    "startup": "start-up against Ray Serve",
+    "door_p50_kserve": "front door p50 against KServe (binary input)",
+    "door_p50_mlserver": "front door p50 against MLServer (JSON input)",
+    "door_rate_kserve": "front door rate against KServe (binary input)",
+    "door_rate_mlserver": "front door rate against MLServer (JSON input)",
+}
+
+
+def verdict(h: dict) -> str:
+    """The goals met and the goals missed, each with its ratio: one sentence for the README."""
+    said = {True: [], False: []}  # type: dict[bool, list[str]]
+    for key, row in h.items():
+        if row.get("met") is not None and "pending" not in row:
+            said[row["met"]].append(f"{SHORT[key]} {fmt(row['ratio'], 'x')} ({row['goal']})")
+    met = "; ".join(said[True]) or "none"
+    missed = "; ".join(said[False]) or "none"
+    return f"Goals met: {met}. Goals missed: {missed}"
+
+
+def peer_ahead(h: dict) -> str:
+    """The goals' figures where the peer does better than cis (not merely where a goal is missed), with both
+    figures; "none" when cis is ahead on every one measured."""
+    kinds = {"memory": "mb", "startup": "s"}
+    ahead = []
+    for key, row in h.items():
+        q = row.get("ratio")
+        if q is None or "pending" in row:
+            continue
+        if (q > 1) if row["goal"].startswith("<=") else (q < 1):
+            kind = kinds.get(key, "ms" if "p50" in key else "rate")
+            ahead.append(f"{SHORT[key]}: cis {fmt(row['cis'], kind)}, the peer {fmt(row['peer'], kind)}")
+    return "; ".join(ahead) or "none"
 
 
 def figures(r: dict) -> dict[str, str]:
     """The figures docs/runtime.md shows ("cis or Ray Serve?"), by name, formatted, all from the result."""
-    cis, ray, one, h = r["tree"]["cis"], r["tree"]["ray"], r.get("single", {}), r["headline"]
+    cis, ray, one, h = dig(r, "tree", "cis") or {}, dig(r, "tree", "ray") or {}, r.get("single", {}), r["headline"]
     nat, rnat = dig(cis, "paths", "native") or {}, dig(ray, "paths", "native") or {}
     http, rhttp = dig(cis, "paths", "http") or {}, dig(ray, "paths", "http") or {}
     best = ray.get("best_for_rate") or {}
@@ -730,6 +904,25 @@ def figures(r: dict) -> dict[str, str]:
         "mlserver_rate": fmt(h["door_rate_mlserver"]["peer"], "rate"),
         "one_tier_native_p50": fmt(dig(one, "cis", "native", "light", "p50_s"), "ms"),
         "one_tier_native_rate": fmt(dig(one, "cis", "native", "largest_rate"), "rate"),
+        "door_p50_spin": fmt(dig(one, "cis", "http_binary_spin", "light", "p50_s"), "ms"),
+        "null_p50": fmt(dig(one, "null", "light", "p50_s"), "ms"),
+        "null_p50_binary": fmt(dig(one, "null_binary", "light", "p50_s"), "ms"),
+        "null_rate": fmt(dig(one, "null", "largest_rate"), "rate"),
+        "null_rate_binary": fmt(dig(one, "null_binary", "largest_rate"), "rate"),
+        "client_cpu": fmt(dig(one, "null", "cost", "client_cpu_ms"), "cpu"),
+        "client_cpu_binary": fmt(dig(one, "null_binary", "cost", "client_cpu_ms"), "cpu"),
+        "server_cpu_cis": fmt(dig(one, "cis", "http", "cost", "server_cpu_ms"), "cpu"),
+        "server_cpu_cis_binary": fmt(dig(one, "cis", "http_binary", "cost", "server_cpu_ms"), "cpu"),
+        "server_cpu_cis_native": fmt(dig(one, "cis", "native", "cost", "server_cpu_ms"), "cpu"),
+        "server_cpu_kserve": fmt(dig(one, "kserve", "cost", "server_cpu_ms"), "cpu"),
+        "server_cpu_mlserver": fmt(dig(one, "mlserver_workers0", "cost", "server_cpu_ms"), "cpu"),
+        "cost_rate": fmt(next((dig(p, "cost", "rate") for p in one.values() if dig(p, "cost", "rate")), None), "rate"),
+        "verdict": verdict(h),
+        "peer_ahead": peer_ahead(h),
+        "stages_alone": fmt(dig(one, "stages_alone", "p50_s"), "ms"),
+        "floor": (floors(one) or {}).get("text", "pending"),
+        "stages_alone_b2b": fmt(dig(one, "stages_alone", "back_to_back", "p50_s"), "ms"),
+        **{f"above_floor_{k}": fmt(v, "ms") for k, v in ((floors(one) or {}).get("above") or {}).items()},
     }  # fmt: skip
     for who, p in (("cis", nat), ("ray", rnat)):
         o = p.get("overload_2x") or {}
@@ -783,11 +976,77 @@ def _tree_row(label: str, p: dict) -> str:
 def _one_tier_row(label: str, p: dict | None) -> str:
     why = next((p[k] for k in ("pending", "not_installed", "failed") if p and k in p), None)
     if p is None or why:
-        return f"| {label} | {why or 'not measured'} | | | | | |"
-    cells = [fmt(dig(p, "light", "p50_s"), "ms"), fmt(dig(p, "light", "p99_s"), "ms"),
-             fmt(p.get("largest_rate"), "rate"), fmt(p.get("startup_s"), "s"), fmt(p.get("rss_rest"), "mb"),
-             fmt(p.get("rss_peak"), "mb")]  # fmt: skip
+        return f"| {label} | {why or 'not measured'} | | | | | | | |"
+    given = lambda key, kind: fmt(p[key], kind) if key in p else "-"  # noqa: E731  (a row measured in part)
+    cells = [fmt(dig(p, "light", "p50_s"), "ms"), fmt(dig(p, "light", "p99_s"), "ms"), given("largest_rate", "rate"),
+             fmt(dig(p, "cost", "client_cpu_ms"), "cpu"), fmt(dig(p, "cost", "server_cpu_ms"), "cpu"),
+             given("startup_s", "s"), given("rss_rest", "mb"), given("rss_peak", "mb")]  # fmt: skip
     return f"| {label} | " + " | ".join(cells) + " |"
+
+
+ONE_TIER_ROWS = (  # (label, keys into the one-tier result)
+    ("null endpoint, JSON (the client's floor)", ("null",)),
+    ("null endpoint, binary (the client's floor)", ("null_binary",)),
+    ("cis --node cloud, cis.Client (reference, not HTTP)", ("cis", "native")),
+    ("cis front door, JSON (as MLServer)", ("cis", "http")),
+    ("cis front door, binary (as KServe)", ("cis", "http_binary")),
+    ("cis front door, binary, --spin (its core busy-polled: not compared)", ("cis", "http_binary_spin")),
+)
+
+
+def one_tier_markdown(r: dict) -> list[str]:
+    one = r.get("single", {})
+    pin = one.get("pinning")
+    where = (f"The load generator ran on core {pin['load_generator']}, every server on cores {pin['servers']} "
+             "(taskset)." if pin else "The load generator and the servers shared every core (no pinning).")  # fmt: skip
+    rate = next((dig(p, "cost", "rate") for p in one.values() if dig(p, "cost", "rate")), None)
+    lines = ["", "## One tier: the cloud node's stages behind cis, KServe and MLServer (tritonclient HTTP)", "",
+             f"{where} CPU per request: user + system time of the load generator's process (client) and of every "
+             f"process of the server (server), over a run at {fmt(rate, 'rate')}, divided by the answers.", "",
+             "| server | p50 | p99 | largest rate, p99 < 100 ms | client CPU / request | server CPU / request "
+             "| start-up | RSS at rest | RSS peak |",
+             "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    lines += [_one_tier_row(label, dig(one, *keys)) for label, keys in ONE_TIER_ROWS if dig(one, *keys)]
+    lines += [_one_tier_row(f"{k} ({p.get('encoding', '-')})", p) for k, p in one.items()
+              if k not in ("cis", "null", "null_binary", "pinning", "stages_alone")]  # fmt: skip
+    others = {k: p["others_cores"] for k, p in _one_tier_results(one) if p.get("others_cores") is not None}
+    if others:
+        lines += ["", "Other processes on the machine meanwhile, cores used on average: "
+                  + ", ".join(f"{k} {v:.2f}" for k, v in others.items()) + "."]  # fmt: skip
+    floor = floors(one)
+    if floor:
+        lines += ["", f"The floor of every HTTP p50 here: the client alone (the null endpoint's p50) plus the stages "
+                  f"alone (onnxruntime and the decision, one sample at a time in the load generator's process, spaced "
+                  f"as the light load: {fmt(dig(one, 'stages_alone', 'p50_s'), 'ms')}; back to back "
+                  f"{fmt(dig(one, 'stages_alone', 'back_to_back', 'p50_s'), 'ms')}): {floor['text']}."]  # fmt: skip
+    return lines
+
+
+def _one_tier_results(one: dict) -> list[tuple[str, dict]]:
+    """(name, result) of every one-tier row measured."""
+    rows = [(k, p) for k, p in one.items() if k not in ("cis", "pinning", "stages_alone") and isinstance(p, dict)]
+    return [*((f"cis {k}", p) for k, p in (one.get("cis") or {}).items() if isinstance(p, dict)), *rows]
+
+
+def floors(one: dict) -> dict | None:
+    """The best p50 any server could give with this client and these stages, per encoding, and what that best
+    would be as a ratio of each peer's p50 (a goal below it cannot be met by the server alone)."""
+    stages = dig(one, "stages_alone", "p50_s")
+    json_floor, bin_floor = dig(one, "null", "light", "p50_s"), dig(one, "null_binary", "light", "p50_s")
+    if stages is None or json_floor is None or bin_floor is None:
+        return None
+    json_floor, bin_floor = json_floor + stages, bin_floor + stages
+    ks = ratio(bin_floor, dig(one, "kserve", "light", "p50_s"))
+    ml = ratio(json_floor, best_of(one, "mlserver", ("light", "p50_s")))
+    text = (f"{fmt(bin_floor, 'ms')} with binary input ({fmt(ks, 'x')} of KServe's p50), {fmt(json_floor, 'ms')} "
+            f"with JSON ({fmt(ml, 'x')} of MLServer's)")  # fmt: skip
+    above = {"cis_binary": (dig(one, "cis", "http_binary", "light", "p50_s"), bin_floor),
+             "kserve": (dig(one, "kserve", "light", "p50_s"), bin_floor),
+             "cis_json": (dig(one, "cis", "http", "light", "p50_s"), json_floor),
+             "mlserver": (best_of(one, "mlserver", ("light", "p50_s")), json_floor)}  # fmt: skip
+    over = {k: None if v is None else v - f for k, (v, f) in above.items()}
+    return {"binary_s": bin_floor, "json_s": json_floor, "kserve_ratio": ks, "mlserver_ratio": ml, "text": text,
+            "above": over}
 
 
 def markdown(r: dict) -> list[str]:
@@ -802,6 +1061,9 @@ def markdown(r: dict) -> list[str]:
         f"{dig(v, 'kserve', 'kserve')}, MLServer {dig(v, 'mlserver', 'mlserver')}, tritonclient "
         f"{v.get('tritonclient')}, onnxruntime {v.get('onnxruntime')}, Python {v.get('python')}.",
         "",
+        *(["Run in two windows (`--only tree`, `--only one-tier`, then `--merge`): " + "; ".join(
+            f"{name} {p['date']}, load average {p['machine']['load_avg'][0]:.1f} at its start, "
+            f"{p['seconds'] / 60:.1f} min" for name, p in r["parts"].items()) + ".", ""] if r.get("parts") else []),
         "## The goals",
         "",
         "| figure | cis | peer | ratio | goal | met |",
@@ -812,42 +1074,38 @@ def markdown(r: dict) -> list[str]:
         met = h.get("pending") or {True: "yes", False: "**no**", None: "-"}[h["met"]]
         cells = [h["what"], fmt(h["cis"], kind), fmt(h["peer"], kind), fmt(h["ratio"], "x"), h["goal"], met]
         lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "## The tree: paper-7, batch 1", "",
-              "| path | p50 forced | p99 forced | p50 thresholds | p99 thresholds | largest rate, p99 < 100 ms "
-              "| 2x that rate: answered / refused / timed out | RSS before -> after 2x |",
-              "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-    for who, label in (("cis", "cis"), ("ray", "Ray Serve")):
-        lines += [_tree_row(f"{label} {path}", p) for path, p in (r["tree"][who].get("paths") or {}).items()]
-    lines += ["", "## Memory and start-up", "",
-              "| system | processes | RSS at rest | RSS under load | PSS under load | start-up to first answer |",
-              "|---|---|---|---|---|---|"]  # fmt: skip
-    for who, label in (("cis", "cis serve --all"), ("ray", "Ray Serve app")):
-        t = r["tree"][who]
-        cells = [label, str(dig(t, "rss_load", "processes")), fmt(dig(t, "rss_rest", "rss_mb"), "mb"),
-                 fmt(dig(t, "rss_load", "rss_mb"), "mb"), fmt(dig(t, "rss_load", "pss_mb"), "mb"),
-                 fmt(t.get("startup_s"), "s")]  # fmt: skip
-        lines.append("| " + " | ".join(cells) + " |")
-    for who in ("cis", "ray"):
-        rows = sorted(dig(r["tree"][who], "rss_load", "per_process") or [], key=lambda p: -p["rss_mb"])
-        each = "; ".join(f"`{p['name']}` {p['rss_mb']:.0f} / {p['pss_mb'] or 0:.0f}" for p in rows)
-        lines += ["", f"Processes of {who} under load (RSS / PSS, MB): {each}"]
-    lines += ["", "## Ray Serve configurations tried (handle path)", "",
-              "| max_batch_size | batch_wait_timeout_s | p50 forced | p50 thresholds | largest rate |",
-              "|---|---|---|---|---|"]  # fmt: skip
-    for c in r["tree"]["ray"].get("configs_tried", []):
-        cells = [str(c["max_batch_size"]), str(c["batch_wait_timeout_s"]), fmt(dig(c, "light_forced", "p50_s"), "ms"),
-                 fmt(dig(c, "light_spec", "p50_s"), "ms"), fmt(c["largest_rate"], "rate")]  # fmt: skip
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "## One tier: the cloud node's stages behind cis, KServe and MLServer (tritonclient HTTP)", "",
-              "| server | p50 | p99 | largest rate, p99 < 100 ms | start-up | RSS at rest | RSS peak |",
-              "|---|---|---|---|---|---|---|"]  # fmt: skip
-    one = r.get("single", {})
-    lines.append(_one_tier_row("cis --node cloud, cis.Client (reference, not HTTP)", dig(one, "cis", "native")))
-    lines.append(_one_tier_row("cis front door, JSON (as MLServer)", dig(one, "cis", "http")))
-    lines.append(_one_tier_row("cis front door, binary (as KServe)", dig(one, "cis", "http_binary")))
-    lines += [_one_tier_row(f"{k} ({p.get('encoding', '-')})", p) for k, p in one.items() if k != "cis"]
-    lines += ["", "## The Ray Serve app answers what cis answers", ""]
-    for name, a in r["tree"]["ray"].get("agreement", {}).items():
+    if r.get("tree"):
+        lines += ["", "## The tree: paper-7, batch 1", "",
+                  "| path | p50 forced | p99 forced | p50 thresholds | p99 thresholds | largest rate, p99 < 100 ms "
+                  "| 2x that rate: answered / refused / timed out | RSS before -> after 2x |",
+                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+        for who, label in (("cis", "cis"), ("ray", "Ray Serve")):
+            lines += [_tree_row(f"{label} {path}", p) for path, p in (r["tree"][who].get("paths") or {}).items()]
+        lines += ["", "## Memory and start-up", "",
+                  "| system | processes | RSS at rest | RSS under load | PSS under load | start-up to first answer |",
+                  "|---|---|---|---|---|---|"]  # fmt: skip
+        for who, label in (("cis", "cis serve --all"), ("ray", "Ray Serve app")):
+            t = r["tree"][who]
+            cells = [label, str(dig(t, "rss_load", "processes")), fmt(dig(t, "rss_rest", "rss_mb"), "mb"),
+                     fmt(dig(t, "rss_load", "rss_mb"), "mb"), fmt(dig(t, "rss_load", "pss_mb"), "mb"),
+                     fmt(t.get("startup_s"), "s")]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
+        for who in ("cis", "ray"):
+            rows = sorted(dig(r["tree"][who], "rss_load", "per_process") or [], key=lambda p: -p["rss_mb"])
+            each = "; ".join(f"`{p['name']}` {p['rss_mb']:.0f} / {p['pss_mb'] or 0:.0f}" for p in rows)
+            lines += ["", f"Processes of {who} under load (RSS / PSS, MB): {each}"]
+        lines += ["", "## Ray Serve configurations tried (handle path)", "",
+                  "| max_batch_size | batch_wait_timeout_s | p50 forced | p50 thresholds | largest rate |",
+                  "|---|---|---|---|---|"]  # fmt: skip
+        for c in r["tree"]["ray"].get("configs_tried", []):
+            cells = [str(c["max_batch_size"]), str(c["batch_wait_timeout_s"]),
+                     fmt(dig(c, "light_forced", "p50_s"), "ms"), fmt(dig(c, "light_spec", "p50_s"), "ms"),
+                     fmt(c["largest_rate"], "rate")]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
+    if r.get("single"):
+        lines += one_tier_markdown(r)
+    lines += ["", "## The Ray Serve app answers what cis answers", ""] if r.get("tree") else []
+    for name, a in (dig(r, "tree", "ray", "agreement") or {}).items():
         lines.append(f"- {name}: {a['samples']} samples one at a time; same class {a['same_class']}, same exit "
                      f"{a['same_exit']}, same serving node {a['same_node']}; largest confidence gap "
                      f"{a['max_confidence_gap']}; served per exit {a['served_share_per_exit']}")  # fmt: skip
@@ -861,9 +1119,15 @@ NOTES = [
     "cis runs with --no-cap: the Ray Serve app has no transfer cap (a cis node past its cap would serve here, "
     "flagged capped, which is cheaper). Both use the bundle's per-node thresholds; 'forced' is threshold inf below "
     "the root.",
-    "One load generator (asyncio, open loop, Poisson arrivals, one sample per request) in one process drives every "
-    "system; it shares the machine's cores with the servers, so on a small machine its own cost is in every figure "
-    "(the same for all). A rate is held when every request was answered, p99 < 100 ms and the generator kept up.",
+    "One load generator (open loop, Poisson arrivals, one sample per request) in one process drives every system: "
+    "asyncio for cis.Client and Ray's handle; for every HTTP path the same tritonclient client "
+    "(tritonclient.http, its synchronous geventhttpclient client, a greenlet per request in flight), each sample's "
+    "request body made once with tritonclient's generate_request_body before the timed run and posted as infer "
+    "posts it. A rate is held when every request was answered, p99 < 100 ms and the generator kept up.",
+    "One tier: the load generator runs on a core of its own and every server on the others (taskset; --no-pin: "
+    "not); a null endpoint (benchmarks/peers/null_oip.py: a canned answer, no work) measures the client alone, and "
+    "the stages alone are timed in the load generator's process: together, the floor of every HTTP p50. CPU per "
+    "request is each side's own user + system time (the kernel's accounting) over a run at a fixed rate.",
     "Ray Serve: dashboard off (Ray still starts its dashboard head process for its APIs), Ray on loopback, "
     "replicas num_cpus=0 (seven replicas on few cores), "
     "max_ongoing_requests twice the batch; HTTP ingress on the devices deployment (one proxy actor).",
@@ -878,15 +1142,33 @@ NOTES = [
 ]
 
 
+def merge(tree: dict, one: dict) -> dict:
+    """One result from a ``--only tree`` run and a ``--only one-tier`` run: each section as its run measured it,
+    each run's date, machine and length kept (``parts``); the goals from both."""
+    r = {**tree, "single": one["single"]}
+    r["parts"] = {name: {k: part.get(k) for k in ("date", "machine", "seconds", "bundle", "versions")}
+                  for name, part in (("tree", tree), ("one-tier", one))}  # fmt: skip
+    r["seconds"] = tree["seconds"] + one["seconds"]
+    r["date"] = f"{tree['date']} (tree), {one['date']} (one tier)"
+    r["headline"] = headline(r)
+    return r
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.setup:
         return subprocess.run(["bash", str(REPO / "scripts" / "peers_setup.sh")]).returncode
-    name = "peers-quick" if args.quick else "peers"
+    name = ("peers-quick" if args.quick else "peers") + (f"-{args.only}" if args.only else "")
+    if args.merge:
+        r = merge(*(json.loads((RESULTS / f"{name}-{part}.json").read_text()) for part in ("tree", "one-tier")))
+        write_results(name, r, markdown(r))
+        if not r["quick"]:
+            print(f"docs/runtime.md and README.md: {fill_docs(r)} figures", file=sys.stderr)
+        return 0
     if args.report:
         r = json.loads((Path(args.out) if args.out else RESULTS / f"{name}.json").read_text())
         write_results(name, r, markdown(r))
-        if not r["quick"]:
+        if not r["quick"] and r.get("tree"):
             print(f"docs/runtime.md and README.md: {fill_docs(r)} figures", file=sys.stderr)
         return 0
     missing = missing_peers(http=not args.p50_only)  # --p50-only: the handle path alone, no HTTP client
@@ -898,7 +1180,8 @@ def main(argv: list[str] | None = None) -> int:
     (work / "logs").mkdir(parents=True, exist_ok=True)
     if args.profile:
         out = profile(args)
-        write_results(f"peers-profile-{args.profile}-{args.profile_path}", out, profile_markdown(out))
+        tag = f"-{args.profile_server}" if args.profile == "one-tier" else ""
+        write_results(f"peers-profile-{args.profile}-{args.profile_path}{tag}", out, profile_markdown(out))
         return 0
     if args.p50_only:
         if not args.bundle:
@@ -915,10 +1198,10 @@ def main(argv: list[str] | None = None) -> int:
                "date": time.strftime("%Y-%m-%d %H:%M"), "notes": NOTES}  # fmt: skip
     digits = digits_bundle(work)
     agree = {"digits": (digits, inputs_of(digits, work, args.agree_n))}
-    if not args.quick:
+    if not args.quick and args.only != "one-tier":
         cifar = cifar_bundle(work, args.data)
         agree["cifar10"] = (cifar, inputs_of(cifar, work, args.agree_n))
-    bundle = Path(args.bundle) if args.bundle else (digits if args.quick else agree["cifar10"][0])
+    bundle = Path(args.bundle) if args.bundle else digits if args.quick else cifar_bundle(work, args.data)
     r["bundle"] = str(bundle)
     x = inputs_of(bundle, work, 2000, args.inputs)
     nodes = entry_nodes(bundle, len(x))
@@ -926,15 +1209,17 @@ def main(argv: list[str] | None = None) -> int:
     r["front_door"] = door or PENDING_DOOR
     r["ray_configs"] = args.configs
     print(f"peers: timing {bundle}; front door {'yes' if door else 'pending'}", file=sys.stderr)
-    r["tree"] = {"cis": tree_cis(bundle, x, nodes, args, door), "ray": tree_ray(bundle, x, nodes, args, agree)}
-    r["single"] = single(bundle, x, args, door)
+    if args.only != "one-tier":
+        r["tree"] = {"cis": tree_cis(bundle, x, nodes, args, door), "ray": tree_ray(bundle, x, nodes, args, agree)}
+    if args.only != "tree":
+        r["single"] = single(bundle, x, args, door)
     r["headline"] = headline(r)
     r["seconds"] = time.perf_counter() - start
     if args.out:
         Path(args.out).write_text(json.dumps(r, indent=2, default=float))
     else:
         write_results(name, r, markdown(r))
-    if not args.quick and not args.out and not args.bundle:
+    if not args.quick and not args.out and not args.bundle and not args.only:
         print(f"docs/runtime.md and README.md: {fill_docs(r)} figures", file=sys.stderr)
     for key, h in r["headline"].items():
         print(f"{key:22s} cis {h['cis']}  peer {h['peer']}  ratio {h['ratio']}  goal {h['goal']}  met {h['met']}")

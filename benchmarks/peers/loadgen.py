@@ -8,8 +8,9 @@ The same schedule, inputs and entry nodes drive every system; only the transport
 
 - :class:`CisNative`: :class:`cis.Client`, one per entry node, read from asyncio's loop (the ZeroMQ path);
 - :class:`RayHandle`: a Ray Serve ``DeploymentHandle`` (``handle.infer.remote(node, x)``, awaited);
-- :class:`OipHttp`: tritonclient's asyncio HTTP client (``tritonclient.http.aio``), the Open Inference
-  Protocol's infer call in JSON, for cis's front door, Ray Serve's HTTP ingress, KServe and MLServer.
+- :class:`OipHttp`: tritonclient's synchronous HTTP client (``tritonclient.http``, geventhttpclient, a greenlet
+  per request in flight: :func:`drive_sync`), the Open Inference Protocol's infer call with each sample's body
+  made once, for cis's front door, Ray Serve's HTTP ingress, KServe, MLServer and a null endpoint.
 """
 
 from __future__ import annotations
@@ -221,47 +222,123 @@ class RayHandle:
         pass
 
 
-# tritonclient's asyncio client posts bytes (aiohttp then says application/octet-stream, which KServe reads as
-# Triton's binary extension) and reads bodies undecoded while aiohttp asks for gzip (which MLServer sends):
-# say JSON when it is JSON, and ask for no compression
+# tritonclient's client posts bytes with no content type of its own: say JSON when it is JSON (KServe reads a body
+# it is not told is JSON as Triton's binary extension), and ask for no compression (MLServer would gzip)
 JSON_HEADERS = {"Content-Type": "application/json", "Accept-Encoding": "identity"}
 BINARY_HEADERS = {"Accept-Encoding": "identity"}
+_BODIES: dict[tuple, tuple[bytes, int | None]] = {}  # (input name, binary, sample's bytes) -> body, JSON size
 
 
 class OipHttp:
-    """tritonclient's asyncio HTTP client: ``infer`` in the Open Inference Protocol, to each entry node's URL, on
-    ``model`` (None: the model is named after the entry node, as Ray's ingress here); ``input_name`` is the
-    model's input (cis's front door: from its metadata). The input goes as JSON, or with ``binary`` as Triton's
-    binary tensor extension (cis's front door and KServe read it; MLServer and the Ray app here do not)."""
+    """tritonclient's synchronous HTTP client (``tritonclient.http``, geventhttpclient underneath, one greenlet
+    per request in flight): ``infer`` in the Open Inference Protocol, to each entry node's URL, on ``model``
+    (None: the model is named after the entry node, as Ray's ingress here); ``input_name`` is the model's input
+    (cis's front door: from its metadata). The input goes as JSON, or with ``binary`` as Triton's binary tensor
+    extension (cis's front door and KServe read it; MLServer and the Ray app here do not).
 
-    name = "Open Inference Protocol over HTTP (tritonclient)"
+    As light as tritonclient allows, the same for every server: each sample's request body is made once
+    (:meth:`prepare`, tritonclient's ``generate_request_body``, outside the timed run) and posted as
+    ``InferenceServerClient.infer`` posts it (its ``_post``: the client's plugins, headers and connection pool),
+    the answer read as ``infer`` reads it (``InferResult``). Driven by :func:`drive_sync`, not asyncio."""
+
+    name = "Open Inference Protocol over HTTP (tritonclient.http, geventhttpclient)"
 
     def __init__(self, urls: dict[str, str], model: str | None = "cis", input_name: str = "input",
-                 conn_limit: int = 256, binary: bool = False):  # fmt: skip
-        import tritonclient.http.aio as aio
+                 binary: bool = False, concurrency: int = 256):  # fmt: skip
+        import tritonclient.http as th
 
-        self._aio = aio
+        self._th = th
         self.urls, self.model, self.input_name, self.binary = urls, model, input_name, binary
+        self.concurrency = concurrency
         self.headers = BINARY_HEADERS if binary else JSON_HEADERS
-        self.clients = {u: aio.InferenceServerClient(url=u.split("://", 1)[-1], conn_limit=conn_limit)
-                        for u in set(urls.values())}  # fmt: skip
+        self.clients: dict = {}
 
-    async def call(self, node: str, x: np.ndarray) -> dict:
-        from tritonclient.utils import InferenceServerException
+    def open(self, timeout: float) -> None:
+        """One client per URL, each with up to ``concurrency`` connections; a connection that gives no answer
+        within ``timeout`` s is closed (geventhttpclient's network timeout)."""
+        self.clients = {u: self._th.InferenceServerClient(url=u.split("://", 1)[-1], concurrency=self.concurrency,
+                                                          network_timeout=timeout)
+                        for u in set(self.urls.values())}  # fmt: skip
 
-        url, model = self.urls[node], self.model or node
-        inp = self._aio.InferInput(self.input_name, list(x.shape), "FP32")
-        inp.set_data_from_numpy(np.ascontiguousarray(x, dtype=np.float32), binary_data=self.binary)
-        try:
-            result = await self.clients[url].infer(model, [inp], headers=self.headers)
-        except InferenceServerException as exc:
-            raise Refused(str(exc.status() or "error")) from None
-        out = {}
-        for o in result.get_response().get("outputs", []):
-            out[o["name"]] = list(o.get("data", []))
-        params = result.get_response().get("parameters") or {}
-        return {"outputs": out, "parameters": params}
+    def body(self, x: np.ndarray) -> tuple[bytes, int | None]:
+        """The request body of one batch (and its JSON part's size with binary input), made once per sample."""
+        x = np.ascontiguousarray(x, dtype=np.float32)
+        key = (self.input_name, self.binary, x.shape, x.tobytes())
+        got = _BODIES.get(key)
+        if got is None:
+            inp = self._th.InferInput(self.input_name, list(x.shape), "FP32")
+            inp.set_data_from_numpy(x, binary_data=self.binary)
+            got = _BODIES[key] = self._th.InferenceServerClient.generate_request_body([inp])
+        return got
 
-    async def close(self) -> None:
+    def prepare(self, x: np.ndarray) -> list[tuple[bytes, int | None]]:
+        return [self.body(x[i : i + 1]) for i in range(len(x))]
+
+    def post(self, node: str, prepared: tuple[bytes, int | None], keep: bool = False) -> dict | None:
+        """One infer call (``InferenceServerClient.infer`` with its body made already); with ``keep``, the outputs
+        as lists (tritonclient asks for binary outputs where the server has the extension: read as numpy)."""
+        body, json_size = prepared
+        model = self.model or node
+        headers = dict(self.headers)
+        if json_size is not None:
+            headers["Inference-Header-Content-Length"] = str(json_size)
+        response = self.clients[self.urls[node]]._post(f"v2/models/{model}/infer", body, headers, None)
+        if response.status_code != 200:
+            response.read()
+            raise Refused(str(response.status_code))
+        result = self._th.InferResult(response, False)
+        if not keep:
+            return None
+        outputs = result.get_response().get("outputs", [])
+        out = {o["name"]: result.as_numpy(o["name"]).ravel().tolist() for o in outputs}
+        return {"outputs": out, "parameters": result.get_response().get("parameters") or {}}
+
+    def close(self) -> None:
         for c in self.clients.values():
-            await c.close()
+            c.close()
+
+
+def drive_sync(transport: OipHttp, x: np.ndarray, nodes: Sequence[str], offsets: np.ndarray | None,
+               timeout: float = 2.0, keep_answers: bool = False, target_rate: float | None = None) -> Run:  # fmt: skip
+    """:func:`drive` for the synchronous HTTP client: a greenlet per request (gevent, what tritonclient's
+    ``async_infer`` uses), the bodies made before the first send."""
+    import gevent
+
+    bodies = transport.prepare(x[: len(nodes)])
+    transport.open(timeout)
+    n = len(nodes)
+    outcomes: list[Outcome | None] = [None] * n
+    lags: list[float] = []
+
+    def one(i: int, t_send: float) -> None:
+        try:
+            with gevent.Timeout(timeout + 5.0):  # a backstop: the connection's own timeout comes first
+                got = transport.post(nodes[i], bodies[i], keep_answers)
+            lat = time.perf_counter() - t_send
+            late = lat > timeout  # waited for a free connection, then answered: too late all the same
+            outcomes[i] = Outcome(t_send - start, None if late else lat, "timeout" if late else None,
+                                  got if keep_answers and not late else None)  # fmt: skip
+        except gevent.Timeout:
+            outcomes[i] = Outcome(t_send - start, None, "timeout")
+        except Refused as exc:
+            outcomes[i] = Outcome(t_send - start, None, exc.code)
+        except OSError as exc:  # the connection broke or its own timeout ran out: no answer
+            outcomes[i] = Outcome(t_send - start, None, "timeout" if "timed out" in str(exc) else "refused")
+
+    start = time.perf_counter()
+    greenlets = []
+    for i in range(n):
+        if offsets is None:
+            one(i, time.perf_counter())
+            continue
+        due = start + float(offsets[i])
+        wait = due - time.perf_counter()
+        if wait > 0:
+            gevent.sleep(wait)
+        now = time.perf_counter()
+        lags.append(max(0.0, now - due))
+        greenlets.append(gevent.spawn(one, i, now))
+    gevent.joinall(greenlets)
+    seconds = time.perf_counter() - start
+    lag = float(np.percentile(lags, 99)) if lags else 0.0
+    return Run([o for o in outcomes if o is not None], seconds, target_rate, lag)

@@ -132,6 +132,37 @@ def memory(pids: list[int]) -> dict:
             "pss_mb": round(sum(r["pss_mb"] or 0 for r in rows), 1), "per_process": rows}  # fmt: skip
 
 
+def cpu_seconds(pids: list[int]) -> float:
+    """User and system CPU seconds the processes have used so far (/proc/PID/stat; a process gone counts 0)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += int(fields[11]) + int(fields[12])  # utime, stime (fields 14, 15 of stat)
+    return total / tick
+
+
+def machine_busy() -> float:
+    """CPU seconds every core of the machine has been busy so far (/proc/stat: all but idle and iowait)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+def split_cpus() -> tuple[set[int], set[int]] | None:
+    """The load generator's core and the servers' cores (the first of this process's cores; the rest), or None
+    with fewer than two."""
+    cpus = sorted(os.sched_getaffinity(0))
+    return ({cpus[0]}, set(cpus[1:])) if len(cpus) >= 2 else None
+
+
+def taskset(cpus: set[int] | None) -> list[str]:
+    """A command's prefix that runs it on ``cpus`` (nothing when None)."""
+    return ["taskset", "-c", ",".join(map(str, sorted(cpus)))] if cpus else []
+
+
 class MemoryPeak:
     """Samples the RSS of a system's processes every ``every`` s in a thread; keeps the largest total."""
 
@@ -231,12 +262,12 @@ class CisTree:
 class CisNode(CisTree):
     """One node alone: ``cis serve BUNDLE --node ID --bind ... [--http-port P]``."""
 
-    def __init__(self, bundle: Path, node: str, http: bool):
+    def __init__(self, bundle: Path, node: str, http: bool, cpus: set[int] | None = None, args: tuple = ()):
         self.t0 = time.monotonic()
         port = free_port()
         self.http_port = free_port() if http else None
-        cmd = [sys.executable, "-m", "cis.cli", "serve", str(bundle), "--node", node,
-               "--bind", f"tcp://127.0.0.1:{port}", "--no-cap",
+        cmd = [*taskset(cpus), sys.executable, "-m", "cis.cli", "serve", str(bundle), "--node", node,
+               "--bind", f"tcp://127.0.0.1:{port}", "--no-cap", *args,
                *(["--http-port", str(self.http_port)] if http else [])]  # fmt: skip
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                      start_new_session=True)  # fmt: skip
@@ -302,23 +333,26 @@ class RayServer:
 
 
 class SingleServer:
-    """KServe's or MLServer's server serving the cloud node's stages, in its own environment."""
+    """KServe's or MLServer's server serving the cloud node's stages, in its own environment (on ``cpus``);
+    ``null``: the null endpoint (null_oip.py, the load generator's floor), in this environment."""
 
-    def __init__(self, kind: str, bundle: Path, work: Path, workers: int = 0):
-        python = VENVS[kind] / "bin" / "python"
+    def __init__(self, kind: str, bundle: Path, work: Path, workers: int = 0, cpus: set[int] | None = None):
+        python = VENVS[kind] / "bin" / "python" if kind in VENVS else Path(sys.executable)
         self.t0 = time.monotonic()
         self.port = free_port()
         env = {**os.environ, "PYTHONPATH": python_path()}
         self.log = work / f"{kind}-w{workers}.log"
         log = open(self.log, "w")
-        if kind == "kserve":
+        if kind == "null":
+            cmd, cwd = [str(python), str(HERE / "null_oip.py"), "--port", str(self.port)], work
+        elif kind == "kserve":
             cmd = [str(python), str(HERE / "kserve_cis.py"), "--bundle", str(bundle), "--http_port", str(self.port)]
             cwd = work
         else:
             folder = mlserver_folder(work / f"mlserver-model-w{workers}", bundle, self.port, free_port(), workers)
             cmd = [str(VENVS[kind] / "bin" / "mlserver"), "start", str(folder)]
             cwd = folder
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
+        self.proc = subprocess.Popen([*taskset(cpus), *cmd], stdout=log, stderr=subprocess.STDOUT, env=env, cwd=cwd,
                                      start_new_session=True)  # fmt: skip
         self.url = f"http://127.0.0.1:{self.port}"
 

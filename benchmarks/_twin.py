@@ -262,7 +262,8 @@ def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, flo
     had idled before it, is that node's ``batch_overhead`` table (:func:`batch_overheads`); the node's
     reading of a message is a few tens of microseconds (twin_spans: the time between batches), so
     ``visit_overhead`` is 0, and each request's messaging is what its latency holds beyond its stages and
-    the mean batch work of the nodes it visited."""
+    the mean batch work of the nodes it visited; the batches' time beyond the profile against how long other
+    nodes' batches ran beside them gives how much the machine's cores slow each other (:func:`interference`)."""
     from cis.app.calibration import warm_up
     from cis.runtime.client import Client
 
@@ -287,7 +288,9 @@ def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, flo
     batch_work, batch_tables = None, None
     if spans is not None:
         cols = spans()
-        batch_tables, batch_work = batch_overheads(cols, profile, spec, (wall, time.time()))
+        end = time.time()
+        batch_tables, batch_work = batch_overheads(cols, profile, spec, (wall, end))
+        beside = interference(cols, profile, spec, (wall, end))
 
     def entry_stage(nid: str) -> int:
         kids = spec.children(nid)
@@ -347,6 +350,8 @@ def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, flo
         "hop_rtt_median_s": float(np.median(costs)),
         "hop_rtt_mean_s": float(np.mean(costs)),
         **{k: v for k, v in messaging.items() if k != "hop_rtt_s"},
+        **({"interference": beside["interference"], "interference_batches": beside["batches"],
+            "window": [wall, end]} if spans is not None else {}),
     }
 
 
@@ -368,13 +373,16 @@ WORK_BINS = (0.0005, 0.002, 0.005, 0.02, 0.1)  # seconds a node idled before a b
 
 def batch_overheads(cols: dict, profile: dict, spec, window: tuple[float, float]) -> tuple[dict, dict]:
     """Per node, what each of its batches (compute spans starting in ``window``) took beyond the profiled time
-    of its stage calls, until its answers and forward were sent (_spans.answers_sent), by how long the node
-    had idled before the batch: ({node: ((median idle, median extra) of each idle bin with 5 batches or
-    more, never decreasing), ...}, {node: mean extra})."""
+    of its stage calls, until its answers and forward were sent (_spans.answers_sent), and, when the node had
+    idled, from when it woke for the batch's first message (its queue span's start: reading the message), by
+    how long the node had idled before the batch: ({node: ((median idle, median extra) of each idle bin with 5
+    batches or more, never decreasing), ...}, {node: mean extra})."""
     from _spans import answers_sent
 
     tables, means = {}, {}
     sent = answers_sent(cols)
+    admitted = {(n, p): t for n, p, t, k in zip(cols["node"], cols["parent_id"], cols["start"], cols["kind"])
+                if k == "queue"}  # (node, its request span) -> admitted
     for node in spec.nodes:
         at = np.flatnonzero((cols["kind"] == "compute") & (cols["node"] == node.id))
         batches: dict[float, list[int]] = {}
@@ -384,8 +392,13 @@ def batch_overheads(cols: dict, profile: dict, spec, window: tuple[float, float]
             continue
         starts = np.array(sorted(batches))
         ends = np.array([sent[batches[t][0]] for t in starts])
-        idle = np.maximum(0.0, starts - np.concatenate([[-np.inf], ends[:-1]]))
-        extra = np.array([ends[j] - t - profiled_batch(
+        woke = np.array([min(admitted.get((node.id, cols["parent_id"][i]), t) for i in batches[t]) for t in starts])
+        before = np.concatenate([[-np.inf], ends[:-1]])
+        # a node that idled woke for the batch's first message: its reading (woken, received, decoded, admitted:
+        # the runtime's queue span, 0.1-0.3 ms on a 2-core machine) is this batch's work too
+        reading = np.where(woke >= before, starts - woke, 0.0)
+        idle = np.maximum(0.0, np.minimum(starts, woke) - before)
+        extra = reading + np.array([ends[j] - t - profiled_batch(
             profile, [int(cols["stage_from"][i]) for i in batches[t] for _ in range(max(1, int(cols["samples"][i])))],
             node.exit) for j, t in enumerate(starts)])
         inside = (starts >= window[0]) & (starts < window[1])
@@ -489,3 +502,56 @@ def rel(sim: float | None, runtime: float | None) -> float | None:
     if sim is None or runtime is None or runtime == 0:
         return None
     return abs(sim - runtime) / abs(runtime)
+
+
+def interference(cols: dict, profile: dict, spec, window: tuple[float, float]) -> dict:
+    """How much the cores of the machine slow each other (sim.cores, ``SimConfig.interference``), from a load's
+    spans: each batch's time beyond its profiled stage calls (until its answers were sent, as the twin's batch
+    runs) against how long other nodes' batches ran beside it (on another host, or on cores of their own), both
+    taken relative to the node's own mean among batches after a like idle time (the idle time's own slowdown is
+    the batch work table's), pooled over the nodes: the least-squares slope, seconds lost per second beside
+    another busy core (never below 0). Returns {"interference", "batches", "overlap_mean_s"}."""
+    from _spans import answers_sent
+
+    sent = answers_sent(cols)
+    admitted = {(n, p): t for n, p, t, k in zip(cols["node"], cols["parent_id"], cols["start"], cols["kind"])
+                if k == "queue"}
+    runs: dict[str, list[tuple[float, float, list[int]]]] = {}  # node -> (start, answers sent, stage_from per sample)
+    busy: dict[str, list[tuple[float, float]]] = {}  # node -> its batches from its reading (after idling) to sent
+    for node in spec.nodes:
+        batches: dict[float, list[int]] = {}
+        for i in np.flatnonzero((cols["kind"] == "compute") & (cols["node"] == node.id)):
+            batches.setdefault(float(cols["start"][i]), []).append(int(i))
+        runs[node.id] = [(t, float(sent[idx[0]]), [int(cols["stage_from"][i]) for i in idx
+                                                    for _ in range(max(1, int(cols["samples"][i])))])
+                         for t, idx in sorted(batches.items())]
+        busy[node.id], last = [], -np.inf
+        for t, idx in sorted(batches.items()):
+            woke = min(admitted.get((node.id, cols["parent_id"][i]), t) for i in idx)
+            busy[node.id].append((woke if woke >= last else t, float(sent[idx[0]])))
+            last = float(sent[idx[0]])
+    host = {n.id: n.host or n.id for n in spec.nodes}
+    xs, ys = [], []
+    for node in spec.nodes:
+        mine = runs[node.id]
+        others = [(s, e) for other, rs in busy.items() if host[other] != host[node.id] for s, e in rs]
+        starts = np.array([s for s, _ in others]) if others else np.zeros(0)
+        ends = np.array([e for _, e in others]) if others else np.zeros(0)
+        rows = []
+        last = -np.inf
+        for start, end, sf in mine:
+            idle, last = max(0.0, start - last), end
+            if not window[0] <= start < window[1]:
+                continue
+            beside = float(np.clip(np.minimum(ends, end) - np.maximum(starts, start), 0.0, None).sum())
+            rows.append((int(np.searchsorted(WORK_BINS, idle)), beside, end - start - profiled_batch(profile, sf,
+                                                                                                       node.exit)))
+        for b in {r[0] for r in rows}:
+            group = np.array([r[1:] for r in rows if r[0] == b])
+            if len(group) >= 5:
+                xs.append(group[:, 0] - group[:, 0].mean())
+                ys.append(group[:, 1] - group[:, 1].mean())
+    x, y = (np.concatenate(xs), np.concatenate(ys)) if xs else (np.zeros(0), np.zeros(0))
+    slope = float(x @ y / (x @ x)) if len(x) and x @ x > 0 else 0.0
+    return {"interference": max(0.0, slope), "batches": int(len(x)),
+            "overlap_mean_s": float(np.mean(np.abs(x))) if len(x) else 0.0}

@@ -32,7 +32,10 @@ Calibration (``_twin.calibrate``): stage times measured in-process on the core t
 of the samples the loads send (``profile_stages``); the nodes write their spans (``cis serve --spans-file``),
 and one light Poisson load gives each node's work per batch by how long it idled before the batch (its compute
 spans until the batch's answers were sent, beyond the profiled stage calls), the client's messaging (latency
-beyond the entry node's request span) and each forward's (its span beyond the parent's request span). Other jobs
+beyond the entry node's request span) and each forward's (its span beyond the parent's request span), and how much
+the machine's cores slow each other (each batch's time beyond its profile against how long other nodes' batches
+ran beside it: ``SimConfig.interference``); a node that idled pays its reading of the message that woke it (its
+queue span) as batch work. Other jobs
 (processes whose working directory is under ``--pause-cwd``) are stopped (SIGSTOP) only while a load runs
 and always resumed; ``--priority N`` (default -15) sets the nice value of this benchmark's scheduling group
 (``/proc/self/autogroup``: its session, so its nodes too) for the run, so that jobs of other sessions take
@@ -117,6 +120,7 @@ def twin_config(cal: dict, profile: dict, **fields):
         latency_profile=profile,
         idle_slowdown=tuple(map(tuple, cal["idle_slowdown"])),
         service_spread=tuple(cal.get("service_spread", ())),
+        interference=cal.get("interference", 0.0),
         max_batch=32,
         **fields,
     )
@@ -335,7 +339,8 @@ def capacity_check(args, work: Path, bdir: Path, bench: Bench, mu: float, cal, p
     write_spec(bench.spec, spec_file)  # arrivals at the twin's capacity: factors are utilisations
     (work / "latency.json").write_text(json.dumps({"stages": profile, "idle_slowdown": cal["idle_slowdown"],
                                                   "spread": list(cal["service_spread"]),
-                                                  "batch_overhead": cal.get("batch_overhead_s") or {}}))
+                                                  "batch_overhead": cal.get("batch_overhead_s") or {},
+                                                  "interference": cal.get("interference", 0.0)}))
     (work / "visits.txt").write_text("".join(f"{v:.9f}\n" for v in cal["hop_rtt_s"]))
     entry = ["--entry-cost", str(work / "entry.txt")] if cal.get("entry_rtt_s") else []
     if entry:
@@ -591,7 +596,9 @@ def markdown(result: dict) -> str:
                   f"Cloud capacity (twin) {bn['capacity_rps']:.1f} requests/s; stages slower after idling "
                   f"{slowdown_text(bn['calibration'])}; stage time spread (CV) {bn['spread_cv']:.2f}; node work "
                   f"{bn['node_work_s'] * 1e3:.2f} ms per request; messaging "
-                  f"{bn['calibration']['hop_rtt_median_s'] * 1e3:.2f} ms per visit (median).", "",
+                  f"{bn['calibration']['hop_rtt_median_s'] * 1e3:.2f} ms per visit (median); the cores slow each "
+                  f"other by {bn['calibration'].get('interference', 0.0):.2f} s per second beside another busy "
+                  "core.", "",
                   "| utilisation | req/s | share gap (pts, <= 2) | capped rt / twin | overloaded rt / twin | "
                   "p50 ms rt / twin | p95 ms rt / twin | p99 ms rt / twin | errors p50/p95/p99 | met |",
                   "|---|---|---|---|---|---|---|---|---|---|"]

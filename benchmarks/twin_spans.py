@@ -45,6 +45,7 @@ from _spans import compare, parting, per_kind, plot_cdfs, replay_files, sent_pro
 from _twin import (
     batch_overheads,
     calibrate,
+    interference,
     load_now,
     paused,
     profile_stages,
@@ -238,6 +239,7 @@ def replay_case(args, work: Path, spans_dir: Path, name: str, twin_of) -> dict:
     if "window" in cal:  # the node work per batch, from the calibration load's spans (again: the same numbers)
         spec0 = twin_of(case, {**case["loads"][0], "times": [], "entries": {}})[0]
         cal["batch_overhead_s"] = batch_overheads(rt_cols, case["profile"], spec0, tuple(cal["window"]))[0]
+        cal["interference"] = interference(rt_cols, case["profile"], spec0, tuple(cal["window"]))["interference"]
     points = []
     for load in case["loads"]:
         load["times"] = np.asarray(load["times"])

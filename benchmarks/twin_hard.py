@@ -62,7 +62,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _results import RESULTS, machine
+from _results import DOCS, RESULTS, machine, write_doc_block
 from _twin import (
     PERCENTILES,
     calibrate,
@@ -585,11 +585,9 @@ def partition_runs(args, bed, bundle, spec, x, cal, profile) -> dict:
 
 
 def markdown(result: dict) -> str:
-    lines = ["# The twin in the hard regime (issue 23)", "",
-             f"`{result['command']}` on {result['machine']['cpus']} CPUs ({result['machine']['platform']}), "
-             f"load average at the start {', '.join(f'{v:.1f}' for v in result['machine']['load_avg'])}; "
-             f"{result['config']['repeats']} repeats, runtime figures are their medians; the twin pools "
-             f"{result['config']['sim_seeds']} seeds. Calibrated once per regime at a light load.", ""]
+    lines = ["# The twin in the hard regime (issue 23)", "", runs_text(result) + f"; {result['config']['repeats']} "
+             f"repeats, runtime figures are their medians; the twin pools {result['config']['sim_seeds']} seeds. "
+             "Calibrated once per regime at a light load.", ""]
     bn = result.get("bottleneck")
     if bn:
         lines += ["## bottleneck", "",
@@ -675,6 +673,56 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def runs_text(result: dict) -> str:
+    """Which commands made the result, on what machine, at what load."""
+    runs = result.get("runs") or [{"command": result["command"], "machine": result["machine"]}]
+    return "; ".join(
+        f"`{r['command']}` on {r['machine']['cpus']} CPUs ({r['machine']['platform']}), load average at the start "
+        f"{', '.join(f'{v:.1f}' for v in r['machine']['load_avg'])}" for r in runs)
+
+
+def _signed(twin: float | None, runtime: float | None) -> str:
+    return "-" if twin is None or not runtime else f"{100 * (twin - runtime) / runtime:+.0f} %"
+
+
+def how_close(result: dict) -> str:
+    """docs/simulator.md's "how close, per regime" figures, from the result (signed: twin against runtime)."""
+    lines = [f"From benchmarks/results/twin_hard.json ({runs_text(result)}). Errors are (twin - runtime) / "
+             "runtime.", ""]
+    bn = result.get("bottleneck") or {}
+    for p in (bn.get("bottleneck") or {}).get("points", []):
+        rt, sm = p["runtime"]["latency"], p["sim"]["latency"]
+        text = " / ".join(_signed(sm[k], rt[k]) for k in PERCENTILES)
+        extra = (f"; overloaded {pct(p['runtime']['overloaded_share'])} runtime, {pct(p['sim']['overloaded_share'])} "
+                 f"twin ({p['overloaded_points']:.1f} points)" if p["rho"] > 0.9 else "")
+        lines.append(f"- bottleneck at utilisation {p['rho']:g}: p50 / p95 / p99 {text}{extra}; shares within "
+                     f"{p['shares_points']:.1f} points: {'met' if p['met'] else 'NOT met'}.")
+    cap = bn.get("capacity")
+    if cap and "twin_rate" in cap:
+        lines.append(f"- capacity: the twin names {cap['twin_rate']:.1f} requests/s; the runtime meets the p99 "
+                     f"target for {pct(cap['at']['within_slo'])} of requests there, {pct(cap['above']['within_slo'])} "
+                     f"at 1.2 times it: {'met' if cap['met'] else 'NOT met'}.")
+    tb = result.get("testbed") or {}
+    for dtype in ("fp32", "int8"):
+        for name, p in (tb.get(dtype) or {}).get("links", {}).items():
+            rt, sm = p["runtime"]["latency"], p["sim"]["latency"]
+            lines.append(f"- links, {dtype} at {name}: p50 / p95 {_signed(sm['p50'], rt['p50'])} / "
+                         f"{_signed(sm['p95'], rt['p95'])}: {'met' if p['met'] else 'NOT met'}.")
+    part = (tb.get("fp32") or {}).get("partition")
+    if part:
+        rt, sm = part["runtime"], part["sim"]
+        lines.append(f"- partition: degraded {pct(rt['degraded_share'])} runtime, {pct(sm['degraded_share'])} twin; "
+                     f"mean {ms(rt['latency']['mean'])} / {ms(sm['latency']['mean'])} ms "
+                     f"({_signed(sm['latency']['mean'], rt['latency']['mean'])}), p99 "
+                     f"{_signed(sm['latency']['p99'], rt['latency']['p99'])}: {'met' if part['met'] else 'NOT met'}.")
+    co = tb.get("colocated")
+    if co:
+        rt, sm = co["runtime"]["latency"], co["sim"]["latency"]
+        lines.append(f"- colocated: p50 / p95 / p99 {' / '.join(_signed(sm[k], rt[k]) for k in PERCENTILES)}; "
+                     f"shares within {co['shares_points']:.1f} points: {'met' if co['met'] else 'NOT met'}.")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--regimes", default="bottleneck,capacity,links,partition,colocated")
@@ -699,6 +747,9 @@ def main() -> int:
     ap.add_argument("--cifar", default="/tmp/cifar10", help="CIFAR-10 folder for the wide bundle's export")
     ap.add_argument("--quick", action="store_true", help="smoke run: 1 repeat, 6 s loads, 2 seeds")
     ap.add_argument("--out", default=str(RESULTS / "twin_hard"))
+    ap.add_argument("--update", action="store_true",
+                    help="keep the other regimes' results of the last run (--out's json): run regimes in separate "
+                    "windows")
     args = ap.parse_args()
     if args.quick:
         args.repeats, args.seconds, args.warmup, args.sim_seeds, args.calibration = 1, 6.0, 3.0, 2, 150
@@ -707,12 +758,16 @@ def main() -> int:
     regimes = [r.strip() for r in args.regimes.split(",") if r.strip()]
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
+    out = Path(args.out)
     with session_priority(args.priority):
         result = run(args, regimes, work)
-    out = Path(args.out)
+    if args.update and out.with_suffix(".json").is_file():
+        result = merged(json.loads(out.with_suffix(".json").read_text()), result)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=2, default=float))
     out.with_suffix(".md").write_text(markdown(result))
+    if out.resolve() == (RESULTS / "twin_hard").resolve():
+        write_doc_block(DOCS / "simulator.md", "twin_hard", how_close(result))
     print(markdown(result))
     return 0
 
@@ -747,18 +802,38 @@ def run(args, regimes: list[str], work: Path) -> dict:
             os.sched_setaffinity(0, cores)  # the testbed's nodes inherit it
     if {"links", "partition", "colocated"} & set(regimes):
         result["testbed"] = testbed_regimes(args, work, regimes)
-        tb = result["testbed"]
-        if "int8" in tb and "links" in tb["fp32"]:
-            order = {
-                view: {name: "fp32 > int8" if tb["fp32"]["links"][name][view]["latency"]["p50"]
-                       > tb["int8"]["links"][name][view]["latency"]["p50"] else "fp32 <= int8"
-                       for name in BANDWIDTHS}
-                for view in ("runtime", "sim")
-            }
-            result["links_order"] = {**order, "same": order["runtime"] == order["sim"]}
     result["seconds"] = time.perf_counter() - t0
+    result["runs"] = [{"command": result["command"], "machine": result["machine"], "regimes": regimes,
+                       "seconds": result["seconds"]}]
+    return finish(result)
+
+
+def finish(result: dict) -> dict:
+    """The order of the carry formats (both carries measured) and which targets are met."""
+    tb = result.get("testbed", {})
+    if "links" in tb.get("int8", {}) and "links" in tb.get("fp32", {}):
+        order = {
+            view: {name: "fp32 > int8" if tb["fp32"]["links"][name][view]["latency"]["p50"]
+                   > tb["int8"]["links"][name][view]["latency"]["p50"] else "fp32 <= int8"
+                   for name in BANDWIDTHS}
+            for view in ("runtime", "sim")
+        }
+        result["links_order"] = {**order, "same": order["runtime"] == order["sim"]}
     result["targets_met"] = summary_met(result)
     return result
+
+
+def merged(old: dict, new: dict) -> dict:
+    """``--update``: the earlier result with the regimes just run in place of its own (each testbed carry's
+    entries one by one), and the runs that made it."""
+    out = {**old, **{k: v for k, v in new.items() if k not in ("testbed", "runs")}}
+    if "testbed" in new:
+        tb = {k: dict(v) for k, v in old.get("testbed", {}).items()}
+        for key, entry in new["testbed"].items():
+            tb[key] = {**tb.get(key, {}), **entry} if key in ("fp32", "int8") else entry
+        out["testbed"] = tb
+    out["runs"] = old.get("runs", [{"command": old.get("command"), "machine": old.get("machine")}]) + new["runs"]
+    return finish(out)
 
 
 def summary_met(result: dict) -> dict:

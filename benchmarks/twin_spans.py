@@ -40,7 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _results import RESULTS, machine
+from _results import DOCS, RESULTS, machine, write_doc_block
 from _spans import compare, parting, per_kind, plot_cdfs, replay_files, sent_profile, with_answers
 from _twin import (
     batch_overheads,
@@ -324,6 +324,19 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def how_close(result: dict) -> str:
+    """docs/simulator.md's span-by-span figures, from the result: per case and load, the end-to-end errors and
+    the span that holds the gap."""
+    m = result["machine"]
+    lines = [f"From benchmarks/results/twin_spans.json (`{result['command']}` on {m['cpus']} CPUs, load average at "
+             f"the start {', '.join(f'{v:.1f}' for v in m['load_avg'])}).", ""]
+    for case, data in result["cases"].items():
+        for point in data["points"]:
+            where = f"utilisation {point['rho']:g}" if point.get("rho") else point["label"]
+            lines.append(f"- {case} at {where}: {describe(point)}.")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default="loopback,link,colocated")
@@ -370,6 +383,8 @@ def main() -> int:
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(result, indent=2, default=float))
     out.with_suffix(".md").write_text(markdown(result))
+    if out.resolve() == (RESULTS / "twin_spans").resolve():
+        write_doc_block(DOCS / "simulator.md", "twin_spans", how_close(result))
     print(markdown(result))
     return 0
 

@@ -58,6 +58,7 @@ from _twin import (
 )
 from twin_hard import (
     CAP_SHARE,
+    LOOPBACK_CALIBRATION,
     Bed,
     Bench,
     bottleneck_inputs,
@@ -154,7 +155,8 @@ def loopback_runtime(args, work: Path, spans_dir: Path) -> None:
         with paused(args.pause_cwd):
             wall = time.time()
             cal = calibrate(bench.cluster.addresses, bench.x, bench.spec, {k: profile[k][1] for k in profile},
-                            light, args.calibration, 999, spans=bench.spans, profile=profile)
+                            light, LOOPBACK_CALIBRATION * args.calibration, 999, spans=bench.spans,
+                            profile=profile)
             cal["window"] = [wall, time.time()]
         cal["service_spread"] = scatter
         mu = cloud_capacity(profile, cal)

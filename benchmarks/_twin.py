@@ -241,6 +241,62 @@ def spread(bundle_dir: Path, stage: int, core: int, x: np.ndarray, calls: int = 
     return tuple(float(t) for t in np.asarray(times) / np.mean(times))
 
 
+def beside_busy_core(bundle_dir: Path, stage: int, core: int, other: int, other_core: int, x: np.ndarray,
+                     batch: int = 8, rounds: int = 8, seconds: float = 0.5) -> dict:
+    """How much a busy core slows another (``SimConfig.interference``), measured in-process like the stage
+    profile: ``stage`` at a batch of ``batch`` on ``core``, alone and while ``other`` (a batch of 1) runs back to
+    back on ``other_core`` in a second thread, alternating for ``rounds`` rounds of ``seconds`` each; the median
+    over rounds of (time beside / time alone - 1), never below 0."""
+    import threading
+
+    from cis.bundle import load_bundle
+    from cis.stages import StageRunner, stage_runners
+    from export.profile import stage_inputs
+
+    bundle = load_bundle(bundle_dir)
+    chain = stage_runners(bundle, threads=1)
+    feeds = stage_inputs(chain, x, batch)[stage - 1]
+    other_feeds = stage_inputs(chain, x[:1], 1)[other - 1]
+    before = os.sched_getaffinity(0)
+    busy, stop = threading.Event(), threading.Event()
+
+    def neighbour() -> None:  # Linux: the affinity of pid 0 is the calling thread's
+        os.sched_setaffinity(0, {other_core})
+        runner = StageRunner(bundle, other, threads=1)
+        while not stop.is_set():
+            if busy.wait(0.05):
+                runner.run(other_feeds)
+
+    def mean_call(runner) -> float:
+        times: list[float] = []
+        began = time.perf_counter()
+        while len(times) < 3 or time.perf_counter() - began < seconds:
+            t0 = time.perf_counter()
+            runner.run(feeds)
+            times.append(time.perf_counter() - t0)
+        return float(np.mean(times))
+
+    thread = threading.Thread(target=neighbour, daemon=True)
+    ratios = []
+    try:
+        os.sched_setaffinity(0, {core})
+        runner = StageRunner(bundle, stage, threads=1)
+        thread.start()
+        for _ in range(3):
+            runner.run(feeds)
+        for _ in range(rounds):
+            busy.clear()
+            alone = mean_call(runner)
+            busy.set()
+            ratios.append(mean_call(runner) / alone)
+    finally:
+        stop.set()
+        busy.set()
+        thread.join()
+        os.sched_setaffinity(0, before)
+    return {"interference": max(0.0, float(np.median(ratios)) - 1.0), "ratios": [float(r) for r in ratios]}
+
+
 IDLE_BINS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2)  # seconds: the idle-time bins of the slowdown table
 
 

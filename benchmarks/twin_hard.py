@@ -65,6 +65,7 @@ import numpy as np
 from _results import DOCS, RESULTS, machine, write_doc_block
 from _twin import (
     PERCENTILES,
+    beside_busy_core,
     calibrate,
     digits_bundle,
     load_now,
@@ -190,6 +191,14 @@ def bottleneck_inputs() -> np.ndarray:
     return np.random.default_rng(0).standard_normal((256, 3, 32, 32)).astype(np.float32)
 
 
+def with_interference(cal: dict, beside: dict) -> None:
+    """The cores' interference measured in-process (``_twin.beside_busy_core``) in place of the light load's
+    estimate from its spans, which is kept beside it (``interference_spans``): three light loads of the
+    bottleneck gave 0.03, 0.12 and 0.31."""
+    cal["interference_spans"] = cal.get("interference")
+    cal["interference"], cal["interference_ratios"] = beside["interference"], beside["ratios"]
+
+
 def cloud_capacity(profile: dict, cal: dict) -> float:
     """Requests/s the twin's cloud serves in batches of 32 (stages 2 and 3, and its node work)."""
     batch = profile[2][32] + profile[3][32] + 32 * cal["visit_overhead_s"]
@@ -267,6 +276,7 @@ def bottleneck_and_capacity(args, work: Path, regimes: list[str]) -> dict:
         quiet = load_now()
         profile = profile_stages(bdir, {1: 0, 2: 1, 3: 1}, bottleneck_inputs())
         scatter = spread(bdir, 3, 1, bottleneck_inputs())
+        beside = beside_busy_core(bdir, 3, 1, 1, 0, bottleneck_inputs())
     stages_mu = 32 / (profile[2][32] + profile[3][32])  # what the stages alone allow
     cap = CAP_SHARE * stages_mu  # device0's transfer cap, set once
     light = 0.15 * stages_mu
@@ -281,6 +291,7 @@ def bottleneck_and_capacity(args, work: Path, regimes: list[str]) -> dict:
                             light, LOOPBACK_CALIBRATION * args.calibration, 999, spans=bench.spans,
                             profile=profile)
         cal["service_spread"] = scatter
+        with_interference(cal, beside)
         out["calibration"] = {k: v for k, v in cal.items()
                               if k not in ("hop_rtt_s", "entry_rtt_s", "service_spread")}
         mu = cloud_capacity(profile, cal)

@@ -44,6 +44,7 @@ from _results import DOCS, RESULTS, machine, write_doc_block
 from _spans import compare, parting, per_kind, plot_cdfs, replay_files, sent_profile, with_answers
 from _twin import (
     batch_overheads,
+    beside_busy_core,
     calibrate,
     interference,
     load_now,
@@ -71,6 +72,7 @@ from twin_hard import (
     sim_links_spec,
     testbed_spec,
     twin_config,
+    with_interference,
     work_text,
 )
 
@@ -145,6 +147,7 @@ def loopback_runtime(args, work: Path, spans_dir: Path) -> None:
     with paused(args.pause_cwd):
         profile = profile_stages(bdir, {1: 0, 2: 1, 3: 1}, bottleneck_inputs())
         scatter = spread(bdir, 3, 1, bottleneck_inputs())
+        beside = beside_busy_core(bdir, 3, 1, 1, 0, bottleneck_inputs())
     stages_mu = 32 / (profile[2][32] + profile[3][32])
     cap, light = CAP_SHARE * stages_mu, 0.15 * stages_mu
     cores = os.sched_getaffinity(0)
@@ -159,6 +162,7 @@ def loopback_runtime(args, work: Path, spans_dir: Path) -> None:
                             profile=profile)
             cal["window"] = [wall, time.time()]
         cal["service_spread"] = scatter
+        with_interference(cal, beside)
         mu = cloud_capacity(profile, cal)
         say(f"loopback: calibrated (node work {work_text(cal)}), capacity {mu:.1f}/s")
         for rho in args.levels:
@@ -241,7 +245,8 @@ def replay_case(args, work: Path, spans_dir: Path, name: str, twin_of) -> dict:
     if "window" in cal:  # the node work per batch, from the calibration load's spans (again: the same numbers)
         spec0 = twin_of(case, {**case["loads"][0], "times": [], "entries": {}})[0]
         cal["batch_overhead_s"] = batch_overheads(rt_cols, case["profile"], spec0, tuple(cal["window"]))[0]
-        cal["interference"] = interference(rt_cols, case["profile"], spec0, tuple(cal["window"]))["interference"]
+        if "interference_ratios" not in cal:  # measured in-process, not from the spans
+            cal["interference"] = interference(rt_cols, case["profile"], spec0, tuple(cal["window"]))["interference"]
     points = []
     for load in case["loads"]:
         load["times"] = np.asarray(load["times"])

@@ -133,11 +133,12 @@ def digits_bundle(work: Path, feature_dtype: str) -> Path:
 
 
 def profile_stages(bundle_dir: Path, cores: dict[int, int], x: np.ndarray, batches=(1, 2, 4, 8, 16, 32),
-                   repeats: int = 30) -> dict:
+                   repeats: int = 30, min_seconds: float = 1.0) -> dict:
     """{stage: {batch: mean seconds per call}}: each stage run alone (onnxruntime, one thread) on ``cores[stage]``,
     the core its node runs on, on the carries of the samples ``x`` the loads send (a stage's time depends on its
     values: twin_spans found a later stage 1.3-1.6 times slower on real carries than on random ones at batch 2 and
-    more). The mean, not the median: a queue sees every slow call."""
+    more). The mean, not the median: a queue sees every slow call; over ``min_seconds`` at least (5 calls of a
+    batch of 32 were 0.5 s, and the capacity they set moved 282 / 310 / 353 requests/s between three runs)."""
     from cis.bundle import load_bundle
     from cis.stages import StageRunner, stage_runners
     from export.profile import stage_inputs
@@ -156,8 +157,9 @@ def profile_stages(bundle_dir: Path, cores: dict[int, int], x: np.ndarray, batch
                 feeds = real[b][k - 1]
                 for _ in range(3):
                     runner.run(feeds)
-                times = []
-                for _ in range(max(5, repeats * 4 // b)):
+                times: list[float] = []
+                began = time.perf_counter()
+                while len(times) < max(5, repeats * 4 // b) or time.perf_counter() - began < min_seconds:
                     t0 = time.perf_counter()
                     runner.run(feeds)
                     times.append(time.perf_counter() - t0)
@@ -239,6 +241,62 @@ def spread(bundle_dir: Path, stage: int, core: int, x: np.ndarray, calls: int = 
     return tuple(float(t) for t in np.asarray(times) / np.mean(times))
 
 
+def beside_busy_core(bundle_dir: Path, stage: int, core: int, other: int, other_core: int, x: np.ndarray,
+                     batch: int = 8, rounds: int = 8, seconds: float = 0.5) -> dict:
+    """How much a busy core slows another (``SimConfig.interference``), measured in-process like the stage
+    profile: ``stage`` at a batch of ``batch`` on ``core``, alone and while ``other`` (a batch of 1) runs back to
+    back on ``other_core`` in a second thread, alternating for ``rounds`` rounds of ``seconds`` each; the median
+    over rounds of (time beside / time alone - 1), never below 0."""
+    import threading
+
+    from cis.bundle import load_bundle
+    from cis.stages import StageRunner, stage_runners
+    from export.profile import stage_inputs
+
+    bundle = load_bundle(bundle_dir)
+    chain = stage_runners(bundle, threads=1)
+    feeds = stage_inputs(chain, x, batch)[stage - 1]
+    other_feeds = stage_inputs(chain, x[:1], 1)[other - 1]
+    before = os.sched_getaffinity(0)
+    busy, stop = threading.Event(), threading.Event()
+
+    def neighbour() -> None:  # Linux: the affinity of pid 0 is the calling thread's
+        os.sched_setaffinity(0, {other_core})
+        runner = StageRunner(bundle, other, threads=1)
+        while not stop.is_set():
+            if busy.wait(0.05):
+                runner.run(other_feeds)
+
+    def mean_call(runner) -> float:
+        times: list[float] = []
+        began = time.perf_counter()
+        while len(times) < 3 or time.perf_counter() - began < seconds:
+            t0 = time.perf_counter()
+            runner.run(feeds)
+            times.append(time.perf_counter() - t0)
+        return float(np.mean(times))
+
+    thread = threading.Thread(target=neighbour, daemon=True)
+    ratios = []
+    try:
+        os.sched_setaffinity(0, {core})
+        runner = StageRunner(bundle, stage, threads=1)
+        thread.start()
+        for _ in range(3):
+            runner.run(feeds)
+        for _ in range(rounds):
+            busy.clear()
+            alone = mean_call(runner)
+            busy.set()
+            ratios.append(mean_call(runner) / alone)
+    finally:
+        stop.set()
+        busy.set()
+        thread.join()
+        os.sched_setaffinity(0, before)
+    return {"interference": max(0.0, float(np.median(ratios)) - 1.0), "ratios": [float(r) for r in ratios]}
+
+
 IDLE_BINS = (0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2)  # seconds: the idle-time bins of the slowdown table
 
 
@@ -262,7 +320,8 @@ def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, flo
     had idled before it, is that node's ``batch_overhead`` table (:func:`batch_overheads`); the node's
     reading of a message is a few tens of microseconds (twin_spans: the time between batches), so
     ``visit_overhead`` is 0, and each request's messaging is what its latency holds beyond its stages and
-    the mean batch work of the nodes it visited."""
+    the mean batch work of the nodes it visited; the batches' time beyond the profile against how long other
+    nodes' batches ran beside them gives how much the machine's cores slow each other (:func:`interference`)."""
     from cis.app.calibration import warm_up
     from cis.runtime.client import Client
 
@@ -287,7 +346,9 @@ def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, flo
     batch_work, batch_tables = None, None
     if spans is not None:
         cols = spans()
-        batch_tables, batch_work = batch_overheads(cols, profile, spec, (wall, time.time()))
+        end = time.time()
+        batch_tables, batch_work = batch_overheads(cols, profile, spec, (wall, end))
+        beside = interference(cols, profile, spec, (wall, end))
 
     def entry_stage(nid: str) -> int:
         kids = spec.children(nid)
@@ -347,6 +408,8 @@ def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, flo
         "hop_rtt_median_s": float(np.median(costs)),
         "hop_rtt_mean_s": float(np.mean(costs)),
         **{k: v for k, v in messaging.items() if k != "hop_rtt_s"},
+        **({"interference": beside["interference"], "interference_batches": beside["batches"],
+            "window": [wall, end]} if spans is not None else {}),
     }
 
 
@@ -368,13 +431,16 @@ WORK_BINS = (0.0005, 0.002, 0.005, 0.02, 0.1)  # seconds a node idled before a b
 
 def batch_overheads(cols: dict, profile: dict, spec, window: tuple[float, float]) -> tuple[dict, dict]:
     """Per node, what each of its batches (compute spans starting in ``window``) took beyond the profiled time
-    of its stage calls, until its answers and forward were sent (_spans.answers_sent), by how long the node
-    had idled before the batch: ({node: ((median idle, median extra) of each idle bin with 5 batches or
-    more, never decreasing), ...}, {node: mean extra})."""
+    of its stage calls, until its answers and forward were sent (_spans.answers_sent), and, when the node had
+    idled, from when it woke for the batch's first message (its queue span's start: reading the message), by
+    how long the node had idled before the batch: ({node: ((median idle, median extra) of each idle bin with 5
+    batches or more, never decreasing), ...}, {node: mean extra})."""
     from _spans import answers_sent
 
     tables, means = {}, {}
     sent = answers_sent(cols)
+    admitted = {(n, p): t for n, p, t, k in zip(cols["node"], cols["parent_id"], cols["start"], cols["kind"])
+                if k == "queue"}  # (node, its request span) -> admitted
     for node in spec.nodes:
         at = np.flatnonzero((cols["kind"] == "compute") & (cols["node"] == node.id))
         batches: dict[float, list[int]] = {}
@@ -384,8 +450,13 @@ def batch_overheads(cols: dict, profile: dict, spec, window: tuple[float, float]
             continue
         starts = np.array(sorted(batches))
         ends = np.array([sent[batches[t][0]] for t in starts])
-        idle = np.maximum(0.0, starts - np.concatenate([[-np.inf], ends[:-1]]))
-        extra = np.array([ends[j] - t - profiled_batch(
+        woke = np.array([min(admitted.get((node.id, cols["parent_id"][i]), t) for i in batches[t]) for t in starts])
+        before = np.concatenate([[-np.inf], ends[:-1]])
+        # a node that idled woke for the batch's first message: its reading (woken, received, decoded, admitted:
+        # the runtime's queue span, 0.1-0.3 ms on a 2-core machine) is this batch's work too
+        reading = np.where(woke >= before, starts - woke, 0.0)
+        idle = np.maximum(0.0, np.minimum(starts, woke) - before)
+        extra = reading + np.array([ends[j] - t - profiled_batch(
             profile, [int(cols["stage_from"][i]) for i in batches[t] for _ in range(max(1, int(cols["samples"][i])))],
             node.exit) for j, t in enumerate(starts)])
         inside = (starts >= window[0]) & (starts < window[1])
@@ -489,3 +560,73 @@ def rel(sim: float | None, runtime: float | None) -> float | None:
     if sim is None or runtime is None or runtime == 0:
         return None
     return abs(sim - runtime) / abs(runtime)
+
+
+def interference(cols: dict, profile: dict, spec, window: tuple[float, float]) -> dict:
+    """How much the cores of the machine slow each other (sim.cores, ``SimConfig.interference``), from a load's
+    spans: each batch's time beyond its profiled stage calls (until its answers were sent, as the twin's batch
+    runs) against how long other nodes' batches ran beside it (on another host, or on cores of their own), both
+    taken relative to the node's own mean among batches after a like idle time (the idle time's own slowdown is
+    the batch work table's), pooled over the nodes: the least-squares slope, seconds lost per second beside
+    another busy core (never below 0). Returns {"interference", "batches", "overlap_mean_s"}."""
+    from _spans import answers_sent
+
+    sent = answers_sent(cols)
+    admitted = {(n, p): t for n, p, t, k in zip(cols["node"], cols["parent_id"], cols["start"], cols["kind"])
+                if k == "queue"}
+    runs: dict[str, list[tuple[float, float, list[int]]]] = {}  # node -> (start, answers sent, stage_from per sample)
+    busy: dict[str, list[tuple[float, float]]] = {}  # node -> its batches from its reading (after idling) to sent
+    for node in spec.nodes:
+        batches: dict[float, list[int]] = {}
+        for i in np.flatnonzero((cols["kind"] == "compute") & (cols["node"] == node.id)):
+            batches.setdefault(float(cols["start"][i]), []).append(int(i))
+        runs[node.id] = [(t, float(sent[idx[0]]), [int(cols["stage_from"][i]) for i in idx
+                                                    for _ in range(max(1, int(cols["samples"][i])))])
+                         for t, idx in sorted(batches.items())]
+        busy[node.id], last = [], -np.inf
+        for t, idx in sorted(batches.items()):
+            woke = min(admitted.get((node.id, cols["parent_id"][i]), t) for i in idx)
+            busy[node.id].append((woke if woke >= last else t, float(sent[idx[0]])))
+            last = float(sent[idx[0]])
+    host = {n.id: n.host or n.id for n in spec.nodes}
+    xs, ys = [], []
+    for node in spec.nodes:
+        mine = runs[node.id]
+        others = [(s, e) for other, rs in busy.items() if host[other] != host[node.id] for s, e in rs]
+        starts = np.array([s for s, _ in others]) if others else np.zeros(0)
+        ends = np.array([e for _, e in others]) if others else np.zeros(0)
+        rows = []
+        last = -np.inf
+        for start, end, sf in mine:
+            idle, last = max(0.0, start - last), end
+            if not window[0] <= start < window[1]:
+                continue
+            beside = float(np.clip(np.minimum(ends, end) - np.maximum(starts, start), 0.0, None).sum())
+            rows.append((int(np.searchsorted(WORK_BINS, idle)), beside, end - start - profiled_batch(profile, sf,
+                                                                                                       node.exit)))
+        for b in {r[0] for r in rows}:
+            group = np.array([r[1:] for r in rows if r[0] == b])
+            if len(group) >= 5:
+                xs.append(group[:, 0] - group[:, 0].mean())
+                ys.append(group[:, 1] - group[:, 1].mean())
+    x, y = (np.concatenate(xs), np.concatenate(ys)) if xs else (np.zeros(0), np.zeros(0))
+    slope = _robust_slope(x, y)
+    return {"interference": max(0.0, slope), "batches": int(len(x)),
+            "overlap_mean_s": float(np.mean(np.abs(x))) if len(x) else 0.0}
+
+
+def _robust_slope(x: np.ndarray, y: np.ndarray, rounds: int = 3, cut: float = 3.0) -> float:
+    """The least-squares slope through the origin of centred ``y`` on ``x``, refitted without the points whose
+    residual is beyond ``cut`` times the residuals' median absolute deviation (a batch that another process
+    preempted is no measure of the cores' interference)."""
+    keep = np.ones(len(x), bool)
+    slope = 0.0
+    for _ in range(rounds):
+        xs, ys = x[keep], y[keep]
+        if not len(xs) or xs @ xs <= 0:
+            return slope
+        slope = float(xs @ ys / (xs @ xs))
+        resid = y - slope * x
+        mad = float(np.median(np.abs(resid - np.median(resid)))) or 1e-12
+        keep = np.abs(resid - np.median(resid)) <= cut * 1.4826 * mad
+    return slope

@@ -40,11 +40,13 @@ from pathlib import Path
 
 import numpy as np
 
-from _results import RESULTS, machine
+from _results import DOCS, RESULTS, machine, write_doc_block
 from _spans import compare, parting, per_kind, plot_cdfs, replay_files, sent_profile, with_answers
 from _twin import (
     batch_overheads,
+    beside_busy_core,
     calibrate,
+    interference,
     load_now,
     paused,
     profile_stages,
@@ -57,6 +59,7 @@ from _twin import (
 )
 from twin_hard import (
     CAP_SHARE,
+    LOOPBACK_CALIBRATION,
     Bed,
     Bench,
     bottleneck_inputs,
@@ -69,6 +72,7 @@ from twin_hard import (
     sim_links_spec,
     testbed_spec,
     twin_config,
+    with_interference,
     work_text,
 )
 
@@ -143,6 +147,7 @@ def loopback_runtime(args, work: Path, spans_dir: Path) -> None:
     with paused(args.pause_cwd):
         profile = profile_stages(bdir, {1: 0, 2: 1, 3: 1}, bottleneck_inputs())
         scatter = spread(bdir, 3, 1, bottleneck_inputs())
+        beside = beside_busy_core(bdir, 3, 1, 1, 0, bottleneck_inputs())
     stages_mu = 32 / (profile[2][32] + profile[3][32])
     cap, light = CAP_SHARE * stages_mu, 0.15 * stages_mu
     cores = os.sched_getaffinity(0)
@@ -153,9 +158,11 @@ def loopback_runtime(args, work: Path, spans_dir: Path) -> None:
         with paused(args.pause_cwd):
             wall = time.time()
             cal = calibrate(bench.cluster.addresses, bench.x, bench.spec, {k: profile[k][1] for k in profile},
-                            light, args.calibration, 999, spans=bench.spans, profile=profile)
+                            light, LOOPBACK_CALIBRATION * args.calibration, 999, spans=bench.spans,
+                            profile=profile)
             cal["window"] = [wall, time.time()]
         cal["service_spread"] = scatter
+        with_interference(cal, beside)
         mu = cloud_capacity(profile, cal)
         say(f"loopback: calibrated (node work {work_text(cal)}), capacity {mu:.1f}/s")
         for rho in args.levels:
@@ -238,6 +245,8 @@ def replay_case(args, work: Path, spans_dir: Path, name: str, twin_of) -> dict:
     if "window" in cal:  # the node work per batch, from the calibration load's spans (again: the same numbers)
         spec0 = twin_of(case, {**case["loads"][0], "times": [], "entries": {}})[0]
         cal["batch_overhead_s"] = batch_overheads(rt_cols, case["profile"], spec0, tuple(cal["window"]))[0]
+        if "interference_ratios" not in cal:  # measured in-process, not from the spans
+            cal["interference"] = interference(rt_cols, case["profile"], spec0, tuple(cal["window"]))["interference"]
     points = []
     for load in case["loads"]:
         load["times"] = np.asarray(load["times"])
@@ -322,6 +331,19 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def how_close(result: dict) -> str:
+    """docs/simulator.md's span-by-span figures, from the result: per case and load, the end-to-end errors and
+    the span that holds the gap."""
+    m = result["machine"]
+    lines = [f"From benchmarks/results/twin_spans.json (`{result['command']}` on {m['cpus']} CPUs, load average at "
+             f"the start {', '.join(f'{v:.1f}' for v in m['load_avg'])}).", ""]
+    for case, data in result["cases"].items():
+        for point in data["points"]:
+            where = f"utilisation {point['rho']:g}" if point.get("rho") else point["label"]
+            lines.append(f"- {case} at {where}: {describe(point)}.")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cases", default="loopback,link,colocated")
@@ -368,6 +390,8 @@ def main() -> int:
     out = Path(args.out)
     out.with_suffix(".json").write_text(json.dumps(result, indent=2, default=float))
     out.with_suffix(".md").write_text(markdown(result))
+    if out.resolve() == (RESULTS / "twin_spans").resolve():
+        write_doc_block(DOCS / "simulator.md", "twin_spans", how_close(result))
     print(markdown(result))
     return 0
 

@@ -71,6 +71,10 @@ class SimConfig:
     # How a stage's time spreads around its mean (measured: each call's time over the mean): one
     # multiplier drawn at random per batch instead of the service distribution's. Empty: none.
     service_spread: tuple[float, ...] = ()
+    # The cores of one machine slow each other (shared caches and memory; on a virtual machine the physical
+    # cores under it): while m other cores run batches, a batch advances 1 + interference * m times slower
+    # (sim.cores). Every node of the run counts as on one machine (a loopback or testbed run); 0: independent.
+    interference: float = 0.0
     # Micro-batches (cis serve --max-batch): a free worker takes up to max_batch waiting requests
     # at once; None: the runtime's 32 with a bundle (its latency profile has batch times), 1 without.
     max_batch: int | None = None
@@ -185,6 +189,9 @@ def _check_costs(config: SimConfig, spec: CisSpec) -> None:
             raise CisError(
                 f"simulate: idle slowdown point {point!r}; expected (idle seconds >= 0, extra seconds >= 0)"
             )
+    if not (math.isfinite(config.interference) and config.interference >= 0):
+        raise CisError(f"simulate: interference is {config.interference!r}; expected a number >= 0 (slowdown per "
+                       "other busy core)")
     if not all(math.isfinite(v) and v > 0 for v in config.service_spread):
         raise CisError("simulate: service spread: expected multipliers > 0 (each call's time over the mean)")
 

@@ -27,7 +27,7 @@ from cis.spec import CisSpec, Link, Node
 from cis.transfer_cap import TokenBucket
 from sim.arrivals import deterministic, mmpp, poisson, read_trace
 from sim.config import SimConfig
-from sim.cores import Cores
+from sim.cores import Machine
 from sim.links import Uplink
 from sim.service import Profile
 from sim.spans import COMPUTE, FORWARD, QUEUE, REQUEST, SpanLog
@@ -99,7 +99,7 @@ class Model:
 
     env: simpy.Environment
     stations: dict[str, Station]
-    hosts: dict[str, Cores]  # the cores of each shared host (the spec's [hosts])
+    machine: Machine | None  # the shared hosts' cores and the cores' interference (None: every node on its own)
     messages: dict[int, int]  # stage -> bytes of a forward on the wire
     reply_bytes: int
     correct: dict[int, list[int]] | None
@@ -279,7 +279,9 @@ def build(plan: Plan) -> tuple[Model, list[tuple[Station, Iterator[float], Itera
     stations: dict[str, Station] = {}
     feeds = []
     max_batch = config.max_batch or 1
-    hosts = {h.id: Cores(env, h.cores) for h in spec.hosts}
+    machine = None
+    if spec.hosts or config.interference:  # the nodes' batches share cores, or slow each other
+        machine = Machine(env, {h.id: h.cores for h in spec.hosts}, config.interference)
     for index, node in enumerate(spec.nodes):
         arrival_rng, service_rng, decision_rng, row_rng = (next(rngs) for _ in range(4))
         units = _units(config, service_rng)
@@ -294,7 +296,7 @@ def build(plan: Plan) -> tuple[Model, list[tuple[Station, Iterator[float], Itera
             config.visit_overhead,
             max_batch,
             _slowdown(config.idle_slowdown),
-            None if node.host is None else hosts[node.host],
+            machine,
             _batch_work(config.batch_overhead.get(node.id, config.batch_overhead.get("*"))),
             bool(config.service_spread),
         )
@@ -329,7 +331,7 @@ def build(plan: Plan) -> tuple[Model, list[tuple[Station, Iterator[float], Itera
         entries = (config.entry_rtt[i] for i in indices(entry_rng, len(config.entry_rtt)))
     messages = plan.messages if plan.messages is not None else plan.payloads
     model = Model(
-        env, stations, hosts, messages, plan.reply_bytes, correct, limit, horizon, hops, plan.exit_at,
+        env, stations, machine, messages, plan.reply_bytes, correct, limit, horizon, hops, plan.exit_at,
         config.forward_timeout, config.heartbeat_timeout, SpanLog() if config.spans else None, entries,
     )
     return model, feeds

@@ -15,8 +15,9 @@ admit) and ``batch_overhead`` per batch (what a runtime batch costs beyond its
 stage calls). A worker that idled before a batch takes longer over it
 (``slowdown``: the idle time's extra seconds; a process that slept must be
 woken, and a machine's caches and clock go cold while a core sleeps). A node
-on a shared host (``cores``: :class:`sim.cores.Cores`) runs its batches on the
-host's cores, shared with the other nodes there.
+on a shared host runs its batches on the host's cores, shared with the other
+nodes there; with ``interference`` every batch runs slower while other cores of
+the machine run batches (``cores``: :class:`sim.cores.Machine`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import simpy
 
 from cis.spec import Node
 from cis.transfer_cap import TokenBucket
-from sim.cores import Cores
+from sim.cores import Machine
 from sim.links import Uplink
 
 
@@ -48,7 +49,7 @@ class Station:
         overhead: float = 0.0,
         max_batch: int = 1,
         slowdown: Callable[[float], float] | None = None,
-        cores: Cores | None = None,
+        cores: Machine | None = None,
         batch_overhead: Callable[[float], float] | None = None,
         per_call_spread: bool = False,
     ):
@@ -67,7 +68,8 @@ class Station:
         self.max_batch = max_batch
         self.slowdown = slowdown  # idle seconds -> extra seconds of the batch that ends the idling
         self.keeps, self.bucket = keeps, bucket
-        self.cores = cores  # the host's cores, shared with the other nodes there (None: a core of its own)
+        self.cores = cores  # the machine whose cores it runs on (None: a core of its own, unaffected by others)
+        self.host = node.host
         self.parent: Station | None = None
         self.uplink: Uplink | None = None
         self.tiers_above = 0
@@ -141,7 +143,7 @@ class Station:
             self.busy += service
             self.batches += 1
             self.started_at = now
-            yield env.timeout(service) if self.cores is None else self.cores.run(service)
+            yield env.timeout(service) if self.cores is None else self.cores.run(service, self.host)
             # (batch start, its stages' start: the node's work per message comes first, batch size)
             ran = (now, now + reading, len(batch))
             for event, _, _ in batch:

@@ -58,7 +58,8 @@ def summarise(plan: Plan, model: Model, requests: dict[str, np.ndarray]) -> dict
         "links": _links(plan, model, makespan),
         "hosts": {
             h.id: {"cores": h.cores, "nodes": [n.id for n in spec.on_host(h.id)],
-                   "utilisation": share(model.hosts[h.id].busy, h.cores * makespan)}
+                   "utilisation": share(model.machine.host_busy[h.id] if model.machine else 0.0,
+                                        h.cores * makespan)}
             for h in spec.hosts
         },
     }

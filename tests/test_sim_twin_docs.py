@@ -1,0 +1,38 @@
+"""docs/simulator.md's "how close" figures are the benchmarks' json, not hand-copied numbers (issue 36): the blocks
+that benchmarks/twin_hard.py and twin_spans.py write into the doc match what they write from the json now."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+
+@pytest.mark.parametrize("name", ["twin_hard", "twin_spans"])
+def test_the_docs_figures_are_the_results_json(name):
+    import importlib
+
+    from _results import read_doc_block
+
+    module = importlib.import_module(name)
+    result = json.loads((REPO / "benchmarks" / "results" / f"{name}.json").read_text())
+    block = read_doc_block(REPO / "docs" / "simulator.md", name)
+    assert block is not None, f"docs/simulator.md has no {name} block"
+    assert block == module.how_close(result).strip("\n")
+
+
+def test_a_doc_block_is_replaced_between_its_markers(tmp_path):
+    from _results import doc_block, read_doc_block, write_doc_block
+
+    begin, end = doc_block("bench")
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"before\n{begin}\nold figures\n{end}\nafter\n")
+    assert write_doc_block(doc, "bench", "new figures")
+    assert doc.read_text() == f"before\n{begin}\nnew figures\n{end}\nafter\n"
+    assert read_doc_block(doc, "bench") == "new figures"
+    assert not write_doc_block(doc, "other", "x") and read_doc_block(doc, "other") is None

@@ -52,8 +52,12 @@ def add_holm(comparisons: dict[str, dict]) -> None:
         c["holm_p"] = adjusted[k]
 
 
+def fmt_p(p: float | None, digits: int = 3) -> str:
+    """A p-value for a table or a sentence; '–' where there is no test (fewer than 2 pairs)."""
+    return "–" if p is None else f"{p:.{digits}f}"
+
+
 def fmt_test(c: dict) -> str:
     """'+2.0 ± 0.9 (+++++) p 0.01 / Holm 0.05' for a markdown table."""
-    p = "–" if c.get("t_test_p") is None else f"{c['t_test_p']:.3f}"
-    h = "–" if c.get("holm_p") is None else f"{c['holm_p']:.3f}"
+    p, h = fmt_p(c.get("t_test_p")), fmt_p(c.get("holm_p"))
     return f"{c['mean']:+.1f} ± {c['sd']:.1f} ({c['signs']}) p {p} / Holm {h}"

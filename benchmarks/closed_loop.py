@@ -57,7 +57,7 @@ import numpy as np
 from _args import seeds_of
 from _campaign import stopped
 from _results import RESULTS, ensure_cifar, machine
-from _stats import paired, stats
+from _stats import fmt_p, paired, stats
 
 OPTIONS = ("a", "b", "c", "c0", "d")
 LABELS = {
@@ -383,10 +383,6 @@ def summarise(runs: list[dict], scenario: str) -> dict:
     return out
 
 
-def _p(d: dict) -> str:
-    return "–" if d["t_test_p"] is None else f"{d['t_test_p']:.3f}"
-
-
 def _shares(d: dict) -> str:
     return "-".join(f"{d[e]['mean']:.1f}" for e in EXITS)
 
@@ -444,8 +440,8 @@ def markdown(result: dict) -> str:
                   "| comparison | CIS accuracy (points) | p99 (ms) |", "|---|---|---|"]
         for k, d in s["differences"].items():
             a, p = d["accuracy"], d["p99_ms"]
-            lines.append(f"| {k} | {a['mean']:+.2f} ± {a['sd']:.2f} ({a['signs']}) p {_p(a)} | "
-                         f"{p['mean']:+.1f} ± {p['sd']:.1f} ({p['signs']}) p {_p(p)} |")
+            lines.append(f"| {k} | {a['mean']:+.2f} ± {a['sd']:.2f} ({a['signs']}) p {fmt_p(a['t_test_p'])} | "
+                         f"{p['mean']:+.1f} ± {p['sd']:.1f} ({p['signs']}) p {fmt_p(p['t_test_p'])} |")
         lines += ["", "| seed | option | accuracy % | shares % | simulator % | p99 ms | capped |",
                   "|---|---|---|---|---|---|---|"]
         for r in runs:

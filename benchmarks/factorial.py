@@ -34,7 +34,7 @@ import numpy as np
 
 from _args import common_args, seeds_of
 from _results import RESULTS, ensure_cifar, write_scale
-from _stats import add_holm, paired, paired_t_p, stats
+from _stats import add_holm, fmt_p, paired, paired_t_p, stats
 from table1 import campaign, run_files
 
 CELLS = ["80-15-5", "5-15-80"]
@@ -184,10 +184,6 @@ def auto_regret(acc: dict) -> dict:
     return out
 
 
-def _p(p: float | None) -> str:
-    return "–" if p is None else f"{p:.3f}"
-
-
 def findings(result: dict) -> list[str]:
     """The findings, every number read from ``result``: which of data and steps moves serving-rate - equal."""
     lines = ["## Findings (written by benchmarks/factorial.py from factorial.json)\n"]
@@ -198,7 +194,7 @@ def findings(result: dict) -> list[str]:
             continue
         moved = [k for k in ("data", "steps") if (e[k].get("holm_p") or 1.0) < 0.05]
         parts = ", ".join(
-            f"{k} {c['mean']:+.2f} ± {c['sd']:.2f} ({c['signs']}, Holm p {_p(c['holm_p'])})"
+            f"{k} {c['mean']:+.2f} ± {c['sd']:.2f} ({c['signs']}, Holm p {fmt_p(c['holm_p'])})"
             for k, c in ((k, e[k]) for k in EFFECTS)
         )
         if len(e["data"]["seeds"]) < 2:
@@ -273,8 +269,7 @@ def markdown(result: dict) -> str:
             lines += ["", "Effects on serving-rate - equal (per seed, then a one-sample t-test; Holm over 6):\n",
                       "| effect | mean ± sd | per seed | p | Holm p |", "|---|---|---|---|---|"]  # fmt: skip
             for k, c in e.items():
-                p = "–" if c["t_test_p"] is None else f"{c['t_test_p']:.4f}"
-                h = "–" if c.get("holm_p") is None else f"{c['holm_p']:.4f}"
+                p, h = fmt_p(c["t_test_p"], 4), fmt_p(c.get("holm_p"), 4)
                 lines.append(f"| {k} | {c['mean']:+.2f} ± {c['sd']:.2f} | {c['per_seed']} | {p} | {h} |")
     lines += ["", "## Root SGD steps per run (mean over run files)\n", "| condition | " + " | ".join(
         (*STRATEGIES, "auto")) + " |", "|---|" + "---|" * 4]  # fmt: skip

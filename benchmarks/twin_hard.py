@@ -62,6 +62,7 @@ from pathlib import Path
 
 import numpy as np
 
+from _message_probe import message_work
 from _results import DOCS, RESULTS, machine, write_doc_block
 from _twin import (
     PERCENTILES,
@@ -125,6 +126,7 @@ def twin_config(cal: dict, profile: dict, **fields):
         idle_slowdown=tuple(map(tuple, cal["idle_slowdown"])),
         service_spread=tuple(cal.get("service_spread", ())),
         interference=cal.get("interference", 0.0),
+        message_work=cal.get("message_work", 0.0),
         max_batch=32,
         **fields,
     )
@@ -199,9 +201,15 @@ def with_interference(cal: dict, beside: dict) -> None:
     cal["interference"], cal["interference_ratios"] = beside["interference"], beside["ratios"]
 
 
+def with_message_work(cal: dict, probe: dict) -> None:
+    """A node's work per message that comes during a batch, measured in-process (``_message_probe``)."""
+    cal["message_work"], cal["message_work_probe"] = probe["message_work"], probe
+
+
 def cloud_capacity(profile: dict, cal: dict) -> float:
-    """Requests/s the twin's cloud serves in batches of 32 (stages 2 and 3, and its node work)."""
-    batch = profile[2][32] + profile[3][32] + 32 * cal["visit_overhead_s"]
+    """Requests/s the twin's cloud serves in batches of 32 (stages 2 and 3, and its node work: per batch, and per
+    message, 32 of which come during each batch when it serves as fast as they come)."""
+    batch = profile[2][32] + profile[3][32] + 32 * (cal["visit_overhead_s"] + cal.get("message_work", 0.0))
     work = (cal.get("batch_overhead_s") or {}).get("cloud", 0.0)
     busy = work if isinstance(work, (int, float)) else work[0][1]  # its work per batch after no idling
     return 32 / (batch + busy)
@@ -277,6 +285,7 @@ def bottleneck_and_capacity(args, work: Path, regimes: list[str]) -> dict:
         profile = profile_stages(bdir, {1: 0, 2: 1, 3: 1}, bottleneck_inputs())
         scatter = spread(bdir, 3, 1, bottleneck_inputs())
         beside = beside_busy_core(bdir, 3, 1, 1, 0, bottleneck_inputs())
+        probe = message_work(bdir, 3, 2, 1, 0, bottleneck_inputs())
     stages_mu = 32 / (profile[2][32] + profile[3][32])  # what the stages alone allow
     cap = CAP_SHARE * stages_mu  # device0's transfer cap, set once
     light = 0.15 * stages_mu
@@ -292,6 +301,7 @@ def bottleneck_and_capacity(args, work: Path, regimes: list[str]) -> dict:
                             profile=profile)
         cal["service_spread"] = scatter
         with_interference(cal, beside)
+        with_message_work(cal, probe)
         out["calibration"] = {k: v for k, v in cal.items()
                               if k not in ("hop_rtt_s", "entry_rtt_s", "service_spread")}
         mu = cloud_capacity(profile, cal)
@@ -355,7 +365,8 @@ def capacity_check(args, work: Path, bdir: Path, bench: Bench, mu: float, cal, p
     (work / "latency.json").write_text(json.dumps({"stages": profile, "idle_slowdown": cal["idle_slowdown"],
                                                   "spread": list(cal["service_spread"]),
                                                   "batch_overhead": cal.get("batch_overhead_s") or {},
-                                                  "interference": cal.get("interference", 0.0)}))
+                                                  "interference": cal.get("interference", 0.0),
+                                                  "message_work": cal.get("message_work", 0.0)}))
     (work / "visits.txt").write_text("".join(f"{v:.9f}\n" for v in cal["hop_rtt_s"]))
     entry = ["--entry-cost", str(work / "entry.txt")] if cal.get("entry_rtt_s") else []
     if entry:
@@ -611,17 +622,22 @@ def markdown(result: dict) -> str:
                   f"{bn['node_work_s'] * 1e3:.2f} ms per request; messaging "
                   f"{bn['calibration']['hop_rtt_median_s'] * 1e3:.2f} ms per visit (median); the cores slow each "
                   f"other by {bn['calibration'].get('interference', 0.0):.2f} s per second beside another busy "
-                  "core.", "",
+                  f"core; a node's work per message that comes during a batch "
+                  f"{bn['calibration'].get('message_work', 0.0) * 1e3:.3f} ms (in-process probe). The runtime's "
+                  "repeats: the lowest and highest of its p95 and p99 over the repeats at one load.", "",
                   "| utilisation | req/s | share gap (pts, <= 2) | capped rt / twin | overloaded rt / twin | "
-                  "p50 ms rt / twin | p95 ms rt / twin | p99 ms rt / twin | errors p50/p95/p99 | met |",
-                  "|---|---|---|---|---|---|---|---|---|---|"]
+                  "p50 ms rt / twin | p95 ms rt / twin | p99 ms rt / twin | errors p50/p95/p99 | rt repeats p95 / p99 "
+                  "ms | met |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for p in bn["bottleneck"]["points"]:
             rt, sm, e = p["runtime"], p["sim"], p["latency_rel_error"]
             lines.append(
                 f"| {p['rho']:g} | {p['rate']:.1f} | {p['shares_points']:.2f} | {pct(rt['capped_share'])} / "
                 f"{pct(sm['capped_share'])} | {pct(rt['overloaded_share'])} / {pct(sm['overloaded_share'])} | "
                 + " | ".join(f"{ms(rt['latency'][k])} / {ms(sm['latency'][k])}" for k in PERCENTILES)
-                + f" | {' / '.join(pct(e[k]) for k in PERCENTILES)} | {'yes' if p['met'] else 'NO'} |"
+                + f" | {' / '.join(pct(e[k]) for k in PERCENTILES)} | "
+                + " / ".join(range_text(repeat_range(p, k)) for k in ("p95", "p99"))
+                + f" | {'yes' if p['met'] else 'NO'} |"
             )
         lines.append("")
     cap = (bn or {}).get("capacity")
@@ -688,6 +704,16 @@ def markdown(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def repeat_range(point: dict, key: str) -> tuple[float, float] | None:
+    """The lowest and highest of a latency percentile over the runtime's repeats at one load (seconds)."""
+    got = [r["latency"][key] for r in point.get("per_repeat", []) if r["latency"].get(key) is not None]
+    return (min(got), max(got)) if got else None
+
+
+def range_text(span: tuple[float, float] | None) -> str:
+    return "-" if span is None else f"{ms(span[0])}-{ms(span[1])}"
+
+
 def runs_text(result: dict) -> str:
     """Which commands made the result, on what machine, at what load."""
     runs = result.get("runs") or [{"command": result["command"], "machine": result["machine"]}]
@@ -710,8 +736,12 @@ def how_close(result: dict) -> str:
         text = " / ".join(_signed(sm[k], rt[k]) for k in PERCENTILES)
         extra = (f"; overloaded {pct(p['runtime']['overloaded_share'])} runtime, {pct(p['sim']['overloaded_share'])} "
                  f"twin ({p['overloaded_points']:.1f} points)" if p["rho"] > 0.9 else "")
+        inside = [k for k in ("p95", "p99") if (r := repeat_range(p, k)) and r[0] <= sm[k] <= r[1]]
+        spread = (f"; the runtime's own repeats p95 {range_text(repeat_range(p, 'p95'))} ms, p99 "
+                  f"{range_text(repeat_range(p, 'p99'))} ms (the twin's {' and '.join(inside) or 'neither'} inside)"
+                  if p.get("per_repeat") and p["rho"] <= 0.9 else "")
         lines.append(f"- bottleneck at utilisation {p['rho']:g}: p50 / p95 / p99 {text}{extra}; shares within "
-                     f"{p['shares_points']:.1f} points: {'met' if p['met'] else 'NOT met'}.")
+                     f"{p['shares_points']:.1f} points{spread}: {'met' if p['met'] else 'NOT met'}.")
     cap = bn.get("capacity")
     if cap and "twin_rate" in cap:
         lines.append(f"- capacity: the twin names {cap['twin_rate']:.1f} requests/s; the runtime meets the p99 "
@@ -841,14 +871,17 @@ def finish(result: dict) -> dict:
 
 def merged(old: dict, new: dict) -> dict:
     """``--update``: the earlier result with the regimes just run in place of its own (each testbed carry's
-    entries one by one), and the runs that made it."""
+    entries one by one), and the runs that made it (not those whose every regime was run again)."""
     out = {**old, **{k: v for k, v in new.items() if k not in ("testbed", "runs")}}
     if "testbed" in new:
         tb = {k: dict(v) for k, v in old.get("testbed", {}).items()}
         for key, entry in new["testbed"].items():
             tb[key] = {**tb.get(key, {}), **entry} if key in ("fp32", "int8") else entry
         out["testbed"] = tb
-    out["runs"] = old.get("runs", [{"command": old.get("command"), "machine": old.get("machine")}]) + new["runs"]
+    redone = {r for run in new["runs"] for r in run.get("regimes", [])}
+    kept = [run for run in old.get("runs", [{"command": old.get("command"), "machine": old.get("machine")}])
+            if not run.get("regimes") or set(run["regimes"]) - redone]  # a run whose regimes were all run again
+    out["runs"] = kept + new["runs"]
     return finish(out)
 
 

@@ -7,11 +7,12 @@
 Each case runs a real cluster whose nodes write their spans (queue, compute, forward, request: ``cis serve
 --spans-file``, docs/runtime.md *Tracing*; sim/spans.py reads them), calibrates the twin
 once at a light load exactly as benchmarks/twin_hard.py does, then sends loads; the twin replays each load
-(the same arrival times at the same entry nodes, the same samples, so the same exits: ``sim_vs_runtime``'s
-replay) with its per-visit spans on. Per node and kind the two distributions are set side by side (per
-sample: a runtime message between nodes that carried k samples counts k times), with the twin's signed error
-per statistic; the queue and compute spans are ranked by what their gap adds to a request's mean latency, and
-what is left of the mean's gap is messaging (everything outside the nodes' queues and batches).
+(at the same entry nodes, at the times they admitted the requests, so that the load generator's own delays are
+kept (``--intended-times``: at the times it meant to send them), the same samples, so the same exits:
+``sim_vs_runtime``'s replay) with its per-visit spans on. Per node and kind the two distributions are set side
+by side (per sample: a runtime message between nodes that carried k samples counts k times), with the twin's
+signed error per statistic; the queue and compute spans are ranked by what their gap adds to a request's mean
+latency, and what is left of the mean's gap is messaging (everything outside the nodes' queues and batches).
 
 Cases (``--cases``):
 
@@ -40,6 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
+from _message_probe import message_work
 from _results import DOCS, RESULTS, machine, write_doc_block
 from _spans import compare, parting, per_kind, plot_cdfs, replay_files, sent_profile, with_answers
 from _twin import (
@@ -73,6 +75,7 @@ from twin_hard import (
     testbed_spec,
     twin_config,
     with_interference,
+    with_message_work,
     work_text,
 )
 
@@ -148,6 +151,7 @@ def loopback_runtime(args, work: Path, spans_dir: Path) -> None:
         profile = profile_stages(bdir, {1: 0, 2: 1, 3: 1}, bottleneck_inputs())
         scatter = spread(bdir, 3, 1, bottleneck_inputs())
         beside = beside_busy_core(bdir, 3, 1, 1, 0, bottleneck_inputs())
+        probe = message_work(bdir, 3, 2, 1, 0, bottleneck_inputs())
     stages_mu = 32 / (profile[2][32] + profile[3][32])
     cap, light = CAP_SHARE * stages_mu, 0.15 * stages_mu
     cores = os.sched_getaffinity(0)
@@ -163,6 +167,7 @@ def loopback_runtime(args, work: Path, spans_dir: Path) -> None:
             cal["window"] = [wall, time.time()]
         cal["service_spread"] = scatter
         with_interference(cal, beside)
+        with_message_work(cal, probe)
         mu = cloud_capacity(profile, cal)
         say(f"loopback: calibrated (node work {work_text(cal)}), capacity {mu:.1f}/s")
         for rho in args.levels:
@@ -251,14 +256,42 @@ def replay_case(args, work: Path, spans_dir: Path, name: str, twin_of) -> dict:
     for load in case["loads"]:
         load["times"] = np.asarray(load["times"])
         load["entries"] = {k: np.asarray(v, int) for k, v in load["entries"].items()}
+        late = None if args.intended_times else sent_late(rt_cols, load)
+        if late is not None:
+            load["times"], load["late"] = late
         spec, config = twin_of(case, load)
         config = replace(config, **args.twin_set)
         label = f"{name}-{load['label']}"
         req, cols = twin_replay(spec, config, bundle, sent, load, work, args.sim_seeds, label)
         point = compare_load(args, label, spec, rt_cols, cols, load["figs"], req, window, load["wall"],
                              args.sim_seeds)
-        points.append({k: load[k] for k in ("label", "rho", "rate", "busy") if k in load} | point)
+        points.append({k: load[k] for k in ("label", "rho", "rate", "busy", "late") if k in load} | point)
     return {k: v for k, v in case.items() if k not in ("loads",)} | {"points": points}
+
+
+def sent_late(rt_cols: dict, load: dict) -> tuple[np.ndarray, dict] | None:
+    """The load's arrivals as its entry nodes admitted them, and how late they came.
+
+    The load generator sends each request at its intended time when it can; a generator that falls behind (its
+    own CPU, the devices' beside it on one core) sends the ones it owes in a burst, which the runtime serves and
+    a replay of the intended times never sees. The k-th request an entry node admitted after the load began is
+    its k-th intended one (one client per entry, in order); its lateness is the admission's delay beyond the
+    load's median delay (the clients' start and messaging are the same for all). None when the spans do not
+    hold every request of the load."""
+    times = load["times"].copy()
+    late = []
+    for nid, idx in load["entries"].items():
+        idx = np.sort(idx)
+        mine = (rt_cols["node"] == nid) & (rt_cols["kind"] == "request") & (rt_cols["start"] >= load["wall"])
+        got = np.sort(rt_cols["start"][mine])[: len(idx)]
+        if len(got) < len(idx):
+            return None
+        delay = got - (load["wall"] + times[idx])
+        times[idx] += delay - np.median(delay)
+        late.append(delay - np.median(delay))
+    behind = np.concatenate(late)
+    return times, {"p50_ms": 1e3 * float(np.median(behind)), "p99_ms": 1e3 * float(np.percentile(behind, 99)),
+                   "max_ms": 1e3 * float(behind.max()), "over_10ms": float(np.mean(behind > 0.010))}
 
 
 def case_inputs(case: dict) -> np.ndarray:
@@ -309,7 +342,13 @@ def markdown(result: dict) -> str:
     for case, data in result["cases"].items():
         for point in data["points"]:
             title = f"{case} at utilisation {point['rho']:g}" if point.get("rho") else f"{case} at {point['label']}"
-            lines += [f"## {title}", "", describe(point) + ".", "",
+            lines += [f"## {title}", "", describe(point) + ".", ""]
+            if point.get("late"):
+                lt = point["late"]
+                lines += [f"Replayed at the times the entry nodes admitted the requests: the load generator sent "
+                          f"them late by {lt['p99_ms']:.1f} ms at p99 and {lt['max_ms']:.1f} ms at most beyond its "
+                          f"median delay ({100 * lt['over_10ms']:.1f} % over 10 ms).", ""]
+            lines += [
                       "| node | span | n rt / twin | mean ms rt / twin | p50 | p95 | p99 | batch rt / twin | "
                       "error mean / p95 |", "|---|---|---|---|---|---|---|---|---|"]
             for node, kinds in point["spans"].items():
@@ -363,6 +402,9 @@ def main() -> int:
                     help="compare the runtime spans of the last run (under --work) again, without running the runtime")
     ap.add_argument("--twin-set", action="append", default=[], metavar="FIELD=JSON",
                     help="replace a SimConfig field of the twin (e.g. hop_rtt=[0.0002]): try a model change offline")
+    ap.add_argument("--intended-times", action="store_true",
+                    help="replay the loads at their intended send times, not at the times the entry nodes admitted "
+                    "them (which keep the load generator's own delays)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 4 s loads after 2 s, 1 twin seed")
     ap.add_argument("--out", default=str(RESULTS / "twin_spans"))
     args = ap.parse_args()

@@ -61,6 +61,10 @@ class SimConfig:
     # table ((idle seconds, seconds), ...) by how long the node idled before the batch (0: it was busy),
     # linear between the points and flat beyond them: a node that slept finds its caches cold.
     batch_overhead: dict[str, float | tuple[tuple[float, float], ...]] = field(default_factory=dict)
+    # Seconds of a node's own core for each message that reaches it while one of its batches runs (every node):
+    # the batch runs that much longer per message (ZeroMQ's I/O thread and the kernel receive it on the node's
+    # core beside the batch, and the node reads it before its next batch). 0: messages cost the node nothing.
+    message_work: float = 0.0
     # Seconds per call of each stage by batch size, {stage: {batch: seconds}} (the bundle's
     # profiles/latency.json format), measured where the nodes run; None: the bundle's profile.
     latency_profile: dict[int, dict[int, float]] | None = None
@@ -149,9 +153,10 @@ def _check_costs(config: SimConfig, spec: CisSpec) -> None:
         raise CisError(f"simulate: --payload-bytes is {config.payload_bytes}; expected bytes >= 0")
     if config.burst is not None:
         _positive(config.burst, "--burst")
-    flags = {"hop_rtt": " (--visit-cost)", "entry_rtt": " (--entry-cost)", "visit_overhead": ""}
+    flags = {"hop_rtt": " (--visit-cost)", "entry_rtt": " (--entry-cost)", "visit_overhead": "",
+             "message_work": " (message_work in --latency-profile)"}
     for value, name in [*((v, "hop_rtt") for v in config.hop_rtt), *((v, "entry_rtt") for v in config.entry_rtt),
-                        (config.visit_overhead, "visit_overhead")]:
+                        (config.visit_overhead, "visit_overhead"), (config.message_work, "message_work")]:
         if not (math.isfinite(value) and value >= 0):
             raise CisError(f"simulate: {name} is {value}; expected seconds >= 0{flags[name]}")
     for node_id, work in config.batch_overhead.items():

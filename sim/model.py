@@ -299,6 +299,7 @@ def build(plan: Plan) -> tuple[Model, list[tuple[Station, Iterator[float], Itera
             machine,
             _batch_work(config.batch_overhead.get(node.id, config.batch_overhead.get("*"))),
             bool(config.service_spread),
+            config.message_work,
         )
         stations[node.id] = station
         if plan.rows is not None:  # replay: this node's arrivals take these rows, in order

@@ -12,7 +12,9 @@ distribution (a measured spread of single calls shrinks over a batch as
 sqrt(T(1) / T(n)): what goes fast and slow during one long batch averages
 out); plus ``overhead`` per request (the node's work per message: decode,
 admit) and ``batch_overhead`` per batch (what a runtime batch costs beyond its
-stage calls). A worker that idled before a batch takes longer over it
+stage calls), and ``message_work`` per message that reaches the node while
+one of its batches runs (its core receives and reads the message beside the
+batch, which runs that much longer). A worker that idled before a batch takes longer over it
 (``slowdown``: the idle time's extra seconds; a process that slept must be
 woken, and a machine's caches and clock go cold while a core sleeps). A node
 on a shared host runs its batches on the host's cores, shared with the other
@@ -52,6 +54,7 @@ class Station:
         cores: Machine | None = None,
         batch_overhead: Callable[[float], float] | None = None,
         per_call_spread: bool = False,
+        message_work: float = 0.0,
     ):
         self.env = env
         self.id, self.index, self.exit = node.id, index, node.exit
@@ -66,6 +69,9 @@ class Station:
         # node work per batch beyond the stages, by how long the node idled before it (decision, replies, cold caches)
         self.batch_overhead = batch_overhead
         self.max_batch = max_batch
+        self.message_work = message_work  # seconds of the node's core per message that comes during a batch
+        self.came_busy = 0  # messages that came while a batch ran, not yet paid for
+        self.running = 0  # workers running a batch now
         self.slowdown = slowdown  # idle seconds -> extra seconds of the batch that ends the idling
         self.keeps, self.bucket = keeps, bucket
         self.cores = cores  # the machine whose cores it runs on (None: a core of its own, unaffected by others)
@@ -99,6 +105,7 @@ class Station:
         if self.idle:
             self.idle.pop().succeed()
         else:
+            self.came_busy += self.running > 0
             if self.admitted is not None:
                 self.admitted[event] = self.started_at
             if len(self.queue) > self.max_queue:
@@ -143,7 +150,13 @@ class Station:
             self.busy += service
             self.batches += 1
             self.started_at = now
+            self.running += 1
             yield env.timeout(service) if self.cores is None else self.cores.run(service, self.host)
+            while self.message_work and self.came_busy:  # the messages that came meanwhile took the core too
+                extra, self.came_busy = self.message_work * self.came_busy, 0
+                self.busy += extra
+                yield env.timeout(extra) if self.cores is None else self.cores.run(extra, self.host)
+            self.running -= 1
             # (batch start, its stages' start: the node's work per message comes first, batch size)
             ran = (now, now + reading, len(batch))
             for event, _, _ in batch:

@@ -192,3 +192,32 @@ def test_a_client_pays_its_messaging_once_and_each_forward_a_hop(tmp_path):
     cols = span_columns(span_records(both.spans, spec.ids))
     forward = cols["seconds"][(cols["node"] == "leaf") & (cols["kind"] == "forward")]
     assert forward == pytest.approx([STAGE + 0.002])  # the hop's two halves and the root's stage
+
+
+def test_messages_that_come_during_a_batch_make_it_longer_by_their_work(tmp_path):
+    """Arrivals at 1.0 (it wakes the idle leaf), 1.002 and 1.004 (during its 10 ms batch): that batch runs 2 x 1 ms
+    longer; the next batch (the two, 11.43 ms by the profile) had no message during it, so it takes its stages'
+    time. Without message_work the first batch takes its stages' time alone."""
+    work = 0.001
+    _, cols = replay(tmp_path, [1.0, 1.002, 1.004], max_batch=8, message_work=work)
+    at = np.flatnonzero((cols["node"] == "leaf") & (cols["kind"] == "compute"))
+    at = at[np.argsort(cols["start"][at])]
+    first, second = cols["seconds"][at][0], cols["seconds"][at][-1]
+    assert cols["batch"][at][0] == 1 and first == pytest.approx(STAGE + 2 * work)
+    assert cols["batch"][at][-1] == 2 and second == pytest.approx(STAGE * (1 + 1 / 7))
+    _, free = replay(tmp_path, [1.0, 1.002, 1.004], max_batch=8)
+    leaf = (free["node"] == "leaf") & (free["kind"] == "compute")
+    assert free["seconds"][leaf].min() == pytest.approx(STAGE)
+
+
+def test_message_work_is_read_from_the_latency_profile_file_and_checked(run_cli, tmp_path):
+    from cis.commands.simulate import read_latency_profile
+    from cis.spec import write_spec
+
+    profile = tmp_path / "latency.json"
+    profile.write_text(json.dumps({"stages": {"1": {"1": STAGE}, "2": {"1": STAGE}}, "message_work": 0.0002}))
+    assert read_latency_profile(str(profile))["message_work"] == 0.0002
+    write_spec(leaf_root(Link(1e7, 0.001)), tmp_path / "spec.toml")
+    profile.write_text(json.dumps({"stages": {"1": {"1": STAGE}, "2": {"1": STAGE}}, "message_work": -1}))
+    bad = run_cli("simulate", "--spec", tmp_path / "spec.toml", "--requests", "10", "--latency-profile", profile)
+    assert bad.code == 2 and "message_work is -1.0; expected seconds >= 0" in bad.err

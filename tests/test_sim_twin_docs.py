@@ -36,3 +36,15 @@ def test_a_doc_block_is_replaced_between_its_markers(tmp_path):
     assert doc.read_text() == f"before\n{begin}\nnew figures\n{end}\nafter\n"
     assert read_doc_block(doc, "bench") == "new figures"
     assert not write_doc_block(doc, "other", "x") and read_doc_block(doc, "other") is None
+
+
+def test_update_lists_only_the_runs_whose_figures_are_kept():
+    """twin_hard --update: a run whose every regime was run again drops out of the result's list of runs."""
+    from twin_hard import merged
+
+    def run(command, regimes):
+        return {"command": command, "machine": {}, "regimes": regimes}
+
+    old = {"runs": [run("a", ["bottleneck", "capacity"]), run("b", ["links"]), run("c", ["capacity", "partition"])]}
+    new = {"runs": [run("d", ["bottleneck", "capacity"])]}
+    assert [r["command"] for r in merged(old, new)["runs"]] == ["b", "c", "d"]

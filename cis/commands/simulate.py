@@ -118,7 +118,8 @@ OTHER_FLAGS: dict[str, dict[str, Any]] = {
         "metavar": "FILE",
         "help": "stage times measured where the nodes run, instead of the bundle's: JSON "
         '{"stages": {STAGE: {BATCH: SECONDS}}, "idle_slowdown": [[IDLE_S, EXTRA_S], ...], "spread": [X, ...], '
-        '"batch_overhead": {NODE: SECONDS or [[IDLE_S, SECONDS], ...]}, "interference": X} (all but stages optional)',
+        '"batch_overhead": {NODE: SECONDS or [[IDLE_S, SECONDS], ...]}, "interference": X, "message_work": SECONDS} '
+        "(all but stages optional)",
     },
     "faults": {
         "metavar": "FILE",
@@ -235,7 +236,7 @@ def parse_visit_cost(value: str | None, flag: str = "--visit-cost") -> tuple[flo
 
 def read_latency_profile(path: str | None) -> dict:
     """``--latency-profile FILE`` as SimConfig fields: ``latency_profile``, ``idle_slowdown``, ``service_spread``,
-    ``interference``, ``batch_overhead``."""
+    ``interference``, ``message_work``, ``batch_overhead``."""
     if path is None:
         return {}
     import json
@@ -248,14 +249,16 @@ def read_latency_profile(path: str | None) -> dict:
         work = {str(k): float(v) if isinstance(v, (int, float)) else tuple((float(g), float(w)) for g, w in v)
                 for k, v in data.get("batch_overhead", {}).items()}
         interference = float(data.get("interference", 0.0))
+        message_work = float(data.get("message_work", 0.0))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CisError(
             f"--latency-profile {path}: cannot read ({exc.__class__.__name__}: {exc}); expected JSON "
             '{"stages": {STAGE: {BATCH: SECONDS}}, "idle_slowdown": [[IDLE_S, EXTRA_S], ...], "spread": [X, ...], '
-            '"batch_overhead": {NODE: SECONDS or [[IDLE_S, SECONDS], ...]}, "interference": X}'
+            '"batch_overhead": {NODE: SECONDS or [[IDLE_S, SECONDS], ...]}, "interference": X, '
+            '"message_work": SECONDS}'
         ) from None
     out = {"latency_profile": stages, "idle_slowdown": slowdown, "service_spread": spread,
-           "interference": interference}
+           "interference": interference, "message_work": message_work}
     return out | ({"batch_overhead": work} if work else {})
 
 

@@ -20,6 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
+from _twin import alternating
+
 
 def message_work(bundle_dir: Path, stage: int, carry_stage: int, core: int, other_core: int, x: np.ndarray,
                  batch: int = 8, rate: float = 2000.0, rounds: int = 8, seconds: float = 0.5) -> dict:
@@ -89,12 +91,7 @@ def message_work(bundle_dir: Path, stage: int, carry_stage: int, core: int, othe
         thread.start()
         for _ in range(3):
             runner.run(feeds)
-        for _ in range(rounds):
-            sending.clear()
-            time.sleep(0.01)
-            alone, _, _ = calls(runner)
-            sending.set()
-            busy, per_call, reading = calls(runner)
+        for (alone, _, _), (busy, per_call, reading) in alternating(lambda: calls(runner), sending, rounds):
             during.append(max(0.0, busy - alone) / max(per_call, 1e-9))
             read.append(reading)
             per_message.append(during[-1] + reading)

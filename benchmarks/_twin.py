@@ -241,6 +241,19 @@ def spread(bundle_dir: Path, stage: int, core: int, x: np.ndarray, calls: int = 
     return tuple(float(t) for t in np.asarray(times) / np.mean(times))
 
 
+def alternating(measure, beside, rounds: int) -> list:
+    """``rounds`` pairs (``measure()`` with the event ``beside`` clear, then with it set), alternating so that
+    the machine's slow drifts fall on both alike."""
+    pairs = []
+    for _ in range(rounds):
+        beside.clear()
+        time.sleep(0.01)  # what the other thread had under way finishes
+        alone = measure()
+        beside.set()
+        pairs.append((alone, measure()))
+    return pairs
+
+
 def beside_busy_core(bundle_dir: Path, stage: int, core: int, other: int, other_core: int, x: np.ndarray,
                      batch: int = 8, rounds: int = 8, seconds: float = 0.5) -> dict:
     """How much a busy core slows another (``SimConfig.interference``), measured in-process like the stage
@@ -277,18 +290,14 @@ def beside_busy_core(bundle_dir: Path, stage: int, core: int, other: int, other_
         return float(np.mean(times))
 
     thread = threading.Thread(target=neighbour, daemon=True)
-    ratios = []
+    ratios: list[float] = []
     try:
         os.sched_setaffinity(0, {core})
         runner = StageRunner(bundle, stage, threads=1)
         thread.start()
         for _ in range(3):
             runner.run(feeds)
-        for _ in range(rounds):
-            busy.clear()
-            alone = mean_call(runner)
-            busy.set()
-            ratios.append(mean_call(runner) / alone)
+        ratios = [beside / alone for alone, beside in alternating(lambda: mean_call(runner), busy, rounds)]
     finally:
         stop.set()
         busy.set()

@@ -435,6 +435,38 @@ def profiled_batch(profile: dict, stage_from: list[int], exit_: int) -> float:
     return total
 
 
+def node_batches(cols: dict, node_id: str) -> dict[float, list[int]]:
+    """A runtime node's batches: {start: the rows of its requests' compute spans} (one span per request of a
+    batch, all with the batch's start)."""
+    batches: dict[float, list[int]] = {}
+    for i in np.flatnonzero((cols["kind"] == "compute") & (cols["node"] == node_id)):
+        batches.setdefault(float(cols["start"][i]), []).append(int(i))
+    return batches
+
+
+def entered(cols: dict, rows: list[int]) -> list[int]:
+    """The stage each sample of a batch entered at (a message of k samples counts k times)."""
+    return [int(cols["stage_from"][i]) for i in rows for _ in range(max(1, int(cols["samples"][i])))]
+
+
+def stage_speed(cols: dict, profile: dict, spec, window: tuple[float, float], least: float = 0.002) -> dict:
+    """Per node, the median over its batches that started in ``window`` of the batch's stage calls (its compute
+    span, which ends when the stages have run) over their profiled time: above 1, the stages ran slower than the
+    profile measured at the calibration; below, faster. Only batches whose profiled time is ``least`` seconds or
+    more count (and a node with 20 such batches or more): the span also holds the batch's assembly (0.1-0.3
+    ms), which would swamp a shorter stage."""
+    out = {}
+    for node in spec.nodes:
+        ratios = []
+        for t, rows in node_batches(cols, node.id).items():
+            profiled = profiled_batch(profile, entered(cols, rows), node.exit)
+            if window[0] <= t < window[1] and profiled >= least:
+                ratios.append((cols["end"][rows[0]] - t) / profiled)
+        if len(ratios) >= 20:
+            out[node.id] = float(np.median(ratios))
+    return out
+
+
 WORK_BINS = (0.0005, 0.002, 0.005, 0.02, 0.1)  # seconds a node idled before a batch: the bins of its work table
 
 
@@ -451,10 +483,7 @@ def batch_overheads(cols: dict, profile: dict, spec, window: tuple[float, float]
     admitted = {(n, p): t for n, p, t, k in zip(cols["node"], cols["parent_id"], cols["start"], cols["kind"])
                 if k == "queue"}  # (node, its request span) -> admitted
     for node in spec.nodes:
-        at = np.flatnonzero((cols["kind"] == "compute") & (cols["node"] == node.id))
-        batches: dict[float, list[int]] = {}
-        for i in at:  # one span per request of a batch, all with the batch's start
-            batches.setdefault(float(cols["start"][i]), []).append(int(i))
+        batches = node_batches(cols, node.id)
         if not batches:
             continue
         starts = np.array(sorted(batches))
@@ -465,9 +494,8 @@ def batch_overheads(cols: dict, profile: dict, spec, window: tuple[float, float]
         # the runtime's queue span, 0.1-0.3 ms on a 2-core machine) is this batch's work too
         reading = np.where(woke >= before, starts - woke, 0.0)
         idle = np.maximum(0.0, np.minimum(starts, woke) - before)
-        extra = reading + np.array([ends[j] - t - profiled_batch(
-            profile, [int(cols["stage_from"][i]) for i in batches[t] for _ in range(max(1, int(cols["samples"][i])))],
-            node.exit) for j, t in enumerate(starts)])
+        extra = reading + np.array([ends[j] - t - profiled_batch(profile, entered(cols, batches[t]), node.exit)
+                                    for j, t in enumerate(starts)])
         inside = (starts >= window[0]) & (starts < window[1])
         if not inside.any():
             continue

@@ -77,6 +77,7 @@ from _twin import (
     run_load,
     say,
     spread,
+    stage_speed,
     summarise_runtime,
     summarise_sim,
     wide_cloud_bundle,
@@ -331,6 +332,9 @@ def bottleneck_points(args, bench: Bench, bundle, mus: tuple[float, float], cal,
         runs, loads = [], []
         for r in range(args.repeats):
             figs, busy = bench.measure(rate, 100 * r + int(rho * 10))
+            start = bench.last["wall"]
+            busy["stage_speed"] = stage_speed(bench.spans(), profile, bench.spec,
+                                              (start + window[0], start + window[1]))
             runs.append(figs)
             loads.append(busy)
             say(f"bottleneck rho {rho} repeat {r + 1}: p50 {ms(figs['latency']['p50'])} ms, "
@@ -351,8 +355,10 @@ def bottleneck_points(args, bench: Bench, bundle, mus: tuple[float, float], cal,
             met = met and all(e is not None and e <= 0.15 for e in err.values())
         else:
             met = met and gaps["capped_points"] <= 2 and gaps["overloaded_points"] <= 2
+        speeds = [v["stage_speed"]["cloud"] for v in loads if "cloud" in v["stage_speed"]]
         points.append({"rho": rho, "rate": rate, "runtime": rt, "per_repeat": runs, "load": loads, "sim": sim,
-                       "latency_rel_error": err, **gaps, "met": met})
+                       "latency_rel_error": err, **gaps, "met": met,
+                       "cloud_stage_speed": float(np.median(speeds)) if speeds else None})
     return {"points": points, "met": all(p["met"] for p in points)}
 
 
@@ -740,8 +746,10 @@ def how_close(result: dict) -> str:
         spread = (f"; the runtime's own repeats p95 {range_text(repeat_range(p, 'p95'))} ms, p99 "
                   f"{range_text(repeat_range(p, 'p99'))} ms (the twin's {' and '.join(inside) or 'neither'} inside)"
                   if p.get("per_repeat") and p["rho"] <= 0.9 else "")
+        speed = (f"; the cloud's stages at x{p['cloud_stage_speed']:.2f} of their profile"
+                 if p.get("cloud_stage_speed") else "")
         lines.append(f"- bottleneck at utilisation {p['rho']:g}: p50 / p95 / p99 {text}{extra}; shares within "
-                     f"{p['shares_points']:.1f} points{spread}: {'met' if p['met'] else 'NOT met'}.")
+                     f"{p['shares_points']:.1f} points{spread}{speed}: {'met' if p['met'] else 'NOT met'}.")
     cap = bn.get("capacity")
     if cap and "twin_rate" in cap:
         lines.append(f"- capacity: the twin names {cap['twin_rate']:.1f} requests/s; the runtime meets the p99 "

@@ -55,6 +55,7 @@ from _twin import (
     run_load,
     say,
     spread,
+    stage_speed,
     summarise_runtime,
     summarise_sim,
     wide_cloud_bundle,
@@ -265,6 +266,8 @@ def replay_case(args, work: Path, spans_dir: Path, name: str, twin_of) -> dict:
         req, cols = twin_replay(spec, config, bundle, sent, load, work, args.sim_seeds, label)
         point = compare_load(args, label, spec, rt_cols, cols, load["figs"], req, window, load["wall"],
                              args.sim_seeds)
+        point["stage_speed"] = stage_speed(rt_cols, case["profile"], spec,
+                                           (load["wall"] + window[0], load["wall"] + window[1]))
         points.append({k: load[k] for k in ("label", "rho", "rate", "busy", "late") if k in load} | point)
     return {k: v for k, v in case.items() if k not in ("loads",)} | {"points": points}
 
@@ -326,6 +329,9 @@ def describe(point: dict) -> str:
     if big is not None:
         text += (f", of which {big['node']}'s {big['kind']} span {big['gap_ms']:+.2f} ms per request (its p95 "
                  f"{_pct(big['error']['p95'])}), outside the queue and compute spans {p['messaging_gap_ms']:+.2f} ms")
+    if point.get("stage_speed"):
+        text += "; the runtime's stages against their profile (median per batch): " + ", ".join(
+            f"{node} x{v:.2f}" for node, v in point["stage_speed"].items())
     return text
 
 

@@ -13,7 +13,7 @@ from cis.spec import CisSpec, Node, validate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
-from _twin import batch_overheads, interference  # noqa: E402
+from _twin import batch_overheads, interference, stage_speed  # noqa: E402
 
 PROFILE = {1: {1: 0.001}, 2: {1: 0.010}}  # seconds per call at batch 1
 
@@ -80,3 +80,13 @@ def test_a_woken_node_pays_its_reading_as_batch_work():
     busy = [("dev", 0.0012 * k - 0.0006, 0.0012 * k, 0.0012 * (k + 1), 1) for k in range(40)]
     tables, _ = batch_overheads(columns(busy), PROFILE, spec(), (-1.0, 100.0))
     assert tables["dev"][0][1] == pytest.approx(0.0002, abs=1e-6)
+
+
+def test_stage_speed_is_the_median_batch_time_over_its_profile_where_the_stages_dominate():
+    """Cloud batches (stage 2, 10 ms profiled) that took 9.5 ms in the window and 12 ms outside it; the device's
+    1 ms stage is shorter than the 2 ms floor, so it is not reported; a node with fewer than 20 batches neither."""
+    batches = [("cloud", 0.1 * k, 0.1 * k, 0.1 * k + (0.0095 if k < 30 else 0.012), 2) for k in range(60)]
+    batches += [("dev", 0.1 * k + 0.05, 0.1 * k + 0.05, 0.1 * k + 0.053, 1) for k in range(60)]
+    got = stage_speed(columns(batches), PROFILE, spec(), (0.0, 2.95))
+    assert got == {"cloud": pytest.approx(0.95)}
+    assert stage_speed(columns(batches), PROFILE, spec(), (0.0, 1.0)) == {}  # 10 batches: too few to tell

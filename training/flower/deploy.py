@@ -116,6 +116,15 @@ class LoopbackFederation:
         self.procs.append(p)
         return p
 
+    def _supernode(self, k: int) -> tuple[subprocess.Popen, int]:
+        port = free_port()
+        proc = self._spawn(f"supernode-{k}", [
+            str(BIN / "flower-supernode"), "--insecure", "--superlink", self.address,
+            "--host", "127.0.0.1", "--port", str(port),
+            "--node-config", f"partition-id={k} num-partitions={self.num_nodes}",
+        ], self.workdir / f"node-{k}")
+        return proc, port
+
     def _wait_listening(self, port: int, proc: subprocess.Popen, what: str) -> None:
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
@@ -139,12 +148,18 @@ class LoopbackFederation:
             self.home,
         )
         self._wait_listening(port, sl, "flower-superlink")
+        nodes = [self._supernode(k) for k in range(self.num_nodes)]
         for k in range(self.num_nodes):
-            self._spawn(f"supernode-{k}", [
-                str(BIN / "flower-supernode"), "--insecure", "--superlink", self.address,
-                "--host", "127.0.0.1", "--port", str(free_port()),
-                "--node-config", f"partition-id={k} num-partitions={self.num_nodes}",
-            ], self.workdir / f"node-{k}")
+            for attempt in range(3):  # a free port can be taken (by another's outgoing connection) before it binds
+                proc, node_port = nodes[k]
+                try:
+                    self._wait_listening(node_port, proc, f"flower-supernode {k}")
+                    break
+                except CisError:
+                    if proc.poll() is None or attempt == 2:
+                        raise
+                    self.log(f"flower: SuperNode {k} could not take port {node_port}; starting it on another")
+                    nodes[k] = self._supernode(k)
         self.start_seconds = time.perf_counter() - t0
         self.log(f"flower: SuperLink on {self.address}, {self.num_nodes} SuperNodes ({self.workdir})")
         return self

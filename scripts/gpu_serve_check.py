@@ -14,7 +14,6 @@ import argparse
 import json
 import os
 import select
-import socket
 import subprocess
 import sys
 import time
@@ -22,13 +21,11 @@ import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from cis.runtime.ports import free_port  # noqa: E402
+
 NODE = "cloud"  # the root of the demo's paper-7 spec: exit 3, every stage
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def cis(*args: str) -> list[str]:

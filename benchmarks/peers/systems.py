@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -30,18 +29,15 @@ REPO = HERE.parents[1]
 VENVS = {"kserve": REPO / ".venv-kserve", "mlserver": REPO / ".venv-mlserver"}
 LOOPBACK_RAY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # Ray on loopback only (ray_serve_cis.py)
 os.environ.update(LOOPBACK_RAY)  # this process is a Ray driver too: set before anything imports ray
+sys.path.insert(0, str(REPO))  # a checkout without an install of cis (scripts/gpu_peers.sh)
+
+from cis.runtime.ports import free_port  # noqa: E402  (ports below the ephemeral range: see its docstring)
 
 
 def python_path() -> str:
     """PYTHONPATH for a server: benchmarks/peers and the checkout first, then what this process was given
     (a machine without an install of cis or ray, e.g. scripts/gpu_peers.sh's --target folder)."""
     return os.pathsep.join([str(HERE), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def missing_peers(http: bool = True) -> list[str]:

@@ -25,7 +25,6 @@ import json
 import logging
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -36,6 +35,7 @@ from pathlib import Path
 from cis import logs
 from cis.errors import CisError
 from cis.runtime.orphans import launcher_env
+from cis.runtime.ports import free_port
 from cis.runtime.security import CurveConfig
 from cis.spec import CisSpec
 
@@ -44,12 +44,6 @@ MAX_BACKOFF = 30.0
 STABLE_AFTER = 30.0  # seconds up after which a node's backoff starts over
 CLUSTER_FILE = "cluster.json"
 log = logging.getLogger(__name__)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def plan_addresses(spec: CisSpec, free_ports: bool = False) -> dict[str, str]:

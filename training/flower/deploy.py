@@ -24,16 +24,11 @@ from pathlib import Path
 import tomli_w
 
 from cis.errors import CisError
+from cis.runtime.ports import free_port
 from training.config import RunConfig
 
 APP_DIR = Path(__file__).resolve().parent / "app"
 BIN = Path(sys.executable).parent
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _env(flwr_home: Path) -> dict[str, str]:

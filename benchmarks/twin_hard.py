@@ -480,8 +480,12 @@ class Bed:
         at = {1: cores.get("device0", [0])[0], 2: cores.get("edge0", [0])[0], 3: cores.get("cloud", [1])[0]}
         with paused(args.pause_cwd):
             profile = profile_stages(self.bdir, at, self.x, repeats=50)
+            # the cloud's stage while the edges' forwards (stage 3's input) come, from a core of another host
+            other = cores.get("edge0", [0])[0] if cores.get("edge0", [0])[0] != at[3] else 1 - at[3]
+            probe = message_work(self.bdir, 3, 3, at[3], other, self.x)
             cal = calibrate(bed.addresses, self.x, self.spec, {k: profile[k][1] for k in profile}, 10.0,
                             args.calibration, 998, spans=self.spans, profile=profile)
+        with_message_work(cal, probe)
         return profile, cal
 
     def stop(self) -> None:

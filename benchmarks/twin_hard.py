@@ -521,7 +521,8 @@ def testbed_regimes(args, work: Path, regimes: list[str]) -> dict:
 def colocated_regime(args, work: Path) -> dict:
     """paper-7 on two hosts of one core each (cis testbed pins them), its own links, ``--colocated-rate``
     requests/s; the twin shares each host's core among its nodes."""
-    bed = Bed(args, work, "fp32", colocated_spec(args.colocated_rate), work / "spans-colocated")
+    spans_dir = work / "spans-hard-colocated"  # not twin_spans' spans-colocated, which its --from-spans reads
+    bed = Bed(args, work, "fp32", colocated_spec(args.colocated_rate), spans_dir)
     try:
         profile, cal = bed.calibrate()
         for child in bed.bed.plan.links:  # paper-7's own links

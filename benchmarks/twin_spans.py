@@ -341,10 +341,9 @@ def _pct(v):
 
 def markdown(result: dict) -> str:
     lines = ["# The twin against the runtime, span by span (issue 36)", "",
-             f"`{result['command']}` on {result['machine']['cpus']} CPUs, load average at the start "
-             f"{', '.join(f'{v:.1f}' for v in result['machine']['load_avg'])}. Runtime spans from the nodes, the "
-             f"twin's from the simulator replaying the same arrivals and samples ({result['config']['sim_seeds']} "
-             "seeds pooled); per sample; errors are (twin - runtime) / runtime.", ""]
+             f"{runs_text(result)}. Runtime spans from the nodes, the twin's from the simulator replaying the same "
+             f"arrivals and samples ({result['config']['sim_seeds']} seeds pooled); per sample; errors are "
+             "(twin - runtime) / runtime.", ""]
     for case, data in result["cases"].items():
         for point in data["points"]:
             title = f"{case} at utilisation {point['rho']:g}" if point.get("rho") else f"{case} at {point['label']}"
@@ -379,14 +378,38 @@ def markdown(result: dict) -> str:
 def how_close(result: dict) -> str:
     """docs/simulator.md's span-by-span figures, from the result: per case and load, the end-to-end errors and
     the span that holds the gap."""
-    m = result["machine"]
-    lines = [f"From benchmarks/results/twin_spans.json (`{result['command']}` on {m['cpus']} CPUs, load average at "
-             f"the start {', '.join(f'{v:.1f}' for v in m['load_avg'])}).", ""]
+    lines = [f"From benchmarks/results/twin_spans.json ({runs_text(result)}).", ""]
     for case, data in result["cases"].items():
         for point in data["points"]:
             where = f"utilisation {point['rho']:g}" if point.get("rho") else point["label"]
             lines.append(f"- {case} at {where}: {describe(point)}.")
     return "\n".join(lines)
+
+
+def case_runs(result: dict) -> dict:
+    """{case: {"command", "machine"}}: the run that made each case (the result's own where a case names none)."""
+    top = {"command": result["command"], "machine": result["machine"]}
+    return {case: data.get("run", top) for case, data in result["cases"].items()}
+
+
+def runs_text(result: dict) -> str:
+    """Which command made which cases, on what machine, at what load."""
+    by_run: dict[str, list[str]] = {}
+    runs = {}
+    for case, run in case_runs(result).items():
+        by_run.setdefault(run["command"], []).append(case)
+        runs[run["command"]] = run
+    return "; ".join(
+        f"{', '.join(cases)}: `{cmd}` on {runs[cmd]['machine']['cpus']} CPUs, load average at the start "
+        f"{', '.join(f'{v:.1f}' for v in runs[cmd]['machine']['load_avg'])}" for cmd, cases in by_run.items())
+
+
+def merged(old: dict, new: dict) -> dict:
+    """``--update``: the earlier result's cases, each with the run that made it, and the cases just run in place
+    of their own."""
+    cases = {case: {**data, "run": data.get("run", run)} for (case, data), run in
+             zip(old["cases"].items(), case_runs(old).values())}
+    return {**new, "cases": {**cases, **new["cases"]}}
 
 
 def main() -> int:
@@ -412,6 +435,8 @@ def main() -> int:
                     help="replay the loads at their intended send times, not at the times the entry nodes admitted "
                     "them (which keep the load generator's own delays)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 4 s loads after 2 s, 1 twin seed")
+    ap.add_argument("--update", action="store_true",
+                    help="keep the other cases of the last result (--out's json): run cases in separate windows")
     ap.add_argument("--out", default=str(RESULTS / "twin_spans"))
     args = ap.parse_args()
     args.levels = tuple(float(v) for v in args.levels.split(","))
@@ -435,7 +460,11 @@ def main() -> int:
                                                         None)
     result["seconds"] = time.perf_counter() - t0
     result["load_now"] = load_now()
+    for data in result["cases"].values():
+        data["run"] = {"command": result["command"], "machine": result["machine"]}
     out = Path(args.out)
+    if args.update and out.with_suffix(".json").is_file():
+        result = merged(json.loads(out.with_suffix(".json").read_text()), result)
     out.with_suffix(".json").write_text(json.dumps(result, indent=2, default=float))
     out.with_suffix(".md").write_text(markdown(result))
     if out.resolve() == (RESULTS / "twin_spans").resolve():

@@ -48,3 +48,17 @@ def test_update_lists_only_the_runs_whose_figures_are_kept():
     old = {"runs": [run("a", ["bottleneck", "capacity"]), run("b", ["links"]), run("c", ["capacity", "partition"])]}
     new = {"runs": [run("d", ["bottleneck", "capacity"])]}
     assert [r["command"] for r in merged(old, new)["runs"]] == ["b", "c", "d"]
+
+
+def test_twin_spans_update_keeps_the_other_cases_with_the_run_that_made_them():
+    """twin_spans --update: the cases just run replace their own; the others keep their command and machine."""
+    from twin_spans import merged, runs_text
+
+    machine = {"cpus": 2, "load_avg": [0.5, 0.5, 0.5]}
+    old = {"command": "a", "machine": machine, "cases": {"loopback": {"points": []}, "colocated": {"points": [1]}}}
+    new = {"command": "b", "machine": machine, "cases": {"colocated": {"points": [2], "run": {"command": "b",
+                                                                                              "machine": machine}}}}
+    out = merged(old, new)
+    assert out["cases"]["colocated"]["points"] == [2]
+    assert out["cases"]["loopback"]["run"]["command"] == "a"
+    assert runs_text(out).startswith("loopback: `a`") and "colocated: `b`" in runs_text(out)

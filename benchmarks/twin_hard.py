@@ -481,7 +481,7 @@ class Bed:
         with paused(args.pause_cwd):
             profile = profile_stages(self.bdir, at, self.x, repeats=50)
             # the cloud's stage while the edges' forwards (stage 3's input) come, from a core of another host
-            other = cores.get("edge0", [0])[0] if cores.get("edge0", [0])[0] != at[3] else 1 - at[3]
+            other = at[2] if at[2] != at[3] else 1 - at[3]
             probe = message_work(self.bdir, 3, 3, at[3], other, self.x)
             cal = calibrate(bed.addresses, self.x, self.spec, {k: profile[k][1] for k in profile}, 10.0,
                             args.calibration, 998, spans=self.spans, profile=profile)
@@ -725,12 +725,17 @@ def range_text(span: tuple[float, float] | None) -> str:
     return "-" if span is None else f"{ms(span[0])}-{ms(span[1])}"
 
 
+def run_text(run: dict) -> str:
+    """One command, on what machine, at what load (``{"command", "machine"}``)."""
+    m = run["machine"]
+    return (f"`{run['command']}` on {m['cpus']} CPUs ({m['platform']}), load average at the start "
+            f"{', '.join(f'{v:.1f}' for v in m['load_avg'])}")
+
+
 def runs_text(result: dict) -> str:
     """Which commands made the result, on what machine, at what load."""
     runs = result.get("runs") or [{"command": result["command"], "machine": result["machine"]}]
-    return "; ".join(
-        f"`{r['command']}` on {r['machine']['cpus']} CPUs ({r['machine']['platform']}), load average at the start "
-        f"{', '.join(f'{v:.1f}' for v in r['machine']['load_avg'])}" for r in runs)
+    return "; ".join(run_text(r) for r in runs)
 
 
 def _signed(twin: float | None, runtime: float | None) -> str:

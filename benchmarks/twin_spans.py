@@ -71,6 +71,7 @@ from twin_hard import (
     colocated_spec,
     ms,
     rate_for,
+    run_text,
     session_priority,
     sim_links_spec,
     testbed_spec,
@@ -399,9 +400,7 @@ def runs_text(result: dict) -> str:
     for case, run in case_runs(result).items():
         by_run.setdefault(run["command"], []).append(case)
         runs[run["command"]] = run
-    return "; ".join(
-        f"{', '.join(cases)}: `{cmd}` on {runs[cmd]['machine']['cpus']} CPUs, load average at the start "
-        f"{', '.join(f'{v:.1f}' for v in runs[cmd]['machine']['load_avg'])}" for cmd, cases in by_run.items())
+    return "; ".join(f"{', '.join(cases)}: {run_text(runs[cmd])}" for cmd, cases in by_run.items())
 
 
 def merged(old: dict, new: dict) -> dict:

@@ -54,7 +54,7 @@ def test_twin_spans_update_keeps_the_other_cases_with_the_run_that_made_them():
     """twin_spans --update: the cases just run replace their own; the others keep their command and machine."""
     from twin_spans import merged, runs_text
 
-    machine = {"cpus": 2, "load_avg": [0.5, 0.5, 0.5]}
+    machine = {"cpus": 2, "platform": "Linux", "load_avg": [0.5, 0.5, 0.5]}
     old = {"command": "a", "machine": machine, "cases": {"loopback": {"points": []}, "colocated": {"points": [1]}}}
     new = {"command": "b", "machine": machine, "cases": {"colocated": {"points": [2], "run": {"command": "b",
                                                                                               "machine": machine}}}}

@@ -29,9 +29,9 @@ def message_work(bundle_dir: Path, stage: int, carry_stage: int, core: int, othe
     input for one sample (what a child forwards) come at ``rate`` a second."""
     import zmq
 
-    from cis.bundle import load_bundle
-    from cis.stages import StageRunner, stage_runners
-    from export.profile import stage_inputs
+    from cis.core.bundle import load_bundle
+    from cis.core.stages.runner import StageRunner, stage_runners
+    from cis.exporter.profile import stage_inputs
 
     bundle = load_bundle(bundle_dir)
     chain = stage_runners(bundle, threads=1)

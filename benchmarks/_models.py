@@ -14,8 +14,8 @@ import numpy as np
 
 
 def train(out: Path, dataset: str, strategy: str, serving: str, args, **extra) -> dict:
-    from training.config import make_config
-    from training.run import train_run
+    from cis.training.config import make_config
+    from cis.training.run import train_run
 
     if (out / "summary.json").is_file():  # finished earlier: reuse
         return json.loads((out / "summary.json").read_text())
@@ -45,12 +45,12 @@ def replayed_sgd_steps(config, auto_candidates: int = 1, pilot_rounds: int = 0) 
     """A run's SGD steps without training it: build its setup and replay its seeded exit draws.
 
     For the run files written before runs recorded their steps (issue 22). The draws of round t
-    come from a generator seeded by (seed, t) (training/engine.py), so the replay is exact; an auto
+    come from a generator seeded by (seed, t) (cis/training/federated.py), so the replay is exact; an auto
     run adds the losers' pilots, ``auto_candidates - 1`` replays of its first ``pilot_rounds`` rounds.
     """
-    from training.engine import derived_generator
-    from training.local import exit_steps
-    from training.run import build_setup
+    from cis.training.federated import derived_generator
+    from cis.training.local import exit_steps
+    from cis.training.run import build_setup
 
     s = build_setup(config)
     flops = getattr(s.engine.trainer, "exit_flops", None)
@@ -74,9 +74,9 @@ def replayed_sgd_steps(config, auto_candidates: int = 1, pilot_rounds: int = 0) 
 
 def evaluate(run: Path, serving: str) -> tuple[float, float]:
     """(test, validation) CIS accuracy (%) of a finished run under another serving setting."""
-    from cis.spec import parse_spec
-    from cis.topologies import apply_serving, parse_serving
-    from training.run import evaluate_run
+    from cis.core.spec import parse_spec
+    from cis.core.topologies import apply_serving, parse_serving
+    from cis.training.run import evaluate_run
 
     meta = json.loads((run / "checkpoint.json").read_text())
     spec = apply_serving(parse_spec(meta["spec"]), parse_serving(serving, 3))
@@ -87,8 +87,8 @@ def evaluate(run: Path, serving: str) -> tuple[float, float]:
 def spec_file(num_exits: int, folder: Path) -> Path:
     """The paper-7 tree (4 devices, 2 edges, a cloud: 7 clients) with its three tiers at exits
     E/3, 2E/3, E of a model with ``num_exits`` = E exits (E a multiple of 3)."""
-    from cis.spec import parse_spec, spec_to_dict, write_spec
-    from cis.topologies import make_spec
+    from cis.core.spec import parse_spec, spec_to_dict, write_spec
+    from cis.core.topologies import make_spec
 
     if num_exits % 3:
         raise SystemExit(f"--exits: {num_exits} exits; expected a multiple of 3 (the paper-7 tree has three tiers)")
@@ -105,7 +105,7 @@ def spec_file(num_exits: int, folder: Path) -> Path:
 
 def load_splits(dataset: str, seed: int, val: int, test: int):
     """The dataset with seeded subsets of its validation and test splits (the training subset is the config's)."""
-    from training.data import DataSplits, load_dataset
+    from cis.training.data.loading import DataSplits, load_dataset
 
     splits = load_dataset(dataset, seed=seed, val_size=val)
     rng = np.random.default_rng(seed)
@@ -114,9 +114,9 @@ def load_splits(dataset: str, seed: int, val: int, test: int):
 
 
 def make_setup(method: str, options: dict, splits, args: argparse.Namespace, **extra: Any):
-    """``training.run.build_setup`` of a nested method at the benchmark's scale (the papers' |S_i| weighting)."""
-    from training.config import make_config
-    from training.run import build_setup
+    """``cis.training.run.build_setup`` of a nested method at the benchmark's scale (the papers' |S_i| weighting)."""
+    from cis.training.config import make_config
+    from cis.training.run import build_setup
 
     config = make_config(
         overrides=dict(
@@ -139,7 +139,7 @@ def make_setup(method: str, options: dict, splits, args: argparse.Namespace, **e
 
 def train_and_report(name: str, s, args: argparse.Namespace) -> dict:
     """Run all rounds of a setup; test accuracy per sub-model, CIS accuracy, seconds."""
-    from training.run import final_report
+    from cis.training.run import final_report
 
     t0 = time.perf_counter()
     for _ in range(s.config.rounds):

@@ -17,19 +17,19 @@ from pathlib import Path
 
 import numpy as np
 
-from cis.metrics import latency_summary
-from sim.spans import KINDS
+from cis.core.records import latency_summary
+from cis.sim.spans import KINDS
 
 STATS = ("mean", "p50", "p95", "p99")
 
 
 def sent_profile(bundle_dir: Path, x: np.ndarray):
-    """sim.service.Profile of ``x``: each sample's confidence and class at every exit (correctness unknown:
+    """cis.sim.service.Profile of ``x``: each sample's confidence and class at every exit (correctness unknown:
     False), computed with the bundle's stages and the spec's confidence measure."""
-    from cis.bundle import load_bundle
-    from cis.confidence import confidence
-    from cis.stages import run_chain
-    from sim.service import Profile
+    from cis.core.bundle import load_bundle
+    from cis.core.policy.confidence import confidence
+    from cis.core.stages.runner import run_chain
+    from cis.sim.service import Profile
 
     bundle = load_bundle(bundle_dir)
     measure = bundle.policy.measure if bundle.policy is not None else "max_softmax"

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from _campaign import stopped
-from cis.metrics import latency_summary
+from cis.core.records import latency_summary
 
 PERCENTILES = ("p50", "p95", "p99")
 
@@ -94,12 +94,12 @@ def wide_cloud_bundle(work: Path, cifar: str) -> Path:
 
     cifar = str(ensure_cifar(Path(cifar)))
 
-    from cis.spec import spec_to_dict
-    from cis.topologies import make_spec
-    from export import export_bundle
-    from training.architectures import build_model
-    from training.checkpoint import save_checkpoint
-    from training.data import CIFAR10_MEAN, CIFAR10_STD
+    from cis.core.spec import spec_to_dict
+    from cis.core.topologies import make_spec
+    from cis.exporter import export_bundle
+    from cis.training.architectures import build_model
+    from cis.training.checkpoint import save_checkpoint
+    from cis.training.data.loading import CIFAR10_MEAN, CIFAR10_STD
 
     torch.manual_seed(0)
     model = build_model({"arch": "vit", "exits": [1, 2, 16], "dim": 128, "depth": 16, "heads": 4}).eval()
@@ -122,8 +122,8 @@ def digits_bundle(work: Path, feature_dtype: str) -> Path:
     out = work / f"digits-{feature_dtype}"
     if (out / "bundle" / "manifest.json").is_file():
         return out / "bundle"
-    from export import export_bundle
-    from export.fixture_bundle import make_demo_run
+    from cis.exporter import export_bundle
+    from cis.exporter.fixture_bundle import make_demo_run
 
     run = work / "digits-run"
     if not (run / "meta.json").is_file() and not any(run.glob("*")):
@@ -139,9 +139,9 @@ def profile_stages(bundle_dir: Path, cores: dict[int, int], x: np.ndarray, batch
     values: twin_spans found a later stage 1.3-1.6 times slower on real carries than on random ones at batch 2 and
     more). The mean, not the median: a queue sees every slow call; over ``min_seconds`` at least (5 calls of a
     batch of 32 were 0.5 s, and the capacity they set moved 282 / 310 / 353 requests/s between three runs)."""
-    from cis.bundle import load_bundle
-    from cis.stages import StageRunner, stage_runners
-    from export.profile import stage_inputs
+    from cis.core.bundle import load_bundle
+    from cis.core.stages.runner import StageRunner, stage_runners
+    from cis.exporter.profile import stage_inputs
 
     bundle = load_bundle(bundle_dir)
     before = os.sched_getaffinity(0)
@@ -219,9 +219,9 @@ def node_counters(addresses: dict, keys=("overloaded", "capped", "degraded", "ba
 def spread(bundle_dir: Path, stage: int, core: int, x: np.ndarray, calls: int = 200) -> tuple[float, ...]:
     """Each call's time over the mean, ``calls`` batch-1 calls of ``stage`` back to back on ``core`` (on the
     carry of the first sample of ``x``): how a stage's time spreads (the simulator's service_spread)."""
-    from cis.bundle import load_bundle
-    from cis.stages import StageRunner, stage_runners
-    from export.profile import stage_inputs
+    from cis.core.bundle import load_bundle
+    from cis.core.stages.runner import StageRunner, stage_runners
+    from cis.exporter.profile import stage_inputs
 
     bundle = load_bundle(bundle_dir)
     feeds = stage_inputs(stage_runners(bundle, stage, threads=1), x[:1], 1)[stage - 1]
@@ -262,9 +262,9 @@ def beside_busy_core(bundle_dir: Path, stage: int, core: int, other: int, other_
     over rounds of (time beside / time alone - 1), never below 0."""
     import threading
 
-    from cis.bundle import load_bundle
-    from cis.stages import StageRunner, stage_runners
-    from export.profile import stage_inputs
+    from cis.core.bundle import load_bundle
+    from cis.core.stages.runner import StageRunner, stage_runners
+    from cis.exporter.profile import stage_inputs
 
     bundle = load_bundle(bundle_dir)
     chain = stage_runners(bundle, threads=1)
@@ -331,8 +331,8 @@ def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, flo
     ``visit_overhead`` is 0, and each request's messaging is what its latency holds beyond its stages and
     the mean batch work of the nodes it visited; the batches' time beyond the profile against how long other
     nodes' batches ran beside them gives how much the machine's cores slow each other (:func:`interference`)."""
-    from cis.app.calibration import warm_up
     from cis.runtime.client import Client
+    from cis.sim.calibration import warm_up
 
     root = spec.root.id
     clients = {nid: Client(addresses[nid]) for nid in addresses if spec.node(nid).arrival_rate > 0}
@@ -424,7 +424,7 @@ def calibrate(addresses: dict, x: np.ndarray, spec, stage_seconds: dict[int, flo
 
 def profiled_batch(profile: dict, stage_from: list[int], exit_: int) -> float:
     """Seconds the stage profile gives a batch whose requests enter at ``stage_from`` and run to ``exit_``
-    (stage k runs once on every request that entered at k or before: sim.station's batch time)."""
+    (stage k runs once on every request that entered at k or before: cis.sim.station's batch time)."""
     total = 0.0
     for k in range(min(stage_from), exit_ + 1):
         joined = sum(1 for s in stage_from if s <= k)
@@ -600,7 +600,7 @@ def rel(sim: float | None, runtime: float | None) -> float | None:
 
 
 def interference(cols: dict, profile: dict, spec, window: tuple[float, float]) -> dict:
-    """How much the cores of the machine slow each other (sim.cores, ``SimConfig.interference``), from a load's
+    """How much the cores of the machine slow each other (cis.sim.cores, ``SimConfig.interference``), from a load's
     spans: each batch's time beyond its profiled stage calls (until its answers were sent, as the twin's batch
     runs) against how long other nodes' batches ran beside it (on another host, or on cores of their own), both
     taken relative to the node's own mean among batches after a like idle time (the idle time's own slowdown is

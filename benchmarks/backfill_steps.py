@@ -23,7 +23,7 @@ FOLDERS = ("table1", "table1_large", "table2", "table2_diagnostics")
 
 
 def run_config(folder: str, scale: dict, record: dict, dataset: str):
-    from training.config import make_config
+    from cis.training.config import make_config
 
     overrides = dict(
         dataset=dataset,

@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 
 from _results import machine, write_results
-from training.config import make_config
-from training.run import train_run
+from cis.training.config import make_config
+from cis.training.run import train_run
 
 MODES = ("federated", "centralised")
 

@@ -15,7 +15,7 @@ Per seed (one run file each, benchmarks/results/closed_loop/runs/seed<S>.json):
      stop binding: the thresholds forward less than the caps allow (the calculus of the new load
      says 70-22.5-7.5; the thresholds keep serving about 80 % at the devices);
 3. (a) nothing changed: the deployed bundle served under the shifted load (``cis serve --all``'s
-   launcher, real node processes), measured live while it serves (``cis.measured``: two status
+   launcher, real node processes), measured live while it serves (``cis.runtime.measure``: two status
    snapshots over the steady part of the load) and saved (measurement.json);
 4. (b) thresholds recalibrated to the measured rates: ``cis export BASE --rates-from measurement.json``;
 5. (c) fine-tuned with the measured weights and recalibrated: ``cis train --init BASE --rates-from
@@ -104,7 +104,7 @@ def parse() -> argparse.Namespace:
 
 def cli(*argv) -> dict:
     """``cis ARGV --json`` in this process; its JSON result (a failure raises)."""
-    from cis.cli import main
+    from cis.cli.main import main
 
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
@@ -149,8 +149,8 @@ def train_and_export(args, seed: int, folder: Path, dataset: str, design_file: P
 
 def load_requests(args, seed: int, dataset: str, shifted):
     """The shifted load: Poisson arrival times, entry devices, test images (the same for every option)."""
-    from cis.policy import assign_entries
-    from training.data import load_dataset
+    from cis.core.policy.exit_policy import assign_entries
+    from cis.training.data.loading import load_dataset
 
     test = load_dataset(dataset, seed=seed, val_size=args.val_size).test
     total = sum(nd.arrival_rate for nd in shifted.nodes)
@@ -164,10 +164,10 @@ def load_requests(args, seed: int, dataset: str, shifted):
 def serve(bundle: Path, design, design_file: Path, load, skip: float, logs: Path, measure: bool):
     """Serve ``bundle`` under the load; the replies and, with ``measure``, the live measurement of the
     steady part (two status snapshots from ``skip`` s to the last arrival)."""
-    from cis.app.calibration import warm_up
-    from cis.measured import measure as measure_live
     from cis.runtime.client import Client, infer_spread
     from cis.runtime.launcher import launch
+    from cis.runtime.measure import measure as measure_live
+    from cis.sim.calibration import warm_up
 
     times, entries, x, _ = load
     found: dict = {}
@@ -202,7 +202,7 @@ def serve(bundle: Path, design, design_file: Path, load, skip: float, logs: Path
 
 
 def runtime_record(replies, load, skip: float, spec) -> dict:
-    from cis.metrics import latency_summary
+    from cis.core.records import latency_summary
 
     times, _, _, y = load
     keep = [i for i in range(len(replies)) if times[i] >= skip]
@@ -224,9 +224,9 @@ def runtime_record(replies, load, skip: float, spec) -> dict:
 
 def predict(bundle: Path, spec, n: int, args, seed: int) -> dict:
     """The simulator before the option is served: ``cis simulate --spec UPDATED --bundle B --loopback``."""
-    from cis.bundle import load_bundle
-    from sim.config import SimConfig
-    from sim.simulation import simulate
+    from cis.core.bundle import load_bundle
+    from cis.sim.config import SimConfig
+    from cis.sim.simulation import simulate
 
     req = simulate(spec, SimConfig(requests=n, seed=seed, loopback=True), load_bundle(bundle)).requests
     keep = (req["arrive"] >= args.skip) & (req["exit"] > 0)
@@ -238,8 +238,8 @@ def predict(bundle: Path, spec, n: int, args, seed: int) -> dict:
 
 
 def run_seed(args, seed: int, dataset: str) -> dict:
-    from cis.spec import write_spec
-    from cis.topologies import make_spec
+    from cis.core.spec import write_spec
+    from cis.core.topologies import make_spec
 
     t_start = time.perf_counter()
     folder = Path(args.runs) / f"seed{seed}"
@@ -265,8 +265,8 @@ def run_seed(args, seed: int, dataset: str) -> dict:
 
 
 def run_scenario(args, seed: int, dataset: str, folder: Path, design, design_file: Path, name: str) -> dict:
-    from cis.measured import update_spec
-    from cis.rates import compute_rates
+    from cis.core.rates import compute_rates
+    from cis.runtime.measure import update_spec
 
     factors = SCENARIOS[name]
     shifted = design.replace_nodes(replace(n, arrival_rate=factors.get(n.id, 1.0) * n.arrival_rate)

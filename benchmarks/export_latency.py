@@ -3,7 +3,7 @@
 ResNet-18 with the CIFAR-10 exits (after residual blocks 1, 4, 8) at full width
 and at width 0.25 (the width of the Table 1 benchmark), random weights (latency
 does not depend on them). Each stage is exported exactly as ``cis export``
-does (export.onnx_export.export_stage) and timed at batch 1 and 32: median
+does (cis.exporter.onnx_export.export_stage) and timed at batch 1 and 32: median
 seconds per call over ``--repeats`` runs after warm-up, same thread count for
 both runtimes. Writes benchmarks/results/export_latency.json.
 
@@ -26,12 +26,12 @@ import onnxruntime
 import torch
 
 from _results import RESULTS, machine
-from cis.bundle import StageInfo
-from cis.stages import StageRunner
-from export.onnx_export import export_stage, resolve_exporter, tensor_infos
-from training.architectures import build_model
-from training.models import default_model_config
-from training.stage_plan import describe_stages, run_plan
+from cis.core.bundle import StageInfo
+from cis.core.stages.runner import StageRunner
+from cis.exporter.onnx_export import export_stage, resolve_exporter, tensor_infos
+from cis.training.architectures import build_model
+from cis.training.models.cnns import default_model_config
+from cis.training.models.stage_plan import describe_stages, run_plan
 
 OUT = RESULTS / "export_latency.json"
 

@@ -3,12 +3,15 @@
 The budget curve's 840-step point changed the data (21,000 images instead of 7,000) together with the
 root's SGD steps (840 instead of 300). Four conditions vary one at a time (ResNet-18 width 0.125, printed
 algorithm, CIFAR-10, paper-7, equal partition, as Table 1), all trained by this script on one code and
-machine (issue 44: A was Table 1's older runs before; it is retrained here):
+machine (issue 44). The first, 5-seed analysis (issue 35, commit 7a97251) read A from Table 1's older runs
+and D from the budget curve's x3 runs, and its B and C came from an earlier code state: retraining one of
+them here (``--reproduce C:1:equal``, factorial_repro.json) did not give the same numbers, so every
+condition is retrained, each in its own folder (factorial/A..E):
 
 - A: 7,000 images, J = 5 local steps a round, 60 rounds (300 root steps);
 - B: 7,000 images, J = 14 (840 root steps): steps only;
 - C: 21,000 images, J = 5 (300 root steps): data only;
-- D: 21,000 images, J = 14 (840 root steps): the budget curve's x3 runs (budget_curve/x3/runs);
+- D: 21,000 images, J = 14 (840 root steps): the budget curve's x3 point;
 - E: 7,000 images, J = 5, 168 rounds (840 root steps): more optimisation without more drift per round.
 
 Pre-registered before the seed 6-15 runs (issue 44): the **family** is the data, steps and interaction
@@ -59,8 +62,8 @@ CONDITIONS: dict[str, dict] = {  # name -> where its runs live and its scale
           "scale": {"train_subset": 7000, "local_epochs": 0.25, "local_steps": 14}},
     "C": {"folder": "factorial/C", "images": 21000, "root_steps": 300, "runs": "factorial_C",
           "scale": {"train_subset": 21000, "local_epochs": 0.25, "local_steps": 5}},
-    "D": {"folder": "budget_curve/x3", "images": 21000, "root_steps": 840, "runs": "budget_curve_x3",
-          "scale": {"train_subset": 21000, "local_epochs": 0.25}},
+    "D": {"folder": "factorial/D", "images": 21000, "root_steps": 840, "runs": "factorial_D",
+          "scale": {"train_subset": 21000, "local_epochs": 0.25, "local_steps": 14}},
     "E": {"folder": "factorial/E", "images": 7000, "root_steps": 840, "runs": "factorial_E",
           "scale": {"train_subset": 7000, "local_epochs": 0.25, "local_steps": 5, "rounds": 168}},
 }  # fmt: skip
@@ -81,7 +84,7 @@ E_EFFECTS = {  # secondary: E against A (more steps at J = 5) and B against E (t
     "optimisation": {"E": 1.0, "A": -1.0},
     "drift": {"B": 1.0, "E": -1.0},
 }
-IN_SAMPLE = ("A",)  # auto's rule (training/aggregation/weights.py auto_choice) was chosen on A's seeds
+IN_SAMPLE = ("A",)  # auto's rule (cis/training/aggregation/weights.py auto_choice) was chosen on A's seeds
 STEM = "factorial"
 
 

@@ -1,7 +1,7 @@
 """FLAME on reduced-scale CIFAR-10: setting-A patience vs no exits vs fixed exits at the same average depth.
 
 Runs of the same model (the small early-exit ViT, per-exit heads), data,
-partition and rounds (``--method flame`` through training.run.build_setup), all
+partition and rounds (``--method flame`` through cis.training.run.build_setup), all
 from one common warm start (``--warmup-rounds`` of multi-exit training, the
 stand-in for the paper's pretrained BERT):
 
@@ -17,7 +17,7 @@ stand-in for the paper's pretrained BERT):
   the steps scaled by the group's share of the batch.
 
 Reported per run: test accuracy per exit, accuracy under inference patience
-p_ev = 4 (cis.policy.evaluate_patience; with fewer than 4 exits that is the last
+p_ev = 4 (cis.core.policy.exit_policy.evaluate_patience; with fewer than 4 exits that is the last
 exit), average training exit, training FLOPs (3 x forward of the layers run),
 and wall time. The paper's direction: FLAME needs 20-50 % less training compute
 than no-exit training at about the same accuracy; fixed exits clearly worse.
@@ -25,7 +25,7 @@ than no-exit training at about the same accuracy; fixed exits clearly worse.
 The defaults are the paper's setup as written: AdamW (lr 1e-3 here, weight
 decay 0) with one full step per backprop group on its mean loss. With the
 project's momentum SGD, that step must be scaled by the group's share of the
-batch (training/methods/flame.py says why); this runs that variant, with the
+batch (cis/training/methods/flame.py says why); this runs that variant, with the
 unscaled SGD steps side by side:
 
     python benchmarks/flame.py --optimizer sgd --group-step share --out flame-sgd
@@ -47,7 +47,7 @@ import numpy as np
 from _args import vit_args, vit_quick
 from _models import spec_file
 from _results import RESULTS, vit_head, vit_result, write_results
-from training.methods.registry import FLAME_EVAL_PATIENCE, FLAME_GROUP_STEPS, FLAME_OPTIMIZERS, FLAME_SETTING_A
+from cis.training.methods.registry import FLAME_EVAL_PATIENCE, FLAME_GROUP_STEPS, FLAME_OPTIMIZERS, FLAME_SETTING_A
 
 # AdamW's lr for this small ViT (our choice: the paper's 2e-5 fine-tunes BERT); weight decay 0 (the paper names none)
 ADAMW_LR = 1e-3
@@ -107,9 +107,9 @@ def warm_start(args, spec: Path) -> dict | None:
     and patience never lets a sample exit early."""
     if not args.warmup_rounds:
         return None
-    from training.config import make_config
-    from training.methods.baselines import BudgetChooser
-    from training.run import build_setup
+    from cis.training.config import make_config
+    from cis.training.methods.baselines import BudgetChooser
+    from cis.training.run import build_setup
 
     exits = [int(e) for e in args.exits.split(",")]
     E = len(exits)
@@ -144,11 +144,11 @@ def run_cell(
 ) -> dict:
     import torch
 
-    from cis.policy import evaluate_patience
-    from training.config import make_config
-    from training.evaluate import predict_exits
-    from training.methods import flame
-    from training.run import build_setup
+    from cis.core.policy.exit_policy import evaluate_patience
+    from cis.training.config import make_config
+    from cis.training.evaluate import predict_exits
+    from cis.training.methods import flame
+    from cis.training.run import build_setup
 
     exits = [int(e) for e in args.exits.split(",")]
     options = {"patience": patience, "vit_exits": exits, "depth": exits[-1], "grouping": args.grouping,

@@ -1,7 +1,7 @@
 """Wall time of the same training on the built-in engine and on Flower (simulation, deployment on loopback).
 
 The same config (digits, paper-7, seed 0) runs three ways, one after the other:
-built-in engine (training/run.py train_run), Flower's simulation engine
+built-in engine (cis/training/run.py train_run), Flower's simulation engine
 (run_flower mode "simulation": ray, one virtual SuperNode per node) and Flower's
 deployment engine on loopback (a SuperLink and 7 SuperNodes as subprocesses,
 the run submitted with ``flwr run``). The three produce the same weights (the
@@ -34,8 +34,8 @@ from pathlib import Path
 import torch
 
 from _results import RESULTS, machine
-from training.config import make_config
-from training.run import train_run
+from cis.training.config import make_config
+from cis.training.run import train_run
 
 OUT = RESULTS / "flower_overhead.json"
 
@@ -73,7 +73,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    from training.flower.launch import run_flower
+    from cis.training.flower.launch import run_flower
 
     config = make_config(overrides={"rounds": args.rounds, "seed": 0})
     results: dict = {}

@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def bundle(work: Path) -> Path:
     if not (work / "bundle" / "manifest.json").exists():
-        from export.fixture_bundle import make_demo_bundle
+        from cis.exporter.fixture_bundle import make_demo_bundle
 
         make_demo_bundle(work, steps=150)
     return work / "bundle"
@@ -60,7 +60,7 @@ def start_node(bundle_dir: Path) -> tuple[subprocess.Popen, str, tuple[str, int]
     from cis.runtime.launcher import free_port
 
     zmq = f"tcp://127.0.0.1:{free_port()}"
-    cmd = [sys.executable, "-m", "cis.cli", "serve", str(bundle_dir), "--node", "cloud", "--bind", zmq,
+    cmd = [sys.executable, "-m", "cis.cli.main", "serve", str(bundle_dir), "--node", "cloud", "--bind", zmq,
            "--provider", "cpu", "--http-port", "0", "--grpc-port", "0", "--max-batch", "32",
            "--http-max-connections", "20000", "--http-timeout", "600"]  # fmt: skip
     if (os.cpu_count() or 1) >= 2 and shutil.which("taskset"):
@@ -134,7 +134,7 @@ def latencies(call, n: int) -> np.ndarray:
 def grpc_call(target: str, x: np.ndarray):
     import grpc
 
-    from cis.runtime import oip_pb as pb
+    from cis.runtime.oip import grpc_messages as pb
 
     channel = grpc.insecure_channel(target)
     stub = channel.unary_unary(f"/{pb.SERVICE}/ModelInfer", request_serializer=pb.ModelInferRequest.SerializeToString,
@@ -304,7 +304,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.repeats, args.n, args.rate_n, args.idle = 1, 200, 2000, 500
-    from training.data import load_dataset
+    from cis.training.data.loading import load_dataset
 
     x_all = load_dataset("digits", seed=0).test.x.astype(np.float32)
     inputs = {1: x_all[:1], 32: x_all[:32]}

@@ -57,9 +57,9 @@ def depthfl_prefix(s, args):
     """Swap a heterofl setup's model for DepthFL-style prefix sub-models (decoupled BN, fixed unit steps)."""
     import torch
 
-    from training.engine import FederatedEngine
-    from training.families.nested import build_subset_method, default_gammas
-    from training.methods.nested import NestedNet, depthfl_specs
+    from cis.training.families.nested import build_subset_method, default_gammas
+    from cis.training.federated import FederatedEngine
+    from cis.training.methods.nested import NestedNet, depthfl_specs
 
     torch.manual_seed(s.config.seed)
     layout = s.model.layout
@@ -146,7 +146,7 @@ def main(argv=None) -> int:
         "--merge", action="store_true", help="with --only: keep the saved results' other rows (same scale)"))
     if args.merge and not args.only:
         raise SystemExit("--merge: give --only with the rows to rerun")
-    from training.data import load_dataset  # noqa: F401  (fail early on a missing dataset)
+    from cis.training.data.loading import load_dataset  # noqa: F401  (fail early on a missing dataset)
 
     t0 = time.perf_counter()
     splits = load_splits(args.dataset, args.seed, args.val, args.test)

@@ -155,7 +155,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def digits_bundle(work: Path) -> Path:
     bundle = work / "digits" / "bundle"
     if not (bundle / "manifest.json").is_file():
-        from export.fixture_bundle import make_demo_bundle
+        from cis.exporter.fixture_bundle import make_demo_bundle
 
         make_demo_bundle(work / "digits", steps=300)
     return bundle
@@ -167,7 +167,7 @@ def cifar_bundle(work: Path, data: str) -> Path:
     if (bundle / "manifest.json").is_file():
         return bundle
     ensure_cifar(Path(data))
-    cli = [sys.executable, "-m", "cis.cli"]
+    cli = [sys.executable, "-m", "cis.cli.main"]
     if not (run / "checkpoint.pt").is_file():
         subprocess.run([*cli, "train", "--dataset", f"cifar10:{data}", "--serving", "60-30-10", "--rounds", "3",
                         "--width", "0.25", "--local-steps", "20", "--threads", "1", "--no-progress",
@@ -181,12 +181,12 @@ def inputs_of(bundle: Path, work: Path, n: int, given: str | None = None) -> np.
     if given:
         with np.load(given) as z:
             return z["x"][:n].astype(np.float32)
-    from cis.bundle import load_bundle
+    from cis.core.bundle import load_bundle
 
     dataset = load_bundle(bundle, verify=False).manifest.get("dataset", "digits")
     path = work / f"inputs-{dataset.split(':')[0]}.npz"
     if not path.is_file():
-        from training.data import load_dataset
+        from cis.training.data.loading import load_dataset
 
         x = load_dataset(dataset).test.x[:2000].astype(np.float32)
         np.savez_compressed(path, x=x)
@@ -197,9 +197,10 @@ def inputs_of(bundle: Path, work: Path, n: int, given: str | None = None) -> np.
 
 
 def entry_nodes(bundle: Path, n: int) -> list[str]:
-    """The entry node of each of ``n`` requests (cis.policy.assign_entries, as ``cis infer --spec`` sends)."""
-    from cis.bundle import load_bundle
-    from cis.policy import assign_entries
+    """The entry node of each of ``n`` requests (``assign_entries`` of cis.core.policy.exit_policy,
+    as ``cis infer --spec`` sends)."""
+    from cis.core.bundle import load_bundle
+    from cis.core.policy.exit_policy import assign_entries
 
     spec = load_bundle(bundle, verify=False).spec
     assert spec is not None

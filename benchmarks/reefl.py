@@ -2,7 +2,7 @@
 
 Same small ViT backbone, data, paper-7 tree (7 clients, budgets = their tier's
 exit), rounds and local steps for every run (``--method`` through
-training.run.build_setup); metric: test accuracy per exit and its mean over exits.
+cis.training.run.build_setup); metric: test accuracy per exit and its mean over exits.
 
 - ``reefl``: Ree + shared classifier, feature modulation, best-exit self-distillation;
 - ``reefl -mod``, ``reefl -kd``, ``reefl -mod -kd``: the ablations;
@@ -143,9 +143,9 @@ def markdown(out: dict) -> str:
 def run_cell(method: str, options: dict, args, spec: Path) -> dict:
     import torch
 
-    from training.config import make_config
-    from training.evaluate import predict_exits
-    from training.run import build_setup
+    from cis.training.config import make_config
+    from cis.training.evaluate import predict_exits
+    from cis.training.run import build_setup
 
     config = make_config(overrides=dict(
         method=method, options=options, dataset=f"cifar10:{args.data}", spec=str(spec), rounds=args.rounds,

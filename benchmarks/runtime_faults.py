@@ -42,7 +42,7 @@ def main() -> int:
     if args.quick:
         args.seconds, args.kill_edge, args.kill_root = 16.0, 4.0, 10.0
     work, bundle = live_bundle(args)
-    from training.data import load_dataset
+    from cis.training.data.loading import load_dataset
 
     x = load_dataset("digits", seed=0).test.x
     say = lambda m: print(f"runtime_faults: {m}", flush=True)  # noqa: E731

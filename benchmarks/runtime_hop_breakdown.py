@@ -33,7 +33,7 @@ HANDLERS = ("_on_front", "_on_parent", "reply", "forward")  # on the node; run_b
 
 
 def serve(bundle_dir: str, node_id: str, addresses: dict, parent: str | None, log_path: str, ready, stop) -> None:
-    from cis.bundle import load_bundle
+    from cis.core.bundle import load_bundle
     from cis.runtime.factory import build_node
 
     bundle = load_bundle(bundle_dir)
@@ -94,10 +94,10 @@ def main() -> int:
     ap.add_argument("--out", default=str(RESULTS / "runtime_hop_breakdown.json"))
     args = ap.parse_args()
 
-    from cis.bundle import load_bundle
+    from cis.core.bundle import load_bundle
+    from cis.core.stages.runner import stage_runners
     from cis.runtime.client import Client
     from cis.runtime.launcher import plan_addresses
-    from cis.stages import stage_runners
 
     bundle = load_bundle(args.bundle)
     spec = bundle.spec

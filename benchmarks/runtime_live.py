@@ -44,7 +44,7 @@ def demo_bundle(work: Path, steps: int = 300) -> Path:
     bundle = work / "bundle"
     if (bundle / "manifest.json").is_file():
         return bundle
-    from export.fixture_bundle import make_demo_bundle
+    from cis.exporter.fixture_bundle import make_demo_bundle
 
     return make_demo_bundle(work, steps=steps)
 
@@ -79,7 +79,7 @@ class ServeAll:
             [
                 sys.executable,
                 "-m",
-                "cis.cli",
+                "cis.cli.main",
                 "serve",
                 str(bundle),
                 "--all",

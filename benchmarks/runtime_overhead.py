@@ -52,13 +52,13 @@ HOPS = 3  # client -> device -> edge -> cloud
 def make_bundle(out: Path, dataset: str, width: float) -> Path:
     import torch
 
-    from cis.spec import spec_to_dict
-    from cis.topologies import make_spec
-    from export import export_bundle
-    from training.architectures import build_model
-    from training.checkpoint import save_checkpoint
-    from training.data import CIFAR10_MEAN, CIFAR10_STD
-    from training.models import default_model_config
+    from cis.core.spec import spec_to_dict
+    from cis.core.topologies import make_spec
+    from cis.exporter import export_bundle
+    from cis.training.architectures import build_model
+    from cis.training.checkpoint import save_checkpoint
+    from cis.training.data.loading import CIFAR10_MEAN, CIFAR10_STD
+    from cis.training.models.cnns import default_model_config
 
     torch.manual_seed(0)
     model = build_model(default_model_config("cifar10", width=width)).eval()
@@ -198,10 +198,10 @@ def chain_of(runners):
 
 def latency(bundle_dir: Path, x: np.ndarray, args, node_args: list[str]) -> dict:
     """(a): in-process, raw chain and cis side by side in every block."""
-    from cis.bundle import load_bundle
+    from cis.core.bundle import load_bundle
+    from cis.core.stages.runner import stage_runners
     from cis.runtime.client import Client
     from cis.runtime.launcher import launch, plan_addresses
-    from cis.stages import stage_runners
 
     bundle = load_bundle(bundle_dir)
     spec = bundle.spec
@@ -263,10 +263,10 @@ def latency(bundle_dir: Path, x: np.ndarray, args, node_args: list[str]) -> dict
 
 def throughput(bundle_dir: Path, x: np.ndarray, args, node_args: list[str]) -> dict:
     """(b): a node serving all stages with micro-batching vs batched onnxruntime in one process."""
-    from cis.bundle import load_bundle
+    from cis.core.bundle import load_bundle
+    from cis.core.stages.runner import stage_runners
     from cis.runtime.client import Client
     from cis.runtime.launcher import launch
-    from cis.stages import stage_runners
 
     bundle = load_bundle(bundle_dir)
     spec = bundle.spec
@@ -318,7 +318,7 @@ def throughput(bundle_dir: Path, x: np.ndarray, args, node_args: list[str]) -> d
 
 def carry_bytes(bundle_dir: Path) -> dict:
     """(c): bytes on the wire per forwarded request, by carry dtype."""
-    from cis.bundle import load_bundle
+    from cis.core.bundle import load_bundle
     from cis.runtime import protocol as P
 
     bundle = load_bundle(bundle_dir)

@@ -253,7 +253,7 @@ def main() -> int:
     if args.quick:
         args.seconds, args.measure = 4.0, 2.0
     work, bundle = live_bundle(args)
-    from training.data import load_dataset
+    from cis.training.data.loading import load_dataset
 
     test = load_dataset("digits", seed=0).test.x
     ctx = zmq.Context()

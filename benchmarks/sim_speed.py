@@ -28,10 +28,10 @@ from pathlib import Path
 
 import simpy
 
-from cis.topologies import make_spec
-from sim.config import SimConfig
-from sim.model import run_model
-from sim.simulation import plan_run, simulate
+from cis.core.topologies import make_spec
+from cis.sim.config import SimConfig
+from cis.sim.model import run_model
+from cis.sim.simulation import plan_run, simulate
 
 SERVING = "60-30-10"
 BURST_S = 10.0  # a deep token bucket, so the flow through the tree is the rate calculus's 60-30-10

@@ -4,14 +4,14 @@
     python benchmarks/sim_vs_runtime.py --bundle cis-demo/bundle --requests 3000
 
 1. Bundle: ``--bundle``, or a digits model trained centrally for a few hundred
-   steps (``export.fixture_bundle.make_demo_run``) exported with ``export_bundle``.
+   steps (``cis.exporter.fixture_bundle.make_demo_run``) exported with ``export_bundle``.
 2. Load: ``--requests`` Poisson arrivals at ``--rate`` requests/s in total, each
-   sent to the leaf ``cis.policy.assign_entries`` gives it; request i carries
+   sent to the leaf ``cis.core.policy.exit_policy.assign_entries`` gives it; request i carries
    validation sample i mod n, the samples whose confidences are the bundle's
    profile (checked), so the simulator "calibrated from the bundle's profile"
    and the runtime see the same inputs.
 3. Runtime: every node its own process on loopback (``launch``). --repeats
-   times: a calibration load (``cis.app.calibration.calibrate_visits``: --calibration
+   times: a calibration load (``cis.sim.calibration.calibrate_visits``: --calibration
    requests at the same rate, with their own seed, arrival times, entries and
    samples), the measured load (requests sent at their arrival times, one sample
    each), and another calibration load. The two calibrations price a node visit
@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 
 from _results import RESULTS, machine
-from cis.metrics import format_ms, latency_summary
+from cis.core.records import format_ms, latency_summary
 
 
 def poisson_times(n: int, rate: float, seed: int) -> np.ndarray:
@@ -67,8 +67,8 @@ def compare_once(
     spec, bundle, tmp: Path, rows: np.ndarray, seed: int, times, entries, results, visit_cost: list[float]
 ) -> dict:
     """One repeat: the runtime's answers against the simulator given this repeat's calibration."""
-    from sim.config import SimConfig
-    from sim.simulation import simulate
+    from cis.sim.config import SimConfig
+    from cis.sim.simulation import simulate
 
     n, E = len(times), spec.num_exits
     ok = np.array([r is not None and r.error is None for r in results])
@@ -141,23 +141,23 @@ def main() -> int:
     ap.add_argument("--out", default=str(RESULTS / "sim_vs_runtime"))
     args = ap.parse_args()
 
-    from cis.app.calibration import calibrate_visits, warm_up
-    from cis.app.pipeline import demo_spec
-    from cis.bundle import load_bundle
-    from cis.policy import assign_entries, exit_confidences
+    from cis.cli.demo.pipeline import demo_spec
+    from cis.core.bundle import load_bundle
+    from cis.core.policy.exit_policy import assign_entries, exit_confidences
+    from cis.core.spec import write_spec
+    from cis.core.stages.runner import run_chain
     from cis.runtime.client import Client, infer_spread
     from cis.runtime.launcher import launch
-    from cis.spec import write_spec
-    from cis.stages import run_chain
-    from training.data import load_dataset
+    from cis.sim.calibration import calibrate_visits, warm_up
+    from cis.training.data.loading import load_dataset
 
     tmp = Path(tempfile.mkdtemp(prefix="sim_vs_runtime."))
     t0 = time.perf_counter()
     if args.bundle:
         bundle_dir = Path(args.bundle)
     else:
-        from export.bundle_writer import export_bundle
-        from export.fixture_bundle import make_demo_run
+        from cis.exporter.bundle_writer import export_bundle
+        from cis.exporter.fixture_bundle import make_demo_run
 
         run = make_demo_run(tmp / "run", serving=args.serving)
         bundle_dir = tmp / "bundle"

@@ -11,7 +11,7 @@ runs whose file exists. table1.json/.md/.png are rebuilt from those files after
 every run, so a partial campaign already reports what it has.
 
 ``--algorithm authors-code`` trains the same cells under Algorithm 1 as the authors' public code
-runs it (training/aggregation/line12.py; their balanced-adj); those run files end in ``_authors-code``
+runs it (cis/training/aggregation/line12.py; their balanced-adj); those run files end in ``_authors-code``
 and the tables gain the algorithm as a level (``per_seed`` {algorithm: {strategy: {cell: [...]}}}).
 Every comparison against equal carries its paired t-test p and the Holm-adjusted p over the
 comparisons of its algorithm's table; every run file records its SGD steps.

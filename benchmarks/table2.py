@@ -108,9 +108,9 @@ def matched_local_steps(config) -> int:
     ``config``'s p and sampling matrix, spread evenly over the nodes (the expectation over the exit draws)."""
     import dataclasses
 
-    from training.flops import exit_costs
-    from training.local import exit_steps
-    from training.run import build_setup
+    from cis.training.local import exit_steps
+    from cis.training.models.flops import exit_costs
+    from cis.training.run import build_setup
 
     s = build_setup(dataclasses.replace(config, strategy="equal", lower_exit_steps="flops", local_steps=None))
     flops = [c["flops"] for c in exit_costs(s.model)]
@@ -173,7 +173,7 @@ def one_run(
     run = runs / f"seed{seed}" / slug(name, algorithm)
     extra = dict(extra, **({} if algorithm == "printed" else {"algorithm": algorithm}))
     if extra.get("local_steps") == MATCH_FLOPS_STEPS:
-        from training.config import make_config
+        from cis.training.config import make_config
 
         variant = dict(dataset=dataset, strategy=strategy, serving="80-15-5", p=FLOPS_STEPS_P, seed=seed, **SETTING)
         variant.update(rounds=args.rounds, width=args.width, train_subset=args.train_subset, val_size=args.val_size)

@@ -14,7 +14,7 @@ request as soon as the last is answered:
 The ways run at once (idle nodes only heartbeat) and take turns in blocks, so a slow minute of a shared
 machine touches all of them; per way the median over blocks of each block's p50 (and p99) round trip,
 and per hop the p50 added to ``baseline`` ((p50 - baseline p50) / 3). The bundle is the digits fixture
-(``export.fixture_bundle``: a tiny CNN, stages of tens of microseconds), so the hop itself is most of
+(``cis.exporter.fixture_bundle``: a tiny CNN, stages of tens of microseconds), so the hop itself is most of
 the time, or ``--bundle PATH``.
 
     python benchmarks/tracing_overhead.py                # 7 blocks of 2,000 requests per way
@@ -78,7 +78,8 @@ class Chain:
         self.procs = []
         for i, node in enumerate(PATH):
             parent = ["--parent", self.addr[PATH[i + 1]], "--threshold", "inf"] if i + 1 < len(PATH) else []
-            argv = [sys.executable, "-m", "cis.cli", "serve", str(bundle), "--node", node, "--bind", self.addr[node],
+            argv = [sys.executable, "-m", "cis.cli.main", "serve", str(bundle), "--node", node,
+                    "--bind", self.addr[node],
                     *parent, "--no-cap", "--provider", "cpu", "--heartbeat", "0.2", *flags]  # fmt: skip
             log = open(work / f"{way}.{node}.log", "w")
             # cwd: not the repository, whose cis/ python -m would put first on the path
@@ -132,10 +133,10 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
     bundle = Path(args.bundle).resolve() if args.bundle else work.resolve() / "bundle"
     if not args.bundle and not (bundle / "manifest.json").is_file():
-        from export.fixture_bundle import make_demo_bundle
+        from cis.exporter.fixture_bundle import make_demo_bundle
 
         bundle = make_demo_bundle(work, steps=150)
-    from cis.extras import EXTRAS, installed
+    from cis.core.extras import EXTRAS, installed
 
     ways = [w for w in WAYS if w != "otlp" or all(map(installed, EXTRAS["otel"]))]
     base = baseline_package(args.baseline_ref, Path(tempfile.mkdtemp(prefix="cis-baseline-", dir=work)))
@@ -153,7 +154,7 @@ def main() -> None:
     for f in (work / "spans").glob("*.jsonl"):
         f.unlink()
     rng = np.random.default_rng(0)
-    from cis.bundle import load_bundle
+    from cis.core.bundle import load_bundle
 
     shape = load_bundle(bundle).stage(1).inputs[0].shape[1:]
     x = rng.standard_normal((64, *shape)).astype(np.float32)

@@ -57,7 +57,7 @@ def variant_settings(name: str) -> dict[str, str]:
 
 
 def run_config(args, settings: dict[str, str]):
-    from training.config import make_config
+    from cis.training.config import make_config
 
     return make_config(
         overrides=dict(
@@ -83,7 +83,7 @@ def measure(args, settings: dict[str, str] | None = None, splits=None) -> dict:
     ``splits``: the data already loaded (one load for several variants)."""
     import torch
 
-    from training.run import build_setup
+    from cis.training.run import build_setup
 
     start = time.perf_counter()
     s = build_setup(run_config(args, settings or {}), splits=splits)

@@ -23,16 +23,16 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from cis.topologies import make_spec
-from training.aggregation.aggregators import CisAggregator
-from training.aggregation.weights import make_weights
-from training.architectures import build_model
-from training.data import load_dataset
-from training.engine import ExitSampler, FederatedEngine, derived_generator
-from training.local import Client, ExitSGDTrainer, batch_indices
-from training.models import default_model_config
-from training.partition import partition
-from training.sampling import sampling_matrix
+from cis.core.topologies import make_spec
+from cis.training.aggregation.aggregators import CisAggregator
+from cis.training.aggregation.weights import make_weights
+from cis.training.architectures import build_model
+from cis.training.data.loading import load_dataset
+from cis.training.data.partition import partition
+from cis.training.federated import ExitSampler, FederatedEngine, derived_generator
+from cis.training.local import Client, ExitSGDTrainer, batch_indices
+from cis.training.models.cnns import default_model_config
+from cis.training.sampling import sampling_matrix
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

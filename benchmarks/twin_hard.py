@@ -18,7 +18,7 @@ Regimes (``--regimes``, default all):
 - ``capacity``: on the same cluster, ``cis simulate --sweep arrival_rate=LO:HI --slo-p99 MS`` (the CLI, with the
   calibration's files) names the largest rate meeting the p99 target; the runtime at that rate should meet it and
   at 1.2 times it should not.
-- ``links``: paper-7 on the testbed (``cis.testbed``: namespaces, tbf), every request forwarded to the cloud,
+- ``links``: paper-7 on the testbed (``cis.runtime.testbed``: namespaces, tbf), every request forwarded to the cloud,
   all links at 2 and 20 Mbit/s, fp32 and int8 carries of the digits model. Targets: p50/p95 within 15 %, and the
   same order of the carry formats.
 - ``partition``: paper-7 on the testbed with its own links (devices 20 Mbit/s, edges 100 Mbit/s), everything
@@ -109,13 +109,13 @@ def median_figures(figs: list[dict]) -> dict:
 
 
 def sim_runs(spec, config, bundle, seeds: int, **kw) -> dict:
-    from sim import simulate
+    from cis.sim import simulate
 
     return pool([simulate(spec, replace(config, seed=s), bundle, **kw).requests for s in range(seeds)])
 
 
 def twin_config(cal: dict, profile: dict, **fields):
-    from sim import SimConfig
+    from cis.sim import SimConfig
 
     return SimConfig(
         hop_rtt=tuple(cal["hop_rtt_s"]),
@@ -154,7 +154,7 @@ def pct(v: float | None) -> str:
 
 def bottleneck_spec(rate: float, cap: float):
     """Two devices that forward everything to a cloud with a queue limit of 64; device0 capped at ``cap``/s."""
-    from cis.spec import CisSpec, Node, validate
+    from cis.core.spec import CisSpec, Node, validate
 
     return validate(
         CisSpec(
@@ -173,7 +173,7 @@ def read_node_spans(spans_dir: Path) -> dict:
     """The spans every node has written so far (``cis serve --spans-file``: a node flushes its file at least
     every half second)."""
     from cis.runtime.tracing import FLUSH_SECONDS
-    from sim.spans import read_spans
+    from cis.sim.spans import read_spans
 
     time.sleep(FLUSH_SECONDS + 0.3)
     return read_spans(sorted(spans_dir.glob("*.spans.jsonl")))
@@ -236,8 +236,8 @@ class Bench:
     """A cluster of the bottleneck's nodes (the cloud on core 1, the rest on core 0), and loads on it."""
 
     def __init__(self, args, work: Path, bdir: Path, spec, name: str, spans_dir: Path | None = None):
+        from cis.core.spec import write_spec
         from cis.runtime.launcher import launch
-        from cis.spec import write_spec
 
         self.args, self.spec = args, spec
         spec_file = work / f"{name}.toml"
@@ -251,7 +251,7 @@ class Bench:
         self.spans_dir = spans_dir
 
     def spans(self) -> dict:
-        """The spans every node has written so far (sim.spans.read_spans columns)."""
+        """The spans every node has written so far (cis.sim.spans.read_spans columns)."""
         assert self.spans_dir is not None  # a bench started with a spans folder
         return read_node_spans(self.spans_dir)
 
@@ -277,7 +277,7 @@ class Bench:
 
 
 def bottleneck_and_capacity(args, work: Path, regimes: list[str]) -> dict:
-    from cis.bundle import load_bundle
+    from cis.core.bundle import load_bundle
 
     bdir = wide_cloud_bundle(work, args.cifar)
     bundle = load_bundle(bdir)
@@ -364,7 +364,7 @@ def bottleneck_points(args, bench: Bench, bundle, mus: tuple[float, float], cal,
 
 def capacity_check(args, work: Path, bdir: Path, bench: Bench, mu: float, cal, profile) -> dict:
     """The CLI's capacity search with the calibration's files, then the runtime at and above the rate it names."""
-    from cis.spec import write_spec
+    from cis.core.spec import write_spec
 
     spec_file = work / "capacity.toml"
     write_spec(bench.spec, spec_file)  # arrivals at the twin's capacity: factors are utilisations
@@ -382,7 +382,7 @@ def capacity_check(args, work: Path, bdir: Path, bench: Bench, mu: float, cal, p
            "--latency-profile", str(work / "latency.json"), "--visit-cost", str(work / "visits.txt"),
            "--visit-overhead", f"{cal['visit_overhead_s']:.6g}", "--loopback", "--max-batch", "32",
            "--threshold", "inf", "--jobs", "2", "--json", *entry]
-    done = subprocess.run([sys.executable, "-m", "cis.cli", *cmd], capture_output=True, text=True, check=True)
+    done = subprocess.run([sys.executable, "-m", "cis.cli.main", *cmd], capture_output=True, text=True, check=True)
     sweep = json.loads(done.stdout)
     if sweep["capacity"] is None:
         return {"command": " ".join(cmd), "sweep": sweep, "met": False, "why": "no load met the target"}
@@ -412,8 +412,8 @@ def capacity_check(args, work: Path, bdir: Path, bench: Bench, mu: float, cal, p
 def testbed_spec(bandwidth: float | None, rate: float):
     """paper-7 with arrivals at the devices, no transfer caps (everything goes to the cloud); its own links, or
     every link at ``bandwidth`` bytes/s (latency as the spec's)."""
-    from cis.spec import Link, Node
-    from cis.topologies import make_spec
+    from cis.core.spec import Link, Node
+    from cis.core.topologies import make_spec
 
     spec = make_spec("paper-7", "0-0-100", total_rate=rate)
     return spec.replace_nodes(
@@ -425,7 +425,7 @@ def testbed_spec(bandwidth: float | None, rate: float):
 
 def sim_links_spec(spec, emulated_latency: bool):
     """The links the testbed really has: without netem, no propagation latency."""
-    from cis.spec import Link, Node
+    from cis.core.spec import Link, Node
 
     if emulated_latency:
         return spec
@@ -442,7 +442,7 @@ def colocated_spec(rate: float):
     (an edge server hosting device gateways), the cloud on the other."""
     from dataclasses import replace as with_
 
-    from cis.spec import Host, validate
+    from cis.core.spec import Host, validate
 
     spec = testbed_spec(None, rate)
     nodes = tuple(with_(n, host="cloudbox" if n.parent is None else "edgebox") for n in spec.nodes)
@@ -454,9 +454,9 @@ class Bed:
     writing spans to ``spans_dir``, calibrated once at a light load (10 requests/s) on unshaped links."""
 
     def __init__(self, args, work: Path, dtype: str, spec, spans_dir: Path):
-        from cis.bundle import load_bundle
-        from cis.spec import write_spec
-        from cis.testbed.bed import start
+        from cis.core.bundle import load_bundle
+        from cis.core.spec import write_spec
+        from cis.runtime.testbed.bed import start
 
         self.args, self.spec, self.spans_dir, self.x = args, spec, spans_dir, testbed_inputs()
         self.bdir = digits_bundle(work, dtype)
@@ -493,7 +493,7 @@ class Bed:
 
 
 def testbed_regimes(args, work: Path, regimes: list[str]) -> dict:
-    from cis.testbed import net
+    from cis.runtime.testbed import net
 
     out: dict = {}
     dtypes = ("fp32", "int8") if "links" in regimes else ("fp32",) if "partition" in regimes else ()
@@ -576,7 +576,7 @@ def links_points(args, bed, bundle, spec, x, cal, profile) -> dict:
 
 
 def partition_runs(args, bed, bundle, spec, x, cal, profile) -> dict:
-    from cis.faults import Fault
+    from cis.core.faults import Fault
 
     for child in bed.plan.links:  # paper-7's own links
         bed.set_bandwidth(child, spec.node(child).link.bandwidth)

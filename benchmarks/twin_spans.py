@@ -5,7 +5,7 @@
     python benchmarks/twin_spans.py --quick                            # smoke run: short loads, 1 twin seed
 
 Each case runs a real cluster whose nodes write their spans (queue, compute, forward, request: ``cis serve
---spans-file``, docs/runtime.md *Tracing*; sim/spans.py reads them), calibrates the twin
+--spans-file``, docs/runtime.md *Tracing*; cis/sim/spans.py reads them), calibrates the twin
 once at a light load exactly as benchmarks/twin_hard.py does, then sends loads; the twin replays each load
 (at the same entry nodes, at the times they admitted the requests, so that the load generator's own delays are
 kept (``--intended-times``: at the times it meant to send them), the same samples, so the same exits:
@@ -86,8 +86,8 @@ LEVELS = (0.5, 0.8, 0.9)
 
 def twin_replay(spec, config, bundle, profile, load: dict, work: Path, seeds: int, name: str) -> tuple[dict, dict]:
     """The twin on the load's own arrivals, entries and samples: its request log and span columns, pooled."""
-    from sim import simulate
-    from sim.spans import span_columns, span_records
+    from cis.sim import simulate
+    from cis.sim.spans import span_columns, span_records
 
     trace = work / f"trace-{name}.csv"
     rows = replay_files(trace, load["times"], load["entries"], profile.samples)
@@ -195,7 +195,7 @@ def testbed_case(args, work: Path, name: str, spec, bandwidth: float | None) -> 
 
 
 def testbed_runtime(args, work: Path, name: str, spec, bandwidth: float | None, spans_dir: Path) -> None:
-    from cis.spec import spec_to_dict
+    from cis.core.spec import spec_to_dict
 
     rate = sum(n.arrival_rate for n in spec.nodes)
     bed = Bed(args, work, "fp32", spec, spans_dir)
@@ -222,7 +222,7 @@ def testbed_runtime(args, work: Path, name: str, spec, bandwidth: float | None, 
 def testbed_twin(case: dict, load: dict):
     """The case's spec on the links the testbed had (no propagation latency without netem) and the twin's
     config: TCP segments and tbf's burst on every link."""
-    from cis.spec import parse_spec
+    from cis.core.spec import parse_spec
 
     spec = sim_links_spec(parse_spec(case["spec"], "case.json"), case["netem"])
     config = twin_config(case["calibration"], case["profile"], duration=1.0, wire="tcp", link_burst=1600.0,
@@ -238,8 +238,8 @@ def loopback_twin(case: dict, load: dict):
 
 def replay_case(args, work: Path, spans_dir: Path, name: str, twin_of) -> dict:
     """Compare a case's runtime spans (``spans_dir``) with the twin replaying each of its loads."""
-    from cis.bundle import load_bundle
-    from sim.spans import read_spans
+    from cis.core.bundle import load_bundle
+    from cis.sim.spans import read_spans
 
     case = json.loads((spans_dir / "case.json").read_text())
     case["profile"] = {int(k): {int(b): t for b, t in v.items()} for k, v in case["profile"].items()}

@@ -1,9 +1,11 @@
 """The public model path costs nothing: speed, graphs and memory (issue 32, "Speed and memory").
 
 1. **Speed**: the built-in ResNet-18 built through the public path (this checkout: ``--method cis`` ->
-   ``training.reference.build_model`` -> the ``training.architectures:resnet18`` factory) against the old path
+   ``cis.training.models.model_ref.build_model`` -> the ``cis.training.architectures:resnet18`` factory) against
+   the old path
    (a ``git archive`` of ``--baseline-ref``, default the merge-base with main: the registry's builder bounce ->
-   ``training.architectures.build_model``), the same ``training.local.ExitSGDTrainer`` steps on CIFAR-shaped
+   ``cis.training.architectures.build_model``), the same ``cis.training.local.ExitSGDTrainer`` steps on
+   CIFAR-shaped
    synthetic data. Each side runs in its own process (the baseline with ``PYTHONPATH`` on the archive), the
    two alternating, ``--repeats`` timed blocks each; images/s is the median. Target: within 2 %.
 2. **Graphs**: the same model (seed 0) cut and exported per stage on both sides (torchscript, opset 17); the
@@ -13,7 +15,7 @@
    aggregation) against a plain PyTorch loop over the same model (the same (exit, batch) steps on one model
    with one optimizer, no federation). Peak RSS above the process's RSS after imports and data, each in a
    fresh process. Target: within 1.2x. Models: ``cnn`` (activations dominate) and, with torchvision,
-   ``resnet18`` cut with :func:`training.backbone.with_exits` (weights dominate: the engine's global state,
+   ``resnet18`` cut with :func:`cis.training.models.backbone.with_exits` (weights dominate: the engine's global state,
    accumulator and one momentum buffer per node show).
 
     python benchmarks/your_model_speed.py [--quick] [--repeats 5] [--baseline-ref main] [--threads 2]
@@ -56,7 +58,7 @@ def make(num_classes, input_shape, width=32):
             (block(2 * w, 4 * w, 2), head(4 * w, num_classes))]
 '''
 RESNET = '''
-from training.backbone import torchvision_model, with_exits
+from cis.training.models.backbone import torchvision_model, with_exits
 
 
 def make(num_classes, input_shape):
@@ -81,9 +83,9 @@ def _builtin_resnet(width: float):
     import numpy as np
     import torch
 
-    from training.builders import method_model
-    from training.config import make_config
-    from training.data import Dataset
+    from cis.training.builders import method_model
+    from cis.training.config import make_config
+    from cis.training.data.loading import Dataset
 
     x, y = _synthetic(64)
     train = Dataset(x.numpy(), y.numpy().astype(np.int64), [str(c) for c in range(10)], [0.0] * 3, [1.0] * 3,
@@ -96,8 +98,8 @@ def _builtin_resnet(width: float):
 def worker_speed(a: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from training.engine import derived_generator
-    from training.local import Client, ExitSGDTrainer
+    from cis.training.federated import derived_generator
+    from cis.training.local import Client, ExitSGDTrainer
 
     torch.set_num_threads(a.threads)
     model = _builtin_resnet(a.width)
@@ -113,16 +115,16 @@ def worker_speed(a: argparse.Namespace) -> dict[str, Any]:
         trainer.train(model, client, 3, r + 2, derived_generator(0, r + 2))
         rates.append(a.steps * a.batch / (time.perf_counter() - t))
         cpu_rates.append(a.steps * a.batch / (time.process_time() - c))
-    import training
+    import cis
 
-    return {"images_per_s": rates, "images_per_cpu_s": cpu_rates, "code": str(Path(training.__file__).parent.parent)}
+    return {"images_per_s": rates, "images_per_cpu_s": cpu_rates, "code": str(Path(cis.__file__).parent.parent)}
 
 
 def worker_graphs(a: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    from export.onnx_export import export_stage
-    from training.stage_plan import describe_stages, run_plan
+    from cis.exporter.onnx_export import export_stage
+    from cis.training.models.stage_plan import describe_stages, run_plan
 
     torch.set_num_threads(a.threads)
     plan = describe_stages(_builtin_resnet(a.width))
@@ -151,13 +153,13 @@ def worker_memory(a: argparse.Namespace) -> dict[str, Any]:
     import torch
     import torch.nn.functional as F
 
-    from cis.topologies import make_spec
-    from training.config import make_config
-    from training.data import Dataset, DataSplits
-    from training.engine import derived_generator
-    from training.local import batch_indices
-    from training.partition import partition
-    from training.run import build_setup
+    from cis.core.topologies import make_spec
+    from cis.training.config import make_config
+    from cis.training.data.loading import Dataset, DataSplits
+    from cis.training.data.partition import partition
+    from cis.training.federated import derived_generator
+    from cis.training.local import batch_indices
+    from cis.training.run import build_setup
 
     torch.set_num_threads(a.threads)
     x, y = _synthetic(a.samples)
@@ -310,7 +312,7 @@ def main() -> None:
         for name in a.models.split(","):
             if name == "resnet18":
                 try:
-                    from training.vision import import_torchvision
+                    from cis.training.models.vision import import_torchvision
 
                     import_torchvision()
                 except ModuleNotFoundError:
@@ -341,7 +343,7 @@ def report(r: dict[str, Any]) -> str:
         "| path | median images/s | median images per CPU second | blocks |", "|---|---|---|---|",
         *[f"| {label} | {s['median'][side]['images_per_s']:.1f} | {s['median'][side]['images_per_cpu_s']:.1f} | "
           f"{len(s['runs'][side]['images_per_s'])} |" for side, label in (
-              ("public", "public (training.reference -> training.architectures:resnet18)"),
+              ("public", "public (cis.training.models.model_ref -> cis.training.architectures:resnet18)"),
               ("old", "old (registry bounce -> architectures.build_model)"))], "",
         f"Ratio {s['ratio']:.4f} (wall): {'within' if s['within_2_percent'] else 'NOT within'} 2 %; per CPU second "
         f"{s['cpu_ratio']:.4f} (less sensitive to a shared machine's load).", "",

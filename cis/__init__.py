@@ -5,7 +5,9 @@ exit policy, the bundle format, the ZeroMQ runtime, the CLI) and never imports
 torch, so an edge node can run it with numpy, pyzmq and onnxruntime only.
 """
 
-__version__ = "0.1.0"
+from cis.core.version import __version__
+
+__all__ = ["Client", "__version__"]
 
 
 def __getattr__(name: str):

@@ -28,7 +28,7 @@ python3 -m pytest -q -rs -m gpu tests/test_device.py tests/test_export.py tests/
 python3 -m pytest -q -rs tests/test_device.py -m "not gpu" 2>&1 | tail -3 | tee -a "$out/gpu-tests.log"
 # the same short digits run on the CPU and on the GPU: seconds per round from metrics.jsonl
 for device in cpu cuda; do
-    python3 -m cis.cli train --device "$device" --rounds 5 --out "$out/run-$device" --no-progress --json > "$out/train-$device.json"
+    python3 -m cis.cli.main train --device "$device" --rounds 5 --out "$out/run-$device" --no-progress --json > "$out/train-$device.json"
 done
 python3 - "$out" <<'EOF' | tee "$out/train-seconds.txt"
 import json, sys

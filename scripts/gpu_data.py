@@ -3,7 +3,7 @@
     python scripts/gpu_data.py pack CIFAR_DIR .gpu [--train-per-class 2100] [--test-per-class 300]
     python3 scripts/gpu_data.py unpack .gpu /tmp/cifar-gpu      # on the GPU machine: cifar-10-batches-py/
 
-``pack`` reads CIFAR-10 in any layout cis reads (training/data.py), picks a class-balanced subset
+``pack`` reads CIFAR-10 in any layout cis reads (cis/training/data/loading.py), picks a class-balanced subset
 with a fixed seed, and writes it as HWC uint8 compressed with xz and a delta filter (about 0.54 of
 the raw bytes; 24,000 images take 44 MB); ``unpack`` needs only numpy and writes the python-pickle
 layout that ``cifar10:PATH`` reads. benchmarks/results/gpu_check.md used 2,100 training and 300
@@ -24,7 +24,7 @@ FILTERS = [{"id": lzma.FILTER_DELTA, "dist": 3}, {"id": lzma.FILTER_LZMA2, "pres
 
 
 def pack(src: Path, dst: Path, train_per_class: int, test_per_class: int, seed: int = 0) -> None:
-    from training.data import load_dataset  # the project's reader, on the machine that has the data
+    from cis.training.data.loading import load_dataset  # the project's reader, on the machine that has the data
 
     splits = load_dataset(f"cifar10:{src}", seed=0, val_size=0)
     rng = np.random.default_rng(seed)

@@ -2,7 +2,7 @@
 # Issue 22, item 6: the 5-15-80 cell at the larger scale on a lent GPU, beside issue 17's 80-15-5 cell
 # (benchmarks/results/table1_large: width 0.25, 100 rounds, 20,000 training and 1,000 validation images of the
 # carried CIFAR-10 subset, tested on its 3,000 test images, 3 seeds). Equal's runs there already hold every
-# serving setting, and auto at 5-15-80 is flops (training/aggregation/weights.py: auto_choice), so this trains
+# serving setting, and auto at 5-15-80 is flops (cis/training/aggregation/weights.py: auto_choice), so this trains
 # flops, serving-rate and balanced-adj: 9 runs, PROCS processes sharing the GPU through the campaign's lock files.
 #
 # First the cost of one run at the paper's width (1.0), 3 rounds of benchmarks/train_device_speed.py: what a

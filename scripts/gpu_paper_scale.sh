@@ -87,9 +87,9 @@ setup() {
         [ -f .gpu/cifar10-jpeg.zip ] || { say "no data: carry .gpu/cifar10-jpeg.zip (see the header)"; exit 2; }
         python3 -m zipfile -e .gpu/cifar10-jpeg.zip "$data"
     fi
-    # decode the images once (training/data.py caches them) and say what the split holds
+    # decode the images once (cis/training/data/loading.py caches them) and say what the split holds
     timeout "$(( $(left) > 120 ? 120 : $(left) ))" python3 -c "
-from training.data import load_dataset
+from cis.training.data.loading import load_dataset
 s = load_dataset('cifar10:$data', seed=1, val_size=$val)
 print('CIFAR-10 at $data:', len(s.train), 'training,', len(s.val), 'validation,', len(s.test), 'test images')
 " 2>&1 | tee -a "$log"
@@ -165,9 +165,9 @@ train() {  # $1: new | resume
     say "training $strategies side by side for at most $budget s ($1)"
     for s in $strategies; do
         if [ "$1" = resume ] && [ -f "$work/runs/$s/config.json" ]; then
-            timeout "$budget" python3 -m cis.cli train --out "$work/runs/$s" --resume --no-progress > "$work/train-$s.log" 2>&1 &
+            timeout "$budget" python3 -m cis.cli.main train --out "$work/runs/$s" --resume --no-progress > "$work/train-$s.log" 2>&1 &
         elif [ "$1" = new ]; then
-            timeout "$budget" python3 -m cis.cli train --config "$work/paper.json" --strategy "$s" --out "$work/runs/$s" \
+            timeout "$budget" python3 -m cis.cli.main train --config "$work/paper.json" --strategy "$s" --out "$work/runs/$s" \
                 --no-progress > "$work/train-$s.log" 2>&1 &
         fi
     done

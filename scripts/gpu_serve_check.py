@@ -29,7 +29,7 @@ NODE = "cloud"  # the root of the demo's paper-7 spec: exit 3, every stage
 
 
 def cis(*args: str) -> list[str]:
-    return [sys.executable, "-m", "cis.cli", *args]
+    return [sys.executable, "-m", "cis.cli.main", *args]
 
 
 def start_line(proc: subprocess.Popen, timeout: float = 180) -> dict:
@@ -87,8 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     import onnxruntime as ort
 
-    from cis.bundle import load_bundle
-    from export.fixture_bundle import make_demo_bundle
+    from cis.core.bundle import load_bundle
+    from cis.exporter.fixture_bundle import make_demo_bundle
 
     summary: dict = {"onnxruntime": ort.__version__, "providers": ort.get_available_providers()}
     try:

@@ -23,7 +23,7 @@ for peer in kserve mlserver; do
         extra=""; [ "$peer" = mlserver ] && extra="uvloop<0.22"
         ".venv-$peer/bin/pip" install -q "$peer" onnxruntime $extra
         ".venv-$peer/bin/pip" install -q -e .   # cis's core: the bundle reader and the stage runner
-        ".venv-$peer/bin/python" -c "import $peer, onnxruntime, cis.stages; print('$peer', $peer.__version__ if hasattr($peer, '__version__') else '')"
+        ".venv-$peer/bin/python" -c "import $peer, onnxruntime, cis.core.stages.runner; print('$peer', $peer.__version__ if hasattr($peer, '__version__') else '')"
     fi
 done
 echo "peers_setup: ready (python benchmarks/peers.py --quick to smoke)"

@@ -11,7 +11,7 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q -e ".[all]" 2>&1 | grep -v '^WARNING: Location' || true
 .venv/bin/python -c "import torch, onnx, sklearn, PIL, flwr, onnxruntime, zmq, simpy, cis" # fail loudly if the install is incomplete
 # requires-python is >= 3.10: nothing in the packages may need a newer Python (tomllib has a tomli fallback)
-.venv/bin/vermin --target=3.10- --violations --eval-annotations --no-tips -q cis training export sim
+.venv/bin/vermin --target=3.10- --violations --eval-annotations --no-tips -q cis
 # the layout's rules: lint (pyproject [tool.ruff]) and the import contracts (pyproject [tool.importlinter])
 .venv/bin/ruff check --quiet .
 .venv/bin/lint-imports --no-cache >/dev/null || { .venv/bin/lint-imports --no-cache; exit 1; }

@@ -16,8 +16,8 @@ import time
 
 
 def cis_argv(*args) -> list[str]:
-    """``python -m cis.cli ARGS`` with this interpreter (the arguments as strings)."""
-    return [sys.executable, "-m", "cis.cli", *map(str, args)]
+    """``python -m cis.cli.main ARGS`` with this interpreter (the arguments as strings)."""
+    return [sys.executable, "-m", "cis.cli.main", *map(str, args)]
 
 
 def start(*args, **popen) -> subprocess.Popen:

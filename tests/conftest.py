@@ -21,7 +21,7 @@ class CliResult:
 @pytest.fixture
 def run_cli(capsys):
     """Run the ``cis`` CLI in-process: ``run_cli("rates", path, "--json")``."""
-    from cis.cli import main
+    from cis.cli.main import main
 
     def run(*argv: str) -> CliResult:
         try:

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from cis.errors import CisError
-from training.aggregation.line12 import (
+from cis.core.errors import CisError
+from cis.training.aggregation.line12 import (
     accumulate,
     aggregate,
     apply_update,
@@ -16,8 +16,8 @@ from training.aggregation.line12 import (
     round_coefficients,
     zeros_like_state,
 )
-from training.local import exit_steps
-from training.sampling import exit_data_sizes, sample_exits, sampling_matrix
+from cis.training.local import exit_steps
+from cis.training.sampling import exit_data_sizes, sample_exits, sampling_matrix
 
 
 def state(w, rv, nbt=0):

@@ -2,27 +2,27 @@
 
 The reference is arodio/FedCIS, trainingtopologies/custom_training_topology.py (``aggregate``,
 ``sample``, the end of ``load_nodes_states``) and utils/utils.py (the p argument); the
-expressions below are theirs, written out independently of training/.
+expressions below are theirs, written out independently of cis/training/.
 """
 
 import numpy as np
 import pytest
 import torch
 
-from cis.errors import CisError
-from cis.rates import compute_rates
-from cis.topologies import make_spec
-from training.aggregation.aggregators import AuthorsCodeAggregator, CisAggregator
-from training.aggregation.line12 import aliased_totals, aliased_update, pair_coefficient
-from training.aggregation.weights import APPENDIX_C_SIGMA, authors_balanced_weights, make_weights
-from training.config import make_config
-from training.families.algorithm1 import root_index
-from training.local import Client
-from training.models import CIFAR10_EXITS, CIFAR100_EXITS, ResNet18EE
-from training.run import appendix_c_sigma
-from training.sampling import exit_data_sizes, sampling_matrix
+from cis.core.errors import CisError
+from cis.core.rates import compute_rates
+from cis.core.topologies import make_spec
+from cis.training.aggregation.aggregators import AuthorsCodeAggregator, CisAggregator
+from cis.training.aggregation.line12 import aliased_totals, aliased_update, pair_coefficient
+from cis.training.aggregation.weights import APPENDIX_C_SIGMA, authors_balanced_weights, make_weights
+from cis.training.config import make_config
+from cis.training.families.algorithm1 import root_index
+from cis.training.local import Client
+from cis.training.models.cnns import CIFAR10_EXITS, CIFAR100_EXITS, ResNet18EE
+from cis.training.run import appendix_c_sigma
+from cis.training.sampling import exit_data_sizes, sampling_matrix
 
-PAPER7_EXITS = [3, 2, 2, 1, 1, 1, 1]  # cloud, edge0, edge1, device0..3 (cis.topologies order)
+PAPER7_EXITS = [3, 2, 2, 1, 1, 1, 1]  # cloud, edge0, edge1, device0..3 (cis.core.topologies order)
 SIZES = [770, 100, 99, 8, 8, 8, 7]  # highly biased: the root holds 77 %
 
 
@@ -182,7 +182,7 @@ def test_root_index_is_the_node_without_a_parent():
 
 
 def test_a_real_round_is_the_aliased_update_of_its_local_models():
-    from training.run import build_setup
+    from cis.training.run import build_setup
 
     s = build_setup(make_config(overrides={"algorithm": "authors-code", "p": 0.2, "rounds": 2, "seed": 3}))
     agg = s.engine.aggregator
@@ -248,7 +248,7 @@ def test_released_rule_drops_every_non_root_head_update(rule):
 
 @pytest.mark.parametrize("rule", ["applied", "released-code"])
 def test_a_real_round_at_p0_moves_the_lower_heads_only_when_applied(rule):
-    from training.run import build_setup
+    from cis.training.run import build_setup
 
     s = build_setup(make_config(overrides={"algorithm": "authors-code", "head_update": rule, "rounds": 2, "seed": 3}))
     start = clone(s.engine.global_state)

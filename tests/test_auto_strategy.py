@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from training.aggregation.weights import auto_choice, make_weights
+from cis.training.aggregation.weights import auto_choice, make_weights
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 TRAIN = ["--dataset", "digits", "--rounds", "4", "--no-progress", "--json"]

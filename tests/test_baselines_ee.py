@@ -1,20 +1,15 @@
 import pytest
 import torch
 
-from training.aggregation.averages import block_deltas_distilled, masked_average
-from training.architectures import build_model
-from training.engine import FederatedEngine
-from training.families.early_exit import build_method, method_model_config
-from training.local import Client
-from training.methods import distill
-from training.methods.baselines import (
-    BudgetChooser,
-    round_robin_budgets,
-    scalefl_widths,
-    width_holds,
-)
-from training.methods.registry import EARLY_EXIT_METHODS, method_options
-from training.methods.vit import ViTEE
+from cis.training.aggregation.averages import block_deltas_distilled, masked_average
+from cis.training.architectures import build_model
+from cis.training.families.early_exit import build_method, method_model_config
+from cis.training.federated import FederatedEngine
+from cis.training.local import Client
+from cis.training.methods import distill
+from cis.training.methods.baselines import BudgetChooser, round_robin_budgets, scalefl_widths, width_holds
+from cis.training.methods.registry import EARLY_EXIT_METHODS, method_options
+from cis.training.methods.vit import ViTEE
 
 
 def test_round_robin_budgets_and_exclusive_chooser():

@@ -1,7 +1,7 @@
 """The bundle format and the onnxruntime stage runner, without torch.
 
 A two-stage bundle is built by hand from tiny ONNX graphs (onnx.helper), so
-these tests exercise cis/bundle.py and cis/stages.py exactly as a node that has
+these tests exercise cis/core/bundle.py and cis/core/stages/runner.py exactly as a node that has
 no torch installed does.
 """
 
@@ -16,11 +16,11 @@ import pytest
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from cis.bundle import BundleError, StageInfo, TensorInfo, load_bundle, write_manifest, write_profiles  # noqa: E402
-from cis.policy import ExitPolicy  # noqa: E402
-from cis.spec import spec_to_dict  # noqa: E402
-from cis.stages import StageRunner, run_chain, run_stages  # noqa: E402
-from cis.topologies import make_spec  # noqa: E402
+from cis.core.bundle import BundleError, StageInfo, TensorInfo, load_bundle, write_manifest, write_profiles  # noqa: E402
+from cis.core.policy.exit_policy import ExitPolicy  # noqa: E402
+from cis.core.spec import spec_to_dict  # noqa: E402
+from cis.core.stages.runner import StageRunner, run_chain, run_stages  # noqa: E402
+from cis.core.topologies import make_spec  # noqa: E402
 
 D, C = 6, 3
 

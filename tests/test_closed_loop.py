@@ -16,10 +16,10 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("onnx")
 
-from cis.measured import read_requests_file  # noqa: E402
-from cis.rates import compute_rates  # noqa: E402
-from cis.spec import load_spec, write_spec  # noqa: E402
-from cis.topologies import make_spec  # noqa: E402
+from cis.core.rates import compute_rates  # noqa: E402
+from cis.core.spec import load_spec, write_spec  # noqa: E402
+from cis.core.topologies import make_spec  # noqa: E402
+from cis.runtime.measure import read_requests_file  # noqa: E402
 
 SHIFTED = ("device0", "device1")
 
@@ -27,11 +27,11 @@ SHIFTED = ("device0", "device1")
 @pytest.fixture(scope="module")
 def loop(tmp_path_factory, one_torch_thread_module):
     """A 2-round digits run for paper-7 80-15-5, its bundle, and a requests file of the shifted load."""
-    from cis.cli import main
-    from export.bundle_writer import export_bundle
-    from sim.config import SimConfig
-    from sim.output import write_outputs
-    from sim.simulation import simulate
+    from cis.cli.main import main
+    from cis.exporter.bundle_writer import export_bundle
+    from cis.sim.config import SimConfig
+    from cis.sim.output import write_outputs
+    from cis.sim.simulation import simulate
 
     tmp = tmp_path_factory.mktemp("loop")
     design = make_spec("paper-7", "80-15-5", total_rate=40.0)
@@ -43,7 +43,7 @@ def loop(tmp_path_factory, one_torch_thread_module):
         replace(n, arrival_rate=3 * n.arrival_rate) if n.id in SHIFTED else n for n in design.nodes
     )
     write_spec(shifted, tmp / "shifted.toml")
-    from cis.bundle import load_bundle
+    from cis.core.bundle import load_bundle
 
     res = simulate(shifted, SimConfig(requests=3000, seed=1), load_bundle(tmp / "bundle"))
     write_outputs(tmp / "sim", res.summary, res.requests)

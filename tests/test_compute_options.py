@@ -1,4 +1,4 @@
-"""The GPU speed settings of a run (training/device.py, training/graphs.py): ``memory_format`` channels_last
+"""The GPU speed settings of a run (cis/training/device.py, cis/training/graphs.py): ``memory_format`` channels_last
 and ``cuda_graphs`` on change how a run computes, not what. On the CPU channels_last runs as is, and the
 graph plumbing runs with a stand-in for torch's capture; the ``gpu`` test captures real CUDA graphs."""
 
@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from cis.errors import CisError
-from training.config import make_config
-from training.graphs import ExitLoss, GraphedExitLoss
-from training.run import build_setup
+from cis.core.errors import CisError
+from cis.training.config import make_config
+from cis.training.graphs import ExitLoss, GraphedExitLoss
+from cis.training.run import build_setup
 
 SHORT = {"rounds": 2, "local_steps": 4, "seed": 5, "threads": 1, "augment": True, "p": 0.3}
 

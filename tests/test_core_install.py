@@ -1,6 +1,6 @@
 """The core install: every core command runs with torch, scikit-learn, onnx and pillow absent.
 
-Each command runs as ``python -m cis.cli ...`` in a fresh process (and ``cis serve --all``
+Each command runs as ``python -m cis.cli.main ...`` in a fresh process (and ``cis serve --all``
 starts its node processes) with a ``sitecustomize`` on PYTHONPATH that makes the
 optional packages unimportable, as on a ``pip install cis`` tier, and logs every
 attempt to import one. The core commands must succeed and never even try torch,
@@ -91,7 +91,7 @@ def core(tmp_path_factory):
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
     """A paper-7 digits bundle exported with the full install (as on the machine that trains)."""
-    from export.fixture_bundle import make_demo_bundle
+    from cis.exporter.fixture_bundle import make_demo_bundle
 
     return make_demo_bundle(tmp_path_factory.mktemp("core-bundle"), steps=150)
 
@@ -100,7 +100,7 @@ def bundle(tmp_path_factory):
 def digits_files(tmp_path_factory):
     """The digits test split as a .npz of model inputs and as a PNG folder per class (pixels)."""
     Image = pytest.importorskip("PIL.Image")
-    from training.data import load_dataset
+    from cis.training.data.loading import load_dataset
 
     root = tmp_path_factory.mktemp("core-data")
     test = load_dataset("digits", seed=0).test
@@ -218,7 +218,8 @@ def test_commands_that_need_an_extra_say_which(core, argv, extra):
     assert res.returncode == 2
     lines = res.stderr.strip().splitlines()
     assert len(lines) == 1, res.stderr
-    assert lines[0].startswith(f"cis {argv[0]}: needs the '{extra}' extra: pip install 'cis[{extra}]'"), lines[0]
+    want = f"cis {argv[0]}: needs the '{extra}' extra: pip install 'cis-inference[{extra}]'"
+    assert lines[0].startswith(want), lines[0]
 
 
 def test_infer_messages_without_pillow_or_the_train_extra(core, bundle, digits_files, tmp_path):
@@ -226,7 +227,7 @@ def test_infer_messages_without_pillow_or_the_train_extra(core, bundle, digits_f
     assert res.returncode == 2
     assert (
         res.stderr.strip()
-        == "cis infer: --dataset digits needs the 'train' extra: pip install 'cis[train]' "
+        == "cis infer: --dataset digits needs the 'train' extra: pip install 'cis-inference[train]' "
         "(not installed: torch, sklearn, PIL)"
     )
     (tmp_path / "jpg").mkdir()
@@ -242,18 +243,19 @@ def test_infer_messages_without_pillow_or_the_train_extra(core, bundle, digits_f
 
 
 def test_tomli_fallback_reads_specs_and_configs_where_tomllib_is_missing(core, tmp_path):
-    """Python 3.10 has no tomllib: cis.spec and training.config fall back to tomli (the test extra installs it)."""
+    """Python 3.10 has no tomllib: cis.core.spec and cis.training.config fall back to tomli (the test extra
+    installs it)."""
     pytest.importorskip("tomli")
     (tmp_path / "cfg.toml").write_text("rounds = 3\nseed = 7\n")
     code = (
         "import sys\n"
-        "from cis.spec import load_spec, write_spec\n"
-        "from cis.topologies import make_spec\n"
-        "import cis.spec, training.config\n"
-        "assert cis.spec.tomllib.__name__ == 'tomli' and training.config.tomllib.__name__ == 'tomli'\n"
+        "from cis.core.spec import load_spec, write_spec\n"
+        "from cis.core.topologies import make_spec\n"
+        "import cis.core.spec, cis.training.config\n"
+        "assert cis.core.spec.tomllib.__name__ == 'tomli' and cis.training.config.tomllib.__name__ == 'tomli'\n"
         f"write_spec(make_spec('paper-7', '60-30-10'), {str(tmp_path / 's.toml')!r})\n"
         f"assert len(load_spec({str(tmp_path / 's.toml')!r}).nodes) == 7\n"
-        f"assert training.config.read_config_file({str(tmp_path / 'cfg.toml')!r}) == {{'rounds': 3, 'seed': 7}}\n"
+        f"assert cis.training.config.read_config_file({str(tmp_path / 'cfg.toml')!r}) == {{'rounds': 3, 'seed': 7}}\n"
     )
     env = {**core.env, "CIS_TEST_BLOCK": "tomllib", "CIS_TEST_IMPORT_LOG": str(tmp_path / "log")}
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
@@ -268,7 +270,7 @@ def test_metrics_port_without_prometheus_client_is_one_line(core, bundle):
     res = subprocess.run(argv, env=env, cwd=core.cwd, capture_output=True, text=True, timeout=60)
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
-        "cis serve: --metrics-port needs the 'metrics' extra: pip install 'cis[metrics]' "
+        "cis serve: --metrics-port needs the 'metrics' extra: pip install 'cis-inference[metrics]' "
         "(not installed: prometheus_client)"
     ]
 
@@ -280,5 +282,6 @@ def test_front_doors_without_their_extra_are_one_line(core, bundle, door, module
     res = core.run(*argv)
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
-        f"cis serve: --{door}-port needs the '{door}' extra: pip install 'cis[{door}]' (not installed: {module})"
+        f"cis serve: --{door}-port needs the '{door}' extra: pip install 'cis-inference[{door}]' "
+        f"(not installed: {module})"
     ]

@@ -6,8 +6,8 @@ import pytest
 import torch
 from PIL import Image
 
-from cis.errors import CisError
-from training.data import CIFAR10_MEAN, CIFAR10_STD, augment_batch, augment_options, load_dataset
+from cis.core.errors import CisError
+from cis.training.data.loading import CIFAR10_MEAN, CIFAR10_STD, augment_batch, augment_options, load_dataset
 
 
 @pytest.fixture(autouse=True)

@@ -14,9 +14,9 @@ import sys
 import numpy as np
 import pytest
 
-from cis.app.compare import agreement, max_gap, value_gap
-from cis.cli import main
-from cis.metrics import latency_summary
+from cis.cli.main import main
+from cis.cli.reports.compare import agreement, max_gap, value_gap
+from cis.core.records import latency_summary
 
 pytest.importorskip("torch")
 pytest.importorskip("simpy")
@@ -26,7 +26,7 @@ pytest.importorskip("simpy")
 def demo(tmp_path_factory):
     out = tmp_path_factory.mktemp("demo") / "d"
     proc = subprocess.run(
-        [sys.executable, "-m", "cis.cli", "demo", "--quick", "--out", str(out), "--json"],
+        [sys.executable, "-m", "cis.cli.main", "demo", "--quick", "--out", str(out), "--json"],
         capture_output=True,
         text=True,
         timeout=240,
@@ -129,9 +129,9 @@ def test_comparison_math():
 
 
 def test_visit_costs_spread_the_latency_beyond_the_stages_over_the_nodes_visited():
-    from cis.app.calibration import visit_costs
+    from cis.core.topologies import make_spec
     from cis.runtime.client import Result, ServerError
-    from cis.topologies import make_spec
+    from cis.sim.calibration import visit_costs
 
     spec = make_spec("paper-7", "60-30-10")
     leaf = spec.leaves[0].id

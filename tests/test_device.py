@@ -1,4 +1,4 @@
-"""``cis train --device auto|cpu|cuda`` and ``--amp bf16`` (training/device.py).
+"""``cis train --device auto|cpu|cuda`` and ``--amp bf16`` (cis/training/device.py).
 
 On the CPU a run is the computation of before devices existed: the numbers pinned
 below are what commit 0a7dc08 (the code before ``--device``) wrote. ``auto`` is the
@@ -164,7 +164,7 @@ def test_cuda_run_trains_the_same_model_on_the_gpu(tmp_path, run_cli):
         assert rnd == p_rnd and set(loss) == set(p_loss) and set(acc) == set(p_acc) and 0 <= cis <= 1
         assert all(math.isfinite(v) for v in loss.values())
     assert got[0][1] == pytest.approx(PINNED["default"][0][1], rel=0.05)  # round 1: same data, other kernels (TF32)
-    from training.checkpoint import load_checkpoint
+    from cis.training.checkpoint import load_checkpoint
 
     model, _, _ = load_checkpoint(tmp_path / "gpu")
     assert next(model.parameters()).device.type == "cpu"
@@ -222,9 +222,9 @@ def test_flower_trains_on_cuda(tmp_path, run_cli):
 def test_predict_exits_on_cuda_matches_the_cpu():
     import numpy as np
 
-    from training.architectures import build_model
-    from training.evaluate import predict_exits
-    from training.models import default_model_config
+    from cis.training.architectures import build_model
+    from cis.training.evaluate import predict_exits
+    from cis.training.models.cnns import default_model_config
 
     torch.manual_seed(0)
     model = build_model(default_model_config("digits"))

@@ -6,7 +6,7 @@
   bundle's thresholds.
 - FLAME (here the digits CNN with per-exit heads): the bundle's policy is the patience rule; the
   runtime advances the state (label, count) after every exit and forwards it with
-  the carry, so every request is served at its patience exit (cis.patience.exit_points
+  the carry, so every request is served at its patience exit (cis.core.policy.patience.exit_points
   on the same graphs' logits), with that exit's class.
 """
 
@@ -22,9 +22,9 @@ pytest.importorskip("onnx")
 
 from test_runtime_integration import serve_through_leaves  # noqa: E402
 
-from cis import patience as pt  # noqa: E402
-from cis.bundle import load_bundle  # noqa: E402
-from cis.policy import evaluate_cis, evaluate_patience  # noqa: E402
+from cis.core.bundle import load_bundle  # noqa: E402
+from cis.core.policy import patience as pt  # noqa: E402
+from cis.core.policy.exit_policy import evaluate_cis, evaluate_patience  # noqa: E402
 from cis.runtime.client import summarize  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -33,7 +33,7 @@ SERVE_PATIENCE = 2  # p_ev for the test bundle: with 3 exits the paper's 4 would
 
 
 def _train_and_export(root, method: str, *export_args: str, train_args: tuple[str, ...] = ("--rounds", "2")):
-    from cis.cli import main
+    from cis.cli.main import main
 
     run, bundle = root / f"{method}_run", root / f"{method}_bundle"
     args = [
@@ -68,16 +68,16 @@ def bundles(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def test_set():
-    from training.data import load_dataset
+    from cis.training.data.loading import load_dataset
 
     d = load_dataset("digits", seed=0).test
     return d.x, d.y
 
 
 def test_reefl_bundle_carries_tokens_and_cls_history(bundles, test_set):
-    from cis.stages import run_chain
-    from training.checkpoint import load_checkpoint
-    from training.evaluate import predict_exits
+    from cis.core.stages.runner import run_chain
+    from cis.training.checkpoint import load_checkpoint
+    from cis.training.evaluate import predict_exits
 
     run, bundle_dir = bundles["reefl"]
     manifest = json.loads((bundle_dir / "manifest.json").read_text())
@@ -103,7 +103,7 @@ def test_reefl_bundle_carries_tokens_and_cls_history(bundles, test_set):
 
 
 def test_reefl_bundle_serves_like_the_offline_evaluation(bundles, test_set):
-    from cis.stages import run_chain
+    from cis.core.stages.runner import run_chain
 
     _, bundle_dir = bundles["reefl"]
     x, y = test_set
@@ -130,7 +130,7 @@ def test_flame_bundle_declares_the_patience_policy(bundles):
 
 
 def test_flame_bundle_serves_each_request_at_its_patience_exit(bundles, test_set):
-    from cis.stages import run_chain
+    from cis.core.stages.runner import run_chain
 
     _, bundle_dir = bundles["flame"]
     x, y = test_set
@@ -157,8 +157,8 @@ def test_flame_bundle_simulates_with_the_patience_rule(bundles):
     is served at the exit where its count reaches p, and forwards carry the 16-byte state."""
     from dataclasses import replace
 
-    from sim.config import SimConfig
-    from sim.simulation import simulate
+    from cis.sim.config import SimConfig
+    from cis.sim.simulation import simulate
 
     _, bundle_dir = bundles["flame"]
     bundle = load_bundle(bundle_dir)

@@ -5,14 +5,14 @@ import copy
 import pytest
 import torch
 
-from training.aggregation.aggregators import CisAggregator
-from training.aggregation.line12 import aggregate, pair_coefficient
-from training.aggregation.weights import make_weights
-from training.architectures import build_model
-from training.engine import ExitSampler, FederatedEngine, derived_generator
-from training.local import Client, ExitSGDTrainer, batch_indices, cosine_lr, local_steps
-from training.models import default_model_config
-from training.sampling import exit_data_sizes, sampling_matrix
+from cis.training.aggregation.aggregators import CisAggregator
+from cis.training.aggregation.line12 import aggregate, pair_coefficient
+from cis.training.aggregation.weights import make_weights
+from cis.training.architectures import build_model
+from cis.training.federated import ExitSampler, FederatedEngine, derived_generator
+from cis.training.local import Client, ExitSGDTrainer, batch_indices, cosine_lr, local_steps
+from cis.training.models.cnns import default_model_config
+from cis.training.sampling import exit_data_sizes, sampling_matrix
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -75,7 +75,7 @@ def test_the_vision_example_runs_end_to_end(tmp_path):
     pytest.importorskip("onnx")
     pytest.importorskip("PIL")
     if importlib.util.find_spec("torchvision") is None:
-        pytest.skip("torchvision not installed (pip install 'cis[vision]')")
+        pytest.skip("torchvision not installed (pip install 'cis-inference[vision]')")
     out = tmp_path / "vision"
     stdout = run_example("vision", out, TRAIN=8, TEST=4, ROUNDS=1, LOCAL_STEPS=1)
     assert sorted(p.name for p in (out / "shapes" / "train").iterdir()) == SHAPES
@@ -133,7 +133,7 @@ def cis_commands(path: Path) -> list[str]:
 @pytest.mark.parametrize("doc", ["docs/your-model.md", "README.md"])
 def test_every_cis_command_in_the_docs_parses(doc):
     """Flags, their values' choices and the subcommands exist as written (argparse, nothing run)."""
-    from cis.cli import build_parser
+    from cis.cli.main import build_parser
 
     found = cis_commands(ROOT / doc)
     assert found, doc
@@ -179,8 +179,8 @@ def test_the_tutorials_model_and_data_files_build(tmp_path):
     """The python blocks that start ``# NAME.py`` are real files: each model factory builds a model whose
     stages chain on one batch, each data factory reads as data."""
     torch = pytest.importorskip("torch")
-    from training.data import load_dataset
-    from training.reference import user_model
+    from cis.training.data.loading import load_dataset
+    from cis.training.models.model_ref import user_model
 
     files = {}
     for block in code_blocks(TUTORIAL, "python"):

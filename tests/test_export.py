@@ -1,6 +1,6 @@
 """``cis export`` and ``cis inspect`` on a small digits model trained for a few seconds.
 
-The run dir is made here (export.fixture_bundle: central training on all exits, saved in
+The run dir is made here (cis.exporter.fixture_bundle: central training on all exits, saved in
 the trainer's checkpoint format with a paper-7 60-30-10 spec in its metadata),
 so these tests do not depend on ``cis train``.
 """
@@ -18,25 +18,25 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnx")
 
-from cis.bundle import load_bundle  # noqa: E402
-from cis.policy import evaluate_cis  # noqa: E402
-from cis.rates import compute_rates  # noqa: E402
-from cis.stages import StageRunner, run_chain  # noqa: E402
+from cis.core.bundle import load_bundle  # noqa: E402
+from cis.core.policy.exit_policy import evaluate_cis  # noqa: E402
+from cis.core.rates import compute_rates  # noqa: E402
+from cis.core.stages.runner import StageRunner, run_chain  # noqa: E402
 
 TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    from export.fixture_bundle import make_demo_run
+    from cis.exporter.fixture_bundle import make_demo_run
 
     return make_demo_run(tmp_path_factory.mktemp("export") / "run", steps=200)
 
 
 @pytest.fixture(scope="module")
 def model_and_val(run_dir):
-    from training.checkpoint import load_checkpoint
-    from training.data import load_dataset
+    from cis.training.checkpoint import load_checkpoint
+    from cis.training.data.loading import load_dataset
 
     model, meta, _ = load_checkpoint(run_dir)
     return model, load_dataset(meta["dataset"], seed=meta["seed"]).val
@@ -45,7 +45,7 @@ def model_and_val(run_dir):
 @pytest.fixture(scope="module")
 def exported(run_dir, tmp_path_factory):
     """The fp32 bundle, written through the CLI with --json."""
-    from cis.cli import main
+    from cis.cli.main import main
 
     out = tmp_path_factory.mktemp("bundles") / "fp32"
     import contextlib
@@ -60,7 +60,7 @@ def exported(run_dir, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def exported_int8(run_dir, tmp_path_factory):
-    from export.bundle_writer import export_bundle
+    from cis.exporter.bundle_writer import export_bundle
 
     out = tmp_path_factory.mktemp("bundles") / "int8"
     return out, export_bundle(run_dir, out, feature_dtype="int8", latency_repeats=2)
@@ -125,7 +125,7 @@ def test_graphs_are_static(exported):
 
 
 def test_stages_and_chain_match_torch(exported, model_and_val):
-    from training.evaluate import predict_exits
+    from cis.training.evaluate import predict_exits
 
     out, _ = exported
     model, val = model_and_val
@@ -212,7 +212,7 @@ def test_int8_bundle(exported_int8, model_and_val, exported):
 
 
 def test_fp16_bundle(run_dir, tmp_path, model_and_val):
-    from export.bundle_writer import export_bundle
+    from cis.exporter.bundle_writer import export_bundle
 
     _, val = model_and_val
     export_bundle(run_dir, tmp_path / "fp16", feature_dtype="fp16", latency_repeats=1, latency_batches=(1,))
@@ -224,7 +224,7 @@ def test_fp16_bundle(run_dir, tmp_path, model_and_val):
 
 
 def test_export_cli_human_summary(exported, run_dir, tmp_path, run_cli):
-    from cis.commands.export import summary
+    from cis.cli.commands.export import summary
 
     _, report = exported
     text = summary(report)
@@ -245,7 +245,7 @@ def test_inspect_cli(exported, run_cli):
 def test_inspect_imports_no_torch(exported):
     out, _ = exported
     code = (
-        "import sys; from cis.cli import main; rc = main(['inspect', sys.argv[1], '--json']); "
+        "import sys; from cis.cli.main import main; rc = main(['inspect', sys.argv[1], '--json']); "
         "assert 'torch' not in sys.modules, 'torch imported'; sys.exit(rc)"
     )
     res = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True, timeout=60)
@@ -319,7 +319,7 @@ def test_tensorrt_engines(run_dir, tmp_path):
     pytest.importorskip("tensorrt")
     if not torch.cuda.is_available():
         pytest.skip("no CUDA GPU")
-    from export.bundle_writer import export_bundle
+    from cis.exporter.bundle_writer import export_bundle
 
     report = export_bundle(run_dir, tmp_path / "trt", trt=True, latency_repeats=2)
     bundle = load_bundle(tmp_path / "trt")
@@ -331,8 +331,8 @@ def test_tensorrt_engines(run_dir, tmp_path):
 def test_stages_are_timed_on_real_carries(exported, model_and_val):
     """The latency profile feeds each stage what the one before passes on for real samples (a stage's time can
     depend on its values), repeating the samples up to the batch size."""
-    from cis.stages import stage_runners
-    from export.profile import latency_profile, stage_inputs
+    from cis.core.stages.runner import stage_runners
+    from cis.exporter.profile import latency_profile, stage_inputs
 
     _, val = model_and_val
     runners = stage_runners(load_bundle(exported[0]))

@@ -15,13 +15,13 @@ torch = pytest.importorskip("torch")
 onnx = pytest.importorskip("onnx")
 from torch import nn  # noqa: E402
 
-from cis.bundle import StageInfo  # noqa: E402
-from cis.errors import CisError  # noqa: E402
-from cis.stages import StageRunner, run_stages  # noqa: E402
-from export.onnx_export import export_stage, tensor_infos  # noqa: E402
-from export.quantize import apply_feature_dtype, calibrate_int8, dequantize_np, quantize_np  # noqa: E402
-from export.verify import VerificationError, verify_stages  # noqa: E402
-from training.stage_plan import ExportStage, StagePlan, describe_stages, run_plan  # noqa: E402
+from cis.core.bundle import StageInfo  # noqa: E402
+from cis.core.errors import CisError  # noqa: E402
+from cis.core.stages.runner import StageRunner, run_stages  # noqa: E402
+from cis.exporter.onnx_export import export_stage, tensor_infos  # noqa: E402
+from cis.exporter.quantize import apply_feature_dtype, calibrate_int8, dequantize_np, quantize_np  # noqa: E402
+from cis.exporter.verify import VerificationError, verify_stages  # noqa: E402
+from cis.training.models.stage_plan import ExportStage, StagePlan, describe_stages, run_plan  # noqa: E402
 
 D, C = 12, 4
 
@@ -163,8 +163,8 @@ def test_bad_plans_refused():
 
 def test_dynamo_exporter_gives_a_static_graph():
     """The torch.export-based exporter (opset 18) works through the same code."""
-    from training.architectures import build_model
-    from training.models import default_model_config
+    from cis.training.architectures import build_model
+    from cis.training.models.cnns import default_model_config
 
     plan = describe_stages(build_model(default_model_config("digits", width=0.25)))
     st = plan.stages[0]

@@ -1,12 +1,12 @@
-"""The fault schedule (cis.faults): one file format for cis testbed --faults and cis simulate --faults."""
+"""The fault schedule (cis.core.faults): one file format for cis testbed --faults and cis simulate --faults."""
 
 from __future__ import annotations
 
 import pytest
 
-from cis.errors import CisError
-from cis.faults import Fault, check_faults, parse_fault, read_faults
-from cis.topologies import make_spec
+from cis.core.errors import CisError
+from cis.core.faults import Fault, check_faults, parse_fault, read_faults
+from cis.core.topologies import make_spec
 
 
 def test_a_fault_file_is_read_in_time_order_with_comments(tmp_path):

@@ -2,12 +2,12 @@ import numpy as np
 import pytest
 import torch
 
-from cis import patience as pt
-from cis.errors import CisError
-from training.aggregation import averages as aggregate
-from training.local import Client
-from training.methods import flame
-from training.methods.vit import ViTEE
+from cis.core.errors import CisError
+from cis.core.policy import patience as pt
+from cis.training.aggregation import averages as aggregate
+from cis.training.local import Client
+from cis.training.methods import flame
+from cis.training.methods.vit import ViTEE
 
 
 def onehot(labels, c=3):
@@ -159,7 +159,7 @@ def test_aggregation_rules_on_small_tensors():
 
 
 def _flame_trainer(optimizer: str, clients):
-    from training.methods.baselines import FlameTrainer
+    from cis.training.methods.baselines import FlameTrainer
 
     sgd = dict(lr=1e-3, momentum=0.9, weight_decay=0.0, batch_size=4, steps=2, total_rounds=3)
     return FlameTrainer(patience={c.id: 2 for c in clients}, forward_flops=[1, 2, 3], optimizer=optimizer, **sgd)
@@ -206,8 +206,8 @@ def test_flame_refuses_an_unknown_optimizer():
 
 
 def test_the_trainer_refuses_what_the_option_registry_does_not_offer():
-    """training/methods/registry.py names FLAME's choices once; the trainer checks against them."""
-    from training.methods import registry
+    """cis/training/methods/registry.py names FLAME's choices once; the trainer checks against them."""
+    from cis.training.methods import registry
 
     assert registry.OPTIONS["group_step"].default == registry.FLAME_GROUP_STEPS[0]
     exits = np.array([1, 2, 3, 3])

@@ -1,4 +1,4 @@
-"""cis train --engine flower: the strategy's line 12 is training.aggregation's; Flower's simulation
+"""cis train --engine flower: the strategy's line 12 is cis.training.aggregation's; Flower's simulation
 and deployment engines train the digits model to the built-in engine's accuracy (bit-identical here)."""
 
 import json
@@ -12,13 +12,13 @@ from types import SimpleNamespace  # noqa: E402
 import torch  # noqa: E402
 from flwr.app import ConfigRecord, RecordDict  # noqa: E402
 
-from training.aggregation.line12 import aggregate, pair_coefficient  # noqa: E402
-from training.config import make_config  # noqa: E402
-from training.flower.launch import run_flower  # noqa: E402
-from training.flower.records import ARRAYS_KEY, STATS_RECORD, record_to_state, state_to_record  # noqa: E402
-from training.flower.strategy import CisStrategy  # noqa: E402
-from training.run import build_setup, train_run  # noqa: E402
-from training.sampling import exit_data_sizes  # noqa: E402
+from cis.training.aggregation.line12 import aggregate, pair_coefficient  # noqa: E402
+from cis.training.config import make_config  # noqa: E402
+from cis.training.flower.launch import run_flower  # noqa: E402
+from cis.training.flower.records import ARRAYS_KEY, STATS_RECORD, record_to_state, state_to_record  # noqa: E402
+from cis.training.flower.strategy import CisStrategy  # noqa: E402
+from cis.training.run import build_setup, train_run  # noqa: E402
+from cis.training.sampling import exit_data_sizes  # noqa: E402
 
 ROUNDS = 2
 
@@ -115,7 +115,7 @@ def same_run(flower_out, flower_summary, builtin):
     # same seed, same pairs, same trainer and momentum, same aggregation order: the same numbers
     assert [ln["loss"] for ln in lines] == [ln["loss"] for ln in want]
     assert [ln["val_cis_accuracy"] for ln in lines] == [ln["val_cis_accuracy"] for ln in want]
-    from training.checkpoint import load_checkpoint
+    from cis.training.checkpoint import load_checkpoint
 
     a, meta, _ = load_checkpoint(flower_out)
     b, _, _ = load_checkpoint(out)
@@ -134,7 +134,7 @@ def test_simulation_engine_matches_builtin(tmp_path, builtin):
 @pytest.mark.slow
 def test_deployment_engine_on_loopback_matches_builtin(tmp_path, builtin):
     """SuperLink + 7 SuperNodes as subprocesses on 127.0.0.1 (free ports), always stopped."""
-    from training.flower.deploy import LoopbackFederation
+    from cis.training.flower.deploy import LoopbackFederation
 
     out = tmp_path / "run"
     fed = LoopbackFederation(7, workdir=tmp_path / "fed")

@@ -34,9 +34,9 @@ grpc = pytest.importorskip("grpc")
 
 from cli_process import read_until, start, stop  # noqa: E402
 
-from cis.runtime import oip_pb as pb  # noqa: E402
 from cis.runtime.client import Client  # noqa: E402
 from cis.runtime.launcher import free_port  # noqa: E402
+from cis.runtime.oip import grpc_messages as pb  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 MAX_BYTES = 200_000  # the node's --max-message-bytes: also the largest body the doors take
@@ -44,14 +44,14 @@ MAX_BYTES = 200_000  # the node's --max-message-bytes: also the largest body the
 
 @pytest.fixture(scope="module")
 def bundle_dir(tmp_path_factory):
-    from export.fixture_bundle import make_demo_bundle
+    from cis.exporter.fixture_bundle import make_demo_bundle
 
     return make_demo_bundle(tmp_path_factory.mktemp("door"), steps=150)
 
 
 @pytest.fixture(scope="module")
 def digits():
-    from training.data import load_dataset
+    from cis.training.data.loading import load_dataset
 
     return load_dataset("digits", seed=0).test.x[:8].astype(np.float32)
 
@@ -168,7 +168,7 @@ def test_health_metadata_and_an_inference_enter_the_nodes_normal_path(node, digi
 
 
 def test_a_traceparent_joins_the_callers_trace_on_both_doors(node, digits):
-    from cis.runtime.tracing import read_spans
+    from cis.runtime.spans import read_spans
 
     parent = "00f067aa0ba902b7"
     traces = {"http": "4bf92f3577b34da6a3ce929d0e0e4736", "grpc": "5cf92f3577b34da6a3ce929d0e0e4737"}

@@ -26,8 +26,8 @@ N = 40
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
-    from export.fixture_bundle import make_demo_bundle
-    from training.data import load_dataset
+    from cis.exporter.fixture_bundle import make_demo_bundle
+    from cis.training.data.loading import load_dataset
 
     root = tmp_path_factory.mktemp("triton")
     bundle = make_demo_bundle(root, steps=150)

@@ -9,11 +9,11 @@ import textwrap
 import numpy as np
 import pytest
 
-from cis.errors import CisError, SpecError
-from cis.spec import CisSpec, Host, Node, load_spec, parse_spec, validate, write_spec
-from cis.testbed.plan import core_sets
-from sim import SimConfig, simulate
-from sim.cores import Cores
+from cis.core.errors import CisError, SpecError
+from cis.core.spec import CisSpec, Host, Node, load_spec, parse_spec, validate, write_spec
+from cis.runtime.testbed.plan import core_sets
+from cis.sim import SimConfig, simulate
+from cis.sim.cores import Cores
 
 SPEC = """
 [cis]
@@ -45,7 +45,7 @@ host = "box0"
 
 
 def parse(text: str):
-    from cis.spec import tomllib  # tomli on Python 3.10
+    from cis.core.spec import tomllib  # tomli on Python 3.10
 
     return parse_spec(tomllib.loads(textwrap.dedent(text)), "hosts.toml")
 
@@ -183,8 +183,8 @@ def _can_make_namespaces() -> bool:
 )
 def test_a_testbed_pins_each_hosts_nodes_to_its_cores(tmp_path, bundle_dir):
     from cis.runtime.client import Client
-    from cis.testbed import net
-    from cis.testbed.bed import start
+    from cis.runtime.testbed import net
+    from cis.runtime.testbed.bed import start
 
     cpus = sorted(os.sched_getaffinity(0))
     spec = validate(CisSpec((
@@ -209,6 +209,6 @@ def test_a_testbed_pins_each_hosts_nodes_to_its_cores(tmp_path, bundle_dir):
 @pytest.fixture(scope="module")
 def bundle_dir(tmp_path_factory):
     pytest.importorskip("torch")
-    from export.fixture_bundle import make_demo_bundle
+    from cis.exporter.fixture_bundle import make_demo_bundle
 
     return make_demo_bundle(tmp_path_factory.mktemp("hosts"), steps=20)

@@ -1,13 +1,13 @@
-"""cis.inputs: what ``cis infer`` reads from .npz files and image folders (core install, no torch)."""
+"""cis.core.input_files: what ``cis infer`` reads from .npz files and image folders (core install, no torch)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from cis.bundle import Bundle
-from cis.errors import CisError
-from cis.inputs import is_input_source, load_image_folder, load_inputs, load_npz
+from cis.core.bundle import Bundle
+from cis.core.errors import CisError
+from cis.core.input_files import is_input_source, load_image_folder, load_inputs, load_npz
 
 Image = pytest.importorskip("PIL.Image")  # writes the test images; the loader itself reads PNG without it
 

@@ -25,10 +25,10 @@ pytest.importorskip("grpc")
 
 from cli_process import start, started_nodes, stop  # noqa: E402
 
-from cis.bundle import load_bundle, write_manifest  # noqa: E402
-from cis.confidence import confidence, softmax  # noqa: E402
+from cis.core.bundle import load_bundle, write_manifest  # noqa: E402
+from cis.core.policy.confidence import confidence, softmax  # noqa: E402
+from cis.core.stages.runner import run_chain  # noqa: E402
 from cis.runtime.client import Client  # noqa: E402
-from cis.stages import run_chain  # noqa: E402
 
 N = 40
 TOL = {"rtol": 1e-4, "atol": 1e-4}  # one sample alone offline, in a micro-batch at the node: float kernels differ
@@ -53,8 +53,8 @@ def _thresholds(logits: dict[int, np.ndarray], measure: str) -> tuple[float, flo
 
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
-    from export.fixture_bundle import make_demo_bundle
-    from training.data import load_dataset
+    from cis.exporter.fixture_bundle import make_demo_bundle
+    from cis.training.data.loading import load_dataset
 
     bundle_dir = make_demo_bundle(tmp_path_factory.mktemp("logits"), steps=150)
     bundle = load_bundle(bundle_dir)

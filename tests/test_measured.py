@@ -1,4 +1,4 @@
-"""What a live CIS measures, read back (cis.measured, ``cis rates --measured``, ``cis spec update``).
+"""What a live CIS measures, read back (cis.runtime.measure, ``cis rates --measured``, ``cis spec update``).
 
 A real paper-7 digits tree (one process per node, ZeroMQ on loopback, /metrics on) is measured
 over a window while cis.Client sends requests through the leaves: per node the served counts
@@ -22,13 +22,13 @@ pytest.importorskip("onnx")
 
 from cli_process import read_until, start  # noqa: E402
 
-from cis.bundle import load_bundle  # noqa: E402
-from cis.measured import measure, read_requests_file  # noqa: E402
-from cis.policy import assign_entries  # noqa: E402
-from cis.rates import compute_rates  # noqa: E402
+from cis.core.bundle import load_bundle  # noqa: E402
+from cis.core.policy.exit_policy import assign_entries  # noqa: E402
+from cis.core.rates import compute_rates  # noqa: E402
+from cis.core.spec import CisSpec, Node, load_spec, validate, write_spec  # noqa: E402
 from cis.runtime.client import Client, infer_spread  # noqa: E402
 from cis.runtime.launcher import launch  # noqa: E402
-from cis.spec import CisSpec, Node, load_spec, validate, write_spec  # noqa: E402
+from cis.runtime.measure import measure, read_requests_file  # noqa: E402
 
 WINDOW = 8.0  # seconds between the two snapshots; the load below takes well under one
 
@@ -36,7 +36,7 @@ WINDOW = 8.0  # seconds between the two snapshots; the load below takes well und
 @pytest.fixture(scope="module")
 def tree(tmp_path_factory):
     """A live paper-7 tree (60-30-10 caps, 100 requests/s designed) with a log folder and /metrics."""
-    from export.fixture_bundle import make_demo_bundle
+    from cis.exporter.fixture_bundle import make_demo_bundle
 
     tmp = tmp_path_factory.mktemp("measured")
     bundle_dir = make_demo_bundle(tmp, steps=300)
@@ -56,7 +56,7 @@ def tree(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def digits():
-    from training.data import load_dataset
+    from cis.training.data.loading import load_dataset
 
     return load_dataset("digits", seed=0).test
 
@@ -172,8 +172,8 @@ def chain() -> CisSpec:
 
 
 def write_sim_requests(path, rows) -> None:
-    """The simulator's layout (cis.metrics.REQUEST_COLUMNS): (entry, node, exit, arrive_s)."""
-    from cis.metrics import write_requests
+    """The simulator's layout (cis.core.records.REQUEST_COLUMNS): (entry, node, exit, arrive_s)."""
+    from cis.core.records import write_requests
 
     write_requests(path, {
         "id": list(range(len(rows))), "entry": [r[0] for r in rows], "node": [r[1] for r in rows],

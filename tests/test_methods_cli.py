@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("torch")
 
-from training.methods.registry import METHODS  # noqa: E402
+from cis.training.methods.registry import METHODS  # noqa: E402
 
 TINY = [
     "--dataset",
@@ -39,7 +39,7 @@ def _one_line_error(res) -> str:
 
 @pytest.mark.parametrize("method", [m for m in METHODS if m != "cis"])
 def test_every_method_trains_one_round_and_reloads(method, tmp_path, run_cli):
-    from training.checkpoint import load_checkpoint
+    from cis.training.checkpoint import load_checkpoint
 
     out = tmp_path / method
     res = run_cli("train", "--method", method, *TINY, "--out", out)
@@ -55,7 +55,7 @@ def test_every_method_trains_one_round_and_reloads(method, tmp_path, run_cli):
 
 
 def test_method_options_reach_the_model_and_the_metrics(tmp_path, run_cli):
-    from training.checkpoint import load_checkpoint
+    from cis.training.checkpoint import load_checkpoint
 
     out = tmp_path / "nefl"
     res = run_cli("train", "--method", "nefl", *TINY, "--nefl-mode", "W", "--option", "learn_steps=false",
@@ -133,7 +133,7 @@ def test_bad_method_or_option_is_a_one_line_error(argv, words, tmp_path, run_cli
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["nefl", "heterofl", "reefl"])
 def test_resume_ends_with_the_same_weights(method, tmp_path, run_cli):
-    from training.checkpoint import load_checkpoint
+    from cis.training.checkpoint import load_checkpoint
 
     argv = ["--method", method, *TINY[:2], "--rounds", "2", *TINY[4:]]
     assert run_cli("train", *argv, "--out", tmp_path / "a").code == 0

@@ -1,4 +1,4 @@
-"""The one metrics vocabulary (cis/metrics.py): latency summary, requests.csv, JSON numbers."""
+"""The one metrics vocabulary (cis/core/records.py): latency summary, requests.csv, JSON numbers."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from cis.metrics import (
+from cis.core.records import (
     LATENCY_KEYS,
     REQUEST_COLUMNS,
     format_ms,

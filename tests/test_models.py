@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 import torch
 
-from cis.errors import CisError
-from training.architectures import build_model
-from training.flops import exit_costs
-from training.models import DigitsCNN, ResNet18EE, default_model_config
+from cis.core.errors import CisError
+from cis.training.architectures import build_model
+from cis.training.models.cnns import DigitsCNN, ResNet18EE, default_model_config
+from cis.training.models.flops import exit_costs
 
 
 def small_resnet(**kw):

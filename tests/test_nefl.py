@@ -1,14 +1,14 @@
 import pytest
 import torch
 
-from training.aggregation.averages import average_selections
-from training.engine import FederatedEngine
-from training.families.nested import build_subset_method, subset_model, tier_matrix
-from training.local import Client
-from training.methods.nested import NestedNet, build_nested, depthfl_specs, init_steps, nefl_specs
-from training.methods.resnet import LAYOUTS, CompactResNet
-from training.methods.slicing import kept_channels, prefix, width_ratio
-from training.selection import gather, put_, scatter_, take
+from cis.training.aggregation.averages import average_selections
+from cis.training.families.nested import build_subset_method, subset_model, tier_matrix
+from cis.training.federated import FederatedEngine
+from cis.training.local import Client
+from cis.training.methods.nested import NestedNet, build_nested, depthfl_specs, init_steps, nefl_specs
+from cis.training.methods.resnet import LAYOUTS, CompactResNet
+from cis.training.methods.slicing import kept_channels, prefix, width_ratio
+from cis.training.selection import gather, put_, scatter_, take
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -100,7 +100,7 @@ def test_step_inits_D_D0_and_fixed():
 
 
 def test_skipping_a_downsampling_block_is_refused():
-    from cis.errors import CisError
+    from cis.core.errors import CisError
 
     layout = LAYOUTS["digits"]
     with pytest.raises(CisError):
@@ -127,7 +127,7 @@ def test_stages_fold_steps_carry_the_input_and_rebuild():
 
 
 def test_export_plan_reads_and_forwards_the_raw_input():
-    stages_mod = pytest.importorskip("training.stage_plan")
+    stages_mod = pytest.importorskip("cis.training.models.stage_plan")
     layout = LAYOUTS["digits"]
     model = NestedNet(layout, nefl_specs(layout, [0.5, 1.0], "W"))
     plan = stages_mod.describe_stages(model)
@@ -145,10 +145,10 @@ def test_tier_matrix_rows():
 
 def test_nested_stages_export_to_onnx_and_match():
     pytest.importorskip("onnxruntime")
-    onnx_export = pytest.importorskip("export.onnx_export")
+    onnx_export = pytest.importorskip("cis.exporter.onnx_export")
     import onnxruntime as ort
 
-    from training.stage_plan import describe_stages
+    from cis.training.models.stage_plan import describe_stages
 
     layout = LAYOUTS["digits"]
     model = NestedNet(layout, nefl_specs(layout, [0.5, 1.0], "WD"))

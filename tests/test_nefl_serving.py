@@ -16,8 +16,8 @@ pytest.importorskip("onnx")
 
 from test_runtime_integration import serve_through_leaves  # noqa: E402
 
-from cis.bundle import load_bundle  # noqa: E402
-from cis.policy import evaluate_cis  # noqa: E402
+from cis.core.bundle import load_bundle  # noqa: E402
+from cis.core.policy.exit_policy import evaluate_cis  # noqa: E402
 from cis.runtime.client import summarize  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -25,7 +25,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def nefl_bundle(tmp_path_factory):
-    from cis.cli import main
+    from cis.cli.main import main
 
     root = tmp_path_factory.mktemp("nefl")
     code = main(
@@ -50,16 +50,16 @@ def nefl_bundle(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def test_set():
-    from training.data import load_dataset
+    from cis.training.data.loading import load_dataset
 
     d = load_dataset("digits", seed=0).test
     return d.x, d.y
 
 
 def test_manifest_carries_the_raw_input_and_stages_match_the_sub_models(nefl_bundle, test_set):
-    from cis.stages import run_chain
-    from training.checkpoint import load_checkpoint
-    from training.evaluate import predict_exits
+    from cis.core.stages.runner import run_chain
+    from cis.training.checkpoint import load_checkpoint
+    from cis.training.evaluate import predict_exits
 
     x, _ = test_set
     bundle = load_bundle(nefl_bundle / "bundle")
@@ -78,7 +78,7 @@ def test_manifest_carries_the_raw_input_and_stages_match_the_sub_models(nefl_bun
 
 
 def test_nefl_bundle_serves_like_the_offline_evaluation(nefl_bundle, test_set):
-    from cis.stages import run_chain
+    from cis.core.stages.runner import run_chain
 
     x, y = test_set
     bundle = load_bundle(nefl_bundle / "bundle")
@@ -97,7 +97,7 @@ def test_nefl_bundle_serves_like_the_offline_evaluation(nefl_bundle, test_set):
 
 
 def test_simulator_takes_the_raw_input_carry_from_the_manifest(nefl_bundle, tmp_path, run_cli):
-    from cis.spec import write_spec
+    from cis.core.spec import write_spec
 
     bundle = load_bundle(nefl_bundle / "bundle")
     write_spec(bundle.spec, tmp_path / "spec.toml")

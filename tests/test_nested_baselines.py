@@ -1,14 +1,14 @@
 import pytest
 import torch
 
-from training.engine import FederatedEngine
-from training.families.nested import build_subset_method, subset_model
-from training.local import Client
-from training.methods import widthfl
-from training.methods.registry import NESTED_METHODS
-from training.methods.resnet import LAYOUTS
-from training.methods.slicing import rolling
-from training.selection import gather
+from cis.training.families.nested import build_subset_method, subset_model
+from cis.training.federated import FederatedEngine
+from cis.training.local import Client
+from cis.training.methods import widthfl
+from cis.training.methods.registry import NESTED_METHODS
+from cis.training.methods.resnet import LAYOUTS
+from cis.training.methods.slicing import rolling
+from cis.training.selection import gather
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -37,7 +37,7 @@ def test_group_selection_builds_a_consistent_subnetwork():
     model = subset_model("fedrolex", layout, 3)
     groups = widthfl.fedrolex_groups(layout, 0.5, 5)
     sel = widthfl.group_selection(layout, groups)
-    from training.methods.resnet import CompactResNet
+    from cis.training.methods.resnet import CompactResNet
 
     net = CompactResNet(layout, widthfl.group_widths(layout, groups))
     net.load_state_dict(gather(model.state_dict(), sel))

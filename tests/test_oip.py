@@ -1,4 +1,4 @@
-"""The Open Inference Protocol's encode and decode (cis/runtime/oip.py), without sockets: JSON tensors flat and
+"""The Open Inference Protocol's encode and decode (cis/runtime/oip/codec.py), without sockets: JSON tensors flat and
 nested, Triton's binary tensor data extension both ways, and every bad input the front doors refuse, each with
 its code (HTTP 400/404/413) and one line saying what was expected. The servers are tested in
 tests/test_front_door.py."""
@@ -11,11 +11,11 @@ import struct
 import numpy as np
 import pytest
 
-from cis.runtime import oip
 from cis.runtime.feeds import FeedContract
+from cis.runtime.oip import codec
 
 pytest.importorskip("httptools")
-from cis.runtime.http_wire import route  # noqa: E402
+from cis.runtime.oip.http_connection import route  # noqa: E402
 
 
 class _Spec:
@@ -24,7 +24,7 @@ class _Spec:
 
 
 INPUTS = [_Spec("input", (None, 1, 8, 8), "float32")]
-MODEL = oip.Model.of_stage("cis", "device0", INPUTS)
+MODEL = codec.Model.of_stage("cis", "device0", INPUTS)
 
 
 def _json(inputs, **extra) -> bytes:
@@ -48,15 +48,15 @@ def test_metadata_names_the_entry_stage_inputs_and_the_node_outputs():
     assert meta["outputs"][5] == {"name": "logits", "datatype": "FP32", "shape": [-1, -1]}  # width unknown here
     assert meta["versions"] == ["1"] and meta["platform"] == "cis"
     exit_outputs = [_Spec("logits", (None, 10), "float32"), _Spec("features_1", (None, 16, 8, 8), "float32")]
-    wide = oip.Model.of_stage("cis", "device0", INPUTS, exit_outputs).metadata()["outputs"]
+    wide = codec.Model.of_stage("cis", "device0", INPUTS, exit_outputs).metadata()["outputs"]
     assert {o["name"]: o["shape"] for o in wide} == {**{n: [-1] for n in names[:5]}, "logits": [-1, 10],
                                                        "probabilities": [-1, 10]}  # fmt: skip
 
 
 def test_flat_and_nested_data_give_the_same_tensor_the_stage_accepts():
     x = np.arange(128, dtype=np.float32).reshape(2, 1, 8, 8) / 128
-    flat = oip.decode_json(_json([_input(x.ravel().tolist())], id="r1"), MODEL)
-    nested = oip.decode_json(_json([_input(x.tolist())]), MODEL)
+    flat = codec.decode_json(_json([_input(x.ravel().tolist())], id="r1"), MODEL)
+    nested = codec.decode_json(_json([_input(x.tolist())]), MODEL)
     np.testing.assert_array_equal(flat.tensors["input"], x)
     np.testing.assert_array_equal(nested.tensors["input"], x)
     assert flat.id == "r1" and nested.id is None and flat.outputs == ["class", "confidence", "exit", "flags", "node"]
@@ -71,12 +71,12 @@ def test_binary_inputs_and_outputs_follow_the_extension():
         outputs=[{"name": "class", "parameters": {"binary_data": True}}, {"name": "node"}],
         parameters={"binary_data_output": False},
     )
-    req = oip.decode_json(head + x.tobytes(), MODEL, len(head))
+    req = codec.decode_json(head + x.tobytes(), MODEL, len(head))
     np.testing.assert_array_equal(req.tensors["input"], x)
     assert req.outputs == ["class", "node"] and req.binary == {"class"}
     cls, conf = np.array([1, 2, 3], np.int64), np.array([0.5, 0.25, 1.0], np.float32)
     ex, flags = np.array([1, 2, 2], np.int32), np.array([0, 1, 2], np.uint8)
-    body, length = oip.encode_json(MODEL, req, cls, conf, ex, flags, ["device0", "edge0", "device0"])
+    body, length = codec.encode_json(MODEL, req, cls, conf, ex, flags, ["device0", "edge0", "device0"])
     assert length is not None
     answer = json.loads(body[:length])
     assert answer["parameters"] == {"node": "device0", "degraded": 1, "capped": 1}
@@ -88,9 +88,9 @@ def test_binary_inputs_and_outputs_follow_the_extension():
 
 def test_all_outputs_binary_and_bytes_are_length_prefixed():
     head = _json([_input(None, (1, 1, 8, 8), binary_data_size=256)], parameters={"binary_data_output": True})
-    req = oip.decode_json(head + bytes(256), MODEL, len(head))
+    req = codec.decode_json(head + bytes(256), MODEL, len(head))
     assert req.binary == {"class", "confidence", "exit", "flags", "node"}  # the default outputs, all binary
-    assert oip.to_bytes("node", ["edge1"]) == struct.pack("<I", 5) + b"edge1"
+    assert codec.to_bytes("node", ["edge1"]) == struct.pack("<I", 5) + b"edge1"
 
 
 def test_logits_and_probabilities_when_named_json_flat_and_binary():
@@ -98,12 +98,12 @@ def test_logits_and_probabilities_when_named_json_flat_and_binary():
         [_input(None, (2, 1, 8, 8), binary_data_size=512)],
         outputs=[{"name": "probabilities", "parameters": {"binary_data": True}}, {"name": "logits"}, {"name": "exit"}],
     )
-    req = oip.decode_json(head + bytes(512), MODEL, len(head))
+    req = codec.decode_json(head + bytes(512), MODEL, len(head))
     assert req.outputs == ["probabilities", "logits", "exit"] and req.binary == {"probabilities"} and req.wants_logits
     logits = np.array([[0.0, 1.0, 2.0], [np.nan, np.nan, np.nan]], np.float32)  # a row nobody could give: NaN
     cls, conf = np.array([2, -1], np.int64), np.array([0.66, np.nan], np.float32)
     ex, flags = np.array([3, 1], np.int32), np.array([0, 4], np.uint8)
-    body, length = oip.encode_json(MODEL, req, cls, conf, ex, flags, ["cloud", "device0"], logits)
+    body, length = codec.encode_json(MODEL, req, cls, conf, ex, flags, ["cloud", "device0"], logits)
     answer = json.loads(body[:length])
     probs, lg, ex_out = answer["outputs"]
     assert probs == {"name": "probabilities", "datatype": "FP32", "shape": [2, 3],
@@ -140,8 +140,8 @@ def test_logits_and_probabilities_when_named_json_flat_and_binary():
     ],
 )  # fmt: skip
 def test_bad_requests_are_refused_with_a_code_and_one_line(body, length, code, words):
-    with pytest.raises(oip.OipError) as err:
-        oip.decode_json(body, MODEL, length)
+    with pytest.raises(codec.OipError) as err:
+        codec.decode_json(body, MODEL, length)
     assert err.value.code == code and err.value.status == 400
     assert words in err.value.message and "\n" not in err.value.message
 
@@ -150,7 +150,7 @@ def test_unknown_model_or_version_is_404():
     MODEL.check("cis", None)
     MODEL.check("cis", "1")
     for name, version in (("other", None), ("cis", "2")):
-        with pytest.raises(oip.OipError) as err:
+        with pytest.raises(codec.OipError) as err:
             MODEL.check(name, version)
         assert err.value.status == 404 and err.value.code == "not_found"
 
@@ -158,9 +158,9 @@ def test_unknown_model_or_version_is_404():
 def test_every_wire_error_code_has_an_http_and_a_grpc_status():
     from cis.runtime.wire import ERROR_CODES
 
-    assert set(ERROR_CODES) <= set(oip.HTTP_STATUS) and set(oip.HTTP_STATUS) == set(oip.GRPC_STATUS)
-    assert oip.HTTP_STATUS["overloaded"] == 503 and oip.HTTP_STATUS["deadline_exceeded"] == 504
-    assert oip.HTTP_STATUS["too_large"] == 413
+    assert set(ERROR_CODES) <= set(codec.HTTP_STATUS) and set(codec.HTTP_STATUS) == set(codec.GRPC_STATUS)
+    assert codec.HTTP_STATUS["overloaded"] == 503 and codec.HTTP_STATUS["deadline_exceeded"] == 504
+    assert codec.HTTP_STATUS["too_large"] == 413
 
 
 @pytest.mark.parametrize(

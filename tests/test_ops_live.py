@@ -27,11 +27,11 @@ pytest.importorskip("prometheus_client")
 from cli_process import read_until, start, started_nodes, stop  # noqa: E402
 from test_runtime_metrics import health, scrape  # noqa: E402
 
-from cis.bundle import load_bundle  # noqa: E402
+from cis.core.bundle import load_bundle  # noqa: E402
+from cis.core.spec import write_spec  # noqa: E402
 from cis.runtime import protocol as P  # noqa: E402
 from cis.runtime.client import Client, ServerError  # noqa: E402
 from cis.runtime.launcher import free_port  # noqa: E402
-from cis.spec import write_spec  # noqa: E402
 
 OVERFLOW = 3.4e38  # finite float32; the network's sums overflow
 OPERATOR_METRICS = (
@@ -46,7 +46,7 @@ OPERATOR_METRICS = (
 
 @pytest.fixture(scope="module")
 def bundle_dir(tmp_path_factory) -> Path:
-    from export.fixture_bundle import make_demo_bundle
+    from cis.exporter.fixture_bundle import make_demo_bundle
 
     return make_demo_bundle(tmp_path_factory.mktemp("ops"), steps=60)
 
@@ -157,7 +157,7 @@ def test_config_file_and_variables_take_effect_and_text_lines_say_so(bundle_dir,
 
 @pytest.fixture(scope="module")
 def digits():
-    from training.data import load_dataset
+    from cis.training.data.loading import load_dataset
 
     return load_dataset("digits", seed=0).test.x[:10]
 

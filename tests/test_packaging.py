@@ -22,7 +22,8 @@ import pytest
 from cis import __version__
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("cis", "training", "export", "sim")
+PACKAGES = ("cis",)  # one import root
+DISTRIBUTION = "cis-inference"  # the name on the package index ("cis" there is another project)
 packaging_requirements = pytest.importorskip("packaging.requirements")
 
 
@@ -39,7 +40,7 @@ def wheel(tmp_path_factory) -> Path:
     cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out), str(src)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-3000:]
-    (built,) = out.glob("cis-*.whl")
+    (built,) = out.glob("cis_inference-*.whl")
     return built
 
 
@@ -56,10 +57,10 @@ def _data_files() -> set[str]:
 def test_the_wheel_holds_every_file_a_command_needs(wheel):
     names = set(zipfile.ZipFile(wheel).namelist())
     wanted = _data_files()
-    assert {"training/flower/app/pyproject.toml", "cis/py.typed", "sim/py.typed"} <= wanted
+    assert {"cis/training/flower/app/pyproject.toml", "cis/py.typed"} <= wanted
     assert wanted <= names, wanted - names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
-    assert f"cis-{__version__}-" in wheel.name  # the version comes from cis/__init__.py
+    assert f"cis_inference-{__version__}-" in wheel.name  # the version comes from cis/core/version.py
 
 
 def test_a_non_editable_install_runs_from_its_own_files(wheel, tmp_path):
@@ -76,26 +77,27 @@ def test_a_non_editable_install_runs_from_its_own_files(wheel, tmp_path):
     # the dependencies (numpy, pyzmq, ...) from this environment, after the fresh site-packages: cis is the wheel's
     (fresh / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
     code = (
-        "import json, importlib.metadata as m, cis, training.flower.deploy as d\n"
+        "import json, importlib.metadata as m, cis, cis.training.flower.deploy as d\n"
         "print(json.dumps({'file': cis.__file__, 'app': (d.APP_DIR / 'pyproject.toml').is_file(),"
-        " 'version': cis.__version__, 'dist': m.version('cis'), 'license': m.metadata('cis')['License-Expression']}))"
+        " 'version': cis.__version__, 'dist': m.version('cis-inference'),"
+        " 'license': m.metadata('cis-inference')['License-Expression']}))"
     )
     got = json.loads(subprocess.check_output([str(python), "-c", code], text=True, cwd=tmp_path, env=env))
     assert Path(got["file"]).is_relative_to(fresh) and got["app"]  # the Flower app file is installed
     assert got["version"] == got["dist"] == __version__ and got["license"] == "Apache-2.0"
-    version = subprocess.run([str(python), "-m", "cis.cli", "--version"], capture_output=True, text=True,
+    version = subprocess.run([str(python), "-m", "cis.cli.main", "--version"], capture_output=True, text=True,
                              cwd=tmp_path, env=env, timeout=60)  # fmt: skip
     assert version.returncode == 0 and version.stdout.strip() == f"cis {__version__}"
 
 
 def _requirements(wheel: Path) -> list:
     with zipfile.ZipFile(wheel) as z:
-        meta = Parser().parsestr(z.read(f"cis-{__version__}.dist-info/METADATA").decode())
+        meta = Parser().parsestr(z.read(f"cis_inference-{__version__}.dist-info/METADATA").decode())
     return [packaging_requirements.Requirement(r) for r in meta.get_all("Requires-Dist")]
 
 
 def _distributions(requirements: list, extras: set[str]) -> set[str]:
-    """The distributions ``pip install 'cis[EXTRAS]'`` asks for (cis's own extras followed)."""
+    """The distributions ``pip install 'cis-inference[EXTRAS]'`` asks for (cis's own extras followed)."""
     names, todo, seen = set(), set(extras) | {""}, set()
     while todo:
         extra = todo.pop()
@@ -105,7 +107,7 @@ def _distributions(requirements: list, extras: set[str]) -> set[str]:
                 continue
             if r.marker is None and extra:
                 continue
-            if r.name == "cis":
+            if r.name == DISTRIBUTION:
                 todo |= set(r.extras) - seen
             else:
                 names.add(r.name)
@@ -144,10 +146,11 @@ sys.meta_path.insert(0, _NoOnnxruntime())
 def test_serve_without_an_onnxruntime_names_both_extras_in_one_line(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(BLOCK_ONNXRUNTIME)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
-    res = subprocess.run([sys.executable, "-m", "cis.cli", "serve", "bundle", "--node", "a"], capture_output=True,
+    res = subprocess.run([sys.executable, "-m", "cis.cli.main", "serve", "bundle", "--node", "a"], capture_output=True,
                          text=True, env=env, timeout=60)  # fmt: skip
     assert res.returncode == 2
     assert res.stderr.strip().splitlines() == [
-        "cis serve: needs the 'cpu' extra: pip install 'cis[cpu]' (or 'cis[gpu]' for onnxruntime-gpu on an NVIDIA "
+        "cis serve: needs the 'cpu' extra: pip install 'cis-inference[cpu]' (or 'cis-inference[gpu]' for "
+        "onnxruntime-gpu on an NVIDIA "
         "GPU) (not installed: onnxruntime)"
     ]

@@ -3,8 +3,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from cis.errors import CisError
-from training.partition import format_partition_report, layer_shares, node_sizes, partition, partition_report
+from cis.core.errors import CisError
+from cis.training.data.partition import format_partition_report, layer_shares, node_sizes, partition, partition_report
 
 
 def paper7():
@@ -69,7 +69,7 @@ def test_dirichlet_skews_labels_while_keeping_sizes():
 
 
 def test_real_spec_nodes_work_when_available():
-    topologies = pytest.importorskip("cis.topologies")
+    topologies = pytest.importorskip("cis.core.topologies")
     spec = topologies.builtin_spec("paper-7")
     parts = partition(LABELS, spec.nodes, "highly-biased")
     assert sorted(parts) == sorted(n.id for n in spec.nodes)

@@ -10,15 +10,15 @@ import pytest
 import torch
 from test_runtime_node import Running
 
-from cis import patience as pt
-from cis.errors import CisError
-from cis.policy import ExitPolicy, evaluate_patience
+from cis.core.errors import CisError
+from cis.core.policy import patience as pt
+from cis.core.policy.exit_policy import ExitPolicy, evaluate_patience
+from cis.core.topologies import make_spec
 from cis.runtime import protocol as P
 from cis.runtime.client import Client
 from cis.runtime.feeds import check_feeds as _check_feeds
 from cis.runtime.launcher import free_port
 from cis.runtime.node import Node, NodeConfig
-from cis.topologies import make_spec
 
 T = namedtuple("T", "name shape dtype")
 
@@ -39,9 +39,10 @@ def test_patience_policy_json_and_validation():
 
 
 def test_policy_rule_equals_training_patience_forward():
-    """One rule: the policy's decision exit by exit, cis.patience.exit_points and FLAME's training forward agree."""
-    from training.methods.flame import patience_forward
-    from training.methods.vit import ViTEE
+    """One rule: the policy's decision exit by exit, cis.core.policy.patience.exit_points and FLAME's training
+    forward agree."""
+    from cis.training.methods.flame import patience_forward
+    from cis.training.methods.vit import ViTEE
 
     torch.manual_seed(0)
     model = ViTEE(

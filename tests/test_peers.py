@@ -37,7 +37,7 @@ if missing_peers(http=False):
 
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory) -> Path:
-    from export.fixture_bundle import make_demo_bundle
+    from cis.exporter.fixture_bundle import make_demo_bundle
 
     folder = tmp_path_factory.mktemp("peers")
     make_demo_bundle(folder, steps=300)
@@ -52,7 +52,7 @@ def ray_app(digits, tmp_path_factory):
 
 
 def _samples(n: int):
-    from training.data import load_dataset
+    from cis.training.data.loading import load_dataset
 
     return load_dataset("digits").test.x[:n].astype("float32")
 

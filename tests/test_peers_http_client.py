@@ -33,7 +33,7 @@ from systems import CisNode, SingleServer, cpu_seconds, oip_body, wait_http  # n
 @pytest.fixture(scope="module")
 def demo_bundle(tmp_path_factory) -> Path:
     pytest.importorskip("torch")
-    from export.fixture_bundle import make_demo_bundle
+    from cis.exporter.fixture_bundle import make_demo_bundle
 
     return Path(make_demo_bundle(tmp_path_factory.mktemp("peers-http"), steps=150))
 
@@ -72,7 +72,7 @@ def _cis_node(bundle: Path):
 
 @pytest.mark.slow
 def test_prepared_bodies_answer_what_cis_client_answers(demo_bundle):
-    from cis.bundle import load_bundle
+    from cis.core.bundle import load_bundle
     from cis.runtime.client import Client
 
     shape = load_bundle(demo_bundle, verify=False).manifest["stages"][0]["inputs"][0]["shape"][1:]

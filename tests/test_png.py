@@ -8,7 +8,7 @@ import zlib
 import numpy as np
 import pytest
 
-from cis.png import PngError, UnsupportedPng, decode_png, read_png
+from cis.core.png import PngError, UnsupportedPng, decode_png, read_png
 
 
 def _chunk(kind: bytes, body: bytes) -> bytes:

@@ -7,17 +7,11 @@ import math
 import numpy as np
 import pytest
 
-from cis.errors import CisError
-from cis.policy import (
-    ExitPolicy,
-    assign_entries,
-    calibrate_thresholds,
-    confidence,
-    evaluate_cis,
-)
-from cis.rates import compute_rates
-from cis.topologies import make_spec
-from cis.transfer_cap import TokenBucket
+from cis.core.errors import CisError
+from cis.core.policy.exit_policy import ExitPolicy, assign_entries, calibrate_thresholds, confidence, evaluate_cis
+from cis.core.policy.transfer_cap import TokenBucket
+from cis.core.rates import compute_rates
+from cis.core.topologies import make_spec
 
 
 def test_confidence_measures():
@@ -34,7 +28,7 @@ def test_confidence_measures():
 
 def test_max_softmax_is_the_largest_softmax_probability_to_the_bit():
     """The runtime's cheaper max_softmax (1 / sum exp(z - max z)) decides exactly as softmax(z).max() would."""
-    from cis.confidence import softmax
+    from cis.core.policy.confidence import softmax
 
     rng = np.random.default_rng(3)
     for dtype in (np.float16, np.float32, np.float64):

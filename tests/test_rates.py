@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import pytest
 
-from cis.errors import CisError
-from cis.rates import compute_rates
-from cis.spec import CisSpec, Node
-from cis.topologies import apply_serving, builtin_spec, make_spec, parse_serving
+from cis.core.errors import CisError
+from cis.core.rates import compute_rates
+from cis.core.spec import CisSpec, Node
+from cis.core.topologies import apply_serving, builtin_spec, make_spec, parse_serving
 
 
 def tree(*nodes: Node, exits: int = 3) -> CisSpec:
-    from cis.spec import validate
+    from cis.core.spec import validate
 
     return validate(CisSpec(tuple(nodes), exits))
 

@@ -3,12 +3,12 @@ import math
 import pytest
 import torch
 
-from cis.errors import CisError
-from training.aggregation.averages import held_average, key_exit
-from training.architectures import build_model
-from training.methods import distill
-from training.methods.ree import Ree, ree_step
-from training.methods.vit import HISTORY, TOKENS, ViTEE
+from cis.core.errors import CisError
+from cis.training.aggregation.averages import held_average, key_exit
+from cis.training.architectures import build_model
+from cis.training.methods import distill
+from cis.training.methods.ree import Ree, ree_step
+from cis.training.methods.vit import HISTORY, TOKENS, ViTEE
 
 
 def tiny(**kw):

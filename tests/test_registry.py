@@ -7,13 +7,13 @@ import sys
 
 import pytest
 
-from cis.errors import CisError
-from training.methods import registry
+from cis.core.errors import CisError
+from cis.training.methods import registry
 
 
 def test_the_registry_and_the_cli_parser_import_no_torch():
     code = (
-        "import sys, training.methods.registry, cis.cli; cis.cli.build_parser(); "
+        "import sys, cis.training.methods.registry, cis.cli.main; cis.cli.main.build_parser(); "
         "assert 'torch' not in sys.modules, sorted(m for m in sys.modules if m.startswith('torch'))[:3]"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -24,7 +24,7 @@ def test_cis_is_a_method_like_the_others():
     assert {registry.family_of(m) for m in registry.EARLY_EXIT_METHODS} == {"early-exit"}
     assert {registry.family_of(m) for m in registry.NESTED_METHODS} == {"nested"}
     pytest.importorskip("torch")
-    from training.builders import BUILDERS
+    from cis.training.builders import BUILDERS
 
     assert set(BUILDERS) == set(registry.FAMILIES)
 
@@ -41,7 +41,7 @@ def test_defaults_come_from_the_schema_only():
 
 def test_the_torch_code_knows_every_choice_the_registry_offers():
     pytest.importorskip("torch")
-    from training.methods.resnet import LAYOUTS
+    from cis.training.methods.resnet import LAYOUTS
 
     assert set(LAYOUTS) == set(registry.NESTED_LAYOUTS)
     assert registry.OPTIONS["layout"].choices == registry.NESTED_LAYOUTS

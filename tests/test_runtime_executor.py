@@ -314,7 +314,7 @@ class _LabelStage:
 
 
 def test_under_patience_the_logits_are_the_exit_that_answered_even_before_the_nodes_own():
-    from cis import patience as pt
+    from cis.core.policy import patience as pt
 
     stages = {k: _LabelStage(k) for k in (1, 2, 3)}
     out = Outbox()

@@ -27,13 +27,13 @@ pytest.importorskip("onnx")
 
 from cli_process import start, started_nodes, stop  # noqa: E402
 
-from cis.bundle import load_bundle  # noqa: E402
-from cis.policy import assign_entries, evaluate_cis  # noqa: E402
+from cis.core.bundle import load_bundle  # noqa: E402
+from cis.core.policy.exit_policy import assign_entries, evaluate_cis  # noqa: E402
+from cis.core.spec import Node, write_spec  # noqa: E402
 from cis.runtime import protocol as P  # noqa: E402
 from cis.runtime.client import Client, infer_spread, summarize  # noqa: E402
 from cis.runtime.launcher import free_port, launch  # noqa: E402
 from cis.runtime.security import CurveConfig, make_keys  # noqa: E402
-from cis.spec import Node, write_spec  # noqa: E402
 
 FAST = ["--forward-timeout", "0.5", "--heartbeat", "0.1"]
 
@@ -41,8 +41,8 @@ FAST = ["--forward-timeout", "0.5", "--heartbeat", "0.1"]
 def serve_through_leaves(bundle_dir, x) -> list:
     """Launch every node of the bundle's spec (no transfer caps), send each sample to the leaf
     that ``assign_entries`` gives it (the offline evaluation's flow), stop the nodes; the replies."""
-    from cis.bundle import load_bundle
-    from cis.policy import assign_entries
+    from cis.core.bundle import load_bundle
+    from cis.core.policy.exit_policy import assign_entries
     from cis.runtime.launcher import launch
 
     spec = load_bundle(bundle_dir).spec
@@ -63,14 +63,14 @@ def serve_through_leaves(bundle_dir, x) -> list:
 
 @pytest.fixture(scope="module")
 def bundle_dir(tmp_path_factory):
-    from export.fixture_bundle import make_demo_bundle
+    from cis.exporter.fixture_bundle import make_demo_bundle
 
     return make_demo_bundle(tmp_path_factory.mktemp("runtime"), steps=300)
 
 
 @pytest.fixture(scope="module")
 def test_set():
-    from training.data import load_dataset
+    from cis.training.data.loading import load_dataset
 
     d = load_dataset("digits", seed=0).test
     return d.x, d.y
@@ -90,7 +90,7 @@ def _gone(pid: int) -> bool:
 
 
 def test_serve_all_matches_offline_cis_evaluation(bundle_dir, test_set, tmp_path, run_cli):
-    from cis.stages import run_chain
+    from cis.core.stages.runner import run_chain
 
     x, y = test_set
     bundle = load_bundle(bundle_dir)
@@ -300,8 +300,8 @@ def test_serve_all_restarts_a_killed_node_and_status_shows_it(bundle_dir, test_s
     zombie) and restarted by the launcher, with its log and its restart count in ``cis status``."""
     import shutil
 
-    from cis.bundle import sign_bundle
-    from cis.signing import make_signing_key
+    from cis.core.bundle import sign_bundle
+    from cis.core.signing import make_signing_key
 
     x, _ = test_set
     signed = tmp_path / "bundle"

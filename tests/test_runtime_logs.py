@@ -1,6 +1,6 @@
 """What a node logs (docs/runtime.md, *Logs*), in-process with tiny numpy stages over real ZeroMQ: its
 start, its parent going down and coming back, overload onset and end, a stage's traceback (rate-limited),
-shutdown and stop; and the two line formats of cis.logs. Real processes are in test_ops_live.py."""
+shutdown and stop; and the two line formats of cis.core.logs. Real processes are in test_ops_live.py."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from collections import namedtuple
 import numpy as np
 import pytest
 
-from cis import logs
-from cis.errors import CisError
+from cis.core import logs
+from cis.core.errors import CisError
 from cis.runtime import events
 from cis.runtime.client import Client, ServerError
 from cis.runtime.launcher import free_port

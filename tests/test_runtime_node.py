@@ -398,8 +398,8 @@ def test_a_spinning_node_serves_and_forwards_like_a_sleeping_one(tree):
 
 
 def test_serve_all_passes_spin_to_every_node():
-    from cis.cli import build_parser
-    from cis.commands.serve import _node_options
+    from cis.cli.commands.serve import _node_options
+    from cis.cli.main import build_parser
 
     args = build_parser().parse_args(["serve", "bundle", "--all", "--spin"])
     assert args.spin and "--spin" in _node_options(args)

@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from cis.bundle import BundleError, load_bundle, sha256_file, sign_bundle, write_manifest
-from cis.errors import CisError
-from cis.signing import make_signing_key
+from cis.core.bundle import BundleError, load_bundle, sha256_file, sign_bundle, write_manifest
+from cis.core.errors import CisError
+from cis.core.signing import make_signing_key
 
 
 @pytest.fixture

@@ -9,10 +9,10 @@ import dataclasses
 import pytest
 
 from cis import __version__
-from cis.cli import build_parser
-from cis.commands import serve_config as options
-from cis.commands.serve import _node_options
-from cis.errors import CisError
+from cis.cli.commands import serve_config as options
+from cis.cli.commands.serve import _node_options
+from cis.cli.main import build_parser
+from cis.core.errors import CisError
 from cis.runtime.node_config import STAGE_THREADS, NodeConfig
 
 

@@ -28,12 +28,12 @@ pytest.importorskip("prometheus_client")
 from cli_process import cis_argv, read_until, start, started_nodes, stop  # noqa: E402
 from test_runtime_metrics import REQUIRED, health, names, scrape  # noqa: E402
 
-from cis.bundle import load_bundle, write_manifest  # noqa: E402
-from cis.errors import CisError  # noqa: E402
+from cis.core.bundle import load_bundle, write_manifest  # noqa: E402
+from cis.core.errors import CisError  # noqa: E402
+from cis.core.spec import Node  # noqa: E402
 from cis.runtime.client import Client  # noqa: E402
 from cis.runtime.factory import build_node  # noqa: E402
 from cis.runtime.launcher import plan_metrics  # noqa: E402
-from cis.spec import Node  # noqa: E402
 
 FAST = ["--forward-timeout", "0.5", "--heartbeat", "0.1"]
 
@@ -46,14 +46,14 @@ def _ort_has(provider: str) -> bool:
 
 @pytest.fixture(scope="module")
 def bundle_dir(tmp_path_factory):
-    from export.fixture_bundle import make_demo_bundle
+    from cis.exporter.fixture_bundle import make_demo_bundle
 
     return make_demo_bundle(tmp_path_factory.mktemp("tiers"), steps=150)
 
 
 @pytest.fixture(scope="module")
 def digits():
-    from training.data import load_dataset
+    from cis.training.data.loading import load_dataset
 
     return load_dataset("digits", seed=0).test.x[:40]
 
@@ -197,13 +197,13 @@ def test_the_spec_provider_field_and_the_flag_that_overrides_it(bundle_dir):
 def test_the_simulator_takes_each_nodes_backend_profile(bundle_dir, tmp_path, run_cli):
     import shutil
 
-    from sim.config import SimConfig
-    from sim.simulation import plan_run
+    from cis.sim.config import SimConfig
+    from cis.sim.simulation import plan_run
 
     bundle = load_bundle(bundle_dir)
     spec = bundle.spec
     spec_file = tmp_path / "spec.toml"
-    from cis.spec import write_spec
+    from cis.core.spec import write_spec
 
     write_spec(spec, spec_file)
     res = run_cli("simulate", "--spec", spec_file, "--bundle", bundle_dir, "--requests", 50, "--provider", "cuda")
@@ -242,7 +242,7 @@ def test_a_forwarded_request_is_one_trace_with_spans_from_device_edge_and_cloud(
     pytest.importorskip("opentelemetry.sdk")
     from otlp_receiver import OtlpReceiver
 
-    from cis.runtime.tracing import read_spans
+    from cis.runtime.spans import read_spans
 
     trace, client_span = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
     receiver = OtlpReceiver()
@@ -306,7 +306,7 @@ def test_a_forwarded_request_is_one_trace_with_spans_from_device_edge_and_cloud(
 def test_cuda_provider_serves_the_same_classes_on_the_gpu(bundle_dir, digits):
     if not _ort_has("CUDAExecutionProvider"):
         pytest.skip("onnxruntime has no CUDAExecutionProvider here (pip install onnxruntime-gpu on a GPU machine)")
-    from cis.stages import StageRunner, run_chain
+    from cis.core.stages.runner import StageRunner, run_chain
 
     bundle = load_bundle(bundle_dir)
     runners = [StageRunner(bundle, k, "cuda") for k in (1, 2, 3)]
@@ -320,13 +320,13 @@ def test_cuda_provider_serves_the_same_classes_on_the_gpu(bundle_dir, digits):
 
 @pytest.mark.gpu
 def test_tensorrt_engines_serve_and_profile(bundle_dir, digits, tmp_path):
-    from cis.engines import runtime_missing
+    from cis.core.stages.tensorrt_engines import runtime_missing
 
     if runtime_missing():
         pytest.skip(f"no TensorRT here: {runtime_missing()}")
-    from cis.backends import open_stages
-    from cis.stages import run_chain
-    from export import export_bundle
+    from cis.core.stages.backends import open_stages
+    from cis.core.stages.runner import run_chain
+    from cis.exporter import export_bundle
 
     out = tmp_path / "trt"
     export_bundle(bundle_dir.parent / "run", out, trt=True, latency_repeats=2)

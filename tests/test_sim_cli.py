@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from cis.spec import write_spec
-from cis.topologies import make_spec
+from cis.core.spec import write_spec
+from cis.core.topologies import make_spec
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The cores of one machine slowing each other (``SimConfig.interference``, sim.cores.Machine): while m other cores
+"""The cores of one machine slowing each other (``SimConfig.interference``, cis.sim.cores.Machine): while m other cores
 run batches, a batch advances 1 + interference * m times slower; batches time-sliced on one core do not count."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import pathlib
 import pytest
 import simpy
 
-from cis.errors import CisError
-from cis.spec import CisSpec, Host, Node, validate, write_spec
-from sim import SimConfig, simulate
-from sim.cores import Machine
+from cis.core.errors import CisError
+from cis.core.spec import CisSpec, Host, Node, validate, write_spec
+from cis.sim import SimConfig, simulate
+from cis.sim.cores import Machine
 
 
 def finish_times(machine: Machine, jobs) -> dict:

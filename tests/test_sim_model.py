@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cis.bundle import load_bundle, write_manifest, write_profiles
-from cis.errors import CisError
-from cis.policy import ExitPolicy
-from cis.spec import CisSpec, Link, Node, spec_to_dict, validate, write_spec
-from sim import SimConfig, simulate
-from sim.arrivals import assign_trace, deterministic, mmpp, parse_trace, poisson
+from cis.core.bundle import load_bundle, write_manifest, write_profiles
+from cis.core.errors import CisError
+from cis.core.policy.exit_policy import ExitPolicy
+from cis.core.spec import CisSpec, Link, Node, spec_to_dict, validate, write_spec
+from cis.sim import SimConfig, simulate
+from cis.sim.arrivals import assign_trace, deterministic, mmpp, parse_trace, poisson
 
 LINK = Link(bandwidth=1e5, latency=0.01)
 STAGE_SECONDS = {1: 0.004, 2: 0.010}
@@ -188,7 +188,7 @@ def test_bad_configs_raise_one_clear_error():
 
 
 def test_the_simulator_imports_no_torch():
-    code = "import sys, sim.simulation, sim.sweep, cis.commands.simulate; sys.exit('torch' in sys.modules)"
+    code = "import sys, cis.sim.simulation, cis.sim.sweep, cis.cli.commands.simulate; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
 
 

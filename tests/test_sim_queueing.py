@@ -16,10 +16,10 @@ import math
 import numpy as np
 import pytest
 
-from cis.rates import compute_rates
-from cis.spec import CisSpec, Node, validate
-from cis.topologies import make_spec
-from sim import SimConfig, simulate
+from cis.core.rates import compute_rates
+from cis.core.spec import CisSpec, Node, validate
+from cis.core.topologies import make_spec
+from cis.sim import SimConfig, simulate
 
 
 def single_node(rate: float, **node) -> CisSpec:

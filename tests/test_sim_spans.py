@@ -1,4 +1,4 @@
-"""The twin's per-visit spans (queue, compute, forward, request; sim/spans.py), the node work per batch, and
+"""The twin's per-visit spans (queue, compute, forward, request; cis/sim/spans.py), the node work per batch, and
 how a measured spread of single calls carries over to a batch. Simulated time only: exact relations."""
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import math
 import numpy as np
 import pytest
 
-from cis.errors import CisError
-from cis.spec import CisSpec, Link, Node, validate
-from sim import SimConfig, simulate
-from sim.spans import KINDS, read_spans, span_columns, span_records, span_summary, write_spans
+from cis.core.errors import CisError
+from cis.core.spec import CisSpec, Link, Node, validate
+from cis.sim import SimConfig, simulate
+from cis.sim.spans import KINDS, read_spans, span_columns, span_records, span_summary, write_spans
 
 STAGE = 0.010  # seconds of each stage, any batch size up to 8 twice that
 PROFILE = {1: {1: STAGE, 8: 2 * STAGE}, 2: {1: STAGE, 8: 2 * STAGE}}
@@ -105,7 +105,7 @@ def test_spans_cost_nothing_when_off_and_round_trip_through_the_file_format(tmp_
 
 def test_the_runtimes_reader_reads_the_twins_file_and_a_missing_file_is_one_line(tmp_path):
     """One format, one reader: the runtime's (a line a killed node cut short is skipped)."""
-    from cis.runtime.tracing import read_spans as runtime_reader
+    from cis.runtime.spans import read_spans as runtime_reader
 
     result, _ = replay(tmp_path, [1.0])
     write_spans(tmp_path / "twin.jsonl", span_records(result.spans, ["root", "leaf"]))
@@ -147,7 +147,7 @@ def test_a_single_calls_spread_shrinks_over_a_batch_as_the_square_root_of_its_le
 
 
 def test_cli_writes_spans_and_takes_node_work_per_batch(run_cli, tmp_path):
-    from cis.spec import write_spec
+    from cis.core.spec import write_spec
 
     write_spec(leaf_root(Link(1e7, 0.001)), tmp_path / "spec.toml")
     res = run_cli("simulate", "--spec", tmp_path / "spec.toml", "--requests", "200", "--share", "leaf=0.5",
@@ -211,8 +211,8 @@ def test_messages_that_come_during_a_batch_make_it_longer_by_their_work(tmp_path
 
 
 def test_message_work_is_read_from_the_latency_profile_file_and_checked(run_cli, tmp_path):
-    from cis.commands.simulate import read_latency_profile
-    from cis.spec import write_spec
+    from cis.cli.commands.simulate import read_latency_profile
+    from cis.core.spec import write_spec
 
     profile = tmp_path / "latency.json"
     profile.write_text(json.dumps({"stages": {"1": {"1": STAGE}, "2": {"1": STAGE}}, "message_work": 0.0002}))

@@ -10,12 +10,12 @@ import math
 import numpy as np
 import pytest
 
-from cis.faults import Fault
-from cis.spec import CisSpec, Link, Node, validate
-from sim import SimConfig, simulate
-from sim.links import MSS, SEGMENT_OVERHEAD, Outage, Uplink, Wire, wire_bytes
-from sim.service import batch_seconds
-from sim.sweep import sweep
+from cis.core.faults import Fault
+from cis.core.spec import CisSpec, Link, Node, validate
+from cis.sim import SimConfig, simulate
+from cis.sim.links import MSS, SEGMENT_OVERHEAD, Outage, Uplink, Wire, wire_bytes
+from cis.sim.service import batch_seconds
+from cis.sim.sweep import sweep
 
 
 def one_node(rate: float, queue_limit: int | None = None) -> CisSpec:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cis.spec import CisSpec, Node, validate
+from cis.core.spec import CisSpec, Node, validate
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -23,7 +23,7 @@ def spec() -> CisSpec:
 
 
 def columns(batches: list[tuple[str, float, float, float, int]]) -> dict:
-    """Span columns (sim.spans.span_columns' layout) of one-request batches: (node, woke, start, end, stage_from);
+    """Span columns (cis.sim.spans.span_columns' layout) of one-request batches: (node, woke, start, end, stage_from);
     each batch's answer goes at its end."""
     rows = []
     for k, (node, woke, start, end, stage_from) in enumerate(batches):

@@ -1,9 +1,9 @@
 import pytest
 import torch
 
-from cis.errors import CisError
-from training.methods import slt
-from training.methods.resnet import LAYOUTS
+from cis.core.errors import CisError
+from cis.training.methods import slt
+from cis.training.methods.resnet import LAYOUTS
 
 
 def test_planner_reproduces_table4_at_half_width_and_is_monotone():

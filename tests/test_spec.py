@@ -6,9 +6,9 @@ import textwrap
 
 import pytest
 
-from cis.errors import SpecError
-from cis.spec import load_spec, parse_spec, write_spec
-from cis.topologies import make_spec
+from cis.core.errors import SpecError
+from cis.core.spec import load_spec, parse_spec, write_spec
+from cis.core.topologies import make_spec
 
 GOOD = """
 [cis]

@@ -1,4 +1,4 @@
-"""HeteroFL's static BatchNorm (training/methods/static_bn.py) on digits: no running statistics while
+"""HeteroFL's static BatchNorm (cis/training/methods/static_bn.py) on digits: no running statistics while
 training; afterwards each sub-model's own, a cumulative average over the nodes' training data; the same
 statistics in summary.json, the checkpoint, ``cis evaluate`` and the exported stages; ``static_bn=false``
 is the old behaviour, bit for bit."""
@@ -12,16 +12,16 @@ import pytest
 import torch
 from torch import nn
 
-from training.aggregation.aggregators import SubsetAggregator
-from training.data import load_dataset
-from training.engine import ExitSampler, FederatedEngine
-from training.families.nested import build_subset_method, default_gammas, subset_model, tier_matrix
-from training.local import Client
-from training.methods.nested import BN_STATISTICS, NestedNet, nefl_specs
-from training.methods.resnet import LAYOUTS
-from training.methods.static_bn import is_stale, recompute_statistics_, refresh_statistics
-from training.methods.subfl import NestedDevice, SubsetTrainer
-from training.selection import gather
+from cis.training.aggregation.aggregators import SubsetAggregator
+from cis.training.data.loading import load_dataset
+from cis.training.families.nested import build_subset_method, default_gammas, subset_model, tier_matrix
+from cis.training.federated import ExitSampler, FederatedEngine
+from cis.training.local import Client
+from cis.training.methods.nested import BN_STATISTICS, NestedNet, nefl_specs
+from cis.training.methods.resnet import LAYOUTS
+from cis.training.methods.static_bn import is_stale, recompute_statistics_, refresh_statistics
+from cis.training.methods.subfl import NestedDevice, SubsetTrainer
+from cis.training.selection import gather
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -161,8 +161,8 @@ def test_static_bn_off_is_the_previous_heterofl_bit_for_bit(clients):
 
 
 def test_static_bn_is_heterofl_s_option_only():
-    from cis.errors import CisError
-    from training.methods.registry import OPTIONS, method_options
+    from cis.core.errors import CisError
+    from cis.training.methods.registry import OPTIONS, method_options
 
     assert OPTIONS["static_bn"].methods == ("heterofl",) and OPTIONS["static_bn"].default is True
     assert method_options("heterofl", static_bn="false")["static_bn"] is False
@@ -175,12 +175,12 @@ def test_static_bn_is_heterofl_s_option_only():
 
 @pytest.mark.slow
 def test_a_trained_run_evaluates_checkpoints_and_exports_its_own_statistics(tmp_path, run_cli):
-    from cis.bundle import load_bundle
-    from cis.stages import run_chain
-    from training.checkpoint import load_checkpoint
-    from training.config import make_config
-    from training.evaluate import predict_exits
-    from training.run import build_setup
+    from cis.core.bundle import load_bundle
+    from cis.core.stages.runner import run_chain
+    from cis.training.checkpoint import load_checkpoint
+    from cis.training.config import make_config
+    from cis.training.evaluate import predict_exits
+    from cis.training.run import build_setup
 
     run_dir, bundle_dir = tmp_path / "run", tmp_path / "bundle"
     argv = ["--method", "heterofl", "--dataset", "digits", "--rounds", "2", "--local-steps", "3"]

@@ -3,14 +3,14 @@
 import numpy as np
 import pytest
 
-from cis.errors import CisError
-from cis.rates import compute_rates
-from cis.topologies import make_spec
-from training.aggregation.weights import balanced_adj_weights, flops_weights, make_weights
-from training.architectures import build_model
-from training.grad_variance import gradient_variance
-from training.models import default_model_config
-from training.sampling import sampling_matrix
+from cis.core.errors import CisError
+from cis.core.rates import compute_rates
+from cis.core.topologies import make_spec
+from cis.training.aggregation.weights import balanced_adj_weights, flops_weights, make_weights
+from cis.training.architectures import build_model
+from cis.training.grad_variance import gradient_variance
+from cis.training.models.cnns import default_model_config
+from cis.training.sampling import sampling_matrix
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -69,7 +69,7 @@ def test_gradient_variance_per_exit_is_positive_and_leaves_model_untouched():
 
 
 def test_ramps_start_equal_and_end_at_their_target():
-    from training.aggregation.weights import ramp_weights
+    from cis.training.aggregation.weights import ramp_weights
 
     lam = [5.0, 15.0, 80.0]
     w = make_weights("serving-ramp", 3, total_rounds=20, exit_serving_rate=lam)

@@ -1,4 +1,4 @@
-"""The testbed: nodes in network namespaces behind tbf-shaped links (cis testbed, cis link, cis.testbed).
+"""The testbed: nodes in network namespaces behind tbf-shaped links (cis testbed, cis link, cis.runtime.testbed).
 
 The plan (names, addresses) is checked everywhere; what needs namespaces (root, ip, tc) skips cleanly where
 they cannot be made. On a testbed: a forwarded request's latency grows with its message size over the link's
@@ -16,11 +16,11 @@ import time
 import numpy as np
 import pytest
 
-from cis.errors import CisError
-from cis.spec import CisSpec, Link, Node, validate, write_spec
-from cis.testbed import net
-from cis.testbed.plan import IFNAME_MAX, plan_network
-from cis.topologies import make_spec
+from cis.core.errors import CisError
+from cis.core.spec import CisSpec, Link, Node, validate, write_spec
+from cis.core.topologies import make_spec
+from cis.runtime.testbed import net
+from cis.runtime.testbed.plan import IFNAME_MAX, plan_network
 
 
 def _can_make_namespaces() -> bool:
@@ -95,7 +95,7 @@ def test_without_root_or_tools_the_testbed_stops_with_one_line(run_cli, monkeypa
 @pytest.fixture(scope="module")
 def bundle_dir(tmp_path_factory):
     pytest.importorskip("torch")
-    from export.fixture_bundle import make_demo_bundle
+    from cis.exporter.fixture_bundle import make_demo_bundle
 
     return make_demo_bundle(tmp_path_factory.mktemp("testbed"), steps=20)  # thresholds are forced: untrained is fine
 
@@ -110,9 +110,9 @@ def _median_latency(address: str, x: np.ndarray, n: int = 5) -> tuple[float, lis
 
 @needs_namespaces
 def test_a_forward_takes_its_size_over_the_bandwidth_and_a_partition_is_answered_degraded(bundle_dir, tmp_path):
-    from cis.bundle import load_bundle
-    from cis.testbed.bed import start
-    from sim.links import wire_bytes
+    from cis.core.bundle import load_bundle
+    from cis.runtime.testbed.bed import start
+    from cis.sim.links import wire_bytes
 
     spec = three_tiers()
     write_spec(spec, tmp_path / "three.toml")

@@ -25,13 +25,13 @@ import zmq
 from cli_process import cis_argv
 from test_runtime_node import FakeStage, Running, T
 
-from cis.errors import CisError
+from cis.core.errors import CisError
 from cis.runtime import protocol as P
 from cis.runtime import tracing
 from cis.runtime.client import Client
 from cis.runtime.launcher import free_port
 from cis.runtime.node import Node, NodeConfig
-from cis.runtime.tracing import read_spans
+from cis.runtime.spans import read_spans
 
 FAST = dict(heartbeat=0.05, heartbeat_timeout=0.5, forward_timeout=2.0)
 SLACK = 0.005  # seconds: a node stamps a message's arrival when it last found its socket empty
@@ -322,10 +322,11 @@ def test_commands_say_what_is_wrong_with_a_tracing_flag_in_one_line(argv, says):
 
 
 def test_otlp_endpoint_without_the_otel_extra_is_one_line():
-    """As on an install without 'cis[otel]': the SDK cannot be imported."""
-    code = "import sys; sys.modules['opentelemetry.sdk'] = None; from cis.cli import main; sys.exit(main())"
+    """As on an install without 'cis-inference[otel]': the SDK cannot be imported."""
+    code = "import sys; sys.modules['opentelemetry.sdk'] = None; from cis.cli.main import main; sys.exit(main())"
     argv = ["serve", "nowhere", "--node", "a", "--otlp-endpoint", "http://127.0.0.1:4318"]
     res = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and res.stderr.strip().splitlines() == [
-        "cis serve: --otlp-endpoint needs the 'otel' extra: pip install 'cis[otel]' (not installed: opentelemetry.sdk)"
+        "cis serve: --otlp-endpoint needs the 'otel' extra: pip install 'cis-inference[otel]' "
+        "(not installed: opentelemetry.sdk)"
     ]

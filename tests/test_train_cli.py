@@ -10,7 +10,7 @@ ROUNDS = 8
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    from cis.cli import main
+    from cis.cli.main import main
 
     out = tmp_path_factory.mktemp("runs") / "digits"
     code = main(["train", "--dataset", "digits", "--rounds", str(ROUNDS), "--out", str(out), "--no-progress", "--json"])

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from cis.errors import CisError
-from cis.references import is_reference, parse_reference, resolve, sha256_file
-from training.data import load_dataset
-from training.data_ref import absolute_ref, check_unchanged, data_kind, data_sha256, parse_data_ref
-from training.partition import partition, partition_by_column
+from cis.core.errors import CisError
+from cis.core.user_code import is_reference, parse_reference, resolve, sha256_file
+from cis.training.data.data_ref import absolute_ref, check_unchanged, data_kind, data_sha256, parse_data_ref
+from cis.training.data.loading import load_dataset
+from cis.training.data.partition import partition, partition_by_column
 
 
 @pytest.fixture(autouse=True)

@@ -10,7 +10,7 @@ import re
 import numpy as np
 import pytest
 
-from training.config import make_config
+from cis.training.config import make_config
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -52,7 +52,7 @@ def test_npz_trains_federated_on_its_own_node_column(tmp_path, run_cli):
     assert meta["model"]["arch"] == "digits-cnn" and meta["model"]["num_classes"] == 3
     assert json.loads((out / "config.json").read_text())["partition"] == "node"
 
-    from training.run import build_setup
+    from cis.training.run import build_setup
 
     s = build_setup(make_config({"dataset": str(data), "partition": "node", "rounds": 1}))
     counts = np.bincount(s.splits.train.node, minlength=7)
@@ -91,7 +91,7 @@ def test_centralised_trains_on_pooled_data_and_evaluates_and_exports(tmp_path, r
 
 
 def test_centralised_weights_are_the_federated_runs(tmp_path):
-    from training.run import build_setup
+    from cis.training.run import build_setup
 
     data = str(tiny_images(tmp_path / "d.npz"))
     for strategy in ("serving-rate", "flops", "equal"):

@@ -14,10 +14,10 @@ import pytest
 torch = pytest.importorskip("torch")
 nn = torch.nn
 
-from cis.errors import CisError  # noqa: E402
-from training.contract import EarlyExitNet, ExitHead, TokenHead, check_chain, default_head  # noqa: E402
-from training.reference import build_model, is_own, parse_model_args, parse_reference, user_model  # noqa: E402
-from training.weights_file import load_weights  # noqa: E402
+from cis.core.errors import CisError  # noqa: E402
+from cis.training.models.contract import EarlyExitNet, ExitHead, TokenHead, check_chain, default_head  # noqa: E402
+from cis.training.models.model_ref import build_model, is_own, parse_model_args, parse_reference, user_model  # noqa: E402
+from cis.training.weights_file import load_weights  # noqa: E402
 
 CNN = '''
 import torch
@@ -140,7 +140,7 @@ def test_a_module_reference_imports_from_the_working_directory(tmp_path, monkeyp
     import hashlib
 
     assert model.config()["sha256"] == hashlib.sha256((pkg / "cnn.py").read_bytes()).hexdigest()
-    assert is_own(parse_reference("training.architectures:resnet18"))  # cis's own factories record no hash
+    assert is_own(parse_reference("cis.training.architectures:resnet18"))  # cis's own factories record no hash
 
 
 BAD_FILES = {
@@ -198,7 +198,7 @@ def test_a_model_file_changed_since_the_run_stops_unless_allowed(tmp_path, caplo
     (tmp_path / "model.py").write_text(CNN + "\n# edited\n")
     with pytest.raises(CisError, match="changed since the run .*--allow-model-change"):
         build_model(record)
-    with caplog.at_level(logging.WARNING, logger="training.reference"):
+    with caplog.at_level(logging.WARNING, logger="cis.training.models.model_ref"):
         model = build_model(record, allow_changed=True)
     assert "changed since the run" in caplog.text and model.config()["sha256"] == record["sha256"]
 
@@ -242,7 +242,7 @@ def test_weights_that_do_not_fit_are_one_line(tmp_path, blob, message):
 
 @pytest.mark.parametrize("method", ["reefl", "inclusivefl", "scalefl", "nefl", "heterofl"])
 def test_a_method_with_its_own_architecture_refuses_a_user_model(method):
-    from training.config import make_config
+    from cis.training.config import make_config
 
     with pytest.raises(CisError, match=f"--model: method '{method}' .*; a model of your own trains with --method cis"):
         make_config({}, {"method": method, "model": "model.py:make"})
@@ -253,7 +253,7 @@ def test_a_method_with_its_own_architecture_refuses_a_user_model(method):
 
 
 def _token_splits(n=240, length=6, vocab=16, seed=0):
-    from training.data import Dataset, DataSplits
+    from cis.training.data.loading import Dataset, DataSplits
 
     rng = np.random.default_rng(seed)
     x = rng.integers(0, vocab, (n, length)).astype(np.int64)
@@ -264,12 +264,12 @@ def _token_splits(n=240, length=6, vocab=16, seed=0):
 
 
 def test_a_token_id_model_trains_exports_with_int64_inputs_and_takes_an_int_npz(tmp_path, one_torch_thread):
-    from cis.inputs import load_npz
-    from cis.stages import run_chain
-    from export.bundle_writer import export_bundle
-    from training.checkpoint import save_checkpoint
-    from training.config import make_config
-    from training.run import build_setup, checkpoint_meta
+    from cis.core.input_files import load_npz
+    from cis.core.stages.runner import run_chain
+    from cis.exporter.bundle_writer import export_bundle
+    from cis.training.checkpoint import save_checkpoint
+    from cis.training.config import make_config
+    from cis.training.run import build_setup, checkpoint_meta
 
     ref = f"{write(tmp_path, TOKENS, 'tokens.py')}:make"
     splits = _token_splits()
@@ -287,7 +287,7 @@ def test_a_token_id_model_trains_exports_with_int64_inputs_and_takes_an_int_npz(
     assert manifest["inputs"] == [{"name": "input", "dtype": "int64", "shape": [None, 6],
                                    "preprocessing": {"kind": "none"}}]
     assert manifest["model"]["reference"] == ref and manifest["model"]["input_dtype"] == "int64"
-    from cis.bundle import load_bundle
+    from cis.core.bundle import load_bundle
 
     bundle = load_bundle(tmp_path / "bundle")
     np.savez(tmp_path / "ids.npz", x=splits.test.x.astype(np.int32), y=splits.test.y)
@@ -306,8 +306,8 @@ def test_a_stage_that_cannot_be_exported_names_the_stage_and_the_operator(capfd)
     """One line, and nothing else: the torchscript exporter's C++ log (the graph it failed in) stays off fd 1."""
     import ctypes
 
-    from export.onnx_export import ExportError, export_stage
-    from training.stage_plan import describe_stages
+    from cis.exporter.onnx_export import ExportError, export_stage
+    from cis.training.models.stage_plan import describe_stages
 
     class Cummax(nn.Module):
         def forward(self, x):

@@ -17,16 +17,16 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("onnx")
 
-from cis.errors import CisError  # noqa: E402
-from training.vision import import_torchvision  # noqa: E402
+from cis.core.errors import CisError  # noqa: E402
+from cis.training.models.vision import import_torchvision  # noqa: E402
 
 try:
     tv = import_torchvision()
 except ModuleNotFoundError:
-    pytest.skip("torchvision not installed (pip install 'cis[vision]')", allow_module_level=True)
+    pytest.skip("torchvision not installed (pip install 'cis-inference[vision]')", allow_module_level=True)
 
-from training.backbone import split_after, torchvision_model, with_exits  # noqa: E402
-from training.contract import EarlyExitNet, ExitHead, TokenHead  # noqa: E402
+from cis.training.models.backbone import split_after, torchvision_model, with_exits  # noqa: E402
+from cis.training.models.contract import EarlyExitNet, ExitHead, TokenHead  # noqa: E402
 
 SHAPE = (3, 32, 32)
 BACKBONES = {  # name: (factory source, after)
@@ -45,7 +45,7 @@ def model_file(tmp_path, name: str) -> str:
     path = tmp_path / f"{name}.py"
     path.write_text(textwrap.dedent(f"""
         from torchvision.models.vision_transformer import VisionTransformer
-        from training.backbone import torchvision_model, with_exits
+        from cis.training.models.backbone import torchvision_model, with_exits
 
 
         def make(num_classes, input_shape):
@@ -94,12 +94,12 @@ def test_a_cut_that_is_not_a_narrow_point_or_unknown_is_one_line():
 
 @pytest.mark.parametrize("name", sorted(BACKBONES))
 def test_a_backbone_model_file_exports_per_stage_verified_against_torch(tmp_path, name, one_torch_thread):
-    from cis.spec import spec_to_dict
-    from cis.topologies import make_spec
-    from export.bundle_writer import export_bundle
-    from training.checkpoint import save_checkpoint
-    from training.data import Dataset
-    from training.reference import user_model
+    from cis.core.spec import spec_to_dict
+    from cis.core.topologies import make_spec
+    from cis.exporter.bundle_writer import export_bundle
+    from cis.training.checkpoint import save_checkpoint
+    from cis.training.data.loading import Dataset
+    from cis.training.models.model_ref import user_model
 
     ref = model_file(tmp_path, name)
     model = user_model(ref, {}, {"num_classes": 10, "input_shape": SHAPE}, torch.float32)
@@ -119,7 +119,7 @@ def test_a_backbone_model_file_exports_per_stage_verified_against_torch(tmp_path
 
 
 def test_backbone_weights_load_into_the_stages_by_their_own_names(tmp_path):
-    from training.weights_file import load_weights
+    from cis.training.weights_file import load_weights
 
     donor = torchvision_model("resnet18", num_classes=10)
     torch.save(donor.state_dict(), tmp_path / "resnet18.pt")
@@ -137,7 +137,7 @@ def test_backbone_weights_load_into_the_stages_by_their_own_names(tmp_path):
 def test_a_model_file_that_imports_torchvision_loads_in_a_fresh_process(tmp_path):
     ref = model_file(tmp_path, "mobilenet_v3_small")
     code = (
-        "import torch; from training.reference import user_model; "
+        "import torch; from cis.training.models.model_ref import user_model; "
         f"m = user_model({ref!r}, {{}}, {{'num_classes': 10, 'input_shape': (3, 32, 32)}}, torch.float32); "
         "print(m.num_exits)"
     )
@@ -148,7 +148,7 @@ def test_a_model_file_that_imports_torchvision_loads_in_a_fresh_process(tmp_path
 
 def test_timm_backbones_cut_too():
     pytest.importorskip("timm")
-    from training.backbone import timm_model
+    from cis.training.models.backbone import timm_model
 
     vit = timm_model("vit_tiny_patch16_224", img_size=32, patch_size=8, num_classes=10, depth=4)
     model = EarlyExitNet(with_exits(vit, ["blocks.1", "blocks.3"], 10, SHAPE, tokens="cls"), input_shape=SHAPE)

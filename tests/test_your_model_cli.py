@@ -54,7 +54,7 @@ TRAIN = ["--dataset", "digits", "--topology", "paper-7", "--serving", "60-30-10"
 @pytest.fixture(scope="module")
 def user(tmp_path_factory):
     """The model file (outside the repo) and a run trained from it: stopped after round 2, resumed."""
-    from cis.cli import main
+    from cis.cli.main import main
 
     root = tmp_path_factory.mktemp("yours")
     (root / "model.py").write_text(MODEL)
@@ -88,7 +88,7 @@ def test_train_export_serve_infer_simulate(user, run_cli, tmp_path):
     exported = run_cli("export", run, "--out", tmp_path / "bundle", "--latency-repeats", "2", "--json")
     assert exported.code == 0, exported.err
     assert exported.json()["verification"]["passed"]
-    from training.data import load_dataset
+    from cis.training.data.loading import load_dataset
 
     test = load_dataset("digits").test
     np.savez(tmp_path / "test.npz", x=test.x[:120], y=test.y[:120])

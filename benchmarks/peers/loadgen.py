@@ -24,7 +24,7 @@ from typing import Protocol
 
 import numpy as np
 
-from cis.metrics import latency_summary
+from cis.core.records import latency_summary
 
 
 class Refused(Exception):

@@ -2,8 +2,9 @@
 
 KServe's and MLServer's models (``kserve_cis.py``, ``mlserver_cis.py``) serve the cloud node of a cis bundle
 alone: a request entering it at stage 1 runs the node's stages (stages 1..3 at the root of paper-7) with
-onnxruntime (:class:`cis.stages.StageRunner`, one thread per session as ``cis serve``'s default) and is
-answered with the root's decision (:meth:`cis.policy.ExitPolicy.batch`: the class and the confidence at its
+onnxruntime (:class:`cis.core.stages.runner.StageRunner`, one thread per session as ``cis serve``'s default) and is
+answered with the root's decision (:meth:`cis.core.policy.exit_policy.ExitPolicy.batch`: the class and the confidence
+at its
 exit), exactly what ``cis serve BUNDLE --node cloud`` answers. Needs cis's core and onnxruntime, no torch.
 """
 
@@ -18,8 +19,9 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # started by the server from another environment: the checkout's cis
     sys.path.insert(0, str(REPO))
 
-from cis.bundle import load_bundle  # noqa: E402
-from cis.stages import INPUT, StageRunner, run_stages  # noqa: E402
+from cis.core.bundle import load_bundle  # noqa: E402
+from cis.core.stages.contract import INPUT  # noqa: E402
+from cis.core.stages.runner import StageRunner, run_stages  # noqa: E402
 
 
 class NodeStages:

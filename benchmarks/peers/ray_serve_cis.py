@@ -2,8 +2,10 @@
 
 A cis bundle's tree (paper-7: four devices, two edges, a cloud) becomes three deployments, ``devices``
 (one replica per device node), ``edges`` and ``cloud``, each running its tier's ONNX stages from the same
-bundle with onnxruntime (:class:`cis.stages.StageRunner`, one thread per session as ``cis serve``'s default),
-the same exit policy (:meth:`cis.policy.ExitPolicy.batch`, the one decision cis nodes make) and the same
+bundle with onnxruntime (:class:`cis.core.stages.runner.StageRunner`, one thread per session as ``cis serve``'s
+default),
+the same exit policy (:meth:`cis.core.policy.exit_policy.ExitPolicy.batch`, the one decision cis nodes make) and the
+same
 thresholds (the bundle's, or one ``threshold`` for every node below the root, as ``cis serve --threshold``).
 A request names the node it enters at; its threshold is that node's. A sample the decision does not serve
 goes to the parent tier's deployment through a :class:`ray.serve.handle.DeploymentHandle` with the carry
@@ -54,9 +56,10 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:  # run as a script from a checkout: the project's cis package
     sys.path.insert(0, str(REPO))
 
-from cis.bundle import load_bundle  # noqa: E402
-from cis.policy import ExitPolicy  # noqa: E402
-from cis.stages import INPUT, LOGITS, StageRunner, carry_of  # noqa: E402
+from cis.core.bundle import load_bundle  # noqa: E402
+from cis.core.policy.exit_policy import ExitPolicy  # noqa: E402
+from cis.core.stages.contract import INPUT, LOGITS, carry_of  # noqa: E402
+from cis.core.stages.runner import StageRunner  # noqa: E402
 
 APP = "cis"
 # part of the best configuration: no access log line per request, warnings only (cis nodes log events, not requests)

@@ -61,7 +61,7 @@ def missing_peers(http: bool = True) -> list[str]:
 
 def cis_has_front_door() -> bool:
     """Whether this cis serves the Open Inference Protocol (``cis serve --http-port``, issue 33)."""
-    out = subprocess.run([sys.executable, "-m", "cis.cli", "serve", "--help"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "cis.cli.main", "serve", "--help"], capture_output=True, text=True)
     return "--http-port" in out.stdout
 
 
@@ -104,7 +104,7 @@ def process_name(pid: int) -> str:
     words = [w.decode(errors="replace") for w in raw if w]
     if not words:
         return "?"
-    if "cis.cli" in words and "serve" in words:
+    if "cis.cli.main" in words and "serve" in words:
         if "--node" in words:
             return f"cis node {words[words.index('--node') + 1]}"
         return "cis serve --all (launcher)" if "--all" in words else "cis serve"
@@ -230,7 +230,7 @@ class CisTree:
 
     def __init__(self, bundle: Path, logs: Path, args: list[str], http: bool):
         self.t0 = time.monotonic()
-        cmd = [sys.executable, "-m", "cis.cli", "serve", str(bundle), "--all", "--free-ports", "--json",
+        cmd = [sys.executable, "-m", "cis.cli.main", "serve", str(bundle), "--all", "--free-ports", "--json",
                "--log-dir", str(logs), *args, *(["--http-port", "0"] if http else [])]  # fmt: skip
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      start_new_session=True)  # fmt: skip
@@ -262,7 +262,7 @@ class CisNode(CisTree):
         self.t0 = time.monotonic()
         port = free_port()
         self.http_port = free_port() if http else None
-        cmd = [*taskset(cpus), sys.executable, "-m", "cis.cli", "serve", str(bundle), "--node", node,
+        cmd = [*taskset(cpus), sys.executable, "-m", "cis.cli.main", "serve", str(bundle), "--node", node,
                "--bind", f"tcp://127.0.0.1:{port}", "--no-cap", *args,
                *(["--http-port", str(self.http_port)] if http else [])]  # fmt: skip
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
-from cis.confidence import softmax
-from cis.errors import CisError
-from cis.metrics import latency_summary
+from cis.core.errors import CisError
+from cis.core.policy.confidence import softmax
+from cis.core.records import latency_summary
 from cis.runtime import protocol as P
 from cis.runtime.security import CurveConfig, secure_client
 from cis.runtime.tracing import check_traceparent
@@ -378,7 +378,7 @@ def infer_spread(
 
 
 def summarize(results: Sequence[Result | None], labels: np.ndarray | None = None) -> dict:
-    """Accuracy, served share per exit and per node, latency (cis.metrics.latency_summary, seconds), errors."""
+    """Accuracy, served share per exit and per node, latency (cis.core.records.latency_summary, seconds), errors."""
     ok = [r for r in results if r is not None and r.error is None]
     errors: dict[str, int] = {}
     for r in results:

@@ -1,6 +1,6 @@
 """What a node tells its operator: its named log events (docs/runtime.md, *Logs*).
 
-Each is one record of the ``cis.runtime.node`` logger through :func:`cis.logs.event`, with the
+Each is one record of the ``cis.runtime.node`` logger through :func:`cis.core.logs.event`, with the
 node's id as the field ``node``: ``node_start``, ``parent_down``, ``parent_up``,
 ``overload_start``, ``overload_end``, ``shutdown``, ``node_stop``, and through the executor
 ``stage_failed`` and ``decide_failed`` come from here (the launcher adds ``node_exit`` and
@@ -15,8 +15,8 @@ import math
 import time
 from collections.abc import Mapping
 
-from cis import __version__
-from cis.logs import Every, event
+from cis.core.logs import Every, event
+from cis.core.version import __version__
 from cis.runtime.node_config import NodeConfig
 
 log = logging.getLogger("cis.runtime.node")

@@ -30,8 +30,10 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from cis.decision import BatchDecision
-from cis.policy import ExitPolicy
+from cis.core.policy.decision import BatchDecision
+from cis.core.policy.exit_policy import ExitPolicy
+from cis.core.policy.transfer_cap import TokenBucket
+from cis.core.stages.contract import LOGITS
 from cis.runtime import protocol as P
 from cis.runtime import tracing
 from cis.runtime.adapt import ThresholdController
@@ -39,8 +41,6 @@ from cis.runtime.events import FailureLog
 from cis.runtime.feeds import FeedContract, nonfinite_rows, overflowed
 from cis.runtime.node_config import NodeConfig
 from cis.runtime.requests import Outbox, Pending, Request, Stage, exit_logits, parent_logits
-from cis.stages import LOGITS
-from cis.transfer_cap import TokenBucket
 
 if TYPE_CHECKING:
     from cis.runtime.metrics_http import BatchTimings

@@ -5,7 +5,7 @@
 
 The spec gives the node's exit, parent, transfer cap, queue limit, provider and
 addresses; the bundle its stages and its exit policy; ``cis serve`` flags override
-any of them (:mod:`cis.commands.serve_config`).
+any of them (:mod:`cis.cli.commands.serve_config`).
 """
 
 from __future__ import annotations
@@ -14,14 +14,14 @@ import logging
 import math
 from typing import Any
 
-from cis.bundle import Bundle, load_bundle
-from cis.errors import CisError
-from cis.logs import event
-from cis.rates import compute_rates
+from cis.core.bundle import Bundle, load_bundle
+from cis.core.errors import CisError
+from cis.core.logs import event
+from cis.core.rates import compute_rates
+from cis.core.spec import CisSpec
+from cis.core.spec import Node as SpecNode
 from cis.runtime.node import BundleStage, Node
 from cis.runtime.node_config import STAGE_THREADS, NodeConfig
-from cis.spec import CisSpec
-from cis.spec import Node as SpecNode
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def build_node(
     The spec (default: the bundle's) gives the node's exit, parent, transfer cap,
     queue limit, provider and addresses; ``bind``/``parent`` override the addresses and
     ``threshold`` the bundle policy's threshold; ``provider`` (cpu, cuda, tensorrt, auto;
-    see cis.backends) the spec's. ``options`` go to NodeConfig.
+    see cis.core.stages.backends) the spec's. ``options`` go to NodeConfig.
     """
     if not isinstance(bundle, Bundle):
         bundle = load_bundle(bundle)  # verifies every file's sha256 before any stage is loaded
@@ -114,8 +114,8 @@ def _policy_options(bundle: Bundle, spec: CisSpec, options: dict[str, Any]) -> N
 
 def _open_stages(bundle: Bundle, node: SpecNode, provider: str | None, threads: int) -> tuple[dict, Any]:
     """The node's stages 1..E_i on the provider that runs them here: ({k: stage}, the backend)."""
-    from cis.backends import node_provider, open_stages, refusal
-    from cis.stages import ProviderError
+    from cis.core.stages.backends import node_provider, open_stages, refusal
+    from cis.core.stages.runner import ProviderError
 
     try:
         indices = [k for k in bundle.stages_for_node(node.id) if k <= node.exit]

@@ -11,7 +11,7 @@ import numpy as np
 
 
 class TensorSpec(Protocol):
-    """A tensor's name, shape (None: any size) and numpy dtype name; read only (cis.bundle.TensorInfo is one)."""
+    """A tensor's name, shape (None: any size) and numpy dtype name; read only (cis.core.bundle.TensorInfo is one)."""
 
     @property
     def name(self) -> str: ...

@@ -2,7 +2,7 @@
 
 Addresses come from the spec's ``address`` fields, or from free loopback ports
 when a node has none (or when ``free_ports`` is set). Each node is a
-``python -m cis.cli serve BUNDLE --node ID --bind ADDR --parent ADDR`` process.
+``python -m cis.cli.main serve BUNDLE --node ID --bind ADDR --parent ADDR`` process.
 
 Supervision (:meth:`Cluster.supervise`, called every ~0.1 s by ``serve --all``):
 a node that exits is reaped at once (no zombies) and started again at the same
@@ -32,12 +32,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from cis import logs
-from cis.errors import CisError
+from cis.core import logs
+from cis.core.errors import CisError
+from cis.core.spec import CisSpec
 from cis.runtime.orphans import launcher_env
 from cis.runtime.ports import free_port
 from cis.runtime.security import CurveConfig
-from cis.spec import CisSpec
 
 FIRST_BACKOFF = 0.5  # seconds before the second restart; the first is immediate
 MAX_BACKOFF = 30.0
@@ -71,7 +71,7 @@ def plan_doors(
 ) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, str]]]:
     """Front doors ({door: {node: port}}, {door: {node: URL}}): PORT+i for node i of the spec, or free ports
     for 0; ``door`` is "http" (URL http(s)://HOST:PORT) or "grpc" (HOST:PORT, what gRPC clients take)."""
-    from cis.runtime.doors import LOOPBACK, url
+    from cis.runtime.oip.door import LOOPBACK, url
 
     where = host or LOOPBACK
     plan: dict[str, dict[str, int]] = {}
@@ -123,7 +123,7 @@ class Cluster:
         cmd = [
             sys.executable,
             "-m",
-            "cis.cli",
+            "cis.cli.main",
             "--log-level",
             settings.level,
             "--log-format",
@@ -267,7 +267,7 @@ class Cluster:
                 "last_exit": sup.last_exit,
                 "log": str(self.log_path(n.id)) if self.log_dir else None,
             }
-        spec_file = str(Path(self.spec_file).resolve()) if self.spec_file else None  # what cis.measured compares with
+        spec_file = str(Path(self.spec_file).resolve()) if self.spec_file else None  # cis.runtime.measure compares
         bundle = str(Path(self.bundle).resolve())
         return {"launcher_pid": os.getpid(), "spec": spec_file, "bundle": bundle, "nodes": nodes}
 
@@ -332,7 +332,7 @@ def launch(
 
     ``metrics_port``: every node serves /metrics and /healthz (see :func:`plan_metrics`);
     ``metrics_host`` is passed on in ``extra_args`` by ``cis serve`` and only names the URLs here;
-    ``node_prefix`` runs each node's command behind a prefix (``ip netns exec NS``: :mod:`cis.testbed`);
+    ``node_prefix`` runs each node's command behind a prefix (``ip netns exec NS``: :mod:`cis.runtime.testbed`);
     ``door_ports`` the front doors' ports ({"http": PORT, "grpc": PORT}, see :func:`plan_doors`), ``door_host``
     and ``door_tls`` only name their URLs (``--http-host`` and the TLS flags go to the nodes in ``extra_args``)."""
     addresses = plan_addresses(spec, free_ports)

@@ -36,8 +36,8 @@ from itertools import accumulate
 from typing import Any
 from urllib.parse import urlsplit
 
-from cis import __version__
-from cis.errors import CisError
+from cis.core.errors import CisError
+from cis.core.version import __version__
 from cis.runtime.requests import Request
 
 # seconds; from well under a millisecond (a hot CPU stage) to the forward timeouts of deep trees
@@ -62,7 +62,7 @@ def http_host(address: str) -> str:
 
 def metrics_url(host: str, port: int) -> str:
     """Where Prometheus scrapes a node whose metrics server binds ``host``."""
-    from cis.runtime.doors import url
+    from cis.runtime.oip.door import url
 
     return url("http", host, port) + "/metrics"
 

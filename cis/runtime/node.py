@@ -24,13 +24,13 @@ The story of one request at a node:
    later stages). If its deadline passed meanwhile it is answered
    ``deadline_exceeded`` without running. If a stage raises on the batch, each
    request is run again alone, so only a request that fails alone gets ``internal``;
-5. at the node's own exit the one exit policy (:class:`cis.policy.ExitPolicy`)
+5. at the node's own exit the one exit policy (:class:`cis.core.policy.exit_policy.ExitPolicy`)
    decides per sample (with FLAME's patience measure: after *every* stage the
    node runs; a sample is served at the first exit whose count reaches p, and
    the state (label, count) of the others goes to the parent as two more carry
    tensors, ``patience_label`` and ``patience_count``, int64 (N,)): confident
    samples are answered here; the others are forwarded to the parent as one
-   FORWARD message, as long as the transfer cap (:class:`cis.transfer_cap.TokenBucket`)
+   FORWARD message, as long as the transfer cap (:class:`cis.core.policy.transfer_cap.TokenBucket`)
    has tokens and the parent is up; what the cap refuses is served here (flag
    ``capped``), what cannot reach the parent is served here (flag ``degraded``);
 6. when every sample of the request has a result (from here or from the parent's
@@ -52,12 +52,12 @@ from typing import Any
 import numpy as np
 import zmq
 
-from cis.metrics import LatencyWindow, json_float
+from cis.core.records import LatencyWindow, json_float
 from cis.runtime import events, tracing
 from cis.runtime import protocol as P
-from cis.runtime.doors import Door, Ticket, open_doors
 from cis.runtime.executor import Executor
 from cis.runtime.node_config import NodeConfig
+from cis.runtime.oip.door import Door, Ticket, open_doors
 from cis.runtime.requests import BundleStage, Pending, Request, Stage, forward_route
 from cis.runtime.security import CurveConfig, secure_client, secure_server, start_authenticator
 
@@ -98,7 +98,7 @@ class Node:
         self.alive_at = time.monotonic()  # when the loop last turned (/livez)
         self.overload = events.OverloadWatch(config.node_id)
         self.parent_watch = events.ParentWatch(config, self.alive_at)
-        self.doors: list[Door] = []  # front doors (HTTP, gRPC: cis.runtime.doors), opened with the sockets
+        self.doors: list[Door] = []  # front doors (HTTP, gRPC: cis.runtime.oip.door), opened with the sockets
         self.door_fds: dict[int, Door] = {}
         self.door_due = math.inf  # when the doors' timers are due
 

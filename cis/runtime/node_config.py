@@ -8,10 +8,10 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from cis.errors import CisError
+from cis.core.errors import CisError
 
 if TYPE_CHECKING:
-    from cis.backends import Backend
+    from cis.core.stages.backends import Backend
 
 NONFINITE_MODES = ("refuse", "flag")
 STAGE_THREADS = 1  # onnxruntime threads per stage (cis serve --threads)
@@ -59,7 +59,7 @@ class NodeConfig:
     spin: bool = False  # busy-poll instead of sleeping in poll (a node that owns a core): no wake-up per message
     drain_timeout: float = 10.0  # seconds to finish in-flight work after SIGTERM
     restarts: int = 0  # how often the launcher restarted this node (shown by status)
-    backend: Backend | None = None  # what runs the bundle's stages (cis.backends; None: stages given directly)
+    backend: Backend | None = None  # runs the stages (cis.core.stages.backends; None: stages given)
     parent_id: str | None = None  # the parent's node id (the build-info metric, logs); None at the root or unknown
     spans_file: str | None = None  # append the node's spans here ("{node}": its id); docs/runtime.md, Tracing
     otlp_endpoint: str | None = None  # export them over OTLP/HTTP (also the OTEL_EXPORTER_OTLP_* variables)

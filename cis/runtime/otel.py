@@ -26,11 +26,11 @@ from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from cis import __version__
-from cis.logs import event
+from cis.core.logs import event
+from cis.core.version import __version__
 
 if TYPE_CHECKING:
-    from cis.runtime.tracing import SpanRecord
+    from cis.runtime.spans import SpanRecord
 
 log = logging.getLogger(__name__)
 CLOSE_SECONDS = 5.0  # a stopping node waits this long for its last spans to go out, no longer

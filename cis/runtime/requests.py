@@ -10,8 +10,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from cis.core.stages.contract import LOGITS
 from cis.runtime.feeds import TensorSpec
-from cis.stages import LOGITS
 
 
 class Stage(Protocol):
@@ -25,7 +25,7 @@ class Stage(Protocol):
 
 @dataclass
 class BundleStage:
-    """A bundle stage (manifest contract) run by :class:`cis.stages.StageRunner`."""
+    """A bundle stage (manifest contract) run by :class:`cis.core.stages.runner.StageRunner`."""
 
     inputs: Sequence[TensorSpec]
     outputs: Sequence[TensorSpec]

@@ -20,7 +20,7 @@ import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
-from cis.errors import CisError
+from cis.core.errors import CisError
 from cis.runtime.node_config import CurveConfig  # noqa: F401  (callers import it from here too)
 
 log = logging.getLogger(__name__)

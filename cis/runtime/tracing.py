@@ -32,11 +32,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-import msgspec
 import numpy as np
 
-from cis.errors import CisError
-from cis.logs import event
+from cis.core.errors import CisError
+from cis.core.logs import event
+from cis.runtime.spans import LINE_ENCODER, SpanRecord
 from cis.runtime.wire import MAX_TRACE_PARTS, is_traceparent
 
 if TYPE_CHECKING:
@@ -44,42 +44,9 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-KINDS = ("request", "queue", "compute", "forward")
 FLUSH_SECONDS = 0.5  # a spans file reaches the disk at least this often
 OTLP_PATH = "/v1/traces"  # OTLP over HTTP: where spans go under a collector's base URL
 ENV_ENDPOINTS = ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT")
-
-
-class SpanRecord(msgspec.Struct):
-    """One line of a spans file (the format agreed with the twin of issue 36), in this key order."""
-
-    trace_id: str  # 32 hex
-    span_id: str  # 16 hex
-    parent_id: str | None  # 16 hex; None: the root of its trace
-    node: str
-    kind: str  # one of KINDS
-    start: float  # Unix seconds
-    end: float
-    req_id: int  # the request's id at this node (a client's id, or the child's forward id)
-    samples: int  # the request's samples in this trace (forward: those sent up)
-    batch: int  # samples in the micro-batch the request ran in; 0: it never ran
-    stage_from: int  # the stages this node runs for the request
-    stage_to: int
-
-
-_LINES = msgspec.json.Encoder()
-_READER = msgspec.json.Decoder(SpanRecord)
-
-
-def read_spans(path: str | Path) -> list[SpanRecord]:
-    """The spans of a spans file (a line cut short by a node that was killed is skipped)."""
-    out = []
-    for line in Path(path).read_bytes().splitlines():
-        try:
-            out.append(_READER.decode(line))
-        except msgspec.DecodeError:
-            continue
-    return out
 
 
 def traceparent(trace_id: str, span_id: str, flags: str = "01") -> str:
@@ -325,7 +292,7 @@ class SpansFile:
         self.thread.start()
 
     def write(self, spans: list[tuple[SpanRecord, dict[str, Any]]]) -> None:
-        self.file.write(_LINES.encode_lines([record for record, _ in spans]))
+        self.file.write(LINE_ENCODER.encode_lines([record for record, _ in spans]))
 
     def _flush(self) -> None:
         while not self.done.wait(FLUSH_SECONDS):
@@ -369,7 +336,7 @@ def open_tracer(node_id: str, exit: int, spans_file: str | None, otlp: str | Non
     """The node's tracer, or None when it traces nothing (``spans_file``: ``{node}`` becomes the node id;
     ``otlp``: the --otlp-endpoint flag). With the flag and no 'otel' extra: one line; with only the
     variables and no extra: a warning, and no export."""
-    from cis.extras import EXTRAS, installed, require
+    from cis.core.extras import EXTRAS, installed, require
 
     sinks: list[Sink] = []
     endpoint = otlp_endpoint(otlp)
@@ -382,7 +349,7 @@ def open_tracer(node_id: str, exit: int, spans_file: str | None, otlp: str | Non
             sinks.append(OtlpSink(node_id, endpoint or None))
         else:
             event(log, logging.WARNING, "otel_missing", f"node {node_id}: an OTEL_EXPORTER_OTLP_*ENDPOINT is set "
-                  "but the 'otel' extra is not installed (pip install 'cis[otel]'): no spans exported",
+                  "but the 'otel' extra is not installed (pip install 'cis-inference[otel]'): no spans exported",
                   node=node_id)  # fmt: skip
     if spans_file:
         sinks.append(SpansFile(spans_file.replace("{node}", node_id)))

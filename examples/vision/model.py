@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from training.backbone import torchvision_model, with_exits
+from cis.training.models.backbone import torchvision_model, with_exits
 
 AFTER = ["features.3", "features.8", "features.12"]  # exit 1 after block 3, exit 2 after 8, exit 3 at the end
 

@@ -1,0 +1,190 @@
+"""``cis infer --connect ADDR --dataset digits --split test``: send a data set, report what came back.
+
+``--dataset`` is a built-in data set (``digits``, ``cifar10:PATH``, ``cifar100:PATH``: the
+'train' extra, as training reads them) or files that the core install reads alone
+(:mod:`cis.core.input_files`): ``FILE.npz`` arrays (with ``--bundle``: any shape and dtype the bundle's stage 1
+takes, token ids included) or an image folder (with ``--bundle`` for the normalisation).
+``--out FILE.csv`` writes one row per sample, with the node it was sent to and when (a requests file
+``cis rates --measured`` reads).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Sequence
+
+from cis.cli.main import print_result
+from cis.core.errors import CisError
+from cis.core.records import format_ms
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("infer", help="send a data set to a running CIS and report accuracy, served shares, latency")
+    where = p.add_mutually_exclusive_group(required=True)
+    where.add_argument("--connect", help="a node's address: every request goes there")
+    where.add_argument(
+        "--spec", help="spec file: each sample goes to the node that assign_entries picks (as the offline evaluation)"
+    )
+    p.add_argument(
+        "--dataset",
+        required=True,
+        help="digits, cifar10:PATH, cifar100:PATH (these need the 'train' extra), "
+        "FILE.npz (array x, optional labels y; or npz:FILE: with --bundle any shape and dtype its stage 1 takes, "
+        "e.g. int64 token ids; without, float (N, C, H, W) images) or an image folder DIR[/<class>]/*.png "
+        "(or images:DIR; needs --bundle)",
+    )
+    p.add_argument(
+        "--bundle", help="bundle whose normalisation, classes and input size apply to images or uint8 arrays"
+    )
+    p.add_argument(
+        "--split", default="test", choices=("train", "val", "test"), help="digits/cifar: which split (default test)"
+    )
+    p.add_argument("--n", type=int, help="first N samples only")
+    p.add_argument("--rate", type=float, help="requests per second (default: as fast as --window allows)")
+    p.add_argument("--window", type=int, default=32, help="requests in flight per node (default 32)")
+    p.add_argument("--batch-size", type=int, default=1, help="samples per request with --connect (default 1)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds before a request counts as lost")
+    p.add_argument("--seed", type=int, default=0, help="data split seed and entry assignment seed")
+    p.add_argument(
+        "--traceparent",
+        help="W3C trace context 00-<32 hex>-<16 hex>-<2 hex> that every request joins (default: the TRACEPARENT "
+        "environment variable); the nodes that trace record their spans in that trace",
+    )
+    p.add_argument("--curve-key", help="own CurveZMQ .key_secret")
+    p.add_argument("--server-key", help="the node's public .key")
+    p.add_argument(
+        "--out",
+        help="CSV file: one row per sample "
+        "(sample, file, label, class, confidence, exit, node, degraded, capped, error, entry, sent_s, latency_s)",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from cis.runtime.client import Client, Result, infer_spread, summarize
+    from cis.runtime.security import CurveConfig
+
+    if args.traceparent is None and os.environ.get("TRACEPARENT", "").strip():
+        args.traceparent = os.environ["TRACEPARENT"].strip()  # OpenTelemetry's carrier for a process's context
+        where = "the TRACEPARENT variable"
+    else:
+        where = "--traceparent"
+    if args.traceparent is not None:
+        from cis.runtime.tracing import check_traceparent
+
+        check_traceparent(args.traceparent, where)
+    data = read_dataset(args)
+    x, y = data.x, data.y
+    if args.n is not None:
+        x, y = x[: args.n], (None if y is None else y[: args.n])
+    curve = CurveConfig(args.curve_key, None, args.server_key) if args.curve_key else None
+    results: Sequence[Result | None]
+    if args.connect:
+        with Client(args.connect, timeout=args.timeout, curve=curve) as c:
+            results = c.infer_many(
+                x, batch_size=args.batch_size, window=args.window, rate=args.rate, timeout=args.timeout,
+                traceparent=args.traceparent,
+            )  # fmt: skip
+            entry = [_node_id(c, args.connect)] * len(x) if args.out else []
+    else:
+        from cis.core.policy.exit_policy import assign_entries
+        from cis.core.spec import load_spec
+
+        spec = load_spec(args.spec)
+        entries = assign_entries(spec, len(x), args.seed)
+        clients = {}
+        try:
+            for nid in entries:
+                addr = spec.node(nid).address
+                if addr is None:
+                    raise CisError(f"{args.spec}: node {nid!r} has no address")
+                clients[nid] = Client(addr, timeout=args.timeout, curve=curve)
+            results = infer_spread(
+                clients, x, entries, args.window, args.rate, args.timeout, traceparent=args.traceparent
+            )
+        finally:
+            for c in clients.values():
+                c.close()
+        entry = [""] * len(x)
+        for nid, idx in entries.items():
+            for i in idx:
+                entry[int(i)] = nid
+    summary = summarize(results, y)
+    lines = [f"{summary['samples_answered']} of {len(x)} samples answered; errors: {summary['errors'] or 'none'}"]
+    if "served_share_per_exit" in summary:
+        lat = summary["latency"]
+        acc = f"accuracy {summary['accuracy'] * 100:.2f}%   " if "accuracy" in summary else "no labels   "
+        lines.append(f"{acc}degraded {summary['degraded']}   capped {summary['capped']}")
+        lines.append(
+            "served per exit: "
+            + ", ".join(f"exit {e} {s * 100:.1f}%" for e, s in summary["served_share_per_exit"].items())
+        )
+        lines.append(
+            "served per node: " + ", ".join(f"{k} {s * 100:.1f}%" for k, s in summary["served_share_per_node"].items())
+        )
+        lines.append(
+            f"latency ms: mean {format_ms(lat['mean_s'])}  p50 {format_ms(lat['p50_s'])}  p99 {format_ms(lat['p99_s'])}"
+        )
+    if args.out:
+        write_rows(args.out, results, y, data.names, entry)
+        summary["out"] = args.out
+        lines.append(f"wrote {args.out}")
+    print_result(args, summary, "\n".join(lines))
+    return 0 if not summary["errors"] else 1
+
+
+def read_dataset(args: argparse.Namespace):
+    """The samples to send: arrays or images with the core install, built-in data sets with the 'train' extra."""
+    from cis.core.input_files import Inputs, is_input_source, load_inputs
+
+    if is_input_source(args.dataset):
+        from cis.core.bundle import load_bundle
+
+        return load_inputs(args.dataset, load_bundle(args.bundle) if args.bundle else None)
+    from cis.core.extras import require
+
+    require("train", f"--dataset {args.dataset}")
+    from cis.training.data.loading import load_dataset  # torch, scikit-learn, pillow: the 'train' extra
+
+    data = getattr(load_dataset(args.dataset, seed=args.seed), args.split)
+    return Inputs(data.x, data.y)
+
+
+def _node_id(client, address: str) -> str:
+    """The id of the node at ``address`` (its status reply), else the address itself."""
+    try:
+        return str(client.status(2.0)["node"])
+    except TimeoutError:
+        return address
+
+
+def write_rows(path: str, results: list, labels, names: list[str] | None, entry: list[str]) -> None:
+    """One CSV row per sample, in sample order (requests of several samples are split); ``entry``: the node
+    each sample was sent to; sent_s: seconds from the first request sent to this sample's; latency_s: to its
+    reply (empty without one)."""
+    import csv
+    import math
+
+    sent = [r.sent for r in results if r is not None and math.isfinite(r.sent)]
+    start = min(sent) if sent else 0.0
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["sample", "file", "label", "class", "confidence", "exit", "node", "degraded", "capped", "error",
+                    "entry", "sent_s", "latency_s"])
+        i = 0
+        for r in results:
+            ok = r is not None and r.error is None
+            err = "" if ok else ("timeout" if r is None else r.error.code)
+            when = "" if r is None or not math.isfinite(r.sent) else f"{r.sent - start:.6f}"
+            took = f"{r.latency:.6f}" if ok else ""
+            for s in r.samples() if ok else [None] * (1 if r is None else len(r)):
+                cells = (
+                    [s["class"], f"{s['confidence']:.6g}", s["exit"], s["node"], int(s["degraded"]), int(s["capped"])]
+                    if s
+                    else [""] * 6
+                )
+                w.writerow([i, names[i] if names else "", "" if labels is None else int(labels[i]), *cells, err,
+                            entry[i], when, took])
+                i += 1

@@ -1,0 +1,75 @@
+"""``cis keys DIR --name NAME``: make a CurveZMQ key pair (NAME.key public, NAME.key_secret secret).
+
+``--allow FOLDER`` also copies the public NAME.key into a node's allow folder;
+``--add PEER.key`` copies an existing public key into DIR (an allow folder);
+``--signing`` makes Ed25519 bundle-signing keys instead (NAME.sign.pem private,
+NAME.sign.pub.pem public) for ``cis export --sign`` and ``cis serve --trust``.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from cis.cli.main import print_result
+from cis.core.errors import CisError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("keys", help="make CurveZMQ key pairs (encrypted, authenticated serving) or bundle-signing keys")
+    p.add_argument("folder", help="folder to write the keys into")
+    p.add_argument("--name", action="append", help="key pair name (repeatable; default 'node')")
+    p.add_argument("--allow", metavar="FOLDER", help="also copy each new public key (only) into this allow folder")
+    p.add_argument(
+        "--add",
+        action="append",
+        metavar="KEYFILE",
+        help="copy this public .key into FOLDER (an allow folder); repeatable",
+    )
+    p.add_argument(
+        "--signing", action="store_true", help="make Ed25519 bundle-signing keys (NAME.sign.pem, NAME.sign.pub.pem)"
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from cis.runtime.security import add_public, make_keys
+
+    if args.add:
+        if args.name or args.allow or args.signing:
+            raise CisError("keys --add copies existing public keys; it takes no --name, --allow or --signing")
+        added = [str(add_public(args.folder, f)) for f in args.add]
+        print_result(args, {"added": added}, "\n".join(f"authorised: {a}" for a in added))
+        return 0
+    if args.signing and args.allow:
+        raise CisError("--allow is for CurveZMQ keys; signing keys go to 'cis export --sign' and 'cis serve --trust'")
+    made = {}
+    for name in args.name or ["node"]:
+        if args.signing:
+            from cis.core.signing import make_signing_key
+
+            private, public = make_signing_key(args.folder, name)
+            made[name] = {"public": str(public), "private": str(private)}
+            continue
+        public, secret = make_keys(args.folder, name)
+        made[name] = {"public": str(public), "secret": str(secret)}
+        if args.allow:
+            made[name]["allowed"] = str(add_public(args.allow, public))
+    if args.signing:
+        lines = [f"{n}: private {v['private']}  public {v['public']}" for n, v in made.items()]
+        lines.append(
+            "sign bundles with 'cis export --sign PRIVATE'; serve them with 'cis serve --trust PUBLIC'; "
+            "keep the private key private"
+        )
+    else:
+        lines = [
+            f"{n}: public {v['public']}  secret {v['secret']}"
+            + (f"  (public copied to {v['allowed']})" if "allowed" in v else "")
+            for n, v in made.items()
+        ]
+        lines.append(
+            "authorise a peer with 'cis keys ALLOW_DIR --add PEER.key' (public key only); "
+            "keep .key_secret files private"
+        )
+    print_result(args, {"keys": made}, "\n".join(lines))
+    return 0

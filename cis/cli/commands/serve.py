@@ -1,0 +1,307 @@
+"""``cis serve BUNDLE --node ID`` (one node) or ``cis serve BUNDLE --all`` (every node, one process each)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import signal
+import time
+from collections.abc import Callable
+
+from cis.cli.commands import serve_config as options
+from cis.core import logs
+from cis.core.errors import CisError
+from cis.runtime.node_config import node_default
+
+log = logging.getLogger(__name__)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "serve",
+        help="serve a bundle: one CIS node, or all nodes with --all",
+        description="Each option is also a CIS_* environment variable (CIS_MAX_BATCH) and a key of the --config "
+        "file (max_batch); a flag wins over the variable, the variable over the file, the file over the default.",
+    )
+    p.add_argument("bundle", help="bundle folder written by 'cis export'")
+    p.add_argument("--all", action="store_true", help="start every node of the spec as its own process")
+    options.add_options(p)
+    # set by --all when it restarts a node
+    p.add_argument("--restarts", type=int, default=node_default("restarts"), help=argparse.SUPPRESS)
+    p.add_argument("--json", action="store_true", help="with --all: print the addresses as one JSON line")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from cis.core.bundle import load_bundle
+    from cis.core.spec import load_spec
+    from cis.runtime.orphans import die_with_launcher
+
+    die_with_launcher()
+    logs.configure(options.resolve(args))  # the file may set the log level and format too
+    if args.metrics_port is not None:
+        from cis.core.extras import require
+
+        if not 0 <= args.metrics_port <= 65535:
+            raise CisError(f"--metrics-port is {args.metrics_port}; expected 0 (a free port) to 65535")
+        require("metrics", "--metrics-port")
+    _check_tracing(args)
+    doors = _door_configs(args)  # checked before any node starts
+    bundle = load_bundle(args.bundle, trust=args.trust)
+    spec = load_spec(args.spec) if args.spec else bundle.spec
+    if spec is None:
+        raise CisError(f"{args.bundle}: bundle has no spec; pass --spec")
+    if args.all:
+        _check_providers(args, bundle, spec)
+        _check_spans_files(args, spec)
+        return _run_all(args, spec)
+    if args.log_dir:
+        raise CisError("--log-dir goes with --all; a single node writes to its own stderr")
+    return _run_node(args, bundle, spec, doors)
+
+
+def _check_tracing(args: argparse.Namespace) -> None:
+    """--spans-file and --otlp-endpoint: one line now rather than from each node later."""
+    from cis.runtime.tracing import otlp_endpoint
+
+    if args.all and args.spans_file and "{node}" not in args.spans_file:
+        raise CisError(
+            f"--spans-file {args.spans_file}: with --all each node writes its own file; put {{node}} in the path "
+            "(e.g. logs/{node}.spans.jsonl)"
+        )
+    if args.otlp_endpoint:
+        from cis.core.extras import require
+
+        otlp_endpoint(args.otlp_endpoint)
+        require("otel", "--otlp-endpoint")
+
+
+def _check_spans_files(args: argparse.Namespace, spec) -> None:
+    """Before --all starts any node: each node's spans file can be opened (a node that cannot would only be
+    restarted again and again)."""
+    from pathlib import Path
+
+    from cis.runtime.tracing import open_spans_file
+
+    if args.spans_file:
+        for n in spec.nodes:
+            open_spans_file(Path(args.spans_file.replace("{node}", n.id))).close()
+
+
+def _curve(args: argparse.Namespace):
+    from cis.runtime.security import CurveConfig
+
+    if args.allow and not args.curve_key:
+        raise CisError("--allow needs --curve-key (the node's own .key_secret): authentication runs over CurveZMQ")
+    server = args.server_key
+    if args.curve_key and not server:
+        server = str(args.curve_key).removesuffix("_secret")
+    return CurveConfig(args.curve_key, args.allow, server)
+
+
+def _door_configs(args: argparse.Namespace) -> dict:
+    """{"http": DoorConfig, "grpc": DoorConfig} for the doors asked for (--http-port, --grpc-port), checked:
+    the port's range, the extra, a TLS certificate with its key, the token file."""
+    from cis.core.extras import require
+    from cis.runtime.oip.door import DoorConfig
+
+    out = {}
+    token = _token(args.auth_token_file) if args.auth_token_file else None
+    for door in ("http", "grpc"):
+        port, cert, key = (getattr(args, f"{door}_{k}") for k in ("port", "tls_cert", "tls_key"))
+        if (cert is None) != (key is None):
+            raise CisError(f"--{door}-tls-cert and --{door}-tls-key go together; give both")
+        if port is None:
+            continue
+        if not 0 <= port <= 65535:
+            raise CisError(f"--{door}-port is {port}; expected 0 (a free port) to 65535")
+        require(door, f"--{door}-port")
+        for flag, path in ((f"--{door}-tls-cert", cert), (f"--{door}-tls-key", key)):
+            if path is not None and not os.path.isfile(path):
+                raise CisError(f"{flag} {path}: no such file; expected a PEM file")
+        out[door] = DoorConfig(port, args.http_host, cert, key, token, args.http_timeout, args.http_max_connections)
+    if args.http_timeout <= 0 or args.http_max_connections < 1:
+        raise CisError("--http-timeout must be > 0 seconds and --http-max-connections at least 1")
+    return out
+
+
+def _token(path: str) -> str:
+    """The bearer token: the file's first line, stripped."""
+    try:
+        with open(path) as f:
+            token = f.readline().strip()
+    except OSError as exc:
+        raise CisError(f"--auth-token-file {path}: cannot read ({exc.strerror or exc})") from None
+    if not token or any(c.isspace() for c in token):
+        raise CisError(f"--auth-token-file {path}: expected a token (no spaces) on its first line")
+    return token
+
+
+def _open_doors(node, doors: dict, model_name: str) -> None:
+    """Give ``node`` its front doors; they bind when the node opens its sockets."""
+    from cis.runtime.oip.codec import Model
+
+    stages = node.stages
+    model = Model.of_stage(model_name, node.cfg.node_id, stages[min(stages)].inputs, stages[node.cfg.exit].outputs)
+    for kind, cfg in doors.items():
+        cfg.max_body = node.cfg.max_message_bytes
+        if kind == "http":
+            from cis.runtime.oip.http_door import HttpDoor
+
+            node.doors.append(HttpDoor(model, cfg))
+        else:
+            from cis.runtime.oip.grpc_door import GrpcDoor
+
+            node.doors.append(GrpcDoor(model, cfg))
+
+
+def _run_node(args: argparse.Namespace, bundle, spec, doors: dict) -> int:
+    opts = {**options.node_config(args), "curve": _curve(args), "restarts": args.restarts}
+    metrics = _metrics_server(args, spec)  # up before the stages load: /readyz says "loading" meanwhile
+    try:
+        node = _build(bundle, args, spec, opts)
+        _open_doors(node, doors, args.model_name)
+        node.run(ready=None if metrics is None else lambda: metrics.attach(node))  # logs its start and its stop
+    finally:
+        if metrics is not None:
+            metrics.close()
+    return 0
+
+
+def _metrics_server(args: argparse.Namespace, spec):
+    """The node's metrics server (state: loading) with --metrics-port, else None."""
+    if args.metrics_port is None:
+        return None
+    from cis.runtime.metrics_http import MetricsServer, http_host
+
+    host = args.metrics_host or http_host(args.bind or spec.node(args.node).address or "")
+    return MetricsServer(args.node, host, args.metrics_port)
+
+
+def _build(bundle, args, spec, opts):
+    import zmq
+
+    from cis.runtime.factory import build_node
+
+    try:
+        return build_node(
+            bundle,
+            args.node,
+            spec,
+            args.bind,
+            args.parent,
+            args.threshold,
+            transfer_cap=args.cap,
+            threads=args.threads,
+            provider=args.provider,
+            **opts,
+        )
+    except zmq.ZMQError as exc:
+        raise CisError(f"node {args.node}: {exc}") from None
+
+
+def _check_providers(args: argparse.Namespace, bundle, spec) -> None:
+    """Before --all starts any node: one line if a node's provider (cuda, tensorrt) cannot run here."""
+    from cis.core.stages.backends import node_provider, open_stages, refusal
+    from cis.core.stages.runner import ProviderError
+
+    tried: set[str] = set()
+    for n in spec.nodes:
+        provider, source = node_provider(n, args.provider)
+        if provider in ("cpu", "auto") or provider in tried:
+            continue
+        tried.add(provider)
+        try:
+            open_stages(bundle, [1], provider)
+        except ProviderError as exc:
+            raise refusal(n.id, exc, source) from None
+
+
+def _node_options(args: argparse.Namespace) -> list[str]:
+    """The node options of a resolved ``args`` as flags, for each node that ``--all`` starts."""
+    out: list[str] = []
+    for o in options.OPTIONS:
+        value = getattr(args, o.name)
+        if not o.node or value is None or value == o.default:
+            continue
+        if o.kind == "bool":
+            out.append(o.flag if value else "--no-" + o.flag[2:])
+        else:
+            out += [o.flag, str(value)]
+    return out
+
+
+def _run_all(args: argparse.Namespace, spec) -> int:
+    from cis.runtime.launcher import launch
+    from cis.runtime.security import CurveConfig
+
+    per_node: dict[str, list[str]] = {}
+    extra = _node_options(args)
+    if args.threshold is not None:  # the root always serves everything
+        for n in spec.nodes:
+            if n.parent is not None:
+                per_node[n.id] = ["--threshold", str(args.threshold)]
+    stop = {"now": False}
+
+    def on_signal(*_):
+        stop["now"] = True
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    # the launcher's readiness probes use the nodes' own key pair, which every node trusts
+    probe = CurveConfig(args.curve_key, None, str(args.curve_key).removesuffix("_secret")) if args.curve_key else None
+    start = getattr(args, "start_cluster", None) or launch  # cis testbed: the same nodes, each in a namespace
+    cluster = start(
+        args.bundle,
+        spec,
+        args.spec,
+        args.free_ports,
+        extra,
+        per_node,
+        log_dir=args.log_dir,
+        curve=probe,
+        metrics_port=args.metrics_port,
+        metrics_host=args.metrics_host,
+        env=options.child_env(),
+        door_ports={door: getattr(args, f"{door}_port") for door in ("http", "grpc")},
+        door_host=args.http_host,
+        door_tls=args.http_tls_cert is not None,
+    )
+    try:
+        _print_cluster(args, spec, cluster)
+        while not stop["now"]:
+            cluster.supervise()  # restart nodes that died (backoff), reap them: no zombies
+            time.sleep(0.1)
+    finally:
+        codes = cluster.stop()
+        log.info("stopped %d nodes", len(codes))
+    return 0
+
+
+def _print_cluster(args: argparse.Namespace, spec, cluster) -> None:
+    """Every node's address, exit and pid (and a testbed's namespace and link): one JSON line, or a table."""
+    describe: Callable[..., dict] = getattr(cluster, "describe", lambda node=None: {})  # a testbed's namespace, link
+    if not args.json:
+        for n in spec.nodes:
+            urls = [cluster.metrics.get(n.id), *(cluster.doors.get(d, {}).get(n.id) for d in ("http", "grpc"))]
+            shown = "".join(f"  {u}" for u in urls if u)
+            pid = cluster.procs[n.id].pid
+            print(f"{n.id:<12} exit {n.exit}  {cluster.addresses[n.id]}  pid {pid}{shown}", flush=True)
+        log.info("serving %d nodes; Ctrl-C stops every node", len(spec.nodes))
+        return
+    nodes = {
+        n.id: {
+            "address": cluster.addresses[n.id],
+            "exit": n.exit,
+            "parent": n.parent,
+            "pid": cluster.procs[n.id].pid,
+            "metrics": cluster.metrics.get(n.id),
+            "http": cluster.doors.get("http", {}).get(n.id),
+            "grpc": cluster.doors.get("grpc", {}).get(n.id),
+            **describe(n.id),
+        }
+        for n in spec.nodes
+    }
+    print(json.dumps({"nodes": nodes, **describe()}), flush=True)

@@ -1,0 +1,81 @@
+"""``cis spec new``: write a spec for a built-in topology and serving setting;
+``cis spec update DESIGN --rates-from SOURCE``: the design with the arrival rates a running CIS measured."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from cis.cli.main import print_result
+from cis.core.spec import dumps_spec, load_spec, spec_to_dict, write_spec
+from cis.core.topologies import DEFAULT_TOTAL_RATE, TOPOLOGIES, make_spec
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("spec", help="make CIS spec files")
+    specsub = p.add_subparsers(dest="spec_command", metavar="ACTION")
+    specsub.required = True
+    new = specsub.add_parser("new", help="write a spec for a built-in topology")
+    new.add_argument("--topology", default="paper-7", choices=sorted(TOPOLOGIES))
+    new.add_argument("--serving", default="80-15-5", help="share served at exits 1-2-3, e.g. 80-15-5")
+    new.add_argument("--total-rate", type=float, default=DEFAULT_TOTAL_RATE, help="requests/s arriving over all leaves")
+    new.add_argument("--classes", type=int, default=10)
+    new.add_argument("-o", "--out", help="file to write (default: print to stdout)")
+    new.add_argument("--json", action="store_true", help="print the spec as JSON")
+    new.set_defaults(func=run)
+    up = specsub.add_parser(
+        "update", help="the design spec with the arrival rates (and, with --caps, transfer caps) a CIS measured"
+    )
+    up.add_argument("design", help="the spec the CIS was designed with (TOML)")
+    up.add_argument(
+        "--rates-from", required=True, metavar="SOURCE", help="where to measure: a spec (its live nodes), a "
+        "'cis serve --all' log folder, a requests file (.csv) or a saved measurement (.json); docs/closed-loop.md"
+    )
+    up.add_argument(
+        "--window", type=float, metavar="SECONDS", help="live: two snapshots SECONDS apart (default: since the nodes "
+        "started); a requests file: its last SECONDS (default: all of it)"
+    )
+    up.add_argument("--caps", action="store_true", help="also set each node's max_transfer_rate to its measured "
+                    "transfer rate (default: keep the design's caps)")
+    up.add_argument("-o", "--out", help="file to write (default: print to stdout)")
+    up.add_argument("--json", action="store_true", help="print the spec and the measurement as JSON")
+    up.set_defaults(func=run_update)
+
+
+def run(args: argparse.Namespace) -> int:
+    spec = make_spec(args.topology, args.serving, args.total_rate, args.classes)
+    if args.out:
+        write_spec(spec, args.out)
+        print_result(
+            args,
+            {"written": args.out, "spec": spec_to_dict(spec)},
+            f"wrote {args.out} ({args.topology}, serving {args.serving})",
+        )
+    else:
+        print_result(args, spec_to_dict(spec), dumps_spec(spec).rstrip())
+    return 0
+
+
+def run_update(args: argparse.Namespace) -> int:
+    from cis.core.rates import compute_rates
+    from cis.runtime.measure import rates_from, updated_spec_text
+
+    design = load_spec(args.design)
+    m, updated = rates_from(args.rates_from, design, args.design, args.window, args.caps)
+    text = updated_spec_text(design, updated, m, args.caps, args.design)
+    result = {"written": args.out, "spec": spec_to_dict(updated), **m.to_json()}
+    if not args.out:
+        print_result(args, result, text.rstrip())
+        return 0
+    Path(args.out).write_text(text)
+    shares = compute_rates(updated).exit_share
+    print_result(
+        args,
+        result,
+        f"wrote {args.out}: arrival rates measured from {m.source} ({m.served} samples in {m.seconds:.1f} s)"
+        + (", caps measured" if args.caps else "")
+        + "; its calculus serves "
+        + "-".join(f"{100 * s:.1f}" for s in shares.values())
+        + " % at the exits",
+    )
+    return 0

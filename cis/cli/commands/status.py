@@ -1,0 +1,113 @@
+"""``cis status --spec SPEC`` (or ``--connect ADDR``, or ``--cluster LOG_DIR``): each live node's counters.
+
+With ``--cluster`` the nodes are those a ``cis serve --all --log-dir LOG_DIR``
+started (``LOG_DIR/cluster.json``), and the launcher's view is shown beside each
+node's own: whether it is up or down, its pid, how often it was restarted, its
+last exit status.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from cis.cli.main import print_result
+from cis.core.errors import CisError
+from cis.core.records import format_ms
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("status", help="show the counters of live nodes (and restarts / down nodes of 'serve --all')")
+    p.add_argument("--spec", help="spec file: ask every node at its address")
+    p.add_argument("--connect", action="append", help="a node address (repeatable)")
+    p.add_argument(
+        "--cluster", help="the --log-dir of 'cis serve --all' (or its cluster.json): its nodes and their restarts"
+    )
+    p.add_argument("--timeout", type=float, default=1.0, help="seconds to wait for each node (default 1)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def _cluster(path: str) -> dict[str, dict]:
+    from cis.runtime.launcher import CLUSTER_FILE
+
+    f = Path(path)
+    if f.is_dir():
+        f = f / CLUSTER_FILE
+    if not f.is_file():
+        raise CisError(
+            f"{f}: not found; expected the {CLUSTER_FILE} that 'cis serve --all --log-dir DIR' writes in DIR"
+        )
+    try:
+        nodes = json.loads(f.read_text())["nodes"]
+        return {nid: dict(v) for nid, v in nodes.items() if isinstance(v["address"], str)}
+    except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+        raise CisError(f"{f}: not a cluster state file ({type(exc).__name__}: {exc})") from None
+
+
+def run(args: argparse.Namespace) -> int:
+    from cis.runtime.client import Client
+
+    targets: dict[str, str] = {}
+    launcher: dict[str, dict] = {}
+    if args.spec:
+        from cis.core.spec import load_spec
+
+        spec = load_spec(args.spec)
+        for n in spec.nodes:
+            if n.address is None:
+                raise CisError(f"{args.spec}: node {n.id!r} has no address; expected one to query")
+            targets[n.id] = n.address
+    if args.cluster:
+        launcher = _cluster(args.cluster)
+        targets.update({nid: v["address"] for nid, v in launcher.items()})
+    for a in args.connect or []:
+        targets[a] = a
+    if not targets:
+        raise CisError("status: nothing to ask; pass --spec SPEC, --cluster LOG_DIR or --connect ADDR")
+    result: dict[str, dict] = {}
+    for key, addr in targets.items():
+        with Client(addr) as c:
+            try:
+                result[key] = {"address": addr, "live": True, **c.status(args.timeout)}
+            except TimeoutError:
+                result[key] = {"address": addr, "live": False}
+        if key in launcher:
+            result[key]["launcher"] = {
+                k: launcher[key].get(k) for k in ("state", "pid", "restarts", "last_exit", "log")
+            }
+    print_result(args, {"nodes": result}, _table(result))
+    return 0 if all(s["live"] for s in result.values()) else 1
+
+
+def _table(result: dict[str, dict]) -> str:
+    cols = ("served", "forwarded", "degraded", "capped", "errors", "overloaded", "queue_depth", "restarts")
+    lines = [
+        f"{'node':<12}{'live':>5}"
+        + "".join(f"{c.replace('_depth', ''):>11}" for c in cols)
+        + f"{'p50 ms':>9}{'p99 ms':>9}  threshold"
+    ]
+    for key, st in result.items():
+        sup = st.get("launcher")
+        if not st["live"]:
+            seen = (
+                f"; launcher: {sup['state']}, pid {sup['pid']}, restarts {sup['restarts']}, "
+                f"last exit {sup['last_exit']}"
+                if sup
+                else ""
+            )
+            lines.append(f"{key:<12}{'no':>5}  (no answer from {st['address']}{seen})")
+            continue
+        lat = st.get("latency") or {}
+        lines.append(
+            f"{key:<12}{'yes':>5}"
+            + "".join(f"{st.get(c, 0):>11}" for c in cols)
+            + f"{format_ms(lat.get('p50_s')):>9}{format_ms(lat.get('p99_s')):>9}  {_threshold(st.get('threshold'))}"
+            + (f"  adapt {st['adapt']['threshold']:.4f}" if st.get("adapt") else "")
+        )
+    return "\n".join(lines)
+
+
+def _threshold(value: object) -> str:
+    return f"{value:.4f}" if isinstance(value, float) else str(value)

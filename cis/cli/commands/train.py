@@ -1,0 +1,264 @@
+"""``cis train``: inference-aware federated training (Algorithm 1 of the CIS paper) into a run dir.
+
+``--method NAME`` trains another paper's method with the same engine, data,
+partitions and weighting (cis/training/methods/registry.py); its options come from
+``--option KEY=VALUE`` (repeatable), an ``options`` table in the config file, and
+the named flags ``--no-distill``, ``--no-modulation``, ``--patience``, ``--nefl-mode``.
+
+``--model PATH.py:FACTORY | pkg.module:FACTORY [--model-arg KEY=VALUE ...]`` trains a model of your own
+(cis/training/models/contract.py, cis/training/models/model_ref.py; docs/your-model.md) with ``--method`` cis, depthfl,
+exclusivefl or flame; ``--weights FILE`` starts it (or a built-in) from a state dict. The run dir records
+the reference, its arguments and the file's sha256, so evaluate, export, ``--resume`` and ``--init``
+rebuild the model without the flags.
+
+Settings come from defaults <- ``--config FILE`` (JSON or TOML with the keys of
+:class:`cis.training.config.RunConfig`) <- flags. ``--resume`` continues RUN_DIR from
+its last checkpoint with the config stored there (flags may not change it) and
+ends with the same weights as an uninterrupted run.
+
+``--init RUN`` starts from an earlier run's weights and settings (a fine-tune;
+cis/training/warm_start.py); ``--rates-from SOURCE`` weights the exits by the serving
+rates a running CIS measured (:mod:`cis.runtime.measure`) and trains for the design
+updated with the measured arrival rates (docs/closed-loop.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from cis.cli.commands.train_flags import CONFIG_KEYS, RESUME_MAY_CHANGE, add_arguments, floats
+from cis.cli.main import print_result
+from cis.core.errors import CisError
+from cis.training.config import RunConfig, make_config, read_config_file
+from cis.training.methods.registry import parse_option_flags, resolve_options
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="federated training of an early-exit model for a CIS (Algorithm 1)")
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    flags, options = _config_flags(args), _option_flags(args)
+    if args.measure_grad_variance:
+        return _measure_grad_variance(args, flags, options)
+    if not args.out:
+        raise CisError("missing --out RUN_DIR; expected a directory for the run")
+    if args.window is not None and not args.rates_from:
+        raise CisError("--window goes with --rates-from SOURCE")
+    if args.resume and (args.init or args.rates_from):
+        raise CisError("--resume continues a run as it was configured; drop --init and --rates-from")
+    config = _resumed_config(args, flags, options) if args.resume else _new_config(args, flags, options)
+    log = (lambda s: None) if args.json else logging.getLogger(__name__).info
+    from cis.training.device import run_device
+
+    run_device(config)  # --device cuda without a GPU: one line before anything is written
+    result = _flower_run(args, config, log) if args.engine == "flower" else _builtin_run(args, config, log)
+    if "stopped_after_round" in result:
+        print_result(args, result, f"stopped after round {result['stopped_after_round']} (resume with --resume)")
+        return 0
+    from cis.training.evaluate import format_cis_report
+
+    what = config.strategy if config.method == "cis" else f"{config.method} ({config.strategy} weights)"
+    if config.centralised:
+        what = f"centralised ({config.strategy} exit-loss weights)"
+    human = f"trained {what} for {config.rounds} rounds into {args.out}\n" + format_cis_report(result["test"])
+    print_result(args, result, human)
+    return 0
+
+
+def _config_flags(args: argparse.Namespace) -> dict[str, Any]:
+    """The config settings the flags give (--exit-weights implies --strategy explicit; --spec, --model's file and
+    --weights made absolute; --model-arg's values parsed)."""
+    flags = {key: getattr(args, key) for key in CONFIG_KEYS if getattr(args, key) is not None}
+    if args.weights is not None and "strategy" not in flags:
+        flags["strategy"] = "explicit"
+    if args.model is not None or args.model_arg:
+        from cis.training.models.model_ref import parse_model_args, parse_reference
+
+        if args.model is not None:
+            flags["model"] = parse_reference(args.model).text
+        if args.model_arg:
+            flags["model_args"] = parse_model_args(args.model_arg)
+    if args.weights_file is not None:
+        flags["weights_file"] = _weights_file(args.weights_file)
+    if args.spec is not None and not Path(args.spec).is_file():
+        raise CisError(f"{args.spec}: spec file not found; expected a TOML file (make one with 'cis spec new')")
+    if args.spec is not None:
+        flags["spec"] = str(Path(args.spec).resolve())
+    if args.dataset is not None:  # paths made absolute: evaluate and export rebuild the data from any directory
+        from cis.training.data.data_ref import absolute_ref
+
+        flags["dataset"] = absolute_ref(args.dataset)
+    return flags
+
+
+def _weights_file(text: str) -> str:
+    """--weights FILE made absolute; one line for a missing file (and for the old --weights a,b,c form)."""
+    path = Path(text).expanduser()
+    if not path.is_file():
+        try:
+            floats(text)
+            hint = "; explicit exit weights are --exit-weights " + text
+        except argparse.ArgumentTypeError:
+            hint = ""
+        raise CisError(f"--weights {text}: file not found; expected a state dict saved with torch.save{hint}")
+    return str(path.resolve())
+
+
+def _measure_grad_variance(args: argparse.Namespace, flags: dict, options: dict) -> int:
+    from cis.training.run import measure_grad_variance
+
+    config = make_config(*_with_options(read_config_file(args.config) if args.config else {}, flags, options))
+    var = measure_grad_variance(config)
+    result: dict[str, Any] = {
+        "dataset": config.dataset,
+        "width": config.width,
+        "grad_variance": var,
+        "sigma": [v**0.5 for v in var],
+    }
+    print_result(
+        args,
+        result,
+        "per-exit gradient variance (Appendix C): "
+        + ", ".join(f"exit {e} {v:.5g}" for e, v in enumerate(var, start=1)),
+    )
+    return 0
+
+
+def _resumed_config(args: argparse.Namespace, flags: dict, options: dict) -> RunConfig:
+    """--resume: the config stored in the run dir; a flag or option that would change it is one line."""
+    from cis.training.checkpoint import read_json
+
+    stored_path = Path(args.out) / "config.json"
+    if not stored_path.is_file():
+        raise CisError(
+            f"{args.out}: nothing to resume; expected config.json from an earlier 'cis train --out {args.out}'"
+        )
+    stored = read_json(stored_path)
+    stored.pop("allow_model_change", None)  # a permission of one command, not of the run
+    defaults = RunConfig().to_json()  # keys that older runs did not store
+    differing = [k for k, v in flags.items() if k not in RESUME_MAY_CHANGE and stored.get(k, defaults.get(k)) != v]
+    if differing:
+        k = differing[0]
+        raise CisError(
+            f"--resume: --{k.replace('_', '-')} {flags[k]!r} differs from the run's "
+            f"{stored.get(k, defaults.get(k))!r}; a resumed run keeps its config"
+        )
+    try:
+        config = RunConfig(**{**stored, **{k: flags[k] for k in RESUME_MAY_CHANGE if k in flags}}).resolved()
+    except TypeError as exc:
+        raise CisError(f"{stored_path}: {exc}") from None
+    given = (resolve_options(config.method, options) or {}) if options else {}
+    for k in options:
+        if given[k] != (config.options or {}).get(k):
+            raise CisError(
+                f"--resume: option {k}={options[k]!r} differs from the "
+                f"run's {(config.options or {}).get(k)!r}; a resumed run keeps its config"
+            )
+    return config
+
+
+def _new_config(args: argparse.Namespace, flags: dict, options: dict) -> RunConfig:
+    """defaults <- --init's run <- --config file <- flags (<- --rates-from's measured rates)."""
+    file_values = read_config_file(args.config) if args.config else {}
+    if isinstance(file_values.get("model"), str):  # a file's path made absolute, as --model's
+        from cis.training.models.model_ref import parse_reference
+
+        file_values["model"] = parse_reference(file_values["model"]).text
+    if args.init:
+        from cis.training.warm_start import check_data_split, inherited_config
+
+        inherited = inherited_config(args.init)
+        check_data_split(inherited, {**file_values, **flags}, args.init)
+        model = flags.get("model", file_values.get("model", inherited.get("model")))
+        if model != inherited.get("model"):  # another model: the earlier run's arguments and hash are not its
+            inherited = {k: v for k, v in inherited.items() if k not in ("model_args", "model_sha256")}
+        file_values = {**inherited, **file_values}
+    if args.rates_from:
+        flags = {**flags, **_measured_rates(args, {**file_values, **flags})}
+    return make_config(*_with_options(file_values, flags, options))
+
+
+def _builtin_run(args: argparse.Namespace, config: RunConfig, log: Callable[[str], None]) -> dict:
+    from cis.training.run import train_run
+
+    return train_run(
+        config, args.out, resume=args.resume, progress=not args.no_progress, stop_after=args.stop_after, log=log
+    )
+
+
+def _flower_run(args: argparse.Namespace, config: RunConfig, log: Callable[[str], None]) -> dict:
+    if config.centralised:
+        raise CisError("--centralised trains one model in one process; drop --engine flower")
+    if args.init:
+        raise CisError("--init starts the builtin engine's model; use --engine builtin for a fine-tune")
+    if args.resume:
+        raise CisError(
+            "--resume is not supported with --engine flower (node momentum lives on the nodes); start a new run"
+        )
+    from cis.training.flower.launch import run_flower
+
+    return run_flower(
+        config,
+        args.out,
+        mode=args.flower_mode,
+        superlink=args.flower_superlink,
+        root_certificates=args.flower_root_certificates,
+        log=log,
+    )
+
+
+def _measured_rates(args: argparse.Namespace, values: dict) -> dict:
+    """--rates-from: measure, write the updated design into the run dir; the config keys that point to it."""
+    from cis.core.spec import load_spec
+    from cis.runtime.measure import rates_from, updated_spec_text
+
+    design_file = values.get("spec")
+    if not design_file:
+        raise CisError("--rates-from needs the design spec the CIS was built from: pass --spec DESIGN or --init RUN")
+    out = Path(args.out)
+    if (out / "checkpoint.pt").exists():
+        raise CisError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
+    design = load_spec(design_file)
+    m, updated = rates_from(args.rates_from, design, str(design_file), args.window)
+    out.mkdir(parents=True, exist_ok=True)
+    spec_file = out / "measured-spec.toml"
+    spec_file.write_text(updated_spec_text(design, updated, m, False, str(design_file)))
+    (out / "measurement.json").write_text(json.dumps(m.to_json(), indent=2))
+    lam = m.rates().exit_serving_rate
+    return {
+        "spec": str(spec_file.resolve()),
+        "rates_from": str(args.rates_from),
+        "exit_rates": [lam[e] for e in range(1, design.num_exits + 1)],
+    }
+
+
+def _option_flags(args: argparse.Namespace) -> dict:
+    """--option KEY=VALUE items, then the named method flags (which win)."""
+    options: dict[str, Any] = parse_option_flags(args.option)
+    if args.no_distill:
+        options["distill"] = False
+    if args.no_modulation:
+        options["modulation"] = False
+    if args.patience is not None:
+        options["patience"] = args.patience
+    if args.nefl_mode is not None:
+        options["nefl_mode"] = args.nefl_mode
+    return options
+
+
+def _with_options(file_values: dict, flags: dict, options: dict) -> tuple[dict, dict]:
+    """Merge the flags' method options into the config file's (flags win key by key)."""
+    if options:
+        file_options = file_values.get("options") or {}
+        if not isinstance(file_options, dict):
+            raise CisError(f"config file: 'options' is {file_options!r}; expected a table of method options")
+        flags = {**flags, "options": {**file_options, **options}}
+    return file_values, flags

@@ -1,0 +1,119 @@
+"""The ``cis`` command line.
+
+Each subcommand lives in its own module under ``cis/cli/commands/`` with two
+functions, ``add_parser(subparsers)`` and ``run(args) -> int``. A module that
+needs torch (train, evaluate, export, demo) imports it inside ``run``, so
+``cis serve`` starts on a node that has no torch installed; :data:`NEEDS` says
+which pip extra such a command needs, and ``main`` checks for it before running
+the command (``cis train: needs the 'train' extra: pip install 'cis-inference[train]'``).
+
+User mistakes raise :class:`cis.core.errors.CisError`; ``main`` prints its one line
+to stderr and exits with status 2.
+
+Global options (before or after the command): ``--log-level``, ``--log-format``
+(also ``CIS_LOG_LEVEL``, ``CIS_LOG_FORMAT``; :mod:`cis.core.logs`); ``cis --version``.
+Results go to stdout, logs to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from cis import __version__
+from cis.core import logs
+from cis.core.errors import CisError
+from cis.core.extras import MissingExtra, require
+
+COMMANDS = [
+    "spec",
+    "rates",
+    "simulate",
+    "train",
+    "evaluate",
+    "serve",
+    "infer",
+    "status",
+    "keys",
+    "export",
+    "inspect",
+    "demo",
+    "report",
+    "testbed",
+    "link",
+]
+
+# commands that need more than the core install: command -> pip extras (cis/core/extras.py); "cpu" stands for an
+# onnxruntime, which the "gpu" extra gives too
+NEEDS = {
+    "train": ("train",),
+    "evaluate": ("train",),
+    "export": ("export", "cpu"),
+    "demo": ("export", "cpu"),
+    "serve": ("cpu",),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cis", description="Collaborative inference systems: train, export, serve, simulate."
+    )
+    parser.add_argument("--version", action="version", version=f"cis {__version__}")
+    _log_options(parser, None)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for name in COMMANDS:
+        importlib.import_module(f"cis.cli.commands.{name}").add_parser(sub)
+        _log_options(sub.choices[name], argparse.SUPPRESS)  # after the command too: it wins over the one before
+    return parser
+
+
+LOG_OPTIONS = (  # flag, choices, help
+    ("--log-level", logs.LEVELS, f"least severe log records shown on stderr (default: ${logs.ENV_LEVEL}, else info)"),
+    ("--log-format", logs.FORMATS, f"log lines as text or one JSON object each (default: ${logs.ENV_FORMAT}, else "
+     "text)"),
+)
+
+
+def _log_options(parser: argparse.ArgumentParser, default: str | None) -> None:
+    for flag, choices, text in LOG_OPTIONS:
+        parser.add_argument(flag, type=str.lower, choices=choices, default=default, help=text)
+
+
+def print_result(args: argparse.Namespace, result: Any, human: str) -> None:
+    """Print the human summary, or with --json the machine-readable result."""
+    if getattr(args, "json", False):
+        json.dump(result, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+    else:
+        print(human)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        logs.configure(logs.resolve(args.log_level, args.log_format))
+        for extra in NEEDS.get(args.command, ()):
+            require(extra)
+        return int(args.func(args) or 0)
+    except MissingExtra as exc:
+        print(f"cis {args.command}: {exc}", file=sys.stderr)
+        return 2
+    except CisError as exc:
+        print(f"cis {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # e.g. `cis rates --json | head`
+        sys.stderr.close()
+        return 0
+    except KeyboardInterrupt:
+        print(f"cis {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,170 @@
+"""Read what a folder holds into a report section: one function per folder kind.
+
+A folder's kind is what it holds (:func:`detect_kind`): ``manifest.json`` (bundle),
+``metrics.jsonl`` or ``checkpoint.json`` (training run), ``result.json`` (``cis simulate --out``),
+``summary.json`` + ``requests.csv`` (a demo's runtime replay), ``comparison.json`` (``cis demo``).
+Latencies follow :mod:`cis.core.records` (seconds, one summary format). numpy only, no torch.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cis.core.errors import CisError
+from cis.core.records import latency_summary, read_requests, served_latencies
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise CisError(f"{path}: cannot read ({exc.__class__.__name__}: {exc}); expected a JSON file") from None
+
+
+def detect_kind(path: Path) -> str:
+    if (path / "comparison.json").is_file():
+        return "demo"
+    if (path / "manifest.json").is_file():
+        return "bundle"
+    if (path / "metrics.jsonl").is_file() or (path / "checkpoint.json").is_file():
+        return "run"
+    if (path / "result.json").is_file():
+        return "sim"
+    if (path / "summary.json").is_file() and (path / "requests.csv").is_file():
+        return "runtime"
+    raise CisError(
+        f"{path}: not a folder cis report knows; expected a run dir (metrics.jsonl), a bundle (manifest.json), "
+        "a simulation (result.json) or a demo folder (comparison.json)"
+    )
+
+
+def run_section(path: Path) -> dict:
+    """A training run: settings, final accuracies and the per-round curves."""
+    config = read_json(path / "config.json") if (path / "config.json").is_file() else {}
+    summary = read_json(path / "summary.json") if (path / "summary.json").is_file() else None
+    rows = []
+    if (path / "metrics.jsonl").is_file():
+        rows = [json.loads(ln) for ln in (path / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    exits = sorted({e for r in rows for e in list(r.get("loss", {})) + list(r.get("val_exit_accuracy", {}))}, key=int)
+    curves = {
+        "round": [r["round"] for r in rows],
+        "loss": {e: [r.get("loss", {}).get(e) for r in rows] for e in exits},
+        "val_exit_accuracy": {e: [r.get("val_exit_accuracy", {}).get(e) for r in rows] for e in exits},
+        "val_cis_accuracy": [r.get("val_cis_accuracy") for r in rows],
+        "seconds": [r.get("seconds") for r in rows],
+    }
+    out: dict[str, Any] = {
+        "path": str(path),
+        "dataset": config.get("dataset"),
+        "method": config.get("method", "cis"),
+        "strategy": config.get("strategy"),
+        "rounds": config.get("rounds"),
+        "rounds_done": len(rows),
+        "train_seconds": float(sum(s or 0.0 for s in curves["seconds"])),
+        "curves": curves,
+    }
+    if summary is not None:
+        test = summary.get("test", {})
+        out["final"] = {
+            "exit_accuracy": test.get("exit_accuracy"),
+            "cis_accuracy_quota": test.get("cis_accuracy"),
+            "served_share_quota": test.get("served_shares") or test.get("exit_shares"),
+            "calibrated": test.get("calibrated"),
+            "weights": summary.get("weights"),
+        }
+    return out
+
+
+def bundle_section(path: Path) -> dict:
+    """A bundle: manifest summary, calibration, verification, profiles (files checked by load_bundle)."""
+    from cis.core.bundle import load_bundle
+
+    m = read_json(path / "manifest.json")
+    try:
+        load_bundle(path)
+        verified = "all files match their sha256"
+    except CisError as exc:
+        verified = f"NOT verified: {exc}"
+    latency = {}
+    if (path / "profiles" / "latency.json").is_file():
+        latency = read_json(path / "profiles" / "latency.json").get("stages", {})
+    confidence = None
+    npz = path / "profiles" / "confidence.npz"
+    if npz.is_file():
+        with np.load(npz) as z:
+            conf, correct = z["confidence"], z["correct"]
+        confidence = {
+            "samples": int(conf.shape[0]),
+            "mean_confidence": {str(e + 1): float(conf[:, e].mean()) for e in range(conf.shape[1])},
+            "accuracy": {str(e + 1): float(correct[:, e].mean()) for e in range(conf.shape[1])},
+        }
+    stage_keys = ("index", "exit", "flops", "params", "bytes", "carry_bytes_per_sample")
+    return {
+        "path": str(path),
+        "files": verified,
+        "method": m.get("method"),
+        "created": m.get("created"),
+        "dataset": m.get("dataset"),
+        "feature_dtype": m.get("feature_dtype"),
+        "opset": m.get("opset"),
+        "spec": (m.get("spec") or {}).get("cis", {}).get("name") if isinstance(m.get("spec"), dict) else None,
+        "stages": [{k: s.get(k) for k in stage_keys} for s in m.get("stages", [])],
+        "nodes": m.get("nodes", {}),
+        "policy": m.get("policy"),
+        "calibration": m.get("calibration"),
+        "verification": {k: (m.get("verification") or {}).get(k) for k in ("max_abs_diff", "passed", "atol")},
+        "latency_profile_s": {k: {b: float(t) for b, t in v.items()} for k, v in latency.items()},
+        "confidence_profile": confidence,
+    }
+
+
+def sim_section(path: Path) -> dict:
+    r = read_json(path / "result.json")
+    exit_keys = ("share", "calculus_share", "rate", "calculus_rate", "accuracy")
+    node_keys = ("incoming_rate", "served_rate", "forwarded_rate", "capped_rate", "utilisation", "dropped")
+    return {
+        "path": str(path),
+        "spec": r.get("spec"),
+        "requests": r.get("requests"),
+        "accuracy": r.get("accuracy"),
+        "drop_share": r.get("drop_share"),
+        "latency": r.get("latency") or latency_summary([]),
+        "exits": {e: {k: x.get(k) for k in exit_keys} for e, x in r.get("exits", {}).items()},
+        "nodes": {n: {k: x.get(k) for k in node_keys} for n, x in r.get("nodes", {}).items()},
+        "config": _sim_config(r.get("config") or {}),
+    }
+
+
+def _sim_config(c: Mapping[str, Any]) -> dict:
+    out = {k: c.get(k) for k in ("arrivals", "requests", "duration", "seed", "service", "loopback", "visit_overhead")}
+    rtt = c.get("hop_rtt") or []
+    out["hop_rtt_median"] = float(np.median(rtt)) if rtt else None
+    return out
+
+
+def runtime_section(path: Path) -> dict:
+    s = read_json(path / "summary.json")
+    latency, _ = served_latencies(read_requests(path / "requests.csv"))
+    return {
+        "path": str(path),
+        "requests": s.get("requests"),
+        "answered": s.get("samples_answered"),
+        "errors": s.get("errors"),
+        "accuracy": s.get("accuracy"),
+        "served_share_per_exit": s.get("served_share_per_exit"),
+        "served_share_per_node": s.get("served_share_per_node"),
+        "degraded": s.get("degraded"),
+        "capped": s.get("capped"),
+        "latency": latency_summary(latency),
+        "wall_s": s.get("wall_s"),
+        "calibration": s.get("calibration"),
+    }
+
+
+SECTIONS = {"run": run_section, "bundle": bundle_section, "runtime": runtime_section, "sim": sim_section}
+"""Folder kind -> its section reader (a demo folder holds one of each in a subfolder of the same name)."""

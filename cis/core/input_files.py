@@ -1,0 +1,232 @@
+"""What ``cis infer`` sends, from files, with the core install only (numpy; no torch).
+
+- ``FILE.npz`` (or ``npz:FILE``): array ``x`` (N, ...), optional labels ``y`` (N,). With
+  ``--bundle``, ``x`` has the samples of the bundle's stage 1 input (the manifest's ``inputs``) in any
+  dtype it takes: floats are sent in the model's float dtype (the model's input space, normalised like
+  the training data: ``np.savez(f, x=splits.test.x, y=splits.test.y)`` writes one), integers (token
+  ids) in the model's integer dtype, and uint8 (N, C, H, W) to an image model is raw pixels,
+  normalised like images (below). Without ``--bundle``, ``x`` is float (N, C, H, W) images, sent
+  as float32.
+- an image folder ``DIR`` (or ``images:DIR``): ``DIR/<class>/*.png`` (labels: the class
+  folder's name, looked up in the bundle's class list) or ``DIR/*.png`` (no labels).
+  Pixels are scaled to 0..1 and normalised with the bundle's mean and std, converted
+  to the model's channels (ITU-R 601 luma for one channel, as pillow's ``convert("L")``).
+  PNG is decoded by :mod:`cis.png`; JPEG and other formats, interlaced PNGs and
+  resizing to the model's input size need pillow (``pip install pillow``).
+
+Raw pixels need the bundle (``--bundle``): its manifest has the normalisation, the
+class names and stage 1's input shape.
+"""
+
+from __future__ import annotations
+
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from cis.core.bundle import Bundle, TensorInfo
+from cis.core.errors import CisError
+from cis.core.extras import installed
+from cis.core.png import UnsupportedPng, read_png
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp")
+
+
+@dataclass
+class Inputs:
+    """Samples in the model's input space, their labels (or None) and, for images, file names."""
+
+    x: np.ndarray
+    y: np.ndarray | None
+    names: list[str] | None = None
+
+
+def is_input_source(source: str) -> bool:
+    """Whether ``source`` names arrays or an image folder (else: a built-in data set)."""
+    kind, sep, _ = source.partition(":")
+    return bool(sep and kind in ("npz", "images")) or source.endswith(".npz") or Path(source).is_dir()
+
+
+def load_inputs(source: str, bundle: Bundle | None = None) -> Inputs:
+    """``FILE.npz`` / ``npz:FILE`` or ``DIR`` / ``images:DIR`` (module docstring)."""
+    kind, sep, rest = source.partition(":")
+    if sep and kind == "npz":
+        return load_npz(rest, bundle)
+    if sep and kind == "images":
+        return load_image_folder(rest, bundle)
+    if source.endswith(".npz"):
+        return load_npz(source, bundle)
+    return load_image_folder(source, bundle)
+
+
+def load_npz(path: str | Path, bundle: Bundle | None = None) -> Inputs:
+    path = Path(path)
+    if not path.is_file():
+        raise CisError(f"{path}: file not found; expected a .npz with array 'x' (N, C, H, W) and optional labels 'y'")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+        raise CisError(f"{path}: cannot read ({exc}); expected a .npz written by numpy.savez") from None
+    if "x" not in arrays:
+        raise CisError(
+            f"{path}: no array 'x' (has {', '.join(sorted(arrays)) or 'nothing'}); expected 'x' (N, C, H, W)"
+        )
+    x, y = arrays["x"], arrays.get("y")
+    if y is not None and (x.ndim < 1 or y.shape != (len(x),) or not np.issubdtype(y.dtype, np.integer)):
+        raise CisError(f"{path}: 'y' has shape {y.shape} and dtype {y.dtype}; expected {len(x)} integer labels")
+    if bundle is None:
+        if x.ndim != 4 or not (np.issubdtype(x.dtype, np.floating) or x.dtype == np.uint8):
+            raise CisError(
+                f"{path}: 'x' has shape {x.shape} and dtype {x.dtype}; without --bundle expected (N, C, H, W) float "
+                "images: pass --bundle BUNDLE for the inputs its model takes (any shape and dtype)"
+            )
+        if x.dtype == np.uint8:
+            _need_bundle(bundle, f"{path}: 'x' is uint8 pixels")
+        return Inputs(np.ascontiguousarray(x, dtype=np.float32), None if y is None else y.astype(np.int64))
+    return Inputs(entry_array(x, bundle, str(path)), None if y is None else y.astype(np.int64))
+
+
+def entry_array(x: np.ndarray, bundle: Bundle, where: str) -> np.ndarray:
+    """``x`` as the bundle's stage 1 takes it: its per-sample shape, and its dtype: floats cast to the model's
+    float; integers (token ids) to the model's integer dtype when they fit; uint8 (N, C, H, W) pixels into a
+    float image model normalised with the bundle's normalisation."""
+    info = entry_input(bundle)
+    want, sample = np.dtype(info.dtype), tuple(info.shape[1:])
+    if x.ndim < 1 or tuple(x.shape[1:]) != sample:
+        raise CisError(f"{where}: 'x' has samples of shape {tuple(x.shape[1:])}; the bundle's model takes {sample}")
+    if want.kind == "f" and x.dtype == np.uint8 and x.ndim == 4:
+        return normalise_pixels(x, bundle, where)
+    if want.kind == "f" and np.issubdtype(x.dtype, np.floating):
+        return np.ascontiguousarray(x, dtype=want)
+    if want.kind in "iu" and np.issubdtype(x.dtype, np.integer):
+        if x.size and (x.min() < np.iinfo(want).min or x.max() > np.iinfo(want).max):
+            raise CisError(f"{where}: 'x' holds values outside {want}'s range; the bundle's model takes {want}")
+        return np.ascontiguousarray(x, dtype=want)
+    kind = "uint8 pixels or floats" if want.kind == "f" else "integers (e.g. token ids)"
+    raise CisError(f"{where}: 'x' has dtype {x.dtype}; the bundle's model takes {want} ({kind})")
+
+
+def entry_input(bundle: Bundle) -> TensorInfo:
+    """Stage 1's input (what a request carries)."""
+    info = next((t for t in bundle.stage(1).inputs if t.name == "input"), None)
+    if info is None or any(not isinstance(d, int) for d in info.shape[1:]):
+        raise CisError(f"{bundle.root}: stage 1 has no static input 'input'; expected one written by cis export")
+    return info
+
+
+def load_image_folder(path: str | Path, bundle: Bundle | None = None) -> Inputs:
+    root = Path(path)
+    if not root.is_dir():
+        raise CisError(f"{root}: not a folder; expected FILE.npz or an image folder DIR/<class>/*.png")
+    bundle = _need_bundle(bundle, f"{root}: images")
+    files = _images(root)
+    class_dirs = sorted(p for p in root.iterdir() if p.is_dir() and _images(p))
+    if files and class_dirs:
+        raise CisError(f"{root}: holds both images and class folders ({class_dirs[0].name}/); expected one layout")
+    y = None
+    if class_dirs:
+        classes = [str(c) for c in bundle.manifest.get("classes", [])]
+        unknown = [d.name for d in class_dirs if d.name not in classes]
+        if unknown:
+            raise CisError(
+                f"{root}: class folder {unknown[0]!r} is not a class of the bundle; "
+                f"expected one of {', '.join(classes)}"
+            )
+        labelled = [(f, classes.index(d.name)) for d in class_dirs for f in _images(d)]
+        files, y = [f for f, _ in labelled], np.array([lab for _, lab in labelled], np.int64)
+    if not files:
+        raise CisError(f"{root}: no images; expected {', '.join(IMAGE_SUFFIXES)} files in it or in class folders")
+    _, channels, height, width = _input_shape(bundle)
+    pixels = np.stack([_fit(decode_image(f), channels, height, width, f) for f in files])
+    x = normalise_pixels(pixels.transpose(0, 3, 1, 2), bundle, str(root))
+    return Inputs(x, y, [str(f.relative_to(root)) for f in files])
+
+
+def normalise_pixels(pixels: np.ndarray, bundle: Bundle, where: str) -> np.ndarray:
+    """uint8 (N, C, H, W) -> float32 (x / 255 - mean) / std with the bundle's normalisation."""
+    norm = bundle.manifest.get("normalisation") or {}
+    mean = np.asarray(norm.get("mean", []), np.float32)
+    std = np.asarray(norm.get("std", []), np.float32)
+    channels = pixels.shape[1]
+    if mean.shape != (channels,) or std.shape != (channels,):
+        raise CisError(
+            f"{where}: {channels} channels, but the bundle's normalisation has "
+            f"mean {norm.get('mean')} std {norm.get('std')}"
+        )
+    return ((pixels.astype(np.float32) / 255.0 - mean[None, :, None, None]) / std[None, :, None, None]).astype(
+        np.float32
+    )
+
+
+def decode_image(path: Path) -> np.ndarray:
+    """uint8 (H, W, 1 or 3): PNG with the core decoder, anything else (or interlaced PNG) with pillow."""
+    if path.suffix.lower() == ".png":
+        try:
+            return read_png(path)
+        except UnsupportedPng as exc:
+            if not installed("PIL"):
+                raise CisError(f"{exc}: needs pillow (pip install pillow)") from None
+    elif not installed("PIL"):
+        raise CisError(
+            f"image {path}: decoding {path.suffix} needs pillow (pip install pillow); PNG needs nothing more"
+        )
+    return _pillow_decode(path)
+
+
+def _pillow_decode(path: Path) -> np.ndarray:
+    from PIL import Image, UnidentifiedImageError
+
+    try:
+        with Image.open(path) as img:
+            grey = img.mode in ("1", "L", "LA", "I", "I;16", "F")
+            arr = np.asarray(img.convert("L" if grey else "RGB"))
+    except (UnidentifiedImageError, OSError, SyntaxError) as exc:
+        raise CisError(f"image {path}: cannot be decoded ({exc})") from None
+    return arr[:, :, None] if arr.ndim == 2 else arr
+
+
+def _fit(img: np.ndarray, channels: int, height: int, width: int, path: Path) -> np.ndarray:
+    """The image with the model's channels and size (resizing needs pillow: bilinear, as the training loader)."""
+    if img.shape[2] != channels:
+        if channels == 1:  # ITU-R 601-2 luma, pillow's integer form
+            rgb = img.astype(np.uint32)
+            img = ((rgb[:, :, 0] * 19595 + rgb[:, :, 1] * 38470 + rgb[:, :, 2] * 7471 + 0x8000) >> 16).astype(np.uint8)[
+                :, :, None
+            ]
+        elif channels == 3 and img.shape[2] == 1:
+            img = np.repeat(img, 3, axis=2)
+        else:
+            raise CisError(f"image {path}: {img.shape[2]} channels; the model takes {channels}")
+    if img.shape[:2] != (height, width):
+        if not installed("PIL"):
+            raise CisError(
+                f"image {path}: {img.shape[1]}x{img.shape[0]}; the model takes {width}x{height}: "
+                "resize it, or install pillow (pip install pillow) to resize on load"
+            )
+        from PIL import Image
+
+        mode = "L" if channels == 1 else "RGB"
+        picture = Image.fromarray(img[:, :, 0] if channels == 1 else img, mode)
+        img = np.asarray(picture.resize((width, height), Image.Resampling.BILINEAR))
+        img = img[:, :, None] if img.ndim == 2 else img
+    return img
+
+
+def _images(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+
+
+def _input_shape(bundle: Bundle) -> tuple:
+    shape = entry_input(bundle).shape
+    if len(shape) != 4:
+        raise CisError(f"{bundle.root}: stage 1 input shape {shape}; expected (N, C, H, W) images")
+    return tuple(shape)
+
+
+def _need_bundle(bundle: Bundle | None, what: str) -> Bundle:
+    if bundle is None:
+        raise CisError(f"{what} need the model's normalisation and input size: pass --bundle BUNDLE")
+    return bundle

@@ -1,0 +1,171 @@
+"""Front doors: how a request that came over HTTP or gRPC enters a node's normal path.
+
+A door (:mod:`cis.runtime.oip.http_door`, :mod:`cis.runtime.oip.grpc_door`) is an adapter: it
+decodes the Open Inference Protocol (:mod:`cis.runtime.oip.codec`) into a
+:class:`cis.runtime.protocol.Message` of kind ``infer`` and hands it to
+:meth:`cis.runtime.node.Node.admit`, the same call a ZeroMQ INFER takes: the same
+executor admission (entry stage, queue limit, deadline, finite values), the same
+micro-batches, thresholds, forwards and counters (``cis_requests_total{kind="infer"}``).
+Instead of a ROUTER identity, the request's ``prefix`` is a :class:`Ticket`; the node
+hands the answer (or the error) of a request whose prefix is a ticket to the ticket's
+door (:meth:`Door.result`, :meth:`Door.error`) instead of its ROUTER.
+
+A door is polled by the node's own loop: :meth:`Door.fileno` is a file descriptor the
+node's zmq poll watches beside its sockets (the HTTP door's epoll selector, the gRPC
+door's wake-up socket), and :meth:`Door.on_ready` does the door's non-blocking work when
+it is readable; :meth:`Door.tick` runs its timers (connections past their timeout).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import zmq
+
+from cis.core.logs import event
+from cis.runtime import protocol as P
+from cis.runtime.oip.codec import InferRequest
+from cis.runtime.requests import Request
+
+log = logging.getLogger("cis.runtime.node")
+LOOPBACK = "127.0.0.1"
+_wire_ids = itertools.count(1)
+
+
+@dataclass
+class DoorConfig:
+    """One door's settings (``cis serve --http-*`` / ``--grpc-*``, docs/runtime.md)."""
+
+    port: int  # 0: a free port
+    host: str | None = None  # None: every interface (0.0.0.0) with TLS and a token, else loopback only
+    cert: str | None = None  # TLS certificate chain (PEM) and its private key
+    key: str | None = None
+    token: str | None = None  # bearer token: every request but the health checks must carry it
+    timeout: float = 30.0  # seconds for a request to arrive whole, and for an idle connection to stay
+    max_connections: int = 10000  # HTTP connections open at once; beyond, a new one is closed at once
+    max_body: int = 64 << 20  # bytes of a request body (the node's max_message_bytes)
+
+    @property
+    def tls(self) -> bool:
+        return self.cert is not None
+
+    @property
+    def bind_host(self) -> str:
+        if self.host:
+            return self.host
+        return "0.0.0.0" if self.tls and self.token else LOOPBACK
+
+
+def url(scheme: str, host: str, port: int) -> str:
+    shown = LOOPBACK if host in ("0.0.0.0", "::", "") else host
+    return f"{scheme}://{'[' + shown + ']' if ':' in shown else shown}:{port}"
+
+
+def announce(door: str, node_id: str, where: str, cfg: DoorConfig, model: str) -> None:
+    """The door's start line; it says when it listens on loopback only, and warns when it listens
+    elsewhere without TLS or without a token."""
+    host = cfg.bind_host
+    note = ""
+    if not cfg.host and host == LOOPBACK:
+        note = f"; binds {LOOPBACK} only (no TLS and bearer token): --http-host HOST opens it"
+    elif host not in (LOOPBACK, "::1", "localhost") and not (cfg.tls and cfg.token):
+        missing = " and ".join(w for w, ok in (("TLS", cfg.tls), ("a bearer token", cfg.token)) if not ok)
+        event(
+            log, logging.WARNING, "door_open", f"node {node_id}: {door} front door on {host} without {missing}",
+            node=node_id, door=door, host=host,
+        )  # fmt: skip
+    event(
+        log, logging.INFO, "door_start",
+        f"node {node_id}: {door} front door at {where} (model {model!r}"
+        f"{', TLS' if cfg.tls else ''}{', bearer token' if cfg.token else ''}){note}",
+        node=node_id, door=door, url=where, host=host, tls=cfg.tls, token=bool(cfg.token),
+    )  # fmt: skip
+
+
+class Ticket:
+    """Where a door request's answer goes: the door, the door's own handle (a connection, a waiting
+    RPC), and the decoded request (its id, the outputs it wants, its ``traceparent``)."""
+
+    __slots__ = ("door", "handle", "request", "answer")
+
+    def __init__(self, door: Door, handle: Any, request: InferRequest | None) -> None:
+        self.door, self.handle, self.request = door, handle, request
+        self.answer: Any = None  # what the door keeps of the answer until it is sent
+
+    @property
+    def traceparent(self) -> str | None:
+        return self.request.traceparent if self.request is not None else None
+
+    @property
+    def id(self) -> str | None:
+        return self.request.id if self.request is not None else None
+
+
+class Door(Protocol):
+    url: str
+
+    def open(self, node: Any) -> None:
+        """Bind and start; ``node`` is the cis.runtime.node.Node whose loop polls :meth:`fileno`."""
+
+    def fileno(self) -> int: ...
+
+    def on_ready(self) -> None:
+        """The descriptor is readable: do what waits, without blocking."""
+
+    def tick(self, now: float) -> float:
+        """Timers at monotonic ``now``; returns when to be called again."""
+
+    def result(self, ticket: Ticket, req: Request) -> None: ...
+
+    def error(self, ticket: Ticket, code: str, message: str) -> None: ...
+
+    def close(self) -> None: ...
+
+
+def result_arrays(req: Request) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """A complete request's class, confidence, exit and flags as arrays (a parent's answer passed on whole
+    may still be its raw frames)."""
+    out = []
+    for a, dt in ((req.cls, np.int64), (req.conf, np.float32), (req.exit, np.int32), (req.flags, np.uint8)):
+        out.append(a if type(a) is np.ndarray else np.frombuffer(a, dt))
+    return out[0], out[1], out[2], out[3]
+
+
+def message(request: InferRequest) -> P.Message:
+    """The INFER message a door request becomes: stage 1, the request's tensors, its deadline (from the
+    request's timeout), the caller's ``traceparent`` as it came (the node's tracing starts a new trace when it
+    is not a valid one), ``want_logits`` when it names ``logits`` or ``probabilities``. The node sees it as it
+    sees a decoded ZeroMQ INFER."""
+    deadline = time.time() + request.timeout if request.timeout else 0.0
+    head = P.InferHeader(
+        v=1, id=next(_wire_ids), deadline=deadline, traceparent=request.traceparent or "",
+        want_logits=request.wants_logits,
+    )  # fmt: skip
+    return P.Message(head, tensors=request.tensors)
+
+
+def submit(node: Any, ticket: Ticket) -> None:
+    """Hand a decoded request to the node's normal path (:meth:`cis.runtime.node.Node.admit`)."""
+    assert ticket.request is not None
+    node.admit(ticket, message(ticket.request))
+
+
+def refuse(node: Any, ticket: Ticket, code: str, text: str) -> None:
+    """A request the door could not decode: counted by the node as an ``infer`` with that outcome, answered
+    through the ticket (as the node answers a ZeroMQ request it cannot decode)."""
+    node._error(ticket, 0, code, text, P.INFER)
+
+
+def open_doors(node: Any) -> None:
+    """Bind each of a node's doors and add its descriptor to the node's poll items (Node.open)."""
+    for door in node.doors:
+        door.open(node)
+        node.door_fds[door.fileno()] = door
+        node.poll_items.append((door.fileno(), zmq.POLLIN))
+    node.door_due = time.monotonic() if node.doors else math.inf

@@ -1,0 +1,286 @@
+"""The run configuration of ``cis train``: defaults <- config file (JSON or TOML) <- flags.
+
+Each setting is declared once, as a field of :class:`RunConfig`: its default and, where
+its value is constrained, its :class:`Rule` (what it must hold, and the words a one-line
+error says it expected). The CLI's flags take their defaults from here; rules that tie
+two settings together are :meth:`RunConfig.check_together`.
+
+The resolved config (every default written out) is stored as ``config.json``
+in the run directory, so a run documents itself and ``--resume`` reads it back.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+try:  # Python 3.11+
+    import tomllib  # novermin (3.10 takes the tomli fallback below)
+except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
+    import tomli as tomllib
+
+from cis.core.errors import CisError
+from cis.training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, HEAD_UPDATES, P_MODES, STEP_RULES
+from cis.training.data.data_ref import USER_KINDS, data_kind
+from cis.training.methods.registry import check_user_model, resolve_options
+
+# Per-dataset training defaults. CIFAR: the paper's (SGD 0.1 cosine, momentum 0.9,
+# wd 5e-4, batch 128, crop+flip). Digits (~1.3k training images, 8x8): our choice,
+# tuned so paper-7 reaches > 90 % final-exit accuracy in a few seconds; one thread,
+# because intra-op threading costs more than it gains on a model this small.
+# Where training runs and its optional autocast (cis/training/device.py implements them).
+# Not part of what a run computes on the CPU: --resume may move a run to another device.
+DEVICES = ("auto", "cpu", "cuda")
+AMP_MODES = ("off", "bf16")
+MEMORY_FORMATS = ("contiguous", "channels_last")  # the model's tensors: NCHW, or NHWC (faster convolutions on GPUs)
+GRAPH_MODES = ("off", "on")  # on: each local step's forward and backward replayed as a CUDA graph
+
+DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
+    "digits": {
+        "lr": 0.05,
+        "momentum": 0.9,
+        "weight_decay": 5e-4,
+        "batch_size": 32,
+        "augment": False,
+        "rounds": 30,
+        "threads": 1,
+    },
+    "cifar10": {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "batch_size": 128, "augment": True, "rounds": 100},
+    "cifar100": {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "batch_size": 128, "augment": True, "rounds": 100},
+}
+# The user's data (--data PATH.npz | DIR | hf:DIR | PATH.py:FACTORY): digits' SGD settings, torch's threads, no
+# augmentation.
+USER_DATA_DEFAULTS: dict[str, Any] = {
+    "lr": 0.05, "momentum": 0.9, "weight_decay": 5e-4, "batch_size": 32, "augment": False, "rounds": 30,
+}
+DATASET_DEFAULTS.update({kind: USER_DATA_DEFAULTS for kind in USER_KINDS})
+# cis/training/data/partition.py: the layer shares, or "node": the data's own node column
+PARTITIONS = ("equal", "biased", "highly-biased", "node")
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What a setting may hold: a test of its value and what the error says was expected."""
+
+    holds: Callable[[Any], bool]
+    expected: str
+
+
+def one_of(choices: Sequence[str]) -> Rule:
+    return Rule(lambda v: v in choices, " or ".join(repr(c) for c in choices))
+
+
+def _is_number(v: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, (int, float))
+
+
+def is_device_name(name: str) -> bool:
+    """auto, cpu, cuda or cuda:K (cis/training/device.py resolves it)."""
+    kind, _, index = str(name).partition(":")
+    return kind in DEVICES and (not index or (kind == "cuda" and index.isdigit()))
+
+
+def _rates_hold(rates: Any) -> bool:
+    return rates is None or (
+        isinstance(rates, list) and all(_is_number(r) and r >= 0 for r in rates) and sum(rates) > 0
+    )
+
+
+POSITIVE = Rule(lambda v: _is_number(v) and v > 0, "a positive number")
+COUNT = Rule(lambda v: isinstance(v, int) and v >= 1, "an integer >= 1")
+COUNT_OR_NONE = Rule(lambda v: v is None or COUNT.holds(v), COUNT.expected)
+FRACTION = Rule(lambda v: _is_number(v) and 0 < v <= 1, "a fraction in (0, 1]")
+
+
+def setting(default: Any = None, rule: Rule | None = None) -> Any:
+    """A field of :class:`RunConfig`: its one default and, where the value is constrained, its rule."""
+    return field(default=default, metadata={"rule": rule} if rule else {})
+
+
+@dataclass
+class RunConfig:
+    method: str = "cis"  # "cis" (Algorithm 1) or another paper's method (cis/training/methods/registry.py)
+    options: dict[str, Any] | None = None  # the method's options (--option KEY=VALUE); defaults filled when resolved
+    # a user's model: PATH.py:FACTORY or pkg.module:FACTORY (cis/training/models/model_ref.py); None: the method's
+    # built-in
+    model: str | None = None
+    model_args: dict[str, Any] | None = None  # --model-arg KEY=VALUE: the factory's keyword arguments
+    model_sha256: str | None = None  # the model's source file when the run started (cis train records it)
+    weights_file: str | None = None  # --weights FILE: starting weights, a state dict (cis/training/weights_file.py)
+    allow_model_change: bool = False  # --allow-model-change: rebuild from a model file changed since the run
+    dataset: str = "digits"
+    spec: str | None = None  # path of a spec TOML; None: a built-in topology under `serving`
+    topology: str = "paper-7"
+    serving: str = "33-33-33"
+    strategy: str = "serving-rate"
+    weights: list[float] | None = None  # explicit Lambda~ (strategy "explicit")
+    rounds: int | None = setting(None, COUNT)
+    seed: int = 0
+    # layer shares (equal, biased, highly-biased; a list of shares in a config file) or "node": the data's node column
+    partition: str | list[float] = setting("equal", Rule(lambda v: v in PARTITIONS or isinstance(v, list),
+                                                         " or ".join(map(repr, PARTITIONS)) + " or a list of shares"))
+    dirichlet: float | None = None
+    # one model on the pooled data, exit losses weighted by the strategy's Lambda~ (cis/training/centralised.py)
+    centralised: bool = setting(False, Rule(lambda v: isinstance(v, bool), "true or false"))
+    # Algorithm 1 as printed, or "authors-code": as arodio/FedCIS runs it (docs/training.md)
+    algorithm: str = setting("printed", one_of(ALGORITHMS))
+    p: float = 0.0
+    p_rule: str = "paper"  # "paper": p per lower exit; "code": p/(E_i-1) per lower exit
+    p_matrix: list[list[float]] | None = None
+    # "divide" by p_ie (printed; the default) or "multiply" (authors-code's, its only one)
+    p_mode: str | None = setting(None, one_of(P_MODES))
+    # line 12 as written; "capped" or "self-normalised" (cis/training/aggregation/line12.py)
+    coefficient_rule: str = setting("literal", one_of(COEFFICIENT_RULES))
+    # BatchNorm statistics: "convex" (printed's default) or "literal" (authors-code's only)
+    bn_rule: str | None = setting(None, one_of(BN_RULES))
+    # "same" J for every exit, or "flops": J * flops(E_i) / flops(e) for a lower exit
+    lower_exit_steps: str = setting("same", one_of(STEP_RULES))
+    # authors-code only: a non-root pair's exit-head update "applied" (default) or dropped as the released code does
+    head_update: str = setting("applied", one_of(HEAD_UPDATES))
+    participation: float = setting(1.0, FRACTION)
+    width: float = setting(1.0, POSITIVE)
+    lr: float | None = setting(None, POSITIVE)
+    momentum: float | None = None
+    weight_decay: float | None = None
+    batch_size: int | None = setting(None, POSITIVE)
+    local_epochs: float = setting(1.0, POSITIVE)
+    local_steps: int | None = setting(None, COUNT_OR_NONE)
+    schedule: str = setting("cosine", one_of(("cosine", "constant")))
+    augment: bool | None = None
+    server_lr: float = setting(1.0, POSITIVE)
+    sigma: list[float] | None = None  # balanced-adj: per-exit gradient std; None: measured
+    sigma_batches: int = 50
+    confidence: str | None = None  # None: the spec's measure
+    eval_every: int = 1
+    checkpoint_every: int = 1
+    val_size: int | None = None
+    train_subset: int | None = None  # a seeded subset of the training split (reduced-scale benchmarks)
+    threads: int | None = None
+    # auto (cuda when torch sees a GPU) | cpu | cuda | cuda:K
+    device: str = setting("auto", Rule(is_device_name, f"one of {', '.join(DEVICES)} or cuda:K"))
+    amp: str = setting("off", one_of(AMP_MODES))  # off | bf16: the local steps under torch.autocast(bfloat16)
+    # how a run computes, not what (cis/training/device.py; --resume may change them, like device):
+    memory_format: str = setting("contiguous", one_of(MEMORY_FORMATS))  # channels_last: conv weights NHWC
+    cuda_graphs: str = setting("off", one_of(GRAPH_MODES))  # on: steps as CUDA graphs (cis/training/graphs.py)
+    init: str | None = None  # a run dir whose weights start the model: a fine-tune (cis/training/warm_start.py)
+    rates_from: str | None = None  # where exit_rates were measured (cis train --rates-from SOURCE; cis.runtime.measure)
+    # measured Lambda_e per exit: the weights' serving rates, not the calculus
+    exit_rates: list[float] | None = setting(
+        None, Rule(_rates_hold, "a list of requests/s per exit, >= 0 with a positive sum")
+    )
+
+    @property
+    def dataset_name(self) -> str:
+        """The data's kind: digits, cifar10, cifar100, or the user's npz, images, hf, factory (data/data_ref.py)."""
+        return data_kind(self.dataset)
+
+    def resolved(self) -> RunConfig:
+        """Fill the per-dataset defaults."""
+        d = DATASET_DEFAULTS[self.dataset_name]
+        out = RunConfig(**asdict(self))
+        for k, v in d.items():
+            if getattr(out, k) is None:
+                setattr(out, k, v)
+        out.options = resolve_options(out.method, out.options)
+        authors = out.algorithm == "authors-code"
+        if out.p_mode is None:
+            out.p_mode = "multiply" if authors else "divide"
+        if out.bn_rule is None:
+            out.bn_rule = "literal" if authors else "convex"
+        out.validate()
+        return out
+
+    def validate(self) -> None:
+        """Every setting against its rule, then :meth:`check_together`; the first that fails is one line."""
+        for f in fields(self):
+            rule = f.metadata.get("rule")
+            if rule is not None and not rule.holds(getattr(self, f.name)):
+                raise self._bad(f.name, rule.expected)
+        self.check_together()
+
+    def check_together(self) -> None:
+        """The rules that tie settings together: the authors' code has one aggregation; p is Algorithm 1's; a
+        user's model goes with the methods that take one; one source of starting weights."""
+        if self.model is not None:
+            if not isinstance(self.model, str) or ":" not in self.model:
+                raise self._bad("model", "PATH.py:FACTORY or pkg.module:FACTORY")
+            check_user_model(self.method)
+        if self.model_args is not None and not isinstance(self.model_args, dict):
+            raise self._bad("model_args", "a table of the factory's keyword arguments")
+        if self.model_args and self.model is None:
+            raise CisError("config: --model-arg (model_args) goes with --model PATH.py:FACTORY")
+        if self.weights_file is not None and self.init is not None:
+            raise CisError("config: --weights and --init both give starting weights; expected one of them")
+        if self.algorithm == "authors-code":  # multiply by p_ce, line 12's coefficients, literal BatchNorm
+            if self.method != "cis":
+                raise CisError(f"config: algorithm 'authors-code' is Algorithm 1's; method {self.method!r} has its own")
+            for key, only in (("p_mode", "multiply"), ("coefficient_rule", "literal"), ("bn_rule", "literal")):
+                if getattr(self, key) != only:
+                    raise self._bad(key, f"{only!r} under algorithm 'authors-code' (the authors' code has no other)")
+        elif self.head_update != "applied":
+            raise self._bad("head_update", "'applied' under algorithm 'printed' (released-code is authors-code's)")
+        if self.cuda_graphs == "on" and self.method != "cis":
+            raise self._bad("cuda_graphs", f"'off' for method {self.method!r} (graphs capture Algorithm 1's step)")
+        if self.partition == "node" and self.dirichlet is not None:
+            raise CisError("config: partition 'node' takes each sample's node from the data; drop dirichlet")
+        if self.centralised:
+            self._check_centralised()
+        if self.method != "cis" and (self.p or self.p_matrix):
+            raise CisError(
+                f"config: --p / p_matrix sample lower exits in Algorithm 1; method {self.method!r} chooses its own "
+                "sub-models"
+            )
+
+    def _check_centralised(self) -> None:
+        """--centralised trains the early-exit model of Algorithm 1 on pooled data: no partition, no exit sampling."""
+        if self.method != "cis":
+            raise CisError(f"config: centralised trains method 'cis' (weighted exit losses), not {self.method!r}")
+        if self.partition == "node":
+            raise self._bad("partition", "layer shares with centralised (one model on the pooled data, no nodes)")
+        for key, neutral in (("algorithm", "printed"), ("dirichlet", None), ("p", 0.0), ("p_matrix", None),
+                             ("participation", 1.0), ("lower_exit_steps", "same")):
+            if getattr(self, key) != neutral:
+                raise self._bad(key, f"{neutral!r} with centralised (one model on the pooled data, no nodes)")
+
+    def _bad(self, key: str, expected: str) -> CisError:
+        return CisError(f"config: field {key!r} is {getattr(self, key)!r}; expected {expected}")
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def declared_default(key: str) -> Any:
+    """A setting's one default (None: the dataset's, :data:`DATASET_DEFAULTS`, or resolved from others)."""
+    return {f.name: f.default for f in fields(RunConfig)}[key]
+
+
+def config_keys() -> set[str]:
+    return {f.name for f in fields(RunConfig)}
+
+
+def read_config_file(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise CisError(f"{path}: config file not found; expected a JSON or TOML file of train settings")
+    try:
+        data = tomllib.loads(path.read_text()) if path.suffix == ".toml" else json.loads(path.read_text())
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CisError(f"{path}: cannot parse ({exc})") from None
+    if not isinstance(data, dict):
+        raise CisError(f"{path}: expected a table of train settings")
+    unknown = sorted(set(data) - config_keys())
+    if unknown:
+        raise CisError(f"{path}: unknown key {unknown[0]!r}; expected some of {', '.join(sorted(config_keys()))}")
+    return data
+
+
+def make_config(file_values: dict | None = None, overrides: dict | None = None) -> RunConfig:
+    """defaults <- file values <- overrides (None values in overrides are ignored)."""
+    values = {**(file_values or {}), **{k: v for k, v in (overrides or {}).items() if v is not None}}
+    try:
+        return RunConfig(**values).resolved()
+    except TypeError as exc:
+        raise CisError(f"config: {exc}") from None

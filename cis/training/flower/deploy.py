@@ -1,0 +1,190 @@
+"""Flower's deployment engine: submit a run to a SuperLink; start a whole federation on loopback.
+
+:class:`LoopbackFederation` starts ``flower-superlink`` and one ``flower-supernode``
+per CIS node (``--node-config partition-id=K``) as subprocesses bound to
+127.0.0.1 on free ports, with ``--insecure`` (loopback only; docs/flower.md shows
+TLS and node authentication for real deployments), and always stops them
+(process groups, SIGTERM then SIGKILL). :func:`submit_run` is ``flwr run`` of
+cis/training/flower/app with the run config (``cis-config``, ``out-dir``) in a TOML
+file and a private FLWR_HOME naming the SuperLink connection.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import tomli_w
+
+from cis.core.errors import CisError
+from cis.runtime.ports import free_port
+from cis.training.config import RunConfig
+
+APP_DIR = Path(__file__).resolve().parent / "app"
+BIN = Path(sys.executable).parent
+
+
+def _env(flwr_home: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["FLWR_HOME"] = str(flwr_home)
+    env["PATH"] = f"{BIN}{os.pathsep}{env.get('PATH', '')}"  # flower-superexec, flwr-serverapp, flwr-clientapp
+    env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def write_connection(flwr_home: Path, name: str, address: str, root_certificates: str | Path | None = None) -> None:
+    """FLWR_HOME/config.toml naming one SuperLink connection (the `flwr` CLI's config)."""
+    flwr_home.mkdir(parents=True, exist_ok=True)
+    conn: dict = {"address": address}
+    if root_certificates is None:
+        conn["insecure"] = True
+    else:
+        conn["root-certificates"] = str(Path(root_certificates).resolve())
+    (flwr_home / "config.toml").write_text(tomli_w.dumps({"superlink": {"default": name, name: conn}}))
+
+
+def write_run_config(
+    path: Path, config: RunConfig, out: str | Path, round_timeout: float, connect_timeout: float
+) -> Path:
+    from cis.training.flower.records import config_to_text
+
+    values = {"cis-config": config_to_text(config), "out-dir": str(Path(out).resolve()),
+              "round-timeout": float(round_timeout), "connect-timeout": float(connect_timeout)}
+    path.write_text(tomli_w.dumps(values))
+    return path
+
+
+def submit_run(
+    config: RunConfig,
+    out: str | Path,
+    superlink: str,
+    *,
+    root_certificates: str | Path | None = None,
+    round_timeout: float = 600.0,
+    connect_timeout: float = 120.0,
+    flwr_home: str | Path | None = None,
+    timeout: float | None = None,
+    log: Callable[[str], None] = lambda s: None,
+) -> None:
+    """``flwr run cis/training/flower/app`` on ``superlink`` (its Control API address), waiting for the end."""
+    with tempfile.TemporaryDirectory(prefix="cis-flwr-") as tmp:
+        home = Path(flwr_home) if flwr_home else Path(tmp) / "home"
+        write_connection(home, "cis", superlink, root_certificates)
+        run_toml = write_run_config(Path(tmp) / "run.toml", config, out, round_timeout, connect_timeout)
+        cmd = [str(BIN / "flwr"), "run", str(APP_DIR), "cis", "--run-config", str(run_toml), "--stream"]
+        log("flower: " + " ".join(cmd[:4]) + " cis --stream")
+        try:
+            proc = subprocess.run(cmd, env=_env(home), capture_output=True, text=True, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            raise CisError(f"flower: `flwr run` did not finish in {timeout:.0f} s") from None
+        if proc.returncode != 0 or "Successfully started run" not in proc.stdout:
+            raise CisError(f"flower: `flwr run` failed (exit {proc.returncode}): {(proc.stdout + proc.stderr)[-2000:]}")
+        (Path(out) / "flower.log").parent.mkdir(parents=True, exist_ok=True)
+        (Path(out) / "flower.log").write_text(proc.stdout + proc.stderr)
+
+
+class LoopbackFederation:
+    """A SuperLink and ``num_nodes`` SuperNodes on 127.0.0.1 (insecure), stopped on exit."""
+
+    def __init__(self, num_nodes: int, workdir: str | Path | None = None, start_timeout: float = 60.0,
+                 log: Callable[[str], None] = lambda s: None) -> None:
+        self.num_nodes, self.start_timeout, self.log = num_nodes, start_timeout, log
+        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="cis-flower-")
+        self.workdir = Path(workdir or self._tmp.name)
+        self.home = self.workdir / "flwr-home"
+        self.procs: list[subprocess.Popen] = []
+        self.address = ""
+        self.start_seconds = 0.0
+
+    def _spawn(self, name: str, cmd: list[str], home: Path) -> subprocess.Popen:
+        logf = open(self.workdir / f"{name}.log", "w")
+        p = subprocess.Popen(cmd, env=_env(home), stdout=logf, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                             cwd=self.workdir, start_new_session=True)  # own process group: killed with its children
+        logf.close()
+        self.procs.append(p)
+        return p
+
+    def _supernode(self, k: int) -> tuple[subprocess.Popen, int]:
+        port = free_port()
+        proc = self._spawn(f"supernode-{k}", [
+            str(BIN / "flower-supernode"), "--insecure", "--superlink", self.address,
+            "--host", "127.0.0.1", "--port", str(port),
+            "--node-config", f"partition-id={k} num-partitions={self.num_nodes}",
+        ], self.workdir / f"node-{k}")
+        return proc, port
+
+    def _wait_listening(self, port: int, proc: subprocess.Popen, what: str) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise CisError(f"flower: {what} exited ({proc.returncode}); see {self.workdir}/*.log")
+            try:
+                with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                    return
+            except OSError:
+                time.sleep(0.2)
+        raise CisError(f"flower: {what} not listening on 127.0.0.1:{port} after {self.start_timeout:.0f} s")
+
+    def start(self) -> LoopbackFederation:
+        t0 = time.perf_counter()
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        self.address = f"127.0.0.1:{port}"
+        sl = self._spawn(
+            "superlink",
+            [str(BIN / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port)],
+            self.home,
+        )
+        self._wait_listening(port, sl, "flower-superlink")
+        nodes = [self._supernode(k) for k in range(self.num_nodes)]
+        for k, (proc, node_port) in enumerate(nodes):  # one that could not start says so here, not as a hung run
+            self._wait_listening(node_port, proc, f"flower-supernode {k}")
+        self.start_seconds = time.perf_counter() - t0
+        self.log(f"flower: SuperLink on {self.address}, {self.num_nodes} SuperNodes ({self.workdir})")
+        return self
+
+    def run(self, config: RunConfig, out: str | Path, round_timeout: float = 600.0, connect_timeout: float = 120.0,
+            timeout: float | None = None) -> None:
+        submit_run(config, out, self.address, round_timeout=round_timeout, connect_timeout=connect_timeout,
+                   flwr_home=self.workdir / "cli-home", timeout=timeout, log=self.log)
+
+    def stop(self) -> None:
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + 10
+        for p in self.procs:
+            try:
+                p.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            try:  # the group too: flower-superexec and flwr-*app children
+                os.killpg(p.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+            if p.poll() is None:
+                p.wait(timeout=5)
+        self.procs = []
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+
+    def __enter__(self) -> LoopbackFederation:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

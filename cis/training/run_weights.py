@@ -1,0 +1,82 @@
+"""The ``--strategy`` aggregation weights Lambda~ of a run (every method's, and ``--centralised``'s loss weights)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from cis.core.errors import CisError
+from cis.core.rates import compute_rates
+from cis.core.spec import CisSpec
+from cis.training.aggregation.weights import Weights, make_weights
+from cis.training.config import RunConfig
+from cis.training.grad_variance import gradient_variance
+from cis.training.models.contract import EarlyExitNet
+from cis.training.models.flops import exit_costs
+
+
+def run_weights(
+    config: RunConfig,
+    spec: CisSpec,
+    model: EarlyExitNet,
+    matrix: np.ndarray,
+    sizes: list[int],
+    train,
+    log: Callable[[str], None],
+) -> Weights:
+    """The ``--strategy`` aggregation weights Lambda~ for this model and sampling matrix."""
+    lam = config.exit_rates or [compute_rates(spec).exit_serving_rate[e] for e in range(1, spec.num_exits + 1)]
+    if len(lam) != spec.num_exits:
+        raise CisError(f"config: exit_rates has {len(lam)} values; spec {spec.name!r} has {spec.num_exits} exits")
+    sigma = config.sigma
+    needs_sigma = config.strategy in ("balanced-adj", "balanced-ramp")
+    authors = config.algorithm == "authors-code"
+    if needs_sigma and sigma is None and authors:
+        sigma = appendix_c_sigma(model)
+        log(
+            "balanced-adj (authors-code): "
+            + (
+                "the Appendix-C constants " + ", ".join(map(str, sigma))
+                if sigma
+                else "exits not after conv layers 3, 9, 17 (or 9, 13, 17) of ResNet-18: sigma measured"
+            )
+        )
+    if needs_sigma and sigma is None:
+        if not model_has_exit_gradients(model):
+            raise CisError(
+                f"--strategy balanced-adj: method {config.method!r} trains nested sub-models, whose per-exit gradient "
+                "variance cannot be measured on one shared graph; give 'sigma' in the config file or pick another "
+                "strategy"
+            )
+        var = gradient_variance(model, train.x, train.y, config.batch_size, config.sigma_batches, config.seed)
+        sigma = [float(np.sqrt(v)) for v in var]
+        log("gradient variance per exit (Appendix C): " + ", ".join(f"{v:.3g}" for v in var))
+    flops = [c["flops"] for c in exit_costs(model)] if config.strategy in ("flops", "auto") else None
+    return make_weights(
+        config.strategy,
+        spec.num_exits,
+        total_rounds=config.rounds,
+        exit_serving_rate=lam,
+        flops=flops,
+        sigma=sigma,
+        matrix=matrix,
+        sizes=sizes,
+        vector=config.weights,
+        balanced_rule=config.algorithm,
+        node_exits=[n.exit for n in spec.nodes],
+    )
+
+
+def appendix_c_sigma(model: EarlyExitNet) -> list[float] | None:
+    """The authors' hard-coded sigma_e for a ResNet-18 whose exits sit where theirs do, else None."""
+    from cis.training.aggregation.weights import APPENDIX_C_SIGMA
+
+    cfg = model.config()
+    found = APPENDIX_C_SIGMA.get(tuple(cfg.get("exits", ()))) if cfg.get("arch") == "resnet18" else None
+    return list(found) if found else None
+
+
+def model_has_exit_gradients(model: EarlyExitNet) -> bool:
+    """False for nested models, whose forward runs detached copies of the sub-models."""
+    return not hasattr(model, "submodel")

@@ -29,8 +29,8 @@ from pathlib import Path
 import simpy
 
 from cis.core.topologies import make_spec
+from cis.sim.build import run_model
 from cis.sim.config import SimConfig
-from cis.sim.model import run_model
 from cis.sim.simulation import plan_run, simulate
 
 SERVING = "60-30-10"

@@ -294,6 +294,14 @@ def _parse_node(raw: Any, index: int, source: str) -> Node:
 def validate(spec: CisSpec, source: str | None = None) -> CisSpec:
     """Check the structure of a spec; raise :class:`SpecError` with one clear line."""
     source = source or spec.name
+    _check_nodes(spec, source)
+    _check_hosts(spec, source)
+    _check_tree(spec, source)
+    return spec
+
+
+def _check_nodes(spec: CisSpec, source: str) -> None:
+    """Unique ids, exits in range, parents that exist and are not the node itself."""
     seen: set[str] = set()
     for n in spec.nodes:
         if n.id in seen:
@@ -307,6 +315,10 @@ def validate(spec: CisSpec, source: str | None = None) -> CisSpec:
             raise SpecError(f"{where}: unknown parent {n.parent!r}; expected one of {', '.join(sorted(seen - {n.id}))}")
         if n.parent == n.id:
             raise SpecError(f"{where}: node is its own parent")
+
+
+def _check_hosts(spec: CisSpec, source: str) -> None:
+    """Unique host names with cores >= 1, and every node's host among them."""
     host_ids = [h.id for h in spec.hosts]
     for h in spec.hosts:
         if host_ids.count(h.id) > 1:
@@ -319,6 +331,10 @@ def validate(spec: CisSpec, source: str | None = None) -> CisSpec:
                 "a host of the [hosts] table, which the spec does not have"
             )
             raise SpecError(f"{_where(source, n.id)}: field 'host' is {n.host!r}; expected {expected}")
+
+
+def _check_tree(spec: CisSpec, source: str) -> None:
+    """No cycle, one root, and every parent's exit larger than its children's."""
     roots = [n.id for n in spec.nodes if n.parent is None]
     parent_of = {n.id: n.parent for n in spec.nodes}
     for n in spec.nodes:  # walk up; a walk longer than the node count is a cycle
@@ -340,7 +356,6 @@ def validate(spec: CisSpec, source: str | None = None) -> CisSpec:
                 f"{_where(source, p.id)}: exit {p.exit} is not larger than child {n.id!r}'s exit {n.exit}; "
                 "expected a parent's largest exit to exceed every child's"
             )
-    return spec
 
 
 def load_spec(path: str | Path) -> CisSpec:

@@ -360,11 +360,8 @@ def export_bundle(
         raise CisError(f"--rates-from: {run_dir} is a FLAME run served by its patience rule; it has no thresholds "
                        "to calibrate")
     threads = thread_count()
-    gen = torch.Generator().manual_seed(0)  # the example inputs of the export, then of the verification
-    fp32_models, flops, params = _export_stages(run.plan, gen, opset, exporter, say)
-    verification, fp32_infos, fp32_runners = _verify(run.plan, fp32_models, run.val.x, gen, atol, threads, say)
-    dtype_report, models, infos, logits = _feature_dtypes(
-        run.plan, (fp32_models, fp32_infos, fp32_runners), run.val, feature_dtype, threads, say
+    models, infos, logits, verification, dtype_report, (flops, params) = _stages(
+        run, (opset, exporter), atol, feature_dtype, threads, say
     )
     policy, measure, nodes, calibration = _decide(run.spec, run.meta, patience, logits, run.val.y, say, recalibration)
     report = {
@@ -383,6 +380,18 @@ def export_bundle(
         "latency": {str(k): {str(b): s for b, s in v.items()} for k, v in latency.items()},
         "tensorrt": trt_report,
     }
+
+
+def _stages(run, how: tuple[int, str], atol: float, feature_dtype: str, threads: int, say: Progress):
+    """Export every stage (``how``: opset and exporter), verify the fp32 graphs against torch, then build the
+    stages in the feature dtype: (models, infos, validation logits, verification, dtype report, (flops, params))."""
+    gen = torch.Generator().manual_seed(0)  # the example inputs of the export, then of the verification
+    fp32_models, flops, params = _export_stages(run.plan, gen, how[0], how[1], say)
+    verification, fp32_infos, fp32_runners = _verify(run.plan, fp32_models, run.val.x, gen, atol, threads, say)
+    dtype_report, models, infos, logits = _feature_dtypes(
+        run.plan, (fp32_models, fp32_infos, fp32_runners), run.val, feature_dtype, threads, say
+    )
+    return models, infos, logits, verification, dtype_report, (flops, params)
 
 
 def _check_before_export(out_dir: Path, feature_dtype: str, exporter: str, opset: int, trt: bool) -> tuple[str, int]:

@@ -162,29 +162,8 @@ def read_requests_file(path: str | Path, spec: CisSpec, window: float | None = N
     from its entry node up to the node that served it forwarded it. Only served requests count (a dropped
     or failed one is in no node's served or forwarded count, so it is not counted as arrived either)."""
     path = Path(path)
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        header = reader.fieldnames or []
-        rows = list(reader)
-    time_col = next((c for c in TIME_COLUMNS if c in header), None)
-    missing = [c for c in ("entry", "node", "exit") if c not in header] + ([] if time_col else ["arrive_s or sent_s"])
-    if missing:
-        raise CisError(
-            f"{path}: no column {missing[0]!r}; expected a requests file of 'cis infer --out', "
-            "'cis simulate --out' or 'cis demo' (entry, node, exit and arrive_s or sent_s)"
-        )
-    t = np.array([float(r[time_col]) if r[time_col] else np.nan for r in rows], dtype=float)
-    if not len(rows) or not np.isfinite(t).any():
-        raise CisError(f"{path}: no request with a time in {time_col!r}; expected requests to measure")
-    end = float(np.nanmax(t))
-    if window is None:
-        seconds, keep = end - float(np.nanmin(t)), np.isfinite(t)
-        how = f"all requests, first to last arrival ({time_col})"
-        if seconds <= 0:
-            raise CisError(f"{path}: every request arrived at {end:g} s; pass --window SECONDS for the rates")
-    else:
-        seconds, keep = window, t >= end - window
-        how = f"requests that arrived in the last {window:g} s of the file ({time_col})"
+    rows, time_col = _requests_rows(path)
+    keep, seconds, how = _requests_window(path, rows, time_col, window)
     pairs: dict[tuple[str, str], dict[int, int]] = {}
     arrived = {i: 0 for i in spec.ids}
     for k, r in enumerate(rows):
@@ -197,6 +176,47 @@ def read_requests_file(path: str | Path, spec: CisSpec, window: float | None = N
             arrived[entry] += 1
             per = pairs.setdefault((entry, node), {})
             per[int(ex)] = per.get(int(ex), 0) + 1
+    served, forwarded = _walked(path, spec, pairs)
+    tree = {n.id: (n.exit, n.parent) for n in spec.nodes}
+    return from_counts(str(path), "requests", how, seconds, tree, spec.num_exits, served, forwarded, arrived)
+
+
+def _requests_rows(path: Path) -> tuple[list[dict[str, str]], str]:
+    """A requests file's rows and its time column; one line when a column it needs is missing."""
+    with open(path, newline="") as f:
+        reader = csv.DictReader(f)
+        header = reader.fieldnames or []
+        rows = list(reader)
+    time_col = next((c for c in TIME_COLUMNS if c in header), None)
+    missing = [c for c in ("entry", "node", "exit") if c not in header] + ([] if time_col else ["arrive_s or sent_s"])
+    if missing or time_col is None:
+        raise CisError(
+            f"{path}: no column {missing[0]!r}; expected a requests file of 'cis infer --out', "
+            "'cis simulate --out' or 'cis demo' (entry, node, exit and arrive_s or sent_s)"
+        )
+    return rows, time_col
+
+
+def _requests_window(
+    path: Path, rows: list[dict[str, str]], time_col: str, window: float | None
+) -> tuple[np.ndarray, float, str]:
+    """Which rows count (the window's), the window's seconds and how it was taken."""
+    t = np.array([float(r[time_col]) if r[time_col] else np.nan for r in rows], dtype=float)
+    if not len(rows) or not np.isfinite(t).any():
+        raise CisError(f"{path}: no request with a time in {time_col!r}; expected requests to measure")
+    end = float(np.nanmax(t))
+    if window is not None:
+        return t >= end - window, window, f"requests that arrived in the last {window:g} s of the file ({time_col})"
+    seconds = end - float(np.nanmin(t))
+    if seconds <= 0:
+        raise CisError(f"{path}: every request arrived at {end:g} s; pass --window SECONDS for the rates")
+    return np.isfinite(t), seconds, f"all requests, first to last arrival ({time_col})"
+
+
+def _walked(
+    path: Path, spec: CisSpec, pairs: dict[tuple[str, str], dict[int, int]]
+) -> tuple[dict[str, dict[int, int]], dict[str, int]]:
+    """Served per node and exit, and forwarded per node, from the (entry, serving node) pairs' exit counts."""
     served: dict[str, dict[int, int]] = {i: {} for i in spec.ids}
     forwarded = {i: 0 for i in spec.ids}
     for (entry, node), per in pairs.items():
@@ -208,8 +228,7 @@ def read_requests_file(path: str | Path, spec: CisSpec, window: float | None = N
             served[node][e] = served[node].get(e, 0) + k
         for hop in way[: way.index(node)]:
             forwarded[hop] += sum(per.values())
-    tree = {n.id: (n.exit, n.parent) for n in spec.nodes}
-    return from_counts(str(path), "requests", how, seconds, tree, spec.num_exits, served, forwarded, arrived)
+    return served, forwarded
 
 
 # ---------------------------------------------------------------- the design updated

@@ -111,7 +111,9 @@ class SimConfig:
 def check_config(config: SimConfig, spec: CisSpec, with_bundle: bool) -> SimConfig:
     """Raise a one-line :class:`CisError` for a config that cannot run; return it with defaults resolved."""
     _check_load(config, spec)
-    _check_costs(config, spec)
+    _check_costs(config)
+    _check_batches(config, spec)
+    _check_links(config, spec)
     max_batch = config.max_batch or (RUNTIME_MAX_BATCH if with_bundle else 1)
     service = config.service or ("deterministic" if with_bundle else "exponential")
     if service not in SERVICES:
@@ -146,8 +148,8 @@ def _check_load(config: SimConfig, spec: CisSpec) -> None:
     _positive(config.mmpp_dwell, "--mmpp-dwell")
 
 
-def _check_costs(config: SimConfig, spec: CisSpec) -> None:
-    """What a visit, a batch, a link and a fault cost."""
+def _check_costs(config: SimConfig) -> None:
+    """What a visit and a message cost, and how the machine slows."""
     _positive(config.service_mean, "--service-mean")
     if config.payload_bytes < 0:
         raise CisError(f"simulate: --payload-bytes is {config.payload_bytes}; expected bytes >= 0")
@@ -159,6 +161,24 @@ def _check_costs(config: SimConfig, spec: CisSpec) -> None:
                         (config.visit_overhead, "visit_overhead"), (config.message_work, "message_work")]:
         if not (math.isfinite(value) and value >= 0):
             raise CisError(f"simulate: {name} is {value}; expected seconds >= 0{flags[name]}")
+    for point in config.idle_slowdown:
+        if len(point) != 2 or not all(math.isfinite(v) and v >= 0 for v in point):
+            raise CisError(
+                f"simulate: idle slowdown point {point!r}; expected (idle seconds >= 0, extra seconds >= 0)"
+            )
+    if not (math.isfinite(config.interference) and config.interference >= 0):
+        raise CisError(f"simulate: interference is {config.interference!r}; expected a number >= 0 (slowdown per "
+                       "other busy core)")
+    if not all(math.isfinite(v) and v > 0 for v in config.service_spread):
+        raise CisError("simulate: service spread: expected multipliers > 0 (each call's time over the mean)")
+
+
+def _is_seconds(v: object) -> bool:
+    return isinstance(v, (int, float)) and math.isfinite(v) and v >= 0
+
+
+def _check_batches(config: SimConfig, spec: CisSpec) -> None:
+    """What a batch costs per node, and how large a batch may be."""
     for node_id, work in config.batch_overhead.items():
         if node_id != "*" and node_id not in spec.ids:
             raise CisError(
@@ -166,17 +186,18 @@ def _check_costs(config: SimConfig, spec: CisSpec) -> None:
                 f"one of {', '.join(spec.ids)}"
             )
         points = [(0.0, work)] if isinstance(work, (int, float)) else work
-        if not points or not all(
-            isinstance(p, (tuple, list)) and len(p) == 2 and all(isinstance(v, (int, float)) and math.isfinite(v)
-                                                                 and v >= 0 for v in p)
-            for p in points
-        ):
+        if not points or not all(isinstance(p, (tuple, list)) and len(p) == 2 and all(map(_is_seconds, p))
+                                 for p in points):  # fmt: skip
             raise CisError(
                 f"simulate: --batch-overhead {node_id}={work!r}; expected seconds >= 0, or [[idle seconds, "
                 "seconds], ...] (both >= 0)"
             )
     if config.max_batch is not None and (isinstance(config.max_batch, bool) or config.max_batch < 1):
         raise CisError(f"simulate: --max-batch is {config.max_batch}; expected an integer >= 1")
+
+
+def _check_links(config: SimConfig, spec: CisSpec) -> None:
+    """The wires, the timeouts and the faults."""
     if config.wire not in WIRES:
         raise CisError(f"simulate: --wire is {config.wire!r}; expected one of {', '.join(WIRES)}")
     if not (math.isfinite(config.link_burst) and config.link_burst >= 0):
@@ -189,16 +210,6 @@ def _check_costs(config: SimConfig, spec: CisSpec) -> None:
     ):
         _positive(value, flag)
     check_faults(config.faults, spec, "simulate: --faults")
-    for point in config.idle_slowdown:
-        if len(point) != 2 or not all(math.isfinite(v) and v >= 0 for v in point):
-            raise CisError(
-                f"simulate: idle slowdown point {point!r}; expected (idle seconds >= 0, extra seconds >= 0)"
-            )
-    if not (math.isfinite(config.interference) and config.interference >= 0):
-        raise CisError(f"simulate: interference is {config.interference!r}; expected a number >= 0 (slowdown per "
-                       "other busy core)")
-    if not all(math.isfinite(v) and v > 0 for v in config.service_spread):
-        raise CisError("simulate: service spread: expected multipliers > 0 (each call's time over the mean)")
 
 
 def _check_decision(config: SimConfig, spec: CisSpec, with_bundle: bool) -> None:

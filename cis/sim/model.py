@@ -10,29 +10,22 @@ everything that reaches it; the answer travels back down the same links.
 
 from __future__ import annotations
 
-import itertools
 import math
 from array import array
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 import simpy
-from simpy.core import EmptySchedule
-from tqdm import tqdm
 
 from cis.core.policy.exit_policy import ExitPolicy
-from cis.core.policy.transfer_cap import TokenBucket
-from cis.core.spec import CisSpec, Link, Node
+from cis.core.spec import CisSpec, Link
 from cis.runtime.wire import FLAG_CAPPED, FLAG_DEGRADED
-from cis.sim.arrivals import deterministic, mmpp, poisson, read_trace
 from cis.sim.config import SimConfig
 from cis.sim.cores import Machine
-from cis.sim.links import Uplink
 from cis.sim.service import Profile
 from cis.sim.spans import COMPUTE, FORWARD, QUEUE, REQUEST, SpanLog
 from cis.sim.station import Station
-from cis.sim.streams import indices, spawn, uniforms, unit_exponentials
 
 EVENTS_PER_UPDATE = 20_000  # SimPy events between progress bar updates
 LOOPBACK = Link(bandwidth=math.inf, latency=0.0)  # processes on one machine: the hop overhead is the cost
@@ -155,19 +148,7 @@ def request(env: simpy.Environment, model: Model, rid: int, station: Station, ro
                 station.dropped += 1
                 model.log.add(rid, entry, station.index, 0, -1, arrived, env.now)
                 return
-            station.refused += 1  # the refusal goes back: the child serves the request, degraded
-            hop = trail.pop()
-            station, entered, first = hop.station, hop.entered, hop.first
-            assert station.uplink is not None  # it forwarded: it has a parent
-            back = station.uplink.reply(env.now, model.reply_bytes)
-            flags = FLAG_DEGRADED
-            station.degraded += 1
-            back = back if back is not None and back <= hop.giveup else hop.giveup
-            yield env.timeout(back - env.now + half)
-            if spans is not None:
-                spans.add(rid, station.index, FORWARD, hop.sent, env.now, 0, (first, station.exit))
-            yield from _answer(env, model, rid, entry, arrived, station, row, flags, trail, (half, outer),
-                               (entered, env.now, first))
+            yield from _refused(env, model, (rid, entry, arrived, row), station, trail, (half, outer))
             return
         first = done + 1  # the first stage it runs here
         waiting = station.visit(done)
@@ -178,31 +159,61 @@ def request(env: simpy.Environment, model: Model, rid: int, station: Station, ro
             spans.add(rid, station.index, QUEUE, entered, begin, n, (first, station.exit))
             spans.add(rid, station.index, COMPUTE, begin, env.now, n, (first, station.exit))
         done = station.exit
-        now = env.now
-        if station.parent is None or station.keeps(row):
+        moved, flags = yield from _up(env, model, (rid, row), station, trail, (entered, first), half)
+        if not moved:
             break
-        if not station.parent_up(now, model.heartbeat_timeout):
-            station.degraded += 1
-            flags = FLAG_DEGRADED
-            break
-        if not station.take_token(now):
-            flags = FLAG_CAPPED
-            break
-        station.forwarded += 1
-        giveup = now + model.forward_timeout * station.tiers_above
-        assert station.uplink is not None  # a station with a parent has its uplink
-        reach = station.uplink.forward(now, model.messages[done])
-        if reach is None:  # lost in an outage: the node waits, then serves it here
-            station.degraded += 1
-            flags = FLAG_DEGRADED
-            if spans is not None:
-                spans.add(rid, station.index, FORWARD, now, giveup, 0, (first, station.exit))
-            yield env.timeout(giveup - now)
-            break
-        trail.append(Hop(station, giveup, now, entered, first))
-        yield env.timeout(reach - now + half)
+        assert station.parent is not None  # it moved up: it has a parent
         station = station.parent
     yield from _answer(env, model, rid, entry, arrived, station, row, flags, trail, (half, outer),
+                       (entered, env.now, first))
+
+
+def _up(env, model: Model, ids: tuple[int, int], station: Station, trail: list, visit: tuple[float, int],
+        half: float):
+    """Forward the request from ``station`` to its parent when the policy, the parent's heartbeat, the
+    transfer cap and the link let it: ``(True, 0)`` once it reached the parent (the node joins the trail), or
+    ``(False, flags)`` when ``station`` serves it (flagged capped or degraded, or 0: its policy keeps it).
+    ``visit``: when the request came in at ``station`` and the first stage it ran there."""
+    rid, row = ids
+    now = env.now
+    if station.parent is None or station.keeps(row):
+        return False, 0
+    if not station.parent_up(now, model.heartbeat_timeout):
+        station.degraded += 1
+        return False, FLAG_DEGRADED
+    if not station.take_token(now):
+        return False, FLAG_CAPPED
+    station.forwarded += 1
+    giveup = now + model.forward_timeout * station.tiers_above
+    assert station.uplink is not None  # a station with a parent has its uplink
+    reach = station.uplink.forward(now, model.messages[station.exit])
+    if reach is None:  # lost in an outage: the node waits, then serves it here
+        station.degraded += 1
+        if model.spans is not None:
+            model.spans.add(rid, station.index, FORWARD, now, giveup, 0, (visit[1], station.exit))
+        yield env.timeout(giveup - now)
+        return False, FLAG_DEGRADED
+    trail.append(Hop(station, giveup, now, *visit))
+    yield env.timeout(reach - now + half)
+    return True, 0
+
+
+def _refused(env, model: Model, ids: tuple[int, int, float, int], full: Station, trail: list, halves):
+    """``full`` refused the forward: the refusal goes back, and the child that sent it serves the request at
+    its own exit, degraded (``ids``: the request's id, entry node, arrival time and profile row)."""
+    rid, entry, arrived, row = ids
+    half = halves[0]
+    full.refused += 1
+    hop = trail.pop()
+    station, entered, first = hop.station, hop.entered, hop.first
+    assert station.uplink is not None  # it forwarded: it has a parent
+    back = station.uplink.reply(env.now, model.reply_bytes)
+    station.degraded += 1
+    back = back if back is not None and back <= hop.giveup else hop.giveup
+    yield env.timeout(back - env.now + half)
+    if model.spans is not None:
+        model.spans.add(rid, station.index, FORWARD, hop.sent, env.now, 0, (first, station.exit))
+    yield from _answer(env, model, rid, entry, arrived, station, row, FLAG_DEGRADED, trail, halves,
                        (entered, env.now, first))
 
 
@@ -264,177 +275,3 @@ def source(env: simpy.Environment, model: Model, station: Station, times: Iterat
         model.last_arrival = env.now
         env.process(request(env, model, model.arrived, station, row))
         model.arrived += 1
-
-
-def build(plan: Plan) -> tuple[Model, list[tuple[Station, Iterator[float], Iterator[int]]]]:
-    """Stations, uplinks and the arrival streams of every node, all seeded from the config."""
-    spec, config = plan.spec, plan.config
-    env = simpy.Environment()
-    rngs = iter(spawn(config.seed, 4 * len(spec.nodes) + 1))
-    trace = (
-        read_trace(config.trace, {n.id: n.arrival_rate for n in spec.nodes}, next(rngs))
-        if config.arrivals == "trace" and config.trace is not None  # SimConfig: a trace names its file
-        else None
-    )
-    stations: dict[str, Station] = {}
-    feeds = []
-    max_batch = config.max_batch or 1
-    machine = None
-    if spec.hosts or config.interference:  # the nodes' batches share cores, or slow each other
-        machine = Machine(env, {h.id: h.cores for h in spec.hosts}, config.interference)
-    for index, node in enumerate(spec.nodes):
-        arrival_rng, service_rng, decision_rng, row_rng = (next(rngs) for _ in range(4))
-        units = _units(config, service_rng)
-        station = Station(
-            env,
-            node,
-            index,
-            plan.stage_tables[node.id],
-            units,
-            _keeper(plan, node.id, decision_rng),
-            _bucket(node, config.burst),
-            config.visit_overhead,
-            max_batch,
-            _slowdown(config.idle_slowdown),
-            machine,
-            _batch_work(config.batch_overhead.get(node.id, config.batch_overhead.get("*"))),
-            bool(config.service_spread),
-            config.message_work,
-        )
-        stations[node.id] = station
-        if plan.rows is not None:  # replay: this node's arrivals take these rows, in order
-            rows = iter(plan.rows.get(node.id, []))
-        else:
-            rows = indices(row_rng, plan.profile.samples) if plan.profile is not None else itertools.repeat(-1)
-        times = _times(node, config, arrival_rng, trace)
-        if times is not None:
-            feeds.append((station, times, rows))
-    _connect(spec, config, stations)
-    if config.spans:
-        for st in stations.values():
-            st.admitted = {}
-    correct = None
-    if plan.profile is not None:
-        correct = {e: plan.profile.correct[:, e - 1].astype(np.int8).tolist() for e in range(1, spec.num_exits + 1)}
-    limit = config.requests if config.requests is not None else math.inf
-    horizon = config.duration if config.duration is not None else math.inf
-    hops = None
-    if config.hop_rtt:  # its own stream, spawned after the others: runs without it keep their numbers
-        hop_rng = spawn(config.seed, 4 * len(spec.nodes) + 2)[-1]
-        hops = (
-            itertools.repeat(config.hop_rtt[0])
-            if len(config.hop_rtt) == 1
-            else (config.hop_rtt[i] for i in indices(hop_rng, len(config.hop_rtt)))
-        )
-    entries = None
-    if config.entry_rtt:  # its own stream too
-        entry_rng = spawn(config.seed, 4 * len(spec.nodes) + 4)[-1]
-        entries = (config.entry_rtt[i] for i in indices(entry_rng, len(config.entry_rtt)))
-    messages = plan.messages if plan.messages is not None else plan.payloads
-    model = Model(
-        env, stations, machine, messages, plan.reply_bytes, correct, limit, horizon, hops, plan.exit_at,
-        config.forward_timeout, config.heartbeat_timeout, SpanLog() if config.spans else None, entries,
-    )
-    return model, feeds
-
-
-def _connect(spec: CisSpec, config: SimConfig, stations: dict[str, Station]) -> None:
-    """Every child's uplink (loopback: no bandwidth, no latency), its heartbeat phase and its scheduled faults."""
-    phases = uniforms(spawn(config.seed, 4 * len(spec.nodes) + 3)[-1])  # its own stream: runs without faults keep
-    for node in spec.nodes:
-        if node.parent is None:
-            continue
-        link = LOOPBACK if config.loopback else node.link
-        st = stations[node.id]
-        st.parent, st.tiers_above = stations[node.parent], max(1, spec.depth(node.id))
-        st.uplink = Uplink.make(
-            link.bandwidth, link.latency, config.link_burst, heartbeat=config.heartbeat,
-            phase=next(phases) * config.heartbeat, rto=config.rto,
-        )
-    for fault in config.faults:
-        up = stations[fault.node].uplink
-        assert up is not None  # cis.core.faults refuses a fault on the root's (absent) uplink
-        if fault.action == "down":
-            up.go_down(fault.at)
-        elif fault.action == "up":
-            up.come_up(fault.at)
-        else:
-            assert fault.value is not None  # a bandwidth change carries its rate
-            up.up.set_rate(fault.at, fault.value)
-            up.down.set_rate(fault.at, fault.value)
-
-
-def _units(config: SimConfig, rng: np.random.Generator) -> Iterator[float]:
-    """Multipliers of each batch's stage time: a measured spread, exponential draws, or 1."""
-    if config.service_spread:
-        spread = config.service_spread
-        return (spread[i] for i in indices(rng, len(spread)))
-    return unit_exponentials(rng) if config.service == "exponential" else itertools.repeat(1.0)
-
-
-def _batch_work(value) -> Callable[[float], float] | None:
-    """A node's work per batch by how long it idled before it: a constant, or a table (linear, flat beyond)."""
-    if value is None:
-        return None
-    if isinstance(value, (int, float)):
-        return lambda _idle: float(value)
-    return _slowdown(tuple((float(g), float(w)) for g, w in value))
-
-
-def _slowdown(table: tuple[tuple[float, float], ...]) -> Callable[[float], float] | None:
-    """Idle seconds -> extra seconds of the next batch, linear between the table's points (flat beyond them)."""
-    if not table:
-        return None
-    gaps, extra = zip(*sorted(table))
-    return lambda idle: float(np.interp(idle, gaps, extra))
-
-
-def _keeper(plan: Plan, node_id: str, rng: np.random.Generator) -> Callable[[int], bool]:
-    """With a profile, the policy's precomputed decision per row; without, a draw against the node's share."""
-    if plan.masks is not None:
-        return plan.masks[node_id].__getitem__
-    assert plan.shares is not None  # no profile: the plan has the shares
-    share, draws = plan.shares[node_id], uniforms(rng)
-    return lambda _row: next(draws) < share
-
-
-def _bucket(node: Node, burst_seconds: float | None) -> TokenBucket:
-    burst = None if burst_seconds is None else max(1.0, node.max_transfer_rate * burst_seconds)
-    return TokenBucket(node.max_transfer_rate, burst)
-
-
-def _times(
-    node: Node, config: SimConfig, rng: np.random.Generator, trace: dict[str, list[float]] | None
-) -> Iterator[float] | None:
-    if trace is not None:
-        return iter(trace[node.id]) if trace[node.id] else None
-    if node.arrival_rate <= 0:
-        return None
-    if config.arrivals == "deterministic":
-        return deterministic(node.arrival_rate)
-    if config.arrivals == "mmpp":
-        return mmpp(node.arrival_rate, config.mmpp_ratio, config.mmpp_dwell, rng)
-    return poisson(node.arrival_rate, rng)
-
-
-def run_model(plan: Plan) -> Model:
-    """Build the model, run it until every request is served or dropped, and return it."""
-    model, feeds = build(plan)
-    env = model.env
-    for station, times, rows in feeds:
-        env.process(source(env, model, station, times, rows))
-    if not plan.config.progress:
-        env.run()
-        return model
-    by_requests = plan.config.requests is not None
-    total = plan.config.requests if by_requests else plan.config.duration
-    assert total is not None  # a request count or a duration bounds every run (SimConfig)
-    with tqdm(total=total, unit="req" if by_requests else "s", desc="simulate", leave=False, disable=None) as bar:
-        try:
-            while True:
-                for _ in range(EVENTS_PER_UPDATE):
-                    env.step()
-                bar.update(min(model.arrived if by_requests else env.now, total) - bar.n)
-        except EmptySchedule:
-            pass
-    return model

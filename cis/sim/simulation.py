@@ -10,8 +10,9 @@ import numpy as np
 from cis.core.bundle import Bundle
 from cis.core.errors import CisError
 from cis.core.spec import CisSpec
+from cis.sim.build import run_model
 from cis.sim.config import SimConfig, check_config
-from cis.sim.model import Plan, run_model
+from cis.sim.model import Plan
 from cis.sim.service import (
     Profile,
     bundle_carries,

@@ -5,8 +5,9 @@ root's SGD steps (840 instead of 300). Four conditions vary one at a time (ResNe
 algorithm, CIFAR-10, paper-7, equal partition, as Table 1), all trained by this script on one code and
 machine (issue 44). The first, 5-seed analysis (issue 35, commit 7a97251) read A from Table 1's older runs
 and D from the budget curve's x3 runs, and its B and C came from an earlier code state: retraining one of
-them here (``--reproduce C:1:equal``, factorial_repro.json) did not give the same numbers, so every
-condition is retrained, each in its own folder (factorial/A..E):
+them here (``--reproduce C:1:equal``, factorial_repro.json) did not give the same numbers (the same old
+code gives today's numbers here: the machine differs, not the code), so every condition is retrained, each
+in its own folder (factorial/A..E):
 
 - A: 7,000 images, J = 5 local steps a round, 60 rounds (300 root steps);
 - B: 7,000 images, J = 14 (840 root steps): steps only;

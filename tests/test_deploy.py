@@ -21,10 +21,10 @@ import pytest
 import yaml
 
 from cis.cli.commands import serve_config
-from cis.cli.deploy.kubernetes import IMAGE_UID, KubeOptions, manifests
-from cis.cli.deploy.plan import endpoints
-from cis.cli.deploy.resources import node_resources
-from cis.cli.deploy.yaml_text import dump_all
+from cis.cli.commands.deploy.kubernetes import IMAGE_UID, KubeOptions, manifests
+from cis.cli.commands.deploy.plan import endpoints
+from cis.cli.commands.deploy.resources import node_resources
+from cis.cli.commands.deploy.yaml_text import dump_all
 from cis.core import logs
 from cis.core.bundle import load_bundle
 from cis.core.spec import load_spec, spec_to_dict, write_spec
@@ -92,7 +92,7 @@ def test_every_manifest_validates_against_the_kubernetes_api_schema(run_cli, bun
     kinds = sorted(d["kind"] for docs in objects.values() for d in docs)
     assert kinds == ["ConfigMap", *["Deployment"] * 7, "Namespace", *["Service"] * 7]
     assert sorted(result["files"]) == sorted(str(p) for p in out.iterdir())
-    for name, docs in objects.items():
+    for docs in objects.values():
         for doc in docs:
             for version in KUBE_VERSIONS:
                 kubernetes_validate.validate(doc, version, strict=True)  # raises on any field the API lacks
@@ -290,7 +290,8 @@ def test_systemd_env_files_serve_the_tree(run_cli, bundle, tmp_path):
 
 def test_systemd_unit_and_env_files(run_cli, bundle, tmp_path):
     spec = _spec(bundle, tmp_path / "spec.toml")
-    result = _deploy(run_cli, "systemd", spec, "-o", tmp_path / "units", "--set", "spans_file=/var/log/cis/{node}.jsonl")
+    spans = "spans_file=/var/log/cis/{node}.jsonl"
+    result = _deploy(run_cli, "systemd", spec, "-o", tmp_path / "units", "--set", spans)
     unit = configparser.ConfigParser(strict=True, interpolation=None)
     unit.optionxform = str  # systemd keys are case-sensitive
     unit.read_string((tmp_path / "units" / "cis-node@.service").read_text())
@@ -358,7 +359,7 @@ def test_bad_input_is_one_line_and_writes_nothing(run_cli, bundle, tmp_path):
         (("deploy", "systemd", spec, "-o", out, "--set", "max_bach=3"), ("max_bach", "did you mean max_batch")),
         (("deploy", "systemd", spec, "-o", out, "--set", "max_batch=lots"), ("max_batch", "an integer")),
         (("deploy", "systemd", spec, "-o", out, "--set", "node=edge0"), ("node is set by cis deploy",)),
-        (("deploy", "kubernetes", spec, bundle, "-o", out, "--node-selector", "4:a=b"), ("--node-selector", "exit 1..3")),
+        (("deploy", "kubernetes", spec, bundle, "-o", out, "--node-selector", "4:a=b"), ("selector", "exit 1..3")),
         (("deploy", "kubernetes", spec, bundle, "-o", out, "--bundle-claim", "c"), ("--bundle-volume pvc",)),
         (("deploy", "kubernetes", spec, bundle, "-o", out, "--set", "http_port=0"), ("http_port=0", "1..65535")),
         (("deploy", "systemd", _spec(bundle, tmp_path / "b.toml", only_binds), "-o", out), ("tcp://*:5550", "reach")),

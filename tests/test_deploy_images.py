@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from cis.cli.deploy.kubernetes import IMAGE_UID
-from cis.cli.deploy.plan import DEFAULT_METRICS_PORT
+from cis.cli.commands.deploy.kubernetes import IMAGE_UID
+from cis.cli.commands.deploy.plan import DEFAULT_METRICS_PORT
 
 ROOT = Path(__file__).resolve().parents[1]
 TIERS = {"cpu": "Dockerfile.cpu", "gpu": "Dockerfile.gpu"}

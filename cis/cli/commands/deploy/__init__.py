@@ -1,5 +1,18 @@
 """``cis deploy kubernetes SPEC BUNDLE -o DIR`` and ``cis deploy systemd SPEC -o DIR``: deployment files from a
-spec (no torch). docs/deploy.md walks both, and the container images (deploy/Dockerfile.cpu, .gpu)."""
+spec (no torch). docs/deploy.md walks both, and the container images (deploy/Dockerfile.cpu, .gpu).
+
+The kit beside this command:
+
+- :mod:`.plan`: what every target shares: each node's endpoint, the address it binds and its parent's, and the
+  ``cis serve`` options it runs with (``CIS_*`` variables: serve's own table, :mod:`cis.cli.commands.serve_config`);
+- :mod:`.resources`: CPU and memory per node from the bundle's latency profile and the rate calculus;
+- :mod:`.kubernetes`: a Deployment and a Service per node, the spec as a ConfigMap, the bundle as a volume;
+- :mod:`.systemd`: the ``cis-node@.service`` template unit and one environment file per node;
+- :mod:`.yaml_text` (YAML without a YAML library) and :mod:`.files` (the output folder and its record).
+
+It lives in the command layer because what it writes is ``cis serve``'s own interface (its flags and ``CIS_*``
+variables); it needs no torch (docs/architecture.md, "Layers").
+"""
 
 from __future__ import annotations
 
@@ -7,9 +20,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from cis.cli.deploy import files, plan
-from cis.cli.deploy.kubernetes import BUNDLE_VOLUMES, IMAGE_UID, KubeOptions
-from cis.cli.deploy.systemd import UnitOptions
+from cis.cli.commands.deploy import files, plan
+from cis.cli.commands.deploy.kubernetes import BUNDLE_VOLUMES, IMAGE_UID, KubeOptions
+from cis.cli.commands.deploy.systemd import UnitOptions
 from cis.cli.main import print_result
 from cis.core.bundle import Bundle, load_bundle
 from cis.core.errors import CisError
@@ -100,9 +113,9 @@ def _spec_text(spec: CisSpec, source: str) -> str:
 def _kubernetes(
     args: argparse.Namespace, spec: CisSpec, bundle: Bundle | None, ends: dict[str, plan.Endpoint], sets: dict
 ) -> tuple[dict[str, str], dict[str, Any], list[str]]:
-    from cis.cli.deploy import kubernetes
-    from cis.cli.deploy.resources import node_resources
-    from cis.cli.deploy.yaml_text import dump_all
+    from cis.cli.commands.deploy import kubernetes
+    from cis.cli.commands.deploy.resources import node_resources
+    from cis.cli.commands.deploy.yaml_text import dump_all
 
     assert bundle is not None
     headroom = 2.0 if args.headroom is None else args.headroom
@@ -158,7 +171,7 @@ COPY --chown={IMAGE_UID}:{IMAGE_UID} . /bundle/
 def _systemd(
     args: argparse.Namespace, spec: CisSpec, bundle: Bundle | None, ends: dict[str, plan.Endpoint], sets: dict
 ) -> tuple[dict[str, str], dict[str, Any], list[str]]:
-    from cis.cli.deploy.systemd import UNIT, check_ids, env_files, unit_text
+    from cis.cli.commands.deploy.systemd import UNIT, check_ids, env_files, unit_text
 
     check_ids(spec)
     given = {k: getattr(args, k) for k in ("cis", "env_dir", "bundle_path", "user") if getattr(args, k)}

@@ -9,8 +9,8 @@ import hashlib
 import re
 from dataclasses import dataclass, field
 
-from cis.cli.deploy.plan import Endpoint, log_env, serve_env
-from cis.cli.deploy.resources import Resources
+from cis.cli.commands.deploy.plan import Endpoint, log_env, serve_env
+from cis.cli.commands.deploy.resources import Resources
 from cis.core.errors import CisError
 from cis.core.spec import CisSpec, Node
 from cis.core.version import __version__

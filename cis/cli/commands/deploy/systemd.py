@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from cis.cli.deploy.plan import Endpoint, serve_env
+from cis.cli.commands.deploy.plan import Endpoint, serve_env
 from cis.core.errors import CisError
 from cis.core.spec import CisSpec
 

@@ -401,3 +401,22 @@ def test_human_summary_lists_every_node(run_cli, bundle, tmp_path):
     assert set(rows) == {"cloud", "edge0", "edge1", "device0", "device1", "device2", "device3"}
     assert rows["cloud"][1] == "3" and rows["cloud"][-1] == "cis-inference:0.1.0-gpu"
     assert "wrote 11 files to" in res.out and "note: node 'cloud' runs on cuda" in res.out
+
+
+def test_every_flag_and_json_key_is_documented(run_cli, bundle, tmp_path):
+    import argparse
+
+    from cis.cli.commands import deploy
+
+    sub = argparse.ArgumentParser().add_subparsers()
+    deploy.add_parser(sub)
+    parser = sub.choices["deploy"]
+    flags = {o for a in parser._actions for o in a.option_strings if o.startswith("--")} - {"--help", "--log-level",
+                                                                                              "--log-format"}
+    text = (Path(__file__).resolve().parents[1] / "docs" / "deploy.md").read_text()
+    assert {f for f in flags if f"`{f}" not in text} == set()
+    spec = _spec(bundle, tmp_path / "spec.toml")
+    for target, extra in (("kubernetes", [bundle]), ("systemd", [])):
+        result = _deploy(run_cli, target, spec, *extra, "-o", tmp_path / target)
+        keys = set(result) | {k for node in result["nodes"].values() for k in node}
+        assert {k for k in keys if f"`{k}`" not in text} == set(), target

@@ -34,6 +34,24 @@ KUBE_ONLY = ("namespace", "name", "image_cpu", "image_gpu", "bundle_volume", "bu
 SYSTEMD_ONLY = ("cis", "env_dir", "user")
 
 
+# (flag, metavar, help) of each target's own options; each defaults to None, so run() can refuse it for the other
+KUBE_FLAGS = (
+    ("--namespace", "NS", "namespace of every object (default cis)"),
+    ("--name", "PREFIX", "object names PREFIX-NODE and the instance label (default cis)"),
+    ("--image-cpu", "IMAGE", f"image of the cpu nodes (default cis-inference:VERSION-cpu; user {IMAGE_UID})"),
+    ("--image-gpu", "IMAGE", "image of the nodes whose provider is cuda or tensorrt (default "
+     "cis-inference:VERSION-gpu)"),
+    ("--bundle-image", "IMAGE", "--bundle-volume image: the bundle image (default cis-inference-bundle:SHA12)"),
+    ("--bundle-claim", "CLAIM", "--bundle-volume pvc: the claim's name (default PREFIX-bundle)"),
+    ("--cluster-domain", "DOMAIN", "the cluster's DNS domain (default cluster.local)"),
+)
+SYSTEMD_FLAGS = (
+    ("--cis", "PATH", "the cis command on the machines (default /opt/cis/bin/cis)"),
+    ("--env-dir", "DIR", "where NODE.env and spec.toml go on the machines (default /etc/cis)"),
+    ("--user", "USER", "the user the nodes run as (default cis)"),
+)
+
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "deploy",
@@ -42,39 +60,34 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "bundle as a volume. systemd SPEC [BUNDLE] -o DIR: the cis-node@.service template and one environment file "
         "per node. Every node needs its address (tcp://HOST:PORT) in the spec.",
     )
-    p.add_argument("target", help="kubernetes or systemd")
-    p.add_argument("spec", help="the CIS spec (TOML), every node with its address")
-    p.add_argument("bundle", nargs="?", help="the bundle (kubernetes: required; systemd: optional, checked against "
-                   "the spec)")
-    p.add_argument("-o", "--out", required=True, help="folder to write (new, empty, or an earlier cis deploy's)")
-    p.add_argument("--metrics-port", type=int, default=plan.DEFAULT_METRICS_PORT,
+    p.add_argument("target", metavar="TARGET", help="kubernetes or systemd")
+    p.add_argument("spec", metavar="SPEC", help="the CIS spec (TOML), every node with its address")
+    p.add_argument("bundle", nargs="?", metavar="BUNDLE",
+                   help="the bundle (kubernetes: required; systemd: optional, checked against the spec)")
+    p.add_argument("-o", "--out", required=True, metavar="DIR",
+                   help="folder to write (new, empty, or an earlier cis deploy's)")
+    p.add_argument("--metrics-port", type=int, default=plan.DEFAULT_METRICS_PORT, metavar="PORT",
                    help="each node's /metrics, /livez, /readyz port (systemd: node i of the spec gets PORT+i)")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE",
                    help="a cis serve option every node runs with, e.g. max_batch=16 (repeatable)")
-    p.add_argument("--bundle-path", help="systemd: the bundle's folder on the machines (default /srv/cis/bundle); "
-                   "kubernetes with --bundle-volume hostpath: the folder on every machine (default "
-                   "/srv/cis/bundles/SHA12)")
+    p.add_argument("--bundle-path", metavar="PATH",
+                   help="systemd: the bundle's folder on the machines (default /srv/cis/bundle); kubernetes with "
+                   "--bundle-volume hostpath: the folder on every machine (default /srv/cis/bundles/SHA12)")
     p.add_argument("--json", action="store_true", help="print the result (the files written) as JSON")
     k = p.add_argument_group("kubernetes")
-    k.add_argument("--namespace", help="namespace of every object (default cis)")
-    k.add_argument("--name", help="object names PREFIX-NODE and the instance label (default cis)")
-    k.add_argument("--image-cpu", help=f"image of the cpu nodes (default cis-inference:VERSION-cpu; user {IMAGE_UID})")
-    k.add_argument("--image-gpu", help="image of the nodes whose provider is cuda or tensorrt "
-                   "(default cis-inference:VERSION-gpu)")
+    for flag, metavar, text in KUBE_FLAGS:
+        k.add_argument(flag, metavar=metavar, help=text)
     k.add_argument("--bundle-volume", choices=BUNDLE_VOLUMES,
                    help="how pods get the bundle: image (default: an init container copies it from a bundle image), "
                    "pvc (a claim you fill), hostpath (a folder on every machine)")
-    k.add_argument("--bundle-image", help="image mode: the bundle image (default cis-inference-bundle:SHA12)")
-    k.add_argument("--bundle-claim", help="pvc mode: the claim's name (default PREFIX-bundle)")
     k.add_argument("--node-selector", action="append", metavar="WHERE:KEY=VALUE",
                    help="a machine label the pods of a tier (WHERE: an exit number) or a node (its id) require, "
                    "e.g. 1:kubernetes.io/arch=arm64 (repeatable)")
-    k.add_argument("--headroom", type=float, help="CPU request = headroom x the node's expected load (default 2)")
-    k.add_argument("--cluster-domain", help="the cluster's DNS domain (default cluster.local)")
+    k.add_argument("--headroom", type=float, metavar="FACTOR",
+                   help="CPU request = FACTOR x the node's expected load (default 2)")
     s = p.add_argument_group("systemd")
-    s.add_argument("--cis", help="the cis command on the machines (default /opt/cis/bin/cis)")
-    s.add_argument("--env-dir", help="where NODE.env and spec.toml go on the machines (default /etc/cis)")
-    s.add_argument("--user", help="the user the nodes run as (default cis)")
+    for flag, metavar, text in SYSTEMD_FLAGS:
+        s.add_argument(flag, metavar=metavar, help=text)
     p.set_defaults(func=run)
 
 

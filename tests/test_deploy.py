@@ -361,6 +361,8 @@ def test_bad_input_is_one_line_and_writes_nothing(run_cli, bundle, tmp_path):
         (("deploy", "systemd", spec, "-o", out, "--set", "node=edge0"), ("node is set by cis deploy",)),
         (("deploy", "kubernetes", spec, bundle, "-o", out, "--node-selector", "4:a=b"), ("selector", "exit 1..3")),
         (("deploy", "kubernetes", spec, bundle, "-o", out, "--bundle-claim", "c"), ("--bundle-volume pvc",)),
+        (("deploy", "kubernetes", spec, bundle, "-o", out, "--name", "My_CIS"), ("--name 'My_CIS'", "DNS label")),
+        (("deploy", "kubernetes", spec, bundle, "-o", out, "--namespace", "Edge"), ("--namespace 'Edge'", "DNS label")),
         (("deploy", "kubernetes", spec, bundle, "-o", out, "--set", "http_port=0"), ("http_port=0", "1..65535")),
         (("deploy", "systemd", _spec(bundle, tmp_path / "b.toml", only_binds), "-o", out), ("tcp://*:5550", "reach")),
     ]

@@ -41,6 +41,9 @@ class KubeOptions:
 
 def object_names(spec: CisSpec, prefix: str) -> dict[str, str]:
     """Each node's object name, PREFIX-ID made a DNS label (lower case; ``_`` and ``.`` become ``-``)."""
+    if not _NAME.fullmatch(prefix) or len(prefix) > 40:
+        raise CisError(f"--name {prefix!r}; expected a DNS label: lower-case letters, digits and '-', starting with "
+                       "a letter, at most 40 characters")
     out: dict[str, str] = {}
     for n in spec.nodes:
         name = re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", f"{prefix}-{n.id}".lower())).strip("-")
@@ -87,6 +90,9 @@ def manifests(
 ) -> dict[str, list[dict]]:
     """{file name: objects}: the namespace, the spec's ConfigMap, and per node its Deployment and Service."""
     names = object_names(spec, options.prefix)
+    if not _NAME.fullmatch(options.namespace) or len(options.namespace) > 63:
+        raise CisError(f"--namespace {options.namespace!r}; expected a DNS label: lower-case letters, digits and '-', "
+                       "starting with a letter")
     files: dict[str, list[dict]] = {}
     if options.namespace != "default":
         namespace = {"name": options.namespace, "labels": _common(options)}

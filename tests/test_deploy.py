@@ -248,6 +248,15 @@ def _wait_ready(url: str, proc: subprocess.Popen, timeout: float = 90) -> None:
     raise AssertionError(f"{url} not ready")
 
 
+def _until_parents_up(client, x, seconds: float = 60.0) -> None:
+    """Ready is per node: a child may not have heard its parent's heartbeat yet (a loaded machine), and then
+    answers degraded. Wait until one batch goes through undegraded (a wrong parent address never does)."""
+    end = time.monotonic() + seconds
+    while client.infer(x).degraded.any():
+        assert time.monotonic() < end, "the tree never answered undegraded: a parent address is wrong"
+        time.sleep(0.5)
+
+
 @pytest.mark.slow
 def test_systemd_env_files_serve_the_tree(run_cli, bundle, tmp_path):
     """Each node started as the unit starts it (``cis serve $BUNDLE`` with its EnvironmentFile's variables):
@@ -278,6 +287,7 @@ def test_systemd_env_files_serve_the_tree(run_cli, bundle, tmp_path):
         served = set()
         for leaf in spec.leaves:
             with Client(leaf.address, timeout=30) as client:
+                _until_parents_up(client, x[:16])
                 for i in range(0, len(x), 16):
                     res = client.infer(x[i : i + 16])
                     assert not res.degraded.any()

@@ -52,6 +52,8 @@ class Served:
         self.host, port = http.split("://")[1].rsplit(":", 1)
         self.port = int(port)
         self.grpc = re.search(r"grpc front door at (\S+)", text).group(1)
+        metrics = re.search(r"(http://[\d.]+:\d+/metrics)", text)
+        self.metrics = metrics.group(1) if metrics else None
 
 
 def _serve(bundle_dir, *extra) -> Served:
@@ -191,8 +193,8 @@ def test_the_token_is_checked_before_any_body_byte(bundle_dir, tmp_path, digits)
 
 def test_the_nodes_cap_on_unfinished_bodies(bundle_dir, digits):
     """--door-max-buffered-bytes 5000000: two half-sent bodies of 2 MB hold their 4 MB; a third whose body would
-    pass the cap is refused at its head (503, closed), and the first two still complete."""
-    served = _serve(bundle_dir, "--door-max-buffered-bytes", "5000000")
+    pass the cap is refused at its head (503, closed), and the first two still complete; the metrics say so."""
+    served = _serve(bundle_dir, "--door-max-buffered-bytes", "5000000", "--metrics-port", "0")
     x = np.zeros((2048, 1, 8, 8), np.float32)  # 512 KiB of binary tensor data
     head = json.dumps({"inputs": [{"name": "input", "shape": list(x.shape), "datatype": "FP32",
                                    "parameters": {"binary_data_size": x.nbytes}}]}).encode()  # fmt: skip
@@ -207,12 +209,16 @@ def test_the_nodes_cap_on_unfinished_bodies(bundle_dir, digits):
             third.sendall(request + body[:400_000])
             answer = _answers(third)
             assert _statuses(answer) == [503] and b"--door-max-buffered-bytes" in answer
+        metrics = _scrape(served)
+        assert _metric(metrics, 'cis_door_buffered_bytes') == 2 * len(body)  # reserved at their heads
+        assert _metric(metrics, 'cis_door_refused_total{door="http",reason="max_buffered_bytes"}') == 1
         for s in held:  # their bodies stay theirs: each completes (400: the body has 4x the input's bytes)
             s.sendall(body[1_400_000:])
             s.settimeout(10)
             assert _statuses(s.recv(1 << 16)) == [400]
             s.close()
         _good(served, digits)
+        assert _metric(_scrape(served), "cis_door_buffered_bytes") == 0  # given back
     finally:
         assert stop(served.proc) == 0
 
@@ -499,6 +505,12 @@ def test_a_version_01_traceparent_with_more_fields_is_joined(bundle_dir, tmp_pat
 
 def _metric(text: str, name: str) -> float:
     return sum(float(v) for v in re.findall(rf"^{re.escape(name)} (\S+)$", text, re.M))
+
+
+def _scrape(served: Served) -> str:
+    import urllib.request
+
+    return urllib.request.urlopen(served.metrics, timeout=10).read().decode()
 
 
 def test_the_limits_table_names_each_limits_flag_and_metric():

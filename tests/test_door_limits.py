@@ -373,6 +373,22 @@ def test_a_decode_error_echoes_the_id(node):
     assert json.loads(answer.split(b"\r\n\r\n", 1)[1])["id"] == "r9"
 
 
+def test_a_header_that_never_ends_is_refused_at_its_limit(node, digits):
+    """A header value sent on and on without its line end: the parser keeps it, so the door counts what it is fed
+    as head bytes and refuses the request past 64 KiB, rather than buffering until the timeout."""
+    with _connect(node) as s:
+        s.sendall(b"GET /v2/health/live HTTP/1.1\r\nX-Long: ")
+        try:
+            for _ in range(20):
+                s.sendall(b"a" * 8192)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        s.settimeout(0.8)  # well before --http-timeout (1 s) would give 408
+        answer = s.recv(1 << 16)
+    assert _statuses(answer) == [400] and b"request line and headers over 65536 bytes" in answer
+    _good(node, digits)
+
+
 # ---------------------------------------------------------------- D4: bytes that are no request
 
 

@@ -56,7 +56,7 @@ class DoorConfig:
     max_connections: int = 10000  # HTTP connections open at once; beyond, the longest idle one is closed
     max_body: int = 64 << 20  # bytes of one request (HTTP body, gRPC message): --door-max-request-bytes
     head_timeout: float = 10.0  # seconds for a TLS handshake, and for a request's line and headers (<= timeout)
-    max_json: int = 64 << 20  # bytes of a request's JSON (HTTP: the body, or its JSON header with binary data)
+    max_json: int = 4 << 20  # bytes of a request's JSON (HTTP: the body, or its JSON header with binary data)
     max_buffered: int = 256 << 20  # bytes all of the node's doors may hold of unfinished requests
 
     @property

@@ -265,8 +265,9 @@ def test_no_reference_cycle_holds_a_connection(tmp_path):
         running.close()
 
 
-def _inprocess_node(tmp_path):
-    """A node in a thread of this process (numpy stages) with an HTTP door, for looking at its objects."""
+def _inprocess_node(tmp_path, grpc_door: bool = False):
+    """A node in a thread of this process (numpy stages) with an HTTP door (and a gRPC door), for looking at its
+    objects."""
     from collections import namedtuple
 
     from cis.runtime.node import Node, NodeConfig
@@ -287,6 +288,10 @@ def _inprocess_node(tmp_path):
     node = Node(cfg, {1: Stage()})
     model = codec.Model.of_stage("cis", "root", Stage.inputs, Stage.outputs)
     node.doors.append(HttpDoor(model, DoorConfig(0, timeout=1.0, max_body=1_000_000)))
+    if grpc_door:
+        from cis.runtime.oip.grpc_door import GrpcDoor
+
+        node.doors.append(GrpcDoor(model, DoorConfig(0)))
     stop, ready = threading.Event(), threading.Event()
     thread = threading.Thread(
         target=node.run, kwargs=dict(install_signals=False, ready=ready.set, stop=stop.is_set), daemon=True
@@ -300,6 +305,28 @@ def _inprocess_node(tmp_path):
             thread.join(15)
 
     return node, Running()
+
+
+def test_the_grpc_health_service_follows_the_node(tmp_path):
+    """grpc.health.v1 says SERVING while the node serves and NOT_SERVING once a stage has failed (as ServerReady)."""
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    node, running = _inprocess_node(tmp_path, grpc_door=True)
+    try:
+        with grpc.insecure_channel(node.doors[1].url) as channel:
+            stub = health_pb2_grpc.HealthStub(channel)
+
+            def status():
+                return stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=10).status
+
+            assert status() == health_pb2.HealthCheckResponse.SERVING
+            node.executor.stage_ok = False  # what a stage failure leaves
+            end = time.monotonic() + 10
+            while status() != health_pb2.HealthCheckResponse.NOT_SERVING and time.monotonic() < end:
+                time.sleep(0.1)
+            assert status() == health_pb2.HealthCheckResponse.NOT_SERVING
+    finally:
+        running.close()
 
 
 # ---------------------------------------------------------------- D2: TLS handshakes that never finish

@@ -39,7 +39,7 @@ def tree(tmp_path_factory):
     )  # fmt: skip
     try:
         nodes = started_nodes(proc)
-        yield nodes, root, test.x[:N].astype(np.float32)
+        yield nodes, root, test.x[:N].astype(np.float32), bundle
     finally:
         assert stop(proc) == 0
 
@@ -56,7 +56,7 @@ def _cis_infer(address: str, root) -> tuple[np.ndarray, list[str]]:
 
 
 def test_every_node_prints_its_urls(tree):
-    nodes, _, _ = tree
+    nodes, _, _, _ = tree
     for node in nodes.values():
         assert node["http"].startswith("http://127.0.0.1:") and node["grpc"].startswith("127.0.0.1:")
 
@@ -64,7 +64,7 @@ def test_every_node_prints_its_urls(tree):
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 @pytest.mark.parametrize("binary", [False, True])
 def test_tritonclient_gets_what_cis_infer_gets(tree, protocol, binary):
-    nodes, root, x = tree
+    nodes, root, x, _ = tree
     device = nodes["device0"]
     want_cls, want_nodes = _cis_infer(device["address"], root)
     module = httpclient if protocol == "http" else grpcclient
@@ -95,7 +95,7 @@ def test_tritonclient_gets_what_cis_infer_gets(tree, protocol, binary):
 def test_a_malformed_traceparent_is_a_new_trace_and_forwarding_goes_on(tree):
     """A door passes the caller's traceparent as it came; one that is no W3C traceparent must not spoil the
     forward to the parent (the request is answered as any other, its forwarded samples from above)."""
-    nodes, root, x = tree
+    nodes, root, x, _ = tree
     want_cls, want_nodes = _cis_infer(nodes["device0"]["address"], root)
     client = httpclient.InferenceServerClient(nodes["device0"]["http"].removeprefix("http://"))
     given = httpclient.InferInput("input", list(x.shape), "FP32")
@@ -104,3 +104,59 @@ def test_a_malformed_traceparent_is_a_new_trace_and_forwarding_goes_on(tree):
     np.testing.assert_array_equal(result.as_numpy("class"), want_cls)
     assert [s.decode() for s in result.as_numpy("node")] == want_nodes
     assert not result.as_numpy("flags").any()  # nothing degraded: the parent took the forward
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_tritonclient_reads_the_config_the_statistics_and_the_bundle_version(tree, protocol):
+    """Issue 41 item 5: Triton's clients read a node's model configuration and statistics in Triton's forms, and
+    the model metadata lists the bundle versions the node holds (here one: the bundle id, sha256[:16])."""
+    from cis.core.bundle import load_bundle
+
+    nodes, _, x, bundle = tree
+    version = load_bundle(bundle).sha256[:16]
+    module = httpclient if protocol == "http" else grpcclient
+    client = module.InferenceServerClient(nodes["edge0"][protocol].removeprefix("http://"))
+    given = module.InferInput("input", list(x[:5].shape), "FP32")
+    given.set_data_from_numpy(x[:5])
+    result = client.infer("cis", [given])
+    response = result.get_response(as_json=True) if protocol == "grpc" else result.get_response()
+    assert response["model_version"] == version
+    meta = client.get_model_metadata("cis", as_json=True) if protocol == "grpc" else client.get_model_metadata("cis")
+    assert meta["versions"] == [version]
+    config = client.get_model_config("cis", version, as_json=True) if protocol == "grpc" else (
+        client.get_model_config("cis", version))  # fmt: skip
+    config = config.get("config", config)
+    assert config["name"] == "cis" and int(config["max_batch_size"]) >= 1
+    (given_input,) = config["input"]
+    assert given_input["name"] == "input" and given_input["data_type"] == "TYPE_FP32"
+    assert [int(d) for d in given_input["dims"]] == [1, 8, 8]
+    assert {o["name"] for o in config["output"]} >= {"class", "confidence", "exit", "flags", "node"}
+    stats = client.get_inference_statistics("cis", as_json=True) if protocol == "grpc" else (
+        client.get_inference_statistics("cis"))  # fmt: skip
+    (model,) = stats["model_stats"]
+    assert model["name"] == "cis" and model["version"] == version
+    assert int(model["inference_count"]) >= 5 and int(model["execution_count"]) >= 1
+    success = model["inference_stats"]["success"]
+    assert int(success["count"]) >= 1 and int(success["ns"]) > 0  # the answered requests and their latency
+    assert int(model["inference_stats"]["queue"]["count"]) >= 1
+    with pytest.raises(Exception, match="no version"):
+        client.get_model_config("cis", "nope")
+
+
+def test_the_grpc_health_service(tree):
+    """grpc.health.v1: SERVING for the server and for the inference service, no token needed; Watch says it too."""
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    nodes, _, _, _ = tree
+    with grpc.insecure_channel(nodes["cloud"]["grpc"]) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        for service in ("", "inference.GRPCInferenceService"):
+            answer = stub.Check(health_pb2.HealthCheckRequest(service=service), timeout=10)
+            assert answer.status == health_pb2.HealthCheckResponse.SERVING
+        watch = stub.Watch(health_pb2.HealthCheckRequest(service=""), timeout=10)
+        assert next(watch).status == health_pb2.HealthCheckResponse.SERVING
+        watch.cancel()
+        with pytest.raises(grpc.RpcError) as err:
+            stub.Check(health_pb2.HealthCheckRequest(service="other"), timeout=10)
+        assert err.value.code() == grpc.StatusCode.NOT_FOUND

@@ -180,3 +180,133 @@ def test_every_wire_error_code_has_an_http_and_a_grpc_status():
 )
 def test_routes(path, want):
     assert route(path) == want
+
+
+# ---------------------------------------------------------------- issue 42 (D6): strict data, one answer per name
+
+
+@pytest.mark.parametrize(
+    "data, words",
+    [
+        (["0.5"] * 128, "list of FP32"),  # numeric strings are no numbers
+        ([True] * 128, "list of FP32"),  # nor are booleans
+        ([[0.0] * 64] * 2, "list of FP32"),  # nested, but not to the shape (rank 4)
+    ],
+)
+def test_data_takes_numbers_of_the_datatype_only(data, words):
+    with pytest.raises(codec.OipError) as err:
+        codec.decode_json(_json([_input(data)], id="r5"), MODEL)
+    assert err.value.code == "bad_tensor" and words in err.value.message
+    assert err.value.req_id == "r5"  # a fault after the id was read carries it
+
+
+def test_integer_and_bool_inputs_are_strict_too():
+    model = codec.Model.of_stage("m", "n", [_Spec("ids", (None, 3), "int64"), _Spec("mask", (None, 3), "bool")])
+
+    def body(ids, mask):
+        return _json([{"name": "ids", "shape": [1, 3], "datatype": "INT64", "data": ids},
+                      {"name": "mask", "shape": [1, 3], "datatype": "BOOL", "data": mask}])  # fmt: skip
+
+    req = codec.decode_json(body([[1, 2, 3]], [True, False, True]), model)
+    assert req.tensors["ids"].tolist() == [[1, 2, 3]] and req.tensors["mask"].dtype == np.bool_
+    for ids, mask in (([1.5, 2, 3], [True] * 3), ([1, 2, 3], [1, 0, 1]), ([1, 2, "3"], [True] * 3)):
+        with pytest.raises(codec.OipError):
+            codec.decode_json(body(ids, mask), model)
+
+
+def test_a_repeated_output_and_data_beside_binary_data_size_are_refused():
+    with pytest.raises(codec.OipError) as err:
+        codec.decode_json(_json([_input([0.0] * 128)], outputs=[{"name": "class"}, {"name": "class"}]), MODEL)
+    assert "output 'class' is named twice" in err.value.message
+    with pytest.raises(codec.OipError) as err:
+        codec.request(MODEL, {"input": np.zeros((1, 1, 8, 8), np.float32)}, outputs=["exit", "exit"])
+    assert "named twice" in err.value.message
+    head = _json([_input([0.0] * 128, binary_data_size=512)])
+    with pytest.raises(codec.OipError) as err:
+        codec.decode_json(head + bytes(512), MODEL, len(head))
+    assert "both data and binary_data_size" in err.value.message
+
+
+@pytest.mark.parametrize(
+    "body, words, req_id",
+    [
+        (b'{"id": "a", "inputs": 3}', "Expected `array`", "a"),  # valid JSON: the id is read alone
+        (b'{"id": "b", "inputs": [', "not valid JSON", None),
+        (b'{"id": "c", "inputs": [{"name": "input", "data": ' + b"[" * 5000 + b"]" * 5000 + b"}]}",
+         "nested too deeply", None),
+        (b'{"id": "\xff"}', "not UTF-8", None),
+    ],
+)  # fmt: skip
+def test_undecodable_json_is_a_bad_message_with_the_id_where_it_can_be_read(body, words, req_id):
+    with pytest.raises(codec.OipError) as err:
+        codec.decode_json(body, MODEL)
+    assert err.value.code == "bad_message" and words in err.value.message and err.value.req_id == req_id
+
+
+def test_versions_are_the_bundles_the_node_holds_and_1_names_the_newest():
+    from types import SimpleNamespace
+
+    from cis.runtime.oip import door
+
+    node = SimpleNamespace(cfg=SimpleNamespace(bundle_sha256="ab" * 32))
+    assert door.versions(node) == ["abababababababab"]  # the bundle id: the manifest's sha256[:16]
+    node.versions = ["0123456789abcdef", "fedcba9876543210"]  # a node holding two bundles (a rollout), newest last
+    assert door.versions(node) == node.versions
+    for version in (None, "", "1", "0123456789abcdef", "fedcba9876543210"):
+        MODEL.check("cis", version, node.versions)
+    with pytest.raises(codec.OipError) as err:
+        MODEL.check("cis", "2", node.versions)
+    assert err.value.code == "not_found" and "0123456789abcdef, fedcba9876543210" in err.value.message
+    assert MODEL.metadata(node.versions)["versions"] == node.versions
+
+
+def test_the_bearer_scheme_is_any_case_and_the_token_exact():
+    from cis.runtime.oip.door import bearer
+
+    for given in (b"Bearer s3", b"bearer s3", b"BEARER s3", "Bearer s3", b" Bearer  s3 "):
+        assert bearer(given, b"s3")
+    for given in (None, b"", b"Bearer s4", b"Basic s3", b"Bearers3", b"Bearer s3x"):
+        assert not bearer(given, b"s3")
+
+
+def test_a_later_traceparent_version_is_read_as_version_00():
+    from cis.runtime.oip.door import trace_context
+    from cis.runtime.wire import is_traceparent
+
+    ids = "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    assert trace_context(f"00-{ids}") == f"00-{ids}"
+    assert trace_context(f"01-{ids}-later-fields") == f"00-{ids}" and is_traceparent(trace_context(f"01-{ids}-x"))
+    for bad in (f"ff-{ids}-x", f"00-{ids}-extra", "not-a-trace"):  # ff is invalid; version 00 has no more fields
+        assert not is_traceparent(trace_context(bad))
+    assert trace_context(None) is None
+
+
+def test_triton_config_and_statistics_forms():
+    from types import SimpleNamespace
+
+    from cis.runtime.metrics_http import node_timings
+    from cis.runtime.oip import triton
+
+    exit_outputs = [_Spec("logits", (None, 10), "float32")]
+    model = codec.Model.of_stage("cis", "device0", INPUTS, exit_outputs)
+    node = SimpleNamespace(
+        cfg=SimpleNamespace(queue_limit=256), observe_latency=None, executor=SimpleNamespace(timings=None),
+        outcomes={("infer", "ok"): 3, ("forward", "ok"): 1, ("infer", "bad_tensor"): 2, ("other", "ok"): 9},
+        counters={"samples": 12, "batches": 4},
+    )  # fmt: skip
+    latency, timings = node_timings(node)
+    latency.observe(0.002)
+    timings.queue.observe(0.001)
+    timings.compute.observe(0.003)
+    config = triton.config(model, node, ["abc"])
+    assert config["max_batch_size"] == 256 and config["input"] == [
+        {"name": "input", "data_type": "TYPE_FP32", "format": "FORMAT_NONE", "dims": [1, 8, 8]}
+    ]
+    outputs = {o["name"]: o for o in config["output"]}
+    assert outputs["class"] == {"name": "class", "data_type": "TYPE_INT64", "dims": [1], "reshape": {"shape": []}}
+    assert outputs["node"]["data_type"] == "TYPE_STRING" and outputs["logits"]["dims"] == [10]
+    (stats,) = triton.statistics(model, node, "abc")["model_stats"]
+    assert stats["version"] == "abc" and stats["inference_count"] == 12 and stats["execution_count"] == 4
+    inference = stats["inference_stats"]
+    assert inference["success"] == {"count": 4, "ns": 2_000_000} and inference["fail"]["count"] == 2
+    assert inference["queue"] == {"count": 1, "ns": 1_000_000} and inference["compute_infer"]["ns"] == 3_000_000

@@ -28,7 +28,7 @@ EXTRAS: dict[str, tuple[str, ...]] = {
     "metrics": ("prometheus_client",),
     "tensorrt": ("tensorrt", "cuda"),
     "http": ("httptools",),
-    "grpc": ("grpc", "google.protobuf"),
+    "grpc": ("grpc", "grpc_health", "google.protobuf"),
     "otel": ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http"),  # cis serve --otlp-endpoint
 }
 

@@ -95,16 +95,30 @@ class BatchTimings:
     """What the executor reports per micro-batch (its ``timings`` hook): each request's queue time, the batch's
     size, and its compute time (stages and exit decision, until its answers and forward are sent)."""
 
-    __slots__ = ("queue", "compute", "batch")
+    __slots__ = ("queue", "compute", "batch", "last")
 
     def __init__(self) -> None:
         self.queue, self.compute, self.batch = Buckets(TIME_BUCKETS), Buckets(TIME_BUCKETS), Buckets(BATCH_BUCKETS)
+        self.last = 0.0  # wall-clock time the last micro-batch started (0: none yet)
 
     def started(self, now: float, requests: list[Request], samples: int) -> None:
         observe = self.queue.observe
         for req in requests:
             observe(now - req.t0)
         self.batch.observe(samples)
+        self.last = time.time()
+
+
+def node_timings(node: Any) -> tuple[Buckets, BatchTimings]:
+    """A node's latency histogram (fed by its ``observe_latency``) and its executor's batch timings, installed
+    once: the metrics server and the front doors' statistics (cis.runtime.oip.triton) read the same ones."""
+    latency = getattr(node.observe_latency, "__self__", None)
+    if not isinstance(latency, Buckets):
+        latency = Buckets(LATENCY_BUCKETS)
+        node.observe_latency = latency.observe
+    if node.executor.timings is None:
+        node.executor.timings = BatchTimings()
+    return latency, node.executor.timings
 
 
 class MetricsServer:
@@ -142,8 +156,7 @@ class MetricsServer:
     def attach(self, node: Any) -> None:
         """Start reporting ``node`` (a cis.runtime.node.Node): its counters, a latency per result, the
         executor's batch timings; the node logs this server's URL in its start line."""
-        node.observe_latency = self.latency.observe
-        node.executor.timings = self.timings
+        self.latency, self.timings = node_timings(node)
         node.metrics_url = self.url
         self.node = node
 
@@ -250,6 +263,7 @@ class _NodeCollector:
         yield healthy
         families = self._node_families(CounterMetricFamily, GaugeMetricFamily)
         yield from families.values()
+        yield from _door_families(server.node, CounterMetricFamily, GaugeMetricFamily)
 
     def _node_families(self, counter: Any, gauge: Any) -> dict[str, Any]:
         """The families of the node's own counters: named before the node is attached, filled after."""
@@ -308,3 +322,24 @@ class _NodeCollector:
         f["info"].add_metric([cfg.node_id, str(cfg.exit), cfg.parent or "", provider, runs], 1.0)
         f["build"].add_metric([cfg.node_id, __version__, cfg.bundle_sha256, cfg.parent_id or ""], 1.0)
         return f
+
+
+def _door_families(node: Any, counter: Any, gauge: Any) -> Iterator[Any]:
+    """The front doors' limits at work (docs/runtime.md, *Limits of the front door*)."""
+    conns = gauge("cis_door_connections", "open HTTP connections, or gRPC calls in progress, per front door",
+                  labels=("door",))  # fmt: skip
+    held = gauge("cis_door_buffered_bytes", "bytes the front doors hold of requests not yet handed to the node "
+                 "(gRPC: not yet answered); at most --door-max-buffered-bytes")  # fmt: skip
+    refused = counter(
+        "cis_door_refused",
+        "requests or connections a front door's limit refused or closed, by door and reason (the limit, or "
+        "'token' for a request refused before its body for a missing or wrong bearer token)",
+        labels=("door", "reason"),
+    )
+    doors = getattr(node, "doors", None) or []
+    for door in doors:
+        conns.add_metric([door.kind], door.connections)
+        for reason, count in dict(door.refused).items():
+            refused.add_metric([door.kind, reason], count)
+    held.add_metric([], doors[0].budget.held if doors else 0)
+    yield from (conns, held, refused)

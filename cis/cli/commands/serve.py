@@ -103,10 +103,11 @@ def _curve(args: argparse.Namespace):
 
 def _door_configs(args: argparse.Namespace) -> dict:
     """{"http": DoorConfig, "grpc": DoorConfig} for the doors asked for (--http-port, --grpc-port), checked:
-    the port's range, the extra, a TLS certificate with its key, the token file."""
+    the port's range, the extra, a TLS certificate with its key, the token file, the limits."""
     from cis.core.extras import require
     from cis.runtime.oip.door import DoorConfig
 
+    _check_limits(args)
     out = {}
     token = _token(args.auth_token_file) if args.auth_token_file else None
     for door in ("http", "grpc"):
@@ -121,10 +122,22 @@ def _door_configs(args: argparse.Namespace) -> dict:
         for flag, path in ((f"--{door}-tls-cert", cert), (f"--{door}-tls-key", key)):
             if path is not None and not os.path.isfile(path):
                 raise CisError(f"{flag} {path}: no such file; expected a PEM file")
-        out[door] = DoorConfig(port, args.http_host, cert, key, token, args.http_timeout, args.http_max_connections)
-    if args.http_timeout <= 0 or args.http_max_connections < 1:
-        raise CisError("--http-timeout must be > 0 seconds and --http-max-connections at least 1")
+        out[door] = DoorConfig(
+            port, args.http_host, cert, key, token, args.http_timeout, args.http_max_connections,
+            args.door_max_request_bytes or args.max_message_bytes, min(args.http_head_timeout, args.http_timeout),
+            args.http_max_json_bytes, args.door_max_buffered_bytes,
+        )  # fmt: skip
     return out
+
+
+def _check_limits(args: argparse.Namespace) -> None:
+    """The front doors' limits (docs/runtime.md, *Limits of the front door*): one line for the first wrong one."""
+    if args.http_timeout <= 0 or args.http_head_timeout <= 0:
+        raise CisError("--http-timeout and --http-head-timeout must be > 0 seconds")
+    for flag in ("http_max_connections", "http_max_json_bytes", "door_max_request_bytes", "door_max_buffered_bytes"):
+        value = getattr(args, flag)
+        if value is not None and value < 1:
+            raise CisError(f"--{flag.replace('_', '-')} is {value}; expected at least 1")
 
 
 def _token(path: str) -> str:
@@ -140,21 +153,27 @@ def _token(path: str) -> str:
 
 
 def _open_doors(node, doors: dict, model_name: str) -> None:
-    """Give ``node`` its front doors; they bind when the node opens its sockets."""
+    """Give ``node`` its front doors (sharing one budget of buffered bytes, and the latency and batch timings
+    their statistics read); they bind when the node opens its sockets."""
+    from cis.runtime.metrics_http import node_timings
     from cis.runtime.oip.codec import Model
+    from cis.runtime.oip.door import Budget
 
+    if not doors:
+        return
     stages = node.stages
     model = Model.of_stage(model_name, node.cfg.node_id, stages[min(stages)].inputs, stages[node.cfg.exit].outputs)
+    budget = Budget(next(iter(doors.values())).max_buffered)
+    node_timings(node)
     for kind, cfg in doors.items():
-        cfg.max_body = node.cfg.max_message_bytes
         if kind == "http":
             from cis.runtime.oip.http_door import HttpDoor
 
-            node.doors.append(HttpDoor(model, cfg))
+            node.doors.append(HttpDoor(model, cfg, budget))
         else:
             from cis.runtime.oip.grpc_door import GrpcDoor
 
-            node.doors.append(GrpcDoor(model, cfg))
+            node.doors.append(GrpcDoor(model, cfg, budget))
 
 
 def _run_node(args: argparse.Namespace, bundle, spec, doors: dict) -> int:

@@ -190,10 +190,42 @@ OPTIONS: tuple[Option, ...] = (
         node=True,
     ),  # fmt: skip
     Option(
+        "http_head_timeout",
+        "float",
+        "seconds a TLS handshake, and a request's line and headers, may take on the HTTP door (at most "
+        "--http-timeout); else 408 and the connection closes (a handshake: closed)",
+        10.0,
+        node=True,
+    ),  # fmt: skip
+    Option(
         "http_max_connections",
         "int",
-        "HTTP connections open at once (also capped by the open-files limit); a new one beyond is closed",
+        "HTTP connections open at once (also capped by the open-files limit); for a new one beyond, the longest "
+        "idle connection is closed (none idle: the new one)",
         10000,
+        node=True,
+    ),  # fmt: skip
+    Option(
+        "http_max_json_bytes",
+        "int",
+        "bytes of JSON the HTTP door decodes per request (the body, or its JSON header with binary tensors), so "
+        "one request cannot hold the node's loop long; larger gets 413 (send binary tensor data)",
+        4 << 20,
+        node=True,
+    ),  # fmt: skip
+    Option(
+        "door_max_request_bytes",
+        "int",
+        "bytes of one front-door request (HTTP body, gRPC message); larger gets 413 / RESOURCE_EXHAUSTED before it "
+        "is read (default: --max-message-bytes)",
+        node=True,
+    ),  # fmt: skip
+    Option(
+        "door_max_buffered_bytes",
+        "int",
+        "bytes the node's front doors may hold at once of requests not yet handed to the node (gRPC: not yet "
+        "answered); a request that would pass it gets 503 / RESOURCE_EXHAUSTED",
+        256 << 20,
         node=True,
     ),  # fmt: skip
     Option(

@@ -23,7 +23,6 @@ status (:data:`GRPC_STATUS`). See docs/runtime.md, *Open Inference Protocol*.
 
 from __future__ import annotations
 
-import math
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -36,26 +35,21 @@ from cis.core.policy.confidence import softmax
 from cis.core.stages.contract import LOGITS
 from cis.core.version import __version__
 from cis.runtime.feeds import TensorSpec
+from cis.runtime.oip.errors import GRPC_STATUS, HTTP_STATUS, OipError
+from cis.runtime.oip.tensors import BROKEN, DATATYPES, OIP_DATATYPE, Tensor, from_bytes, from_data, from_json
 from cis.runtime.wire import MAX_DIM, MAX_DIMS
 
-# OIP datatype -> numpy dtype name (BYTES: length-prefixed byte strings, only as an output here)
-DATATYPES: dict[str, str] = {
-    "BOOL": "bool",
-    "UINT8": "uint8",
-    "UINT16": "uint16",
-    "UINT32": "uint32",
-    "UINT64": "uint64",
-    "INT8": "int8",
-    "INT16": "int16",
-    "INT32": "int32",
-    "INT64": "int64",
-    "FP16": "float16",
-    "FP32": "float32",
-    "FP64": "float64",
-}
-OIP_DATATYPE = {v: k for k, v in DATATYPES.items()}
+__all__ = [  # the protocol in one import for the doors (errors and tensors have modules of their own)
+    "DATATYPES", "GRPC_STATUS", "HTTP_STATUS", "OIP_DATATYPE", "InferRequest", "Model", "OipError", "Tensor",
+    "decode_json", "encode", "encode_json", "from_bytes", "from_data", "from_json", "input_meta", "request",
+]  # fmt: skip
+
 DEFAULT_OUTPUTS: dict[str, str] = {
-    "class": "INT64", "confidence": "FP32", "exit": "INT32", "flags": "UINT8", "node": "BYTES"
+    "class": "INT64",
+    "confidence": "FP32",
+    "exit": "INT32",
+    "flags": "UINT8",
+    "node": "BYTES",
 }  # fmt: skip  (what a request that names no outputs gets)
 LOGIT_OUTPUTS: dict[str, str] = {"logits": "FP32", "probabilities": "FP32"}  # [N, C]: only when named
 OUTPUTS: dict[str, str] = {**DEFAULT_OUTPUTS, **LOGIT_OUTPUTS}
@@ -64,70 +58,7 @@ PLATFORM = "cis"
 EXTENSIONS = ["binary_tensor_data"]
 HEADER_LENGTH = "inference-header-content-length"  # Triton's binary tensor data extension (lower case)
 
-# error code -> HTTP status (the wire's codes and the door's own)
-HTTP_STATUS: dict[str, int] = {
-    "bad_message": 400,
-    "bad_version": 400,
-    "unknown_kind": 400,
-    "bad_tensor": 400,
-    "bad_stage": 400,
-    "bad_input": 400,
-    "too_many_samples": 400,
-    "too_large": 413,
-    "overloaded": 503,
-    "shutting_down": 503,
-    "not_ready": 503,
-    "deadline_exceeded": 504,
-    "internal": 500,
-    "not_found": 404,
-    "unauthenticated": 401,
-    "timeout": 408,
-    "method_not_allowed": 405,
-}
-# error code -> the name of a grpc.StatusCode (grpc is imported by the gRPC door only)
-GRPC_STATUS: dict[str, str] = {
-    **{code: "INVALID_ARGUMENT" for code, status in HTTP_STATUS.items() if status == 400},
-    "too_large": "RESOURCE_EXHAUSTED",
-    "overloaded": "UNAVAILABLE",
-    "shutting_down": "UNAVAILABLE",
-    "not_ready": "UNAVAILABLE",
-    "deadline_exceeded": "DEADLINE_EXCEEDED",
-    "internal": "INTERNAL",
-    "not_found": "NOT_FOUND",
-    "unauthenticated": "UNAUTHENTICATED",
-    "timeout": "DEADLINE_EXCEEDED",
-    "method_not_allowed": "UNIMPLEMENTED",
-}
-
-
-class OipError(Exception):
-    """A request the door refuses: ``code`` (see :data:`HTTP_STATUS`) and one line saying what was expected."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code, self.message = code, message
-
-    @property
-    def status(self) -> int:
-        return HTTP_STATUS.get(self.code, 500)
-
-
-def error_body(message: str, code: str) -> bytes:
-    """The JSON body of an error: ``{"error": message, "code": code}``."""
-    return _ENCODE({"error": message, "code": code})
-
-
 # ---------------------------------------------------------------- the model a node serves
-
-
-@dataclass(frozen=True)
-class Tensor:
-    name: str
-    datatype: str
-    shape: tuple[int, ...]  # -1: any size (the batch)
-
-    def to_json(self) -> dict:
-        return {"name": self.name, "datatype": self.datatype, "shape": list(self.shape)}
 
 
 def output_tensors(classes: int | None = None) -> tuple[Tensor, ...]:
@@ -165,17 +96,18 @@ class Model:
         widths = [t.shape[-1] for t in exit_outputs if t.name == LOGITS and t.shape and t.shape[-1] is not None]
         return cls(name, node, tuple(tensors), output_tensors(int(widths[0]) if widths else None))
 
-    def check(self, name: str, version: str | None) -> None:
-        """Raise ``not_found`` unless ``name`` (and ``version``, when given) is this model's."""
+    def check(self, name: str, version: str | None, versions: Sequence[str] = (VERSION,)) -> None:
+        """Raise ``not_found`` unless ``name`` is this model's and ``version`` (when given) one the node holds
+        (``versions``: its bundle ids; :data:`VERSION` names the newest of them)."""
         if name != self.name:
             raise OipError("not_found", f"unknown model {name!r}; this node serves {self.name!r}")
-        if version not in (None, "", self.version):
-            raise OipError("not_found", f"model {name!r} has no version {version!r}; versions: {self.version}")
+        if version not in (None, "", VERSION, *versions):
+            raise OipError("not_found", f"model {name!r} has no version {version!r}; versions: {', '.join(versions)}")
 
-    def metadata(self) -> dict:
+    def metadata(self, versions: Sequence[str] = (VERSION,)) -> dict:
         return {
             "name": self.name,
-            "versions": [self.version],
+            "versions": list(versions),
             "platform": PLATFORM,
             "inputs": [t.to_json() for t in self.inputs],
             "outputs": [t.to_json() for t in self.outputs],
@@ -199,6 +131,7 @@ class InferRequest:
     binary: frozenset[str] = frozenset()  # outputs sent as raw bytes (HTTP's binary tensor data extension)
     timeout: float | None = None  # seconds (the request parameter "timeout", in microseconds as Triton's)
     traceparent: str | None = None  # W3C trace context of the caller (HTTP header / gRPC metadata "traceparent")
+    version: str | None = None  # the model version its answer names (the newest the node holds)
 
     @property
     def wants_logits(self) -> bool:
@@ -206,12 +139,15 @@ class InferRequest:
         return any(name in LOGIT_OUTPUTS for name in self.outputs)
 
 
+_NO_DATA = msgspec.Raw(b"")
+
+
 class _Input(msgspec.Struct):
     name: str
     shape: list[int]
     datatype: str
     parameters: dict[str, Any] = {}
-    data: Any = None
+    data: msgspec.Raw = _NO_DATA  # decoded with the input's datatype and shape once they are checked
 
 
 class _Output(msgspec.Struct):
@@ -226,13 +162,35 @@ class _Request(msgspec.Struct):
     outputs: list[_Output] | None = None
 
 
+class _Id(msgspec.Struct):
+    id: str | None = None
+
+
 _DECODE_REQUEST = msgspec.json.Decoder(_Request)
-_ENCODE = msgspec.json.Encoder().encode
+_DECODE_ID = msgspec.json.Decoder(_Id)
+encode = msgspec.json.Encoder().encode
+
+
+def _id_of(head: bytes | memoryview) -> str | None:
+    """The ``id`` of a request that could not be decoded whole, when it can be read alone."""
+    try:
+        return _DECODE_ID.decode(head).id
+    except (msgspec.ValidationError, *BROKEN):
+        return None
+
+
+def _broken(exc: Exception) -> str:
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    if isinstance(exc, UnicodeDecodeError):
+        return f"not UTF-8: {exc.reason} at byte {exc.start}"
+    return str(exc)
 
 
 def decode_json(body: bytes | memoryview, model: Model, header_length: int | None = None) -> InferRequest:
     """An HTTP request body: JSON, or (with ``header_length``, the Inference-Header-Content-Length) JSON
-    followed by the inputs' raw bytes (Triton's binary tensor data extension)."""
+    followed by the inputs' raw bytes (Triton's binary tensor data extension). Every fault is an
+    :class:`OipError` carrying the request's ``id`` when it was read."""
     view = memoryview(body)
     if header_length is not None:
         if not 0 <= header_length <= len(view):
@@ -246,15 +204,29 @@ def decode_json(body: bytes | memoryview, model: Model, header_length: int | Non
     try:
         r = _DECODE_REQUEST.decode(head)
     except msgspec.ValidationError as exc:
-        raise OipError("bad_message", f"inference request: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise OipError("bad_message", f"inference request is not valid JSON ({exc})") from None
+        raise OipError("bad_message", f"inference request: {exc}", _id_of(head)) from None
+    except BROKEN as exc:
+        raise OipError("bad_message", f"inference request is not valid JSON ({_broken(exc)})", _id_of(head)) from None
+    try:
+        tensors = _tensors(r.inputs, model, binary)
+        outputs, binary_out = _outputs(r.outputs, r.parameters)
+        return InferRequest(r.id, _complete(model, tensors), outputs, binary_out, _timeout(r.parameters))
+    except OipError as exc:
+        exc.req_id = r.id
+        raise
+
+
+def _tensors(inputs: Sequence[_Input], model: Model, binary: memoryview) -> dict[str, np.ndarray]:
+    """The inputs' tensors: each from its JSON ``data`` or its ``binary_data_size`` bytes of ``binary``."""
     tensors: dict[str, np.ndarray] = {}
     used = 0
-    for i in r.inputs:
+    for i in inputs:
         meta = input_meta(model, i.name, i.datatype, i.shape, tensors)
         size = i.parameters.get("binary_data_size")
+        has_data = len(i.data) > 0 and bytes(memoryview(i.data)[:4]) != b"null"
         if size is not None:
+            if has_data:
+                raise OipError("bad_tensor", f"input {i.name!r}: both data and binary_data_size; give one of them")
             if type(size) is not int or size < 0:
                 raise OipError("bad_message", f"input {i.name!r}: binary_data_size is {size!r}; expected bytes >= 0")
             if used + size > len(binary):
@@ -264,14 +236,13 @@ def decode_json(body: bytes | memoryview, model: Model, header_length: int | Non
                 )
             tensors[i.name] = from_bytes(binary[used : used + size], meta, i.shape)
             used += size
-        elif i.data is None:
+        elif not has_data:
             raise OipError("bad_tensor", f"input {i.name!r}: no data (and no binary_data_size parameter)")
         else:
-            tensors[i.name] = from_data(i.data, meta, i.shape)
+            tensors[i.name] = from_json(i.data, meta, i.shape)
     if used != len(binary):
         raise OipError("bad_message", f"the body has {len(binary)} bytes of binary data; the inputs use {used}")
-    outputs, binary_out = _outputs(r.outputs, r.parameters)
-    return InferRequest(r.id, _complete(model, tensors), outputs, binary_out, _timeout(r.parameters))
+    return tensors
 
 
 def input_meta(model: Model, name: str, datatype: str, shape: Sequence[int], seen: Mapping) -> Tensor:
@@ -289,33 +260,6 @@ def input_meta(model: Model, name: str, datatype: str, shape: Sequence[int], see
     return meta
 
 
-def from_data(data: Any, meta: Tensor, shape: Sequence[int]) -> np.ndarray:
-    """A JSON ``data`` value (flat or nested lists) as an array of ``shape``."""
-    try:
-        a = np.asarray(data, dtype=DATATYPES[meta.datatype])
-    except (ValueError, TypeError, OverflowError):
-        raise OipError(
-            "bad_tensor", f"input {meta.name!r}: data is not a flat or nested list of {meta.datatype} values"
-        ) from None
-    count = math.prod(shape)
-    if a.size != count:
-        raise OipError(
-            "bad_tensor", f"input {meta.name!r}: {a.size} values in data; shape {list(shape)} holds {count}"
-        )
-    return a.reshape(shape)
-
-
-def from_bytes(raw: bytes | memoryview, meta: Tensor, shape: Sequence[int]) -> np.ndarray:
-    """Raw little-endian row-major bytes as an array of ``shape`` (zero-copy)."""
-    dtype = np.dtype(DATATYPES[meta.datatype])
-    need = math.prod(shape) * dtype.itemsize
-    if len(raw) != need:
-        raise OipError(
-            "bad_tensor", f"input {meta.name!r}: {len(raw)} bytes; shape {list(shape)} of {meta.datatype} needs {need}"
-        )
-    return np.frombuffer(raw, dtype).reshape(shape)
-
-
 def _complete(model: Model, tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     missing = [t.name for t in model.inputs if t.name not in tensors]
     if missing:
@@ -327,14 +271,21 @@ def _outputs(wanted: Iterable[_Output] | None, params: Mapping[str, Any]) -> tup
     default = params.get("binary_data_output", False) is True
     if not wanted:
         return list(DEFAULT_OUTPUTS), frozenset(DEFAULT_OUTPUTS) if default else frozenset()
-    names, binary = [], set()
+    names: list[str] = []
+    binary = set()
     for o in wanted:
-        if o.name not in OUTPUTS:
-            raise OipError("bad_tensor", f"unknown output {o.name!r}; expected some of {list(OUTPUTS)}")
+        _check_output(o.name, names)
         names.append(o.name)
         if o.parameters.get("binary_data", default) is True:
             binary.add(o.name)
     return names, frozenset(binary)
+
+
+def _check_output(name: str, before: Sequence[str]) -> None:
+    if name not in OUTPUTS:
+        raise OipError("bad_tensor", f"unknown output {name!r}; expected some of {list(OUTPUTS)}")
+    if name in before:
+        raise OipError("bad_tensor", f"output {name!r} is named twice; name each output once")
 
 
 def _timeout(params: Mapping[str, Any]) -> float | None:
@@ -354,9 +305,8 @@ def request(
     timeout: float | None = None,
 ) -> InferRequest:
     """An InferRequest from tensors already decoded (the gRPC door), checked like :func:`decode_json`'s."""
-    for name in outputs:
-        if name not in OUTPUTS:
-            raise OipError("bad_tensor", f"unknown output {name!r}; expected some of {list(OUTPUTS)}")
+    for i, name in enumerate(outputs):
+        _check_output(name, outputs[:i])
     return InferRequest(
         req_id or None, _complete(model, tensors), list(outputs or DEFAULT_OUTPUTS), frozenset(), timeout
     )
@@ -415,12 +365,12 @@ def encode_json(
         else:
             out["data"] = values if name == "node" else values.ravel().tolist()
         outputs.append(out)
-    body: dict[str, Any] = {"model_name": model.name, "model_version": model.version}
+    body: dict[str, Any] = {"model_name": model.name, "model_version": req.version or model.version}
     if req.id is not None:
         body["id"] = req.id
     body["parameters"] = parameters(model.node, flags)
     body["outputs"] = outputs
-    head = _ENCODE(body)
+    head = encode(body)
     if not blobs:
         return head, None
     return b"".join([head, *blobs]), len(head)

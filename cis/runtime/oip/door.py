@@ -18,9 +18,13 @@ it is readable; :meth:`Door.tick` runs its timers (connections past their timeou
 
 from __future__ import annotations
 
+import collections
+import hmac
 import itertools
 import logging
 import math
+import re
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -30,7 +34,7 @@ import zmq
 
 from cis.core.logs import event
 from cis.runtime import protocol as P
-from cis.runtime.oip.codec import InferRequest
+from cis.runtime.oip.codec import VERSION, InferRequest
 from cis.runtime.requests import Request
 
 log = logging.getLogger("cis.runtime.node")
@@ -40,7 +44,8 @@ _wire_ids = itertools.count(1)
 
 @dataclass
 class DoorConfig:
-    """One door's settings (``cis serve --http-*`` / ``--grpc-*``, docs/runtime.md)."""
+    """One door's settings (``cis serve --http-*`` / ``--grpc-*`` / ``--door-*``; docs/runtime.md, *Limits of the
+    front door*)."""
 
     port: int  # 0: a free port
     host: str | None = None  # None: every interface (0.0.0.0) with TLS and a token, else loopback only
@@ -48,8 +53,11 @@ class DoorConfig:
     key: str | None = None
     token: str | None = None  # bearer token: every request but the health checks must carry it
     timeout: float = 30.0  # seconds for a request to arrive whole, and for an idle connection to stay
-    max_connections: int = 10000  # HTTP connections open at once; beyond, a new one is closed at once
-    max_body: int = 64 << 20  # bytes of a request body (the node's max_message_bytes)
+    max_connections: int = 10000  # HTTP connections open at once; beyond, the longest idle one is closed
+    max_body: int = 64 << 20  # bytes of one request (HTTP body, gRPC message): --door-max-request-bytes
+    head_timeout: float = 10.0  # seconds for a TLS handshake, and for a request's line and headers (<= timeout)
+    max_json: int = 4 << 20  # bytes of a request's JSON (HTTP: the body, or its JSON header with binary data)
+    max_buffered: int = 256 << 20  # bytes all of the node's doors may hold of unfinished requests
 
     @property
     def tls(self) -> bool:
@@ -60,6 +68,70 @@ class DoorConfig:
         if self.host:
             return self.host
         return "0.0.0.0" if self.tls and self.token else LOOPBACK
+
+
+class Budget:
+    """The bytes all of a node's doors may hold of unfinished requests (``--door-max-buffered-bytes``): taken
+    before they are buffered, given back the moment the door lets go of them. Shared by the node's doors (the
+    gRPC door takes from grpcio's threads, hence the lock)."""
+
+    __slots__ = ("limit", "held", "lock")
+
+    def __init__(self, limit: int) -> None:
+        self.limit, self.held = limit, 0
+        self.lock = threading.Lock()
+
+    def take(self, n: int) -> bool:
+        with self.lock:
+            if self.held + n > self.limit:
+                return False
+            self.held += n
+            return True
+
+    def give(self, n: int) -> None:
+        with self.lock:
+            self.held -= n
+
+    def refusal(self, n: int) -> str:
+        return (
+            f"the front doors hold {self.held} bytes of unfinished requests; {n} more would pass "
+            f"--door-max-buffered-bytes {self.limit}; retry later"
+        )
+
+
+def bearer(value: bytes | str | None, token: bytes) -> bool:
+    """Whether an Authorization value carries ``token`` as a bearer token (the scheme in any case, RFC 7235)."""
+    if value is None:
+        return False
+    raw = value.encode("latin-1", "replace") if isinstance(value, str) else value
+    scheme, _, given = raw.strip().partition(b" ")
+    return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), token)
+
+
+def trace_context(value: bytes | str | None) -> str | None:
+    """A caller's ``traceparent`` as the node takes it: a version-00 one as it came; one of a later version
+    (W3C: parse its first four fields, ignore what follows) as version 00 of the same ids; anything else as it
+    came (the node starts a new trace for it)."""
+    if value is None:
+        return None
+    text = value.decode("latin-1") if isinstance(value, bytes) else value
+    text = text.strip()
+    if len(text) > 55 and text[55] == "-" and text[:2] not in ("00", "ff") and _HEX2.fullmatch(text[:2]):
+        return "00" + text[2:55]
+    return text
+
+
+_HEX2 = re.compile(r"[0-9a-f]{2}")
+
+
+def versions(node: Any) -> list[str]:
+    """The bundle versions a node holds, newest last: its ``versions`` (bundle ids, where the node keeps them),
+    else the id of the bundle it serves (the first 16 hex digits of its manifest's sha256), else ``["1"]``."""
+    held = getattr(node, "versions", None)
+    if held:
+        return [str(v) for v in held]
+    sha = getattr(getattr(node, "cfg", None), "bundle_sha256", "") or ""
+    return [sha[:16]] if sha else [VERSION]
 
 
 def url(scheme: str, host: str, port: int) -> str:
@@ -90,12 +162,13 @@ def announce(door: str, node_id: str, where: str, cfg: DoorConfig, model: str) -
 
 class Ticket:
     """Where a door request's answer goes: the door, the door's own handle (a connection, a waiting
-    RPC), and the decoded request (its id, the outputs it wants, its ``traceparent``)."""
+    RPC), and the decoded request (its id, the outputs it wants, its ``traceparent``); ``req_id``: the id of a
+    request that could not be decoded, where it was read."""
 
-    __slots__ = ("door", "handle", "request", "answer")
+    __slots__ = ("door", "handle", "request", "answer", "req_id")
 
-    def __init__(self, door: Door, handle: Any, request: InferRequest | None) -> None:
-        self.door, self.handle, self.request = door, handle, request
+    def __init__(self, door: Door, handle: Any, request: InferRequest | None, req_id: str | None = None) -> None:
+        self.door, self.handle, self.request, self.req_id = door, handle, request, req_id
         self.answer: Any = None  # what the door keeps of the answer until it is sent
 
     @property
@@ -104,11 +177,18 @@ class Ticket:
 
     @property
     def id(self) -> str | None:
-        return self.request.id if self.request is not None else None
+        return self.request.id if self.request is not None else self.req_id
 
 
 class Door(Protocol):
     url: str
+    kind: str  # "http" or "grpc": the door label of its metrics
+    budget: Budget  # the bytes of unfinished requests it may hold (shared by the node's doors)
+    refused: collections.Counter  # limit name -> requests or connections that limit refused or closed
+
+    @property
+    def connections(self) -> int:
+        """Open connections (HTTP) or calls in progress (gRPC)."""
 
     def open(self, node: Any) -> None:
         """Bind and start; ``node`` is the cis.runtime.node.Node whose loop polls :meth:`fileno`."""

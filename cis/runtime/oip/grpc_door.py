@@ -7,15 +7,21 @@ door's inbox and wakes the node's loop through a socket pair the loop polls; the
 own thread takes the ticket into its normal path (:meth:`cis.runtime.node.Node.admit`),
 and its answer wakes the waiting handler. So every count and every decision is made on the
 node's thread, as for a ZeroMQ request. ServerLive, ServerReady, ServerMetadata,
-ModelMetadata and ModelReady are answered by the handler itself. The gRPC deadline of a
-call becomes the request's deadline. Messages: :mod:`cis.runtime.oip.grpc_messages` (generated from
-grpc_predict_v2.proto; tritonclient is never needed).
+ModelMetadata, ModelReady, ModelConfig and ModelStatistics are answered by the handler itself,
+and so is the standard health service (``grpc.health.v1.Health``: Check and Watch, SERVING while
+the node serves). The gRPC deadline of a call becomes the request's deadline. Messages:
+:mod:`cis.runtime.oip.grpc_messages` (generated from grpc_predict_v2.proto; tritonclient is never needed).
+
+Bounded before anything is authenticated (docs/runtime.md, *Limits of the front door*): the bearer
+token is checked by a server interceptor from the call's metadata, before grpcio reads the message
+(a call without it is refused by a handler that never reads its request); a message is at most
+``--door-max-request-bytes`` (grpcio's receive limit), at most :data:`READERS` ModelInfer messages are
+read at once, and the bytes of the calls not yet answered are taken from the node's doors' byte budget.
 """
 
 from __future__ import annotations
 
 import collections
-import hmac
 import socket
 import threading
 from concurrent.futures import ThreadPoolExecutor
@@ -23,16 +29,23 @@ from typing import Any
 
 import grpc
 import numpy as np
+from google.protobuf import json_format
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from cis.core.errors import CisError
-from cis.runtime.oip import codec, door
+from cis.runtime.oip import codec, door, triton
 from cis.runtime.oip import grpc_messages as pb
-from cis.runtime.oip.door import DoorConfig, Ticket
+from cis.runtime.oip.door import Budget, DoorConfig, Ticket
 from cis.runtime.requests import Request
 
 WORKERS = 64  # handler threads: RPCs waiting for the node at once
 MAX_RPCS = 1024  # RPCs accepted at once (waiting for a thread included); beyond: RESOURCE_EXHAUSTED
 POLL = 0.5  # seconds between a waiting handler's looks at whether its caller is still there
+READERS = 8  # ModelInfer messages read at once (each up to --door-max-request-bytes)
+TICK = 0.5  # seconds between looks at whether the node serves (the health service's status)
+OPEN = ("/inference.GRPCInferenceService/ServerLive", "/inference.GRPCInferenceService/ServerReady")  # no token
+HEALTH = "/grpc.health.v1.Health/"  # no token either: a load balancer probes it
+NAMES = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelConfig", "ModelStatistics")
 CONTENTS = {
     "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
     "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
@@ -73,7 +86,7 @@ def decode(request: Any, model: codec.Model) -> codec.InferRequest:
 
 def response(model: codec.Model, req: codec.InferRequest, cls, conf, ex, flags, served_by, logits=None) -> Any:
     """The ModelInferResponse of an answer: every requested output in ``raw_output_contents``."""
-    out = pb.ModelInferResponse(model_name=model.name, model_version=model.version, id=req.id or "")
+    out = pb.ModelInferResponse(model_name=model.name, model_version=req.version or model.version, id=req.id or "")
     for key, value in codec.parameters(model.node, flags).items():
         if type(value) is str:
             out.parameters[key].string_param = value
@@ -85,15 +98,53 @@ def response(model: codec.Model, req: codec.InferRequest, cls, conf, ex, flags, 
     return out
 
 
+class _TokenGate(grpc.ServerInterceptor):
+    """Checks the bearer token from a call's metadata before grpcio reads its message: a call without it gets a
+    handler that refuses it without reading a byte of its request (a request-streaming one, whose messages are
+    read only when asked for)."""
+
+    def __init__(self, door: GrpcDoor, token: bytes) -> None:
+        self.door, self.token = door, token
+        self.deny = grpc.stream_unary_rpc_method_handler(self._deny)
+
+    def intercept_service(self, continuation: Any, details: Any) -> Any:
+        method = details.method
+        if method in OPEN or method.startswith(HEALTH):
+            return continuation(details)
+        given = dict(details.invocation_metadata or ()).get("authorization")
+        if door.bearer(given, self.token):
+            return continuation(details)
+        self.door.count("token")
+        return self.deny
+
+    @staticmethod
+    def _deny(requests: Any, context: Any) -> Any:
+        context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token (metadata authorization)")
+
+
+def _sized(raw: bytes) -> tuple[int, Any]:
+    """A ModelInfer message and its size (what it holds of the doors' budget)."""
+    return len(raw), pb.ModelInferRequest.FromString(raw)
+
+
 class GrpcDoor:
     """The gRPC front door of one node (see the module's docstring); :meth:`open` binds it."""
 
-    def __init__(self, model: codec.Model, cfg: DoorConfig, workers: int = WORKERS) -> None:
+    kind = "grpc"
+
+    def __init__(self, model: codec.Model, cfg: DoorConfig, budget: Budget | None = None, workers: int = WORKERS):
         self.model, self.cfg, self.workers = model, cfg, workers
         self.node: Any = None
         self.server: Any = None
         self.url = ""
-        self.token = ("Bearer " + cfg.token).encode() if cfg.token else None
+        self.token = cfg.token.encode() if cfg.token else None
+        self.budget = budget if budget is not None else Budget(cfg.max_buffered)
+        self.refused: collections.Counter = collections.Counter()  # reason -> calls
+        self.calls = 0  # ModelInfer calls in progress
+        self.lock = threading.Lock()  # refused and calls, from grpcio's threads
+        self.readers = threading.BoundedSemaphore(READERS)
+        self.health = health.HealthServicer()
+        self.serves: bool | None = None  # what the health service says now
         self.credentials = None
         if cfg.cert:
             try:
@@ -108,6 +159,14 @@ class GrpcDoor:
         self.armed = False
         self.closed = False
 
+    @property
+    def connections(self) -> int:
+        return self.calls
+
+    def count(self, reason: str) -> None:
+        with self.lock:
+            self.refused[reason] += 1
+
     # ------------------------------------------------------------ the node's side (door.Door)
 
     def open(self, node: Any) -> None:
@@ -118,17 +177,11 @@ class GrpcDoor:
             ThreadPoolExecutor(self.workers, thread_name_prefix="cis-grpc"),
             options=options,
             maximum_concurrent_rpcs=MAX_RPCS,
+            interceptors=[_TokenGate(self, self.token)] if self.token is not None else [],
         )
-        names = ("ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata", "ModelInfer")
-        handlers = {
-            name: grpc.unary_unary_rpc_method_handler(
-                getattr(self, name),
-                request_deserializer=getattr(pb, name + "Request").FromString,
-                response_serializer=getattr(pb, name + "Response").SerializeToString,
-            )
-            for name in names
-        }
-        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(pb.SERVICE, handlers)])
+        server.add_generic_rpc_handlers([grpc.method_handlers_generic_handler(pb.SERVICE, self._handlers())])
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        self._health_now()
         address = f"[{host}]:{self.cfg.port}" if ":" in host else f"{host}:{self.cfg.port}"
         try:
             port = (
@@ -146,6 +199,20 @@ class GrpcDoor:
         self.server = server
         self.url = door.url("grpc", host, port).removeprefix("grpc://")  # what gRPC clients take: HOST:PORT
         door.announce("grpc", node.cfg.node_id, self.url, self.cfg, self.model.name)
+
+    def _handlers(self) -> dict[str, Any]:
+        handlers = {
+            name: grpc.unary_unary_rpc_method_handler(
+                getattr(self, name),
+                request_deserializer=getattr(pb, name + "Request").FromString,
+                response_serializer=getattr(pb, name + "Response").SerializeToString,
+            )
+            for name in NAMES
+        }
+        handlers["ModelInfer"] = grpc.stream_unary_rpc_method_handler(  # its message is read when the handler asks
+            self.ModelInfer, request_deserializer=_sized, response_serializer=pb.ModelInferResponse.SerializeToString
+        )
+        return handlers
 
     def fileno(self) -> int:
         return self.wake_r.fileno()
@@ -166,7 +233,17 @@ class GrpcDoor:
                 door.submit(node, ticket)
 
     def tick(self, now: float) -> float:
-        return now + 3600.0
+        self._health_now()
+        return now + TICK
+
+    def _health_now(self) -> None:
+        """The health service says SERVING while the node serves (as ServerReady), NOT_SERVING otherwise."""
+        serves = self.serving()
+        if serves != self.serves:
+            self.serves = serves
+            status = health_pb2.HealthCheckResponse.SERVING if serves else health_pb2.HealthCheckResponse.NOT_SERVING
+            for service in ("", pb.SERVICE):
+                self.health.set(service, status)
 
     def result(self, ticket: Ticket, req: Request) -> None:
         call = ticket.handle
@@ -180,6 +257,7 @@ class GrpcDoor:
 
     def close(self) -> None:
         self.closed = True
+        self.health.enter_graceful_shutdown()
         if self.server is not None:
             self.server.stop(grace=1.0).wait(5)
         self.wake_r.close()
@@ -197,18 +275,14 @@ class GrpcDoor:
             except (BlockingIOError, OSError):
                 pass  # full: the loop is awake already; closed: the node stops
 
-    def _auth(self, context: Any) -> None:
-        if self.token is None:
-            return
-        given = dict(context.invocation_metadata()).get("authorization", "")
-        if not hmac.compare_digest(given.encode() if isinstance(given, str) else given, self.token):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token (metadata authorization)")
-
-    def _check(self, name: str, version: str, context: Any) -> None:
+    def _check(self, name: str, version: str, context: Any) -> list[str]:
+        """The versions the node holds, once ``name`` and ``version`` are known to be its model's."""
+        versions = door.versions(self.node)
         try:
-            self.model.check(name, version or None)
+            self.model.check(name, version or None, versions)
         except codec.OipError as exc:
             context.abort(grpc.StatusCode.NOT_FOUND, exc.message)
+        return versions
 
     def serving(self) -> bool:
         node = self.node
@@ -221,30 +295,58 @@ class GrpcDoor:
         return pb.ServerReadyResponse(ready=self.serving())
 
     def ModelReady(self, request: Any, context: Any) -> Any:  # noqa: N802
-        self._auth(context)
         self._check(request.name, request.version, context)
         return pb.ModelReadyResponse(ready=self.serving())
 
     def ServerMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
-        self._auth(context)
         return pb.ServerMetadataResponse(**codec.server_metadata())
 
     def ModelMetadata(self, request: Any, context: Any) -> Any:  # noqa: N802
-        self._auth(context)
-        self._check(request.name, request.version, context)
-        meta = self.model.metadata()
-        out = pb.ModelMetadataResponse(name=meta["name"], versions=meta["versions"], platform=meta["platform"])
+        versions = self._check(request.name, request.version, context)
+        out = pb.ModelMetadataResponse(name=self.model.name, versions=versions, platform=codec.PLATFORM)
         for t in self.model.inputs:
             out.inputs.add(name=t.name, datatype=t.datatype, shape=list(t.shape))
         for t in self.model.outputs:
             out.outputs.add(name=t.name, datatype=t.datatype, shape=list(t.shape))
         return out
 
-    def ModelInfer(self, request: Any, context: Any) -> Any:  # noqa: N802
-        self._auth(context)
-        self._check(request.model_name, request.model_version, context)
+    def ModelConfig(self, request: Any, context: Any) -> Any:  # noqa: N802
+        versions = self._check(request.name, request.version, context)
+        config = json_format.ParseDict(triton.config(self.model, self.node, versions), pb.ModelConfig())
+        return pb.ModelConfigResponse(config=config)
+
+    def ModelStatistics(self, request: Any, context: Any) -> Any:  # noqa: N802
+        versions = self._check(request.name, request.version, context)
+        stats = triton.statistics(self.model, self.node, request.version or versions[-1])
+        return json_format.ParseDict(stats, pb.ModelStatisticsResponse())
+
+    def ModelInfer(self, requests: Any, context: Any) -> Any:  # noqa: N802
+        """Read the call's one message (at most READERS at once), hold its bytes in the budget until answered."""
+        if not self.readers.acquire(timeout=self.cfg.timeout):
+            self.count("readers")
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"over {READERS} messages being read; retry later")
+        try:
+            size, request = next(requests, (0, None))
+        finally:
+            self.readers.release()
+        if request is None:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "bad_message: the call carries no ModelInferRequest")
+        if not self.budget.take(size):
+            self.count("max_buffered_bytes")
+            context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"overloaded: {self.budget.refusal(size)}")
+        with self.lock:
+            self.calls += 1
+        try:
+            return self._infer(request, context)
+        finally:
+            self.budget.give(size)
+            with self.lock:
+                self.calls -= 1
+
+    def _infer(self, request: Any, context: Any) -> Any:
+        versions = self._check(request.model_name, request.model_version, context)
         call = _Call()
-        ticket = Ticket(self, call, None)
+        ticket = Ticket(self, call, None, request.id or None)
         try:
             ticket.request = req = decode(request, self.model)
         except codec.OipError as exc:
@@ -253,8 +355,8 @@ class GrpcDoor:
         left = context.time_remaining()
         if left is not None and left < 1e6:
             req.timeout = max(left, 1e-6)
-        trace = dict(context.invocation_metadata()).get("traceparent")
-        req.traceparent = trace if isinstance(trace, str) else None
+        req.traceparent = door.trace_context(dict(context.invocation_metadata()).get("traceparent"))
+        req.version = versions[-1]
         self._post(ticket)
         return self._answer(call, context, req)
 
@@ -269,4 +371,3 @@ class GrpcDoor:
             context.abort(getattr(grpc.StatusCode, codec.GRPC_STATUS.get(code, "INTERNAL")), f"{code}: {message}")
         assert req is not None
         return response(self.model, req, *answer[1:])
-

@@ -53,13 +53,58 @@ DESCRIPTOR = (
     b'R\x0bintContents\x12%\n\x0eint64_contents\x18\x03 \x03(\x03R\rint64Contents\x12#\n\ruint_contents\x18\x04 '
     b"\x03(\rR\x0cuintContents\x12'\n\x0fuint64_contents\x18\x05 \x03(\x04R\x0euint64Contents\x12#\n\rfp32_conten"
     b'ts\x18\x06 \x03(\x02R\x0cfp32Contents\x12#\n\rfp64_contents\x18\x07 \x03(\x01R\x0cfp64Contents\x12%\n\x0eby'
-    b'tes_contents\x18\x08 \x03(\x0cR\rbytesContents2\xfc\x03\n\x14GRPCInferenceService\x12K\n\nServerLive\x12'
-    b'\x1c.inference.ServerLiveRequest\x1a\x1d.inference.ServerLiveResponse"\x00\x12N\n\x0bServerReady\x12\x1d.in'
-    b'ference.ServerReadyRequest\x1a\x1e.inference.ServerReadyResponse"\x00\x12K\n\nModelReady\x12\x1c.inference.'
-    b'ModelReadyRequest\x1a\x1d.inference.ModelReadyResponse"\x00\x12W\n\x0eServerMetadata\x12 .inference.ServerM'
-    b'etadataRequest\x1a!.inference.ServerMetadataResponse"\x00\x12T\n\rModelMetadata\x12\x1f.inference.ModelMeta'
-    b'dataRequest\x1a .inference.ModelMetadataResponse"\x00\x12K\n\nModelInfer\x12\x1c.inference.ModelInferReques'
-    b't\x1a\x1d.inference.ModelInferResponse"\x00b\x06proto3'
+    b'tes_contents\x18\x08 \x03(\x0cR\rbytesContents"B\n\x12ModelConfigRequest\x12\x12\n\x04name\x18\x01 \x01(\tR'
+    b'\x04name\x12\x18\n\x07version\x18\x02 \x01(\tR\x07version"E\n\x13ModelConfigResponse\x12.\n\x06config\x18'
+    b'\x01 \x01(\x0b2\x16.inference.ModelConfigR\x06config"F\n\x16ModelStatisticsRequest\x12\x12\n\x04name\x18'
+    b'\x01 \x01(\tR\x04name\x12\x18\n\x07version\x18\x02 \x01(\tR\x07version"V\n\x17ModelStatisticsResponse\x12;'
+    b'\n\x0bmodel_stats\x18\x01 \x03(\x0b2\x1a.inference.ModelStatisticsR\nmodelStats"9\n\x11StatisticDuration'
+    b'\x12\x14\n\x05count\x18\x01 \x01(\x04R\x05count\x12\x0e\n\x02ns\x18\x02 \x01(\x04R\x02ns"\xf2\x03\n\x0fInfe'
+    b'rStatistics\x126\n\x07success\x18\x01 \x01(\x0b2\x1c.inference.StatisticDurationR\x07success\x120\n\x04fail'
+    b'\x18\x02 \x01(\x0b2\x1c.inference.StatisticDurationR\x04fail\x122\n\x05queue\x18\x03 \x01(\x0b2\x1c.inferen'
+    b'ce.StatisticDurationR\x05queue\x12A\n\rcompute_input\x18\x04 \x01(\x0b2\x1c.inference.StatisticDurationR'
+    b'\x0ccomputeInput\x12A\n\rcompute_infer\x18\x05 \x01(\x0b2\x1c.inference.StatisticDurationR\x0ccomputeInfer'
+    b'\x12C\n\x0ecompute_output\x18\x06 \x01(\x0b2\x1c.inference.StatisticDurationR\rcomputeOutput\x129\n\tcache_'
+    b'hit\x18\x07 \x01(\x0b2\x1c.inference.StatisticDurationR\x08cacheHit\x12;\n\ncache_miss\x18\x08 \x01(\x0b2'
+    b'\x1c.inference.StatisticDurationR\tcacheMiss"\x80\x02\n\x14InferBatchStatistics\x12\x1d\n\nbatch_size\x18'
+    b'\x01 \x01(\x04R\tbatchSize\x12A\n\rcompute_input\x18\x02 \x01(\x0b2\x1c.inference.StatisticDurationR\x0ccom'
+    b'puteInput\x12A\n\rcompute_infer\x18\x03 \x01(\x0b2\x1c.inference.StatisticDurationR\x0ccomputeInfer\x12C\n'
+    b'\x0ecompute_output\x18\x04 \x01(\x0b2\x1c.inference.StatisticDurationR\rcomputeOutput"\xbf\x02\n\x0fModelSt'
+    b'atistics\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x12\x18\n\x07version\x18\x02 \x01(\tR\x07version\x12%\n'
+    b"\x0elast_inference\x18\x03 \x01(\x04R\rlastInference\x12'\n\x0finference_count\x18\x04 \x01(\x04R\x0einfere"
+    b"nceCount\x12'\n\x0fexecution_count\x18\x05 \x01(\x04R\x0eexecutionCount\x12C\n\x0finference_stats\x18\x06 "
+    b'\x01(\x0b2\x1a.inference.InferStatisticsR\x0einferenceStats\x12@\n\x0bbatch_stats\x18\x07 \x03(\x0b2\x1f.in'
+    b'ference.InferBatchStatisticsR\nbatchStats"*\n\x12ModelTensorReshape\x12\x14\n\x05shape\x18\x01 \x03(\x03R'
+    b'\x05shape"\x84\x03\n\nModelInput\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x120\n\tdata_type\x18\x02 \x01('
+    b'\x0e2\x13.inference.DataTypeR\x08dataType\x124\n\x06format\x18\x03 \x01(\x0e2\x1c.inference.ModelInput.Form'
+    b'atR\x06format\x12\x12\n\x04dims\x18\x04 \x03(\x03R\x04dims\x127\n\x07reshape\x18\x05 \x01(\x0b2\x1d.inferen'
+    b'ce.ModelTensorReshapeR\x07reshape\x12&\n\x0fis_shape_tensor\x18\x06 \x01(\x08R\risShapeTensor\x12,\n\x12all'
+    b'ow_ragged_batch\x18\x07 \x01(\x08R\x10allowRaggedBatch\x12\x1a\n\x08optional\x18\x08 \x01(\x08R\x08optional'
+    b'";\n\x06Format\x12\x0f\n\x0bFORMAT_NONE\x10\x00\x12\x0f\n\x0bFORMAT_NHWC\x10\x01\x12\x0f\n\x0bFORMAT_NCHW'
+    b'\x10\x02"\xef\x01\n\x0bModelOutput\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x120\n\tdata_type\x18\x02 '
+    b'\x01(\x0e2\x13.inference.DataTypeR\x08dataType\x12\x12\n\x04dims\x18\x03 \x03(\x03R\x04dims\x12%\n\x0elabel'
+    b'_filename\x18\x04 \x01(\tR\rlabelFilename\x127\n\x07reshape\x18\x05 \x01(\x0b2\x1d.inference.ModelTensorRes'
+    b'hapeR\x07reshape\x12&\n\x0fis_shape_tensor\x18\x06 \x01(\x08R\risShapeTensor"\xbe\x02\n\x12ModelVersionPoli'
+    b'cy\x12>\n\x06latest\x18\x01 \x01(\x0b2$.inference.ModelVersionPolicy.LatestH\x00R\x06latest\x125\n\x03all'
+    b'\x18\x02 \x01(\x0b2!.inference.ModelVersionPolicy.AllH\x00R\x03all\x12D\n\x08specific\x18\x03 \x01(\x0b2&.i'
+    b'nference.ModelVersionPolicy.SpecificH\x00R\x08specific\x1a+\n\x06Latest\x12!\n\x0cnum_versions\x18\x01 \x01'
+    b'(\rR\x0bnumVersions\x1a\x05\n\x03All\x1a&\n\x08Specific\x12\x1a\n\x08versions\x18\x01 \x03(\x03R\x08version'
+    b'sB\x0f\n\rpolicy_choice"\xa0\x02\n\x0bModelConfig\x12\x12\n\x04name\x18\x01 \x01(\tR\x04name\x12\x1a\n\x08p'
+    b'latform\x18\x02 \x01(\tR\x08platform\x12D\n\x0eversion_policy\x18\x03 \x01(\x0b2\x1d.inference.ModelVersion'
+    b'PolicyR\rversionPolicy\x12$\n\x0emax_batch_size\x18\x04 \x01(\x05R\x0cmaxBatchSize\x12+\n\x05input\x18\x05 '
+    b'\x03(\x0b2\x15.inference.ModelInputR\x05input\x12.\n\x06output\x18\x06 \x03(\x0b2\x16.inference.ModelOutput'
+    b'R\x06output\x12\x18\n\x07backend\x18\x11 \x01(\tR\x07backend*\xfa\x01\n\x08DataType\x12\x10\n\x0cTYPE_INVAL'
+    b'ID\x10\x00\x12\r\n\tTYPE_BOOL\x10\x01\x12\x0e\n\nTYPE_UINT8\x10\x02\x12\x0f\n\x0bTYPE_UINT16\x10\x03\x12'
+    b'\x0f\n\x0bTYPE_UINT32\x10\x04\x12\x0f\n\x0bTYPE_UINT64\x10\x05\x12\r\n\tTYPE_INT8\x10\x06\x12\x0e\n\nTYPE_I'
+    b'NT16\x10\x07\x12\x0e\n\nTYPE_INT32\x10\x08\x12\x0e\n\nTYPE_INT64\x10\t\x12\r\n\tTYPE_FP16\x10\n\x12\r\n\tTY'
+    b'PE_FP32\x10\x0b\x12\r\n\tTYPE_FP64\x10\x0c\x12\x0f\n\x0bTYPE_STRING\x10\r\x12\r\n\tTYPE_BF16\x10\x0e2\xa8'
+    b'\x05\n\x14GRPCInferenceService\x12K\n\nServerLive\x12\x1c.inference.ServerLiveRequest\x1a\x1d.inference.Ser'
+    b'verLiveResponse"\x00\x12N\n\x0bServerReady\x12\x1d.inference.ServerReadyRequest\x1a\x1e.inference.ServerRea'
+    b'dyResponse"\x00\x12K\n\nModelReady\x12\x1c.inference.ModelReadyRequest\x1a\x1d.inference.ModelReadyResponse'
+    b'"\x00\x12W\n\x0eServerMetadata\x12 .inference.ServerMetadataRequest\x1a!.inference.ServerMetadataResponse"'
+    b'\x00\x12T\n\rModelMetadata\x12\x1f.inference.ModelMetadataRequest\x1a .inference.ModelMetadataResponse"\x00'
+    b'\x12K\n\nModelInfer\x12\x1c.inference.ModelInferRequest\x1a\x1d.inference.ModelInferResponse"\x00\x12N\n'
+    b'\x0bModelConfig\x12\x1d.inference.ModelConfigRequest\x1a\x1e.inference.ModelConfigResponse"\x00\x12Z\n\x0fM'
+    b'odelStatistics\x12!.inference.ModelStatisticsRequest\x1a".inference.ModelStatisticsResponse"\x00b\x06proto3'
 )
 
 POOL = descriptor_pool.DescriptorPool()
@@ -85,3 +130,16 @@ ModelInferRequest = _message('ModelInferRequest')
 ModelInferResponse = _message('ModelInferResponse')
 InferParameter = _message('InferParameter')
 InferTensorContents = _message('InferTensorContents')
+ModelConfigRequest = _message('ModelConfigRequest')
+ModelConfigResponse = _message('ModelConfigResponse')
+ModelStatisticsRequest = _message('ModelStatisticsRequest')
+ModelStatisticsResponse = _message('ModelStatisticsResponse')
+StatisticDuration = _message('StatisticDuration')
+InferStatistics = _message('InferStatistics')
+InferBatchStatistics = _message('InferBatchStatistics')
+ModelStatistics = _message('ModelStatistics')
+ModelTensorReshape = _message('ModelTensorReshape')
+ModelInput = _message('ModelInput')
+ModelOutput = _message('ModelOutput')
+ModelVersionPolicy = _message('ModelVersionPolicy')
+ModelConfig = _message('ModelConfig')

@@ -20,7 +20,14 @@ REASONS = {
     504: "Gateway Timeout",
 }  # fmt: skip
 JSON = b"application/json"
+# the endpoints under /v2/models/NAME[/versions/V]
+ENDPOINTS = {(): "model", ("ready",): "model_ready", ("infer",): "infer", ("config",): "config", ("stats",): "stats"}
 READ, READ_WRITE = selectors.EVENT_READ, selectors.EVENT_READ | selectors.EVENT_WRITE
+
+
+def head_only(answer: bytes) -> bytes:
+    """The answer to HEAD: the head GET would get (its content-length included), no body."""
+    return answer[: answer.index(b"\r\n\r\n") + 4]
 
 
 def response(status: int, body: bytes, content_type: bytes = JSON, extra: bytes = b"", close: bool = False) -> bytes:
@@ -47,38 +54,62 @@ def route(path: str) -> tuple[str, str | None, str | None]:
     name, version, rest = unquote(rest[1]), None, rest[2:]
     if rest[:1] == ["versions"] and len(rest) >= 2:
         version, rest = unquote(rest[1]), rest[2:]
-    endpoint = {(): "model", ("ready",): "model_ready", ("infer",): "infer"}.get(tuple(rest), "")
+    endpoint = ENDPOINTS.get(tuple(rest), "")
     return endpoint, name, version
 
 
 class Connection:
-    """One client connection and the httptools parser that calls back into it."""
+    """One client connection and the httptools parser that calls back into it.
+
+    Deadlines move only with progress on a request (docs/runtime.md, *Limits of the front door*): a TLS
+    handshake must end within ``head_timeout`` of the accept, a request's line and headers within
+    ``head_timeout`` of its first byte and the whole request within ``timeout``; an idle connection lasts
+    ``timeout`` from its last answer. Bytes that begin no request (bare CRLF) move none of them. The bytes a
+    request holds while it is read are taken from the doors' :class:`~cis.runtime.oip.door.Budget` first
+    (a Content-Length body at once, when its head ends) and given back the moment the door lets go of them;
+    :meth:`release` drops the parser, whose callbacks hold this object, so nothing waits for a cycle
+    collection."""
 
     __slots__ = (
-        "sock", "door", "parser", "url", "headers", "head_bytes", "body", "size", "reading", "deadline", "out",
-        "slots", "closing", "closed", "shaken", "reject", "events",
+        "sock", "fd", "door", "parser", "url", "headers", "head_bytes", "head_raw", "body", "size", "held", "reserved",
+        "reading", "in_head", "progress", "begun", "deadline", "out", "slots", "closing", "closed", "shaken", "reject",
+        "events", "route", "refusal", "json_header", "lingering",
     )  # fmt: skip
 
     def __init__(self, sock: Any, door: Any, now: float, shaken: bool) -> None:
-        self.sock, self.door = sock, door
-        self.parser = httptools.HttpRequestParser(self)
-        self.url, self.head_bytes = b"", 0
+        self.sock, self.fd, self.door = sock, sock.fileno(), door
+        self.parser: Any = httptools.HttpRequestParser(self)
+        self.url, self.head_bytes, self.head_raw = b"", 0, 0
         self.headers: dict[bytes, bytes] = {}
         self.body: list[bytes] = []
-        self.size = 0
+        self.size = self.held = self.reserved = 0  # body bytes read; bytes taken from the budget; of them, reserved
         self.reading = False  # a request has begun and not ended
-        self.deadline = now + door.cfg.timeout  # the handshake and the first request, or idle
+        self.in_head = True  # no request's headers are being waited for past their end
+        self.progress = False  # a request's head or body ended during the last feed
+        self.begun = now
+        cfg = door.cfg
+        self.deadline = now + (cfg.timeout if shaken else min(cfg.head_timeout, cfg.timeout))  # idle, or handshake
         self.out = bytearray()
         self.slots: deque[list] = deque()  # per request read: [response bytes or None, close after it]
         self.closing = self.closed = False
         self.shaken = shaken  # TLS handshake done (plain: always)
-        self.reject: tuple[str, str] | None = None
+        self.reject: tuple[str, str, bytes, str] | None = None  # code, text, extra headers, the limit
         self.events = READ
+        self.route: tuple[bytes, str, str | None, str | None] = (b"", "", None, None)  # method, endpoint, name, version
+        self.refusal: tuple[str, str, bytes] | None = None  # the answer of a request refused at its head
+        self.json_header = False  # the body is a JSON header and binary tensors
+        self.lingering = False  # its last answer is sent and its write side shut: what still comes is dropped
 
     # httptools callbacks
     def on_message_begin(self) -> None:
+        if self.closed:
+            raise Refused  # closed during this feed (an answer that closes it): read nothing more
         self.url, self.headers, self.head_bytes, self.body, self.size = b"", {}, 0, [], 0
-        self.reading, self.deadline = True, time.monotonic() + self.door.cfg.timeout
+        self.reading, self.in_head, self.refusal = True, True, None
+        self.begun = now = time.monotonic()
+        cfg = self.door.cfg
+        self.deadline = now + min(cfg.head_timeout, cfg.timeout)
+        self.door.busy(self)
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -91,28 +122,74 @@ class Connection:
     def _count(self, n: int) -> None:
         self.head_bytes += n
         if self.head_bytes > MAX_HEAD:
-            self._stop("bad_message", f"request line and headers over {MAX_HEAD} bytes")
+            self.stop("bad_message", f"request line and headers over {MAX_HEAD} bytes", limit="max_head_bytes")
 
     def on_headers_complete(self) -> None:
-        length = self.headers.get(b"content-length")
-        if length is not None and length.isdigit() and int(length) > self.door.cfg.max_body:
-            self._stop("too_large", f"body of {int(length)} bytes; this node accepts at most {self.door.cfg.max_body}")
-        if self.headers.get(b"expect", b"").lower() == b"100-continue":
-            self.door.write(self, b"HTTP/1.1 100 Continue\r\n\r\n")
+        self.in_head, self.progress = False, True
+        self.deadline = self.begun + self.door.cfg.timeout
+        self.door.headed(self)
 
     def on_body(self, data: bytes) -> None:
         self.size += len(data)
-        if self.size > self.door.cfg.max_body:
-            self._stop("too_large", f"body over {self.door.cfg.max_body} bytes, the most this node accepts")
+        if self.size > self.reserved:  # chunked: no length was reserved
+            self.door.limit_body(self, self.size)
+            self.take(len(data))
+            self.reserved = self.size
         self.body.append(data)
 
     def on_message_complete(self) -> None:
-        self.reading = False
+        self.reading, self.in_head, self.progress = False, True, True
         self.deadline = float("inf")  # answered by the node; idle again once written
         self.door.dispatch(self)
 
-    def _stop(self, code: str, message: str) -> None:
-        self.reject = (code, message)
+    def take(self, n: int) -> None:
+        """Hold ``n`` more bytes of this request, or refuse it (503) when the doors' budget has no room."""
+        budget = self.door.budget
+        if not budget.take(n):
+            self.stop("overloaded", budget.refusal(n), limit="max_buffered_bytes")
+        self.held += n
+
+    def counted(self, n: int) -> bool:
+        """After a feed of ``n`` bytes: count them as head bytes when no request's head or body ended in it (the
+        parser keeps a partial head itself); False (and :attr:`reject` says why) when the head is over its limit
+        or the budget has no room for it."""
+        if self.progress:
+            self.progress = False
+            self.door.budget.give(self.head_raw)
+            self.held -= self.head_raw
+            self.head_raw = 0
+            return True
+        if not self.in_head:
+            return True
+        self.head_raw += n
+        if self.head_raw > MAX_HEAD:
+            self.reject = ("bad_message", f"request line and headers over {MAX_HEAD} bytes", b"", "max_head_bytes")
+            return False
+        budget = self.door.budget
+        if not budget.take(n):
+            self.head_raw -= n
+            self.reject = ("overloaded", budget.refusal(n), b"", "max_buffered_bytes")
+            return False
+        self.held += n
+        return True
+
+    def let_go(self) -> None:
+        """Give back what the request being read holds (its body is the node's now, or dropped)."""
+        self.body = []
+        if self.held:
+            self.door.budget.give(self.held)
+        self.held = self.reserved = self.head_raw = 0
+
+    def release(self) -> None:
+        """The connection ended: drop the parser (its callbacks refer to this object) and every buffer."""
+        self.let_go()
+        self.parser = None
+        self.headers, self.out = {}, bytearray()
+        self.slots.clear()
+
+    def stop(self, code: str, message: str, extra: bytes = b"", limit: str = "") -> None:
+        """Refuse the request being read from inside a parser callback: answered, and the connection closes."""
+        self.reject = (code, message, extra, limit)
         raise Refused
 
 

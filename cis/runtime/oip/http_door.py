@@ -6,26 +6,32 @@ watches beside its ROUTER (:mod:`cis.runtime.oip.door`), so a request is read, p
 (httptools, the C parser uvicorn uses), decoded (:mod:`cis.runtime.oip.codec`) and admitted in
 the same turn of the loop that runs its batch, and its answer is written when the node
 replies; nothing competes with the node for the GIL and no request crosses a thread
-(docs/runtime.md says what this saved against a door thread). Non-blocking throughout:
+(docs/runtime.md says what this saved against a door thread). Non-blocking throughout, and
+bounded before anything is authenticated (docs/runtime.md, *Limits of the front door*):
 
-- a request must arrive whole within ``timeout`` seconds of its first byte (else ``408``
-  and the connection closes), and a connection idle for ``timeout`` seconds is closed; a slow
-  or half-sent body holds only its buffer, never a worker;
-- a body over ``max_body`` bytes gets ``413`` as soon as its Content-Length (or its running
-  size) says so, and the connection closes; a request head over :data:`cis.runtime.oip.http_connection.MAX_HEAD` gets
-  ``400``;
-- at most ``max_connections`` connections (and what the open-files limit allows): a new one
-  beyond is closed at once;
-- keep-alive and pipelining (answers in request order, at most :data:`MAX_PIPELINE` waiting);
-  ``Expect: 100-continue`` is answered;
+- a request is routed and its bearer token checked when its head ends, before any body byte is
+  read: a request that will be refused (401, 404, 405, a body over ``--door-max-request-bytes`` or,
+  as JSON, over ``--http-max-json-bytes``) is answered then, and its connection closes;
+- the bytes a request holds while it is read are taken from the node's doors' byte budget
+  (``--door-max-buffered-bytes``) first, and given back the moment the door lets go of them: a
+  request that would pass it gets 503 and its connection closes;
+- deadlines move only with progress on a request: a TLS handshake and a request's line and headers
+  must arrive within ``--http-head-timeout``, the whole request within ``--http-timeout``
+  (else 408, and the connection closes), an idle connection lasts ``--http-timeout``;
+- at most ``max_connections`` connections (and what the open-files limit allows): for a new
+  one beyond, the longest idle connection is closed (or, when none is idle, the new one);
+- every request read is answered, whatever its body raises in decoding (400, with its ``id``
+  when it was read), in request order (pipelining, at most :data:`~cis.runtime.oip.http_requests.MAX_PIPELINE` waiting);
+  ``Expect: 100-continue`` and HEAD are answered; a connection closing after an error answer
+  drops what its client still sends for :data:`LINGER` seconds, so the answer is not lost to a reset;
 - TLS (``ssl``, handshakes non-blocking too) and a bearer token (``Authorization: Bearer``;
   the health endpoints need none).
 """
 
 from __future__ import annotations
 
+import collections
 import errno
-import hmac
 import logging
 import selectors
 import socket
@@ -38,20 +44,22 @@ import httptools
 from cis.core.errors import CisError
 from cis.core.logs import Every, event
 from cis.runtime.oip import codec, door
-from cis.runtime.oip.door import DoorConfig, Ticket
-from cis.runtime.oip.http_connection import READ, READ_WRITE, Connection, Refused, fd_room, response, route
-from cis.runtime.requests import Request
+from cis.runtime.oip.door import Budget, DoorConfig
+from cis.runtime.oip.http_connection import READ, READ_WRITE, Connection, Refused, fd_room
+from cis.runtime.oip.http_requests import Requests
 
 log = logging.getLogger("cis.runtime.node")
 READ_BYTES = 256 << 10
-MAX_PIPELINE = 32  # requests read ahead of their answers on one connection
 TICK = 0.5  # seconds between timeout scans
+LINGER = 2.0  # seconds a connection that closes after an error answer drops what its client still sends
 
 
-class HttpDoor:
+class HttpDoor(Requests):
     """The HTTP front door of one node (see the module's docstring); :meth:`open` binds it."""
 
-    def __init__(self, model: codec.Model, cfg: DoorConfig) -> None:
+    kind = "http"
+
+    def __init__(self, model: codec.Model, cfg: DoorConfig, budget: Budget | None = None) -> None:
         self.model, self.cfg = model, cfg
         self.node: Any = None
         self.tls: ssl.SSLContext | None = None
@@ -61,17 +69,21 @@ class HttpDoor:
                 self.tls.load_cert_chain(cfg.cert, cfg.key)
             except (OSError, ssl.SSLError) as exc:
                 raise CisError(f"--http-tls-cert {cfg.cert}, --http-tls-key {cfg.key}: cannot load ({exc})") from None
-        self.token = b"Bearer " + cfg.token.encode() if cfg.token else None
+        self.token = cfg.token.encode() if cfg.token else None
+        self.budget = budget if budget is not None else Budget(cfg.max_buffered)
         self.sel = selectors.DefaultSelector()
         self.conns: dict[int, Connection] = {}
+        self.idle: dict[int, Connection] = {}  # connections with no request begun, the longest idle first
+        self.refused: collections.Counter = collections.Counter()  # reason -> requests or connections
         self.listener: socket.socket | None = None
         self.url = ""
         self.max_connections = cfg.max_connections
         self.paused_until = 0.0  # accepting paused (out of descriptors) until then
-        self.dropped = 0  # connections closed at once: over max_connections
         self.warn = Every(10.0)
-        ready = response(200, b'{"ready":true}')
-        self.canned = {"live": response(200, b'{"live":true}'), "ready": ready}
+
+    @property
+    def connections(self) -> int:
+        return len(self.conns)
 
     # ------------------------------------------------------------ the node's side (door.Door)
 
@@ -101,6 +113,8 @@ class HttpDoor:
             conn = key.data
             if conn is None:
                 self._accept()
+            elif conn.closed:
+                continue  # closed earlier in this round (to make room for a new one)
             elif mask & selectors.EVENT_WRITE and (conn.out or not conn.shaken):
                 self._writable(conn)
             elif mask & selectors.EVENT_READ:
@@ -111,35 +125,8 @@ class HttpDoor:
             self.paused_until = 0.0
             self.sel.register(self.listener, READ, None)
         for conn in [c for c in self.conns.values() if c.deadline <= now]:
-            if conn.reading or not conn.shaken:
-                self._fail(conn, "timeout", f"request not complete within {self.cfg.timeout:g} s")
-            else:
-                self._close(conn)  # idle, or not reading its answers
+            self._expire(conn, now)
         return now + TICK
-
-    def result(self, ticket: Ticket, req: Request) -> None:
-        conn, slot = ticket.handle
-        if conn.closed:
-            self.node.counters["undeliverable"] += 1
-            return
-        assert ticket.request is not None
-        body, header_length = codec.encode_json(
-            self.model, ticket.request, *door.result_arrays(req), req.served_by, req.logits
-        )
-        if header_length is None:
-            slot[0] = response(200, body, close=slot[1])
-        else:
-            extra = b"inference-header-content-length: %d\r\n" % header_length
-            slot[0] = response(200, body, b"application/octet-stream", extra, close=slot[1])
-        self._flush(conn)
-
-    def error(self, ticket: Ticket, code: str, message: str) -> None:
-        conn, slot = ticket.handle
-        if conn.closed:
-            self.node.counters["undeliverable"] += 1
-            return
-        slot[0] = self._error_response(code, message, slot[1], ticket.id)
-        self._flush(conn)
 
     def close(self) -> None:
         for conn in list(self.conns.values()):
@@ -150,89 +137,11 @@ class HttpDoor:
             self.listener.close()
         self.sel.close()
 
-    # ------------------------------------------------------------ requests
-
-    def dispatch(self, conn: Connection) -> None:
-        """A request has arrived whole: answer it, or hand it to the node (its answer comes later)."""
-        keep = conn.parser.should_keep_alive()
-        slot: list = [None, not keep]
-        conn.slots.append(slot)
-        if not keep:
-            conn.closing = True  # nothing after this request is read
-        if len(conn.slots) > MAX_PIPELINE:
-            slot[1] = conn.closing = True
-            slot[0] = self._error_response("overloaded", f"over {MAX_PIPELINE} requests waiting on one connection")
-            return
-        method = conn.parser.get_method()
-        endpoint, name, version = route(conn.url.split(b"?", 1)[0].decode("latin-1"))
-        canned = self.canned.get(endpoint)
-        if canned is not None and method == b"GET":
-            slot[0] = self._health(endpoint) if slot[1] or endpoint == "ready" else canned
-            return
-        if not endpoint:
-            slot[0] = self._error_response("not_found", f"no endpoint {conn.url.decode('latin-1')!r}", slot[1])
-            return
-        wanted = b"POST" if endpoint == "infer" else b"GET"
-        if method != wanted:
-            text = f"{method.decode()} {conn.url.decode('latin-1')}: expected {wanted.decode()}"
-            slot[0] = self._error_response("method_not_allowed", text, slot[1], extra=b"allow: %s\r\n" % wanted)
-            return
-        if self.token is not None and not hmac.compare_digest(conn.headers.get(b"authorization", b""), self.token):
-            text = "missing or wrong bearer token (header Authorization: Bearer TOKEN)"
-            slot[0] = self._error_response("unauthenticated", text, slot[1], extra=b"www-authenticate: Bearer\r\n")
-            return
-        if endpoint == "infer":
-            return self._infer(conn, slot, name or "", version)
-        try:
-            if endpoint == "server":
-                slot[0] = response(200, codec._ENCODE(codec.server_metadata()), close=slot[1])
-                return
-            self.model.check(name or "", version)
-        except codec.OipError as exc:
-            slot[0] = self._error_response(exc.code, exc.message, slot[1])
-            return
-        if endpoint == "model":
-            slot[0] = response(200, codec._ENCODE(self.model.metadata()), close=slot[1])
-        else:
-            ready = self.serving()
-            body = codec._ENCODE({"name": self.model.name, "ready": ready})
-            slot[0] = response(200 if ready else 503, body, close=slot[1])
-
-    def _infer(self, conn: Connection, slot: list, name: str, version: str | None) -> None:
-        body = conn.body[0] if len(conn.body) == 1 else b"".join(conn.body)
-        conn.body = []
-        ticket = Ticket(self, (conn, slot), None)
-        try:
-            self.model.check(name, version)
-            length = conn.headers.get(codec.HEADER_LENGTH.encode())
-            if length is not None and not length.strip().isdigit():
-                raise codec.OipError("bad_message", f"Inference-Header-Content-Length is {length!r}; expected bytes")
-            ticket.request = codec.decode_json(body, self.model, None if length is None else int(length))
-        except codec.OipError as exc:
-            return door.refuse(self.node, ticket, exc.code, exc.message)
-        trace = conn.headers.get(b"traceparent")
-        ticket.request.traceparent = trace.decode("latin-1") if trace is not None else None
-        door.submit(self.node, ticket)
-
-    def serving(self) -> bool:
-        node = self.node
-        return not node.stopping and node.executor.stage_ok
-
-    def _health(self, endpoint: str) -> bytes:
-        if endpoint == "live":
-            return response(200, b'{"live":true}', close=True)
-        ready = self.serving()
-        return response(200 if ready else 503, b'{"ready":%s}' % (b"true" if ready else b"false"))
-
-    def _error_response(
-        self, code: str, message: str, close: bool = False, req_id: str | None = None, extra: bytes = b""
-    ) -> bytes:
-        body: dict[str, Any] = {"error": message, "code": code}
-        if req_id is not None:
-            body["id"] = req_id
-        return response(codec.HTTP_STATUS.get(code, 500), codec._ENCODE(body), extra=extra, close=close)
-
     # ------------------------------------------------------------ connections
+
+    def busy(self, conn: Connection) -> None:
+        """A request has begun on ``conn``: it is not idle (not to be closed to make room)."""
+        self.idle.pop(conn.fd, None)
 
     def _accept(self) -> None:
         assert self.listener is not None
@@ -245,17 +154,25 @@ class HttpDoor:
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     self._pause(exc)
                 return
-            if len(self.conns) >= self.max_connections:
+            if len(self.conns) >= self.max_connections and not self._evict():
                 sock.close()
-                self.dropped += 1
+                self.refused["max_connections"] += 1
                 continue
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self.tls is not None:
                 sock = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
             conn = Connection(sock, self, time.monotonic(), self.tls is None)
-            self.conns[sock.fileno()] = conn
+            self.conns[conn.fd] = self.idle[conn.fd] = conn
             self.sel.register(sock, READ, conn)
+
+    def _evict(self) -> bool:
+        """Make room for a new connection: close the longest idle one (no request begun); False when none is."""
+        for conn in self.idle.values():
+            self.refused["max_connections"] += 1
+            self._close(conn)
+            return True
+        return False
 
     def _pause(self, exc: OSError) -> None:
         """Out of descriptors: stop accepting for a moment (the listener would wake the loop at once again)."""
@@ -271,9 +188,46 @@ class HttpDoor:
                 node=self.node.cfg.node_id, connections=len(self.conns), held=held,
             )  # fmt: skip
 
+    def _expire(self, conn: Connection, now: float) -> None:
+        """``conn`` is past its deadline: 408 for a request not read in time, else closed."""
+        cfg = self.cfg
+        if conn.closing or conn.lingering:
+            return self._close(conn)  # its last answer not taken in time, or its linger is over
+        if not conn.shaken:
+            self.refused["handshake_timeout"] += 1
+            return self._close(conn)
+        if not conn.reading:
+            self.refused["idle_timeout"] += 1
+            return self._close(conn)
+        if conn.in_head:
+            limit, text = "head_timeout", f"request line and headers not complete within {cfg.head_timeout:g} s"
+        else:
+            limit, text = "request_timeout", f"request not complete within {cfg.timeout:g} s"
+        self._fail(conn, "timeout", text, limit=limit)
+        if not conn.closed:
+            conn.deadline = now + LINGER
+
     def _read(self, conn: Connection) -> None:
         if not conn.shaken and not self._handshake(conn):
             return
+        data = self._receive(conn)
+        if data is None or conn.closing:
+            return  # nothing, or the last request it may send is read: the rest is dropped
+        try:
+            conn.parser.feed_data(data)
+            ok = conn.closed or conn.counted(len(data))
+        except httptools.HttpParserUpgrade:
+            conn.reject, ok = ("bad_message", "protocol upgrades are not served", b"", ""), False
+        except (httptools.HttpParserError, Refused):
+            ok = False
+        if not ok:
+            code, text, extra, limit = conn.reject or ("bad_message", "malformed HTTP/1.1 request", b"", "")
+            return self._fail(conn, code, text, extra, limit)
+        if conn.slots:
+            self._flush(conn)
+
+    def _receive(self, conn: Connection) -> bytes | None:
+        """What the connection has sent, or None (nothing yet; or it ended, and is closed)."""
         sock = conn.sock
         try:
             data = sock.recv(READ_BYTES)
@@ -281,26 +235,16 @@ class HttpDoor:
                 while data and sock.pending():
                     data += sock.recv(sock.pending())
         except (BlockingIOError, ssl.SSLWantReadError):
-            return
+            return None
         except ssl.SSLWantWriteError:
-            return self._want(conn, READ_WRITE)
+            self._want(conn, READ_WRITE)
+            return None
         except OSError:
-            return self._close(conn)
+            data = b""
         if not data:
-            return self._close(conn)
-        if conn.closing:
-            return  # the last request it may send is read: the rest is dropped
-        if not conn.reading:
-            conn.deadline = time.monotonic() + self.cfg.timeout
-        try:
-            conn.parser.feed_data(data)
-        except httptools.HttpParserUpgrade:
-            return self._fail(conn, "bad_message", "protocol upgrades are not served")
-        except (httptools.HttpParserError, Refused):
-            code, text = conn.reject or ("bad_message", "malformed HTTP/1.1 request")
-            return self._fail(conn, code, text)
-        if conn.slots:
-            self._flush(conn)
+            self._close(conn)
+            return None
+        return data
 
     def _handshake(self, conn: Connection) -> bool:
         try:
@@ -315,7 +259,7 @@ class HttpDoor:
             self._close(conn)
             return False
         conn.shaken = True
-        conn.deadline = time.monotonic() + self.cfg.timeout
+        self._idle(conn)
         self._want(conn, READ_WRITE if conn.out else READ)
         return True
 
@@ -326,10 +270,15 @@ class HttpDoor:
             return
         self._flush(conn)
 
-    def _fail(self, conn: Connection, code: str, message: str) -> None:
+    def _fail(self, conn: Connection, code: str, message: str, extra: bytes = b"", limit: str = "") -> None:
         """Answer a request that cannot be read (or not in time) and close the connection after it."""
+        if conn.closed:
+            return
+        if limit:
+            self.refused[limit] += 1
+        conn.let_go()
         conn.reading, conn.closing = False, True
-        conn.slots.append([self._error_response(code, message, close=True), True])
+        conn.slots.append([self._error_response(code, message, close=True, extra=extra), True])
         self._flush(conn)
 
     def write(self, conn: Connection, data: bytes) -> None:
@@ -337,34 +286,57 @@ class HttpDoor:
         self._flush(conn)
 
     def _flush(self, conn: Connection) -> None:
-        """Write what is ready, in request order; close after an answer that says so."""
-        close = False
+        """Write what is ready, in request order; after an answer that closes, linger, then close."""
         while conn.slots and conn.slots[0][0] is not None:
             data, close = conn.slots.popleft()
             conn.out += data
             if close:
                 conn.slots.clear()
-                break
-        if close:
-            conn.closing = True
-        if conn.out and conn.shaken:
-            try:
-                sent = conn.sock.send(conn.out)
-                del conn.out[:sent]
-            except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
-                pass
-            except OSError:
-                return self._close(conn)
+                conn.closing = True
+        if conn.out and conn.shaken and not self._send(conn):
+            return
         if conn.out:
             self._want(conn, READ_WRITE)
             if conn.deadline == float("inf"):
                 conn.deadline = time.monotonic() + self.cfg.timeout  # a client that does not read its answers
             return
         if conn.closing and not conn.slots:
-            return self._close(conn)
+            return self._linger(conn)
         self._want(conn, READ)
         if not conn.reading and not conn.slots:
-            conn.deadline = time.monotonic() + self.cfg.timeout  # idle
+            self._idle(conn)
+
+    def _send(self, conn: Connection) -> bool:
+        """Send what the socket takes now; False when the connection broke (it is closed)."""
+        try:
+            sent = conn.sock.send(conn.out)
+            del conn.out[:sent]
+        except (BlockingIOError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
+            pass
+        except OSError:
+            self._close(conn)
+            return False
+        return True
+
+    def _idle(self, conn: Connection) -> None:
+        """``conn`` has no request under way: it may stay ``timeout`` seconds, and is the newest idle one."""
+        conn.deadline = time.monotonic() + self.cfg.timeout
+        self.idle.pop(conn.fd, None)
+        self.idle[conn.fd] = conn
+
+    def _linger(self, conn: Connection) -> None:
+        """Its last answer is sent: shut its write side and drop what still comes until the client closes (or
+        :data:`LINGER` seconds), so a client still sending a refused body reads the answer, not a reset."""
+        if conn.lingering:
+            return
+        conn.lingering = True
+        try:
+            conn.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            return self._close(conn)
+        conn.deadline = time.monotonic() + LINGER
+        self._want(conn, READ)
+        self.idle[conn.fd] = conn  # may make room for a new connection at once
 
     def _want(self, conn: Connection, events: int) -> None:
         if conn.events != events and not conn.closed:
@@ -375,9 +347,11 @@ class HttpDoor:
         if conn.closed:
             return
         conn.closed = True
-        self.conns.pop(conn.sock.fileno(), None)
+        self.conns.pop(conn.fd, None)
+        self.idle.pop(conn.fd, None)
         try:
             self.sel.unregister(conn.sock)
         except (KeyError, ValueError):
             pass
         conn.sock.close()
+        conn.release()

@@ -204,24 +204,8 @@ class RunConfig:
     def check_together(self) -> None:
         """The rules that tie settings together: the authors' code has one aggregation; p is Algorithm 1's; a
         user's model goes with the methods that take one; one source of starting weights."""
-        if self.model is not None:
-            if not isinstance(self.model, str) or ":" not in self.model:
-                raise self._bad("model", "PATH.py:FACTORY or pkg.module:FACTORY")
-            check_user_model(self.method)
-        if self.model_args is not None and not isinstance(self.model_args, dict):
-            raise self._bad("model_args", "a table of the factory's keyword arguments")
-        if self.model_args and self.model is None:
-            raise CisError("config: --model-arg (model_args) goes with --model PATH.py:FACTORY")
-        if self.weights_file is not None and self.init is not None:
-            raise CisError("config: --weights and --init both give starting weights; expected one of them")
-        if self.algorithm == "authors-code":  # multiply by p_ce, line 12's coefficients, literal BatchNorm
-            if self.method != "cis":
-                raise CisError(f"config: algorithm 'authors-code' is Algorithm 1's; method {self.method!r} has its own")
-            for key, only in (("p_mode", "multiply"), ("coefficient_rule", "literal"), ("bn_rule", "literal")):
-                if getattr(self, key) != only:
-                    raise self._bad(key, f"{only!r} under algorithm 'authors-code' (the authors' code has no other)")
-        elif self.head_update != "applied":
-            raise self._bad("head_update", "'applied' under algorithm 'printed' (released-code is authors-code's)")
+        self._check_model()
+        self._check_algorithm()
         if self.cuda_graphs == "on" and self.method != "cis":
             raise self._bad("cuda_graphs", f"'off' for method {self.method!r} (graphs capture Algorithm 1's step)")
         if self.partition == "node" and self.dirichlet is not None:
@@ -233,6 +217,32 @@ class RunConfig:
                 f"config: --p / p_matrix sample lower exits in Algorithm 1; method {self.method!r} chooses its own "
                 "sub-models"
             )
+
+    def _check_model(self) -> None:
+        """A user's model goes with the methods that take one; its arguments with it; one source of starting
+        weights."""
+        if self.model is not None:
+            if not isinstance(self.model, str) or ":" not in self.model:
+                raise self._bad("model", "PATH.py:FACTORY or pkg.module:FACTORY")
+            check_user_model(self.method)
+        if self.model_args is not None and not isinstance(self.model_args, dict):
+            raise self._bad("model_args", "a table of the factory's keyword arguments")
+        if self.model_args and self.model is None:
+            raise CisError("config: --model-arg (model_args) goes with --model PATH.py:FACTORY")
+        if self.weights_file is not None and self.init is not None:
+            raise CisError("config: --weights and --init both give starting weights; expected one of them")
+
+    def _check_algorithm(self) -> None:
+        """The authors' code multiplies by p_ce, takes line 12's coefficients and literal BatchNorm; the printed
+        algorithm applies every exit-head update."""
+        if self.algorithm == "authors-code":
+            if self.method != "cis":
+                raise CisError(f"config: algorithm 'authors-code' is Algorithm 1's; method {self.method!r} has its own")
+            for key, only in (("p_mode", "multiply"), ("coefficient_rule", "literal"), ("bn_rule", "literal")):
+                if getattr(self, key) != only:
+                    raise self._bad(key, f"{only!r} under algorithm 'authors-code' (the authors' code has no other)")
+        elif self.head_update != "applied":
+            raise self._bad("head_update", "'applied' under algorithm 'printed' (released-code is authors-code's)")
 
     def _check_centralised(self) -> None:
         """--centralised trains the early-exit model of Algorithm 1 on pooled data: no partition, no exit sampling."""

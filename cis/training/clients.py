@@ -25,10 +25,11 @@ from cis.training.data.partition import node_sizes, partition, partition_by_colu
 from cis.training.local import Client
 
 
-def run_splits(config: RunConfig, splits: DataSplits | None = None) -> DataSplits:
+def run_splits(config: RunConfig, splits: DataSplits | None = None, num_classes: int | None = None) -> DataSplits:
     """The run's train/val/test splits (loaded unless given); ``train_subset`` keeps a seeded subset of the
-    training split."""
-    splits = splits or load_dataset(config.dataset, seed=config.seed, val_size=config.val_size)
+    training split. ``num_classes``: the class count the spec states, for data that names no classes."""
+    splits = splits or load_dataset(config.dataset, seed=config.seed, val_size=config.val_size,
+                                    num_classes=num_classes)
     if config.train_subset is not None and config.train_subset < len(splits.train):
         keep = np.sort(np.random.default_rng(config.seed).permutation(len(splits.train))[: config.train_subset])
         splits = DataSplits(splits.train.subset(keep), splits.val, splits.test, splits.sha256)

@@ -26,21 +26,21 @@ from typing import Any
 import numpy as np
 import torch
 
-from cis.core.errors import CisError
+from cis.core.errors import CisError, error_line
 from cis.core.policy.exit_policy import evaluate_cis
-from cis.core.spec import CisSpec, load_spec, parse_spec, spec_to_dict, write_spec
+from cis.core.spec import CisSpec, load_spec, parse_spec, spec_to_dict, states_classes, write_spec
 from cis.core.topologies import make_spec
 from cis.training.aggregation.weights import Weights
-from cis.training.builders import build_method_setup, method_model
+from cis.training.builders import build_method_setup, check_ids, method_model
 from cis.training.centralised import centralised_setup
 from cis.training.checkpoint import load_checkpoint, read_json, save_checkpoint
 from cis.training.clients import make_clients, run_splits, weight_sizes
 from cis.training.config import RunConfig
 from cis.training.data.data_ref import check_digest
-from cis.training.data.loading import DataSplits, augment_options, load_run_data
+from cis.training.data.loading import Dataset, DataSplits, augment_options, load_run_data
 from cis.training.device import apply_compute_options, describe, run_device, with_amp
 from cis.training.evaluate import cis_report, predict_exits
-from cis.training.federated import FederatedEngine
+from cis.training.federated import FederatedEngine, StepFailed
 from cis.training.grad_variance import gradient_variance
 from cis.training.local import Client, local_steps
 from cis.training.methods.static_bn import refresh_statistics
@@ -67,15 +67,30 @@ class Setup:
     device: torch.device = torch.device("cpu")
 
 
-def resolve_spec(config: RunConfig, num_classes: int) -> CisSpec:
-    if config.spec:
-        spec = load_spec(config.spec)
-        if spec.num_classes != num_classes:
-            raise CisError(
-                f"{config.spec}: [cis] classes is {spec.num_classes}; the dataset {config.dataset} has {num_classes}"
-            )
-        return spec
-    return make_spec(config.topology, config.serving, num_classes=num_classes)
+def stated_classes(config: RunConfig) -> int | None:
+    """The class count ``config.spec`` states (None: no spec, or one without ``classes``: the data says)."""
+    return load_spec(config.spec).num_classes if config.spec and states_classes(config.spec) else None
+
+
+def resolve_spec(config: RunConfig, train: Dataset) -> CisSpec:
+    """The spec a new run trains for: ``config.spec`` (its class count, where it states none, the data's), else
+    the built-in topology under ``config.serving`` with the data's classes."""
+    if not config.spec:
+        return make_spec(config.topology, config.serving, num_classes=train.num_classes)
+    spec = load_spec(config.spec)
+    if not states_classes(config.spec):
+        return dataclasses.replace(spec, num_classes=train.num_classes)
+    if spec.num_classes != train.num_classes:
+        raise CisError(
+            f"{config.spec}: [cis] classes is {spec.num_classes}; the data {config.dataset} names "
+            f"{train.num_classes} classes ({_listed(train.classes)}); expected the same count (or no classes in "
+            "the spec: cis train takes it from the data)"
+        )
+    return spec
+
+
+def _listed(names: list[str], most: int = 4) -> str:
+    return ", ".join(names[:most]) + (", ..." if len(names) > most else "")
 
 
 def build_setup(
@@ -93,9 +108,9 @@ def build_setup(
     if config.threads:
         torch.set_num_threads(config.threads)
     device = run_device(config, log)
-    splits = run_splits(config, splits)
+    splits = run_splits(config, splits, spec.num_classes if spec else stated_classes(config))
     train = splits.train
-    spec = spec or resolve_spec(config, train.num_classes)
+    spec = spec or resolve_spec(config, train)
     clients = make_clients(config, spec, train, device)
     steps = local_steps([c.size for c in clients], config.batch_size, config.local_epochs, config.local_steps)
     sizes = weight_sizes(config, spec, clients, len(train))
@@ -114,6 +129,8 @@ def build_setup(
         m = centralised_setup(config, spec, train, sgd, weights_for, log, not resume)
     else:
         m = build_method_setup(config, spec, train, clients, sgd, weights_for, log, not resume)  # builders.py
+    for held_out in (splits.val, splits.test):  # the training split was checked before the model's check batch
+        check_ids(m.model, held_out, config.dataset)
     if config.model and config.model_sha256 is None:  # what config.json records: the file this run starts from
         config = dataclasses.replace(config, model_sha256=m.model.config().get("sha256"))
     if m.model.num_exits != spec.num_exits:
@@ -224,12 +241,39 @@ def train_run(
     _log_setup(s, log)
     if resume:
         _restore(s, out, log)
-    stopped = _train_rounds(s, out, progress, stop_after)
-    if stopped is not None:
-        return {"stopped_after_round": stopped}
-    summary = run_summary(s)
+    try:
+        stopped = _train_rounds(s, out, progress, stop_after)
+        if stopped is not None:
+            return {"stopped_after_round": stopped}
+        summary = run_summary(s)
+    except CisError:
+        raise
+    except Exception as exc:  # the model or the data failed mid-run: one line, and no run dir --resume would trust
+        raise failed_run(s, out, exc) from None
     write_json(out / "summary.json", summary)
     return summary
+
+
+RUN_START_FILES = ("config.json", "spec.toml", "metrics.jsonl", "weights.json")
+"""What a run writes before its first checkpoint (write_run_start, train_run)."""
+
+
+def failed_run(s: Setup, out: Path, exc: Exception) -> CisError:
+    """The one line of a run that failed while training or evaluating, after cleaning up: without a checkpoint
+    the files it wrote are removed (and its dir, if empty), so nothing is left that ``--resume`` would take for a
+    run; with one, the checkpoint stays (a round that finished) and ``--resume`` continues from it."""
+    cause = exc.__cause__ if isinstance(exc, StepFailed) and exc.__cause__ is not None else exc
+    where = str(exc) if isinstance(exc, StepFailed) else f"round {s.engine.round + 1}"
+    if (out / "checkpoint.json").is_file():
+        saved = read_json(out / "checkpoint.json").get("round")
+        kept = f"{out} keeps round {saved}'s checkpoint ('cis train --out {out} --resume' continues from it)"
+    else:
+        for name in RUN_START_FILES:
+            (out / name).unlink(missing_ok=True)
+        if out.is_dir() and not any(out.iterdir()):
+            out.rmdir()
+        kept = f"nothing kept (no checkpoint yet; {out} removed)"
+    return CisError(f"training stopped in {where}: {error_line(cause)}; {kept}")
 
 
 def _open_run_dir(out: Path, resume: bool) -> CisSpec | None:
@@ -388,8 +432,8 @@ def evaluate_run(run_dir: str | Path, spec: CisSpec | None = None, measure: str 
 
 def measure_grad_variance(config: RunConfig) -> list[float]:
     """sigma_e^2 of the initial model (as balanced-adj would measure it)."""
-    splits = run_splits(config)
-    spec = resolve_spec(config, splits.train.num_classes)
+    splits = run_splits(config, None, stated_classes(config))
+    spec = resolve_spec(config, splits.train)
     model = method_model(config, spec.num_exits, splits.train, logger.info)
     if not model_has_exit_gradients(model):
         raise CisError(

@@ -37,6 +37,7 @@ from cis.training.checkpoint import load_checkpoint, read_json, save_checkpoint
 from cis.training.clients import make_clients, run_splits, weight_sizes
 from cis.training.config import RunConfig
 from cis.training.data.data_ref import check_digest
+from cis.training.data.dataset import listed
 from cis.training.data.loading import Dataset, DataSplits, augment_options, load_run_data
 from cis.training.device import apply_compute_options, describe, run_device, with_amp
 from cis.training.evaluate import cis_report, predict_exits
@@ -83,14 +84,10 @@ def resolve_spec(config: RunConfig, train: Dataset) -> CisSpec:
     if spec.num_classes != train.num_classes:
         raise CisError(
             f"{config.spec}: [cis] classes is {spec.num_classes}; the data {config.dataset} names "
-            f"{train.num_classes} classes ({_listed(train.classes)}); expected the same count (or no classes in "
+            f"{train.num_classes} classes ({listed(train.classes, 4)}); expected the same count (or no classes in "
             "the spec: cis train takes it from the data)"
         )
     return spec
-
-
-def _listed(names: list[str], most: int = 4) -> str:
-    return ", ".join(names[:most]) + (", ..." if len(names) > most else "")
 
 
 def build_setup(

@@ -216,16 +216,17 @@ def class_names(names: list[str] | None, y: np.ndarray, where: str, origin: Orig
     if absent and said is None:  # K guessed from the largest label, and labels below it unused
         last = int(np.argmax(y == k - 1))
         raise CisError(
-            f"data {where}: no sample has label {_listed(absent)}, yet {sample_name(origin, last)} has label "
+            f"data {where}: no sample has label {listed(absent)}, yet {sample_name(origin, last)} has label "
             f"{k - 1} (so {k} classes); expected labels 0..K-1 with a sample of each, or K said: class names (an "
             "npz 'classes' array) or a spec's [cis] classes"
         )
     if absent:
-        logger.warning("data %s: no sample has label %s of the %d classes (%s)", where, _listed(absent), k, said)
+        logger.warning("data %s: no sample has label %s of the %d classes (%s)", where, listed(absent), k, said)
     return [str(c) for c in names] if names is not None else [str(c) for c in range(k)]
 
 
-def _listed(values: Sequence[int], most: int = 6) -> str:
+def listed(values: Sequence[object], most: int = 6) -> str:
+    """Up to ``most`` values, comma-separated, and how many more."""
     shown = ", ".join(str(v) for v in values[:most])
     return shown + (f" (and {len(values) - most} more)" if len(values) > most else "")
 

@@ -135,6 +135,8 @@ def files(tmp_path_factory):
     npz("nodeempty.npz", node=np.arange(300) % 6)
     torch.save({"stage_list.0.head.fc.weight": torch.zeros(3, 32)}, d / "shape.pt")
     torch.save({"foo.bar": torch.zeros(2)}, d / "nofit.pt")
+    torch.save({"model.backbone.stage_list.0.head.fc.weight": torch.zeros(4, 32),
+                "model.backbone.stage_list.0.head.fc.bias": torch.zeros(4)}, d / "wrapped.pt")
     from PIL import Image
 
     (d / "photos" / "cat").mkdir(parents=True)
@@ -152,6 +154,7 @@ CASES = {  # the table's mistake -> cis train's flags (in the files' folder; the
     "no such name": ["--model", f"{TEXT_MODEL}:absent"],
     "a name that is not callable": ["--model", "{d}/bad.py:answer"],
     "a `--model-arg` the factory does not take": ["--model", MODEL, "--model-arg", "depth=3"],
+    "a `--model-arg` of the wrong kind": ["--model", MODEL, "--model-arg", "dim=abc"],
     "a parameter nothing gives": ["--model", "{d}/bad.py:needs"],
     "a `--model-arg` without `=`": ["--model", MODEL, "--model-arg", "vocab"],
     "the factory raises": ["--model", "{d}/bad.py:boom"],
@@ -187,6 +190,8 @@ CASES = {  # the table's mistake -> cis train's flags (in the files' folder; the
     "exit weights given to `--weights`": ["--weights", "0.6,0.3,0.1"],
     "a tensor of another shape": ["--weights", "{d}/shape.pt"],
     "no name fits": ["--weights", "{d}/nofit.pt"],
+    "no name fits but for a wrapper's prefix": ["--weights", "{d}/wrapped.pt"],
+    "a `--weights-prefix` no name starts with": ["--weights", "{d}/wrapped.pt", "--weights-prefix", "encoder."],
 }
 
 

@@ -56,7 +56,7 @@ def method_model(config, num_exits: int, train, log: Callable[[str], None] = lam
         context = {"num_classes": int(train.num_classes), "num_exits": int(num_exits),
                    "input_shape": tuple(int(d) for d in train.x.shape[1:])}
         model = user_model(config.model, config.model_args, context, x.dtype, config.model_sha256,
-                           config.allow_model_change)
+                           config.allow_model_change, config.model_root)
         if model.num_exits != num_exits:
             raise CisError(
                 f"model {config.model}: the factory returned {model.num_exits} stages; the spec has {num_exits} exits "
@@ -67,7 +67,7 @@ def method_model(config, num_exits: int, train, log: Callable[[str], None] = lam
     else:
         model = build_model(BUILDERS[family_of(config.method)].model_config(config, options, num_exits, train))
     if config.weights_file and start_weights:
-        load_weights(model, config.weights_file, log)
+        load_weights(model, config.weights_file, log, config.weights_prefix)
     return model
 
 

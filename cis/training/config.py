@@ -109,7 +109,9 @@ class RunConfig:
     model: str | None = None
     model_args: dict[str, Any] | None = None  # --model-arg KEY=VALUE: the factory's keyword arguments
     model_sha256: str | None = None  # the model's source file when the run started (cis train records it)
+    model_root: str | None = None  # pkg.module:FACTORY: the sys.path folder it was imported from (cis train records it)
     weights_file: str | None = None  # --weights FILE: starting weights, a state dict (cis/training/weights_file.py)
+    weights_prefix: str | None = None  # --weights-prefix PREFIX: stripped from the file's tensor names first
     allow_model_change: bool = False  # --allow-model-change: rebuild from a model file changed since the run
     dataset: str = "digits"
     spec: str | None = None  # path of a spec TOML; None: a built-in topology under `serving`
@@ -231,6 +233,8 @@ class RunConfig:
             raise CisError("config: --model-arg (model_args) goes with --model PATH.py:FACTORY")
         if self.weights_file is not None and self.init is not None:
             raise CisError("config: --weights and --init both give starting weights; expected one of them")
+        if self.weights_prefix is not None and self.weights_file is None:
+            raise CisError("config: --weights-prefix goes with --weights FILE (it is stripped from the file's names)")
 
     def _check_algorithm(self) -> None:
         """The authors' code multiplies by p_ce, takes line 12's coefficients and literal BatchNorm; the printed

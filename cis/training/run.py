@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from cis.core.errors import CisError, error_line
+from cis.core.errors import CisError
 from cis.core.policy.exit_policy import evaluate_cis
 from cis.core.spec import CisSpec, load_spec, parse_spec, spec_to_dict, states_classes, write_spec
 from cis.core.topologies import make_spec
@@ -34,18 +34,19 @@ from cis.training.aggregation.weights import Weights
 from cis.training.builders import build_method_setup, check_ids, method_model
 from cis.training.centralised import centralised_setup
 from cis.training.checkpoint import load_checkpoint, read_json, save_checkpoint
-from cis.training.clients import make_clients, run_splits, weight_sizes
+from cis.training.clients import federated_steps, make_clients, run_splits, weight_sizes
 from cis.training.config import RunConfig
 from cis.training.data.data_ref import check_digest
 from cis.training.data.dataset import listed
 from cis.training.data.loading import Dataset, DataSplits, augment_options, load_run_data
 from cis.training.device import apply_compute_options, describe, run_device, with_amp
 from cis.training.evaluate import cis_report, predict_exits
-from cis.training.federated import FederatedEngine, StepFailed
+from cis.training.federated import FederatedEngine
 from cis.training.grad_variance import gradient_variance
 from cis.training.local import Client, local_steps
 from cis.training.methods.static_bn import refresh_statistics
 from cis.training.models.contract import EarlyExitNet
+from cis.training.run_dir import failed_run, open_run_dir
 from cis.training.run_weights import appendix_c_sigma, model_has_exit_gradients, run_weights
 from cis.training.warm_start import warm_start
 
@@ -129,7 +130,8 @@ def build_setup(
     for held_out in (splits.val, splits.test):  # the training split was checked before the model's check batch
         check_ids(m.model, held_out, config.dataset)
     if config.model and config.model_sha256 is None:  # what config.json records: the file this run starts from
-        config = dataclasses.replace(config, model_sha256=m.model.config().get("sha256"))
+        record = m.model.config()
+        config = dataclasses.replace(config, model_sha256=record.get("sha256"), model_root=record.get("root"))
     if m.model.num_exits != spec.num_exits:
         raise CisError(
             f"spec {spec.name!r}: has {spec.num_exits} exits; the {config.method} model has {m.model.num_exits}"
@@ -227,7 +229,7 @@ def train_run(
 ) -> dict:
     """Train (or resume) a run into ``out``; returns the summary (or a partial result when stopped)."""
     out = Path(out)
-    s = build_setup(config, spec=_open_run_dir(out, resume), log=log, resume=resume)
+    s = build_setup(config, spec=open_run_dir(out, resume), log=log, resume=resume)
     for earlier in ([out] if resume else []) + ([Path(config.init)] if config.init and not resume else []):
         same_data(s, earlier)
     if not resume:
@@ -246,44 +248,9 @@ def train_run(
     except CisError:
         raise
     except Exception as exc:  # the model or the data failed mid-run: one line, and no run dir --resume would trust
-        raise failed_run(s, out, exc) from None
+        raise failed_run(out, s.engine.round + 1, exc) from None
     write_json(out / "summary.json", summary)
     return summary
-
-
-RUN_START_FILES = ("config.json", "spec.toml", "metrics.jsonl", "weights.json")
-"""What a run writes before its first checkpoint (write_run_start, train_run)."""
-
-
-def failed_run(s: Setup, out: Path, exc: Exception) -> CisError:
-    """The one line of a run that failed while training or evaluating, after cleaning up: without a checkpoint
-    the files it wrote are removed (and its dir, if empty), so nothing is left that ``--resume`` would take for a
-    run; with one, the checkpoint stays (a round that finished) and ``--resume`` continues from it."""
-    cause = exc.__cause__ if isinstance(exc, StepFailed) and exc.__cause__ is not None else exc
-    where = str(exc) if isinstance(exc, StepFailed) else f"round {s.engine.round + 1}"
-    if (out / "checkpoint.json").is_file():
-        saved = read_json(out / "checkpoint.json").get("round")
-        kept = f"{out} keeps round {saved}'s checkpoint ('cis train --out {out} --resume' continues from it)"
-    else:
-        for name in RUN_START_FILES:
-            (out / name).unlink(missing_ok=True)
-        if out.is_dir() and not any(out.iterdir()):
-            out.rmdir()
-        kept = f"nothing kept (no checkpoint yet; {out} removed)"
-    return CisError(f"training stopped in {where}: {error_line(cause)}; {kept}")
-
-
-def _open_run_dir(out: Path, resume: bool) -> CisSpec | None:
-    """A resumed run's spec; for a new run, None (its dir is made once the data and model are built)."""
-    if resume:
-        if not (out / "config.json").is_file():
-            raise CisError(f"{out}: nothing to resume; expected config.json from an earlier 'cis train --out {out}'")
-        return load_spec(out / "spec.toml")
-    if (out / "checkpoint.pt").exists():
-        raise CisError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
-    if out.exists() and not out.is_dir():
-        raise CisError(f"{out}: exists and is not a folder; expected a new or empty run directory for --out")
-    return None  # made by write_run_start once the model and data are built: a bad input leaves nothing
 
 
 def same_data(s: Setup, run_dir: Path) -> None:
@@ -410,7 +377,11 @@ def sgd_steps(s: Setup) -> dict[str, Any]:
     per_node = {c.id: int(n) for c, n in zip(s.clients, s.engine.sgd_steps)}
     roots = [n.id for n in s.spec.nodes if n.parent is None]
     root = per_node.get(roots[0]) if len(roots) == 1 else None  # None: several roots, or centralised (no nodes)
-    return {"total": sum(per_node.values()), "root": root, "per_node": per_node}
+    out: dict[str, Any] = {"total": sum(per_node.values()), "root": root, "per_node": per_node}
+    if s.config.centralised:  # what the federated run at the same flags would take, for a fair comparison
+        out["per_round"] = s.steps
+        out["federated"] = federated_steps(s.config, s.spec, len(s.splits.train))
+    return out
 
 
 def evaluate_run(run_dir: str | Path, spec: CisSpec | None = None, measure: str | None = None,

@@ -39,6 +39,10 @@ CONFIG_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
         "help": "starting weights: a state dict (torch.save; loaded with weights_only=True); a partial load says "
         "which tensors are missing and unexpected",
     }),
+    ("--weights-prefix", {
+        "metavar": "PREFIX",
+        "help": "with --weights: strip PREFIX (e.g. model.backbone.) from the file's tensor names before matching",
+    }),
     ("--allow-model-change", {
         "action": "store_true",
         "default": None,

@@ -85,7 +85,7 @@ answer = 42
 
 def documented() -> dict[str, str]:
     """The table's rows: mistake -> the line it documents."""
-    text = (ROOT / "docs" / "your-model.md").read_text().split("## 12. Mistakes")[1]
+    text = (ROOT / "docs" / "your-model.md").read_text().split("## 13. Mistakes")[1]
     return dict(re.findall(r"^\| ([^|*][^|]*?) \| `(.+)` \|$", text, re.M))
 
 

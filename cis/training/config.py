@@ -23,7 +23,16 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
     import tomli as tomllib
 
 from cis.core.errors import CisError
-from cis.training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, HEAD_UPDATES, P_MODES, STEP_RULES
+from cis.training.cis_options import (
+    ALGORITHMS,
+    BN_RULES,
+    COEFFICIENT_RULES,
+    HEAD_UPDATES,
+    OPTIMIZER_METHODS,
+    OPTIMIZERS,
+    P_MODES,
+    STEP_RULES,
+)
 from cis.training.data.data_ref import USER_KINDS, data_kind
 from cis.training.methods.registry import check_user_model, resolve_options
 
@@ -93,6 +102,7 @@ POSITIVE = Rule(lambda v: _is_number(v) and v > 0, "a positive number")
 COUNT = Rule(lambda v: isinstance(v, int) and v >= 1, "an integer >= 1")
 COUNT_OR_NONE = Rule(lambda v: v is None or COUNT.holds(v), COUNT.expected)
 FRACTION = Rule(lambda v: _is_number(v) and 0 < v <= 1, "a fraction in (0, 1]")
+POSITIVE_OR_NONE = Rule(lambda v: v is None or POSITIVE.holds(v), "a positive number (or none)")
 
 
 def setting(default: Any = None, rule: Rule | None = None) -> Any:
@@ -151,6 +161,9 @@ class RunConfig:
     local_epochs: float = setting(1.0, POSITIVE)
     local_steps: int | None = setting(None, COUNT_OR_NONE)
     schedule: str = setting("cosine", one_of(("cosine", "constant")))
+    # the local steps' optimizer: momentum SGD, or AdamW (torch's; lr and weight_decay as given) for transformers
+    optimizer: str = setting("sgd", one_of(OPTIMIZERS))
+    clip_grad_norm: float | None = setting(None, POSITIVE_OR_NONE)  # each step's gradients clipped to this norm
     augment: bool | None = None
     server_lr: float = setting(1.0, POSITIVE)
     sigma: list[float] | None = None  # balanced-adj: per-exit gradient std; None: measured
@@ -208,6 +221,12 @@ class RunConfig:
         user's model goes with the methods that take one; one source of starting weights."""
         self._check_model()
         self._check_algorithm()
+        if (self.optimizer != "sgd" or self.clip_grad_norm is not None) and self.method not in OPTIMIZER_METHODS:
+            raise CisError(
+                f"config: --optimizer / --clip-grad-norm go with method {', '.join(OPTIMIZER_METHODS)}; method "
+                f"{self.method!r} has its own local steps" + (" (--option optimizer=adamw)" if self.method == "flame"
+                                                              else "")
+            )
         if self.cuda_graphs == "on" and self.method != "cis":
             raise self._bad("cuda_graphs", f"'off' for method {self.method!r} (graphs capture Algorithm 1's step)")
         if self.partition == "node" and self.dirichlet is not None:

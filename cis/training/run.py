@@ -121,6 +121,8 @@ def build_setup(
         "total_rounds": config.rounds,
         "schedule": config.schedule,
         "augment": augment_options(train.name) if config.augment else None,
+        "optimizer": config.optimizer,
+        "clip_grad_norm": config.clip_grad_norm,
     }
     weights_for = lambda model, matrix: run_weights(config, spec, model, matrix, sizes, train, log)  # noqa: E731
     if config.centralised:  # one model on the pooled data (cis/training/centralised.py)

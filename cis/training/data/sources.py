@@ -134,13 +134,13 @@ def read_factory(ref: DataRef) -> Table:
     elif isinstance(made, tuple) and len(made) == 3 and all(_map_style(d) and not isinstance(d, tuple) for d in made):
         parts = [made[0], made[1], made[2]]
     elif _map_style(made):
-        return _materialise(made, ref.text, "")
+        return materialise(made, ref.text, "")
     else:
         raise CisError(
             f"data {ref.text}: the factory returned a {type(made).__name__}; expected a map-style dataset "
             "(len(ds) and ds[i] -> (x, y)), a (train, val, test) tuple of them or a dict with train, val, test"
         )
-    return _concat([None if d is None else _materialise(d, ref.text, part) for d, part in zip(parts, SPLITS)],
+    return _concat([None if d is None else materialise(d, ref.text, part) for d, part in zip(parts, SPLITS)],
                    ref.text)
 
 
@@ -159,7 +159,7 @@ def _map_style(ds: Any) -> bool:
     return hasattr(ds, "__len__") and hasattr(ds, "__getitem__") and not isinstance(ds, (str, bytes, dict))
 
 
-def _materialise(ds: Any, where: str, part: str) -> Table:
+def materialise(ds: Any, where: str, part: str) -> Table:
     """Read every ``ds[i] -> (x, y)`` into arrays (tensors become numpy arrays); one line naming the first sample
     that is not a pair, whose x differs in shape or kind of dtype from the first sample's, or whose label is not
     one integer. ``part``: the split these samples are (``train``, ...), or "" for the one dataset."""

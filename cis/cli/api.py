@@ -147,7 +147,7 @@ def _data_reference(folder: Path, train_data: Any, val_data: Any, test_data: Any
     if names is not None:
         arrays["classes"] = np.array([str(c) for c in names])
     folder.mkdir(parents=True, exist_ok=True)
-    np.savez(folder / DATA_FILE, **arrays)
+    np.savez(folder / DATA_FILE, **arrays)  # type: ignore[arg-type]  # numpy's stubs take the names as options
     return str((folder / DATA_FILE).resolve())
 
 
@@ -187,7 +187,10 @@ class Served:
         from cis.runtime.launcher import plan_addresses
 
         loaded = load_bundle(bundle)
-        self.spec = load_spec(spec) if isinstance(spec, (str, Path)) else (spec or loaded.spec)
+        chosen = load_spec(spec) if isinstance(spec, (str, Path)) else (spec or loaded.spec)
+        if chosen is None:
+            raise CisError(f"cis.serve: {loaded.root} has no spec; pass spec=SPEC")
+        self.spec = chosen
         self.addresses = plan_addresses(self.spec, free_ports=True)
         self.leaves = [n.id for n in self.spec.leaves]
         self._stop = threading.Event()

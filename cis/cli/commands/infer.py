@@ -226,7 +226,7 @@ def _node_id(client, address: str) -> str:
         return address
 
 
-def write_rows(path: str, results: list, labels, names: list[str] | None, entry: list[str]) -> None:
+def write_rows(path: str, results: Sequence, labels, names: list[str] | None, entry: list[str]) -> None:
     """One CSV row per sample, in sample order (requests of several samples are split); ``entry``: the node
     each sample was sent to; sent_s: seconds from the first request sent to this sample's; latency_s: to its
     reply (empty without one)."""

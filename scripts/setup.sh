@@ -7,7 +7,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
-.venv/bin/python -m pip install -q "torch==2.13.0" 2>&1 | grep -v '^WARNING: Location' || true
+bash scripts/install_torch.sh .venv/bin/python  # torch's CPU build, then torchvision's where reachable
 .venv/bin/python -m pip install -q -e ".[all]" 2>&1 | grep -v '^WARNING: Location' || true
 .venv/bin/python -c "import torch, onnx, sklearn, PIL, onnxruntime, zmq, simpy, cis" # fail loudly if the install is incomplete
 echo "ready: activate with 'source .venv/bin/activate', then run 'cis --help'"

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
-.venv/bin/python -m pip install -q "torch==2.13.0" 2>&1 | grep -v '^WARNING: Location' || true
+bash scripts/install_torch.sh .venv/bin/python  # torch's CPU build, then torchvision's where reachable
 .venv/bin/python -m pip install -q -e ".[all]" 2>&1 | grep -v '^WARNING: Location' || true
 .venv/bin/python -c "import torch, onnx, sklearn, PIL, flwr, onnxruntime, zmq, simpy, cis" # fail loudly if the install is incomplete
 # requires-python is >= 3.10: nothing in the packages may need a newer Python (tomllib has a tomli fallback)

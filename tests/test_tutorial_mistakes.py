@@ -21,6 +21,7 @@ TEXT_MODEL = ROOT / "examples" / "text" / "model.py"
 BAD = '''
 import sys
 
+import numpy as np
 from torch import nn
 
 sys.path.insert(0, {folder!r})
@@ -61,13 +62,30 @@ def data_dict():
     return {{"train": [(1, 2)]}}
 
 
+def data_ragged():
+    good = [(np.arange(4), i % 2) for i in range(20)]
+    return {{"train": good, "test": [good[0], (np.arange(3), 1)]}}
+
+
+class Fails(nn.Module):
+    def forward(self, h):
+        if self.training:
+            raise RuntimeError("CUDA error: device-side assert triggered")
+        return h
+
+
+def fails(num_classes, input_shape):
+    s = m.make(num_classes, input_shape)
+    return [(nn.Sequential(s[0][0], Fails()), s[0][1]), s[1], s[2]]
+
+
 answer = 42
 '''
 
 
 def documented() -> dict[str, str]:
     """The table's rows: mistake -> the line it documents."""
-    text = (ROOT / "docs" / "your-model.md").read_text().split("## 12. Mistakes")[1]
+    text = (ROOT / "docs" / "your-model.md").read_text().split("## 13. Mistakes")[1]
     return dict(re.findall(r"^\| ([^|*][^|]*?) \| `(.+)` \|$", text, re.M))
 
 
@@ -97,6 +115,14 @@ def files(tmp_path_factory):
     npz("ok.npz")
     npz("negative.npz", y=np.where(np.arange(300) == 3, -1, y))
     npz("labels.npz", y=np.where(np.arange(300) == 3, 9, y), classes=np.array(list("abcd")))
+    npz("stray.npz", y=np.where(np.arange(300) == 3, 9, y))
+    npz("skip.npz", y=np.where(y == 1, 2, y))
+    npz("floats.npz", y=y.astype(np.float64))
+    npz("oov.npz", x=np.where(np.arange(300 * 16).reshape(300, 16) == 7 * 16 + 2, 64, x))
+    from cis.core.spec import write_spec
+    from cis.core.topologies import make_spec
+
+    write_spec(make_spec("paper-7", "60-30-10", num_classes=4), d / "spec4.toml")
     npz("lengths.npz", y=y[:299])
     floats = rng.normal(size=(300, 16)).astype(np.float32)
     floats[5, 0] = np.nan
@@ -109,6 +135,8 @@ def files(tmp_path_factory):
     npz("nodeempty.npz", node=np.arange(300) % 6)
     torch.save({"stage_list.0.head.fc.weight": torch.zeros(3, 32)}, d / "shape.pt")
     torch.save({"foo.bar": torch.zeros(2)}, d / "nofit.pt")
+    torch.save({"model.backbone.stage_list.0.head.fc.weight": torch.zeros(4, 32),
+                "model.backbone.stage_list.0.head.fc.bias": torch.zeros(4)}, d / "wrapped.pt")
     from PIL import Image
 
     (d / "photos" / "cat").mkdir(parents=True)
@@ -126,6 +154,7 @@ CASES = {  # the table's mistake -> cis train's flags (in the files' folder; the
     "no such name": ["--model", f"{TEXT_MODEL}:absent"],
     "a name that is not callable": ["--model", "{d}/bad.py:answer"],
     "a `--model-arg` the factory does not take": ["--model", MODEL, "--model-arg", "depth=3"],
+    "a `--model-arg` of the wrong kind": ["--model", MODEL, "--model-arg", "dim=abc"],
     "a parameter nothing gives": ["--model", "{d}/bad.py:needs"],
     "a `--model-arg` without `=`": ["--model", MODEL, "--model-arg", "vocab"],
     "the factory raises": ["--model", "{d}/bad.py:boom"],
@@ -136,6 +165,12 @@ CASES = {  # the table's mistake -> cis train's flags (in the files' folder; the
     "a method with its own architecture": ["--model", MODEL, "--method", "nefl"],
     "a data file that is not there": ["--data", "{d}/nothere.npz"],
     "a label outside the classes": ["--data", "{d}/labels.npz"],
+    "a stray label, the spec saying the classes": ["--data", "{d}/stray.npz", "--spec", "{d}/spec4.toml"],
+    "a stray label, nothing saying the classes": ["--data", "{d}/stray.npz"],
+    "labels that skip a class": ["--data", "{d}/skip.npz"],
+    "float labels": ["--data", "{d}/floats.npz"],
+    "a token id outside the model's embedding": ["--data", "{d}/oov.npz"],
+    "a data factory's sample of another shape": ["--data", "{d}/bad.py:data_ragged"],
     "a negative label": ["--data", "{d}/negative.npz"],
     "x and y of different lengths": ["--data", "{d}/lengths.npz"],
     "NaN or inf in x": ["--data", "{d}/nan.npz"],
@@ -145,6 +180,7 @@ CASES = {  # the table's mistake -> cis train's flags (in the files' folder; the
     "a data factory that is not callable": ["--data", "{d}/bad.py:answer"],
     "a data factory that returns something else": ["--data", "{d}/bad.py:data_int"],
     "a dict without train and test": ["--data", "{d}/bad.py:data_dict"],
+    "the model or the data fails mid-run": ["--model", "{d}/bad.py:fails"],
     "fewer training samples than nodes": ["--data", "{d}/few.npz"],
     "`--partition node` without a node column": ["--data", "{d}/nonode.npz", "--partition", "node"],
     "a node value outside the spec": ["--data", "{d}/nodeout.npz", "--partition", "node"],
@@ -154,6 +190,8 @@ CASES = {  # the table's mistake -> cis train's flags (in the files' folder; the
     "exit weights given to `--weights`": ["--weights", "0.6,0.3,0.1"],
     "a tensor of another shape": ["--weights", "{d}/shape.pt"],
     "no name fits": ["--weights", "{d}/nofit.pt"],
+    "no name fits but for a wrapper's prefix": ["--weights", "{d}/wrapped.pt"],
+    "a `--weights-prefix` no name starts with": ["--weights", "{d}/wrapped.pt", "--weights-prefix", "encoder."],
 }
 
 

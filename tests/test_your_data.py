@@ -100,9 +100,10 @@ def test_npz_node_column_travels_with_the_training_samples(tmp_path):
 @pytest.mark.parametrize(
     "arrays, match",
     [
-        ({"x": np.zeros((10, 1, 2, 2)), "y": np.array([0, 1] * 4 + [0, -1])}, "label -1 is negative"),
+        ({"x": np.zeros((10, 1, 2, 2)), "y": np.array([0, 1] * 4 + [0, -1])},
+         "sample 9 has label -1; expected class labels"),
         ({"x": np.zeros((10, 1, 2, 2)), "y": np.arange(10) % 3, "classes": np.array(["a", "b"])},
-         r"label 2 is outside the 2 classes; expected labels 0\.\.1"),
+         r"sample 2 has label 2; expected labels 0\.\.1 \(the data's 2 class names\)"),
         ({"x": np.zeros((10, 1, 2, 2)), "y": np.zeros(10, int)}, "1 class; expected at least 2"),
         ({"x": np.zeros((10, 1, 2, 2)), "y": np.arange(9) % 2}, "y has shape .9,. and x 10 samples"),
         ({"x": np.zeros((10, 3)), "y": np.arange(10) % 2, "node": np.zeros(9, int)}, "node has 9 entries, x 10"),
@@ -113,7 +114,8 @@ def test_npz_node_column_travels_with_the_training_samples(tmp_path):
          "split value 'dev'; expected train, val or test"),
         ({"x": np.zeros((10, 3)), "y": np.arange(10) % 2, "split": np.arange(10) % 4}, "split value 3"),
         ({"x": np.zeros((10, 3)), "y": np.arange(10) % 2, "split": np.zeros(10, int)}, "names no test sample"),
-        ({"x": np.zeros((10, 3)), "y": np.arange(10) / 3}, "dtype float64; expected integer class labels"),
+        ({"x": np.zeros((10, 3)), "y": np.arange(10) / 3},
+         "dtype float64 .sample 0's label is 0.0.; expected integer class labels"),
         ({"x": np.array(["a"] * 10)[:, None], "y": np.arange(10) % 2}, "dtype <U1; expected numbers"),
         ({"x": np.zeros(10), "y": np.arange(10) % 2}, r"x has shape \(10,\); expected one row per sample"),
         ({"x": np.zeros((10, 3))}, "no array 'y'"),
@@ -279,7 +281,7 @@ def test_factory_mistakes_are_one_line(tmp_path):
     f = tmp_path / "mydata.py"
     load_fails(f"{f}:wrong", "returned a int; expected a map-style dataset")
     load_fails(f"{f}:broken", "raised RuntimeError: no data today")
-    load_fails(f"{f}:ragged", "samples of 3 shapes")
+    load_fails(f"{f}:ragged", r"sample 1's x is float32 \(2,\), sample 0's float32 \(1,\); expected one shape")
     load_fails(f"{f}:missing", "has no 'missing'; expected a callable")
     load_fails(f"{f}:NOT_CALLABLE", "is a int; expected a callable")
     load_fails(f"{tmp_path / 'gone.py'}:single", "gone.py not found")

@@ -69,7 +69,8 @@ def test_centralised_trains_on_pooled_data_and_evaluates_and_exports(tmp_path, r
     assert r.code == 0, r.err
     summary = r.json()
     assert summary["centralised"] is True
-    assert summary["sgd_steps"] == {"total": 6, "root": None, "per_node": {"pooled": 6}}
+    assert summary["sgd_steps"] == {"total": 6, "root": None, "per_node": {"pooled": 6}, "per_round": 3,
+                                    "federated": {"per_round": 21, "total": 42}}  # 7 nodes x 3 steps a round
     lines = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
     assert [ln["round"] for ln in lines] == [1, 2] and set(lines[-1]["loss"]) == {"1", "2", "3"}
     assert summary["final_exit_accuracy"] > 0.5  # three bright stripes: learnt in 6 steps

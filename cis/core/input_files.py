@@ -49,19 +49,36 @@ def is_input_source(source: str) -> bool:
     return bool(sep and kind in ("npz", "images")) or source.endswith(".npz") or Path(source).is_dir()
 
 
-def load_inputs(source: str, bundle: Bundle | None = None) -> Inputs:
-    """``FILE.npz`` / ``npz:FILE`` or ``DIR`` / ``images:DIR`` (module docstring)."""
+def load_inputs(source: str, bundle: Bundle | None = None, entry: TensorInfo | None = None) -> Inputs:
+    """``FILE.npz`` / ``npz:FILE`` or ``DIR`` / ``images:DIR`` (module docstring); ``entry``: stage 1's input as the
+    serving node says, for an npz without a bundle."""
     kind, sep, rest = source.partition(":")
     if sep and kind == "npz":
-        return load_npz(rest, bundle)
+        return load_npz(rest, bundle, entry)
     if sep and kind == "images":
         return load_image_folder(rest, bundle)
     if source.endswith(".npz"):
-        return load_npz(source, bundle)
+        return load_npz(source, bundle, entry)
     return load_image_folder(source, bundle)
 
 
-def load_npz(path: str | Path, bundle: Bundle | None = None) -> Inputs:
+def needs_entry(source: str) -> bool:
+    """Whether ``source`` is an npz whose ``x`` is not float (N, C, H, W) images: without a bundle, its samples go
+    as the serving node's stage 1 takes them (the node says: its status reply's ``inputs``)."""
+    kind, sep, rest = source.partition(":")
+    prefixed = bool(sep) and kind == "npz"
+    path = Path(rest if prefixed else source)
+    if not (prefixed or source.endswith(".npz")) or not path.is_file():
+        return False
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            x = z["x"] if "x" in z.files else None
+    except (OSError, ValueError, zipfile.BadZipFile):
+        return False
+    return x is not None and not (x.ndim == 4 and np.issubdtype(x.dtype, np.floating))
+
+
+def load_npz(path: str | Path, bundle: Bundle | None = None, entry: TensorInfo | None = None) -> Inputs:
     path = Path(path)
     if not path.is_file():
         raise CisError(f"{path}: file not found; expected a .npz with array 'x' (N, C, H, W) and optional labels 'y'")
@@ -77,7 +94,8 @@ def load_npz(path: str | Path, bundle: Bundle | None = None) -> Inputs:
     x, y = arrays["x"], arrays.get("y")
     if y is not None and (x.ndim < 1 or y.shape != (len(x),) or not np.issubdtype(y.dtype, np.integer)):
         raise CisError(f"{path}: 'y' has shape {y.shape} and dtype {y.dtype}; expected {len(x)} integer labels")
-    if bundle is None:
+    labels = None if y is None else y.astype(np.int64)
+    if bundle is None and entry is None:
         if x.ndim != 4 or not (np.issubdtype(x.dtype, np.floating) or x.dtype == np.uint8):
             raise CisError(
                 f"{path}: 'x' has shape {x.shape} and dtype {x.dtype}; without --bundle expected (N, C, H, W) float "
@@ -85,20 +103,20 @@ def load_npz(path: str | Path, bundle: Bundle | None = None) -> Inputs:
             )
         if x.dtype == np.uint8:
             _need_bundle(bundle, f"{path}: 'x' is uint8 pixels")
-        return Inputs(np.ascontiguousarray(x, dtype=np.float32), None if y is None else y.astype(np.int64))
-    return Inputs(entry_array(x, bundle, str(path)), None if y is None else y.astype(np.int64))
+        return Inputs(np.ascontiguousarray(x, dtype=np.float32), labels)
+    return Inputs(entry_array(x, bundle, str(path), entry), labels)
 
 
-def entry_array(x: np.ndarray, bundle: Bundle, where: str) -> np.ndarray:
-    """``x`` as the bundle's stage 1 takes it: its per-sample shape, and its dtype: floats cast to the model's
-    float; integers (token ids) to the model's integer dtype when they fit; uint8 (N, C, H, W) pixels into a
-    float image model normalised with the bundle's normalisation."""
-    info = entry_input(bundle)
+def entry_array(x: np.ndarray, bundle: Bundle | None, where: str, info: TensorInfo | None = None) -> np.ndarray:
+    """``x`` as stage 1 takes it (``info``, else the bundle's): its per-sample shape, and its dtype: floats cast to
+    the model's float; integers (token ids) to the model's integer dtype when they fit; uint8 (N, C, H, W) pixels
+    into a float image model normalised with the bundle's normalisation."""
+    info = info or entry_input(_need_bundle(bundle, f"{where}: 'x'"))
     want, sample = np.dtype(info.dtype), tuple(info.shape[1:])
     if x.ndim < 1 or tuple(x.shape[1:]) != sample:
         raise CisError(f"{where}: 'x' has samples of shape {tuple(x.shape[1:])}; the bundle's model takes {sample}")
     if want.kind == "f" and x.dtype == np.uint8 and x.ndim == 4:
-        return normalise_pixels(x, bundle, where)
+        return normalise_pixels(x, _need_bundle(bundle, f"{where}: 'x' is uint8 pixels"), where)
     if want.kind == "f" and np.issubdtype(x.dtype, np.floating):
         return np.ascontiguousarray(x, dtype=want)
     if want.kind in "iu" and np.issubdtype(x.dtype, np.integer):

@@ -370,6 +370,13 @@ def load_spec(path: str | Path) -> CisSpec:
     return parse_spec(data, str(path))
 
 
+def states_classes(path: str | Path) -> bool:
+    """Whether the spec file's ``[cis]`` table sets ``classes`` (a spec without it takes the count from the data
+    it is trained on: ``cis train --spec``); the file is one :func:`load_spec` reads."""
+    data = tomllib.loads(Path(path).read_text())
+    return isinstance(data.get("cis"), dict) and "classes" in data["cis"]
+
+
 def spec_to_dict(spec: CisSpec) -> dict:
     """The TOML tables of a spec (defaults written out, so the file documents itself)."""
     nodes = []

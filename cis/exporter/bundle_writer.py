@@ -34,7 +34,6 @@ from typing import Any
 import numpy as np
 import onnx
 import torch
-from torch.utils.flop_counter import FlopCounterMode
 
 from cis.core.bundle import MANIFEST, StageInfo, TensorInfo
 from cis.core.errors import CisError
@@ -56,6 +55,7 @@ from cis.exporter.profile import LATENCY_BATCHES, random_feeds
 from cis.exporter.quantize import FEATURE_DTYPES, apply_feature_dtype, calibrate_int8, check_feature_dtype
 from cis.exporter.recalibration import Recalibration, previous_thresholds
 from cis.exporter.verify import DEFAULT_ATOL, ODD_BATCH, verify_stages
+from cis.training.models.flops import count_flops
 from cis.training.models.stage_plan import StagePlan, describe_stages, run_plan
 
 VAL_BATCH = 64
@@ -79,10 +79,7 @@ def _resolve_spec(spec: str | Path | CisSpec | dict | None, meta: dict, meta_pat
 
 
 def _stage_flops(module: torch.nn.Module, example: tuple[torch.Tensor, ...]) -> int:
-    counter = FlopCounterMode(display=False)
-    with torch.no_grad(), counter:
-        module(*example)
-    return int(counter.get_total_flops())
+    return count_flops(lambda: module(*example))  # attention's real work included (cis/training/models/flops.py)
 
 
 def inference_patience(meta: dict, override: int | None = None) -> int | None:

@@ -378,7 +378,8 @@ def infer_spread(
 
 
 def summarize(results: Sequence[Result | None], labels: np.ndarray | None = None) -> dict:
-    """Accuracy, served share per exit and per node, latency (cis.core.records.latency_summary, seconds), errors."""
+    """Accuracy, served share per exit and per node, latency (cis.core.records.latency_summary, seconds), errors
+    by code with each code's first message, and the capped samples per node that capped them."""
     ok = [r for r in results if r is not None and r.error is None]
     errors: dict[str, int] = {}
     for r in results:
@@ -386,7 +387,8 @@ def summarize(results: Sequence[Result | None], labels: np.ndarray | None = None
             code = "timeout" if r is None or r.error is None else r.error.code
             errors[code] = errors.get(code, 0) + (1 if r is None else len(r))
     n_ok = sum(len(r) for r in ok)
-    out: dict = {"requests": len(results), "samples_answered": n_ok, "errors": errors}
+    out: dict = {"requests": len(results), "samples_answered": n_ok, "errors": errors,
+                 "error_messages": _first_messages(results)}
     if not ok:
         return out
     cls = np.concatenate([r.cls for r in ok])
@@ -401,9 +403,22 @@ def summarize(results: Sequence[Result | None], labels: np.ndarray | None = None
     out["served_share_per_exit"] = {str(e): float((ex == e).mean()) for e in sorted(set(ex.tolist()))}
     out["served_share_per_node"] = {k: nodes.count(k) / n_ok for k in sorted(set(nodes))}
     out["degraded"] = int((flags & P.FLAG_DEGRADED).astype(bool).sum())
-    out["capped"] = int((flags & P.FLAG_CAPPED).astype(bool).sum())
+    capped = (flags & P.FLAG_CAPPED).astype(bool)
+    out["capped"] = int(capped.sum())
+    out["capped_per_node"] = {k: int(v) for k, v in zip(*np.unique(np.array(nodes)[capped], return_counts=True))}
     out["nonfinite"] = int((flags & P.FLAG_NONFINITE).astype(bool).sum())
     out["latency"] = latency_summary([r.latency for r in ok])
+    return out
+
+
+def _first_messages(results: Sequence[Result | None]) -> dict[str, str]:
+    """Each error code's first message (what the node said, e.g. why a stage could not take the input)."""
+    out: dict[str, str] = {}
+    for r in results:
+        if r is None:
+            out.setdefault("timeout", "no reply")
+        elif r.error is not None:
+            out.setdefault(r.error.code, r.error.message)
     return out
 
 

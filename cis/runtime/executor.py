@@ -34,6 +34,7 @@ from cis.core.policy.decision import BatchDecision
 from cis.core.policy.exit_policy import ExitPolicy
 from cis.core.policy.transfer_cap import TokenBucket
 from cis.core.stages.contract import LOGITS
+from cis.core.stages.runner import StageInputError
 from cis.runtime import protocol as P
 from cis.runtime import tracing
 from cis.runtime.adapt import ThresholdController
@@ -179,6 +180,8 @@ class Executor:
                 self.counters["isolated"] += len(batch)
                 for req in batch:
                     self._process([req])
+            elif isinstance(exc, StageInputError):  # the request's input (e.g. a token id outside the vocabulary)
+                self._fail(batch[0], "bad_input", f"node {nid}: {exc}")  # answered with the reason; the node is well
             else:
                 self.stage_ok = False
                 self.failures.report("stage_failed", "a stage", [req.req_id for req in batch], exc)

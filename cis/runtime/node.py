@@ -134,6 +134,8 @@ class Node:
             "in_flight_forwarded": sum(p.n for p in self.pending.values()),
             "latency": self.latency.summary(),
             "transfer_cap": {k: json_float(getattr(bucket, k)) for k in ("rate", "burst", "tokens")},
+            "inputs": [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)} for t in ex.stages[1].inputs]
+            if 1 in ex.stages else [],  # what a request at stage 1 carries: cis infer sends files without a bundle
             "adapt": ex.controller.to_json() if ex.controller else None,
             "restarts": self.cfg.restarts,
             "uptime": time.time() - self.started,

@@ -38,7 +38,8 @@ ERROR_CODES = {
     "unknown_kind": "the header's kind is not one of the request kinds",
     "bad_tensor": "a tensor's name, dtype, shape or byte size is invalid or does not match the entry stage",
     "bad_stage": "the entry stage is not one this node runs",
-    "bad_input": "a tensor holds NaN or infinity",
+    "bad_input": "a tensor holds NaN or infinity, or a value the model cannot take (e.g. a token id outside its "
+    "embedding: the message has the runtime's reason)",
     "too_large": "the message is larger than the node's max_message_bytes",
     "too_many_samples": "the request has more samples than the node's queue limit; it can never be admitted, split it",
     "overloaded": "the node's queue is full; retry later",

@@ -28,10 +28,11 @@ import numpy as np
 import torch
 
 from cis.core.errors import CisError
+from cis.training.data.dataset import Dataset, check_index_range
 from cis.training.families import algorithm1, early_exit, nested
 from cis.training.federated import MethodSetup
 from cis.training.methods.registry import effective_options, family_of
-from cis.training.models.contract import EarlyExitNet, check_chain
+from cis.training.models.contract import EarlyExitNet, check_chain, input_index_range
 from cis.training.models.model_ref import build_model, user_model
 from cis.training.weights_file import load_weights
 
@@ -55,18 +56,32 @@ def method_model(config, num_exits: int, train, log: Callable[[str], None] = lam
         context = {"num_classes": int(train.num_classes), "num_exits": int(num_exits),
                    "input_shape": tuple(int(d) for d in train.x.shape[1:])}
         model = user_model(config.model, config.model_args, context, x.dtype, config.model_sha256,
-                           config.allow_model_change)
+                           config.allow_model_change, config.model_root)
         if model.num_exits != num_exits:
             raise CisError(
                 f"model {config.model}: the factory returned {model.num_exits} stages; the spec has {num_exits} exits "
                 "(one stage per exit)"
             )
+        check_ids(model, train, config.dataset)  # before the check batch: a bad id there would be a bare IndexError
         check_chain(model, x, int(train.num_classes), f"model {config.model}")
     else:
         model = build_model(BUILDERS[family_of(config.method)].model_config(config, options, num_exits, train))
     if config.weights_file and start_weights:
-        load_weights(model, config.weights_file, log)
+        load_weights(model, config.weights_file, log, config.weights_prefix)
     return model
+
+
+def check_ids(model: EarlyExitNet, data: Dataset, where: str) -> None:
+    """Every integer input of ``data`` within the index range the model declares (its input embedding's
+    ``num_embeddings``: :func:`cis.training.models.contract.input_index_range`); one line naming the first sample
+    outside it."""
+    if not len(data) or data.x.dtype.kind not in "iub":
+        return
+    declared = input_index_range(model, torch.from_numpy(np.ascontiguousarray(data.x[:1])))
+    if declared is not None:
+        name, high = declared
+        module = ".".join(filter(None, ("stage_list.0.body", name)))
+        check_index_range(data, high, f"the model's embedding {module} (num_embeddings {high})", where)
 
 
 def build_method_setup(

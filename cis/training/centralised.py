@@ -43,7 +43,7 @@ class PooledChooser:
 
 
 class WeightedExitTrainer(ExitSGDTrainer):
-    """SGD on the Lambda~_e(t)-weighted sum of every exit's cross-entropy; cosine lr over rounds."""
+    """SGD (or AdamW) on the Lambda~_e(t)-weighted sum of every exit's cross-entropy; cosine lr over rounds."""
 
     def __init__(self, weights: Weights, **sgd) -> None:
         super().__init__(**sgd)
@@ -63,9 +63,7 @@ class WeightedExitTrainer(ExitSGDTrainer):
                 xb = augment_batch(xb, gen, **self.augment)
             ce = exit_cross_entropies(model(xb, upto=exit), yb)
             loss = (w[: len(ce)] * ce.float()).sum()
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            self.descend(opt, loss, model)
             total += float(loss.detach())
             per_exit += ce.detach().float().cpu()
         stats = self.round_stats(total, client, lr)

@@ -18,3 +18,5 @@ STEP_RULES = ("same", "flops")
 # authors-code: a non-root pair's exit-head update is applied (default), or dropped as arodio/FedCIS's released
 # aggregate() drops it (it writes head e's difference at classifiers[L_e - 1] but applies classifiers[L_k])
 HEAD_UPDATES = ("applied", "released-code")
+OPTIMIZERS = ("sgd", "adamw")  # a local step's optimizer: momentum SGD (the papers'), or AdamW (transformers' usual)
+OPTIMIZER_METHODS = ("cis", "depthfl", "exclusivefl")  # methods whose local steps take --optimizer, --clip-grad-norm

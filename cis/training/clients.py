@@ -22,13 +22,14 @@ from cis.training.config import RunConfig
 from cis.training.data.dataset import Dataset, DataSplits
 from cis.training.data.loading import load_dataset
 from cis.training.data.partition import node_sizes, partition, partition_by_column
-from cis.training.local import Client
+from cis.training.local import Client, local_steps
 
 
-def run_splits(config: RunConfig, splits: DataSplits | None = None) -> DataSplits:
+def run_splits(config: RunConfig, splits: DataSplits | None = None, num_classes: int | None = None) -> DataSplits:
     """The run's train/val/test splits (loaded unless given); ``train_subset`` keeps a seeded subset of the
-    training split."""
-    splits = splits or load_dataset(config.dataset, seed=config.seed, val_size=config.val_size)
+    training split. ``num_classes``: the class count the spec states, for data that names no classes."""
+    splits = splits or load_dataset(config.dataset, seed=config.seed, val_size=config.val_size,
+                                    num_classes=num_classes)
     if config.train_subset is not None and config.train_subset < len(splits.train):
         keep = np.sort(np.random.default_rng(config.seed).permutation(len(splits.train))[: config.train_subset])
         splits = DataSplits(splits.train.subset(keep), splits.val, splits.test, splits.sha256)
@@ -63,3 +64,14 @@ def weight_sizes(config: RunConfig, spec: CisSpec, clients: list[Client], num_sa
         return [1] * len(spec.nodes)
     shares = config.partition if config.partition != "node" else "equal"
     return list(node_sizes(num_samples, spec.nodes, shares).values())
+
+
+def federated_steps(config: RunConfig, spec: CisSpec, num_samples: int) -> dict[str, int]:
+    """What the federated run of a centralised ``config`` would take (the same flags without --centralised):
+    every node J_fed local steps a round (J_fed from the sizes its partition would give the nodes), so
+    ``{"per_round": len(nodes) * J_fed, "total": rounds * that}``; a centralised round takes J (``--local-steps``,
+    else ``--local-epochs`` over the pooled data), so at the same ``--local-steps`` it takes 1/len(nodes) of them."""
+    sizes = weight_sizes(config, spec, [], num_samples)
+    per_node = local_steps(sizes, int(config.batch_size or 1), config.local_epochs, config.local_steps)
+    per_round = len(spec.nodes) * per_node
+    return {"per_round": per_round, "total": int(config.rounds or 0) * per_round}

@@ -23,7 +23,16 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
     import tomli as tomllib
 
 from cis.core.errors import CisError
-from cis.training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, HEAD_UPDATES, P_MODES, STEP_RULES
+from cis.training.cis_options import (
+    ALGORITHMS,
+    BN_RULES,
+    COEFFICIENT_RULES,
+    HEAD_UPDATES,
+    OPTIMIZER_METHODS,
+    OPTIMIZERS,
+    P_MODES,
+    STEP_RULES,
+)
 from cis.training.data.data_ref import USER_KINDS, data_kind
 from cis.training.methods.registry import check_user_model, resolve_options
 
@@ -93,6 +102,7 @@ POSITIVE = Rule(lambda v: _is_number(v) and v > 0, "a positive number")
 COUNT = Rule(lambda v: isinstance(v, int) and v >= 1, "an integer >= 1")
 COUNT_OR_NONE = Rule(lambda v: v is None or COUNT.holds(v), COUNT.expected)
 FRACTION = Rule(lambda v: _is_number(v) and 0 < v <= 1, "a fraction in (0, 1]")
+POSITIVE_OR_NONE = Rule(lambda v: v is None or POSITIVE.holds(v), "a positive number (or none)")
 
 
 def setting(default: Any = None, rule: Rule | None = None) -> Any:
@@ -109,7 +119,9 @@ class RunConfig:
     model: str | None = None
     model_args: dict[str, Any] | None = None  # --model-arg KEY=VALUE: the factory's keyword arguments
     model_sha256: str | None = None  # the model's source file when the run started (cis train records it)
+    model_root: str | None = None  # pkg.module:FACTORY: the sys.path folder it was imported from (cis train records it)
     weights_file: str | None = None  # --weights FILE: starting weights, a state dict (cis/training/weights_file.py)
+    weights_prefix: str | None = None  # --weights-prefix PREFIX: stripped from the file's tensor names first
     allow_model_change: bool = False  # --allow-model-change: rebuild from a model file changed since the run
     dataset: str = "digits"
     spec: str | None = None  # path of a spec TOML; None: a built-in topology under `serving`
@@ -149,6 +161,9 @@ class RunConfig:
     local_epochs: float = setting(1.0, POSITIVE)
     local_steps: int | None = setting(None, COUNT_OR_NONE)
     schedule: str = setting("cosine", one_of(("cosine", "constant")))
+    # the local steps' optimizer: momentum SGD, or AdamW (torch's; lr and weight_decay as given) for transformers
+    optimizer: str = setting("sgd", one_of(OPTIMIZERS))
+    clip_grad_norm: float | None = setting(None, POSITIVE_OR_NONE)  # each step's gradients clipped to this norm
     augment: bool | None = None
     server_lr: float = setting(1.0, POSITIVE)
     sigma: list[float] | None = None  # balanced-adj: per-exit gradient std; None: measured
@@ -204,24 +219,14 @@ class RunConfig:
     def check_together(self) -> None:
         """The rules that tie settings together: the authors' code has one aggregation; p is Algorithm 1's; a
         user's model goes with the methods that take one; one source of starting weights."""
-        if self.model is not None:
-            if not isinstance(self.model, str) or ":" not in self.model:
-                raise self._bad("model", "PATH.py:FACTORY or pkg.module:FACTORY")
-            check_user_model(self.method)
-        if self.model_args is not None and not isinstance(self.model_args, dict):
-            raise self._bad("model_args", "a table of the factory's keyword arguments")
-        if self.model_args and self.model is None:
-            raise CisError("config: --model-arg (model_args) goes with --model PATH.py:FACTORY")
-        if self.weights_file is not None and self.init is not None:
-            raise CisError("config: --weights and --init both give starting weights; expected one of them")
-        if self.algorithm == "authors-code":  # multiply by p_ce, line 12's coefficients, literal BatchNorm
-            if self.method != "cis":
-                raise CisError(f"config: algorithm 'authors-code' is Algorithm 1's; method {self.method!r} has its own")
-            for key, only in (("p_mode", "multiply"), ("coefficient_rule", "literal"), ("bn_rule", "literal")):
-                if getattr(self, key) != only:
-                    raise self._bad(key, f"{only!r} under algorithm 'authors-code' (the authors' code has no other)")
-        elif self.head_update != "applied":
-            raise self._bad("head_update", "'applied' under algorithm 'printed' (released-code is authors-code's)")
+        self._check_model()
+        self._check_algorithm()
+        if (self.optimizer != "sgd" or self.clip_grad_norm is not None) and self.method not in OPTIMIZER_METHODS:
+            raise CisError(
+                f"config: --optimizer / --clip-grad-norm go with method {', '.join(OPTIMIZER_METHODS)}; method "
+                f"{self.method!r} has its own local steps" + (" (--option optimizer=adamw)" if self.method == "flame"
+                                                              else "")
+            )
         if self.cuda_graphs == "on" and self.method != "cis":
             raise self._bad("cuda_graphs", f"'off' for method {self.method!r} (graphs capture Algorithm 1's step)")
         if self.partition == "node" and self.dirichlet is not None:
@@ -233,6 +238,34 @@ class RunConfig:
                 f"config: --p / p_matrix sample lower exits in Algorithm 1; method {self.method!r} chooses its own "
                 "sub-models"
             )
+
+    def _check_model(self) -> None:
+        """A user's model goes with the methods that take one; its arguments with it; one source of starting
+        weights."""
+        if self.model is not None:
+            if not isinstance(self.model, str) or ":" not in self.model:
+                raise self._bad("model", "PATH.py:FACTORY or pkg.module:FACTORY")
+            check_user_model(self.method)
+        if self.model_args is not None and not isinstance(self.model_args, dict):
+            raise self._bad("model_args", "a table of the factory's keyword arguments")
+        if self.model_args and self.model is None:
+            raise CisError("config: --model-arg (model_args) goes with --model PATH.py:FACTORY")
+        if self.weights_file is not None and self.init is not None:
+            raise CisError("config: --weights and --init both give starting weights; expected one of them")
+        if self.weights_prefix is not None and self.weights_file is None:
+            raise CisError("config: --weights-prefix goes with --weights FILE (it is stripped from the file's names)")
+
+    def _check_algorithm(self) -> None:
+        """The authors' code multiplies by p_ce, takes line 12's coefficients and literal BatchNorm; the printed
+        algorithm applies every exit-head update."""
+        if self.algorithm == "authors-code":
+            if self.method != "cis":
+                raise CisError(f"config: algorithm 'authors-code' is Algorithm 1's; method {self.method!r} has its own")
+            for key, only in (("p_mode", "multiply"), ("coefficient_rule", "literal"), ("bn_rule", "literal")):
+                if getattr(self, key) != only:
+                    raise self._bad(key, f"{only!r} under algorithm 'authors-code' (the authors' code has no other)")
+        elif self.head_update != "applied":
+            raise self._bad("head_update", "'applied' under algorithm 'printed' (released-code is authors-code's)")
 
     def _check_centralised(self) -> None:
         """--centralised trains the early-exit model of Algorithm 1 on pooled data: no partition, no exit sampling."""

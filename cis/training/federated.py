@@ -93,6 +93,10 @@ class MethodSetup:
     weights: Any  # cis.training.aggregation.weights.Weights
 
 
+class StepFailed(RuntimeError):
+    """A node's local training raised; the message says where (round, node, exit), the cause what."""
+
+
 class FederatedEngine:
     """Rounds of (choose, train locally, aggregate) over in-process clients."""
 
@@ -146,7 +150,10 @@ class FederatedEngine:
         """Each pair trained in turn on the working model, loaded with the global state first."""
         for i, e in pairs:
             self.model.load_state_dict(self.global_state)
-            stats = self.trainer.train(self.model, self.clients[i], e, t, derived_generator(self.seed, t, i + 1))
+            try:
+                stats = self.trainer.train(self.model, self.clients[i], e, t, derived_generator(self.seed, t, i + 1))
+            except Exception as exc:  # the run says where (cis/training/run.py: one line)
+                raise StepFailed(f"round {t}, node {self.clients[i].id} training exit {e}") from exc
             yield self.model.state_dict(), stats
 
     def sync_model(self) -> EarlyExitNet:

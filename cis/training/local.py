@@ -26,6 +26,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from cis.training.cis_options import OPTIMIZERS
 from cis.training.data.loading import augment_batch
 from cis.training.graphs import exit_loss
 from cis.training.models.contract import EarlyExitNet
@@ -94,7 +95,8 @@ def batch_indices(n: int, batch_size: int, steps: int, gen: torch.Generator) -> 
 
 
 class LocalSGD:
-    """The local SGD settings every local trainer shares (J steps of a batch, the lr schedule, augmentation)."""
+    """The local SGD settings every local trainer shares (J steps of a batch, the lr schedule, augmentation,
+    the optimizer and gradient clipping)."""
 
     def __init__(
         self,
@@ -107,13 +109,34 @@ class LocalSGD:
         total_rounds: int,
         schedule: str = "cosine",
         augment: dict | None = None,
+        optimizer: str = "sgd",
+        clip_grad_norm: float | None = None,
     ) -> None:
+        if optimizer not in OPTIMIZERS:
+            raise ValueError(f"optimizer {optimizer!r}: expected one of {OPTIMIZERS}")
         self.lr, self.momentum, self.weight_decay = lr, momentum, weight_decay
         self.batch_size, self.steps, self.total_rounds = batch_size, steps, total_rounds
         self.schedule, self.augment = schedule, augment
+        self.optimizer, self.clip_grad_norm = optimizer, clip_grad_norm
 
     def lr_at(self, round: int) -> float:
         return cosine_lr(self.lr, round, self.total_rounds, self.schedule)
+
+    def make_optimizer(self, params: list[Tensor]) -> torch.optim.Optimizer:
+        """A node's optimizer: ``torch.optim.SGD`` (lr, momentum, weight decay) or ``torch.optim.AdamW`` (lr,
+        weight decay; torch's default betas and eps)."""
+        if self.optimizer == "adamw":
+            return torch.optim.AdamW(params, lr=self.lr, weight_decay=self.weight_decay)
+        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
+
+    def descend(self, opt: torch.optim.Optimizer, loss: Tensor, model: torch.nn.Module) -> None:
+        """One step down ``loss``: gradients, clipped to ``clip_grad_norm`` (their total norm) where set, then
+        the optimizer's step."""
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.clip_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), self.clip_grad_norm)
+        opt.step()
 
     def round_stats(self, total_loss: float, client: Client, lr: float, steps: int | None = None) -> dict:
         """What a round of ``steps`` (default J) local steps reports: mean loss, steps, samples seen, lr."""
@@ -136,9 +159,6 @@ class ExitSGDTrainer(LocalSGD):
         self._params = list(model.parameters())
         self.optimizers = {c.id: self.make_optimizer(self._params) for c in clients}
 
-    def make_optimizer(self, params: list[Tensor]) -> torch.optim.Optimizer:
-        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
-
     def train(self, model: EarlyExitNet, client: Client, exit: int, round: int, gen: torch.Generator) -> dict:
         opt = self.optimizers[client.id]
         lr = self.lr_at(round)
@@ -152,9 +172,7 @@ class ExitSGDTrainer(LocalSGD):
             if self.augment:
                 xb = augment_batch(xb, gen, **self.augment)
             loss = self.exit_loss(model, xb, yb, exit)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
+            self.descend(opt, loss, model)
             total += float(loss.detach())
         return self.round_stats(total, client, lr, steps)
 

@@ -28,16 +28,17 @@ import torch
 
 from cis.core.errors import CisError
 from cis.core.policy.exit_policy import evaluate_cis
-from cis.core.spec import CisSpec, load_spec, parse_spec, spec_to_dict, write_spec
+from cis.core.spec import CisSpec, load_spec, parse_spec, spec_to_dict, states_classes, write_spec
 from cis.core.topologies import make_spec
 from cis.training.aggregation.weights import Weights
-from cis.training.builders import build_method_setup, method_model
+from cis.training.builders import build_method_setup, check_ids, method_model
 from cis.training.centralised import centralised_setup
 from cis.training.checkpoint import load_checkpoint, read_json, save_checkpoint
-from cis.training.clients import make_clients, run_splits, weight_sizes
+from cis.training.clients import federated_steps, make_clients, run_splits, weight_sizes
 from cis.training.config import RunConfig
 from cis.training.data.data_ref import check_digest
-from cis.training.data.loading import DataSplits, augment_options, load_run_data
+from cis.training.data.dataset import listed
+from cis.training.data.loading import Dataset, DataSplits, augment_options, load_run_data
 from cis.training.device import apply_compute_options, describe, run_device, with_amp
 from cis.training.evaluate import cis_report, predict_exits
 from cis.training.federated import FederatedEngine
@@ -45,6 +46,7 @@ from cis.training.grad_variance import gradient_variance
 from cis.training.local import Client, local_steps
 from cis.training.methods.static_bn import refresh_statistics
 from cis.training.models.contract import EarlyExitNet
+from cis.training.run_dir import failed_run, open_run_dir
 from cis.training.run_weights import appendix_c_sigma, model_has_exit_gradients, run_weights
 from cis.training.warm_start import warm_start
 
@@ -67,15 +69,26 @@ class Setup:
     device: torch.device = torch.device("cpu")
 
 
-def resolve_spec(config: RunConfig, num_classes: int) -> CisSpec:
-    if config.spec:
-        spec = load_spec(config.spec)
-        if spec.num_classes != num_classes:
-            raise CisError(
-                f"{config.spec}: [cis] classes is {spec.num_classes}; the dataset {config.dataset} has {num_classes}"
-            )
-        return spec
-    return make_spec(config.topology, config.serving, num_classes=num_classes)
+def stated_classes(config: RunConfig) -> int | None:
+    """The class count ``config.spec`` states (None: no spec, or one without ``classes``: the data says)."""
+    return load_spec(config.spec).num_classes if config.spec and states_classes(config.spec) else None
+
+
+def resolve_spec(config: RunConfig, train: Dataset) -> CisSpec:
+    """The spec a new run trains for: ``config.spec`` (its class count, where it states none, the data's), else
+    the built-in topology under ``config.serving`` with the data's classes."""
+    if not config.spec:
+        return make_spec(config.topology, config.serving, num_classes=train.num_classes)
+    spec = load_spec(config.spec)
+    if not states_classes(config.spec):
+        return dataclasses.replace(spec, num_classes=train.num_classes)
+    if spec.num_classes != train.num_classes:
+        raise CisError(
+            f"{config.spec}: [cis] classes is {spec.num_classes}; the data {config.dataset} names "
+            f"{train.num_classes} classes ({listed(train.classes, 4)}); expected the same count (or no classes in "
+            "the spec: cis train takes it from the data)"
+        )
+    return spec
 
 
 def build_setup(
@@ -93,9 +106,9 @@ def build_setup(
     if config.threads:
         torch.set_num_threads(config.threads)
     device = run_device(config, log)
-    splits = run_splits(config, splits)
+    splits = run_splits(config, splits, spec.num_classes if spec else stated_classes(config))
     train = splits.train
-    spec = spec or resolve_spec(config, train.num_classes)
+    spec = spec or resolve_spec(config, train)
     clients = make_clients(config, spec, train, device)
     steps = local_steps([c.size for c in clients], config.batch_size, config.local_epochs, config.local_steps)
     sizes = weight_sizes(config, spec, clients, len(train))
@@ -108,14 +121,19 @@ def build_setup(
         "total_rounds": config.rounds,
         "schedule": config.schedule,
         "augment": augment_options(train.name) if config.augment else None,
+        "optimizer": config.optimizer,
+        "clip_grad_norm": config.clip_grad_norm,
     }
     weights_for = lambda model, matrix: run_weights(config, spec, model, matrix, sizes, train, log)  # noqa: E731
     if config.centralised:  # one model on the pooled data (cis/training/centralised.py)
         m = centralised_setup(config, spec, train, sgd, weights_for, log, not resume)
     else:
         m = build_method_setup(config, spec, train, clients, sgd, weights_for, log, not resume)  # builders.py
+    for held_out in (splits.val, splits.test):  # the training split was checked before the model's check batch
+        check_ids(m.model, held_out, config.dataset)
     if config.model and config.model_sha256 is None:  # what config.json records: the file this run starts from
-        config = dataclasses.replace(config, model_sha256=m.model.config().get("sha256"))
+        record = m.model.config()
+        config = dataclasses.replace(config, model_sha256=record.get("sha256"), model_root=record.get("root"))
     if m.model.num_exits != spec.num_exits:
         raise CisError(
             f"spec {spec.name!r}: has {spec.num_exits} exits; the {config.method} model has {m.model.num_exits}"
@@ -213,7 +231,7 @@ def train_run(
 ) -> dict:
     """Train (or resume) a run into ``out``; returns the summary (or a partial result when stopped)."""
     out = Path(out)
-    s = build_setup(config, spec=_open_run_dir(out, resume), log=log, resume=resume)
+    s = build_setup(config, spec=open_run_dir(out, resume), log=log, resume=resume)
     for earlier in ([out] if resume else []) + ([Path(config.init)] if config.init and not resume else []):
         same_data(s, earlier)
     if not resume:
@@ -224,25 +242,17 @@ def train_run(
     _log_setup(s, log)
     if resume:
         _restore(s, out, log)
-    stopped = _train_rounds(s, out, progress, stop_after)
-    if stopped is not None:
-        return {"stopped_after_round": stopped}
-    summary = run_summary(s)
+    try:
+        stopped = _train_rounds(s, out, progress, stop_after)
+        if stopped is not None:
+            return {"stopped_after_round": stopped}
+        summary = run_summary(s)
+    except CisError:
+        raise
+    except Exception as exc:  # the model or the data failed mid-run: one line, and no run dir --resume would trust
+        raise failed_run(out, s.engine.round + 1, exc) from None
     write_json(out / "summary.json", summary)
     return summary
-
-
-def _open_run_dir(out: Path, resume: bool) -> CisSpec | None:
-    """A resumed run's spec; for a new run, None (its dir is made once the data and model are built)."""
-    if resume:
-        if not (out / "config.json").is_file():
-            raise CisError(f"{out}: nothing to resume; expected config.json from an earlier 'cis train --out {out}'")
-        return load_spec(out / "spec.toml")
-    if (out / "checkpoint.pt").exists():
-        raise CisError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
-    if out.exists() and not out.is_dir():
-        raise CisError(f"{out}: exists and is not a folder; expected a new or empty run directory for --out")
-    return None  # made by write_run_start once the model and data are built: a bad input leaves nothing
 
 
 def same_data(s: Setup, run_dir: Path) -> None:
@@ -369,7 +379,11 @@ def sgd_steps(s: Setup) -> dict[str, Any]:
     per_node = {c.id: int(n) for c, n in zip(s.clients, s.engine.sgd_steps)}
     roots = [n.id for n in s.spec.nodes if n.parent is None]
     root = per_node.get(roots[0]) if len(roots) == 1 else None  # None: several roots, or centralised (no nodes)
-    return {"total": sum(per_node.values()), "root": root, "per_node": per_node}
+    out: dict[str, Any] = {"total": sum(per_node.values()), "root": root, "per_node": per_node}
+    if s.config.centralised:  # what the federated run at the same flags would take, for a fair comparison
+        out["per_round"] = s.steps
+        out["federated"] = federated_steps(s.config, s.spec, len(s.splits.train))
+    return out
 
 
 def evaluate_run(run_dir: str | Path, spec: CisSpec | None = None, measure: str | None = None,
@@ -388,8 +402,8 @@ def evaluate_run(run_dir: str | Path, spec: CisSpec | None = None, measure: str 
 
 def measure_grad_variance(config: RunConfig) -> list[float]:
     """sigma_e^2 of the initial model (as balanced-adj would measure it)."""
-    splits = run_splits(config)
-    spec = resolve_spec(config, splits.train.num_classes)
+    splits = run_splits(config, None, stated_classes(config))
+    spec = resolve_spec(config, splits.train)
     model = method_model(config, spec.num_exits, splits.train, logger.info)
     if not model_has_exit_gradients(model):
         raise CisError(

@@ -9,6 +9,10 @@ a ``NAME``). A partial load says so in one line each: which of the model's tenso
 (missing, e.g. the new exit heads) and which of the file's the model has no place for (unexpected, e.g. the
 backbone's own classifier). A tensor whose shape differs from the model's, or a file none of whose tensors
 fit, is one line and exit 2.
+
+``--weights-prefix PREFIX`` (e.g. ``model.backbone.``, a wrapper's attribute path) strips PREFIX from the names
+of the file's tensors that start with it before they are matched; a prefix no tensor starts with is one line,
+and where nothing fits, the line names the prefix whose stripping would make them fit.
 """
 
 from __future__ import annotations
@@ -66,16 +70,44 @@ def _listing(keys: list[str]) -> str:
     return ", ".join(keys[:_SHOWN]) + more
 
 
-def load_weights(model: nn.Module, path: str | Path, log: Callable[[str], None]) -> dict[str, list[str]]:
-    """Load the file's tensors into ``model`` in place; log what loaded, what is missing, what is unexpected
-    (one line each); returns {"loaded", "missing", "unexpected"} (model keys, model keys, file keys)."""
+def strip_prefix(state: dict[str, Tensor], prefix: str, path: str | Path) -> dict[str, Tensor]:
+    """The file's tensors with ``prefix`` stripped from the names that start with it; one line when none does."""
+    if not any(k.startswith(prefix) for k in state):
+        raise CisError(
+            f"--weights-prefix {prefix!r}: none of {path}'s {len(state)} tensors starts with it (first: "
+            f"{next(iter(state))!r})"
+        )
+    return {k[len(prefix):] if k.startswith(prefix) else k: v for k, v in state.items()}
+
+
+def fitting_prefix(model_keys: list[str], file_keys: list[str]) -> str:
+    """The shortest dotted prefix of the file's first name (``"model.backbone."``) whose stripping lets some of
+    the file's names fit the model's, or ""."""
+    parts = file_keys[0].split(".")[:-1]
+    for i in range(1, len(parts) + 1):
+        prefix = "".join(p + "." for p in parts[:i])
+        stripped = [k[len(prefix):] if k.startswith(prefix) else k for k in file_keys]
+        if match_keys(model_keys, stripped):
+            return prefix
+    return ""
+
+
+def load_weights(model: nn.Module, path: str | Path, log: Callable[[str], None],
+                 prefix: str | None = None) -> dict[str, list[str]]:
+    """Load the file's tensors into ``model`` in place (``prefix`` stripped from their names first); log what
+    loaded, what is missing, what is unexpected (one line each); returns {"loaded", "missing", "unexpected"}
+    (model keys, model keys, file keys)."""
     state = read_state_dict(path)
+    if prefix:
+        state = strip_prefix(state, prefix, path)
     own = model.state_dict()
     pairs = match_keys(list(own), list(state))
     if not pairs:
+        fits = "" if prefix else fitting_prefix(list(own), list(state))
+        hint = f"; without the prefix {fits!r} they fit: --weights-prefix {fits}" if fits else ""
         raise CisError(
             f"--weights {path}: none of its {len(state)} tensors has a name of the model's (first: "
-            f"{next(iter(state))!r}; the model's first: {next(iter(own))!r})"
+            f"{next(iter(state))!r}; the model's first: {next(iter(own))!r}){hint}"
         )
     for mk, fk in pairs.items():
         if tuple(state[fk].shape) != tuple(own[mk].shape):

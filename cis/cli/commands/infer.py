@@ -2,8 +2,12 @@
 
 ``--dataset`` is a built-in data set (``digits``, ``cifar10:PATH``, ``cifar100:PATH``: the
 'train' extra, as training reads them) or files that the core install reads alone
-(:mod:`cis.core.input_files`): ``FILE.npz`` arrays (with ``--bundle``: any shape and dtype the bundle's stage 1
-takes, token ids included) or an image folder (with ``--bundle`` for the normalisation).
+(:mod:`cis.core.input_files`): ``FILE.npz`` arrays (with ``--bundle``, or else as the entry node says its stage 1
+takes them (its status reply's ``inputs``): any shape and dtype, token ids included) or an image folder (with
+``--bundle`` for the normalisation).
+
+The summary says each error code with the node's first message (e.g. ``bad_input`` and why a stage could not take
+an input), and where the transfer cap kept samples from being forwarded (``capped``, per node).
 ``--out FILE.csv`` writes one row per sample, with the node it was sent to and when (a requests file
 ``cis rates --measured`` reads).
 """
@@ -13,10 +17,14 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from cis.cli.main import print_result
 from cis.core.errors import CisError
 from cis.core.records import format_ms
+
+if TYPE_CHECKING:
+    from cis.runtime.client import Result
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -30,8 +38,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--dataset",
         required=True,
         help="digits, cifar10:PATH, cifar100:PATH (these need the 'train' extra), "
-        "FILE.npz (array x, optional labels y; or npz:FILE: with --bundle any shape and dtype its stage 1 takes, "
-        "e.g. int64 token ids; without, float (N, C, H, W) images) or an image folder DIR[/<class>]/*.png "
+        "FILE.npz (array x, optional labels y; or npz:FILE: any shape and dtype stage 1 takes, e.g. int64 token "
+        "ids, as --bundle says or else the entry node itself) or an image folder DIR[/<class>]/*.png "
         "(or images:DIR; needs --bundle)",
     )
     p.add_argument(
@@ -63,70 +71,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cis.runtime.client import Client, Result, infer_spread, summarize
-    from cis.runtime.security import CurveConfig
+    from cis.runtime.client import summarize
 
-    if args.traceparent is None and os.environ.get("TRACEPARENT", "").strip():
-        args.traceparent = os.environ["TRACEPARENT"].strip()  # OpenTelemetry's carrier for a process's context
-        where = "the TRACEPARENT variable"
-    else:
-        where = "--traceparent"
-    if args.traceparent is not None:
-        from cis.runtime.tracing import check_traceparent
-
-        check_traceparent(args.traceparent, where)
+    _traceparent(args)
     data = read_dataset(args)
     x, y = data.x, data.y
     if args.n is not None:
         x, y = x[: args.n], (None if y is None else y[: args.n])
-    curve = CurveConfig(args.curve_key, None, args.server_key) if args.curve_key else None
-    results: Sequence[Result | None]
-    if args.connect:
-        with Client(args.connect, timeout=args.timeout, curve=curve) as c:
-            results = c.infer_many(
-                x, batch_size=args.batch_size, window=args.window, rate=args.rate, timeout=args.timeout,
-                traceparent=args.traceparent,
-            )  # fmt: skip
-            entry = [_node_id(c, args.connect)] * len(x) if args.out else []
-    else:
-        from cis.core.policy.exit_policy import assign_entries
-        from cis.core.spec import load_spec
-
-        spec = load_spec(args.spec)
-        entries = assign_entries(spec, len(x), args.seed)
-        clients = {}
-        try:
-            for nid in entries:
-                addr = spec.node(nid).address
-                if addr is None:
-                    raise CisError(f"{args.spec}: node {nid!r} has no address")
-                clients[nid] = Client(addr, timeout=args.timeout, curve=curve)
-            results = infer_spread(
-                clients, x, entries, args.window, args.rate, args.timeout, traceparent=args.traceparent
-            )
-        finally:
-            for c in clients.values():
-                c.close()
-        entry = [""] * len(x)
-        for nid, idx in entries.items():
-            for i in idx:
-                entry[int(i)] = nid
+    results, entry = _send(args, x)
     summary = summarize(results, y)
-    lines = [f"{summary['samples_answered']} of {len(x)} samples answered; errors: {summary['errors'] or 'none'}"]
-    if "served_share_per_exit" in summary:
-        lat = summary["latency"]
-        acc = f"accuracy {summary['accuracy'] * 100:.2f}%   " if "accuracy" in summary else "no labels   "
-        lines.append(f"{acc}degraded {summary['degraded']}   capped {summary['capped']}")
-        lines.append(
-            "served per exit: "
-            + ", ".join(f"exit {e} {s * 100:.1f}%" for e, s in summary["served_share_per_exit"].items())
-        )
-        lines.append(
-            "served per node: " + ", ".join(f"{k} {s * 100:.1f}%" for k, s in summary["served_share_per_node"].items())
-        )
-        lines.append(
-            f"latency ms: mean {format_ms(lat['mean_s'])}  p50 {format_ms(lat['p50_s'])}  p99 {format_ms(lat['p99_s'])}"
-        )
+    lines = summary_lines(summary, len(x))
     if args.out:
         write_rows(args.out, results, y, data.names, entry)
         summary["out"] = args.out
@@ -135,14 +89,105 @@ def run(args: argparse.Namespace) -> int:
     return 0 if not summary["errors"] else 1
 
 
+def _traceparent(args: argparse.Namespace) -> None:
+    """--traceparent, else the TRACEPARENT variable (OpenTelemetry's carrier for a process's context), checked."""
+    if args.traceparent is None and os.environ.get("TRACEPARENT", "").strip():
+        args.traceparent = os.environ["TRACEPARENT"].strip()
+        where = "the TRACEPARENT variable"
+    else:
+        where = "--traceparent"
+    if args.traceparent is not None:
+        from cis.runtime.tracing import check_traceparent
+
+        check_traceparent(args.traceparent, where)
+
+
+def _curve(args: argparse.Namespace):
+    from cis.runtime.security import CurveConfig
+
+    return CurveConfig(args.curve_key, None, args.server_key) if args.curve_key else None
+
+
+def _send(args: argparse.Namespace, x) -> tuple[Sequence[Result | None], list[str]]:
+    """Every sample to --connect's node, or each to the entry node the spec assigns it; the results and, for
+    --out, each sample's entry node."""
+    from cis.runtime.client import Client, infer_spread
+
+    if args.connect:
+        with Client(args.connect, timeout=args.timeout, curve=_curve(args)) as c:
+            results = c.infer_many(
+                x, batch_size=args.batch_size, window=args.window, rate=args.rate, timeout=args.timeout,
+                traceparent=args.traceparent,
+            )  # fmt: skip
+            return results, [_node_id(c, args.connect)] * len(x) if args.out else []
+    from cis.core.policy.exit_policy import assign_entries
+    from cis.core.spec import load_spec
+
+    spec = load_spec(args.spec)
+    entries = assign_entries(spec, len(x), args.seed)
+    clients = {}
+    try:
+        for nid in entries:
+            clients[nid] = Client(_address(spec, nid, args.spec), timeout=args.timeout, curve=_curve(args))
+        spread = infer_spread(clients, x, entries, args.window, args.rate, args.timeout, traceparent=args.traceparent)
+    finally:
+        for c in clients.values():
+            c.close()
+    entry = [""] * len(x)
+    for nid, idx in entries.items():
+        for i in idx:
+            entry[int(i)] = nid
+    return spread, entry
+
+
+def _address(spec, node_id: str, where: str) -> str:
+    addr = spec.node(node_id).address
+    if addr is None:
+        raise CisError(f"{where}: node {node_id!r} has no address")
+    return addr
+
+
+def summary_lines(summary: dict, sent: int) -> list[str]:
+    """The human summary: answered and errors (each code's count and the node's first message), accuracy,
+    degraded and capped (where the transfer cap kept samples, and why runs differ), served shares, latency."""
+    errors = "; ".join(f"{code} {n} ({summary['error_messages'].get(code, '')})"
+                       for code, n in summary["errors"].items())
+    lines = [f"{summary['samples_answered']} of {sent} samples answered; errors: {errors or 'none'}"]
+    if "served_share_per_exit" not in summary:
+        return lines
+    lat = summary["latency"]
+    acc = f"accuracy {summary['accuracy'] * 100:.2f}%   " if "accuracy" in summary else "no labels   "
+    where = ", ".join(f"{k} {n}" for k, n in summary["capped_per_node"].items())
+    lines.append(f"{acc}degraded {summary['degraded']}   capped {summary['capped']}" + (f" ({where})" if where else ""))
+    if summary["capped"]:
+        lines.append(
+            f"capped: {summary['capped']} samples were answered where they were, not forwarded: the node's transfer "
+            "cap (max_transfer_rate, a token bucket) was spent; it refills at the cap's rate, so runs straight after "
+            "each other are capped differently (--rate under the cap, or cis serve --no-cap, avoids it)"
+        )
+    lines.append(
+        "served per exit: " + ", ".join(f"exit {e} {s * 100:.1f}%" for e, s in summary["served_share_per_exit"].items())
+    )
+    lines.append(
+        "served per node: " + ", ".join(f"{k} {s * 100:.1f}%" for k, s in summary["served_share_per_node"].items())
+    )
+    lines.append(
+        f"latency ms: mean {format_ms(lat['mean_s'])}  p50 {format_ms(lat['p50_s'])}  p99 {format_ms(lat['p99_s'])}"
+    )
+    return lines
+
+
 def read_dataset(args: argparse.Namespace):
-    """The samples to send: arrays or images with the core install, built-in data sets with the 'train' extra."""
-    from cis.core.input_files import Inputs, is_input_source, load_inputs
+    """The samples to send: arrays or images with the core install, built-in data sets with the 'train' extra.
+    An npz without --bundle whose x is not float images takes the entry node's own inputs (its status reply)."""
+    from cis.core.input_files import Inputs, is_input_source, load_inputs, needs_entry
 
     if is_input_source(args.dataset):
         from cis.core.bundle import load_bundle
 
-        return load_inputs(args.dataset, load_bundle(args.bundle) if args.bundle else None)
+        bundle = load_bundle(args.bundle) if args.bundle else None
+        entry = _entry_inputs(args) if bundle is None and needs_entry(args.dataset) else None
+        return load_inputs(args.dataset, bundle, entry)
     from cis.core.extras import require
 
     require("train", f"--dataset {args.dataset}")
@@ -150,6 +195,27 @@ def read_dataset(args: argparse.Namespace):
 
     data = getattr(load_dataset(args.dataset, seed=args.seed), args.split)
     return Inputs(data.x, data.y)
+
+
+def _entry_inputs(args: argparse.Namespace):
+    """Stage 1's input as the node that takes the requests says (its status reply's ``inputs``); None when it
+    does not answer in time or has no such field (an older node)."""
+    from cis.core.bundle import TensorInfo
+    from cis.runtime.client import Client
+
+    address = args.connect
+    if address is None:
+        from cis.core.spec import load_spec
+
+        spec = load_spec(args.spec)
+        address = _address(spec, spec.leaves[0].id, args.spec)
+    with Client(address, timeout=args.timeout, curve=_curve(args)) as c:
+        try:
+            inputs = c.status(min(args.timeout, 5.0)).get("inputs") or []
+        except TimeoutError:
+            return None
+    entry = next((t for t in inputs if t.get("name") == "input"), None)
+    return None if entry is None else TensorInfo.from_json(entry)
 
 
 def _node_id(client, address: str) -> str:
@@ -160,7 +226,7 @@ def _node_id(client, address: str) -> str:
         return address
 
 
-def write_rows(path: str, results: list, labels, names: list[str] | None, entry: list[str]) -> None:
+def write_rows(path: str, results: Sequence, labels, names: list[str] | None, entry: list[str]) -> None:
     """One CSV row per sample, in sample order (requests of several samples are split); ``entry``: the node
     each sample was sent to; sent_s: seconds from the first request sent to this sample's; latency_s: to its
     reply (empty without one)."""

@@ -6,7 +6,7 @@ import argparse
 import json
 
 from cis.cli.main import print_result
-from cis.core.bundle import load_bundle
+from cis.core.bundle import Bundle, load_bundle
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -35,6 +35,20 @@ def _count(n: float) -> str:
 def run(args: argparse.Namespace) -> int:
     bundle = load_bundle(args.bundle)
     m = bundle.manifest
+    lines = _header(bundle, m) + _stages(m) + _nodes(m) + _carries(m)
+    ver = m.get("verification")
+    if ver:
+        lines.append(
+            f"verified: max abs diff {ver.get('max_abs_diff', float('nan')):.2e} vs torch (limit {ver.get('atol')})"
+        )
+    if m.get("versions"):
+        lines.append("made with " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()))
+    print_result(args, m, "\n".join(lines))
+    return 0
+
+
+def _header(bundle: Bundle, m: dict) -> list[str]:
+    """The bundle, its model, its input and its carries."""
     model = m.get("model", {})
     if "reference" in model:  # a user's model (docs/your-model.md)
         what = f"{model['reference']} args {json.dumps(model.get('args', {}))}"
@@ -44,16 +58,18 @@ def run(args: argparse.Namespace) -> int:
         f"{t['name']} {t['dtype']} {t['shape']} preprocessing {t.get('preprocessing', {}).get('kind', '?')}"
         for t in m.get("inputs", [])
     )
-    lines = [
+    return [
         f"bundle {bundle.root} (schema {m['schema_version']}, {len(m['files'])} files, sha256 verified)",
         f"model   {what} classes {len(m.get('classes', []))}; method {m.get('method', '?')}",
         (f"input   {inputs}; " if inputs else "input   ")
         + f"normalisation mean {(m.get('normalisation') or {}).get('mean')} "
         f"std {(m.get('normalisation') or {}).get('std')}",
         f"carries {bundle.feature_dtype}; opset {m.get('opset', '?')} ({m.get('exporter', '?')})",
-        "",
-        "stages:",
     ]
+
+
+def _stages(m: dict) -> list[str]:
+    lines = ["", "stages:"]
     for s in m["stages"]:
         lines.append(
             f"  {s['index']} exit {s['exit']}  {s['file']}  {_count(s.get('bytes', 0))}B "
@@ -62,15 +78,21 @@ def run(args: argparse.Namespace) -> int:
         )
         lines.append(f"      in:  {', '.join(_tensor(t) for t in s['inputs'])}")
         lines.append(f"      out: {', '.join(_tensor(t) for t in s['outputs'])}")
-    if m.get("nodes"):
-        measure = (m.get("policy") or {}).get("measure", "?")
-        lines += ["", f"nodes (confidence: {measure}):", f"  {'id':<10}{'exit':>5}{'stages':>10}{'threshold':>11}"]
-        for nid, n in m["nodes"].items():
-            t = n["threshold"]
-            lines.append(
-                f"  {nid:<10}{n['exit']:>5}{','.join(map(str, n['stages'])):>10}"
-                f"{t if isinstance(t, str) else ('-' if t is None else format(t, '.4f')):>11}"
-            )
+    return lines
+
+
+def _nodes(m: dict) -> list[str]:
+    """The nodes with their thresholds, and the calibration's served shares."""
+    if not m.get("nodes"):
+        return []
+    measure = (m.get("policy") or {}).get("measure", "?")
+    lines = ["", f"nodes (confidence: {measure}):", f"  {'id':<10}{'exit':>5}{'stages':>10}{'threshold':>11}"]
+    for nid, n in m["nodes"].items():
+        t = n["threshold"]
+        lines.append(
+            f"  {nid:<10}{n['exit']:>5}{','.join(map(str, n['stages'])):>10}"
+            f"{t if isinstance(t, str) else ('-' if t is None else format(t, '.4f')):>11}"
+        )
     cal = m.get("calibration")
     if cal:
         shares = ", ".join(
@@ -81,19 +103,16 @@ def run(args: argparse.Namespace) -> int:
             f"  served share per exit on validation (achieved/target): {shares}; CIS "
             f"accuracy {cal['cis_accuracy'] * 100:.2f}%"
         )
+    return lines
+
+
+def _carries(m: dict) -> list[str]:
     fd = m.get("feature_dtypes")
-    if fd:
-        lines += ["", "carry dtypes (validation accuracy per exit; bytes forwarded per request):"]
-        for name, d in fd.items():
-            acc = " ".join(f"{v * 100:.2f}" for v in d["val_accuracy"].values())
-            fwd = " ".join(str(b) for b in d["bytes_per_forwarded_request"].values())
-            lines.append(f"  {name:<5} acc {acc}  bytes {fwd}")
-    ver = m.get("verification")
-    if ver:
-        lines.append(
-            f"verified: max abs diff {ver.get('max_abs_diff', float('nan')):.2e} vs torch (limit {ver.get('atol')})"
-        )
-    if m.get("versions"):
-        lines.append("made with " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()))
-    print_result(args, m, "\n".join(lines))
-    return 0
+    if not fd:
+        return []
+    lines = ["", "carry dtypes (validation accuracy per exit; bytes forwarded per request):"]
+    for name, d in fd.items():
+        acc = " ".join(f"{v * 100:.2f}" for v in d["val_accuracy"].values())
+        fwd = " ".join(str(b) for b in d["bytes_per_forwarded_request"].values())
+        lines.append(f"  {name:<5} acc {acc}  bytes {fwd}")
+    return lines

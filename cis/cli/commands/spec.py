@@ -1,13 +1,19 @@
 """``cis spec new``: write a spec for a built-in topology and serving setting;
-``cis spec update DESIGN --rates-from SOURCE``: the design with the arrival rates a running CIS measured."""
+``cis spec update DESIGN --rates-from SOURCE``: the design with the arrival rates a running CIS measured.
+
+The class count of a new spec: ``--classes K``, or ``--data REF`` (the data's, read as ``cis train --data REF``
+reads it; the 'train' extra), or neither: the spec then sets no ``classes`` and ``cis train --spec`` takes the
+count from its data (anything else that reads the spec sees the default, 10)."""
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
 
+import tomli_w
+
 from cis.cli.main import print_result
-from cis.core.spec import dumps_spec, load_spec, spec_to_dict, write_spec
+from cis.core.spec import load_spec, spec_to_dict
 from cis.core.topologies import DEFAULT_TOTAL_RATE, TOPOLOGIES, make_spec
 
 
@@ -19,7 +25,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     new.add_argument("--topology", default="paper-7", choices=sorted(TOPOLOGIES))
     new.add_argument("--serving", default="80-15-5", help="share served at exits 1-2-3, e.g. 80-15-5")
     new.add_argument("--total-rate", type=float, default=DEFAULT_TOTAL_RATE, help="requests/s arriving over all leaves")
-    new.add_argument("--classes", type=int, default=10)
+    count = new.add_mutually_exclusive_group()
+    count.add_argument("--classes", type=int, help="the number of classes (default: none in the spec, so cis train "
+                       "takes it from its --data)")
+    count.add_argument("--data", metavar="REF", help="take the number of classes from this data (what cis train "
+                       "--data takes: PATH.npz, DIR, hf:DIR, PATH.py:FACTORY, digits, ...; the 'train' extra)")
     new.add_argument("-o", "--out", help="file to write (default: print to stdout)")
     new.add_argument("--json", action="store_true", help="print the spec as JSON")
     new.set_defaults(func=run)
@@ -43,17 +53,33 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    spec = make_spec(args.topology, args.serving, args.total_rate, args.classes)
+    classes = data_classes(args.data) if args.data else args.classes
+    spec = make_spec(args.topology, args.serving, args.total_rate, **({"num_classes": classes} if classes else {}))
+    tables = spec_to_dict(spec)
+    if classes is None:  # the data says: cis train --spec takes the count from its --data
+        del tables["cis"]["classes"]
+    said = f"{classes} classes" + (f" from {args.data}" if args.data else "") if classes else "classes from the data"
     if args.out:
-        write_spec(spec, args.out)
+        Path(args.out).write_text(tomli_w.dumps(tables))
         print_result(
             args,
-            {"written": args.out, "spec": spec_to_dict(spec)},
-            f"wrote {args.out} ({args.topology}, serving {args.serving})",
+            {"written": args.out, "spec": tables},
+            f"wrote {args.out} ({args.topology}, serving {args.serving}, {said})",
         )
     else:
-        print_result(args, spec_to_dict(spec), dumps_spec(spec).rstrip())
+        print_result(args, tables, tomli_w.dumps(tables).rstrip())
     return 0
+
+
+def data_classes(ref: str) -> int:
+    """The number of classes of the data ``ref`` (loaded and checked as cis train loads it)."""
+    from cis.core.extras import require
+
+    require("train", f"--data {ref}")
+    from cis.training.data.data_ref import absolute_ref
+    from cis.training.data.loading import load_dataset
+
+    return load_dataset(absolute_ref(ref)).train.num_classes
 
 
 def run_update(args: argparse.Namespace) -> int:

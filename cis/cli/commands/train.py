@@ -69,8 +69,21 @@ def run(args: argparse.Namespace) -> int:
     if config.centralised:
         what = f"centralised ({config.strategy} exit-loss weights)"
     human = f"trained {what} for {config.rounds} rounds into {args.out}\n" + format_cis_report(result["test"])
+    if config.centralised:
+        human += "\n" + centralised_steps_line(result["sgd_steps"])
     print_result(args, result, human)
     return 0
+
+
+def centralised_steps_line(steps: dict[str, Any]) -> str:
+    """How a centralised run's SGD steps compare with the federated run's at the same flags, and the
+    ``--local-steps`` that matches it."""
+    fed = steps["federated"]
+    said = f"SGD steps: {steps['total']} ({steps['per_round']} a round); the federated run at these flags takes " \
+           f"{fed['total']} ({fed['per_round']} a round, every node its own)"
+    if steps["per_round"] == fed["per_round"]:
+        return said + ": as many"
+    return said + f": --local-steps {fed['per_round']} matches it"
 
 
 def _config_flags(args: argparse.Namespace) -> dict[str, Any]:
@@ -179,7 +192,7 @@ def _new_config(args: argparse.Namespace, flags: dict, options: dict) -> RunConf
         check_data_split(inherited, {**file_values, **flags}, args.init)
         model = flags.get("model", file_values.get("model", inherited.get("model")))
         if model != inherited.get("model"):  # another model: the earlier run's arguments and hash are not its
-            inherited = {k: v for k, v in inherited.items() if k not in ("model_args", "model_sha256")}
+            inherited = {k: v for k, v in inherited.items() if k not in ("model_args", "model_sha256", "model_root")}
         file_values = {**inherited, **file_values}
     if args.rates_from:
         flags = {**flags, **_measured_rates(args, {**file_values, **flags})}

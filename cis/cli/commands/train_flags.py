@@ -9,7 +9,17 @@ from typing import Any
 
 from cis.core.spec import CONFIDENCE_MEASURES
 from cis.training.aggregation.weights import STRATEGIES
-from cis.training.cis_options import ALGORITHMS, BN_RULES, COEFFICIENT_RULES, HEAD_UPDATES, P_MODES, P_RULES, STEP_RULES
+from cis.training.cis_options import (
+    ALGORITHMS,
+    BN_RULES,
+    COEFFICIENT_RULES,
+    HEAD_UPDATES,
+    OPTIMIZER_METHODS,
+    OPTIMIZERS,
+    P_MODES,
+    P_RULES,
+    STEP_RULES,
+)
 from cis.training.config import AMP_MODES, DATASET_DEFAULTS, GRAPH_MODES, MEMORY_FORMATS, declared_default
 from cis.training.data.partition import SCHEMES
 from cis.training.flower.launch import MODES as FLOWER_MODES
@@ -38,6 +48,10 @@ CONFIG_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
         "metavar": "FILE",
         "help": "starting weights: a state dict (torch.save; loaded with weights_only=True); a partial load says "
         "which tensors are missing and unexpected",
+    }),
+    ("--weights-prefix", {
+        "metavar": "PREFIX",
+        "help": "with --weights: strip PREFIX (e.g. model.backbone.) from the file's tensor names before matching",
     }),
     ("--allow-model-change", {
         "action": "store_true",
@@ -112,6 +126,18 @@ CONFIG_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     ("--batch-size", {"type": int}),
     ("--local-epochs", {"type": float, "help": "epochs over the LARGEST node's data per round (default {default})"}),
     ("--local-steps", {"type": int, "help": "J directly (overrides --local-epochs)"}),
+    ("--optimizer", {
+        "choices": OPTIMIZERS,
+        "help": "the local steps' optimizer: sgd (momentum SGD, the papers') or adamw (torch.optim.AdamW with --lr "
+        "and the weight decay, e.g. --lr 0.001 for a transformer); methods " + ", ".join(OPTIMIZER_METHODS)
+        + " (default {default})",
+    }),
+    ("--clip-grad-norm", {
+        "type": float,
+        "metavar": "MAX",
+        "help": "clip each local step's gradients to this total norm (torch.nn.utils.clip_grad_norm_); methods "
+        + ", ".join(OPTIMIZER_METHODS) + " (default: no clipping)",
+    }),
     ("--confidence", {"choices": CONFIDENCE_MEASURES, "help": "confidence measure for evaluation"}),
     ("--threads", {"type": int, "help": "torch threads (default: {digits} for digits, torch's default otherwise)"}),
     ("--device", {
@@ -206,20 +232,78 @@ COMMAND_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
 )
 
 
+HELP_GROUPS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("everyday", "what to train, on what, and where the run goes", (
+        "--data", "--model", "--model-arg", "--spec", "--serving", "--topology", "--rounds", "--out", "--weights",
+        "--weights-prefix", "--centralised", "--partition", "--seed", "--device", "--resume", "--init", "--config",
+        "--allow-model-change", "--no-progress", "--json",
+    )),
+    ("local steps", "the optimisation every node runs (defaults: the data's; docs/training.md)", (
+        "--lr", "--batch-size", "--local-epochs", "--local-steps", "--optimizer", "--clip-grad-norm", "--width",
+        "--eval-every", "--threads", "--amp", "--memory-format", "--cuda-graphs",
+    )),
+    ("methods and the papers' knobs", "other papers' methods, Algorithm 1's variants and ablations "
+     "(docs/training.md, docs/methods-nested.md)", (
+        "--method", "--option", "--no-distill", "--no-modulation", "--patience", "--nefl-mode", "--strategy",
+        "--exit-weights", "--algorithm", "--p", "--p-rule", "--p-mode", "--coefficient-rule", "--bn-rule",
+        "--head-update", "--lower-exit-steps", "--participation", "--dirichlet", "--confidence",
+        "--measure-grad-variance",
+    )),
+    ("closed loop", "train for the rates a running CIS measured (docs/closed-loop.md)", ("--rates-from", "--window")),
+    ("Flower", "the same Algorithm 1 on Flower's engines (docs/flower.md)", (
+        "--engine", "--flower-mode", "--flower-superlink", "--flower-root-certificates",
+    )),
+)
+"""``cis train --help``'s groups, everyday flags first: (title, description, flags)."""
+
+
+def _default_text(key: str, declared: Any) -> str:
+    """A config flag's default as its help shows it: the declared one, else the data's (DATASET_DEFAULTS)."""
+    if declared is not None and not isinstance(declared, bool):
+        return f"default {declared}"
+    if declared is not None or key not in DATASET_DEFAULTS["digits"]:
+        return ""
+    digits, cifar, yours = (DATASET_DEFAULTS[d].get(key) for d in ("digits", "cifar10", "npz"))
+    mine = f"{digits} for digits and your data" if digits == yours else f"{digits} for digits, {yours} for your data"
+    return f"default {mine}, {cifar} for CIFAR"
+
+
 def with_defaults(key: str, spec: dict[str, Any]) -> dict[str, Any]:
-    """A config flag's argparse keywords, its help told the declared defaults."""
+    """A config flag's argparse keywords, its help told the declared defaults (``{default}``, ``{digits}``,
+    ``{cifar}`` in the text; else appended where the flag has one)."""
     if "help" not in spec:
-        return spec
-    shown = {"default": declared_default(key)}
+        spec = {**spec, "help": ""}
+    declared = declared_default(key)
+    shown = {"default": declared}
     for name, dataset in (("digits", "digits"), ("cifar", "cifar10")):
         shown[name] = DATASET_DEFAULTS[dataset].get(key)
-    return {**spec, "help": spec["help"].format(**shown)}
+    text = spec["help"].format(**shown)
+    default = _default_text(key, declared) if "default" not in text else ""
+    if default:
+        text = f"{text} ({default})" if text else default
+    return {**spec, "help": text}
+
+
+def _command_help(spec: dict[str, Any]) -> dict[str, Any]:
+    """A command flag's keywords, its default appended to its help where it has one and does not say it."""
+    default, text = spec.get("default"), spec.get("help")
+    if text and text is not argparse.SUPPRESS and isinstance(default, str) and "default" not in text:
+        return {**spec, "help": f"{text} (default {default})"}
+    return spec
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    """Every flag of ``cis train`` on its parser."""
+    """Every flag of ``cis train`` on its parser, in the groups of :data:`HELP_GROUPS`."""
+    flags: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {}
     for (flag, spec), key in zip(CONFIG_FLAGS, CONFIG_KEYS):
         keywords = {k: v for k, v in with_defaults(key, spec).items() if k != "aliases"}
-        p.add_argument(flag, *spec.get("aliases", ()), **keywords)
+        flags[flag] = ((flag, *spec.get("aliases", ())), keywords)
     for flag, spec in COMMAND_FLAGS:
-        p.add_argument(flag, **spec)
+        flags[flag] = ((flag,), _command_help(spec))
+    for title, description, names in HELP_GROUPS:
+        group = p.add_argument_group(title, description)
+        for name in names:
+            names_, keywords = flags.pop(name)
+            group.add_argument(*names_, **keywords)
+    for names_, keywords in flags.values():  # not in a group (--stop-after, a test's): hidden among the options
+        p.add_argument(*names_, **keywords)

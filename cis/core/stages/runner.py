@@ -45,6 +45,11 @@ class ProviderError(BundleError):
         super().__init__(f"provider {provider}: {reason}")
 
 
+class StageInputError(BundleError):
+    """A stage cannot run these inputs, though they have its dtypes and shapes (onnxruntime's INVALID_ARGUMENT,
+    e.g. a token id outside an embedding): the request's fault, answered ``bad_input``, not the stage's."""
+
+
 def _session(model: str | Path | bytes, provider: str, threads: int | None):
     """An onnxruntime session on ``provider`` (cpu, cuda or tensorrt) and nothing else.
 
@@ -155,9 +160,10 @@ class StageRunner:
         try:
             values = self.session.run(self.output_names, ready)
         except Exception as exc:  # shape mismatch and the like
-            raise BundleError(
-                f"stage {self.index}: {self.runtime} failed ({type(exc).__name__}: {str(exc).splitlines()[0]})"
-            ) from None
+            said = f"{type(exc).__name__}: {str(exc).splitlines()[0]}"
+            if type(exc).__name__ == "InvalidArgument":  # onnxruntime's INVALID_ARGUMENT: these inputs, not the stage
+                raise StageInputError(f"stage {self.index} cannot take this input ({self.runtime}: {said})") from None
+            raise BundleError(f"stage {self.index}: {self.runtime} failed ({said})") from None
         return dict(zip(self.output_names, values))
 
 

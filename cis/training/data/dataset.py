@@ -5,9 +5,19 @@ in :func:`make_splits`: arrays ``x`` (any shape, one row per sample), integer la
 optionally, a ``node`` and a ``split`` per sample, checked once here:
 
 - ``x`` and ``y`` (and ``node``, ``split``) have one entry per sample;
-- ``y`` holds integers in 0..K-1, K = the number of class names (or max(y) + 1), K >= 2;
+- ``y`` holds integers (an integer dtype: float labels, even integer-valued ones, are a mistake) in
+  0..K-1, K >= 2: the number of class names where the data names them, else the spec's ``classes``
+  where ``cis train --spec`` gives one, else max(y) + 1; with K guessed from the largest label, a
+  class no sample has is a mistake too (a stray label 9 among 0..2, or labels 0 and 2 only); with K
+  stated, a class without samples is logged as a warning;
 - ``x`` holds numbers with no NaN or inf; floats become float32, integers and booleans int64
   (token ids, for instance);
+
+A fault names the first sample that has it, as the user knows the sample: ``sample 17`` (its row in the
+npz, or in the one dataset a factory returned) or ``train sample 5`` (the fifth of the train part of a
+factory's or a Hugging Face dataset's splits). Every :class:`Dataset` keeps each sample's row, so a
+check after the split (a token id outside the model's embedding: cis/training/models/contract.py
+``input_index_range``, checked in cis/training/run.py) names it the same way.
 - ``split``: ``train``/``val``/``test`` as strings, or 0/1/2; with it the splits are as given (a
   missing val split is carved from train with ``val_size``); without it a seeded 70/10/20 split.
 
@@ -17,13 +27,26 @@ and std (recorded, so ``cis infer`` can send raw images); other arrays are used 
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from cis.core.errors import CisError
 
+logger = logging.getLogger(__name__)
+
 SPLITS = ("train", "val", "test")  # a split column's values: these strings, or their index 0, 1, 2
+Origin = tuple[tuple[str, int], ...]
+"""Where the rows of a table came from: (part name, first row) per part of a factory's or a Hugging Face
+dataset's splits, in row order; () for one array or dataset (row i is "sample i")."""
+
+
+def sample_name(origin: Origin, row: int) -> str:
+    """A sample as the user knows it: ``sample 17``, or ``train sample 5`` in a table of named parts."""
+    part = next(((name, start) for name, start in reversed(origin) if start <= row), None)
+    return f"sample {row}" if part is None else f"{part[0]} sample {row - part[1]}"
 
 
 @dataclass
@@ -40,6 +63,8 @@ class Dataset:
     std: list[float] | None
     name: str
     node: np.ndarray | None = field(default=None)
+    rows: np.ndarray | None = field(default=None)  # each sample's row in the data as read (None: its position)
+    origin: Origin = ()
 
     def __len__(self) -> int:
         return len(self.y)
@@ -56,7 +81,13 @@ class Dataset:
     def subset(self, indices: np.ndarray) -> Dataset:
         """The samples at ``indices`` (e.g. one node's partition), same metadata."""
         node = None if self.node is None else self.node[indices]
-        return Dataset(self.x[indices], self.y[indices], self.classes, self.mean, self.std, self.name, node)
+        rows = np.asarray(indices) if self.rows is None else self.rows[indices]
+        return Dataset(self.x[indices], self.y[indices], self.classes, self.mean, self.std, self.name, node, rows,
+                       self.origin)
+
+    def sample_name(self, i: int) -> str:
+        """Sample ``i`` of this split as the user knows it (:func:`sample_name`)."""
+        return sample_name(self.origin, i if self.rows is None else int(self.rows[i]))
 
 
 @dataclass
@@ -79,6 +110,7 @@ class Table:
     node: np.ndarray | None = None
     split: np.ndarray | None = None
     pixels: bool = False  # uint8 images decoded from files: normalised per channel
+    origin: Origin = ()
 
 
 def seeded_split(n: int, seed: int, val_size: int | None, where: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -105,10 +137,12 @@ def check_val_size(where: str, val_size: int, n_train: int) -> None:
         raise CisError(f"dataset {where}: val_size is {val_size!r}, expected an integer in 0..{n_train - 1}")
 
 
-def make_splits(table: Table, where: str, name: str, seed: int, val_size: int | None) -> DataSplits:
-    """Check ``table`` (one line at the first fault) and split it into train/val/test :class:`Dataset` s."""
-    x, y = checked_x(table.x, where), checked_labels(table.y, len(table.x), where)
-    classes = class_names(table.classes, y, where)
+def make_splits(table: Table, where: str, name: str, seed: int, val_size: int | None,
+                num_classes: int | None = None) -> DataSplits:
+    """Check ``table`` (one line at the first fault) and split it into train/val/test :class:`Dataset` s.
+    ``num_classes``: the count the spec states (``cis train --spec``), for data that names no classes."""
+    x, y = checked_x(table.x, where), checked_labels(table.y, len(table.x), where, table.origin)
+    classes = class_names(table.classes, y, where, table.origin, num_classes)
     for column in ("node", "split"):
         values = getattr(table, column)
         if values is not None and len(values) != len(x):
@@ -124,7 +158,7 @@ def make_splits(table: Table, where: str, name: str, seed: int, val_size: int | 
 
     def part(idx: np.ndarray) -> Dataset:
         node = None if table.node is None else np.asarray(table.node)[idx]
-        return Dataset(x[idx], y[idx], classes, mean, std, name, node)
+        return Dataset(x[idx], y[idx], classes, mean, std, name, node, idx, table.origin)
 
     return DataSplits(part(train_idx), part(val_idx), part(test_idx))
 
@@ -145,27 +179,72 @@ def checked_x(x: np.ndarray, where: str) -> np.ndarray:
     raise CisError(f"data {where}: x has dtype {x.dtype}; expected numbers (floats, or integers such as token ids)")
 
 
-def checked_labels(y: np.ndarray, n: int, where: str) -> np.ndarray:
-    """``y`` as int64 labels >= 0, one per sample."""
+def checked_labels(y: np.ndarray, n: int, where: str, origin: Origin = ()) -> np.ndarray:
+    """``y`` as int64 labels >= 0, one per sample, of an integer dtype."""
     y = np.asarray(y)
     if y.ndim != 1 or len(y) != n:
         raise CisError(f"data {where}: y has shape {y.shape} and x {n} samples; expected one label per sample")
-    if not (np.issubdtype(y.dtype, np.integer) or (y.dtype.kind == "f" and np.all(np.mod(y, 1) == 0))):
-        raise CisError(f"data {where}: y has dtype {y.dtype}; expected integer class labels 0..K-1")
+    if not (np.issubdtype(y.dtype, np.integer) or y.dtype == np.bool_):
+        first = f" ({sample_name(origin, 0)}'s label is {y[0].item()!r})" if len(y) and y.dtype.kind in "fc" else ""
+        raise CisError(
+            f"data {where}: y has dtype {y.dtype}{first}; expected integer class labels 0..K-1 "
+            "(y.astype(int) where the values are classes)"
+        )
     y = y.astype(np.int64)
     if len(y) and y.min() < 0:
-        raise CisError(f"data {where}: label {int(y.min())} is negative; expected class labels 0..K-1")
+        i = int(np.argmax(y < 0))
+        raise CisError(f"data {where}: {sample_name(origin, i)} has label {int(y[i])}; expected class labels 0..K-1")
     return y
 
 
-def class_names(names: list[str] | None, y: np.ndarray, where: str) -> list[str]:
-    """The class names (given, else "0".."K-1" with K = max label + 1); one line for a label outside them."""
-    k = len(names) if names is not None else (int(y.max()) + 1 if len(y) else 0)
+def class_names(names: list[str] | None, y: np.ndarray, where: str, origin: Origin = (),
+                stated: int | None = None) -> list[str]:
+    """The class names: the data's, else "0".."K-1" with K the spec's ``stated`` count, else max label + 1
+    (the module doc's rules); one line for a label outside them, or a class the guessed K has no sample of."""
+    said = f"the data's {len(names)} class names" if names is not None else None
+    if said is None and stated is not None:
+        said = f"the spec's classes = {stated}"
+    k = len(names) if names is not None else stated if stated is not None else (int(y.max()) + 1 if len(y) else 0)
     if len(y) and int(y.max()) >= k:
-        raise CisError(f"data {where}: label {int(y.max())} is outside the {k} classes; expected labels 0..{k - 1}")
+        i = int(np.argmax(y >= k))
+        raise CisError(
+            f"data {where}: {sample_name(origin, i)} has label {int(y[i])}; expected labels 0..{k - 1} ({said})"
+        )
     if k < 2:
         raise CisError(f"data {where}: {k} class; expected at least 2 classes")
+    absent = np.flatnonzero(np.bincount(y, minlength=k) == 0).tolist()
+    if absent and said is None:  # K guessed from the largest label, and labels below it unused
+        last = int(np.argmax(y == k - 1))
+        raise CisError(
+            f"data {where}: no sample has label {listed(absent)}, yet {sample_name(origin, last)} has label "
+            f"{k - 1} (so {k} classes); expected labels 0..K-1 with a sample of each, or K said: class names (an "
+            "npz 'classes' array) or a spec's [cis] classes"
+        )
+    if absent:
+        logger.warning("data %s: no sample has label %s of the %d classes (%s)", where, listed(absent), k, said)
     return [str(c) for c in names] if names is not None else [str(c) for c in range(k)]
+
+
+def listed(values: Sequence[object], most: int = 6) -> str:
+    """Up to ``most`` values, comma-separated, and how many more."""
+    shown = ", ".join(str(v) for v in values[:most])
+    return shown + (f" (and {len(values) - most} more)" if len(values) > most else "")
+
+
+def check_index_range(data: Dataset, high: int, what: str, where: str) -> None:
+    """Every integer of ``data.x`` in 0..high-1 (``what`` declares the range, e.g. a model's embedding); one line
+    naming the first sample outside it."""
+    if not len(data) or data.x.dtype.kind not in "iub":
+        return
+    flat = data.x.reshape(len(data), -1)
+    bad = (flat < 0) | (flat >= high)
+    if not bad.any():
+        return
+    i, j = (int(v) for v in np.argwhere(bad)[0])
+    raise CisError(
+        f"data {where}: {data.sample_name(i)} holds {int(flat[i, j])} at position {j} of x; {what} takes "
+        f"0..{high - 1}"
+    )
 
 
 def split_codes(split: np.ndarray, where: str) -> np.ndarray:

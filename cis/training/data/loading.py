@@ -50,12 +50,14 @@ _CIFAR_VAL_SIZE = 5000
 _CIFAR_SIZE = 32
 
 
-def load_dataset(spec: str, seed: int = 0, val_size: int | None = None, cache: bool = True) -> DataSplits:
+def load_dataset(spec: str, seed: int = 0, val_size: int | None = None, cache: bool = True,
+                 num_classes: int | None = None) -> DataSplits:
     """The seeded train/val/test splits of a data reference (the module doc lists them).
 
     ``val_size`` is the number of training samples held out for validation
     (default: 10 % for digits and the user's data, 5000 capped at 10 % of the training set for CIFAR).
-    ``cache`` enables the decoded-image cache for image folders.
+    ``cache`` enables the decoded-image cache for image folders. ``num_classes``: the class count a spec
+    states, for the user's data that names no classes (cis/training/data/dataset.py ``class_names``).
     """
     ref = parse_data_ref(spec, "dataset")
     if ref.kind == "digits":
@@ -64,7 +66,7 @@ def load_dataset(spec: str, seed: int = 0, val_size: int | None = None, cache: b
         assert ref.path is not None
         return _load_cifar(ref.kind, ref.path, seed, val_size, cache)
     sha256 = data_sha256(spec)
-    splits = load_user_data(ref, seed, val_size, cache)
+    splits = load_user_data(ref, seed, val_size, cache, num_classes)
     splits.sha256 = sha256
     return splits
 
@@ -72,7 +74,9 @@ def load_dataset(spec: str, seed: int = 0, val_size: int | None = None, cache: b
 def load_run_data(meta: dict[str, Any], where: str) -> DataSplits:
     """The splits a run (its checkpoint meta or config) trained on; one line when its data file changed since."""
     check_unchanged(str(meta["dataset"]), meta.get("data_sha256"), where)
-    return load_dataset(str(meta["dataset"]), seed=int(meta.get("seed", 0)), val_size=meta.get("val_size"))
+    classes = meta.get("classes")  # the count the run trained with (a spec's, where the data names none)
+    return load_dataset(str(meta["dataset"]), seed=int(meta.get("seed", 0)), val_size=meta.get("val_size"),
+                        num_classes=len(classes) if classes else None)
 
 
 def image_family(name: str, input_shape: tuple[int, ...]) -> str:

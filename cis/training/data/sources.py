@@ -30,7 +30,7 @@ from cis.core.errors import CisError
 from cis.core.extras import require
 from cis.core.user_code import call
 from cis.training.data.data_ref import DataRef
-from cis.training.data.dataset import DataSplits, Table, make_splits
+from cis.training.data.dataset import SPLITS, DataSplits, Table, make_splits
 from cis.training.data.images import read_image_folder
 
 NPZ_KEYS = ("x", "y", "node", "split", "classes")
@@ -38,11 +38,13 @@ HF_LABELS = ("label", "labels")
 _VAL_NAMES = ("val", "validation")
 
 
-def load_user_data(ref: DataRef, seed: int, val_size: int | None, cache: bool = True) -> DataSplits:
-    """The train/val/test splits of a user data reference (kind npz, images, hf or factory)."""
+def load_user_data(ref: DataRef, seed: int, val_size: int | None, cache: bool = True,
+                   num_classes: int | None = None) -> DataSplits:
+    """The train/val/test splits of a user data reference (kind npz, images, hf or factory); ``num_classes``:
+    the class count a spec states, for data that names no classes (:func:`make_splits`)."""
     readers = {"npz": read_npz, "images": lambda r: read_images(r, cache), "hf": read_hf, "factory": read_factory}
     table = readers[ref.kind](ref)
-    return make_splits(table, ref.text, ref.kind, seed, val_size)
+    return make_splits(table, ref.text, ref.kind, seed, val_size, num_classes)
 
 
 def read_npz(ref: DataRef) -> Table:
@@ -132,13 +134,14 @@ def read_factory(ref: DataRef) -> Table:
     elif isinstance(made, tuple) and len(made) == 3 and all(_map_style(d) and not isinstance(d, tuple) for d in made):
         parts = [made[0], made[1], made[2]]
     elif _map_style(made):
-        return _materialise(made, ref.text)
+        return materialise(made, ref.text, "")
     else:
         raise CisError(
             f"data {ref.text}: the factory returned a {type(made).__name__}; expected a map-style dataset "
             "(len(ds) and ds[i] -> (x, y)), a (train, val, test) tuple of them or a dict with train, val, test"
         )
-    return _concat([None if d is None else _materialise(d, ref.text) for d in parts], ref.text)
+    return _concat([None if d is None else materialise(d, ref.text, part) for d, part in zip(parts, SPLITS)],
+                   ref.text)
 
 
 def _named_parts(parts: dict[str, Any], where: str, what: str) -> list[Any]:
@@ -156,22 +159,44 @@ def _map_style(ds: Any) -> bool:
     return hasattr(ds, "__len__") and hasattr(ds, "__getitem__") and not isinstance(ds, (str, bytes, dict))
 
 
-def _materialise(ds: Any, where: str) -> Table:
-    """Read every ``ds[i] -> (x, y)`` into arrays (tensors become numpy arrays)."""
+def materialise(ds: Any, where: str, part: str) -> Table:
+    """Read every ``ds[i] -> (x, y)`` into arrays (tensors become numpy arrays); one line naming the first sample
+    that is not a pair, whose x differs in shape or kind of dtype from the first sample's, or whose label is not
+    one integer. ``part``: the split these samples are (``train``, ...), or "" for the one dataset."""
     xs, ys = [], []
+    name = (part + " sample") if part else "sample"
     for i in range(len(ds)):
         item = ds[i]
         if not isinstance(item, (tuple, list)) or len(item) != 2:
-            raise CisError(f"data {where}: sample {i} is a {type(item).__name__}; expected a pair (x, y)")
-        xs.append(np.asarray(item[0]))
-        ys.append(np.asarray(item[1]))
+            raise CisError(f"data {where}: {name} {i} is a {type(item).__name__}; expected a pair (x, y)")
+        x, y = np.asarray(item[0]), np.asarray(item[1])
+        if xs and (x.shape != xs[0].shape or _kind(x) != _kind(xs[0])):
+            raise CisError(
+                f"data {where}: {name} {i}'s x is {_described(x)}, {name} 0's {_described(xs[0])}; expected one "
+                "shape and dtype"
+            )
+        if y.shape != () or _kind(y) != "integer":
+            raise CisError(
+                f"data {where}: {name} {i}'s label is {_described(y)} ({_shown(y)}); expected one integer class label"
+            )
+        xs.append(x)
+        ys.append(y)
     if not xs:
         raise CisError(f"data {where}: an empty dataset; expected samples (x, y)")
-    shapes = {x.shape for x in xs}
-    if len(shapes) != 1:
-        raise CisError(f"data {where}: samples of {len(shapes)} shapes ({sorted(shapes)[:2]}...); expected one shape")
     classes = getattr(ds, "classes", None)
     return Table(np.stack(xs), np.stack(ys), [str(c) for c in classes] if isinstance(classes, list) else None)
+
+
+def _kind(a: np.ndarray) -> str:
+    return "integer" if a.dtype.kind in "iub" else "float" if a.dtype.kind == "f" else str(a.dtype)
+
+
+def _described(a: np.ndarray) -> str:
+    return f"{a.dtype} {tuple(a.shape)}"
+
+
+def _shown(a: np.ndarray) -> str:
+    return repr(a.item()) if a.size == 1 else f"{a.size} values"
 
 
 def _concat(parts: list[Table | None], where: str) -> Table:
@@ -185,6 +210,7 @@ def _concat(parts: list[Table | None], where: str) -> Table:
     node = None  # only the training samples are partitioned: the others get -1
     if train.node is not None:
         node = np.concatenate([np.asarray(train.node), np.full(len(split) - len(train.y), -1)])
+    starts = np.cumsum([0] + [len(t.y) for _, t in tables])[:-1]
     return Table(
         np.concatenate([t.x for _, t in tables]),
         np.concatenate([np.asarray(t.y) for _, t in tables]),
@@ -192,6 +218,7 @@ def _concat(parts: list[Table | None], where: str) -> Table:
         node,
         split,
         pixels=tables[0][1].pixels,
+        origin=tuple((SPLITS[code], int(start)) for (code, _), start in zip(tables, starts)),
     )
 
 

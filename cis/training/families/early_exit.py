@@ -159,7 +159,7 @@ def _flame(model: EarlyExitNet, clients: list[Client], sgd: dict[str, Any], opti
     chooser = bl.BudgetChooser([E] * len(clients), participation)  # every client runs the full model
     trainer = bl.FlameTrainer(
         patience=patience, forward_flops=[c["flops"] for c in exit_costs(model)], grouping=options["grouping"],
-        group_step=options["group_step"], optimizer=options["optimizer"], **sgd
+        group_step=options["group_step"], **{**sgd, "optimizer": options["optimizer"]}
     )
     terms = {  # FLAME's rules; weights Lambda~ do not apply
         "fedavg": lambda c, e, size: fedavg_term(size),

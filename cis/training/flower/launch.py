@@ -91,14 +91,10 @@ def _deploy(
             log=log,
         )
     else:
-        from cis.training.data.loading import load_dataset
-        from cis.training.run import resolve_spec
+        from cis.training.clients import run_splits
+        from cis.training.run import resolve_spec, stated_classes
 
-        n = len(
-            resolve_spec(
-                config, load_dataset(config.dataset, seed=config.seed, val_size=config.val_size).train.num_classes
-            ).nodes
-        )
+        n = len(resolve_spec(config, run_splits(config, None, stated_classes(config)).train).nodes)
         with LoopbackFederation(n, log=log) as fed:
             fed.run(config, out, round_timeout=round_timeout, connect_timeout=connect_timeout)
 

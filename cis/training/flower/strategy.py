@@ -55,6 +55,8 @@ TRAINER_FIELDS = (
     "schedule",
     "augment",
     "exit_flops",
+    "optimizer",
+    "clip_grad_norm",
 )
 
 

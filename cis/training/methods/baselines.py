@@ -124,11 +124,13 @@ class MultiExitTrainer(ExitSGDTrainer):
                     running.update(ce.detach())
                 if eta > 0 and len(logits) > 1:
                     loss = loss + eta * self._kd(logits, running)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                if self.clip_value is not None:
+                if self.clip_value is not None:  # a method's own rule: each gradient value clipped
+                    opt.zero_grad(set_to_none=True)
+                    loss.backward()
                     torch.nn.utils.clip_grad_value_(model.parameters(), self.clip_value)
-                opt.step()
+                    opt.step()
+                else:
+                    self.descend(opt, loss, model)
                 total += float(loss.detach())
         finally:
             if self.widths is not None:
@@ -161,17 +163,17 @@ class FlameTrainer(ExitSGDTrainer):
 
     def __init__(
         self, *, patience: dict[str, int], forward_flops: Sequence[int], grouping: str = "exit",
-        group_step: str = "share", optimizer: str = "sgd", fixed_exits: dict[str, int] | None = None, **sgd,
+        group_step: str = "share", fixed_exits: dict[str, int] | None = None, **sgd,
     ) -> None:
         if grouping not in FLAME_GROUPINGS:
             raise ValueError(f"grouping {grouping!r}: expected one of {FLAME_GROUPINGS}")
         if group_step not in FLAME_GROUP_STEPS:
             raise ValueError(f"group_step {group_step!r}: expected one of {FLAME_GROUP_STEPS}")
-        if optimizer not in FLAME_OPTIMIZERS:
-            raise ValueError(f"optimizer {optimizer!r}: expected one of {FLAME_OPTIMIZERS}")
+        if sgd.get("optimizer", "sgd") not in FLAME_OPTIMIZERS:
+            raise ValueError(f"optimizer {sgd['optimizer']!r}: expected one of {FLAME_OPTIMIZERS}")
         super().__init__(**sgd)
         self.patience, self.forward_flops, self.grouping = dict(patience), list(forward_flops), grouping
-        self.group_step, self.optimizer = group_step, optimizer
+        self.group_step = group_step
         self.fixed_exits = dict(
             fixed_exits or {}
         )  # the fixed-exit baseline: client -> the one exit all its samples train

@@ -99,31 +99,50 @@ class Option:
         if self.optional and (value is None or (isinstance(value, str) and value.strip().lower() == "none")):
             return None
         text = value.strip() if isinstance(value, str) else None
-        k = self.kind
-        if k == "bool":
-            if isinstance(value, bool):
-                return value
-            if text is not None and text.lower() in _BOOL:
-                return _BOOL[text.lower()]
-        elif k == "int":
-            if text is not None:
-                return int(text)
-            if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
-                return int(value)
-        elif k == "float":
-            if text is not None:
-                return float(text)
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
-                return float(value)
-        elif k == "str":
-            if text is not None and (not self.choices or text in self.choices):
-                return text
-        elif k in ("ints", "floats"):
-            cast = int if k == "ints" else float
-            items = [v for v in text.split(",") if v.strip()] if text is not None else value
-            if isinstance(items, (list, tuple)) and items and not any(isinstance(v, bool) for v in items):
-                return [cast(v) for v in items]
-        raise ValueError(value)
+        got = _COERCE[self.kind](value, text, self.choices)
+        if got is _NOT:
+            raise ValueError(value)
+        return got
+
+
+_NOT = object()  # what a coercer returns for a value that is not of its kind
+
+
+def _as_bool(value: Any, text: str | None, choices: tuple[str, ...]) -> Any:
+    if isinstance(value, bool):
+        return value
+    return _BOOL[text.lower()] if text is not None and text.lower() in _BOOL else _NOT
+
+
+def _as_int(value: Any, text: str | None, choices: tuple[str, ...]) -> Any:
+    if text is not None:
+        return int(text)
+    return int(value) if isinstance(value, (int, np.integer)) and not isinstance(value, bool) else _NOT
+
+
+def _as_float(value: Any, text: str | None, choices: tuple[str, ...]) -> Any:
+    if text is not None:
+        return float(text)
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else _NOT
+
+
+def _as_str(value: Any, text: str | None, choices: tuple[str, ...]) -> Any:
+    return text if text is not None and (not choices or text in choices) else _NOT
+
+
+def _as_list(cast: Any) -> Any:
+    def coerce(value: Any, text: str | None, choices: tuple[str, ...]) -> Any:
+        items = [v for v in text.split(",") if v.strip()] if text is not None else value
+        if isinstance(items, (list, tuple)) and items and not any(isinstance(v, bool) for v in items):
+            return [cast(v) for v in items]
+        return _NOT
+
+    return coerce
+
+
+_COERCE = {"bool": _as_bool, "int": _as_int, "float": _as_float, "str": _as_str, "ints": _as_list(int),
+           "floats": _as_list(float)}
+"""An option kind -> (value, its stripped text or None, the choices) -> the value of that kind, or _NOT."""
 
 
 OPTIONS: dict[str, Option] = {

@@ -282,3 +282,41 @@ def check_chain(model: EarlyExitNet, x: Tensor, num_classes: int | None = None, 
                 raise CisError(f"{where}: stage {k}'s head returned {_describe(logits)}; expected logits {want}")
     finally:
         model.train(was_training)
+
+
+@torch.no_grad()
+def input_index_range(model: EarlyExitNet, x: Tensor) -> tuple[str, int] | None:
+    """The index range a model declares for integer inputs: (the embedding's name, its ``num_embeddings``) of the
+    first ``nn.Embedding`` / ``nn.EmbeddingBag`` that stage 1's body hands the input itself (or a view of it),
+    found by running one probe sample of zeros (ids every embedding takes); None for float inputs or where
+    no embedding takes the input as it is (e.g. a position embedding takes ``arange``, not the input)."""
+    if x.is_floating_point() or not len(x):
+        return None
+    probe = torch.zeros_like(x[:1])
+    found: list[tuple[str, int]] = []
+    body = model.stages()[0].body if isinstance(model.stages()[0], Stage) else model.stages()[0]
+
+    def seen(name: str, module: nn.Module):
+        def hook(_: nn.Module, args: tuple) -> None:
+            given = args[0] if args else None
+            if not found and isinstance(given, Tensor) and _same_storage(given, probe):
+                found.append((name, int(module.num_embeddings)))
+        return hook
+
+    handles = [m.register_forward_pre_hook(seen(n, m)) for n, m in body.named_modules()
+               if isinstance(m, (nn.Embedding, nn.EmbeddingBag))]
+    was_training = model.training
+    model.eval()
+    try:
+        body(probe)
+    except Exception:  # noqa: BLE001  check_chain says what is wrong with the body, in one line
+        return None
+    finally:
+        model.train(was_training)
+        for h in handles:
+            h.remove()
+    return found[0] if found else None
+
+
+def _same_storage(a: Tensor, b: Tensor) -> bool:
+    return a.dtype == b.dtype and a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()

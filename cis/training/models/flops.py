@@ -2,20 +2,57 @@
 
 FLOPs are counted by ``torch.utils.flop_counter.FlopCounterMode`` while the model
 really runs ``forward(x, upto=e)`` on one sample, so they follow the code rather
-than a hand formula. The counter counts matrix multiplications and convolutions
-(2 FLOPs per multiply-add); BatchNorm, activations and pooling are not counted.
+than a hand formula. The counter counts matrix multiplications, convolutions and
+attention (2 FLOPs per multiply-add); BatchNorm, activations and pooling are not counted.
+
+:func:`count_flops` counts the real work of attention layers too. In eval mode
+``nn.TransformerEncoderLayer`` and ``nn.MultiheadAttention`` take a fused "fast path"
+(one ``aten._transformer_encoder_layer_fwd`` call) that the counter does not see (an
+encoder layer counted 0 FLOPs), and on the CPU scaled-dot-product attention runs
+``aten._scaled_dot_product_flash_attention_for_cpu``, which it does not know either. So the
+count runs with the fast path off (``torch.backends.mha``; the same arithmetic, unfused) and
+counts that CPU kernel with torch's own attention formula (``sdpa_flop_count``). Every user
+of FLOPs goes through it: ``--strategy flops`` / ``auto``, ``--lower-exit-steps flops``,
+FLAME's training FLOPs and the bundle's per-stage ``flops`` (``cis inspect``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch.utils import flop_counter
 from torch.utils.flop_counter import FlopCounterMode
 
 from cis.core.errors import CisError, error_line
 from cis.training.models.contract import EarlyExitNet
+
+
+def _cpu_attention_flops(query: Any, key: Any, value: Any, *args: Any, out_val: Any = None, **kwargs: Any) -> int:
+    return int(flop_counter.sdpa_flop_count(query.shape, key.shape, value.shape))
+
+
+_cpu_attention_flops._get_raw = True  # type: ignore[attr-defined]  # FlopCounterMode hands it the tensors
+_UNCOUNTED = {  # kernels torch's counter has no formula for -> ours
+    op: _cpu_attention_flops
+    for op in (getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None),)
+    if op is not None
+}
+
+
+def count_flops(run: Callable[[], Any]) -> int:
+    """The FLOPs of ``run()`` (no gradient), attention's included (the module doc says how)."""
+    mha = torch.backends.mha
+    fast = mha.get_fastpath_enabled()
+    mha.set_fastpath_enabled(False)
+    try:
+        counter = FlopCounterMode(display=False, custom_mapping=_UNCOUNTED)
+        with torch.no_grad(), counter:
+            run()
+        return int(counter.get_total_flops())
+    finally:
+        mha.set_fastpath_enabled(fast)
 
 
 def exit_costs(model: EarlyExitNet, input_shape: Sequence[int] | None = None) -> list[dict[str, Any]]:
@@ -40,24 +77,20 @@ def exit_costs(model: EarlyExitNet, input_shape: Sequence[int] | None = None) ->
     model.eval()
     costs = []
     try:
-        with torch.no_grad():
-            for e in range(1, model.num_exits + 1):
-                counter = FlopCounterMode(display=False)
-                with counter:
-                    try:
-                        model(x, upto=e)
-                    except (RuntimeError, ValueError, IndexError) as exc:
-                        what = f"exit_costs: the model cannot take one sample of shape {shape} ({error_line(exc)})"
-                        raise CisError(what) from None
-
-                costs.append(
-                    {
-                        "exit": e,
-                        "flops": int(counter.get_total_flops()),
-                        "params": sum(p.numel() for s in model.stages()[:e] for p in s.parameters()),
-                        "exit_params": sum(p.numel() for p in model.exit_params(e)),
-                    }
-                )
+        for e in range(1, model.num_exits + 1):
+            try:
+                flops = count_flops(lambda e=e: model(x, upto=e))
+            except (RuntimeError, ValueError, IndexError) as exc:
+                what = f"exit_costs: the model cannot take one sample of shape {shape} ({error_line(exc)})"
+                raise CisError(what) from None
+            costs.append(
+                {
+                    "exit": e,
+                    "flops": flops,
+                    "params": sum(p.numel() for s in model.stages()[:e] for p in s.parameters()),
+                    "exit_params": sum(p.numel() for p in model.exit_params(e)),
+                }
+            )
     finally:
         model.train(was_training)
     return costs

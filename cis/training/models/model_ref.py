@@ -20,7 +20,8 @@ A user model's record, written into the run dir (config.json: ``model``, ``model
 checkpoint.json: ``model``), is
 
     {"reference": "/abs/path/models.py:make", "args": {every argument the factory got},
-     "sha256": "<the source file's>", "input_shape": [...], "input_dtype": "float32" | "int64" | ...}
+     "sha256": "<the source file's>", "input_shape": [...], "input_dtype": "float32" | "int64" | ...,
+     "root": "/abs/folder"}      # pkg.module:FACTORY only: the sys.path folder it was imported from
 
 so ``cis evaluate``, ``cis export``, ``--resume`` and ``--init`` rebuild it without the flags. A source file
 whose sha256 differs from the recorded one stops them with one line (``--allow-model-change``: a warning, and
@@ -36,6 +37,7 @@ import json
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -144,7 +146,30 @@ def factory_args(factory: Callable[..., Any], given: dict[str, Any], context: di
     missing = [n for n in named if n not in args and params[n].default is inspect.Parameter.empty]
     if missing:
         raise CisError(f"{where}: needs {missing[0]!r}; pass --model-arg {missing[0]}=VALUE")
+    for key, value in given.items():
+        if key in params:
+            _check_kind(key, value, params[key], where)
     return args
+
+
+_KINDS = {bool: "true or false", int: "an integer", float: "a number"}
+
+
+def _check_kind(key: str, value: Any, param: inspect.Parameter, where: str) -> None:
+    """One line for a --model-arg whose value is not of the kind the parameter declares: its annotation (``int``,
+    ``float``, ``bool``) or, without one, its default's type; other parameters take what they are given."""
+    kind = param.annotation if param.annotation in _KINDS else None
+    if kind is None and isinstance(param.annotation, str):  # from __future__ import annotations
+        kind = {"int": int, "float": float, "bool": bool}.get(param.annotation)
+    if kind is None and param.default is not inspect.Parameter.empty and type(param.default) in _KINDS:
+        kind = type(param.default)
+    if kind is None:
+        return
+    fits = isinstance(value, bool) if kind is bool else (
+        isinstance(value, (int, float) if kind is float else int) and not isinstance(value, bool))
+    if not fits:
+        default = "" if param.default is inspect.Parameter.empty else f", default {param.default!r}"
+        raise CisError(f"{where}: --model-arg {key}={value!r}: expected {_KINDS[kind]} ({key}{default})")
 
 
 def _jsonable(v: Any) -> Any:
@@ -165,9 +190,15 @@ def call_factory(ref: Reference, factory: Callable[..., Any], args: dict[str, An
         result = factory(**call)
     except CisError:
         raise
-    except Exception as exc:  # the user's factory failed on these arguments: one line
-        raise CisError(f"model {ref.text}: {ref.name}(...) raised {error_line(exc)}") from None
+    except Exception as exc:  # the user's factory failed on these arguments: one line, the arguments shown
+        shown = ", ".join(f"{k}={_short(v)}" for k, v in call.items())
+        raise CisError(f"model {ref.text}: {ref.name}({shown}) raised {error_line(exc)}") from None
     return as_early_exit(result, f"model {ref.text}: {ref.name}(...)")
+
+
+def _short(value: Any, most: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= most else text[: most - 3] + "..."
 
 
 def check_source(ref: Reference, recorded: str | None, allow_changed: bool = False) -> str | None:
@@ -194,20 +225,40 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def user_model(reference: str, model_args: dict[str, Any] | None, context: dict[str, Any],
-               input_dtype: torch.dtype, sha256: str | None = None, allow_changed: bool = False) -> EarlyExitNet:
+               input_dtype: torch.dtype, sha256: str | None = None, allow_changed: bool = False,
+               root: str | None = None) -> EarlyExitNet:
     """A model from ``--model REFERENCE --model-arg ...``: the factory called with the context arguments it names
-    (``num_classes``, ``num_exits``, ``input_shape``); its record kept as ``model.config()``."""
+    (``num_classes``, ``num_exits``, ``input_shape``); its record kept as ``model.config()``. ``root``: the
+    folder a ``pkg.module`` reference was imported from when the run started (put on ``sys.path`` first, so the
+    run rebuilds from any working directory)."""
     ref = parse_reference(reference)
+    if ref.module is not None and root and root not in sys.path:
+        sys.path.insert(0, root)
     now = check_source(ref, sha256, allow_changed)
     factory = load_factory(ref)
     args = factory_args(factory, dict(model_args or {}), context, f"model {ref.text}")
     model = call_factory(ref, factory, args)
     model.set_input(context["input_shape"], input_dtype)
-    model.set_config({
+    record = {
         "reference": ref.text, "args": _jsonable(args), "sha256": now,
         "input_shape": list(context["input_shape"]), "input_dtype": dtype_name(input_dtype),
-    })
+    }
+    found = module_root(ref)
+    model.set_config({**record, "root": found} if found else record)
     return model
+
+
+def module_root(ref: Reference) -> str | None:
+    """The folder on ``sys.path`` that a ``pkg.module`` reference was imported from (absolute; None for a file
+    reference, cis's own code, or a module without a file)."""
+    if ref.module is None or is_own(ref):
+        return None
+    file = getattr(sys.modules.get(ref.module), "__file__", None)
+    if not file:
+        return None
+    path = Path(file).resolve()
+    depth = ref.module.count(".") + (path.name == "__init__.py")
+    return str(path.parents[depth])
 
 
 def build_model(record: dict[str, Any], allow_changed: bool = False) -> EarlyExitNet:
@@ -226,7 +277,7 @@ def build_model(record: dict[str, Any], allow_changed: bool = False) -> EarlyExi
         context = {"input_shape": tuple(record["input_shape"])}
         model = user_model(
             str(record["reference"]), args, context, torch_dtype(record.get("input_dtype", "float32")),
-            record.get("sha256"), allow_changed,
+            record.get("sha256"), allow_changed, record.get("root"),
         )
         model.set_config({**model.config(), "sha256": record.get("sha256") or model.config()["sha256"]})
         return model

@@ -1,0 +1,275 @@
+"""The Python API beside the command line: ``cis.train``, ``cis.export``, ``cis.serve``, ``cis.infer``.
+
+    import cis
+
+    run = cis.train(stages, (x, y), serving="60-30-10", rounds=10, optimizer="adamw", lr=1e-3)
+    run.folder, run.cis_accuracy, run.exit_accuracy           # the run dir, test accuracies
+    bundle = cis.export(run)                                   # per-stage ONNX, thresholds, profiles
+    with cis.serve(bundle) as served:                          # the spec's nodes, in this process
+        answers = cis.infer(served, x_test, y_test)
+    answers.summary["accuracy"], answers.summary["served_share_per_exit"]
+
+Each does what its command does (``cis train``, ``cis export``, ``cis serve --all``, ``cis infer``), through
+the same code, and a mistake raises :class:`cis.core.errors.CisError` with the command's one line. This
+module is the command layer's (the only layer that may import training, the exporter and the runtime
+together); ``cis/__init__.py`` names its four functions lazily, so ``import cis`` stays light. What differs
+from the command line: the model and the data may be Python objects.
+
+- **The model** (``stages``): ``(body, head)`` pairs of torch modules or an ``EarlyExitNet`` (the contract of
+  docs/your-model.md), or a factory callable, kept in this process by
+  :mod:`cis.training.models.in_memory` (a run of them is exported in the process that trained it); or a
+  reference ``"PATH.py:NAME"`` / ``"pkg.module:NAME"``, which rebuilds anywhere, as ``cis train --model``;
+  or None, the method's built-in model.
+- **The data**: a map-style dataset (``len(ds)``, ``ds[i] -> (x, y)``, e.g. a ``torch.utils.data.Dataset``)
+  or a tuple ``(x, y)`` of arrays or tensors, with optional ``val_data`` and ``test_data`` of the same kinds
+  (without them: a seeded 70/10/20 split); the samples are checked as ``--data`` checks them and written to
+  ``RUN/data.npz``, which the run records, so ``cis evaluate`` and ``cis export`` read them from any process.
+  Or a ``--data`` reference (``"digits"``, ``"my.npz"``, ``"photos/"``, ``"hf:DIR"``, ``"data.py:make"``).
+"""
+
+from __future__ import annotations
+
+import logging
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cis.core.errors import CisError
+
+logger = logging.getLogger(__name__)
+
+DATA_FILE = "data.npz"  # the run's in-memory data, written into its folder
+SPEC_FILE = "given-spec.toml"  # a CisSpec object handed to cis.train, written into the run's folder
+READY_SECONDS = 60.0  # cis.serve: how long a node may take to start and to hear its parent
+
+
+@dataclass
+class Run:
+    """A finished run: its folder (the run dir of ``cis train``) and its ``summary.json``."""
+
+    folder: Path
+    summary: dict[str, Any]
+
+    @property
+    def cis_accuracy(self) -> float:
+        """The CIS accuracy on the test split (quota thresholds at the spec's serving shares)."""
+        return float(self.summary["cis_accuracy"])
+
+    @property
+    def exit_accuracy(self) -> dict[int, float]:
+        """Each exit's accuracy on the test split: {exit: accuracy}."""
+        return {int(e): float(a) for e, a in self.summary["test"]["exit_accuracy"].items()}
+
+    def model(self) -> Any:
+        """The trained model (an ``EarlyExitNet``), rebuilt from the run's checkpoint."""
+        from cis.training.checkpoint import load_checkpoint
+
+        return load_checkpoint(self.folder)[0]
+
+
+def train(stages: Any, train_data: Any, *, spec: Any = None, val_data: Any = None, test_data: Any = None,
+          classes: Sequence[str] | None = None, out: str | Path | None = None, progress: bool = False,
+          **settings: Any) -> Run:
+    """Train an early-exit model for a CIS, as ``cis train`` does; the finished :class:`Run`.
+
+    ``stages``: the model (the module doc's kinds); ``train_data`` (and ``val_data``, ``test_data``): the data;
+    ``classes``: class names for array data; ``spec``: a spec file or a ``CisSpec`` (default: ``topology``
+    under ``serving``, two of the ``settings``); ``out``: the run dir (default: a new temporary folder);
+    ``settings``: any field of ``cis.training.config.RunConfig`` (``rounds``, ``lr``, ``optimizer``,
+    ``clip_grad_norm``, ``centralised``, ``seed``, ``device``, ``method``, ``model_args``, ...)."""
+    from cis.core.spec import CisSpec, write_spec
+
+    folder = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="cis-run-"))
+    made = not folder.exists() or not any(folder.iterdir())
+    values = dict(settings)
+    try:
+        values.update(_model_settings(stages))
+        values["dataset"] = _data_reference(folder, train_data, val_data, test_data, classes)
+        if isinstance(spec, CisSpec):
+            folder.mkdir(parents=True, exist_ok=True)
+            write_spec(spec, folder / SPEC_FILE)
+            spec = folder / SPEC_FILE
+        if spec is not None:
+            values["spec"] = str(Path(spec).resolve())
+        summary = _train(folder, values, progress)
+    except Exception:
+        if made and not (folder / "checkpoint.pt").exists():  # a mistake leaves nothing; a checkpoint stays
+            shutil.rmtree(folder, ignore_errors=True)
+        raise
+    return Run(folder, summary)
+
+
+def _model_settings(stages: Any) -> dict[str, Any]:
+    if stages is None:
+        return {}
+    if isinstance(stages, (str, Path)):
+        from cis.training.models.model_ref import parse_reference
+
+        return {"model": parse_reference(str(stages)).text}
+    from cis.training.models.in_memory import REFERENCE, register
+
+    return {"model": REFERENCE, "model_args": {"key": register(stages)}}
+
+
+def _train(folder: Path, values: dict[str, Any], progress: bool) -> dict[str, Any]:
+    from cis.training.config import make_config
+    from cis.training.run import train_run
+
+    return train_run(make_config({}, values), folder, progress=progress, log=logger.info)
+
+
+def _data_reference(folder: Path, train_data: Any, val_data: Any, test_data: Any,
+                    classes: Sequence[str] | None) -> str:
+    """A ``--data`` reference as given (paths made absolute), or the Python data written to ``RUN/data.npz``."""
+    from cis.training.data.data_ref import absolute_ref
+
+    if isinstance(train_data, (str, Path)):
+        if val_data is not None or test_data is not None or classes is not None:
+            raise CisError("cis.train: val_data, test_data and classes go with data in memory, not a reference")
+        return absolute_ref(str(train_data))
+    if val_data is not None and test_data is None:
+        raise CisError("cis.train: val_data without test_data; expected test_data too (or neither: a seeded split)")
+    parts = [("train", train_data), ("val", val_data), ("test", test_data)]
+    tables = [(code, _table(data, name)) for code, (name, data) in enumerate(parts) if data is not None]
+    arrays: dict[str, np.ndarray] = {
+        "x": np.concatenate([t[0] for _, t in tables]), "y": np.concatenate([t[1] for _, t in tables]),
+    }
+    if len(tables) > 1:
+        arrays["split"] = np.concatenate([np.full(len(t[1]), code, np.int64) for code, t in tables])
+    names = classes if classes is not None else tables[0][1][2]
+    if names is not None:
+        arrays["classes"] = np.array([str(c) for c in names])
+    folder.mkdir(parents=True, exist_ok=True)
+    np.savez(folder / DATA_FILE, **arrays)  # type: ignore[arg-type]  # numpy's stubs take the names as options
+    return str((folder / DATA_FILE).resolve())
+
+
+def _table(data: Any, part: str) -> tuple[np.ndarray, np.ndarray, list[str] | None]:
+    """(x, y, class names or None) of a tuple ``(x, y)`` of arrays or tensors, or of a map-style dataset (its
+    samples checked as a --data factory's are)."""
+    if isinstance(data, tuple) and len(data) == 2 and all(hasattr(a, "shape") for a in data):
+        x, y = (np.asarray(a.detach().cpu() if hasattr(a, "detach") else a) for a in data)
+        return x, y, None
+    from cis.training.data.sources import materialise
+
+    table = materialise(data, f"cis.train {part}_data", part if part != "train" else "")
+    return table.x, table.y, table.classes
+
+
+def export(run: Run | str | Path, out: str | Path | None = None, **options: Any) -> Path:
+    """Cut a run into a bundle, as ``cis export RUN --out OUT`` does; the bundle's folder (default: the run's
+    folder and ``-bundle``). ``options``: ``cis.exporter.bundle_writer.export_bundle``'s (``spec``,
+    ``feature_dtype``, ``latency_repeats``, ...)."""
+    from cis.exporter.bundle_writer import export_bundle
+
+    folder = run.folder if isinstance(run, Run) else Path(run)
+    target = Path(out) if out is not None else folder.with_name(folder.name + "-bundle")
+    export_bundle(folder, target, **options)
+    return target
+
+
+class Served:
+    """The nodes of a spec serving a bundle in this process (one thread each), on free loopback ports, every
+    node hearing its parent: ``addresses`` ({node: address}); ``leaves``, the nodes requests enter at;
+    ``nodes`` ({node: cis.runtime.node.Node}). A context manager: leaving it stops every node."""
+
+    def __init__(self, bundle: str | Path, spec: Any = None, **node_options: Any) -> None:
+        from cis.core.bundle import load_bundle
+        from cis.core.spec import load_spec
+        from cis.runtime.factory import build_node
+        from cis.runtime.launcher import plan_addresses
+
+        loaded = load_bundle(bundle)
+        chosen = load_spec(spec) if isinstance(spec, (str, Path)) else (spec or loaded.spec)
+        if chosen is None:
+            raise CisError(f"cis.serve: {loaded.root} has no spec; pass spec=SPEC")
+        self.spec = chosen
+        self.addresses = plan_addresses(self.spec, free_ports=True)
+        self.leaves = [n.id for n in self.spec.leaves]
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self.nodes: dict[str, Any] = {}  # node id -> its cis.runtime.node.Node
+        for n in self.spec.bottom_up()[::-1]:  # parents first: children find them up
+            parent = self.addresses[n.parent] if n.parent else None
+            self.nodes[n.id] = build_node(loaded, n.id, self.spec, bind=self.addresses[n.id], parent=parent,
+                                          **node_options)
+            self._start(n.id)
+        self._wait_for_parents(READY_SECONDS)
+
+    def _start(self, node_id: str) -> None:
+        ready = threading.Event()
+        thread = threading.Thread(target=self.nodes[node_id].run, name=f"cis-{node_id}", daemon=True,
+                                  kwargs={"install_signals": False, "ready": ready.set, "stop": self._stop.is_set})
+        thread.start()
+        self._threads.append(thread)
+        if not ready.wait(READY_SECONDS):
+            self.close()
+            raise CisError(f"cis.serve: node {node_id} did not start within {READY_SECONDS:.0f} s")
+
+    def _wait_for_parents(self, seconds: float) -> None:
+        """Until every node hears its parent (else its first requests would be answered degraded, below)."""
+        end = time.monotonic() + seconds
+        waiting = [n for n in self.nodes.values() if n.cfg.parent is not None]
+        while any(not n.parent_up for n in waiting):
+            if time.monotonic() > end:
+                self.close()
+                late = [n.cfg.node_id for n in waiting if not n.parent_up]
+                raise CisError(f"cis.serve: {', '.join(late)} heard no parent within {seconds:.0f} s")
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        """Stop every node (each drains what it holds) and wait for them."""
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(30)
+
+    def __enter__(self) -> Served:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def serve(bundle: str | Path, spec: Any = None, **node_options: Any) -> Served:
+    """Serve a bundle with every node of its spec (or ``spec``: a file or a ``CisSpec``) in this process, for
+    tests and notebooks; use it as a context manager. ``node_options``: ``cis.runtime.factory.build_node``'s
+    (``provider``, ``threshold``, ``transfer_cap``, ``max_batch``, ...)."""
+    return Served(bundle, spec, **node_options)
+
+
+@dataclass
+class Answers:
+    """What :func:`infer` got back: ``summary`` (the ``cis infer --json`` result: accuracy, served shares,
+    latency, errors with their messages, capped per node) and ``results`` (one ``cis.runtime.client.Result``
+    per request, in order)."""
+
+    summary: dict[str, Any]
+    results: list[Any]
+
+
+def infer(target: Served | str, x: Any, y: Any = None, *, node: str | None = None, batch_size: int = 1,
+          window: int = 32, rate: float | None = None, timeout: float = 30.0) -> Answers:
+    """Send the samples ``x`` (an array or tensor, (N, ...) in the model's input dtype) to a node, as
+    ``cis infer --connect`` does; ``y``: labels, for the accuracy. ``target``: a node's address, or what
+    :func:`serve` returned (then ``node``, default its first leaf, names the entry node)."""
+    from cis.runtime.client import Client, summarize
+
+    if isinstance(target, Served):
+        entry = node or target.leaves[0]
+        if entry not in target.addresses:
+            raise CisError(f"cis.infer: no node {entry!r}; expected one of {', '.join(target.addresses)}")
+        address = target.addresses[entry]
+    else:
+        address = str(target)
+    samples = np.asarray(x.detach().cpu() if hasattr(x, "detach") else x)
+    labels = None if y is None else np.asarray(y.detach().cpu() if hasattr(y, "detach") else y).astype(np.int64)
+    with Client(address, timeout=timeout) as client:
+        results = client.infer_many(samples, batch_size=batch_size, window=window, rate=rate, timeout=timeout)
+    return Answers(summarize(results, labels), list(results))

@@ -1,0 +1,62 @@
+"""FLOPs of a transformer's stages are its real work (issue 43 item 5): in eval mode torch's fused fast path of
+``nn.TransformerEncoderLayer`` hid it (192 FLOPs per stage, the heads' alone), which skewed ``cis inspect``,
+``--strategy flops/auto`` and ``--lower-exit-steps flops``. The count is checked against the layer's analytic
+count: projections, attention scores and weighted values, feed-forward (2 FLOPs per multiply-add)."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from torch import nn  # noqa: E402
+
+from cis.training.models.contract import EarlyExitNet  # noqa: E402
+from cis.training.models.flops import count_flops, exit_costs  # noqa: E402
+
+L, D, FF, C = 16, 32, 64, 4
+
+
+def encoder_layer_flops(length: int, dim: int, ff: int) -> int:
+    projections = 4 * 2 * length * dim * dim  # q, k, v and the output projection
+    attention = 2 * (2 * length * length * dim)  # q k^T and the weighted sum of v, over all heads
+    feed_forward = 2 * 2 * length * dim * ff
+    return projections + attention + feed_forward
+
+
+class Head(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = nn.Linear(D, C)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        return self.fc(h.mean(dim=1))
+
+
+def layer(batch_first: bool = True) -> nn.Module:
+    return nn.TransformerEncoderLayer(D, 2, FF, dropout=0.0, batch_first=batch_first)
+
+
+def model(body: nn.Module) -> EarlyExitNet:
+    m = EarlyExitNet([(nn.Embedding(50, D), Head()), (body, Head()), (layer(), Head())])
+    m.set_input((L,), torch.int64)
+    return m
+
+
+@pytest.mark.parametrize("body", ["layer", "encoder"])
+def test_an_encoder_stage_counts_its_attention_and_feed_forward(body):
+    second = layer() if body == "layer" else nn.TransformerEncoder(layer(), num_layers=2, enable_nested_tensor=False)
+    layers = 1 if body == "layer" else 2
+    costs = exit_costs(model(second).eval())
+    head = 2 * D * C
+    per_layer = encoder_layer_flops(L, D, FF)
+    assert costs[0]["flops"] == head  # an embedding is a lookup
+    assert costs[1]["flops"] - costs[0]["flops"] == layers * per_layer + head
+    assert costs[2]["flops"] - costs[1]["flops"] == per_layer + head
+
+
+def test_the_count_leaves_the_fast_path_as_it_was_and_counts_cpu_attention():
+    assert torch.backends.mha.get_fastpath_enabled()
+    q = torch.zeros(1, 2, L, D // 2)
+    flops = count_flops(lambda: nn.functional.scaled_dot_product_attention(q, q, q))
+    assert flops == 2 * (2 * L * L * D)
+    assert torch.backends.mha.get_fastpath_enabled()

@@ -311,8 +311,17 @@ class Client:
         """Send a message that a node answers with its status (``status``, or an update kind: ``load`` with
         ``path``, ``switch`` or ``drop`` with ``bundle``, ``reload``; docs/protocol.md); the node's status
         after it. Raises ServerError when the node answers an error, TimeoutError when it does not answer."""
+        return self.await_status(self.send_control(kind, v, **fields), timeout, kind)
+
+    def send_control(self, kind: str, v: int = P.VERSION, **fields) -> int:
+        """Send a message without tensors (see :meth:`control`) without waiting; its id."""
         rid = next(self._ids)
         P.send(self.sock, P.encode(kind, rid, v=v, **fields))
+        return rid
+
+    def await_status(self, rid: int, timeout: float, kind: str = "") -> dict:
+        """Wait for the answer to message ``rid``: the node's status (a status_reply), or ServerError (an error);
+        TimeoutError when none comes within ``timeout`` seconds (other messages are dropped meanwhile)."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if not self.sock.poll(int(max(end - time.monotonic(), 0) * 1000) + 1, zmq.POLLIN):
@@ -327,8 +336,8 @@ class Client:
                 raise ServerError(msg.head.code, msg.head.message)
             if isinstance(msg.head, P.StatusReplyHeader):
                 return msg.head.status
-        raise TimeoutError(f"no {'status' if kind == P.STATUS else 'answer to ' + kind} from {self.address} "
-                           f"within {timeout:.1f} s")  # fmt: skip
+        what = "status" if kind in ("", P.STATUS) else "an answer to " + kind
+        raise TimeoutError(f"no {what} from {self.address} within {timeout:.1f} s")
 
     def close(self) -> None:
         self.sock.close(0)

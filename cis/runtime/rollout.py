@@ -110,22 +110,28 @@ class Rollout:
 
     def _drop(self, t: Target) -> None:
         """Drop every bundle but the new one at ``t`` and wait until they are gone (their requests answered)."""
+        while True:
+            st = self._status(t)
+            if st.get("bundle") == self.new:
+                break
+            self._switch(t)  # restarted meanwhile with the old bundle on its command line: bring it back first
+        old = [b for b in _ids(st) if b != self.new]
+        self._gone(t, old, f"the new bundle {self.new} serves everywhere; drop it later with the 'drop' message")
+
+    def _gone(self, t: Target, ids: Sequence[str], then: str) -> None:
+        """Drop ``ids`` at ``t`` (those not retiring yet) and wait until the node no longer holds them."""
         end = time.monotonic() + self.timeout
         while True:
             st = self._status(t)
-            if st.get("bundle") != self.new:  # restarted meanwhile with the old bundle: bring it back first
-                self._switch(t)
-                continue
-            old = [b for b in _ids(st) if b != self.new]
-            if not old:
+            left = [h for h in st["bundles"] if h["id"] in ids]
+            if not left:
                 return
-            for b in (h["id"] for h in st["bundles"] if h["id"] != self.new and h["state"] != "retiring"):
-                self._ask(t, P.DROP, bundle=b)
+            for h in left:
+                if h["state"] == "held":
+                    self._ask(t, P.DROP, bundle=h["id"])
             if time.monotonic() > end:
-                raise CisError(
-                    f"node {t.node}: bundle {', '.join(old)} still in use after {self.timeout:g} s; the new bundle "
-                    f"{self.new} serves everywhere, drop it later with the 'drop' message"
-                )
+                names = ", ".join(h["id"] for h in left)
+                raise CisError(f"node {t.node}: bundle {names} still in use after {self.timeout:g} s; {then}")
             time.sleep(POLL)
 
     def _roll_back(self, why: str) -> None:
@@ -136,8 +142,8 @@ class Rollout:
                 old = self.previous[t.node]
                 if st.get("bundle") == self.new and old in _ids(st):
                     self._ask(t, P.SWITCH, bundle=old)
-                if self.new in _ids(st) and old != self.new:
-                    self._ask(t, P.DROP, bundle=self.new)
+                if old != self.new:
+                    self._gone(t, [self.new], "it serves the bundle it served before")
             except CisError as exc:
                 self.say(f"rollback: {exc}")
         raise CisError(f"{why}; rolled back: every node serves the bundle it served before")
@@ -189,8 +195,8 @@ class Rollout:
                 if rid is None:
                     rid = c.send_control(kind, **fields)
                 return c.await_status(rid, max(0.05, min(SLICE, end - time.monotonic())), kind)
-            except ServerError as exc:
-                raise CisError(f"node {t.node}: {exc.message}") from None
+            except ServerError as exc:  # the node's message names it
+                raise CisError(exc.message if t.node in exc.message else f"node {t.node}: {exc.message}") from None
             except TimeoutError:
                 if time.monotonic() >= end:
                     raise CisError(

@@ -151,7 +151,7 @@ class Updates:
             old = [b for b in versions.ids if b != version.id]
             self.switch(version.id)
             for b in old:
-                versions.retire(b, node.cfg.retire_after)
+                versions.retire(b, node.cfg.retire_after, time.monotonic())
         if prefix:
             self.answer(prefix, rid, v)
 
@@ -189,7 +189,7 @@ class Updates:
 
     def _on_hup(self, *_: Any) -> None:
         self.hup = True
-        self.node.next_timer = 0.0  # the loop's timers run at its next turn
+        self.soon(0.0)  # the loop's timers run at its next turn
 
     def status(self) -> dict:
         """``status`` keys: the bundle new requests go to, every held one, the mismatches counted."""

@@ -86,10 +86,11 @@ class Versions:
         v.retire_after, self.current = None, v
         return v
 
-    def retire(self, bundle_id: str, after: float = 0.0) -> None:
+    def retire(self, bundle_id: str, after: float = 0.0, now: float = 0.0) -> None:
         """Drop this held bundle (not the current one) once no request of it is left and none named it for
-        ``after`` seconds."""
-        self.held[bundle_id].retire_after = after
+        ``after`` seconds (counted from ``now`` at the latest: a child that still sends it has that long)."""
+        v = self.held[bundle_id]
+        v.retire_after, v.named_at = after, max(v.named_at, now)
 
     def sweep(self, now: float) -> list[Version]:
         """Drop the retiring versions that nothing uses any more; the dropped ones."""

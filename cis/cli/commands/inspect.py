@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         for t in m.get("inputs", [])
     )
     lines = [
-        f"bundle {bundle.root} (schema {m['schema_version']}, {len(m['files'])} files, sha256 verified)",
+        f"bundle {bundle.root} id {bundle.id} (schema {m['schema_version']}, {len(m['files'])} files, sha256 verified)",
         f"model   {what} classes {len(m.get('classes', []))}; method {m.get('method', '?')}",
         (f"input   {inputs}; " if inputs else "input   ")
         + f"normalisation mean {(m.get('normalisation') or {}).get('mean')} "
@@ -95,5 +95,5 @@ def run(args: argparse.Namespace) -> int:
         )
     if m.get("versions"):
         lines.append("made with " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()))
-    print_result(args, m, "\n".join(lines))
+    print_result(args, {"id": bundle.id, **m}, "\n".join(lines))  # id: what nodes name it by on the wire
     return 0

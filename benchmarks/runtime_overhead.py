@@ -22,12 +22,19 @@ depend on the weights), in one run on one machine:
     every core (target at least 0.95), medians over the same number of blocks;
 (c) bytes per forwarded request with fp32, fp16 and int8 carries.
 
+``--against DIR`` adds a fourth side to every block of (a): ``cis serve`` run from another checkout of the
+project (``DIR``, e.g. ``git archive BASE | tar -x -C DIR``; its nodes import ``cis`` from there), timed on the
+same requests with the same client; the cis and base sides swap places every block. It reports the per-hop
+overhead of both and their ratio (``hop_vs_base``: this code's per hop / the base's), medians over blocks: what a
+change costs per hop, measured side by side. ``--latency-only`` skips (b) and (c).
+
 Export needs the CIFAR-10 validation split (for calibration); the bundles are
 cached in ``--work``/w<width>/bundle.
 
     python benchmarks/runtime_overhead.py                 # both widths, 5 blocks (about 10 minutes)
     python benchmarks/runtime_overhead.py --quick         # smoke run
     python benchmarks/runtime_overhead.py --spin          # cis nodes busy-poll (for machines with a core per node)
+    python benchmarks/runtime_overhead.py --widths 0.25 --against /tmp/base --latency-only --out runtime_overhead_ab
 
 Writes benchmarks/results/runtime_overhead.json and .md.
 """
@@ -211,43 +218,44 @@ def latency(bundle_dir: Path, x: np.ndarray, args, node_args: list[str]) -> dict
     forced = {n.id: ["--threshold", "inf"] for n in sub.nodes if n.parent is not None}
     chain = chain_of(stage_runners(bundle, threads=1))
     raw = RawChain(bundle, [plan_addresses(sub, free_ports=True)[n] for n in path])
-    cluster = launch(
-        bundle_dir, sub, free_ports=True, extra_args=["--no-cap", "--threads", "1", *node_args], node_args=forced
-    )
+    node_extra = ["--no-cap", "--threads", "1", *node_args]
+    cluster = launch(bundle_dir, sub, free_ports=True, extra_args=node_extra, node_args=forced)
+    base = None
+    if args.against:  # the same tree from another checkout, side by side
+        env = {**os.environ, "PYTHONPATH": str(Path(args.against).resolve())}
+        base = launch(bundle_dir, sub, free_ports=True, extra_args=node_extra, node_args=forced, env=env)
     blocks: dict[str, list[dict]] = {"back_to_back": [], "paced": []}
     try:
-        with Client(cluster.addresses[leaf], timeout=30) as c:
+        with Client(cluster.addresses[leaf], timeout=30) as c, Client(
+            (base or cluster).addresses[leaf], timeout=30
+        ) as cb:
             answers, same = [], []
-            for i in range(20):  # warm up; the three paths give the same class
+            for i in range(20):  # warm up; the paths give the same class
                 want = int(chain(x[i : i + 1]).argmax())
                 same.append(int(raw.infer(x[i : i + 1])[0]) == want)
                 answers.append(c.infer(x[i : i + 1]))
                 same.append(int(answers[-1].cls[0]) == want)
+                if base is not None:
+                    answers.append(cb.infer(x[i : i + 1]))
+                    same.append(int(answers[-1].cls[0]) == want)
             sides = {
                 "in_process": lambda i: chain(x[i : i + 1]),
                 "raw_chain": lambda i: raw.infer(x[i : i + 1]),
                 "cis": lambda i: answers.append(c.infer(x[i : i + 1])),
             }
-            for _ in range(args.repeats):  # each block times all three, under the same machine state
+            if base is not None:
+                sides["base"] = lambda i: answers.append(cb.infer(x[i : i + 1]))
+            for block in range(args.repeats):  # each block times every side, under the same machine state
+                order = list(sides) if block % 2 == 0 else [s for s in reversed(sides) if s != "in_process"]
                 for mode, gap in (("back_to_back", 0.0), ("paced", args.gap)):
-                    t = {name: timed(fn, args.n, gap) for name, fn in sides.items()}
-                    inp, rawp, cisp = p50(t["in_process"]), p50(t["raw_chain"]), p50(t["cis"])
-                    raw_hop, cis_hop = (rawp - inp) / HOPS, (cisp - inp) / HOPS
-                    blocks[mode].append(
-                        {
-                            "in_process_p50_ms": inp * 1e3,
-                            "raw_chain_p50_ms": rawp * 1e3,
-                            "cis_p50_ms": cisp * 1e3,
-                            "cis_p99_ms": float(np.percentile(t["cis"], 99)) * 1e3,
-                            "raw_chain_per_hop_us": raw_hop * 1e6,
-                            "cis_per_hop_us": cis_hop * 1e6,
-                            "per_hop_ratio": cis_hop / raw_hop,
-                            "p50_ratio": cisp / inp,
-                        }
-                    )
+                    t = {name: timed(sides[name], args.n, gap) for name in order if name in sides}
+                    t.setdefault("in_process", timed(sides["in_process"], args.n, gap))
+                    blocks[mode].append(block_figures(t))
             exits = {int(r.exit[0]) for r in answers}
     finally:
         cluster.stop()
+        if base is not None:
+            base.stop()
         raw.close()
     if exits != {3} or not all(same):
         raise RuntimeError(f"forced requests were served at exits {exits}; classes agree: {all(same)}")
@@ -259,6 +267,32 @@ def latency(bundle_dir: Path, x: np.ndarray, args, node_args: list[str]) -> dict
         "paced": {"gap_s": args.gap, **median_of(blocks["paced"])},
         "blocks": blocks,
     }
+
+
+def block_figures(t: dict[str, list[float]]) -> dict:
+    """One block's p50s, per-hop overheads and ratios (with a base side: this code's against the base's)."""
+    inp, rawp, cisp = p50(t["in_process"]), p50(t["raw_chain"]), p50(t["cis"])
+    raw_hop, cis_hop = (rawp - inp) / HOPS, (cisp - inp) / HOPS
+    out = {
+        "in_process_p50_ms": inp * 1e3,
+        "raw_chain_p50_ms": rawp * 1e3,
+        "cis_p50_ms": cisp * 1e3,
+        "cis_p99_ms": float(np.percentile(t["cis"], 99)) * 1e3,
+        "raw_chain_per_hop_us": raw_hop * 1e6,
+        "cis_per_hop_us": cis_hop * 1e6,
+        "per_hop_ratio": cis_hop / raw_hop,
+        "p50_ratio": cisp / inp,
+    }
+    if "base" in t:
+        basep = p50(t["base"])
+        base_hop = (basep - inp) / HOPS
+        out.update(
+            base_p50_ms=basep * 1e3,
+            base_per_hop_us=base_hop * 1e6,
+            hop_vs_base=cis_hop / base_hop,
+            p50_vs_base=cisp / basep,
+        )
+    return out
 
 
 def throughput(bundle_dir: Path, x: np.ndarray, args, node_args: list[str]) -> dict:
@@ -368,6 +402,43 @@ def markdown(result: dict) -> list[str]:
         "",
         "Per hop = (p50 - in-process p50) / 3. Targets: per-hop ratio at most 1.5 at width 0.25 (goal 1.2); "
         "cis / in-process at most 1.15 at width 1.",
+    ]
+    lines += against_lines(result)
+    if any("b_throughput" in r for r in result["widths"].values()):
+        lines += throughput_lines(result)
+    lines += ["", "## Targets", ""]
+    for name, t in result["targets"].items():
+        lines.append(f"- {name}: {t['value']:.2f} ({t['rule']}) {'met' if t['met'] else 'MISSED'}")
+    return lines
+
+
+def against_lines(result: dict) -> list[str]:
+    """(a) side by side with another checkout (``--against``): per hop of both and their ratio."""
+    if not result.get("against"):
+        return []
+    lines = [
+        "",
+        f"### Side by side with `{result['against']}`",
+        "",
+        "| width | mode | base p50 | this p50 | base per hop | this per hop | this / base per hop (median of "
+        "blocks) | this / base p50 |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for w, r in result["widths"].items():
+        for mode, a in (("back to back", r["a_latency"]), ("paced", r["a_latency"]["paced"])):
+            lines.append(
+                f"| {w} | {mode} | {a['base_p50_ms']:.3f} ms | {a['cis_p50_ms']:.3f} ms | "
+                f"{a['base_per_hop_us']:.1f} us | {a['cis_per_hop_us']:.1f} us | {a['hop_vs_base']:.3f} | "
+                f"{a['p50_vs_base']:.3f} |"
+            )
+        per_block = [b["hop_vs_base"] for b in r["a_latency"]["blocks"]["back_to_back"]]
+        lines.append("")
+        lines.append(f"Width {w}, back to back, per block: " + ", ".join(f"{v:.3f}" for v in per_block) + ".")
+    return lines
+
+
+def throughput_lines(result: dict) -> list[str]:
+    lines = [
         "",
         "## (b) Batched throughput (one node, all stages, micro-batches of 32, one-sample requests)",
         "",
@@ -380,10 +451,7 @@ def markdown(result: dict) -> list[str]:
             f"| {w} | {b['in_process_samples_per_s']:.0f} /s | {b['cis_samples_per_s']:.0f} /s | "
             f"{b['ratio']:.2f} | {b['mean_batch']:.1f} |"
         )
-    lines += ["", "Target: at least 0.95 at both widths.", "", "## Targets", ""]
-    for name, t in result["targets"].items():
-        lines.append(f"- {name}: {t['value']:.2f} ({t['rule']}) {'met' if t['met'] else 'MISSED'}")
-    return lines
+    return lines + ["", "Target: at least 0.95 at both widths."]
 
 
 def main() -> int:
@@ -398,6 +466,8 @@ def main() -> int:
     ap.add_argument("--spin", action="store_true", help="run the cis nodes with --spin (busy-poll)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 40 requests, 2 blocks, 1 s throughput")
     ap.add_argument("--out", default="runtime_overhead", help="result name in benchmarks/results")
+    ap.add_argument("--against", metavar="DIR", help="(a) also times cis serve from the checkout in DIR, side by side")
+    ap.add_argument("--latency-only", action="store_true", help="(a) only: skip the throughput and bytes parts")
     args = ap.parse_args()
     if args.quick:
         args.n, args.repeats, args.gap, args.seconds = 40, 2, 0.02, 1.0
@@ -410,6 +480,7 @@ def main() -> int:
         "command": " ".join(["python", "benchmarks/runtime_overhead.py", *sys.argv[1:]]),
         "repeats": args.repeats,
         "spin": args.spin,
+        "against": args.against,
         "widths": {},
     }
     for w in widths:
@@ -421,11 +492,11 @@ def main() -> int:
         r = {"bundle": str(bundle_dir)}
         r["a_latency"] = latency(bundle_dir, x, args, node_args)
         print(f"width {w:g} (a): {json.dumps({k: v for k, v in r['a_latency'].items() if k != 'blocks'})}", flush=True)
-        r["b_throughput"] = throughput(bundle_dir, x, args, node_args)
-        print(
-            f"width {w:g} (b): {json.dumps({k: v for k, v in r['b_throughput'].items() if k != 'blocks'})}", flush=True
-        )
-        r["c_bytes_per_forwarded_request"] = carry_bytes(bundle_dir)
+        if not args.latency_only:
+            r["b_throughput"] = throughput(bundle_dir, x, args, node_args)
+            print(f"width {w:g} (b): {json.dumps({k: v for k, v in r['b_throughput'].items() if k != 'blocks'})}",
+                  flush=True)  # fmt: skip
+            r["c_bytes_per_forwarded_request"] = carry_bytes(bundle_dir)
         result["widths"][f"{w:g}"] = r
     result["machine"]["load_avg_end"] = os.getloadavg()
     targets = {}
@@ -437,8 +508,15 @@ def main() -> int:
         v = ws["1"]["a_latency"]["p50_ratio"]
         targets["p50 cis / in-process, width 1"] = {"value": v, "rule": "<= 1.15", "met": v <= 1.15}
     for w, r in ws.items():
+        if "b_throughput" not in r:
+            continue
         v = r["b_throughput"]["ratio"]
         targets[f"batched throughput cis / in-process, width {w}"] = {"value": v, "rule": ">= 0.95", "met": v >= 0.95}
+    for w, r in ws.items():
+        if "hop_vs_base" in r["a_latency"]:
+            v = r["a_latency"]["hop_vs_base"]
+            name = f"per hop, this code / {args.against}, width {w}"
+            targets[name] = {"value": v, "rule": "<= 1.02", "met": v <= 1.02}
     result["targets"] = targets
     write_results(args.out, result, markdown(result))
     print("\n".join(markdown(result)))

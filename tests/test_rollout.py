@@ -259,7 +259,8 @@ def test_sighup_reloads_a_node_from_its_folder(bundles, tmp_path):
             assert c.infer(x).bundle == b2
         assert st["bundle"] == b2 and {h["id"]: h["state"] for h in st["bundles"]} == {b1: "retiring", b2: "current"}
     finally:
-        assert stop(proc) == 0
+        code = stop(proc)
+    assert code == 0
 
 
 def test_the_issues_mixed_tree_is_degraded_not_wrong(bundles, digits, tmp_path):
@@ -285,5 +286,5 @@ def test_the_issues_mixed_tree_is_degraded_not_wrong(bundles, digits, tmp_path):
         assert {r.bundle for r in rs} == {load_bundle(two).id}
         assert edge["bundle_mismatch"]["parent"] >= 1
     finally:
-        for p in procs:
-            assert stop(p) == 0
+        codes = [stop(p) for p in procs]
+    assert codes == [0, 0, 0]

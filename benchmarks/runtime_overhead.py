@@ -24,9 +24,13 @@ depend on the weights), in one run on one machine:
 
 ``--against DIR`` adds a fourth side to every block of (a): ``cis serve`` run from another checkout of the
 project (``DIR``, e.g. ``git archive BASE | tar -x -C DIR``; its nodes import ``cis`` from there), timed on the
-same requests with the same client; the cis and base sides swap places every block. It reports the per-hop
-overhead of both and their ratio (``hop_vs_base``: this code's per hop / the base's), medians over blocks: what a
-change costs per hop, measured side by side. ``--latency-only`` skips (b) and (c).
+same requests with the same client, request by request in turn with this code's (one of each, in alternating
+order), so that whatever else the machine does falls on both alike. It reports the per-hop overhead of both
+and their ratio (``hop_vs_base``: this code's per hop / the base's), medians over blocks: what a change costs
+per hop, measured side by side; and the protocol's own work per hop in both (encode and decode of a forward and
+of its result, as a node sends and reads them: the minimum over repeats of each, in processes of each checkout
+taken in turn, ``--codec-rounds`` times), which a loaded machine disturbs far less than a latency. ``--latency-only``
+skips (b) and (c).
 
 Export needs the CIFAR-10 validation split (for calibration); the bundles are
 cached in ``--work``/w<width>/bundle.
@@ -184,6 +188,22 @@ def timed(fn, n: int, gap: float) -> list[float]:
     return out
 
 
+def timed_pair(fa, fb, n: int, gap: float) -> tuple[list[float], list[float]]:
+    """Wall times of fa(i) and fb(i) for i < n, called in turn (a then b for even i, b then a for odd), one call
+    every ``gap`` seconds (0: back to back)."""
+    out: dict = {fa: [], fb: []}
+    start, k = time.perf_counter(), 0
+    for i in range(n):
+        for fn in (fa, fb) if i % 2 == 0 else (fb, fa):
+            if gap:
+                time.sleep(max(0.0, start + k * gap - time.perf_counter()))
+            t = time.perf_counter()
+            fn(i)
+            out[fn].append(time.perf_counter() - t)
+            k += 1
+    return out[fa], out[fb]
+
+
 def p50(values) -> float:
     return float(np.median(np.asarray(values)))
 
@@ -243,13 +263,14 @@ def latency(bundle_dir: Path, x: np.ndarray, args, node_args: list[str]) -> dict
                 "raw_chain": lambda i: raw.infer(x[i : i + 1]),
                 "cis": lambda i: answers.append(c.infer(x[i : i + 1])),
             }
-            if base is not None:
-                sides["base"] = lambda i: answers.append(cb.infer(x[i : i + 1]))
-            for block in range(args.repeats):  # each block times every side, under the same machine state
-                order = list(sides) if block % 2 == 0 else [s for s in reversed(sides) if s != "in_process"]
+            for _ in range(args.repeats):  # each block times every side, under the same machine state
                 for mode, gap in (("back_to_back", 0.0), ("paced", args.gap)):
-                    t = {name: timed(sides[name], args.n, gap) for name in order if name in sides}
-                    t.setdefault("in_process", timed(sides["in_process"], args.n, gap))
+                    if base is None:
+                        t = {name: timed(fn, args.n, gap) for name, fn in sides.items()}
+                    else:  # this code and the base request by request in turn
+                        t = {name: timed(sides[name], args.n, gap) for name in ("in_process", "raw_chain")}
+                        base_side = lambda i: answers.append(cb.infer(x[i : i + 1]))  # noqa: E731
+                        t["cis"], t["base"] = timed_pair(sides["cis"], base_side, args.n, gap)
                     blocks[mode].append(block_figures(t))
             exits = {int(r.exit[0]) for r in answers}
     finally:
@@ -293,6 +314,40 @@ def block_figures(t: dict[str, list[float]]) -> dict:
             p50_vs_base=cisp / basep,
         )
     return out
+
+
+CODEC_PER_HOP = r"""
+import sys, timeit
+import numpy as np
+from cis.runtime import protocol as P
+carry = {"features_1": np.zeros((1, 16, 16, 16), np.float32)}  # a width-0.25 carry after stage 1
+ident = {"bundle": "0123456789abcdef"} if P.VERSION >= 2 else {}  # what a node of each version sends
+fwd = dict(stage=2, deadline=2e9, route=["device0"], sender="device0", **ident)
+z = np.zeros(1)
+four = (z.astype(np.int64), z.astype(np.float32), z.astype(np.int32), z.astype(np.uint8))
+f = [bytes(P._buffer(m)) for m in P.encode(P.FORWARD, 7, carry, **fwd)]
+r = [bytes(P._buffer(m)) for m in P.result_frames(7, 1, *four, ["cloud"], "cloud", **ident)]
+steps = (lambda: P.encode(P.FORWARD, 7, carry, **fwd), lambda: P.decode(f, 1 << 26, kinds=P.REQUEST_KINDS),
+         lambda: P.result_frames(7, 1, *four, ["cloud"], "cloud", **ident),
+         lambda: P.decode(r, 1 << 26, kinds=(P.RESULT, P.ERROR, P.PONG)))
+print(sum(min(timeit.repeat(s, number=100, repeat=300)) / 100 for s in steps))  # short repeats: the minimum
+"""
+
+
+def codec_per_hop(against: str, rounds: int) -> dict:
+    """Seconds of the protocol's work per hop (encode + decode of a forward and of its result), this checkout's
+    and ``against``'s, each a process of its own, taken in turn ``rounds`` times; medians."""
+    import subprocess
+
+    env = {**os.environ, "PYTHONPATH": str(Path(against).resolve())}
+    this, base = [], []
+    for i in range(rounds):
+        for which in ("this", "base") if i % 2 == 0 else ("base", "this"):
+            out = subprocess.run([sys.executable, "-c", CODEC_PER_HOP], capture_output=True, text=True, check=True,
+                                 env=env if which == "base" else None, cwd="/")  # fmt: skip
+            (this if which == "this" else base).append(float(out.stdout))
+    return {"rounds": rounds, "this_us": float(np.median(this)) * 1e6, "base_us": float(np.median(base)) * 1e6,
+            "this_all_us": [v * 1e6 for v in this], "base_all_us": [v * 1e6 for v in base]}  # fmt: skip
 
 
 def throughput(bundle_dir: Path, x: np.ndarray, args, node_args: list[str]) -> dict:
@@ -434,6 +489,15 @@ def against_lines(result: dict) -> list[str]:
         per_block = [b["hop_vs_base"] for b in r["a_latency"]["blocks"]["back_to_back"]]
         lines.append("")
         lines.append(f"Width {w}, back to back, per block: " + ", ".join(f"{v:.3f}" for v in per_block) + ".")
+        codec = r.get("a_codec_per_hop")
+        if codec:
+            extra = codec["this_us"] - codec["base_us"]
+            lines.append(
+                f"The protocol's work per hop (encode and decode of a forward and of its result; median of "
+                f"{codec['rounds']} processes each, the minimum over repeats in each): base {codec['base_us']:.1f} us, "
+                f"this {codec['this_us']:.1f} us: {extra:+.1f} us, "
+                f"{100 * extra / r['a_latency']['base_per_hop_us']:+.2f} % of the base's per-hop overhead back to back."
+            )
     return lines
 
 
@@ -468,6 +532,7 @@ def main() -> int:
     ap.add_argument("--out", default="runtime_overhead", help="result name in benchmarks/results")
     ap.add_argument("--against", metavar="DIR", help="(a) also times cis serve from the checkout in DIR, side by side")
     ap.add_argument("--latency-only", action="store_true", help="(a) only: skip the throughput and bytes parts")
+    ap.add_argument("--codec-rounds", type=int, default=10, help="with --against: processes of each in turn")
     args = ap.parse_args()
     if args.quick:
         args.n, args.repeats, args.gap, args.seconds = 40, 2, 0.02, 1.0
@@ -491,6 +556,8 @@ def main() -> int:
         x = np.random.default_rng(0).standard_normal((256, 3, 32, 32)).astype(np.float32)
         r = {"bundle": str(bundle_dir)}
         r["a_latency"] = latency(bundle_dir, x, args, node_args)
+        if args.against:
+            r["a_codec_per_hop"] = codec_per_hop(args.against, args.codec_rounds)
         print(f"width {w:g} (a): {json.dumps({k: v for k, v in r['a_latency'].items() if k != 'blocks'})}", flush=True)
         if not args.latency_only:
             r["b_throughput"] = throughput(bundle_dir, x, args, node_args)

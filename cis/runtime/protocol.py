@@ -55,7 +55,7 @@ from cis.runtime.headers import (  # noqa: F401  (re-exported: callers write P.R
     decoder,
 )
 from cis.runtime.wire import (  # noqa: F401  (the vocabulary is re-exported: callers write P.INFER)
-    BUNDLE_ID_FULL,
+    BUNDLE_ID_CHARS,
     COPY_THRESHOLD,
     DROP,
     DTYPE_NAME,

@@ -27,10 +27,11 @@ project (``DIR``, e.g. ``git archive BASE | tar -x -C DIR``; its nodes import ``
 same requests with the same client, request by request in turn with this code's (one of each, in alternating
 order), so that whatever else the machine does falls on both alike. It reports the per-hop overhead of both
 and their ratio (``hop_vs_base``: this code's per hop / the base's), medians over blocks: what a change costs
-per hop, measured side by side; and the protocol's own work per hop in both (encode and decode of a forward and
-of its result, as a node sends and reads them: the minimum over repeats of each, in processes of each checkout
-taken in turn, ``--codec-rounds`` times), which a loaded machine disturbs far less than a latency. ``--latency-only``
-skips (b) and (c).
+per hop, measured side by side; the CPU time the node processes of each used per request; and a leaf's own
+work on one forwarded request in both, in process (decode, admission, micro-batch, decision, the forward and its
+answer encoded and decoded, the reply, with stages that cost nothing: the minimum over short repeats, in processes
+of each checkout taken in turn, ``--codec-rounds`` times), which a loaded machine disturbs far less than a latency.
+``--latency-only`` skips (b) and (c).
 
 Export needs the CIFAR-10 validation split (for calibration); the bundles are
 cached in ``--work``/w<width>/bundle.
@@ -188,6 +189,16 @@ def timed(fn, n: int, gap: float) -> list[float]:
     return out
 
 
+def cpu_seconds(cluster) -> float:
+    """CPU seconds (user + system, every thread) the cluster's node processes have used so far: what a request
+    costs them, which other work on the machine disturbs far less than a latency."""
+    tick, total = os.sysconf("SC_CLK_TCK"), 0.0
+    for proc in cluster.procs.values():
+        fields = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
 def timed_pair(fa, fb, n: int, gap: float) -> tuple[list[float], list[float]]:
     """Wall times of fa(i) and fb(i) for i < n, called in turn (a then b for even i, b then a for odd), one call
     every ``gap`` seconds (0: back to back)."""
@@ -258,21 +269,28 @@ def latency(bundle_dir: Path, x: np.ndarray, args, node_args: list[str]) -> dict
                 if base is not None:
                     answers.append(cb.infer(x[i : i + 1]))
                     same.append(int(answers[-1].cls[0]) == want)
+            def one(i: int) -> np.ndarray:  # sample i, round the inputs (--n may exceed them)
+                return x[i % len(x) : i % len(x) + 1]
+
             sides = {
-                "in_process": lambda i: chain(x[i : i + 1]),
-                "raw_chain": lambda i: raw.infer(x[i : i + 1]),
-                "cis": lambda i: answers.append(c.infer(x[i : i + 1])),
+                "in_process": lambda i: chain(one(i)),
+                "raw_chain": lambda i: raw.infer(one(i)),
+                "cis": lambda i: answers.append(c.infer(one(i))),
             }
+            cpu0 = {name: cpu_seconds(cl) for name, cl in (("cis", cluster), ("base", base)) if cl is not None}
             for _ in range(args.repeats):  # each block times every side, under the same machine state
                 for mode, gap in (("back_to_back", 0.0), ("paced", args.gap)):
                     if base is None:
                         t = {name: timed(fn, args.n, gap) for name, fn in sides.items()}
                     else:  # this code and the base request by request in turn
                         t = {name: timed(sides[name], args.n, gap) for name in ("in_process", "raw_chain")}
-                        base_side = lambda i: answers.append(cb.infer(x[i : i + 1]))  # noqa: E731
+                        base_side = lambda i: answers.append(cb.infer(one(i)))  # noqa: E731
                         t["cis"], t["base"] = timed_pair(sides["cis"], base_side, args.n, gap)
                     blocks[mode].append(block_figures(t))
             exits = {int(r.exit[0]) for r in answers}
+            requests = 2 * args.n * args.repeats  # per cis side, both modes
+            cpu = {f"{name}_cpu_per_request_us": (cpu_seconds(cl) - cpu0[name]) / requests * 1e6
+                   for name, cl in (("cis", cluster), ("base", base)) if cl is not None}  # fmt: skip
     finally:
         cluster.stop()
         if base is not None:
@@ -284,6 +302,7 @@ def latency(bundle_dir: Path, x: np.ndarray, args, node_args: list[str]) -> dict
         "requests_per_block": args.n,
         "repeats": args.repeats,
         "message_hops": HOPS,
+        **cpu,
         **median_of(blocks["back_to_back"]),
         "paced": {"gap_s": args.gap, **median_of(blocks["paced"])},
         "blocks": blocks,
@@ -307,36 +326,60 @@ def block_figures(t: dict[str, list[float]]) -> dict:
     if "base" in t:
         basep = p50(t["base"])
         base_hop = (basep - inp) / HOPS
+        paired = float(np.median(np.subtract(t["cis"], t["base"])))  # request by request: the load falls on both
         out.update(
             base_p50_ms=basep * 1e3,
             base_per_hop_us=base_hop * 1e6,
             hop_vs_base=cis_hop / base_hop,
             p50_vs_base=cisp / basep,
+            paired_per_hop_us=paired / HOPS * 1e6,
         )
     return out
 
 
 CODEC_PER_HOP = r"""
-import sys, timeit
+import time, timeit
+from collections import namedtuple
 import numpy as np
 from cis.runtime import protocol as P
-carry = {"features_1": np.zeros((1, 16, 16, 16), np.float32)}  # a width-0.25 carry after stage 1
-ident = {"bundle": "0123456789abcdef"} if P.VERSION >= 2 else {}  # what a node of each version sends
-fwd = dict(stage=2, deadline=2e9, route=["device0"], sender="device0", **ident)
-z = np.zeros(1)
-four = (z.astype(np.int64), z.astype(np.float32), z.astype(np.int32), z.astype(np.uint8))
-f = [bytes(P._buffer(m)) for m in P.encode(P.FORWARD, 7, carry, **fwd)]
-r = [bytes(P._buffer(m)) for m in P.result_frames(7, 1, *four, ["cloud"], "cloud", **ident)]
-steps = (lambda: P.encode(P.FORWARD, 7, carry, **fwd), lambda: P.decode(f, 1 << 26, kinds=P.REQUEST_KINDS),
-         lambda: P.result_frames(7, 1, *four, ["cloud"], "cloud", **ident),
-         lambda: P.decode(r, 1 << 26, kinds=(P.RESULT, P.ERROR, P.PONG)))
-print(sum(min(timeit.repeat(s, number=100, repeat=300)) / 100 for s in steps))  # short repeats: the minimum
+from cis.runtime.executor import Executor
+from cis.runtime.node_config import NodeConfig
+T = namedtuple("T", "name shape dtype")
+class S:  # a stage that costs nothing: what is left is the node's own work
+    inputs = (T("input", (None, 4), "float32"),)
+    outputs = (T("logits", (None, 3), "float32"), T("features", (None, 4), "float32"))
+    def run(self, f):
+        return {"logits": f["input"][:, :3] * 10, "features": f["input"]}
+class Out:  # what the node's outbox sends, encoded as the node encodes it
+    parent_up = True
+    def reply(self, req):
+        ident = {"bundle": req.version.id, "v": req.v} if hasattr(req, "version") else {}
+        P.result_frames(req.req_id, req.n, req.cls, req.conf, req.exit, req.flags, req.served_by, "leaf", **ident)
+    def error(self, req, code, message):
+        raise RuntimeError(message)
+    def forward(self, pending, carry):
+        ident = pending.version.wire if hasattr(pending, "version") else {}
+        P.encode(P.FORWARD, 1, carry, stage=2, deadline=2e9, route=["leaf"], sender="leaf", **ident)
+        self.pending = pending
+        return True
+ident = {"bundle_sha256": "a" * 64} if P.VERSION >= 2 else {}
+ex = Executor(NodeConfig("leaf", 1, parent="tcp://x", threshold=0.9, **ident), {1: S()}, Out())
+infer = [bytes(P._buffer(f)) for f in P.encode(P.INFER, 5, {"input": np.array([[0.1, 0, 0, 0]], np.float32)})]
+four = (np.array([2]), np.array([1.0], np.float32), np.array([2], np.int32), np.zeros(1, np.uint8))
+answer = [bytes(P._buffer(f)) for f in P.result_frames(1, 1, *four, ["root"], "root",
+                                                        **({"bundle": "a" * 16} if P.VERSION >= 2 else {}))]
+def hop():  # a leaf's work on one forwarded request: decode, admit, batch, decide, forward; the answer back
+    ex.admit([b"c"], P.decode(infer, 1 << 26, kinds=P.REQUEST_KINDS), time.monotonic())
+    ex.run_batch()
+    ex.from_parent(ex.out.pending, P.decode(answer, 1 << 26, kinds=(P.RESULT, P.ERROR, P.PONG)))
+print(min(timeit.repeat(hop, number=10, repeat=3000)) / 10)  # short repeats: the minimum is the work itself
 """
 
 
 def codec_per_hop(against: str, rounds: int) -> dict:
-    """Seconds of the protocol's work per hop (encode + decode of a forward and of its result), this checkout's
-    and ``against``'s, each a process of its own, taken in turn ``rounds`` times; medians."""
+    """Seconds of a leaf's own work on one forwarded request (decode, admission, micro-batch, decision, the
+    forward and its answer encoded and decoded, the reply; stages that cost nothing), this checkout's and
+    ``against``'s, each a process of its own, taken in turn ``rounds`` times; medians."""
     import subprocess
 
     env = {**os.environ, "PYTHONPATH": str(Path(against).resolve())}
@@ -476,25 +519,39 @@ def against_lines(result: dict) -> list[str]:
         f"### Side by side with `{result['against']}`",
         "",
         "| width | mode | base p50 | this p50 | base per hop | this per hop | this / base per hop (median of "
-        "blocks) | this / base p50 |",
-        "|---|---|---|---|---|---|---|---|",
+        "blocks) | this / base p50 | this - base per hop, paired |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for w, r in result["widths"].items():
         for mode, a in (("back to back", r["a_latency"]), ("paced", r["a_latency"]["paced"])):
             lines.append(
                 f"| {w} | {mode} | {a['base_p50_ms']:.3f} ms | {a['cis_p50_ms']:.3f} ms | "
                 f"{a['base_per_hop_us']:.1f} us | {a['cis_per_hop_us']:.1f} us | {a['hop_vs_base']:.3f} | "
-                f"{a['p50_vs_base']:.3f} |"
+                f"{a['p50_vs_base']:.3f} | {a['paired_per_hop_us']:+.1f} us |"
             )
-        per_block = [b["hop_vs_base"] for b in r["a_latency"]["blocks"]["back_to_back"]]
+        blocks = r["a_latency"]["blocks"]["back_to_back"]
         lines.append("")
-        lines.append(f"Width {w}, back to back, per block: " + ", ".join(f"{v:.3f}" for v in per_block) + ".")
+        lines.append(
+            f"Width {w}, back to back, per block: this / base per hop "
+            + ", ".join(f"{b['hop_vs_base']:.3f}" for b in blocks)
+            + "; this - base per hop, paired: "
+            + ", ".join(f"{b['paired_per_hop_us']:+.1f}" for b in blocks)
+            + " us. *Paired*: the median over requests of (this request's latency - the base's next to it) / 3."
+        )
+        a = r["a_latency"]
+        if "base_cpu_per_request_us" in a:
+            b_cpu, t_cpu = a["base_cpu_per_request_us"], a["cis_cpu_per_request_us"]
+            lines.append(
+                f"CPU time of the three node processes per request (every request of both modes): base {b_cpu:.0f} us, "
+                f"this {t_cpu:.0f} us: {t_cpu / b_cpu:.3f}."
+            )
         codec = r.get("a_codec_per_hop")
         if codec:
             extra = codec["this_us"] - codec["base_us"]
             lines.append(
-                f"The protocol's work per hop (encode and decode of a forward and of its result; median of "
-                f"{codec['rounds']} processes each, the minimum over repeats in each): base {codec['base_us']:.1f} us, "
+                f"A leaf's own work on one forwarded request, in process (decode, admission, batch, decision, forward, "
+                f"the answer, the reply; stages that cost nothing; median of {codec['rounds']} processes each, the "
+                f"minimum over short repeats in each): base {codec['base_us']:.1f} us, "
                 f"this {codec['this_us']:.1f} us: {extra:+.1f} us, "
                 f"{100 * extra / r['a_latency']['base_per_hop_us']:+.2f} % of the base's per-hop overhead back to back."
             )

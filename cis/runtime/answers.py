@@ -71,6 +71,8 @@ class Answers:
             self.counters["degraded"] += pending.n
             self.counters["served"] += pending.n
             self.fallback(pending, count=False)
+        if not here:
+            return
         nid = self.cfg.node_id
         for req, s, idx in here:
             if req.answered:

@@ -323,10 +323,10 @@ class Executor(Answers):
         if verdict.exit_at is not None:
             exit_at = verdict.exit_at
             self.served_early += np.bincount(exit_at, minlength=self.cfg.exit + 1)[: self.cfg.exit]  # samples_total
-        serve, cls, conf, flags, lg, bad = flag_nonfinite(
-            order, over, verdict.serve, verdict.cls, verdict.conf, flags, lg
-        )
-        self.counters["nonfinite"] += bad
+        serve, cls, conf = verdict.serve, verdict.cls, verdict.conf
+        if over is not None or any(req.bad is not None for req in order):  # nonfinite="flag": answered here
+            serve, cls, conf, flags, lg, bad = flag_nonfinite(order, over, serve, cls, conf, flags, lg)
+            self.counters["nonfinite"] += bad
         wanted = 0
         if self.cfg.parent is not None:  # what goes up, as far as the parent and the cap allow
             assert serve is not None  # the policy decided; only the root decides nothing

@@ -99,9 +99,10 @@ def _tree(args: argparse.Namespace):
     elif state.get("spec"):
         spec = load_spec(state["spec"])
     else:
-        spec = load_bundle(state["bundle"], verify=False).spec
-        if spec is None:
+        served = load_bundle(state["bundle"], verify=False).spec
+        if served is None:
             raise CisError(f"{args.cluster}: the served bundle has no spec; pass --spec")
+        spec = served
     if not args.cluster:
         addresses = {n.id: n.address for n in spec.nodes if n.address}
     return spec, addresses

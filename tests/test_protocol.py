@@ -51,7 +51,7 @@ def test_want_logits_asks_for_a_fifth_result_tensor_that_both_paths_check():
     assert len(plain) == 5 and msgpack.unpackb(plain[0])["names"] == list(P.RESULT_TENSORS)  # unchanged
     logits = np.arange(6, dtype=np.float32).reshape(2, 3)
     frames = [bytes(P._buffer(f)) for f in P.result_frames(9, 2, *four, ["a", "b"], "b", logits)]
-    fast = P._fast(P._decoder(P.REPLY_KINDS).decode(frames[0]), frames[0], frames, None, None, None)
+    fast = P._fast(P.decoder(P.REPLY_KINDS).decode(frames[0]), frames[0], frames, None, None, None)
     slow = P._checked(P._buffer(frames[0]), frames, None, None, None, P.REPLY_KINDS)
     for msg in (fast, slow):
         assert msg is not None and msg.head.names[4] == P.RESULT_LOGITS
@@ -157,7 +157,7 @@ def _infer(**fields):
 TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"  # the W3C specification's example
 CONFUSED = [True, False, 1.5, -1, "1", b"1", [1], {"a": 1}, [], {}]
 BAD_VALUES = {  # header field -> (code, values of the wrong type or out of range)
-    "v": ("bad_version", [*CONFUSED, 2, 0, 1.0]),
+    "v": ("bad_version", [*CONFUSED, 3, 0, 1.0, 2.0]),  # 1 and 2 are read (docs/protocol.md, *Versions*)
     "kind": ("unknown_kind", [*CONFUSED, "dance", "INFER"]),
     "id": ("bad_message", [True, False, 1.5, -1, "1", b"1", [1], {"a": 1}, [], {}]),
     "names": ("bad_tensor", [True, 1.5, -1, "x", b"x", {"a": 1}, [1], [b"x"], [""], ["x" * 200], [["x"]]]),
@@ -182,6 +182,9 @@ BAD_VALUES = {  # header field -> (code, values of the wrong type or out of rang
          [[1, "x"]], [[1, TP.upper()]], [1, TP], [(1, b"")], [[1, ""]] * 4097],
     ),  # fmt: skip
     "want_logits": ("bad_message", [1, 0, 1.5, -1, "true", b"1", [True], {"a": 1}, [], {}]),
+    "bundle": ("bad_message", [*CONFUSED, "", "0123456789abcde", "0123456789abcdef0", "0123456789abcdef\n",
+                               b"0123456789abcdef"]),  # 16 characters that are no id: bundle_mismatch at a node
+    "path": ("bad_message", [True, 1, 1.5, b"/b", ["/b"], {"a": 1}, "", "/" * 4097]),
 }
 
 
@@ -201,7 +204,8 @@ def test_required_fields_and_the_order_of_checks():
     assert _code(_infer(kind=None)) == "unknown_kind"
     assert _code(_infer(id=None)) == "bad_message"
     assert P.decode(_infer(stage=None, deadline=None, route=None, sender=None, node=None)).header["id"] == 77
-    assert _code(_infer(v=2, kind="dance")) == "bad_version"  # the first failure is the one reported
+    assert _code(_infer(v=3, kind="dance")) == "bad_version"  # the first failure is the one reported
+    assert P.decode(_infer(v=2)).head.v == 2 and P.decode(_infer(v=1)).head.v == 1  # both versions are read
     assert _code(_infer(names=["x", "y"])) == "bad_message"  # names and frames disagree
     assert _code(_infer(shapes=[[2, 4]])) == "bad_tensor"  # the frame holds 24 bytes, not 32
     assert _code(_infer(), max_bytes=20) == "too_large"
@@ -262,6 +266,8 @@ _keys = st.sampled_from(
         "traceparent",
         "trace_parts",
         "want_logits",
+        "bundle",
+        "path",
         "served_by",
         "code",
         "message",
@@ -272,7 +278,7 @@ _keys = st.sampled_from(
 
 
 def _accepted_header_is_in_schema(h: dict, tensors: dict) -> None:
-    assert type(h["v"]) is int and h["v"] == 1
+    assert type(h["v"]) is int and h["v"] in (1, 2)
     assert h["kind"] in P.KINDS
     assert type(h["id"]) is int and 0 <= h["id"] < 1 << 64
     if "stage" in h:
@@ -287,6 +293,10 @@ def _accepted_header_is_in_schema(h: dict, tensors: dict) -> None:
     assert "trace_parts" not in h or (0 < len(h["trace_parts"]) <= P.MAX_TRACE_PARTS and all(
         type(c) is int and c >= 1 and (tp == "" or P.is_traceparent(tp)) for c, tp in h["trace_parts"]))  # fmt: skip
     assert "want_logits" not in h or type(h["want_logits"]) is bool
+    assert "bundle" not in h or P.is_bundle_id(h["bundle"])
+    assert "path" not in h or (type(h["path"]) is str and 0 < len(h["path"]) <= P.MAX_TEXT)
+    assert h["kind"] not in (P.SWITCH, P.DROP) or "bundle" in h
+    assert h["kind"] != P.LOAD or "path" in h
     for a in tensors.values():
         assert a.dtype.name in P.DTYPES
 
@@ -349,6 +359,10 @@ _BASES = {
     "status_reply": {"status": {"node": "a"}},
     "ping": {"node": "a"},
     "pong": {"node": "a"},
+    "load": {"path": "/srv/bundle"},
+    "switch": {"bundle": "0123456789abcdef"},
+    "drop": {"bundle": "0123456789abcdef"},
+    "reload": {},
 }
 _FRAMES = {"infer": [4], "forward": [4], "result": [8, 4, 4, 1], "result+logits": [8, 4, 4, 1, 8]}
 
@@ -371,7 +385,7 @@ def test_the_schema_never_accepts_what_the_checks_refuse(kind, changes, kinds, e
     sizes = sizes[: len(sizes) + extra_frames] if extra_frames < 0 else sizes + [4] * extra_frames
     frames = [msgpack.packb(header, use_bin_type=True)] + [bytes(k) for k in sizes]
     try:
-        fast = P._decoder(kinds).decode(frames[0])
+        fast = P.decoder(kinds).decode(frames[0])
     except Exception:
         return
     msg = P._fast(fast, frames[0], frames, 1 << 16, None, None)
@@ -401,10 +415,14 @@ def test_valid_messages_take_the_one_pass_path(kinds):
         P.ERROR: P.error_frames(10, "overloaded", "full", node="a"),
         P.STATUS_REPLY: P.encode(P.STATUS_REPLY, 11, status={"node": "a"}),
         P.PONG: P.encode(P.PONG, 12, node="a"),
+        P.LOAD: P.encode(P.LOAD, 13, path="/srv/bundle"),
+        P.SWITCH: P.encode(P.SWITCH, 14, bundle="0123456789abcdef"),
+        P.DROP: P.encode(P.DROP, 15, bundle="0123456789abcdef"),
+        P.RELOAD: P.encode(P.RELOAD, 16),
     }
     for kind in kinds:
         frames = [bytes(P._buffer(f)) for f in msgs[kind]]
-        head = P._decoder(kinds).decode(frames[0])
+        head = P.decoder(kinds).decode(frames[0])
         msg = P._fast(head, frames[0], frames, 1 << 20, None, None)
         assert msg is not None and msg.kind == kind, kind
         assert msg.header == msgpack.unpackb(frames[0])  # the plain header, decoded on demand
@@ -416,7 +434,7 @@ def test_valid_messages_take_the_one_pass_path(kinds):
     "field, code",
     [("stage", "bad_stage"), ("deadline", "bad_message"), ("route", "bad_message"), ("sender", "bad_message"),
      ("node", "bad_message"), ("traceparent", "bad_message"), ("trace_parts", "bad_message"),
-     ("want_logits", "bad_message")],
+     ("want_logits", "bad_message"), ("bundle", "bad_message"), ("path", "bad_message")],
 )  # fmt: skip
 def test_nil_is_no_value_of_any_field_an_absent_one_takes_its_default(field, code):
     """A field present with nil (msgpack None) is refused like any wrong type, never read as absent:
@@ -431,5 +449,5 @@ def test_nil_is_no_value_of_any_field_an_absent_one_takes_its_default(field, cod
     header.pop(field)
     absent = P.decode([msgpack.packb(header), bytes(24)]).head
     defaults = {"stage": 1, "deadline": 0.0, "route": [], "sender": "", "node": ""}
-    defaults.update(traceparent="", trace_parts=(), want_logits=False)
+    defaults.update(traceparent="", trace_parts=(), want_logits=False, bundle="", path="")
     assert getattr(absent, field) == defaults[field]

@@ -127,7 +127,7 @@ def test_bad_messages_get_error_replies_and_the_node_keeps_serving(tree):
     good_header = P.encode(P.INFER, 5, {"input": np.zeros((1, 4), np.float32)})[0]
     cases = {
         "bad_message": [b"not msgpack \xc1"],
-        "bad_version": [msgpack.packb({"v": 2, "kind": "infer", "id": 1})],
+        "bad_version": [msgpack.packb({"v": 3, "kind": "infer", "id": 1})],
         "unknown_kind": [msgpack.packb({"v": 1, "kind": "result", "id": 1})],
         "bad_tensor": P.encode(P.INFER, 3, {"input": np.zeros((1, 4), np.float64)}),
         "bad_stage": P.encode(P.INFER, 4, {"input": np.zeros((1, 4), np.float32)}, stage=3),

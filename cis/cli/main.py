@@ -38,6 +38,7 @@ COMMANDS = [
     "serve",
     "infer",
     "status",
+    "rollout",
     "keys",
     "export",
     "inspect",

@@ -31,6 +31,7 @@ from cis.core.stages.contract import LOGITS
 from cis.core.user_code import sha256_file  # also what export and the tests import from here
 
 SCHEMA_VERSION = 1
+ID_DIGITS = 16  # a bundle's id: the first 16 hex digits of its manifest.json's sha256 (Bundle.id)
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig"  # cis.core.signing.signature_path(MANIFEST): written after the manifest, never listed in it
 CONFIDENCE_PROFILE = "profiles/confidence.npz"
@@ -114,6 +115,13 @@ class Bundle:
             parse_spec(manifest["spec"], f"{root}/{MANIFEST}: spec") if manifest.get("spec") else None
         )
         self.policy = ExitPolicy.from_json(manifest["policy"]) if manifest.get("policy") else None
+
+    @property
+    def id(self) -> str:
+        """The bundle's short identity: the first 16 hex digits of the sha256 of manifest.json (which lists every
+        file's sha256, so it names the whole bundle). Nodes name it on the wire: a node continues only a carry
+        made by a bundle it holds (docs/protocol.md, *Bundle identity*)."""
+        return self.sha256[:ID_DIGITS]
 
     @property
     def num_exits(self) -> int:

@@ -5,9 +5,12 @@
         r = c.infer(x, traceparent="00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01")  # joins a trace
         r.cls, r.confidence, r.exit, r.served_by, r.degraded, r.latency
         r = c.infer(x, logits=True)    # also the answering exit's logits: r.logits (N, C), r.probabilities
+        r.bundle                       # the id of the bundle that answered (docs/protocol.md, *Bundle identity*)
+        c.control("load", path="/srv/bundle-v2")   # update kinds: load, switch, drop, reload -> the node's status
         rs = c.infer_many(x, batch_size=1, window=64)   # pipelined: many requests in flight
 
-One DEALER socket; not thread-safe (use one Client per thread).
+One DEALER socket; not thread-safe (use one Client per thread). Requests that name no bundle go as
+protocol version 1 (which they are), so the client talks to nodes of either version.
 """
 
 from __future__ import annotations
@@ -53,6 +56,7 @@ class Result:
     error: ServerError | None = None
     sent: float = math.nan  # time.perf_counter() when the request was sent (cis infer --out: sent_s)
     logits: np.ndarray | None = None  # (N, C) float32, the answering exit's: only when asked for (logits=True)
+    bundle: str = ""  # the id of the bundle that answered every sample ("" from a node without one, or an error)
 
     @property
     def probabilities(self) -> np.ndarray | None:
@@ -147,17 +151,21 @@ class Client:
         stage: int = 1,
         traceparent: str | None = None,
         logits: bool = False,
+        bundle: str | None = None,
     ) -> int:
         """Send one request (a batch of samples) without waiting; returns its id. ``traceparent``: a W3C trace
         context (``00-<trace id>-<span id>-<flags>``) the request joins (docs/runtime.md, *Tracing*); ``logits``:
-        the answer also carries the logits of the exit that answered each sample (``Result.logits``)."""
+        the answer also carries the logits of the exit that answered each sample (``Result.logits``); ``bundle``:
+        a bundle id the node holds that must answer it (else ``bundle_mismatch``), instead of its current one."""
         tensors = dict(batch) if isinstance(batch, dict) else {self.input_name: request_array(batch)}
         n = len(next(iter(tensors.values())))
         rid = next(self._ids)
         trace = {"traceparent": check_traceparent(traceparent)} if traceparent is not None else _NONE
         want = _WANT_LOGITS if logits else _NONE
         fields = {"stage": stage, "deadline": float(deadline or 0.0), "route": [], **trace, **want}
-        frames = P.encode(P.INFER, rid, tensors, **fields)
+        if bundle:
+            fields["bundle"] = bundle
+        frames = P.encode(P.INFER, rid, tensors, v=P.VERSION if bundle else 1, **fields)
         # timed before the send: a node on this core may run the request before the sender gets the core back
         self._sent[rid] = (time.perf_counter(), n)
         P.send(self.sock, frames)
@@ -195,7 +203,7 @@ class Client:
         lg = t.get(P.RESULT_LOGITS)
         return msg.id, Result(
             t["class"].copy(), t["confidence"].copy(), t["exit"].copy(), t["flags"].copy(), h.served_by, now - t0,
-            sent=t0, logits=None if lg is None else lg.copy(),
+            sent=t0, logits=None if lg is None else lg.copy(), bundle=h.bundle,
         )
 
     @property
@@ -297,8 +305,23 @@ class Client:
                 emitted += 1
 
     def status(self, timeout: float = 2.0) -> dict:
+        return self.control(P.STATUS, timeout, v=1)
+
+    def control(self, kind: str, timeout: float = 2.0, v: int = P.VERSION, **fields) -> dict:
+        """Send a message that a node answers with its status (``status``, or an update kind: ``load`` with
+        ``path``, ``switch`` or ``drop`` with ``bundle``, ``reload``; docs/protocol.md); the node's status
+        after it. Raises ServerError when the node answers an error, TimeoutError when it does not answer."""
+        return self.await_status(self.send_control(kind, v, **fields), timeout, kind)
+
+    def send_control(self, kind: str, v: int = P.VERSION, **fields) -> int:
+        """Send a message without tensors (see :meth:`control`) without waiting; its id."""
         rid = next(self._ids)
-        P.send(self.sock, P.encode(P.STATUS, rid))
+        P.send(self.sock, P.encode(kind, rid, v=v, **fields))
+        return rid
+
+    def await_status(self, rid: int, timeout: float, kind: str = "") -> dict:
+        """Wait for the answer to message ``rid``: the node's status (a status_reply), or ServerError (an error);
+        TimeoutError when none comes within ``timeout`` seconds (other messages are dropped meanwhile)."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if not self.sock.poll(int(max(end - time.monotonic(), 0) * 1000) + 1, zmq.POLLIN):
@@ -307,9 +330,14 @@ class Client:
                 msg = P.decode(P.recv(self.sock, _NO_LIMIT)[0], kinds=P.REPLY_KINDS)
             except (zmq.Again, P.ProtocolError):
                 continue
-            if isinstance(msg.head, P.StatusReplyHeader) and msg.id == rid:
+            if msg.id != rid:
+                continue
+            if isinstance(msg.head, P.ErrorHeader):
+                raise ServerError(msg.head.code, msg.head.message)
+            if isinstance(msg.head, P.StatusReplyHeader):
                 return msg.head.status
-        raise TimeoutError(f"no status from {self.address} within {timeout:.1f} s")
+        what = "status" if kind in ("", P.STATUS) else "an answer to " + kind
+        raise TimeoutError(f"no {what} from {self.address} within {timeout:.1f} s")
 
     def close(self) -> None:
         self.sock.close(0)

@@ -180,3 +180,51 @@ class FailureLog:
             requests=ids,
             held_back=held,
         )
+
+
+MAX_PEERS_LOGGED = 1024  # (peer, bundle) pairs a node remembers having logged; beyond, mismatches are counted only
+
+
+class MismatchLog:
+    """A carry of a bundle the node does not hold (``bundle_mismatch``): a WARNING once per peer and bundle, at
+    the node that refused it and at the child whose forward was refused, however many follow (they are counted:
+    ``cis_bundle_mismatch_total``)."""
+
+    def __init__(self, node_id: str) -> None:
+        self.node_id = node_id
+        self.seen: set[tuple[str, str, str]] = set()
+
+    def _first(self, key: tuple[str, str, str]) -> bool:
+        if key in self.seen or len(self.seen) >= MAX_PEERS_LOGGED:
+            return False
+        self.seen.add(key)
+        return True
+
+    def refused(self, kind: str, peer: str, bundle: str, held: list[str]) -> None:
+        """This node refused a request (``kind``) from ``peer`` naming ``bundle``."""
+        if self._first(("refused", peer, bundle)):
+            event(
+                log,
+                logging.WARNING,
+                "bundle_mismatch",
+                f"node {self.node_id}: refused a {kind} from {peer} of bundle {bundle or '(none named)'}; it holds "
+                f"{', '.join(held) or '(none named)'}; answered 'bundle_mismatch' (logged once per peer and bundle)",
+                node=self.node_id,
+                peer=peer,
+                bundle=bundle or None,
+                held=held,
+            )
+
+    def by_parent(self, parent: str, bundle: str, why: str) -> None:
+        """The parent refused this node's forward of ``bundle`` (or answered it with another bundle)."""
+        if self._first(("parent", parent, bundle)):
+            event(
+                log,
+                logging.WARNING,
+                "parent_bundle_mismatch",
+                f"node {self.node_id}: parent {parent} did not continue bundle {bundle or '(none named)'} ({why}); "
+                "those samples are served here, flagged degraded (logged once per parent and bundle)",
+                node=self.node_id,
+                parent=parent,
+                bundle=bundle or None,
+            )

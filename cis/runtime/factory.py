@@ -5,11 +5,14 @@
 
 The spec gives the node's exit, parent, transfer cap, queue limit, provider and
 addresses; the bundle its stages and its exit policy; ``cis serve`` flags override
-any of them (:mod:`cis.cli.commands.serve_config`).
+any of them (:mod:`cis.cli.commands.serve_config`). The node can load another
+bundle later (``node.updates``, :mod:`cis.runtime.updates`) through
+:func:`load_version`, with the same spec, threshold override, provider and trusted key.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from typing import Any
@@ -17,11 +20,13 @@ from typing import Any
 from cis.core.bundle import Bundle, load_bundle
 from cis.core.errors import CisError
 from cis.core.logs import event
+from cis.core.policy.exit_policy import ExitPolicy
 from cis.core.rates import compute_rates
 from cis.core.spec import CisSpec
 from cis.core.spec import Node as SpecNode
 from cis.runtime.node import BundleStage, Node
 from cis.runtime.node_config import STAGE_THREADS, NodeConfig
+from cis.runtime.versions import Version
 
 log = logging.getLogger(__name__)
 
@@ -49,11 +54,11 @@ def build_node(
     if spec is None:
         raise CisError(f"{bundle.root}: bundle has no spec; pass --spec")
     node = spec.node(node_id)
-    if node.exit > bundle.num_exits:
-        raise CisError(f"node {node_id!r}: exit {node.exit} but the bundle has {bundle.num_exits} stages")
+    given = threshold
+    threshold = fit(bundle, spec, node_id, threshold)
     bind, parent = _addresses(spec, node, bind, parent)
-    threshold = _threshold(bundle, node, threshold)
-    stages, backend = _open_stages(bundle, node, options.pop("provider", None), options.pop("threads", STAGE_THREADS))
+    provider, threads = options.pop("provider", None), options.pop("threads", STAGE_THREADS)
+    stages, backend = _open_stages(bundle, node, provider, threads)
     _policy_options(bundle, spec, options)
     if node.queue_limit is not None:
         options.setdefault("queue_limit", node.queue_limit)
@@ -74,7 +79,41 @@ def build_node(
         bundle_sha256=bundle.sha256,
         **options,
     )
-    return Node(cfg, stages)
+    built = Node(cfg, stages)
+    built.updates.loader = functools.partial(load_version, spec=spec, node_id=node_id, threshold=given,
+                                             provider=provider, threads=threads, trust=cfg.trust)  # fmt: skip
+    return built
+
+
+def fit(bundle: Bundle, spec: CisSpec, node_id: str, threshold: float | None = None) -> float:
+    """The threshold ``node_id`` of ``spec`` serves ``bundle`` with; :class:`CisError` (one line) when the bundle
+    does not fit the node: fewer stages than its exit, or no threshold for it (and none given)."""
+    node = spec.node(node_id)
+    if node.exit > bundle.num_exits:
+        raise CisError(f"node {node_id!r}: exit {node.exit} but the bundle has {bundle.num_exits} stages")
+    return _threshold(bundle, node, threshold)
+
+
+def load_version(
+    path: str,
+    spec: CisSpec,
+    node_id: str,
+    threshold: float | None = None,
+    provider: str | None = None,
+    threads: int = STAGE_THREADS,
+    trust: str | None = None,
+) -> Version:
+    """The bundle at ``path`` as a :class:`Version` that node ``node_id`` of ``spec`` can hold beside its own:
+    verified first (its signature by ``trust``, then every file's sha256), checked to fit the node, its stages
+    opened on the node's provider, its policy with the bundle's threshold for the node (or ``threshold``)."""
+    bundle = load_bundle(path, trust=trust)
+    node = spec.node(node_id)
+    threshold = fit(bundle, spec, node_id, threshold)
+    stages, _ = _open_stages(bundle, node, provider, threads)
+    options: dict[str, Any] = {}
+    _policy_options(bundle, spec, options)
+    policy = ExitPolicy(options["measure"], {node_id: float(threshold)}, options.get("patience"))
+    return Version(bundle.id, stages, policy, node.exit, str(bundle.root), bundle.sha256)
 
 
 def _addresses(spec: CisSpec, node: SpecNode, bind: str | None, parent: str | None) -> tuple[str, str | None]:

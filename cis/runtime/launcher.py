@@ -16,6 +16,7 @@ holds every node's address, pid, state (up/down), restarts and last exit status
 With a metrics port (``--metrics-port``) node i of the spec serves Prometheus metrics
 on PORT+i, or on a free port of its own when PORT is 0 (:func:`plan_metrics`); a
 restarted node keeps its port, and :attr:`Cluster.metrics` holds every node's URL.
+After ``cis rollout --cluster LOG_DIR`` (``LOG_DIR/rollout.json``) a node is restarted with the new bundle.
 :meth:`Cluster.stop` sends SIGTERM (drain, then exit) and SIGKILL after a grace period.
 """
 
@@ -43,6 +44,7 @@ FIRST_BACKOFF = 0.5  # seconds before the second restart; the first is immediate
 MAX_BACKOFF = 30.0
 STABLE_AFTER = 30.0  # seconds up after which a node's backoff starts over
 CLUSTER_FILE = "cluster.json"
+ROLLOUT_FILE = "rollout.json"  # cis rollout --cluster LOG_DIR: {"bundle": the folder every node serves now, ...}
 log = logging.getLogger(__name__)
 
 
@@ -129,7 +131,7 @@ class Cluster:
             "--log-format",
             settings.format,
             "serve",
-            str(self.bundle),
+            self.serving(),
             "--node",
             node_id,
             "--bind",
@@ -148,6 +150,15 @@ class Cluster:
             cmd += [f"--{door}-port", str(ports[node_id])]
         cmd += list(self.extra_args) + list(self.node_args.get(node_id, ()))
         return [*self.node_prefix.get(node_id, ()), *cmd]
+
+    def serving(self) -> str:
+        """The bundle folder the nodes serve: the launcher's, or the one ``cis rollout`` put on them since."""
+        if self.log_dir:
+            try:
+                return str(json.loads((Path(self.log_dir) / ROLLOUT_FILE).read_text())["bundle"])
+            except (OSError, ValueError, KeyError, TypeError):
+                pass  # none yet (or unreadable): the launcher's own
+        return str(self.bundle)
 
     def log_path(self, node_id: str) -> Path | None:
         return Path(self.log_dir) / f"{node_id}.log" if self.log_dir else None
@@ -268,7 +279,7 @@ class Cluster:
                 "log": str(self.log_path(n.id)) if self.log_dir else None,
             }
         spec_file = str(Path(self.spec_file).resolve()) if self.spec_file else None  # cis.runtime.measure compares
-        bundle = str(Path(self.bundle).resolve())
+        bundle = str(Path(self.serving()).resolve())
         return {"launcher_pid": os.getpid(), "spec": spec_file, "bundle": bundle, "nodes": nodes}
 
     def write_state(self) -> None:

@@ -267,35 +267,7 @@ class _NodeCollector:
 
     def _node_families(self, counter: Any, gauge: Any) -> dict[str, Any]:
         """The families of the node's own counters: named before the node is attached, filled after."""
-        f = {
-            "requests": counter(
-                "cis_requests",
-                "requests by kind (infer: from clients, forward: from children, other: status, ping "
-                "or unreadable) and outcome: ok (a result) or the error code",
-                labels=("kind", "outcome"),
-            ),
-            "samples": counter(
-                "cis_samples", "samples answered at this node, by the exit that answered them", labels=("exit",)
-            ),
-            "forwarded": counter("cis_forwarded", "samples sent to the parent (including those it did not answer)"),
-            "failed": counter("cis_forward_failed", "forwarded samples the parent did not answer in time: served here"),
-            "capped": counter("cis_capped", "samples the transfer cap kept here (flag capped)"),
-            "degraded": counter("cis_degraded", "samples served here because the parent was down or late (flag 1)"),
-            "restarts": counter("cis_restarts", "how often the launcher restarted this node (cis serve --all)"),
-            "queue": gauge("cis_queue_depth", "samples admitted and waiting in the node's queue"),
-            "limit": gauge("cis_queue_limit", "samples the queue admits; beyond, requests get 'overloaded'"),
-            "parent_up": gauge("cis_parent_up", "1 while the parent answers heartbeats, else 0 (1 at the root)"),
-            "threshold": gauge("cis_threshold", "the exit policy's threshold at this node (moves with --adapt)"),
-            "info": gauge(
-                "cis_node_info", "the node's identity: 1", labels=("node", "exit", "parent", "provider", "backend")
-            ),
-            "build": gauge(
-                "cis_build_info",
-                "what the node runs: 1; cis version, the bundle's sha256 (of manifest.json), the "
-                "parent's node id ('' at the root)",
-                labels=("node", "version", "bundle_sha256", "parent"),
-            ),
-        }
+        f = _families(counter, gauge)
         node = self.server.node
         if node is None:  # loading: the names are there, the values come with the node
             return f
@@ -311,6 +283,8 @@ class _NodeCollector:
         f["failed"].add_metric([], c.get("forward_failed", 0))
         f["capped"].add_metric([], c.get("capped", 0))
         f["degraded"].add_metric([], c.get("degraded", 0))
+        f["mismatch"].add_metric(["refused"], c.get("bundle_mismatch", 0))
+        f["mismatch"].add_metric(["parent"], c.get("bundle_mismatch_parent", 0))
         f["restarts"].add_metric([], cfg.restarts)
         f["queue"].add_metric([], ex.queued)
         f["limit"].add_metric([], cfg.queue_limit)
@@ -321,6 +295,8 @@ class _NodeCollector:
         runs = backend.describe() if backend is not None else "custom stages"
         f["info"].add_metric([cfg.node_id, str(cfg.exit), cfg.parent or "", provider, runs], 1.0)
         f["build"].add_metric([cfg.node_id, __version__, cfg.bundle_sha256, cfg.parent_id or ""], 1.0)
+        for held in ex.versions.describe():
+            f["bundles"].add_metric([held["id"], held["state"]], 1.0)
         return f
 
 
@@ -343,3 +319,47 @@ def _door_families(node: Any, counter: Any, gauge: Any) -> Iterator[Any]:
             refused.add_metric([door.kind, reason], count)
     held.add_metric([], doors[0].budget.held if doors else 0)
     yield from (conns, held, refused)
+
+
+def _families(counter: Any, gauge: Any) -> dict[str, Any]:
+    """The node's metric families by key, empty (:meth:`_NodeCollector._node_families` fills them)."""
+    return {
+        "requests": counter(
+            "cis_requests",
+            "requests by kind (infer: from clients, forward: from children, other: status, ping "
+            "or unreadable) and outcome: ok (a result) or the error code",
+            labels=("kind", "outcome"),
+        ),
+        "samples": counter(
+            "cis_samples", "samples answered at this node, by the exit that answered them", labels=("exit",)
+        ),
+        "forwarded": counter("cis_forwarded", "samples sent to the parent (including those it did not answer)"),
+        "failed": counter("cis_forward_failed", "forwarded samples the parent did not answer in time: served here"),
+        "capped": counter("cis_capped", "samples the transfer cap kept here (flag capped)"),
+        "degraded": counter("cis_degraded", "samples served here because the parent was down or late (flag 1)"),
+        "mismatch": counter(
+            "cis_bundle_mismatch",
+            "carries of a bundle not held: refused (requests this node answered bundle_mismatch) or parent "
+            "(forwards of this node its parent refused or answered with another bundle; served here, degraded)",
+            labels=("side",),
+        ),
+        "restarts": counter("cis_restarts", "how often the launcher restarted this node (cis serve --all)"),
+        "queue": gauge("cis_queue_depth", "samples admitted and waiting in the node's queue"),
+        "limit": gauge("cis_queue_limit", "samples the queue admits; beyond, requests get 'overloaded'"),
+        "parent_up": gauge("cis_parent_up", "1 while the parent answers heartbeats, else 0 (1 at the root)"),
+        "threshold": gauge("cis_threshold", "the exit policy's threshold at this node (moves with --adapt)"),
+        "info": gauge(
+            "cis_node_info", "the node's identity: 1", labels=("node", "exit", "parent", "provider", "backend")
+        ),
+        "build": gauge(
+            "cis_build_info",
+            "what the node runs: 1; cis version, the bundle's sha256 (of manifest.json), the "
+            "parent's node id ('' at the root)",
+            labels=("node", "version", "bundle_sha256", "parent"),
+        ),
+        "bundles": gauge(
+            "cis_bundle_info",
+            "1 per bundle the node holds (bundle: its id); state: current (new requests go to it), held, retiring",
+            labels=("bundle", "state"),
+        ),
+    }

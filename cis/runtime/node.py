@@ -52,7 +52,7 @@ from typing import Any
 import numpy as np
 import zmq
 
-from cis.core.records import LatencyWindow, json_float
+from cis.core.records import LatencyWindow
 from cis.runtime import events, tracing
 from cis.runtime import protocol as P
 from cis.runtime.executor import Executor
@@ -60,6 +60,7 @@ from cis.runtime.node_config import NodeConfig
 from cis.runtime.oip.door import Door, Ticket, open_doors
 from cis.runtime.requests import BundleStage, Pending, Request, Stage, forward_route
 from cis.runtime.security import CurveConfig, secure_client, secure_server, start_authenticator
+from cis.runtime.updates import Updates
 
 __all__ = ["BundleStage", "Node", "NodeConfig", "Stage"]
 
@@ -92,7 +93,7 @@ class Node:
         self.up: zmq.Socket | None = None
         self.poll_items: list[tuple[zmq.Socket, int]] = []
         self.busy = True  # something may have arrived since the ROUTER was last found empty
-        self.status_asked: list[tuple[list[bytes], int]] = []  # answered at the end of the drain
+        self.status_asked: list[tuple[list[bytes], int, int]] = []  # answered at the end of the drain
         self.observe_latency: Callable[[float], None] | None = None  # each result's latency (metrics_http)
         self.metrics_url: str | None = None  # set by the metrics server that reports this node (logged at start)
         self.alive_at = time.monotonic()  # when the loop last turned (/livez)
@@ -101,6 +102,7 @@ class Node:
         self.doors: list[Door] = []  # front doors (HTTP, gRPC: cis.runtime.oip.door), opened with the sockets
         self.door_fds: dict[int, Door] = {}
         self.door_due = math.inf  # when the doors' timers are due
+        self.updates = Updates(self)  # the bundles it holds: load, switch, drop, reload (cis.runtime.updates)
 
     @property
     def stages(self) -> dict[int, Stage]:
@@ -110,6 +112,11 @@ class Node:
     def policy(self):
         return self.executor.policy
 
+    @property
+    def versions(self) -> list[str]:
+        """The ids of the bundles the node holds, the newest last (docs/runtime.md, *Updating a model*)."""
+        return self.executor.versions.ids
+
     # ------------------------------------------------------------ status
 
     @property
@@ -117,29 +124,21 @@ class Node:
         return self.up is not None and time.monotonic() - self.last_pong < self.cfg.heartbeat_timeout
 
     def status(self) -> dict:
-        c, ex = self.counters, self.executor
-        bucket = ex.bucket
         return {
             "node": self.cfg.node_id,
             "exit": self.cfg.exit,
             "address": self.cfg.bind,
             "parent": self.cfg.parent,
             "parent_up": self.parent_up,
-            "threshold": json_float(ex.policy.thresholds[self.cfg.node_id]),
-            **{key: c[key] for key in _COUNTERS},
+            **{key: self.counters[key] for key in _COUNTERS},
             "errors_by_code": dict(self.errors_by_code),
-            "queue_depth": ex.queued,
-            "queue_requests": len(ex.queue),
-            "queue_limit": self.cfg.queue_limit,
+            **self.executor.status(),  # threshold, queue, transfer cap, adapt
             "in_flight_forwarded": sum(p.n for p in self.pending.values()),
             "latency": self.latency.summary(),
-            "transfer_cap": {k: json_float(getattr(bucket, k)) for k in ("rate", "burst", "tokens")},
-            "inputs": [{"name": t.name, "dtype": t.dtype, "shape": list(t.shape)} for t in ex.stages[1].inputs]
-            if 1 in ex.stages else [],  # what a request at stage 1 carries: cis infer sends files without a bundle
-            "adapt": ex.controller.to_json() if ex.controller else None,
             "restarts": self.cfg.restarts,
             "uptime": time.time() - self.started,
             "stopping": self.stopping,
+            **self.updates.status(),
         }
 
     # ------------------------------------------------------------ loop
@@ -157,14 +156,12 @@ class Node:
         """Serve until SIGTERM/SIGINT (or ``stop()`` returns True), then drain and return."""
         own_ctx = ctx is None
         ctx = ctx or zmq.Context()
-        auth = (
-            start_authenticator(ctx, self.cfg.curve.allow_dir, self.cfg.curve.secret_file)
-            if self.cfg.curve.allow_dir
-            else None
-        )
+        allow = self.cfg.curve.allow_dir
+        auth = start_authenticator(ctx, allow, self.cfg.curve.secret_file) if allow else None
         if install_signals:
             signal.signal(signal.SIGTERM, self.request_stop)
             signal.signal(signal.SIGINT, self.request_stop)
+            self.updates.install_signal()
         self.open(ctx)
         if ready:
             ready()
@@ -197,9 +194,7 @@ class Node:
             ex.tracer = tracing.open_tracer(cfg.node_id, cfg.exit, cfg.spans_file, cfg.otlp_endpoint)
         front = ctx.socket(zmq.ROUTER)
         front.linger = 0
-        front.maxmsgsize = (
-            self.cfg.max_message_bytes
-        )  # per frame: a bigger frame can never be valid; ZeroMQ drops the peer
+        front.maxmsgsize = self.cfg.max_message_bytes  # per frame: a bigger one is never valid; ZeroMQ drops the peer
         front.rcvhwm = self.cfg.rcv_hwm
         front.rcvbuf = self.cfg.rcv_buf
         front.sndhwm = 10000
@@ -295,8 +290,8 @@ class Node:
                     return
             self.busy = True  # stopped reading with messages waiting: look again before waiting
         finally:  # status is answered after what waited with it was read: its queue depth includes that
-            for prefix, rid in self.status_asked:
-                self._send(self.front, P.encode(P.STATUS_REPLY, rid, status=self.status()), prefix)
+            for prefix, rid, v in self.status_asked:
+                self._send(self.front, P.encode(P.STATUS_REPLY, rid, v=v, status=self.status()), prefix)
             self.status_asked.clear()
 
     def _send(self, sock: zmq.Socket | None, frames: list, prefix: Sequence[bytes] = ()) -> bool:
@@ -310,13 +305,13 @@ class Node:
                 self.counters["undeliverable"] += 1
             return False
 
-    def _error(self, prefix: Any, req_id: int, code: str, message: str, kind: str | None) -> None:
+    def _error(self, prefix: Any, req_id: int, code: str, message: str, kind: str | None, v: int = P.VERSION) -> None:
         self.counters["errors"] += 1
         self.errors_by_code[code] += 1
         self.outcomes[(kind if kind in (P.INFER, P.FORWARD) else "other", code)] += 1
         if type(prefix) is Ticket:  # a front door's request: its door answers
             return prefix.door.error(prefix, code, message)
-        self._send(self.front, P.error_frames(req_id, code, message, node=self.cfg.node_id), prefix)
+        self._send(self.front, P.error_frames(req_id, code, message, v, node=self.cfg.node_id), prefix)
 
     # ------------------------------------------------------------ receiving
 
@@ -334,24 +329,26 @@ class Node:
                 body, self.cfg.max_message_bytes, total - len(prefix[0]), count - len(prefix), P.REQUEST_KINDS
             )
         except P.ProtocolError as exc:
-            return self._error(prefix, exc.req_id, exc.code, exc.message, exc.kind)
+            return self._error(prefix, exc.req_id, exc.code, exc.message, exc.kind, exc.version)
         kind = msg.kind
         if kind == P.PING:
-            self._send(self.front, P.encode(P.PONG, msg.id, node=self.cfg.node_id), prefix)
+            self._send(self.front, P.encode(P.PONG, msg.id, v=msg.head.v, node=self.cfg.node_id), prefix)
         elif kind == P.STATUS:
-            self.status_asked.append((prefix, msg.id))
+            self.status_asked.append((prefix, msg.id, msg.head.v))
+        elif kind in P.UPDATE_KINDS:
+            self.updates.handle(prefix, msg)
         else:
             self.admit(prefix, msg)
 
     def admit(self, prefix: Any, msg: P.Message) -> None:
         """An INFER or FORWARD into the executor, or its refusal answered: the one way in, from the ROUTER
         (``prefix``: the peer's identity frames) and from the front doors (``prefix``: a doors.Ticket)."""
-        kind = msg.kind
+        kind, v = msg.kind, msg.head.v
         if self.stopping:
-            return self._error(prefix, msg.id, "shutting_down", f"node {self.cfg.node_id} is stopping", kind)
+            return self._error(prefix, msg.id, "shutting_down", f"node {self.cfg.node_id} is stopping", kind, v)
         refused = self.executor.admit(prefix, msg, self.seen_empty)
         if refused is not None:
-            self._error(prefix, msg.id, *refused, kind)
+            self._error(prefix, msg.id, *refused, kind, v)
             if refused[0] == "overloaded":
                 self.overload.refused(time.monotonic(), self.executor.queued, self.cfg.queue_limit)
                 self.next_timer = min(self.next_timer, self.overload.due)
@@ -382,7 +379,8 @@ class Node:
         prefix: Any = req.prefix  # ROUTER identity frames, or a front door's Ticket
         door = type(prefix) is Ticket  # a front door's request: counted as any, answered by its door
         frames = None if door else P.result_frames(
-            req.req_id, req.n, req.cls, req.conf, req.exit, req.flags, req.served_by, self.cfg.node_id, req.logits
+            req.req_id, req.n, req.cls, req.conf, req.exit, req.flags, req.served_by, self.cfg.node_id, req.logits,
+            req.version.id, req.v,
         )  # fmt: skip
         now = time.monotonic()
         seconds = now - req.t0  # counted before it leaves: whoever gets it sees it in the metrics
@@ -398,7 +396,7 @@ class Node:
             tracing.finish(self.executor.tracer, req, "ok", now)
 
     def error(self, req: Request, code: str, message: str) -> None:
-        self._error(req.prefix, req.req_id, code, message, P.FORWARD if req.forward else P.INFER)
+        self._error(req.prefix, req.req_id, code, message, P.FORWARD if req.forward else P.INFER, req.v)
         if req.trace is not None:
             tracing.finish(self.executor.tracer, req, code)
 
@@ -423,6 +421,7 @@ class Node:
             sender=nid,
             **(tracing.forward_fields(parts, self.executor.tracer, now) if traced else _NONE),
             **(_WANT_LOGITS if pending.logits is not None else _NONE),  # a request among them wants logits
+            **pending.version.wire,  # the bundle that made the carry: only it continues it
         )
         if not self._send(self.up, frames):
             return False
@@ -445,5 +444,6 @@ class Node:
                 self.executor.fallback(self.pending.pop(fid))
         self.overload.check(now)
         expires = [p.expires for p in self.pending.values()]
-        self.next_timer = min(self.next_ping if self.cfg.parent else math.inf, self.overload.due, *expires)
+        due = self.updates.tick(now) if now >= self.updates.due else self.updates.due
+        self.next_timer = min(self.next_ping if self.cfg.parent else math.inf, self.overload.due, due, *expires)
 

@@ -63,8 +63,10 @@ class NodeConfig:
     parent_id: str | None = None  # the parent's node id (the build-info metric, logs); None at the root or unknown
     spans_file: str | None = None  # append the node's spans here ("{node}": its id); docs/runtime.md, Tracing
     otlp_endpoint: str | None = None  # export them over OTLP/HTTP (also the OTEL_EXPORTER_OTLP_* variables)
-    bundle: str = ""  # the bundle's folder, and the sha256 of its manifest (which lists every file's sha256)
+    bundle: str = ""  # the served bundle's folder, and the sha256 of its manifest (which lists every file's sha256)
     bundle_sha256: str = ""
+    trust: str | None = None  # Ed25519 public key (PEM): a bundle it loads (at start, on reload) must be signed by it
+    retire_after: float = 10.0  # reload: seconds a replaced bundle stays held after the last request named it
 
     def __post_init__(self) -> None:
         if not self.heartbeat_timeout:

@@ -17,7 +17,7 @@ over the received frame) and large ones are sent without copying. Only plain
 msgpack types and raw buffers cross the wire; nothing on the wire can run code.
 
 Two passes, one contract: the header schema is compiled once into msgspec
-structs (:data:`_SCHEMA`), which decode *and* check every field in one C pass;
+structs (:mod:`cis.runtime.headers`), which decode *and* check every field in one C pass;
 a header they accept, whose counts and frames also agree, is a valid message
 (the fast path of every message that a correct peer sends). Anything else goes
 to the Python checks in :mod:`cis.runtime.wire`, which find the *first* failure in the documented
@@ -29,17 +29,35 @@ checks refuse; tests/test_protocol.py holds both to that.
 from __future__ import annotations
 
 import math
-import sys
 from collections.abc import Mapping, Sequence
-from typing import Annotated, Any, ClassVar, Literal
+from typing import Any
 
 import msgpack
 import msgspec
 import numpy as np
 import zmq
 
+from cis.runtime.headers import (  # noqa: F401  (re-exported: callers write P.ResultHeader)
+    SCHEMA,
+    DropHeader,
+    ErrorHeader,
+    ForwardHeader,
+    Header,
+    InferHeader,
+    LoadHeader,
+    PingHeader,
+    PongHeader,
+    ReloadHeader,
+    ResultHeader,
+    StatusHeader,
+    StatusReplyHeader,
+    SwitchHeader,
+    decoder,
+)
 from cis.runtime.wire import (  # noqa: F401  (the vocabulary is re-exported: callers write P.INFER)
+    BUNDLE_ID_CHARS,
     COPY_THRESHOLD,
+    DROP,
     DTYPE_NAME,
     DTYPES,
     ERROR,
@@ -51,6 +69,7 @@ from cis.runtime.wire import (  # noqa: F401  (the vocabulary is re-exported: ca
     INFER,
     ITEMSIZE,
     KINDS,
+    LOAD,
     MAX_DIM,
     MAX_DIMS,
     MAX_HEADER_BYTES,
@@ -64,6 +83,7 @@ from cis.runtime.wire import (  # noqa: F401  (the vocabulary is re-exported: ca
     NUMPY_DTYPE,
     PING,
     PONG,
+    RELOAD,
     REPLY_KINDS,
     REQUEST_KINDS,
     RESULT,
@@ -71,113 +91,22 @@ from cis.runtime.wire import (  # noqa: F401  (the vocabulary is re-exported: ca
     RESULT_TENSORS,
     STATUS,
     STATUS_REPLY,
+    SWITCH,
     TENSOR_KINDS,
     TRACE_PART_FULL,
     TRACEPARENT_FULL,
+    UPDATE_KINDS,
     VERSION,
+    VERSIONS,
     ProtocolError,
     check_common,
     check_fields,
     check_result,
     check_tensors,
     fail,
+    is_bundle_id,
     is_int,
 )
-
-# ---------------------------------------------------------------- the header schema in one C pass (msgspec)
-
-_Name = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME)]
-_Text = Annotated[str, msgspec.Meta(max_length=MAX_NAME)]
-_TraceParent = Annotated[str, msgspec.Meta(pattern=TRACEPARENT_FULL)]
-_TracePart = tuple[Annotated[int, msgspec.Meta(ge=1)], Annotated[str, msgspec.Meta(pattern=TRACE_PART_FULL)]]
-_Shape = Annotated[list[Annotated[int, msgspec.Meta(ge=0, le=MAX_DIM)]], msgspec.Meta(max_length=MAX_DIMS)]
-
-
-class Header(msgspec.Struct, tag_field="kind"):
-    """A checked header; its class says its ``kind``. Absent optional fields take their defaults."""
-
-    kind: ClassVar[str]
-    v: Literal[1]
-    id: Annotated[int, msgspec.Meta(ge=0)]  # msgpack integers end at 2^64-1
-    names: list[_Name] = []
-    dtypes: list[Literal[DTYPES]] = []  # type: ignore[valid-type]
-    shapes: list[_Shape] = []
-    # absent optional fields take these defaults; nil is no value of any field (refused, like any wrong type)
-    stage: Annotated[int, msgspec.Meta(ge=1, le=MAX_STAGE)] = 1
-    deadline: Annotated[float, msgspec.Meta(ge=0, le=sys.float_info.max)] = 0.0  # finite: at most max; 0: none
-    route: Annotated[list[_Name], msgspec.Meta(max_length=MAX_ROUTE)] = []
-    sender: _Text = ""
-    node: _Text = ""
-    # the trace context (docs/protocol.md, *Trace context*); absent: "" and () (no allocation per message)
-    traceparent: _TraceParent = ""
-    trace_parts: Annotated[tuple[_TracePart, ...], msgspec.Meta(min_length=1, max_length=MAX_TRACE_PARTS)] = ()
-    want_logits: bool = False  # infer/forward: the result also carries the answering exit's logits (N, C)
-
-
-class InferHeader(Header, tag=INFER):
-    kind = INFER
-
-
-class ForwardHeader(Header, tag=FORWARD):
-    kind = FORWARD
-
-
-class ResultHeader(Header, tag=RESULT, kw_only=True):
-    kind = RESULT
-    served_by: list[str]
-
-
-class ErrorHeader(Header, tag=ERROR, kw_only=True):
-    kind = ERROR
-    code: _Text
-    message: Annotated[str, msgspec.Meta(max_length=MAX_TEXT)]
-
-
-class StatusHeader(Header, tag=STATUS):
-    kind = STATUS
-
-
-class StatusReplyHeader(Header, tag=STATUS_REPLY, kw_only=True):
-    kind = STATUS_REPLY
-    status: dict
-
-
-class PingHeader(Header, tag=PING):
-    kind = PING
-
-
-class PongHeader(Header, tag=PONG):
-    kind = PONG
-
-
-_SCHEMA: dict[str, type[Header]] = {
-    h.kind: h
-    for h in (
-        InferHeader,
-        ForwardHeader,
-        ResultHeader,
-        ErrorHeader,
-        StatusHeader,
-        StatusReplyHeader,
-        PingHeader,
-        PongHeader,
-    )
-}
-_DECODERS: dict[tuple[str, ...], msgspec.msgpack.Decoder] = {}
-
-
-def _decoder(kinds: tuple[str, ...]) -> msgspec.msgpack.Decoder:
-    dec = _DECODERS.get(kinds)
-    if dec is None:
-        types = tuple(_SCHEMA[k] for k in kinds)
-        dec = _DECODERS[kinds] = msgspec.msgpack.Decoder(types[0] if len(types) == 1 else _union(types))
-    return dec
-
-
-def _union(types: tuple) -> Any:
-    from typing import Union
-
-    return Union[types]  # noqa: UP007  (a runtime tuple of types)
 
 
 def _numpy_scalar(obj: Any) -> Any:
@@ -240,13 +169,15 @@ def _buffer(frame: Any) -> Any:
     return memoryview(frame).cast("B")
 
 
-def encode(kind: str, req_id: int = 0, tensors: Mapping[str, np.ndarray] | None = None, **fields: Any) -> list:
-    """Frames of one message: the header, then one C-contiguous buffer per tensor."""
+def encode(
+    kind: str, req_id: int = 0, tensors: Mapping[str, np.ndarray] | None = None, *, v: int = VERSION, **fields: Any
+) -> list:
+    """Frames of one message (of protocol version ``v``): the header, then one C-contiguous buffer per tensor."""
     if not tensors:
-        return [_ENCODER.encode({"v": VERSION, "kind": kind, "id": int(req_id), **fields})]
+        return [_ENCODER.encode({"v": v, "kind": kind, "id": int(req_id), **fields})]
     arrays = [np.ascontiguousarray(a) for a in tensors.values()]
     header = {
-        "v": VERSION,
+        "v": v,
         "kind": kind,
         "id": int(req_id),
         "names": list(tensors),
@@ -262,13 +193,24 @@ _LOGITS_NAMES, _LOGITS_DTYPES = [*RESULT_NAMES, RESULT_LOGITS], [*_RESULT_DTYPES
 
 
 def result_frames(
-    req_id: int, n: int, cls, conf, ex, flags, served_by: list[str], node: str, logits: np.ndarray | None = None
+    req_id: int,
+    n: int,
+    cls,
+    conf,
+    ex,
+    flags,
+    served_by: list[str],
+    node: str,
+    logits: np.ndarray | None = None,
+    bundle: str = "",
+    v: int = VERSION,
 ) -> list:
     """The frames of a RESULT of n samples: what :func:`encode` makes of the four (n,) tensors, without its
     generic work (so they must be contiguous int64, float32, int32 and uint8 arrays already, or the frames
-    of a checked result in that order); ``logits`` (n, C) float32, the fifth tensor, only when asked for."""
+    of a checked result in that order); ``logits`` (n, C) float32, the fifth tensor, only when asked for;
+    ``bundle``: the id of the bundle that answered ("": a node without one), ``v``: the asker's version."""
     header = {
-        "v": VERSION,
+        "v": v,
         "kind": RESULT,
         "id": req_id,
         "names": RESULT_NAMES,
@@ -277,6 +219,8 @@ def result_frames(
         "served_by": served_by,
         "node": node,
     }
+    if bundle:
+        header["bundle"] = bundle
     if logits is None:
         return [_ENCODER.encode(header), cls, conf, ex, flags]
     logits = np.ascontiguousarray(logits, np.float32)
@@ -304,7 +248,7 @@ def decode(
     if len(head) > MAX_HEADER_BYTES:
         raise ProtocolError("too_large", f"header frame is {len(head)} bytes; at most {MAX_HEADER_BYTES}")
     try:
-        h = _decoder(kinds).decode(head)
+        h = decoder(kinds).decode(head)
     except Exception:  # any failure: the checks below name it
         h = None
     if h is not None:
@@ -339,21 +283,28 @@ def _fast(h: Header, head: memoryview, frames: Sequence[Any], max_bytes, total, 
         bufs.append(buf)
     if max_bytes is not None and declared > max_bytes:
         return None
-    if isinstance(h, ResultHeader):
-        s0 = shapes[0]
-        if (
-            n not in (4, 5)
-            or len(s0) != 1
-            or shapes.count(s0) != 4
-            or len(h.served_by) != s0[0]
-            or dict(zip(names[:4], dtypes[:4])) != RESULT_TENSORS
-        ):
-            return None
-        if n == 5:  # the logits, fifth (the documented order; any other goes the checked way)
-            s4 = shapes[4]
-            if names[4] != RESULT_LOGITS or dtypes[4] != "float32" or len(s4) != 2 or s4[0] != s0[0] or s4[1] < 1:
-                return None
+    if isinstance(h, ResultHeader) and not _result_in_order(h, n):
+        return None
     return Message(h, bufs, head)
+
+
+def _result_in_order(h: ResultHeader, n: int) -> bool:
+    """A result's four (N,) tensors in the documented order and dtypes, N served_by, and a fifth only as the
+    logits float32 (N, C), C >= 1 (any other layout goes the checked way)."""
+    names, dtypes, shapes = h.names, h.dtypes, h.shapes
+    s0 = shapes[0]
+    if (
+        n not in (4, 5)
+        or len(s0) != 1
+        or shapes.count(s0) != 4
+        or len(h.served_by) != s0[0]
+        or dict(zip(names[:4], dtypes[:4])) != RESULT_TENSORS
+    ):
+        return False
+    if n == 4:
+        return True
+    s4 = shapes[4]
+    return names[4] == RESULT_LOGITS and dtypes[4] == "float32" and len(s4) == 2 and s4[0] == s0[0] and s4[1] >= 1
 
 
 def _checked(head: memoryview, frames: Sequence[Any], max_bytes, total, count, kinds: Sequence[str]) -> Message:
@@ -366,7 +317,7 @@ def _checked(head: memoryview, frames: Sequence[Any], max_bytes, total, count, k
         raise ProtocolError("bad_message", f"header is a {type(header).__name__}; expected a msgpack map")
     if not all(type(k) is str or type(k) is bytes for k in header):  # maps inside values are not looked into
         raise ProtocolError("bad_message", "header keys must be strings")
-    rid = header.get("id")
+    rid, version = header.get("id"), header.get("v")
     echo = rid if is_int(rid, 0, MAX_ID) else 0
     try:
         size = total if total is not None else sum(len(_buffer(f)) for f in frames)
@@ -387,12 +338,13 @@ def _checked(head: memoryview, frames: Sequence[Any], max_bytes, total, count, k
         if header["kind"] == RESULT:
             check_result(header, tensors)
         try:  # what passed the checks in the schema's form (keys that are not strings are unknown keys)
-            h = msgspec.convert({k: v for k, v in header.items() if type(k) is str}, _SCHEMA[header["kind"]])
+            h = msgspec.convert({k: v for k, v in header.items() if type(k) is str}, SCHEMA[header["kind"]])
         except msgspec.ValidationError as exc:
             fail("bad_message", f"header: {exc}")
     except ProtocolError as exc:
         exc.req_id = echo
         exc.kind = header.get("kind") if header.get("kind") in KINDS else None
+        exc.version = version if is_int(version, VERSIONS[0], VERSIONS[-1]) else VERSION
         raise
     return Message(h, [_buffer(f) for f in frames[1 : len(tensors) + 1]], head, header, tensors)
 
@@ -418,8 +370,8 @@ def recv(sock: Any, max_bytes: int, keep: int = MAX_TENSORS + 3) -> tuple[list, 
     return frames, total, count
 
 
-def error_frames(req_id: int, code: str, message: str, **fields: Any) -> list:
-    return encode(ERROR, req_id, code=code, message=message[:MAX_TEXT], **fields)
+def error_frames(req_id: int, code: str, message: str, v: int = VERSION, **fields: Any) -> list:
+    return encode(ERROR, req_id, v=v, code=code, message=message[:MAX_TEXT], **fields)
 
 
 def send(socket: Any, frames: Sequence[Any], prefix: Sequence[bytes] = (), flags: int = 0) -> None:

@@ -12,6 +12,7 @@ import numpy as np
 
 from cis.core.stages.contract import LOGITS
 from cis.runtime.feeds import TensorSpec
+from cis.runtime.wire import FLAG_NONFINITE, VERSION
 
 
 class Stage(Protocol):
@@ -43,7 +44,9 @@ class Request:
 
     ``cls``, ``conf``, ``exit``, ``flags`` (arrays of N) and ``served_by`` (N node ids) hold its
     answer once it is complete; they are allocated only for a request answered in parts. ``logits``
-    (N, C) float32, the answering exit's, only for a request that asked for them (``want_logits``)."""
+    (N, C) float32, the answering exit's, only for a request that asked for them (``want_logits``).
+    ``version``: the :class:`cis.runtime.versions.Version` (bundle) it was admitted with, which answers
+    all of it; ``v``: the protocol version it came in, which its reply speaks."""
 
     __slots__ = (
         "prefix",
@@ -66,6 +69,8 @@ class Request:
         "trace",
         "want_logits",
         "logits",
+        "version",
+        "v",
     )
 
     def __init__(
@@ -82,6 +87,8 @@ class Request:
         bad: np.ndarray | None = None,
         trace: Any = None,
         want_logits: bool = False,
+        version: Any = None,
+        v: int = VERSION,
     ):
         self.prefix, self.req_id, self.stage, self.feeds, self.n = prefix, req_id, stage, feeds, n
         self.t0 = t0  # monotonic seconds when the request reached the node (status latencies start here)
@@ -96,6 +103,7 @@ class Request:
         self.trace = trace  # cis.runtime.tracing.Trace: only a request with a trace context, or at a tracing node
         self.want_logits = want_logits
         self.logits: Any = None  # (N, C) float32 once answered, when want_logits
+        self.version, self.v = version, v
 
     def fill(self, idx: np.ndarray | None, cls, conf, ex, flags, served_by: str | Sequence[str], logits=None) -> bool:
         """Answer samples ``idx`` (None: all of them; the arrays are then the answer as they are), with ``logits``
@@ -130,9 +138,10 @@ class Pending:
     """Samples forwarded to the parent, with this node's own answer kept as the fallback.
     ``parts``: (request, its samples: an index array, or None for all of them), in carry order;
     ``logits``: this node's logits of those samples when a request among them wants logits (else None:
-    then the forward does not ask the parent for any)."""
+    then the forward does not ask the parent for any); ``version``: the bundle whose carry goes up (the
+    forward names it, and only an answer of that bundle fills the samples)."""
 
-    __slots__ = ("parts", "cls", "conf", "logits", "n", "deadline", "expires")
+    __slots__ = ("parts", "cls", "conf", "logits", "n", "deadline", "expires", "version")
 
     def __init__(
         self,
@@ -140,8 +149,9 @@ class Pending:
         cls: np.ndarray,
         conf: np.ndarray,
         logits: np.ndarray | None = None,
+        version: Any = None,
     ):
-        self.parts, self.cls, self.conf, self.logits = parts, cls, conf, logits
+        self.parts, self.cls, self.conf, self.logits, self.version = parts, cls, conf, logits, version
         self.n = len(cls)
         deadlines = [req.deadline for req, _ in parts if req.deadline]
         self.deadline = min(deadlines) if deadlines else None
@@ -189,6 +199,49 @@ def forward_route(parts: Sequence[tuple[Request, np.ndarray | None]], node_id: s
         return (list(route) if node_id in route else [*route, node_id]), parts[0][0].trace is not None
     route = list(dict.fromkeys([r for req, _ in parts for r in req.route] + [node_id]))
     return route, any(req.trace is not None for req, _ in parts)
+
+
+def flag_nonfinite(order: Sequence[Request], over: np.ndarray | None, serve, cls, conf, flags, lg) -> tuple:
+    """(serve, cls, conf, flags, logits, samples flagged) with nonfinite="flag"'s samples (non-finite input, or
+    outputs that overflowed: ``over``) answered here: class -1, confidence NaN, flag 4, never forwarded."""
+    bad = over
+    if any(req.bad is not None for req in order):
+        given = np.concatenate([req.bad if req.bad is not None else np.zeros(req.n, bool) for req in order])
+        bad = given if bad is None else bad | given
+    if bad is None:
+        return serve, cls, conf, flags, lg, 0
+    serve = None if serve is None else serve | bad
+    cls, conf = np.where(bad, -1, cls), np.where(bad, np.float32(np.nan), conf)
+    flags = np.where(bad, np.uint8(FLAG_NONFINITE), flags)
+    if lg is not None:
+        lg = np.where(bad[:, None], np.float32(np.nan), lg)
+    return serve, cls, conf, flags, lg, int(np.count_nonzero(bad))
+
+
+def rows_of(lg: np.ndarray | None, at: Any) -> np.ndarray | None:
+    return None if lg is None else lg[at]
+
+
+def split(
+    order: list[Request], serve: np.ndarray
+) -> tuple[list[tuple[Request, np.ndarray | None]], list[tuple[Request, int, np.ndarray | None]]]:
+    """(what goes up: (request, its samples, None for all), what is answered here: (request, its first row,
+    its samples, None for all)), in sample order, from the batch's ``serve`` mask."""
+    parts: list[tuple[Request, np.ndarray | None]] = []
+    here: list[tuple[Request, int, np.ndarray | None]] = []
+    start = 0
+    for req in order:
+        end = start + req.n
+        up = np.flatnonzero(~serve[start:end])
+        if len(up) == req.n:
+            parts.append((req, None))
+        elif len(up):
+            parts.append((req, up))
+            here.append((req, start, np.flatnonzero(serve[start:end])))
+        else:
+            here.append((req, start, None))
+        start = end
+    return parts, here
 
 
 class Outbox(Protocol):

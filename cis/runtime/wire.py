@@ -15,7 +15,8 @@ from typing import Any, TypeGuard
 
 import numpy as np
 
-VERSION = 1
+VERSION = 2  # what a node sends (docs/protocol.md): version 1 and bundle identity, the update kinds
+VERSIONS = (1, 2)  # what every receiver reads: a version 1 message is a version 2 message without its additions
 
 # kinds
 INFER = "infer"  # client -> node: tensors enter at header "stage" (1 = the raw input)
@@ -26,8 +27,14 @@ STATUS = "status"  # asker -> node: counters request
 STATUS_REPLY = "status_reply"  # node -> asker: header "status"
 PING = "ping"  # child -> parent heartbeat
 PONG = "pong"  # parent -> child
-KINDS = (INFER, FORWARD, RESULT, ERROR, STATUS, STATUS_REPLY, PING, PONG)
-REQUEST_KINDS = (INFER, FORWARD, STATUS, PING)  # what a node accepts from clients and children
+# updating a model (operator -> node; docs/runtime.md, *Updating a model*): each answered with a status_reply
+LOAD = "load"  # header "path": load that bundle beside those the node holds (verified first); no switch
+SWITCH = "switch"  # header "bundle": new client requests go to that held bundle, between batches
+DROP = "drop"  # header "bundle": drop a held bundle once no queued or forwarded request of it is left
+RELOAD = "reload"  # header "path" (default the node's own folder): load, switch, retire the others when unused
+UPDATE_KINDS = (LOAD, SWITCH, DROP, RELOAD)
+KINDS = (INFER, FORWARD, RESULT, ERROR, STATUS, STATUS_REPLY, PING, PONG, *UPDATE_KINDS)
+REQUEST_KINDS = (INFER, FORWARD, STATUS, PING, *UPDATE_KINDS)  # what a node accepts from clients and children
 REPLY_KINDS = (RESULT, ERROR, STATUS_REPLY, PONG)  # what comes back
 
 # error codes (header "code" of an ERROR reply); docs/protocol.md says when each is sent
@@ -46,6 +53,11 @@ ERROR_CODES = {
     "deadline_exceeded": "the request's deadline passed before its stages ran",
     "shutting_down": "the node is stopping and takes no new requests",
     "internal": "running a stage or the exit decision failed; the message says why",
+    "bundle_mismatch": "the message names a bundle this node does not hold (a carry is continued only by the "
+    "bundle that made it), or a result came from another bundle than the forward named",
+    "bad_bundle": "a bundle could not be loaded (missing, changed, unsigned, not fitting the node) or dropped "
+    "(the one it serves); the node serves as before",
+    "busy": "the node is loading another bundle; ask again once that load has been answered",
 }
 
 # result flags (bit mask per sample)
@@ -68,7 +80,8 @@ MAX_DIMS = 8
 MAX_DIM = (1 << 31) - 1
 MAX_NAME = 128  # characters of a tensor name, node id or route entry
 MAX_ROUTE = 16
-MAX_TEXT = 4096  # characters of an error message
+MAX_TEXT = 4096  # characters of an error message, or of a bundle's path
+BUNDLE_ID_CHARS = 16  # a bundle id: the first 16 hex digits of the sha256 of its manifest.json (Bundle.id)
 # a W3C trace context (https://www.w3.org/TR/trace-context/): version 00, lowercase hex, ids not all zero
 TRACEPARENT_PATTERN = r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{2}"
 TRACEPARENT_FULL = r"\A" + TRACEPARENT_PATTERN + r"\Z"  # one whole string: no trailing newline
@@ -77,6 +90,7 @@ MAX_TRACE_PARTS = 4096  # entries of trace_parts: the traced requests whose samp
 RESULT_TENSORS = {"class": "int64", "confidence": "float32", "exit": "int32", "flags": "uint8"}
 RESULT_LOGITS = "logits"  # the fifth result tensor, float32 (N, C), only for a request whose header has want_logits
 TENSOR_KINDS = (INFER, FORWARD, RESULT)  # the other kinds carry no tensors
+NEEDS = {LOAD: "path", SWITCH: "bundle", DROP: "bundle"}  # the update kinds' required header field
 
 
 class ProtocolError(Exception):
@@ -90,6 +104,7 @@ class ProtocolError(Exception):
         self.message = message
         self.req_id = req_id
         self.kind: str | None = None  # the header's kind when it was a known one (metrics count by kind)
+        self.version = VERSION  # the header's version when it was one of VERSIONS: the reply speaks it
 
 
 def fail(code: str, message: str) -> None:
@@ -131,8 +146,8 @@ def show(v: Any) -> str:
 def check_common(h: dict, kinds: Sequence[str]) -> None:
     """v, kind, id (in this order: the first failure is the one reported)."""
     v = h.get("v")
-    if not is_int(v, VERSION, VERSION):
-        fail("bad_version", f"header version v is {show(v)}; expected the integer {VERSION}")
+    if not is_int(v, VERSIONS[0], VERSIONS[-1]):
+        fail("bad_version", f"header version v is {show(v)}; expected the integer 1 or {VERSION}")
     kind = h.get("kind")
     if type(kind) is not str or kind not in kinds:
         fail("unknown_kind", f"kind is {show(kind)}; expected one of {', '.join(kinds)}")
@@ -161,6 +176,7 @@ def check_fields(h: dict) -> None:
             )
     optional_text(h, "sender")
     optional_text(h, "node")
+    check_update(h)
     check_trace(h)
     want = h.get("want_logits")
     if "want_logits" in h and type(want) is not bool:
@@ -172,6 +188,26 @@ def check_fields(h: dict) -> None:
                 fail("bad_message", f"error {key} is {show(h.get(key))}; expected a string")
     elif kind == STATUS_REPLY and type(h.get("status")) is not dict:
         fail("bad_message", f"status is {show(h.get('status'))}; expected a map")
+
+
+def is_bundle_id(v: Any) -> bool:
+    """A ``bundle`` field's value: a string of 16 characters. The ids nodes hold are 16 lowercase hex digits
+    (the start of the sha256 of a bundle's manifest.json), so any other 16 characters name no bundle a node
+    holds: ``bundle_mismatch``. Only the length is a header check: it costs nothing per message."""
+    return type(v) is str and len(v) == BUNDLE_ID_CHARS
+
+
+def check_update(h: dict) -> None:
+    """``bundle`` (a bundle id) and ``path`` (a bundle folder), and the field each update kind needs."""
+    b = h.get("bundle")
+    if "bundle" in h and not is_bundle_id(b):
+        fail("bad_message", f"bundle is {show(b)}; expected a bundle id ({BUNDLE_ID_CHARS} lowercase hex digits)")
+    path = h.get("path")
+    if "path" in h and not (type(path) is str and 0 < len(path) <= MAX_TEXT):
+        fail("bad_message", f"path is {show(path)}; expected a bundle folder (a string of 1..{MAX_TEXT} characters)")
+    need = NEEDS.get(h["kind"])
+    if need is not None and need not in h:
+        fail("bad_message", f"a {h['kind']} message needs {need!r}")
 
 
 def check_trace(h: dict) -> None:
@@ -207,7 +243,7 @@ def check_tensors(h: dict, n_frames: int, max_bytes: int | None) -> list[tuple[s
         )
     if n_frames > MAX_TENSORS:
         fail("bad_message", f"{n_frames} tensors; at most {MAX_TENSORS}")
-    if n_frames and h["kind"] in (STATUS, PING, ERROR, STATUS_REPLY, PONG):
+    if n_frames and h["kind"] not in TENSOR_KINDS:
         fail("bad_message", f"a {h['kind']} message carries no tensors; got {n_frames}")
     if len(set(n for n in names if type(n) is str)) != n_frames or not all(map(is_name, names)):
         fail("bad_tensor", f"tensor names {show(names)}; expected unique strings of 1..{MAX_NAME} characters")

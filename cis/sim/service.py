@@ -170,15 +170,19 @@ def tcp_messages(spec: CisSpec, carries: dict[int, dict[str, np.ndarray]]) -> tu
 
     route = [n.id for n in spec.path_to_root(max(spec.nodes, key=lambda n: spec.depth(n.id)).id)]
     messages = {
-        k: wire_bytes(_zmtp(P.encode(P.FORWARD, 2**40, carry, stage=k + 1, deadline=2e9, route=route, sender=route[0])))
+        k: wire_bytes(_zmtp(P.encode(P.FORWARD, 2**40, carry, stage=k + 1, deadline=2e9, route=route, sender=route[0],
+                                     bundle=_BUNDLE)))
         for k, carry in carries.items()
     }
     one = np.zeros(1)
     result = P.result_frames(
         2**40, 1, one.astype(np.int64), one.astype(np.float32), one.astype(np.int32), one.astype(np.uint8),
-        route[:1], route[-1],
+        route[:1], route[-1], bundle=_BUNDLE,
     )
     return messages, wire_bytes(_zmtp(result))
+
+
+_BUNDLE = "0" * 16  # a bundle id: every forward and result names one (docs/protocol.md, *Bundle identity*)
 
 
 def _zmtp(frames: list) -> int:

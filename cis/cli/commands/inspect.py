@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if m.get("versions"):
         lines.append("made with " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()))
-    print_result(args, m, "\n".join(lines))
+    print_result(args, {"id": bundle.id, **m}, "\n".join(lines))  # id: what nodes name it by on the wire
     return 0
 
 
@@ -59,7 +59,7 @@ def _header(bundle: Bundle, m: dict) -> list[str]:
         for t in m.get("inputs", [])
     )
     return [
-        f"bundle {bundle.root} (schema {m['schema_version']}, {len(m['files'])} files, sha256 verified)",
+        f"bundle {bundle.root} id {bundle.id} (schema {m['schema_version']}, {len(m['files'])} files, sha256 verified)",
         f"model   {what} classes {len(m.get('classes', []))}; method {m.get('method', '?')}",
         (f"input   {inputs}; " if inputs else "input   ")
         + f"normalisation mean {(m.get('normalisation') or {}).get('mean')} "
@@ -116,3 +116,4 @@ def _carries(m: dict) -> list[str]:
         fwd = " ".join(str(b) for b in d["bytes_per_forwarded_request"].values())
         lines.append(f"  {name:<5} acc {acc}  bytes {fwd}")
     return lines
+

@@ -1,0 +1,108 @@
+"""``cis rollout NEW_BUNDLE --spec SPEC`` (or ``--cluster LOG_DIR``): a new bundle on every node, no downtime.
+
+Checks the new bundle here first (sha256 of every file, ``--trust``'s signature, that it fits every node
+of the spec) and that every node answers, then loads it on every node (parents first), switches them
+(parents first) and drops the old bundle (children first); a failed load or a node that does not come
+back rolls everything back. The order and its guarantees: :mod:`cis.runtime.rollout`, docs/runtime.md,
+*Updating a model*.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from cis.cli.main import print_result
+from cis.core.errors import CisError
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "rollout",
+        help="put a new bundle on every node of a running tree without downtime",
+        description="Load NEW_BUNDLE beside the served one on every node (parents first), switch every node to it "
+        "between two batches (parents first), drop the old bundle (children first). A failed load or verification "
+        "rolls back: every node serves as before. NEW_BUNDLE must be at the same path on every node's machine.",
+    )
+    p.add_argument("bundle", metavar="NEW_BUNDLE", help="the new bundle folder (written by 'cis export')")
+    p.add_argument("--spec", help="the spec the nodes serve: the tree, and the nodes' addresses")
+    p.add_argument(
+        "--cluster",
+        help="the --log-dir of 'cis serve --all' or 'cis testbed': the nodes' addresses (and the spec it serves); "
+        "its restarted nodes then start with the new bundle",
+    )
+    p.add_argument("--trust", help="Ed25519 public key (PEM): refuse NEW_BUNDLE unless signed by it")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=120.0,
+        help="seconds to wait for a node's answer, a load included, or for a restarted node (default 120)",
+    )
+    p.add_argument("--curve-key", help="own CurveZMQ .key_secret, for nodes that run CurveZMQ")
+    p.add_argument("--server-key", help="the nodes' public .key")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    import logging
+
+    from cis.core.bundle import load_bundle
+    from cis.runtime.rollout import Rollout, check_fits, targets_of
+    from cis.runtime.security import CurveConfig
+
+    if args.timeout <= 0:
+        raise CisError(f"--timeout is {args.timeout:g}; expected seconds > 0")
+    bundle = load_bundle(Path(args.bundle).resolve(), trust=args.trust)  # every file's sha256, the signature
+    spec, addresses = _tree(args)
+    check_fits(bundle, spec, spec.ids)
+    curve = CurveConfig(args.curve_key, None, args.server_key) if args.curve_key else None
+    say = logging.getLogger("cis.cli.commands.rollout").info
+    rollout = Rollout(bundle, targets_of(spec, addresses), args.timeout, curve, args.cluster, say)
+    try:
+        report = rollout.run()
+    finally:
+        rollout.close()
+    human = (
+        f"bundle {report['bundle']} serves on {len(report['nodes'])} nodes ({report['outcome']}, "
+        f"{report['seconds']:.1f} s; before: {', '.join(sorted(set(report['previous'].values())))})"
+        + (f"; restarted meanwhile: {', '.join(report['restarted'])}" if report["restarted"] else "")
+    )
+    print_result(args, report, human)
+    return 0
+
+
+def _tree(args: argparse.Namespace):
+    """(the spec, {node: address}): the spec from --spec, else the one the cluster serves; addresses from
+    --cluster, else the spec's."""
+    from cis.core.bundle import load_bundle
+    from cis.core.spec import load_spec
+
+    if not args.spec and not args.cluster:
+        raise CisError("rollout: which nodes? pass --spec SPEC (their addresses) or --cluster LOG_DIR")
+    state: dict = {}
+    if args.cluster:
+        from cis.runtime.launcher import CLUSTER_FILE
+
+        path = Path(args.cluster) / CLUSTER_FILE
+        try:
+            state = json.loads(path.read_text())
+            addresses = {nid: v["address"] for nid, v in state["nodes"].items()}
+        except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise CisError(
+                f"{path}: not a cluster state file ({type(exc).__name__}); expected the {CLUSTER_FILE} that "
+                "'cis serve --all --log-dir DIR' writes in DIR"
+            ) from None
+    if args.spec:
+        spec = load_spec(args.spec)
+    elif state.get("spec"):
+        spec = load_spec(state["spec"])
+    else:
+        served = load_bundle(state["bundle"], verify=False).spec
+        if served is None:
+            raise CisError(f"{args.cluster}: the served bundle has no spec; pass --spec")
+        spec = served
+    if not args.cluster:
+        addresses = {n.id: n.address for n in spec.nodes if n.address}
+    return spec, addresses

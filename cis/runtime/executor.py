@@ -74,7 +74,7 @@ class Executor:
         self._const: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.timings: BatchTimings | None = None  # queue time, compute time, batch size (set by metrics_http)
         self.tracer: tracing.Tracer | None = None  # the node's spans (cis.runtime.tracing), when it traces
-        self.failures = FailureLog(config.node_id)  # a stage's or the decision's traceback, rate-limited
+        self.failures = FailureLog(config.name)  # a stage's or the decision's traceback, rate-limited
 
     # ------------------------------------------------------------ admission
 

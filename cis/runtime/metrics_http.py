@@ -250,6 +250,7 @@ class _NodeCollector:
         yield healthy
         families = self._node_families(CounterMetricFamily, GaugeMetricFamily)
         yield from families.values()
+        yield from _parent_replicas(GaugeMetricFamily, self.server.node)
 
     def _node_families(self, counter: Any, gauge: Any) -> dict[str, Any]:
         """The families of the node's own counters: named before the node is attached, filled after."""
@@ -273,7 +274,8 @@ class _NodeCollector:
             "parent_up": gauge("cis_parent_up", "1 while the parent answers heartbeats, else 0 (1 at the root)"),
             "threshold": gauge("cis_threshold", "the exit policy's threshold at this node (moves with --adapt)"),
             "info": gauge(
-                "cis_node_info", "the node's identity: 1", labels=("node", "exit", "parent", "provider", "backend")
+                "cis_node_info", "the node's identity: 1; replica: its replica id (cloud#1), else the node id",
+                labels=("node", "exit", "parent", "provider", "backend", "replica"),
             ),
             "build": gauge(
                 "cis_build_info",
@@ -305,6 +307,19 @@ class _NodeCollector:
         backend = cfg.backend
         provider = backend.provider if backend is not None else "custom"
         runs = backend.describe() if backend is not None else "custom stages"
-        f["info"].add_metric([cfg.node_id, str(cfg.exit), cfg.parent or "", provider, runs], 1.0)
+        f["info"].add_metric([cfg.node_id, str(cfg.exit), cfg.parent or "", provider, runs, cfg.name], 1.0)
         f["build"].add_metric([cfg.node_id, __version__, cfg.bundle_sha256, cfg.parent_id or ""], 1.0)
         return f
+
+
+def _parent_replicas(gauge: Any, node: Any) -> Iterator[Any]:
+    """Per replica of the parent (docs/runtime.md, *Replicas*): up or not, and the forwarded samples in flight."""
+    up = gauge("cis_parent_replica_up", "per replica of the parent: 1 while it answers heartbeats, else 0",
+               labels=("replica", "address"))
+    in_flight = gauge("cis_parent_replica_in_flight", "per replica of the parent: forwarded samples it has not "
+                      "answered yet", labels=("replica", "address"))
+    for r in node.upstream.status(time.monotonic()) if node is not None else ():
+        up.add_metric([r["replica"], r["address"]], 1.0 if r["up"] else 0.0)
+        in_flight.add_metric([r["replica"], r["address"]], r["in_flight"])
+    yield up
+    yield in_flight

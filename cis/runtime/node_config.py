@@ -35,7 +35,7 @@ class NodeConfig:
     node_id: str
     exit: int
     bind: str = "tcp://127.0.0.1:5555"
-    parent: str | None = None  # parent's address; None at the root
+    parent: str | None = None  # parent's address (its replicas': separated by commas); None at the root
     threshold: float = -math.inf
     measure: str = "max_softmax"
     patience: int | None = None  # with measure "patience": p (the bundle's inference patience)
@@ -65,8 +65,10 @@ class NodeConfig:
     otlp_endpoint: str | None = None  # export them over OTLP/HTTP (also the OTEL_EXPORTER_OTLP_* variables)
     bundle: str = ""  # the bundle's folder, and the sha256 of its manifest (which lists every file's sha256)
     bundle_sha256: str = ""
+    name: str = ""  # the replica's id (cloud#1; cis.core.replicas) in logs, status, metrics; "": the node id
 
     def __post_init__(self) -> None:
+        self.name = self.name or self.node_id
         if not self.heartbeat_timeout:
             self.heartbeat_timeout = heartbeat_timeout(self.heartbeat)
         if self.nonfinite not in NONFINITE_MODES:
@@ -75,6 +77,12 @@ class NodeConfig:
             raise CisError(
                 f"node {self.node_id}: queue_limit, max_batch, rcv_hwm and max_message_bytes must be at least 1"
             )
+
+
+    @property
+    def parents(self) -> tuple[str, ...]:
+        """The parent's address, or each of its replicas' (docs/runtime.md, *Replicas*); () at the root."""
+        return tuple(a.strip() for a in (self.parent or "").split(",") if a.strip())
 
 
 def heartbeat_timeout(heartbeat: float) -> float:

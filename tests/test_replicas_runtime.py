@@ -135,3 +135,31 @@ def test_with_every_replica_down_the_child_serves_degraded(closing):
     with Client(child.node.cfg.bind, timeout=10) as c:
         r = c.infer(np.vstack([UNSURE, [[5, 0, 0, 0]]]).astype(np.float32))
     assert r.exit.tolist() == [1, 1] and r.degraded.tolist() == [True, False]
+
+
+def test_a_duplicate_request_id_is_answered_once(closing):
+    """A client's retry that reaches the node holding (or having answered) the first try gets no second answer."""
+    import zmq
+
+    from cis.runtime import protocol as P
+
+    root = Running(Node(NodeConfig("root", 2, bind=_addr()), stages(delay=0.3)))
+    closing.append(root)
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.linger = 0
+    s.connect(root.node.cfg.bind)
+    try:
+        frames = P.encode(P.INFER, 7, {"features": np.zeros((1, 4), np.float32)}, stage=2)
+        P.send(s, frames)
+        P.send(s, frames)  # the retry, while the first is still running
+        assert s.poll(5000)
+        assert P.decode(s.recv_multipart()).id == 7
+        assert not s.poll(800)  # no second answer
+        P.send(s, frames)  # a retry after the answer
+        assert not s.poll(800)
+        P.send(s, P.encode(P.INFER, 8, {"features": np.zeros((1, 4), np.float32)}, stage=2))
+        assert s.poll(5000) and P.decode(s.recv_multipart()).id == 8  # a new id is served
+    finally:
+        s.close()
+    st = root.node.status()
+    assert st["duplicates"] == 2 and st["requests"] == 2 and st["served"] == 2

@@ -251,6 +251,10 @@ class _NodeCollector:
         families = self._node_families(CounterMetricFamily, GaugeMetricFamily)
         yield from families.values()
         yield from _parent_replicas(GaugeMetricFamily, self.server.node)
+        duplicates = CounterMetricFamily("cis_duplicates", "requests whose id this node held or had answered (a "
+                                         "client's retry): answered once, not run again")
+        duplicates.add_metric([], (self.server.node.counters if self.server.node else {}).get("duplicates", 0))
+        yield duplicates
 
     def _node_families(self, counter: Any, gauge: Any) -> dict[str, Any]:
         """The families of the node's own counters: named before the node is attached, filled after."""

@@ -60,6 +60,7 @@ from cis.runtime.node_config import NodeConfig
 from cis.runtime.oip.door import Door, Ticket, open_doors
 from cis.runtime.requests import BundleStage, Pending, Request, Stage, forward_route
 from cis.runtime.security import secure_server, start_authenticator
+from cis.runtime.seen import Seen
 from cis.runtime.upstream import Upstream
 
 __all__ = ["BundleStage", "Node", "NodeConfig", "Stage"]
@@ -70,7 +71,7 @@ _poll = zmq.zmq_poll  # (socket, POLLIN) pairs -> the ready ones; zmq.Poller add
 _NONE: dict = {}  # no more header fields
 _WANT_LOGITS = {"want_logits": True}
 _COUNTERS = ("requests", "samples", "served", "forwarded", "degraded", "capped", "nonfinite", "errors", "overloaded",
-             "expired", "isolated", "undeliverable", "batches")  # fmt: skip  (status, in this order)
+             "expired", "isolated", "undeliverable", "batches", "duplicates")  # fmt: skip  (status, in this order)
 
 
 class Node:
@@ -83,6 +84,7 @@ class Node:
         self.pending: dict[int, Pending] = {}
         self.up_ids = itertools.count(1)  # ids of forwards and pings: one counter, so a reply names one of them
         self.upstream = Upstream(config, time.monotonic())  # the DEALER to each replica of the parent
+        self.seen = Seen()  # (peer, id) held or answered lately: a client's retry is answered once
         self.next_ping = 0.0
         self.next_timer = 0.0  # when _timers has work: the next heartbeat or the first forward to give up on
         self.stopping = False
@@ -334,10 +336,15 @@ class Node:
         """An INFER or FORWARD into the executor, or its refusal answered: the one way in, from the ROUTER
         (``prefix``: the peer's identity frames) and from the front doors (``prefix``: a doors.Ticket)."""
         kind = msg.kind
+        if not self.seen.first(prefix, msg.id):
+            self.counters["duplicates"] += 1  # a retry of a request held or answered here: that answer is the one
+            return
         if self.stopping:
+            self.seen.answered(prefix, msg.id)
             return self._error(prefix, msg.id, "shutting_down", f"node {self.cfg.node_id} is stopping", kind)
         refused = self.executor.admit(prefix, msg, self.seen_empty)
         if refused is not None:
+            self.seen.answered(prefix, msg.id)
             self._error(prefix, msg.id, *refused, kind)
             if refused[0] == "overloaded":
                 self.overload.refused(time.monotonic(), self.executor.queued, self.cfg.queue_limit)
@@ -380,11 +387,13 @@ class Node:
         if door:
             prefix.door.result(prefix, req)
         else:
+            self.seen.answered(prefix, req.req_id)
             self._send(self.front, frames or [], prefix)
         if req.trace is not None:
             tracing.finish(self.executor.tracer, req, "ok", now)
 
     def error(self, req: Request, code: str, message: str) -> None:
+        self.seen.answered(req.prefix, req.req_id)
         self._error(req.prefix, req.req_id, code, message, P.FORWARD if req.forward else P.INFER)
         if req.trace is not None:
             tracing.finish(self.executor.tracer, req, code)

@@ -21,7 +21,7 @@ With one parent address this is the single DEALER a node always had.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import zmq
 
@@ -101,13 +101,7 @@ class Upstream:
     # ------------------------------------------------------------ forwards
 
     def _pick(self, now: float) -> int | None:
-        """The replica that is up with the fewest unanswered samples, starting the search at ``turn``."""
-        n, best = len(self.addresses), None
-        for k in range(n):
-            i = (self.turn + k) % n
-            if self.is_up(i, now) and (best is None or self.outstanding[i] < self.outstanding[best]):
-                best = i
-        return best
+        return least_outstanding(self.outstanding, [self.is_up(i, now) for i in range(len(self))], self.turn)
 
     def send(self, fid: int, frames: list, n: int, now: float) -> bool:
         """Send a forward to a replica that is up; False when none takes it."""
@@ -157,3 +151,15 @@ class Upstream:
         for i in range(len(self.addresses)):
             if self._send(i, ping(), now) and not self.is_up(i, now):  # a failed send marked it down already
                 self._down(i, now, connected=True)
+
+
+def least_outstanding(outstanding: Sequence[int], up: Sequence[bool], turn: int) -> int | None:
+    """The index that is up with the least outstanding, the search starting at ``turn`` (so equal ones take
+    turns); None when none is up. The one balancing rule of a child over its parent's replicas and of a client
+    over its entry nodes (cis.runtime.entries)."""
+    n, best = len(outstanding), None
+    for k in range(n):
+        i = (turn + k) % n
+        if up[i] and (best is None or outstanding[i] < outstanding[best]):
+            best = i
+    return best

@@ -12,17 +12,20 @@ from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Sequence
 
 from cis.cli.main import print_result
 from cis.core.errors import CisError
 from cis.core.records import format_ms
+from cis.runtime.wire import RETRY_AFTER
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("infer", help="send a data set to a running CIS and report accuracy, served shares, latency")
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--connect", help="a node's address: every request goes there")
+    where.add_argument(
+        "--connect", help="a node's address: every request goes there (several, separated by commas: spread over them, "
+        "e.g. a node's replicas)"
+    )
     where.add_argument(
         "--spec", help="spec file: each sample goes to the node that assign_entries picks (as the offline evaluation)"
     )
@@ -45,6 +48,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--window", type=int, default=32, help="requests in flight per node (default 32)")
     p.add_argument("--batch-size", type=int, default=1, help="samples per request with --connect (default 1)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds before a request counts as lost")
+    p.add_argument(
+        "--retry-after", type=float, default=RETRY_AFTER, metavar="S",
+        help="send a request once more (same id; to another entry node, or to the same once it is back) when no "
+        f"reply came within S seconds; also at once when its entry node's connection closes (default {RETRY_AFTER:g})",
+    )  # fmt: skip
+    p.add_argument("--no-retry", action="store_true", help="never send a request twice")
     p.add_argument("--seed", type=int, default=0, help="data split seed and entry assignment seed")
     p.add_argument(
         "--traceparent",
@@ -63,8 +72,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cis.runtime.client import Client, Result, infer_spread, summarize
-    from cis.runtime.security import CurveConfig
+    from cis.runtime.client import summarize
 
     if args.traceparent is None and os.environ.get("TRACEPARENT", "").strip():
         args.traceparent = os.environ["TRACEPARENT"].strip()  # OpenTelemetry's carrier for a process's context
@@ -75,64 +83,73 @@ def run(args: argparse.Namespace) -> int:
         from cis.runtime.tracing import check_traceparent
 
         check_traceparent(args.traceparent, where)
+    if args.retry_after <= 0 and not args.no_retry:
+        raise CisError(f"--retry-after is {args.retry_after:g}; expected seconds > 0 (or --no-retry)")
     data = read_dataset(args)
     x, y = data.x, data.y
     if args.n is not None:
         x, y = x[: args.n], (None if y is None else y[: args.n])
-    curve = CurveConfig(args.curve_key, None, args.server_key) if args.curve_key else None
-    results: Sequence[Result | None]
-    if args.connect:
-        with Client(args.connect, timeout=args.timeout, curve=curve) as c:
-            results = c.infer_many(
-                x, batch_size=args.batch_size, window=args.window, rate=args.rate, timeout=args.timeout,
-                traceparent=args.traceparent,
-            )  # fmt: skip
-            entry = [_node_id(c, args.connect)] * len(x) if args.out else []
-    else:
-        from cis.core.policy.exit_policy import assign_entries
-        from cis.core.spec import load_spec
-
-        spec = load_spec(args.spec)
-        entries = assign_entries(spec, len(x), args.seed)
-        clients = {}
-        try:
-            for nid in entries:
-                addr = spec.node(nid).address
-                if addr is None:
-                    raise CisError(f"{args.spec}: node {nid!r} has no address")
-                clients[nid] = Client(addr, timeout=args.timeout, curve=curve)
-            results = infer_spread(
-                clients, x, entries, args.window, args.rate, args.timeout, traceparent=args.traceparent
-            )
-        finally:
-            for c in clients.values():
-                c.close()
-        entry = [""] * len(x)
-        for nid, idx in entries.items():
-            for i in idx:
-                entry[int(i)] = nid
+    results, entry = _send(args, x)
     summary = summarize(results, y)
-    lines = [f"{summary['samples_answered']} of {len(x)} samples answered; errors: {summary['errors'] or 'none'}"]
+    lines = [f"{summary['samples_answered']} of {len(x)} samples answered; errors: {summary['errors'] or 'none'}"
+             + (f"; {summary['retried']} requests retried" if summary["retried"] else "")]  # fmt: skip
     if "served_share_per_exit" in summary:
-        lat = summary["latency"]
-        acc = f"accuracy {summary['accuracy'] * 100:.2f}%   " if "accuracy" in summary else "no labels   "
-        lines.append(f"{acc}degraded {summary['degraded']}   capped {summary['capped']}")
-        lines.append(
-            "served per exit: "
-            + ", ".join(f"exit {e} {s * 100:.1f}%" for e, s in summary["served_share_per_exit"].items())
-        )
-        lines.append(
-            "served per node: " + ", ".join(f"{k} {s * 100:.1f}%" for k, s in summary["served_share_per_node"].items())
-        )
-        lines.append(
-            f"latency ms: mean {format_ms(lat['mean_s'])}  p50 {format_ms(lat['p50_s'])}  p99 {format_ms(lat['p99_s'])}"
-        )
+        lines += _summary_lines(summary)
     if args.out:
         write_rows(args.out, results, y, data.names, entry)
         summary["out"] = args.out
         lines.append(f"wrote {args.out}")
     print_result(args, summary, "\n".join(lines))
     return 0 if not summary["errors"] else 1
+
+
+def _send(args: argparse.Namespace, x) -> tuple[list, list[str]]:
+    """(one result per request, the entry node of each sample: with --out) from --connect or --spec."""
+    from cis.runtime.client import Client, infer_spread
+    from cis.runtime.security import CurveConfig
+
+    curve = CurveConfig(args.curve_key, None, args.server_key) if args.curve_key else None
+    retry = None if args.no_retry else args.retry_after
+    if args.connect:
+        addresses = [a.strip() for a in args.connect.split(",") if a.strip()]
+        with Client(addresses, timeout=args.timeout, curve=curve, retry_after=retry) as c:
+            results: list = c.infer_many(
+                x, batch_size=args.batch_size, window=args.window, rate=args.rate, timeout=args.timeout,
+                traceparent=args.traceparent,
+            )  # fmt: skip
+            return results, [_node_id(c, args.connect)] * len(x) if args.out else []
+    from cis.core.policy.exit_policy import assign_entries
+    from cis.core.spec import load_spec
+
+    spec = load_spec(args.spec)
+    entries = assign_entries(spec, len(x), args.seed)
+    clients = {}
+    try:
+        for nid in entries:
+            where = spec.node(nid).replica_addresses  # an entry node with replicas: spread over them
+            if where is None:
+                raise CisError(f"{args.spec}: node {nid!r} has no address")
+            clients[nid] = Client(where, timeout=args.timeout, curve=curve, retry_after=retry)
+        results = infer_spread(clients, x, entries, args.window, args.rate, args.timeout, traceparent=args.traceparent)
+    finally:
+        for c in clients.values():
+            c.close()
+    entry = [""] * len(x)
+    for nid, idx in entries.items():
+        for i in idx:
+            entry[int(i)] = nid
+    return results, entry
+
+
+def _summary_lines(summary: dict) -> list[str]:
+    lat, per_exit, per_node = summary["latency"], summary["served_share_per_exit"], summary["served_share_per_node"]
+    acc = f"accuracy {summary['accuracy'] * 100:.2f}%   " if "accuracy" in summary else "no labels   "
+    return [
+        f"{acc}degraded {summary['degraded']}   capped {summary['capped']}",
+        "served per exit: " + ", ".join(f"exit {e} {v * 100:.1f}%" for e, v in per_exit.items()),
+        "served per node: " + ", ".join(f"{k} {v * 100:.1f}%" for k, v in per_node.items()),
+        f"latency ms: mean {format_ms(lat['mean_s'])}  p50 {format_ms(lat['p50_s'])}  p99 {format_ms(lat['p99_s'])}",
+    ]
 
 
 def read_dataset(args: argparse.Namespace):

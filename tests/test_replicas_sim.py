@@ -63,3 +63,14 @@ def test_cis_simulate_json_names_the_replicas(tmp_path, run_cli):
     write_spec(spec, tmp_path / "s.toml")
     out = run_cli("simulate", "--spec", str(tmp_path / "s.toml"), "--requests", "2000", "--json").json()
     assert out["nodes"]["cloud"]["replicas"] == 3 and out["nodes"]["edge0"]["replicas"] == 1
+
+
+def test_two_servers_woken_at_once_by_one_batch_of_forwards():
+    """A child's batch forwards its requests at one instant: each wakes a server of the replicated parent, the
+    first takes them all, the second finds the queue empty and waits again (it crashed on an empty batch)."""
+    spec = validate(CisSpec((Node("root", 2, replicas=2),
+                             Node("leaf", 1, parent="root", arrival_rate=200.0, max_transfer_rate=1000.0)), 2))
+    run = simulate(spec, SimConfig(requests=5000, seed=0, service_mean=0.004, max_batch=8, loopback=True,
+                                   shares={"leaf": 0.0}))
+    assert run.summary["requests"]["dropped"] == 0
+    assert run.summary["nodes"]["root"]["served_rate"] > 0 and run.summary["nodes"]["root"]["batches"] < 5000

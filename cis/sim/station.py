@@ -128,16 +128,20 @@ class Station:
 
     def _worker(self):
         env, queue = self.env, self.queue
+        idle_from = None
         while True:
             cold = idled = 0.0
-            if not queue:
-                idle_from = env.now
+            if not queue:  # also when woken after another server took what was waiting: wait again
+                idle_from = env.now if idle_from is None else idle_from
                 wake = env.event()
                 self.idle.append(wake)
                 yield wake
+                if not queue:
+                    continue
                 idled = env.now - idle_from
                 if self.slowdown is not None:
                     cold = self.slowdown(idled)
+            idle_from = None
             if self.batch_overhead is not None:
                 cold += self.batch_overhead(idled)
             batch = [queue.popleft() for _ in range(min(self.max_batch, len(queue)))]

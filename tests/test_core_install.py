@@ -152,6 +152,14 @@ def test_core_commands_run_without_torch(core, bundle, tmp_path):
     _ok(core.run("report", bundle, "--out", tmp_path / "bundle-report.md"))
     _ok(core.run("keys", tmp_path / "keys", "--name", "edge"))
     assert (tmp_path / "keys" / "edge.key").is_file()
+    from cis.core.bundle import load_bundle
+    from cis.core.spec import write_spec
+
+    write_spec(load_bundle(bundle).spec, tmp_path / "addressed.toml")  # the bundle's spec has every node's address
+    k8s = json.loads(_ok(core.run("deploy", "kubernetes", tmp_path / "addressed.toml", bundle, "-o", tmp_path / "k8s",
+                                  "--json")).stdout)
+    assert len(k8s["nodes"]) == 7 and all(os.path.isfile(f) for f in k8s["files"])
+    _ok(core.run("deploy", "systemd", tmp_path / "addressed.toml", "-o", tmp_path / "units"))
     tried = core.attempted() & set(FORBIDDEN)
     assert not tried, f"a core command tried to import {sorted(tried)}"
 

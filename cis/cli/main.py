@@ -45,6 +45,7 @@ COMMANDS = [
     "report",
     "testbed",
     "link",
+    "deploy",
 ]
 
 # commands that need more than the core install: command -> pip extras (cis/core/extras.py); "cpu" stands for an

@@ -299,12 +299,27 @@ def read_file(path: str | Path) -> dict[str, Any]:
             continue
         o = BY_NAME.get(key)
         if o is None:
-            near = difflib.get_close_matches(key.replace("-", "_"), [*BY_NAME, *LOG_KEYS], 1)
-            hint = f" (did you mean {near[0]}?)" if near else ""
-            raise CisError(f"{p}: unknown key {key!r}{hint}; expected serve's options: {', '.join(BY_NAME)}")
+            near = _near(key, LOG_KEYS)
+            raise CisError(f"{p}: unknown key {key!r}{near}; expected serve's options: {', '.join(BY_NAME)}")
         value = _check(o, value, f"{p}: {key}")
         out[key] = str(p.parent / value) if o.kind == "path" and not Path(value).is_absolute() else value
     return out
+
+
+def _near(key: str, more: tuple[str, ...] = ()) -> str:
+    """`` (did you mean max_batch?)`` for a mistyped option name, or nothing."""
+    near = difflib.get_close_matches(key.replace("-", "_"), [*BY_NAME, *more], 1)
+    return f" (did you mean {near[0]}?)" if near else ""
+
+
+def option_text(name: str, text: str, where: str) -> tuple[Option, str]:
+    """An option given as ``NAME=VALUE`` text (``cis deploy --set``), checked as its ``CIS_*`` variable would be:
+    the option (``-`` in NAME reads as ``_``) and the variable's value (booleans as ``true``/``false``)."""
+    o = BY_NAME.get(name.strip().replace("-", "_"))
+    if o is None:
+        raise CisError(f"{where}: unknown option {name!r}{_near(name)}; expected one of serve's: {', '.join(BY_NAME)}")
+    value = _check(o, text.strip(), where, text=True)
+    return o, ("true" if value else "false") if o.kind == "bool" else text.strip()
 
 
 def _check(o: Option, value: Any, where: str, text: bool = False) -> Any:

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from replica_nodes import Running, spawn, stages
 
-from cis.runtime.client import Client, summarize
+from cis.runtime.client import Client, ServerError, summarize
 from cis.runtime.node import Node, NodeConfig
 from cis.runtime.ports import free_port
 
@@ -108,3 +108,21 @@ def test_shutting_down_is_retried_on_another_entry_node(procs):
         got: list = []
         _collect(busy, 6, got)  # the requests a held are still answered
     assert slow.node.errors_by_code["shutting_down"] == 1
+
+
+def test_with_one_entry_node_shutting_down_is_the_answer_not_a_silent_retry(procs):
+    """The stopping node would take a retry of the same id as a duplicate: with no other entry node the client
+    answers shutting_down at once instead of waiting for nothing."""
+    a = _addr()
+    slow = Running(Node(NodeConfig("root", 2, bind=a, max_batch=1), stages(delay=0.5)))
+    procs.append(slow)
+    with Client(a, timeout=10) as busy:
+        for _ in range(6):
+            busy.submit(X)
+        time.sleep(0.2)
+        slow.node.request_stop()
+        with Client(a, timeout=5) as c, pytest.raises(ServerError) as err:
+            c.infer(X)
+        assert err.value.code == "shutting_down"
+        got: list = []
+        _collect(busy, 6, got)

@@ -196,8 +196,8 @@ class Client:
         if msg.id not in self._sent or msg.kind not in (P.RESULT, P.ERROR):
             return None
         h = msg.head
-        if isinstance(h, P.ErrorHeader) and h.code in RETRY_CODES and self.entries.retry(msg.id):
-            return None  # its entry node is going away: sent again, its answer comes later
+        if isinstance(h, P.ErrorHeader) and h.code in RETRY_CODES and self.entries.retry(msg.id, lost=False):
+            return None  # its entry node is going away: sent to another, its answer comes later
         t0, n = self._sent.pop(msg.id)
         retried = self.entries.tries[msg.id].retried if msg.id in self.entries.tries else False
         self.entries.done(msg.id)

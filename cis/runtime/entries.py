@@ -6,10 +6,11 @@ The story of a request here:
 1. :meth:`Entries.send` sends it to the connected entry node with the fewest requests in flight (ties in turn:
    :func:`cis.runtime.upstream.least_outstanding`); with one address, there;
 2. it is retried **once, with the same id**, when its entry node died: the node's connection closed while the
-   request was in flight (a socket monitor says so at once), it was refused (``shutting_down``), or no reply
-   came within ``retry_after`` seconds (a node that hangs, or a link that dropped). The retry goes to another
-   entry node that is connected, else to the same address, where ZeroMQ holds it until the node is back
-   (restarted: ``cis serve --all`` restarts a node at once). A node that gets the same id twice over one
+   request was in flight (a socket monitor says so at once), it was refused (``shutting_down``: retried only
+   where another entry node is connected, else that error is the answer), or no reply came within
+   ``retry_after`` seconds (a node that hangs, or a link that dropped). The retry goes to another entry node
+   that is connected, else to the same address, where ZeroMQ holds it until the node is back (restarted:
+   ``cis serve --all`` restarts a node at once). A node that gets the same id twice over one
    connection answers once (:mod:`cis.runtime.seen`), so a retry of a request that was only slow costs nothing
    there; elsewhere the first answer wins and the other is dropped.
 

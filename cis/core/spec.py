@@ -49,6 +49,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
 import tomli_w
 
 from cis.core.errors import SpecError
+from cis.core.replicas import derived_address, replica_addresses, replica_ids
 
 CONFIDENCE_MEASURES = ("max_softmax", "entropy", "margin")
 # where a node runs its stages (cis serve --provider; cis.core.stages.backends): onnxruntime's CPU or CUDA provider,
@@ -61,7 +62,7 @@ _HOST_KEYS = {"cores"}
 # a node's fields as spec_to_dict writes them, in order (those that are None left out), before its link table
 _NODE_FIELDS = (
     "id", "parent", "exit", "arrival_rate", "max_transfer_rate", "speed", "workers", "queue_limit", "address",
-    "provider", "host", "replicas",
+    "addresses", "provider", "host", "replicas",
 )
 _NODE_KEYS = {*_NODE_FIELDS, "link"}
 # a node's numeric fields, checked in this order: (minimum, integer); absent ones take Node's default
@@ -97,6 +98,17 @@ class Node:
     provider: str | None = None  # one of PROVIDERS; None: cpu (cis serve --provider overrides)
     host: str | None = None  # the machine the node shares with others (a key of the [hosts] table); None: its own
     replicas: int = 1  # processes that run this node side by side (docs/runtime.md, "Replicas")
+    addresses: tuple[str, ...] | None = None  # one address per replica, where ports do not follow ``address``
+
+    @property
+    def replica_ids(self) -> list[str]:
+        """``[id]`` with one replica, else ``id#0`` .. ``id#N-1`` (:mod:`cis.core.replicas`)."""
+        return replica_ids(self.id, self.replicas)
+
+    @property
+    def replica_addresses(self) -> list[str] | None:
+        """Every replica's address (:func:`cis.core.replicas.replica_addresses`); None without an address."""
+        return replica_addresses(self.replicas, self.address, self.addresses)
 
 
 @dataclass(frozen=True)
@@ -276,10 +288,14 @@ def _parse_node(raw: Any, index: int, source: str) -> Node:
     provider = raw.get("provider")
     if provider is not None and provider not in PROVIDERS:
         raise SpecError(f"{where}: field 'provider' is {provider!r}; expected one of {', '.join(PROVIDERS)}")
+    addresses = _parse_addresses(raw, where)
     numbers: dict[str, Any] = {}
     for name, (minimum, integer) in _NODE_NUMBERS.items():
-        value = raw.get(name, _defaults(Node).get(name))
+        value = raw.get(name, len(addresses) if name == "replicas" and addresses else _defaults(Node).get(name))
         numbers[name] = None if value is None else _number(value, name, where, minimum, integer)
+    if addresses and numbers["replicas"] != len(addresses):
+        raise SpecError(f"{where}: 'replicas' is {numbers['replicas']} but 'addresses' lists {len(addresses)}; "
+                        "expected one address per replica")
     return Node(
         id=node_id,
         parent=parent,
@@ -287,8 +303,23 @@ def _parse_node(raw: Any, index: int, source: str) -> Node:
         address=address,
         provider=provider,
         host=host,
+        addresses=addresses,
         **numbers,
     )
+
+
+def _parse_addresses(raw: dict, where: str) -> tuple[str, ...] | None:
+    """``addresses = [...]``: one ZeroMQ endpoint per replica, instead of ``address`` (docs/spec.md)."""
+    addresses = raw.get("addresses")
+    if addresses is None:
+        return None
+    if not isinstance(addresses, list) or not addresses or not all(isinstance(a, str) and a for a in addresses):
+        raise SpecError(f"{where}: field 'addresses' is {addresses!r}; expected a list of ZeroMQ endpoints, one per "
+                        "replica, such as ['tcp://10.0.0.5:5555', 'tcp://10.0.0.6:5555']")
+    if raw.get("address") is not None:
+        raise SpecError(f"{where}: both 'address' and 'addresses'; expected one of them ('addresses' lists every "
+                        "replica's)")
+    return tuple(addresses)
 
 
 def validate(spec: CisSpec, source: str | None = None) -> CisSpec:
@@ -297,7 +328,26 @@ def validate(spec: CisSpec, source: str | None = None) -> CisSpec:
     _check_nodes(spec, source)
     _check_hosts(spec, source)
     _check_tree(spec, source)
+    _check_addresses(spec, source)
     return spec
+
+
+def _check_addresses(spec: CisSpec, source: str) -> None:
+    """Every replica has an address it can bind (port + i needs a TCP port), and no two share one."""
+    owner: dict[str, str] = {}
+    for n in spec.nodes:
+        if n.replicas > 1 and n.address is not None and n.addresses is None:
+            try:
+                derived_address(n.address, n.replicas - 1)
+            except ValueError as exc:
+                raise SpecError(f"{_where(source, n.id)}: {n.replicas} replicas, but {exc}; expected "
+                                "addresses = [...] with one endpoint per replica") from None
+        for rid, address in zip(n.replica_ids, n.replica_addresses or ()):
+            if address in owner:
+                raise SpecError(f"{_where(source, n.id)}: {rid} would bind {address}, as {owner[address]} does; "
+                                "expected every replica at its own address (replica i binds the node's port + i; "
+                                "or give addresses = [...])")
+            owner[address] = rid
 
 
 def _check_nodes(spec: CisSpec, source: str) -> None:
@@ -384,6 +434,8 @@ def spec_to_dict(spec: CisSpec) -> dict:
         # defaults written out, but replicas only where a node has more than one (most trees have none)
         d: dict[str, Any] = {k: getattr(n, k) for k in _NODE_FIELDS
                              if getattr(n, k) is not None and not (k == "replicas" and n.replicas == 1)}
+        if n.addresses is not None:
+            d["addresses"] = list(n.addresses)
         if n.parent is not None:
             d["link"] = {"bandwidth": n.link.bandwidth, "latency": n.link.latency}
         nodes.append(d)

@@ -9,8 +9,13 @@
         c.control("load", path="/srv/bundle-v2")   # update kinds: load, switch, drop, reload -> the node's status
         rs = c.infer_many(x, batch_size=1, window=64)   # pipelined: many requests in flight
 
-One DEALER socket; not thread-safe (use one Client per thread). Requests that name no bundle go as
-protocol version 1 (which they are), so the client talks to nodes of either version.
+    with Client(["tcp://10.0.0.5:5553", "tcp://10.0.0.6:5553"]) as c:   # several entry nodes (replicas)
+        ...                            # spread over the connected ones; a request whose node died is retried
+
+One DEALER socket per address (:mod:`cis.runtime.entries`: where each request goes, and its one retry when its
+entry node dies); not thread-safe (use one Client per thread).
+Requests that name no bundle go as protocol version 1 (which they are), so the client talks to nodes of
+either version.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from cis.core.errors import CisError
 from cis.core.policy.confidence import softmax
 from cis.core.records import latency_summary
 from cis.runtime import protocol as P
-from cis.runtime.security import CurveConfig, secure_client
+from cis.runtime.entries import RETRY_AFTER, RETRY_CODES, Entries
+from cis.runtime.security import CurveConfig
 from cis.runtime.tracing import check_traceparent
 
 _NO_LIMIT = 1 << 62  # a client reads whatever its node sends
@@ -57,6 +63,7 @@ class Result:
     sent: float = math.nan  # time.perf_counter() when the request was sent (cis infer --out: sent_s)
     logits: np.ndarray | None = None  # (N, C) float32, the answering exit's: only when asked for (logits=True)
     bundle: str = ""  # the id of the bundle that answered every sample ("" from a node without one, or an error)
+    retried: bool = False  # sent a second time (its entry node died or did not answer in time: cis.runtime.entries)
 
     @property
     def probabilities(self) -> np.ndarray | None:
@@ -81,32 +88,17 @@ class Result:
 
     def samples(self) -> list[dict]:
         return [
-            {
-                "class": int(c),
-                "confidence": float(p),
-                "exit": int(e),
-                "node": s,
-                "latency": self.latency,
-                "degraded": bool(d),
-                "capped": bool(k),
-            }
+            {"class": int(c), "confidence": float(p), "exit": int(e), "node": s, "latency": self.latency,
+             "degraded": bool(d), "capped": bool(k)}
             for c, p, e, s, d, k in zip(
                 self.cls, self.confidence, self.exit, self.served_by, self.degraded, self.capped
             )
-        ]
+        ]  # fmt: skip
 
 
-def _error_result(n: int, err: ServerError, latency: float, sent: float = math.nan) -> Result:
-    return Result(
-        np.full(n, -1, np.int64),
-        np.zeros(n, np.float32),
-        np.zeros(n, np.int32),
-        np.zeros(n, np.uint8),
-        [""] * n,
-        latency,
-        err,
-        sent,
-    )
+def _error_result(n: int, err: ServerError, latency: float, sent: float = math.nan, retried: bool = False) -> Result:
+    return Result(np.full(n, -1, np.int64), np.zeros(n, np.float32), np.zeros(n, np.int32), np.zeros(n, np.uint8),
+                  [""] * n, latency, err, sent, retried=retried)  # fmt: skip
 
 
 def request_array(batch: np.ndarray) -> np.ndarray:
@@ -119,26 +111,33 @@ def request_array(batch: np.ndarray) -> np.ndarray:
 
 
 class Client:
+    """Requests to one entry node, or spread over several (``address``: a list; e.g. a node's replicas). A request
+    whose entry node died (its connection closed, ``shutting_down``, or no reply within ``retry_after`` s) is
+    sent once more with the same id, to another entry node or to the same one once it is back; ``retry_after``
+    None or 0: never (docs/runtime.md, *Clients*)."""
+
     def __init__(
         self,
-        address: str,
+        address: str | Sequence[str],
         timeout: float = 30.0,
         input_name: str = "input",
         curve: CurveConfig | None = None,
         context: zmq.Context | None = None,
+        retry_after: float | None = RETRY_AFTER,
     ):
-        self.address = address
+        addresses = [address] if isinstance(address, str) else list(address)
+        if not addresses:
+            raise CisError("Client: no address; expected a node's address (or several)")
+        self.address = ", ".join(addresses)
         self.timeout = timeout
         self.input_name = input_name
         self._ctx = context or zmq.Context.instance()
-        self.sock = self._ctx.socket(zmq.DEALER)
-        self.sock.linger = 0
-        self.sock.sndhwm = self.sock.rcvhwm = 100000
-        if curve is not None and curve.enabled:
-            secure_client(self.sock, curve)
-        self.sock.connect(address)
-        self._poller = zmq.Poller()  # one poller for the socket's life (Socket.poll builds one per call)
-        self._poller.register(self.sock, zmq.POLLIN)
+        self.entries = Entries(self._ctx, addresses, curve, retry_after)
+        self.sock = self.entries.socks[0]  # status() asks the first entry node
+        self._poller = zmq.Poller()  # one poller for the sockets' life (Socket.poll builds one per call)
+        for sock in self.entries.socks:
+            self._poller.register(sock, zmq.POLLIN)
+        self._watching = False
         self._ids = itertools.count(1)
         self._sent: dict[int, tuple[float, int]] = {}
 
@@ -168,22 +167,34 @@ class Client:
         frames = P.encode(P.INFER, rid, tensors, v=P.VERSION if bundle else 1, **fields)
         # timed before the send: a node on this core may run the request before the sender gets the core back
         self._sent[rid] = (time.perf_counter(), n)
-        P.send(self.sock, frames)
+        if not self._watching:  # the entry nodes' connection events (retries), polled from the first request on
+            for mon in self.entries.watch():
+                self._poller.register(mon, zmq.POLLIN)
+            self._watching = True
+        self.entries.send(rid, frames)
         return rid
 
     def poll(self, timeout: float) -> list[tuple[int, Result]]:
-        """Results that arrive within ``timeout`` seconds (at least one if any comes)."""
+        """Results that arrive within ``timeout`` seconds (at least one if any comes); meanwhile, requests whose
+        entry node died are retried (:mod:`cis.runtime.entries`)."""
         out: list[tuple[int, Result]] = []
-        poll = self._poller.poll
-        if not poll(int(max(timeout, 0) * 1000)):
-            return out
-        while True:
-            frames, _, _ = P.recv(self.sock, _NO_LIMIT)
-            got = self._parse(frames)
-            if got is not None:
-                out.append(got)
-            if not poll(0):
-                return out
+        ready = self._poller.poll(int(max(timeout, 0) * 1000))
+        while ready:
+            for sock, _ in ready:
+                if sock in self.entries.monitors:
+                    self.entries.on_monitor(sock)
+                    continue
+                while True:
+                    try:
+                        frames, _, _ = P.recv(sock, _NO_LIMIT)
+                    except zmq.Again:
+                        break
+                    got = self._parse(frames)
+                    if got is not None:
+                        out.append(got)
+            ready = self._poller.poll(0)
+        self.entries.due()
+        return out
 
     def _parse(self, frames) -> tuple[int, Result] | None:
         now = time.perf_counter()
@@ -191,19 +202,22 @@ class Client:
             msg = P.decode(frames, kinds=P.REPLY_KINDS)
         except P.ProtocolError:
             return None
-        sent = self._sent.pop(msg.id, None)
-        if sent is None or msg.kind not in (P.RESULT, P.ERROR):
+        if msg.id not in self._sent or msg.kind not in (P.RESULT, P.ERROR):
             return None
-        t0, n = sent
         h = msg.head
+        if isinstance(h, P.ErrorHeader) and h.code in RETRY_CODES and self.entries.retry(msg.id, lost=False):
+            return None  # its entry node is going away: sent to another, its answer comes later
+        t0, n = self._sent.pop(msg.id)
+        retried = self.entries.tries[msg.id].retried if msg.id in self.entries.tries else False
+        self.entries.done(msg.id)
         if isinstance(h, P.ErrorHeader):
-            return msg.id, _error_result(n, ServerError(h.code, h.message), now - t0, t0)
+            return msg.id, _error_result(n, ServerError(h.code, h.message), now - t0, t0, retried)
         assert isinstance(h, P.ResultHeader)
         t = msg.tensors
         lg = t.get(P.RESULT_LOGITS)
         return msg.id, Result(
             t["class"].copy(), t["confidence"].copy(), t["exit"].copy(), t["flags"].copy(), h.served_by, now - t0,
-            sent=t0, logits=None if lg is None else lg.copy(), bundle=h.bundle,
+            sent=t0, logits=None if lg is None else lg.copy(), bundle=h.bundle, retried=retried,
         )
 
     @property
@@ -220,6 +234,7 @@ class Client:
             out.append((rid, (t0, n)))
         for rid, _ in out:
             del sent[rid]
+            self.entries.done(rid)
         return out
 
     # ------------------------------------------------------------ blocking forms
@@ -237,17 +252,17 @@ class Client:
         rid = self.submit(batch, deadline, traceparent=traceparent, logits=logits)
         wait = self.timeout if timeout is None else timeout
         end = time.monotonic() + wait
-        poll = self._poller.poll
-        while True:  # one message at a time: the answer ends the wait, no look for more
+        while True:
             left = end - time.monotonic()
-            if left <= 0 or not poll(max(1, int(left * 1000))):
+            if left <= 0:
                 break
-            got = self._parse(P.recv(self.sock, _NO_LIMIT)[0])
-            if got is not None and got[0] == rid:
-                if got[1].error is not None:
-                    raise got[1].error
-                return got[1]
+            for got_id, res in self.poll(min(left, 0.1)):  # 0.1 s: the retry deadline is looked at in between
+                if got_id == rid:
+                    if res.error is not None:
+                        raise res.error
+                    return res
         self._sent.pop(rid, None)
+        self.entries.done(rid)
         raise TimeoutError(f"no reply from {self.address} within {wait:.1f} s")
 
     def infer_many(
@@ -340,7 +355,7 @@ class Client:
         raise TimeoutError(f"no {what} from {self.address} within {timeout:.1f} s")
 
     def close(self) -> None:
-        self.sock.close(0)
+        self.entries.close()
 
     def __enter__(self) -> Client:
         return self
@@ -367,47 +382,57 @@ def infer_spread(
     queue = sorted((int(i), nid) for nid, idx in entries.items() for i in idx)
     if times is None and rate is not None:
         times = np.arange(len(x)) / rate
-    results: list[Result | None] = [None] * len(x)
-    owner: dict[tuple[str, int], int] = {}
-    poller = zmq.Poller()
-    for c in clients.values():
-        poller.register(c.sock, zmq.POLLIN)
-    by_sock = {c.sock: (nid, c) for nid, c in clients.items()}
-    start, sent, done = time.perf_counter(), 0, 0
-    total = len(queue)
-    while done < total:
+    spread = _Spread(clients, len(x))
+    start, sent = time.perf_counter(), 0
+    while spread.done < len(queue):
         now = time.perf_counter()
-        while sent < total:
+        while sent < len(queue):
             i, nid = queue[sent]
-            c = clients[nid]
-            if c.in_flight >= window or (times is not None and now < start + times[i]):
+            if clients[nid].in_flight >= window or (times is not None and now < start + times[i]):
                 break
-            owner[(nid, c.submit(x[i : i + 1], traceparent=traceparent))] = i
+            spread.owner[(nid, clients[nid].submit(x[i : i + 1], traceparent=traceparent))] = i
             sent += 1
-        wait = 50.0
-        if times is not None and sent < total:
-            wait = max(0.0, min(wait, (start + times[queue[sent][0]] - time.perf_counter()) * 1000))
-        for sock, _ in poller.poll(int(wait)):
-            nid, c = by_sock[sock]
+        wait = 0.05
+        if times is not None and sent < len(queue):
+            wait = max(0.0, min(wait, start + times[queue[sent][0]] - time.perf_counter()))
+        spread.collect(wait, timeout)
+    return spread.results
+
+
+class _Spread:
+    """infer_spread's replies: one poller over every client's sockets, each sample's result."""
+
+    def __init__(self, clients: dict[str, Client], n: int) -> None:
+        self.clients = clients
+        self.results: list[Result | None] = [None] * n
+        self.owner: dict[tuple[str, int], int] = {}  # (node, request id) -> sample
+        self.done = 0
+        self.poller = zmq.Poller()
+        for c in clients.values():
+            for sock in c.entries.socks:
+                self.poller.register(sock, zmq.POLLIN)
+
+    def collect(self, wait: float, timeout: float) -> None:
+        """Results that came within ``wait`` seconds, then the requests past ``timeout`` as timeout errors."""
+        self.poller.poll(int(wait * 1000))
+        for nid, c in self.clients.items():  # also each client's connection events and retries
             for rid, res in c.poll(0):
-                j = owner.pop((nid, rid), None)
-                if j is not None:
-                    results[j] = res
-                    done += 1
-        for nid, c in clients.items():
+                self._put(nid, rid, res)
             for rid, (t0, n) in c._expired(timeout):
-                j = owner.pop((nid, rid), None)
-                if j is not None:
-                    results[j] = _error_result(
-                        n, ServerError("timeout", f"no reply within {timeout:.1f} s"), time.perf_counter() - t0, t0
-                    )
-                    done += 1
-    return results
+                no_reply = ServerError("timeout", f"no reply within {timeout:.1f} s")
+                self._put(nid, rid, _error_result(n, no_reply, time.perf_counter() - t0, t0))
+
+    def _put(self, nid: str, rid: int, res: Result) -> None:
+        j = self.owner.pop((nid, rid), None)
+        if j is not None:
+            self.results[j] = res
+            self.done += 1
 
 
 def summarize(results: Sequence[Result | None], labels: np.ndarray | None = None) -> dict:
     """Accuracy, served share per exit and per node, latency (cis.core.records.latency_summary, seconds), errors
-    by code with each code's first message, and the capped samples per node that capped them."""
+    by code with each code's first message, the capped samples per node that capped them, and the requests
+    retried (their entry node died: cis.runtime.entries)."""
     ok = [r for r in results if r is not None and r.error is None]
     errors: dict[str, int] = {}
     for r in results:
@@ -415,8 +440,9 @@ def summarize(results: Sequence[Result | None], labels: np.ndarray | None = None
             code = "timeout" if r is None or r.error is None else r.error.code
             errors[code] = errors.get(code, 0) + (1 if r is None else len(r))
     n_ok = sum(len(r) for r in ok)
+    retried = sum(1 for r in results if r is not None and r.retried)
     out: dict = {"requests": len(results), "samples_answered": n_ok, "errors": errors,
-                 "error_messages": _first_messages(results)}
+                 "error_messages": _first_messages(results), "retried": retried}
     if not ok:
         return out
     cls = np.concatenate([r.cls for r in ok])

@@ -32,11 +32,11 @@ def started(cfg: NodeConfig, metrics_url: str | None) -> None:
         log,
         logging.INFO,
         "node_start",
-        f"node {cfg.node_id} (exit {cfg.exit}) at {cfg.bind}{up}"
+        f"node {cfg.name} (exit {cfg.exit}) at {cfg.bind}{up}"
         + (f"; bundle {cfg.bundle} (sha256 {cfg.bundle_sha256[:12]})" if cfg.bundle else "")
         + (f"; stages on {backend.describe()}" if backend is not None else "")
         + (f"; metrics {metrics_url}" if metrics_url else ""),
-        node=cfg.node_id,
+        node=cfg.name,
         exit=cfg.exit,
         address=cfg.bind,
         parent=cfg.parent_id,
@@ -55,9 +55,9 @@ def shutdown(cfg: NodeConfig, queued: int, in_flight: int) -> None:
         log,
         logging.INFO,
         "shutdown",
-        f"node {cfg.node_id}: stopping; new requests get 'shutting_down', finishing {queued} queued and "
+        f"node {cfg.name}: stopping; new requests get 'shutting_down', finishing {queued} queued and "
         f"{in_flight} forwarded samples (at most {cfg.drain_timeout:g} s)",
-        node=cfg.node_id,
+        node=cfg.name,
         queued=queued,
         in_flight=in_flight,
     )
@@ -69,39 +69,41 @@ def stopped(cfg: NodeConfig, counters: Mapping[str, int], uptime: float) -> None
         log,
         logging.INFO,
         "node_stop",
-        f"node {cfg.node_id} stopped after {uptime:.1f} s: {c['requests']} requests, {c['served']} samples served "
+        f"node {cfg.name} stopped after {uptime:.1f} s: {c['requests']} requests, {c['served']} samples served "
         f"here, {c['forwarded']} forwarded, {c['errors']} error replies",
-        node=cfg.node_id,
+        node=cfg.name,
         uptime_s=round(uptime, 3),
         **c,
     )
 
 
 class ParentWatch:
-    """Logs the parent going down (its connection lost, or no pong for ``heartbeat_timeout``; also when it
-    never answered since the start) and coming back. :meth:`check` runs on the heartbeat timer, and on a
-    pong while the parent is not known to be up."""
+    """Logs the parent (or one replica of it: ``name`` at ``address``) going down (its connection lost, or no
+    pong for ``heartbeat_timeout``; also when it never answered since the start) and coming back. :meth:`check`
+    runs on the heartbeat timer, and on a pong while the parent is not known to be up."""
 
-    def __init__(self, cfg: NodeConfig, now: float) -> None:
+    def __init__(self, cfg: NodeConfig, now: float, name: str | None = None, address: str | None = None) -> None:
         self.cfg, self.since = cfg, now
+        self.name, self.address = name or cfg.parent_id, address or cfg.parent
         self.up: bool | None = None  # unknown until the parent answers or its heartbeat timeout passes
 
     def check(self, up: bool, now: float, connected: bool = True) -> None:
         if up == self.up:
             return
-        cfg, fields = self.cfg, {"node": self.cfg.node_id, "parent": self.cfg.parent_id, "address": self.cfg.parent}
-        who = f"parent {cfg.parent_id or '?'} at {cfg.parent}"
+        cfg, fields = self.cfg, {"node": self.cfg.name, "parent": self.name, "address": self.address}
+        who = f"parent {self.name or '?'} at {self.address}"
         if up:
             again = f" again after {now - self.since:.1f} s down" if self.up is False else ""
-            event(log, logging.INFO, "parent_up", f"node {cfg.node_id}: {who} answers{again}; forwarding", **fields)
+            event(log, logging.INFO, "parent_up", f"node {cfg.name}: {who} answers{again}; forwarding", **fields)
         elif self.up or now - self.since >= cfg.heartbeat_timeout:
             event(
                 log,
                 logging.WARNING,
                 "parent_down",
-                f"node {cfg.node_id}: {who} is down ("
+                f"node {cfg.name}: {who} is down ("
                 + (f"no answer to heartbeats for {cfg.heartbeat_timeout:g} s" if connected else "no connection")
-                + "); what the policy would forward is served here, flagged degraded",
+                + ("); what the policy would forward is served here, flagged degraded" if len(cfg.parents) < 2
+                   else "); its forwards go to the other replicas while one is up"),
                 **fields,
             )
         else:

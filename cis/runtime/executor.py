@@ -81,8 +81,8 @@ class Executor(Answers):
         self._const: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self.timings: BatchTimings | None = None  # queue time, compute time, batch size (set by metrics_http)
         self.tracer: tracing.Tracer | None = None  # the node's spans (cis.runtime.tracing), when it traces
-        self.failures = FailureLog(config.node_id)  # a stage's or the decision's traceback, rate-limited
-        self.mismatches = MismatchLog(config.node_id)  # bundle_mismatch: logged once per peer and bundle
+        self.failures = FailureLog(config.name)  # a stage's or the decision's traceback, rate-limited
+        self.mismatches = MismatchLog(config.name)  # bundle_mismatch: logged once per peer and bundle
 
     @property
     def stages(self) -> dict[int, Stage]:

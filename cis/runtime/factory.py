@@ -22,6 +22,7 @@ from cis.core.errors import CisError
 from cis.core.logs import event
 from cis.core.policy.exit_policy import ExitPolicy
 from cis.core.rates import compute_rates
+from cis.core.replicas import split_replica_id
 from cis.core.spec import CisSpec
 from cis.core.spec import Node as SpecNode
 from cis.runtime.node import BundleStage, Node
@@ -43,7 +44,8 @@ def build_node(
 ) -> Node:
     """A :class:`Node` for ``node_id`` serving ``bundle`` (a path or a loaded Bundle).
 
-    The spec (default: the bundle's) gives the node's exit, parent, transfer cap,
+    ``node_id`` names a replica (``cloud#1``) of a node with replicas (:mod:`cis.core.replicas`).
+    The spec (default: the bundle's) gives the node's exit, parent, transfer cap (shared by its replicas),
     queue limit, provider and addresses; ``bind``/``parent`` override the addresses and
     ``threshold`` the bundle policy's threshold; ``provider`` (cpu, cuda, tensorrt, auto;
     see cis.core.stages.backends) the spec's. ``options`` go to NodeConfig.
@@ -53,10 +55,11 @@ def build_node(
     spec = spec or bundle.spec
     if spec is None:
         raise CisError(f"{bundle.root}: bundle has no spec; pass --spec")
-    node = spec.node(node_id)
+    node, index, name = _replica(spec, node_id)
+    node_id = node.id
     given = threshold
     threshold = fit(bundle, spec, node_id, threshold)
-    bind, parent = _addresses(spec, node, bind, parent)
+    bind, parent = _addresses(spec, node, index, bind, parent)
     provider, threads = options.pop("provider", None), options.pop("threads", STAGE_THREADS)
     stages, backend = _open_stages(bundle, node, provider, threads)
     _policy_options(bundle, spec, options)
@@ -70,13 +73,14 @@ def build_node(
         bind=bind,
         parent=parent,
         threshold=float(threshold),
-        max_transfer_rate=node.max_transfer_rate if transfer_cap else math.inf,
+        max_transfer_rate=node.max_transfer_rate / node.replicas if transfer_cap else math.inf,
         tiers_above=max(1, spec.depth(node_id)),
         adapt_target=rates.transfer_rate[node_id] / incoming if incoming > 0 else 0.0,
         backend=backend,
         parent_id=node.parent,
         bundle=str(bundle.root),
         bundle_sha256=bundle.sha256,
+        name=name,
         **options,
     )
     built = Node(cfg, stages)
@@ -116,15 +120,34 @@ def load_version(
     return Version(bundle.id, stages, policy, node.exit, str(bundle.root), bundle.sha256)
 
 
-def _addresses(spec: CisSpec, node: SpecNode, bind: str | None, parent: str | None) -> tuple[str, str | None]:
-    """(the address the node binds, its parent's; None at the root): the spec's unless given."""
+def _replica(spec: CisSpec, name: str) -> tuple[SpecNode, int, str]:
+    """(the spec node, the replica's index, its id) of ``name``: a node id, or a replica id such as cloud#1."""
+    try:
+        node_id, index = split_replica_id(name)
+    except ValueError as exc:
+        raise CisError(f"--node {exc}") from None
+    node = spec.node(node_id)
+    ids = node.replica_ids
+    if index is None and node.replicas > 1 or index is not None and name not in ids:
+        raise CisError(f"node {node_id!r} runs as {node.replicas} replica{'s' if node.replicas > 1 else ''}: "
+                       f"{', '.join(ids)}; expected one of those, not {name!r}")
+    return node, index or 0, name
+
+
+def _addresses(
+    spec: CisSpec, node: SpecNode, index: int, bind: str | None, parent: str | None
+) -> tuple[str, str | None]:
+    """(the address replica ``index`` of the node binds, its parent's: the addresses of all the parent's
+    replicas, separated by commas; None at the root): the spec's unless given."""
     if node.parent is None:
         parent = None
     elif parent is None:
-        parent = spec.node(node.parent).address
-        if parent is None:
+        where = spec.node(node.parent).replica_addresses
+        if where is None:
             raise CisError(f"node {node.id!r}: parent {node.parent!r} has no address in the spec; pass --parent")
-    bind = bind or node.address
+        parent = ",".join(where)
+    addresses = node.replica_addresses
+    bind = bind or (addresses[index] if addresses else None)
     if bind is None:
         raise CisError(f"node {node.id!r}: no address in the spec; pass --bind (e.g. tcp://127.0.0.1:5555)")
     return bind, parent

@@ -2,7 +2,10 @@
 
 Addresses come from the spec's ``address`` fields, or from free loopback ports
 when a node has none (or when ``free_ports`` is set). Each node is a
-``python -m cis.cli.main serve BUNDLE --node ID --bind ADDR --parent ADDR`` process.
+``python -m cis.cli.main serve BUNDLE --node ID --bind ADDR --parent ADDR`` process;
+a node with replicas is one such process per replica (``--node cloud#1``, its own
+address, :mod:`cis.core.replicas`), and its children get every replica's address
+(``--parent ADDR0,ADDR1,...``). Below, "node" is each such process, keyed by its replica id.
 
 Supervision (:meth:`Cluster.supervise`, called every ~0.1 s by ``serve --all``):
 a node that exits is reaped at once (no zombies) and started again at the same
@@ -35,6 +38,7 @@ from pathlib import Path
 
 from cis.core import logs
 from cis.core.errors import CisError
+from cis.core.replicas import split_replica_id
 from cis.core.spec import CisSpec
 from cis.runtime.orphans import launcher_env
 from cis.runtime.ports import free_port
@@ -48,31 +52,44 @@ ROLLOUT_FILE = "rollout.json"  # cis rollout --cluster LOG_DIR: {"bundle": the f
 log = logging.getLogger(__name__)
 
 
+def processes(spec: CisSpec) -> list[str]:
+    """Every process a spec runs: each node's replica ids (:mod:`cis.core.replicas`), in spec order."""
+    return [rid for n in spec.nodes for rid in n.replica_ids]
+
+
 def plan_addresses(spec: CisSpec, free_ports: bool = False) -> dict[str, str]:
-    return {n.id: (n.address if n.address and not free_ports else f"tcp://127.0.0.1:{free_port()}") for n in spec.nodes}
+    """{replica id: address}: the spec's (replica i: port + i, or the node's addresses list), else free ports."""
+    out = {}
+    for n in spec.nodes:
+        where = None if free_ports else n.replica_addresses
+        for i, rid in enumerate(n.replica_ids):
+            out[rid] = where[i] if where else f"tcp://127.0.0.1:{free_port()}"
+    return out
 
 
 def plan_metrics(
     spec: CisSpec, addresses: dict[str, str], port: int | None, host: str | None = None
 ) -> tuple[dict[str, int], dict[str, str]]:
-    """({node: metrics port}, {node: metrics URL}): PORT+i for node i of the spec, or free ports for 0."""
+    """({node: metrics port}, {node: metrics URL}): PORT+i for process i (:func:`processes`), or free ports
+    for 0."""
     if port is None:
         return {}, {}
     from cis.runtime.metrics_http import http_host, metrics_url
 
     ports, urls = {}, {}
-    for i, n in enumerate(spec.nodes):
-        where = host or http_host(addresses[n.id])
-        ports[n.id] = port + i if port else free_port("127.0.0.1" if where == "0.0.0.0" else where)
-        urls[n.id] = metrics_url(where, ports[n.id])
+    for i, rid in enumerate(processes(spec)):
+        where = host or http_host(addresses[rid])
+        ports[rid] = port + i if port else free_port("127.0.0.1" if where == "0.0.0.0" else where)
+        urls[rid] = metrics_url(where, ports[rid])
     return ports, urls
 
 
 def plan_doors(
     spec: CisSpec, ports: Mapping[str, int | None], host: str | None = None, tls: bool = False
 ) -> tuple[dict[str, dict[str, int]], dict[str, dict[str, str]]]:
-    """Front doors ({door: {node: port}}, {door: {node: URL}}): PORT+i for node i of the spec, or free ports
-    for 0; ``door`` is "http" (URL http(s)://HOST:PORT) or "grpc" (HOST:PORT, what gRPC clients take)."""
+    """Front doors ({door: {node: port}}, {door: {node: URL}}): PORT+i for process i (:func:`processes`), or
+    free ports for 0; ``door`` is "http" (URL http(s)://HOST:PORT) or "grpc" (HOST:PORT, what gRPC clients
+    take)."""
     from cis.runtime.oip.door import LOOPBACK, url
 
     where = host or LOOPBACK
@@ -81,7 +98,7 @@ def plan_doors(
     for door, port in ports.items():
         if port is None:
             continue
-        plan[door] = {n.id: port + i if port else free_port(where) for i, n in enumerate(spec.nodes)}
+        plan[door] = {rid: port + i if port else free_port(where) for i, rid in enumerate(processes(spec))}
         scheme = ("https" if tls else "http") if door == "http" else "grpc"
         urls[door] = {nid: url(scheme, where, p).removeprefix("grpc://") for nid, p in plan[door].items()}
     return plan, urls
@@ -120,7 +137,7 @@ class Cluster:
     node_prefix: dict[str, Sequence[str]] = field(default_factory=dict)  # a command before each node's (the testbed)
 
     def command(self, node_id: str) -> list[str]:
-        node = self.spec.node(node_id)
+        node = self.spec.node(split_replica_id(node_id)[0])
         settings = logs.current()  # the nodes log as the launcher does
         cmd = [
             sys.executable,
@@ -137,8 +154,8 @@ class Cluster:
             "--bind",
             self.addresses[node_id],
         ]
-        if node.parent is not None:
-            cmd += ["--parent", self.addresses[node.parent]]
+        if node.parent is not None:  # every replica of the parent: the node spreads its forwards over them
+            cmd += ["--parent", ",".join(self.addresses[r] for r in self.spec.node(node.parent).replica_ids)]
         if self.spec_file:
             cmd += ["--spec", str(self.spec_file)]
         restarts = self.supervision.get(node_id, Supervision()).restarts
@@ -148,7 +165,9 @@ class Cluster:
             cmd += ["--metrics-port", str(self.metrics_ports[node_id])]
         for door, ports in self.door_ports.items():
             cmd += [f"--{door}-port", str(ports[node_id])]
-        cmd += list(self.extra_args) + list(self.node_args.get(node_id, ()))
+        cmd += list(self.extra_args) + list(self.node_args.get(node.id, ()))
+        if node_id != node.id:
+            cmd += list(self.node_args.get(node_id, ()))
         return [*self.node_prefix.get(node_id, ()), *cmd]
 
     def serving(self) -> str:
@@ -189,14 +208,14 @@ class Cluster:
         return self.procs[node_id]
 
     def start_all(self) -> None:
-        for node in self.spec.nodes:  # the root first: children find their parent sooner
-            self.start(node.id)
+        for rid in processes(self.spec):  # the root first: children find their parent sooner
+            self.start(rid)
 
     def wait_ready(self, timeout: float = 60.0, ids: Sequence[str] | None = None) -> None:
-        """Until every node answers a status request and sees its parent."""
+        """Until every node answers a status request and sees its parent (every replica of it)."""
         from cis.runtime.client import Client
 
-        ids = list(ids or self.spec.ids)
+        ids = list(ids or processes(self.spec))
         end = time.monotonic() + timeout
         for nid in ids:
             with Client(self.addresses[nid], curve=self.curve) as c:
@@ -215,7 +234,8 @@ class Cluster:
                         st = c.status(timeout=0.5)
                     except TimeoutError:
                         continue
-                    if st.get("parent") is None or st.get("parent_up"):
+                    parents = st.get("parents") or []  # every replica of the parent, where it has several
+                    if st.get("parent") is None or st.get("parent_up") and all(p["up"] for p in parents):
                         break
                     time.sleep(0.05)
 
@@ -265,18 +285,20 @@ class Cluster:
 
     def state(self) -> dict:
         nodes = {}
-        for n in self.spec.nodes:
-            proc, sup = self.procs.get(n.id), self.supervision.get(n.id, Supervision())
+        for rid in processes(self.spec):
+            n = self.spec.node(split_replica_id(rid)[0])
+            proc, sup = self.procs.get(rid), self.supervision.get(rid, Supervision())
             up = proc is not None and proc.returncode is None and sup.down_since is None
-            nodes[n.id] = {
-                "address": self.addresses[n.id],
+            nodes[rid] = {
+                "address": self.addresses[rid],
+                "node": n.id,
                 "exit": n.exit,
                 "parent": n.parent,
                 "pid": proc.pid if proc else None,
                 "state": "stopped" if self.stopping else ("up" if up else "down"),
                 "restarts": sup.restarts,
                 "last_exit": sup.last_exit,
-                "log": str(self.log_path(n.id)) if self.log_dir else None,
+                "log": str(self.log_path(rid)) if self.log_dir else None,
             }
         spec_file = str(Path(self.spec_file).resolve()) if self.spec_file else None  # cis.runtime.measure compares
         bundle = str(Path(self.serving()).resolve())

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cis.core.errors import CisError
 from cis.core.measurement import Measurement, Tree, from_counts
@@ -31,6 +31,11 @@ class Reading:
     forwarded: int  # net of forwards the parent did not answer in time (those are served here)
     restarts: int
     uptime: float | None  # seconds since the node started; None from /metrics
+    addresses: tuple[str, ...] = ()  # where its replicas bind (status), the first being ``address``
+
+    def __post_init__(self) -> None:
+        if not self.addresses and self.address:
+            object.__setattr__(self, "addresses", (self.address,))
 
 
 Read = Callable[[], dict[str, Reading]]
@@ -42,7 +47,7 @@ def status_reader(targets: Mapping[str, str], timeout: float) -> Read:
     def read() -> dict[str, Reading]:
         from cis.runtime.client import Client
 
-        out = {}
+        out: dict[str, Reading] = {}
         for key, addr in targets.items():
             with Client(addr) as c:
                 try:
@@ -52,9 +57,9 @@ def status_reader(targets: Mapping[str, str], timeout: float) -> Read:
                         f"{key} at {addr}: no status reply within {timeout:g} s; expected a live node"
                     ) from None
             node = str(st["node"])
-            out[node] = Reading(node, int(st["exit"]), st.get("address"), st.get("parent"),
-                                {int(st["exit"]): int(st["served"])}, int(st["forwarded"]), int(st.get("restarts", 0)),
-                                float(st["uptime"]))
+            _add(out, Reading(node, int(st["exit"]), st.get("address"), st.get("parent"),
+                              {int(st["exit"]): int(st["served"])}, int(st["forwarded"]), int(st.get("restarts", 0)),
+                              float(st["uptime"])))
         return out
 
     return read
@@ -65,13 +70,28 @@ def metrics_reader(urls: Sequence[str], timeout: float) -> Read:
     the node's id and exit from cis_node_info, its parent's id from cis_build_info (else cis_node_info's address)."""
 
     def read() -> dict[str, Reading]:
-        out = {}
+        out: dict[str, Reading] = {}
         for url in urls:
-            r = _parse_metrics(_scrape(url, timeout), url)
-            out[r.node] = r
+            _add(out, _parse_metrics(_scrape(url, timeout), url))
         return out
 
     return read
+
+
+def _add(readings: dict[str, Reading], r: Reading) -> None:
+    """One more reading of ``r.node``: the replicas of a node (docs/runtime.md, *Replicas*) add up, its restarts
+    too; the node's uptime is its longest-running replica's."""
+    before = readings.get(r.node)
+    if before is None:
+        readings[r.node] = r
+        return
+    served = dict(before.served_per_exit)
+    for e, k in r.served_per_exit.items():
+        served[e] = served.get(e, 0) + k
+    uptime = None if r.uptime is None or before.uptime is None else max(r.uptime, before.uptime)
+    readings[r.node] = replace(before, served_per_exit=served, forwarded=before.forwarded + r.forwarded,
+                               restarts=before.restarts + r.restarts, uptime=uptime,
+                               addresses=before.addresses + r.addresses)
 
 
 def _scrape(url: str, timeout: float) -> str:
@@ -178,10 +198,10 @@ def _measure(source: str, kind: str, read: Read, tree: Tree | None, window: floa
 
 def _tree(readings: dict[str, Reading], source: str) -> Tree:
     """The tree from the nodes' own words: each names its parent by address (status) or by id."""
-    by_address = {r.address: r.node for r in readings.values() if r.address}
+    by_address = {a: r.node for r in readings.values() for a in r.addresses}
     tree: Tree = {}
-    for node, r in readings.items():
-        parent = r.parent if r.parent is None or r.parent in readings else by_address.get(r.parent)
+    for node, r in readings.items():  # a parent with replicas is named by their addresses, separated by commas
+        parent = r.parent if r.parent is None or r.parent in readings else by_address.get(r.parent.split(",")[0])
         if r.parent is not None and parent is None:
             raise CisError(f"{source}: node {node!r} forwards to {r.parent}, which is not among the nodes asked; "
                            "ask every node of the tree, or pass the spec")

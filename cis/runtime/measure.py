@@ -80,7 +80,7 @@ def measure(
     if path.is_dir() or path.name == CLUSTER_FILE:
         cluster = _cluster_file(path)
         nodes = _cluster_nodes(cluster)
-        tree = {i: (int(v["exit"]), v["parent"]) for i, v in nodes.items()}
+        tree = {v["node"]: (int(v["exit"]), v["parent"]) for v in nodes.values()}  # replicas: one node
         targets = {i: v["address"] for i, v in nodes.items()}
         return live.measure_status(str(cluster), targets, tree, window, timeout)
     if not path.is_file():
@@ -99,9 +99,9 @@ def measure(
     live_spec = load_spec(path)
     targets = {}
     for n in live_spec.nodes:
-        if n.address is None:
+        if n.replica_addresses is None:
             raise CisError(f"{source}: node {n.id!r} has no address; expected one to ask for its status")
-        targets[n.id] = n.address
+        targets.update(zip(n.replica_ids, n.replica_addresses))  # a node's replicas add up (live_counts)
     tree = {n.id: (n.exit, n.parent) for n in live_spec.nodes}
     return live.measure_status(source, targets, tree, window, timeout)
 
@@ -148,8 +148,8 @@ def _cluster_file(path: Path) -> Path:
 def _cluster_nodes(path: Path) -> dict[str, dict]:
     try:
         nodes = _json(path)["nodes"]
-        return {str(i): {"address": str(v["address"]), "exit": int(v["exit"]), "parent": v["parent"]}
-                for i, v in nodes.items()}
+        return {str(i): {"address": str(v["address"]), "exit": int(v["exit"]), "parent": v["parent"],
+                         "node": str(v.get("node", i))} for i, v in nodes.items()}
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise CisError(f"{path}: not a cluster state file ({type(exc).__name__}: {exc})") from None
 

@@ -264,6 +264,11 @@ class _NodeCollector:
         families = self._node_families(CounterMetricFamily, GaugeMetricFamily)
         yield from families.values()
         yield from _door_families(server.node, CounterMetricFamily, GaugeMetricFamily)
+        yield from _parent_replicas(GaugeMetricFamily, self.server.node)
+        duplicates = CounterMetricFamily("cis_duplicates", "requests whose id this node held or had answered (a "
+                                         "client's retry): answered once, not run again")
+        duplicates.add_metric([], (self.server.node.counters if self.server.node else {}).get("duplicates", 0))
+        yield duplicates
 
     def _node_families(self, counter: Any, gauge: Any) -> dict[str, Any]:
         """The families of the node's own counters: named before the node is attached, filled after."""
@@ -293,7 +298,7 @@ class _NodeCollector:
         backend = cfg.backend
         provider = backend.provider if backend is not None else "custom"
         runs = backend.describe() if backend is not None else "custom stages"
-        f["info"].add_metric([cfg.node_id, str(cfg.exit), cfg.parent or "", provider, runs], 1.0)
+        f["info"].add_metric([cfg.node_id, str(cfg.exit), cfg.parent or "", provider, runs, cfg.name], 1.0)
         f["build"].add_metric([cfg.node_id, __version__, cfg.bundle_sha256, cfg.parent_id or ""], 1.0)
         for held in ex.versions.describe():
             f["bundles"].add_metric([held["id"], held["state"]], 1.0)
@@ -349,7 +354,8 @@ def _families(counter: Any, gauge: Any) -> dict[str, Any]:
         "parent_up": gauge("cis_parent_up", "1 while the parent answers heartbeats, else 0 (1 at the root)"),
         "threshold": gauge("cis_threshold", "the exit policy's threshold at this node (moves with --adapt)"),
         "info": gauge(
-            "cis_node_info", "the node's identity: 1", labels=("node", "exit", "parent", "provider", "backend")
+            "cis_node_info", "the node's identity: 1; replica: its replica id (cloud#1), else the node id",
+            labels=("node", "exit", "parent", "provider", "backend", "replica"),
         ),
         "build": gauge(
             "cis_build_info",
@@ -363,3 +369,16 @@ def _families(counter: Any, gauge: Any) -> dict[str, Any]:
             labels=("bundle", "state"),
         ),
     }
+
+
+def _parent_replicas(gauge: Any, node: Any) -> Iterator[Any]:
+    """Per replica of the parent (docs/runtime.md, *Replicas*): up or not, and the forwarded samples in flight."""
+    up = gauge("cis_parent_replica_up", "per replica of the parent: 1 while it answers heartbeats, else 0",
+               labels=("replica", "address"))
+    in_flight = gauge("cis_parent_replica_in_flight", "per replica of the parent: forwarded samples it has not "
+                      "answered yet", labels=("replica", "address"))
+    for r in node.upstream.status(time.monotonic()) if node is not None else ():
+        up.add_metric([r["replica"], r["address"]], 1.0 if r["up"] else 0.0)
+        in_flight.add_metric([r["replica"], r["address"]], r["in_flight"])
+    yield up
+    yield in_flight

@@ -59,8 +59,10 @@ from cis.runtime.executor import Executor
 from cis.runtime.node_config import NodeConfig
 from cis.runtime.oip.door import Door, Ticket, open_doors
 from cis.runtime.requests import BundleStage, Pending, Request, Stage, forward_route
-from cis.runtime.security import CurveConfig, secure_client, secure_server, start_authenticator
+from cis.runtime.security import secure_server, start_authenticator
+from cis.runtime.seen import Seen
 from cis.runtime.updates import Updates
+from cis.runtime.upstream import Upstream
 
 __all__ = ["BundleStage", "Node", "NodeConfig", "Stage"]
 
@@ -70,7 +72,7 @@ _poll = zmq.zmq_poll  # (socket, POLLIN) pairs -> the ready ones; zmq.Poller add
 _NONE: dict = {}  # no more header fields
 _WANT_LOGITS = {"want_logits": True}
 _COUNTERS = ("requests", "samples", "served", "forwarded", "degraded", "capped", "nonfinite", "errors", "overloaded",
-             "expired", "isolated", "undeliverable", "batches")  # fmt: skip  (status, in this order)
+             "expired", "isolated", "undeliverable", "batches", "duplicates")  # fmt: skip  (status, in this order)
 
 
 class Node:
@@ -82,7 +84,8 @@ class Node:
         self.executor = Executor(config, stages, self, self.counters)
         self.pending: dict[int, Pending] = {}
         self.up_ids = itertools.count(1)  # ids of forwards and pings: one counter, so a reply names one of them
-        self.last_pong = -math.inf
+        self.upstream = Upstream(config, time.monotonic())  # the DEALER to each replica of the parent
+        self.seen = Seen()  # (peer, id) held or answered lately: a client's retry is answered once
         self.next_ping = 0.0
         self.next_timer = 0.0  # when _timers has work: the next heartbeat or the first forward to give up on
         self.stopping = False
@@ -90,15 +93,13 @@ class Node:
         self.started = time.time()
         self.seen_empty = time.monotonic()  # when the node last found its ROUTER empty
         self.front: zmq.Socket | None = None
-        self.up: zmq.Socket | None = None
         self.poll_items: list[tuple[zmq.Socket, int]] = []
         self.busy = True  # something may have arrived since the ROUTER was last found empty
         self.status_asked: list[tuple[list[bytes], int, int]] = []  # answered at the end of the drain
         self.observe_latency: Callable[[float], None] | None = None  # each result's latency (metrics_http)
         self.metrics_url: str | None = None  # set by the metrics server that reports this node (logged at start)
         self.alive_at = time.monotonic()  # when the loop last turned (/livez)
-        self.overload = events.OverloadWatch(config.node_id)
-        self.parent_watch = events.ParentWatch(config, self.alive_at)
+        self.overload = events.OverloadWatch(config.name)
         self.doors: list[Door] = []  # front doors (HTTP, gRPC: cis.runtime.oip.door), opened with the sockets
         self.door_fds: dict[int, Door] = {}
         self.door_due = math.inf  # when the doors' timers are due
@@ -121,15 +122,18 @@ class Node:
 
     @property
     def parent_up(self) -> bool:
-        return self.up is not None and time.monotonic() - self.last_pong < self.cfg.heartbeat_timeout
+        """Whether a replica of the parent (or the parent) is up: forwards have somewhere to go."""
+        return self.upstream.any_up(time.monotonic())
 
     def status(self) -> dict:
         return {
             "node": self.cfg.node_id,
+            "replica": self.cfg.name,
             "exit": self.cfg.exit,
             "address": self.cfg.bind,
             "parent": self.cfg.parent,
             "parent_up": self.parent_up,
+            "parents": self.upstream.status(time.monotonic()),
             **{key: self.counters[key] for key in _COUNTERS},
             "errors_by_code": dict(self.errors_by_code),
             **self.executor.status(),  # threshold, queue, transfer cap, adapt
@@ -201,29 +205,16 @@ class Node:
         front.router_mandatory = True  # a reply that cannot be delivered raises, so it is counted, not lost unseen
         secure_server(front, self.cfg.curve)
         front.bind(self.cfg.bind)
-        up = None
-        if self.cfg.parent:
-            up = ctx.socket(zmq.DEALER)
-            up.linger = 0
-            up.immediate = True  # no queueing towards a parent that is not connected
-            up.reconnect_ivl = 100
-            up.reconnect_ivl_max = 250  # a restarted parent is found again within a quarter second
-            up.maxmsgsize = self.cfg.max_message_bytes
-            if self.cfg.curve.enabled:
-                secure_client(
-                    up, CurveConfig(self.cfg.curve.secret_file, None, self.cfg.curve.server_public_file or None)
-                )
-            up.connect(self.cfg.parent)
-        self.front, self.up = front, up
-        self.poll_items = [(front, zmq.POLLIN)] + ([(up, zmq.POLLIN)] if up is not None else [])
+        self.front = front
+        self.poll_items = [(front, zmq.POLLIN)] + [(up, zmq.POLLIN) for up in self.upstream.open(ctx)]
         open_doors(self)  # polled beside the sockets: a door's descriptor wakes the same loop
 
     def close(self) -> None:
         for door in self.doors:
             door.close()
-        for sock in (self.front, self.up):
-            if sock is not None:
-                sock.close(0)
+        if self.front is not None:
+            self.front.close(0)
+        self.upstream.close()
         if self.executor.tracer is not None:
             self.executor.tracer.close()
 
@@ -283,7 +274,7 @@ class Node:
                     if sock is front:
                         self._on_front(frames, total, count)
                     else:
-                        self._on_parent(frames, total, count)
+                        self._on_parent(sock, frames, total, count)
                 events = _poll(items, 0)
                 if not events:
                     self.seen_empty = time.monotonic()
@@ -344,33 +335,38 @@ class Node:
         """An INFER or FORWARD into the executor, or its refusal answered: the one way in, from the ROUTER
         (``prefix``: the peer's identity frames) and from the front doors (``prefix``: a doors.Ticket)."""
         kind, v = msg.kind, msg.head.v
+        if not self.seen.first(prefix, msg.id):
+            self.counters["duplicates"] += 1  # a retry of a request held or answered here: that answer is the one
+            return
         if self.stopping:
+            self.seen.answered(prefix, msg.id)
             return self._error(prefix, msg.id, "shutting_down", f"node {self.cfg.node_id} is stopping", kind, v)
         refused = self.executor.admit(prefix, msg, self.seen_empty)
         if refused is not None:
+            self.seen.answered(prefix, msg.id)
             self._error(prefix, msg.id, *refused, kind, v)
             if refused[0] == "overloaded":
                 self.overload.refused(time.monotonic(), self.executor.queued, self.cfg.queue_limit)
                 self.next_timer = min(self.next_timer, self.overload.due)
 
-    def _on_parent(self, frames: list, total: int, count: int) -> None:
+    def _on_parent(self, sock: zmq.Socket, frames: list, total: int, count: int) -> None:
         try:
             msg = P.decode(frames, self.cfg.max_message_bytes, total, count, (P.RESULT, P.ERROR, P.PONG))
         except P.ProtocolError as exc:
             self.counters["parent_bad_replies"] += 1
             pending = self.pending.pop(exc.req_id, None)  # a garbled answer: serve those samples here
             if pending is not None:
+                self.upstream.done(exc.req_id)
                 self.executor.fallback(pending)
             return
         if msg.kind == P.PONG:
-            self.last_pong = time.monotonic()
-            if self.parent_watch.up is not True:  # back (or up for the first time): said at once
-                self.parent_watch.check(True, self.last_pong)
+            self.upstream.answered(sock, time.monotonic())  # back (or up for the first time): said at once
             return
         pending = self.pending.pop(msg.id, None)
         if pending is None:
-            return  # a late answer to a forward already answered from here
-        self.last_pong = time.monotonic()  # any reply shows the parent is alive
+            return  # a late answer to a forward already answered from here (or by another replica)
+        self.upstream.done(msg.id)
+        self.upstream.answered(sock, time.monotonic())  # any reply shows the replica is alive
         self.executor.from_parent(pending, msg)
 
     # ------------------------------------------------------------ the executor's outbox
@@ -391,11 +387,13 @@ class Node:
         if door:
             prefix.door.result(prefix, req)
         else:
+            self.seen.answered(prefix, req.req_id)
             self._send(self.front, frames or [], prefix)
         if req.trace is not None:
             tracing.finish(self.executor.tracer, req, "ok", now)
 
     def error(self, req: Request, code: str, message: str) -> None:
+        self.seen.answered(req.prefix, req.req_id)
         self._error(req.prefix, req.req_id, code, message, P.FORWARD if req.forward else P.INFER, req.v)
         if req.trace is not None:
             tracing.finish(self.executor.tracer, req, code)
@@ -423,7 +421,10 @@ class Node:
             **(_WANT_LOGITS if pending.logits is not None else _NONE),  # a request among them wants logits
             **pending.version.wire,  # the bundle that made the carry: only it continues it
         )
-        if not self._send(self.up, frames):
+        sent = self.upstream.send(fid, frames, pending.n, now)
+        if self.upstream.orphans:  # a replica found dead on the way: its forwards are served here, next turn
+            self.next_timer = now
+        if not sent:
             return False
         pending.expires = now + wait
         self.pending[fid] = pending
@@ -433,15 +434,15 @@ class Node:
     def _timers(self, now: float) -> None:
         """The heartbeat (and the parent's state), forwards past their wait, the end of an overload;
         ``next_timer`` is when this has work again."""
+        up = self.upstream
         if self.cfg.parent and now >= self.next_ping:
             self.next_ping = now + self.cfg.heartbeat
-            connected = self._send(self.up, P.encode(P.PING, next(self.up_ids), node=self.cfg.node_id))
-            if not connected:  # ZMQ_IMMEDIATE: no connection to the parent, so it is down now, not after the timeout
-                self.last_pong = -math.inf
-            self.parent_watch.check(self.parent_up, now, connected)
+            up.heartbeat(now, lambda: P.encode(P.PING, next(self.up_ids), node=self.cfg.name))
         if self.pending:
-            for fid in [f for f, p in self.pending.items() if p.expires <= now]:
-                self.executor.fallback(self.pending.pop(fid))
+            for fid in [f for f, p in self.pending.items() if p.expires <= now] + up.take_orphans():
+                if fid in self.pending:
+                    up.done(fid)
+                    self.executor.fallback(self.pending.pop(fid))
         self.overload.check(now)
         expires = [p.expires for p in self.pending.values()]
         due = self.updates.tick(now) if now >= self.updates.due else self.updates.due

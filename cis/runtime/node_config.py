@@ -35,7 +35,7 @@ class NodeConfig:
     node_id: str
     exit: int
     bind: str = "tcp://127.0.0.1:5555"
-    parent: str | None = None  # parent's address; None at the root
+    parent: str | None = None  # parent's address (its replicas': separated by commas); None at the root
     threshold: float = -math.inf
     measure: str = "max_softmax"
     patience: int | None = None  # with measure "patience": p (the bundle's inference patience)
@@ -67,8 +67,10 @@ class NodeConfig:
     bundle_sha256: str = ""
     trust: str | None = None  # Ed25519 public key (PEM): a bundle it loads (at start, on reload) must be signed by it
     retire_after: float = 10.0  # reload: seconds a replaced bundle stays held after the last request named it
+    name: str = ""  # the replica's id (cloud#1; cis.core.replicas) in logs, status, metrics; "": the node id
 
     def __post_init__(self) -> None:
+        self.name = self.name or self.node_id
         if not self.heartbeat_timeout:
             self.heartbeat_timeout = heartbeat_timeout(self.heartbeat)
         if self.nonfinite not in NONFINITE_MODES:
@@ -77,6 +79,12 @@ class NodeConfig:
             raise CisError(
                 f"node {self.node_id}: queue_limit, max_batch, rcv_hwm and max_message_bytes must be at least 1"
             )
+
+
+    @property
+    def parents(self) -> tuple[str, ...]:
+        """The parent's address, or each of its replicas' (docs/runtime.md, *Replicas*); () at the root."""
+        return tuple(a.strip() for a in (self.parent or "").split(",") if a.strip())
 
 
 def heartbeat_timeout(heartbeat: float) -> float:

@@ -283,3 +283,8 @@ def check_result(h: dict, tensors: dict[str, np.ndarray]) -> None:
     served = h.get("served_by")
     if type(served) is not list or len(served) != len(tensors["class"]) or not set(map(type, served)) <= {str}:
         fail("bad_message", f"served_by is {show(served)}; expected one node id (string) per sample")
+
+# ---------------------------------------------------------------- client retries (cis.runtime.entries)
+
+RETRY_AFTER = 3.0  # seconds a client waits for a reply before it sends a request again (cis infer --retry-after)
+RETRY_CODES = frozenset({"shutting_down"})  # error replies that say the entry node is going away: sent again

@@ -11,7 +11,7 @@ import numpy as np
 from cis.core.records import draw_latency_cdf, write_requests
 
 NODE_COLUMNS = (
-    "exit", "workers", "queue_limit", "arrival_rate", "incoming_rate", "served_rate", "forwarded_rate",
+    "exit", "workers", "replicas", "queue_limit", "arrival_rate", "incoming_rate", "served_rate", "forwarded_rate",
     "capped_rate", "dropped", "refused", "degraded", "batches", "utilisation", "mean_queue", "max_queue",
 )
 

@@ -1,7 +1,9 @@
 """One node of the model: its queue, its workers that run micro-batches, its exit decision and counters.
 
 A request joins the node's FIFO queue (or is refused when ``queue_limit``
-requests already wait). Each of the node's ``workers`` takes, whenever it is
+requests already wait; ``queue_limit`` x replicas for a node with replicas).
+Each of the node's ``workers`` (``workers`` x ``replicas``: a node with replicas is
+that many servers, docs/simulator.md *Replicas*) takes, whenever it is
 free, every waiting request up to ``max_batch`` and runs them as one batch, as
 the runtime's node does (``cis serve --max-batch``, ``--max-wait 0``): stage k
 runs once on all the requests of the batch that need it, so a batch takes
@@ -58,7 +60,7 @@ class Station:
     ):
         self.env = env
         self.id, self.index, self.exit = node.id, index, node.exit
-        self.limit = node.queue_limit
+        self.limit = None if node.queue_limit is None else node.queue_limit * node.replicas  # each replica's
         self.tables = tables  # stage k -> seconds of a batch of n (index n), at this node's speed
         self.means = {done: sum(t[1] for t in tables[done:]) for done in range(node.exit)}  # batch of one
         self.units = units
@@ -91,7 +93,8 @@ class Station:
         self.refused = self.degraded = self.batches = 0
         self.busy = self.waited = 0.0
         self.max_queue = 0
-        for _ in range(node.workers):
+        self.servers = node.workers * node.replicas  # a node with replicas: each replica's workers serve its queue
+        for _ in range(self.servers):
             env.process(self._worker())
 
     def full(self) -> bool:
@@ -125,16 +128,20 @@ class Station:
 
     def _worker(self):
         env, queue = self.env, self.queue
+        idle_from = None
         while True:
             cold = idled = 0.0
-            if not queue:
-                idle_from = env.now
+            if not queue:  # also when woken after another server took what was waiting: wait again
+                idle_from = env.now if idle_from is None else idle_from
                 wake = env.event()
                 self.idle.append(wake)
                 yield wake
+                if not queue:
+                    continue
                 idled = env.now - idle_from
                 if self.slowdown is not None:
                     cold = self.slowdown(idled)
+            idle_from = None
             if self.batch_overhead is not None:
                 cold += self.batch_overhead(idled)
             batch = [queue.popleft() for _ in range(min(self.max_batch, len(queue)))]

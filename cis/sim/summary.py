@@ -76,6 +76,7 @@ def _nodes(
         nodes[node.id] = {
             "exit": node.exit,
             "workers": node.workers,
+            "replicas": node.replicas,
             "queue_limit": node.queue_limit,
             "arrival_rate": per_second(int(local[st.index]), horizon),
             "incoming_rate": per_second(st.received, horizon),
@@ -86,7 +87,7 @@ def _nodes(
             "refused": st.refused,
             "degraded": st.degraded,
             "batches": st.batches,
-            "utilisation": share(st.busy, node.workers * makespan),
+            "utilisation": share(st.busy, st.servers * makespan),
             "mean_queue": share(st.waited, makespan),
             "max_queue": st.max_queue,
             "calculus": {"serving_rate": rates.serving_rate[node.id], "transfer_rate": rates.transfer_rate[node.id]},

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 from cis.cli.main import print_result
 from cis.core.errors import CisError
 from cis.core.records import format_ms
+from cis.runtime.wire import RETRY_AFTER
 
 if TYPE_CHECKING:
     from cis.runtime.client import Result
@@ -30,7 +31,10 @@ if TYPE_CHECKING:
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("infer", help="send a data set to a running CIS and report accuracy, served shares, latency")
     where = p.add_mutually_exclusive_group(required=True)
-    where.add_argument("--connect", help="a node's address: every request goes there")
+    where.add_argument(
+        "--connect", help="a node's address: every request goes there (several, separated by commas: spread over them, "
+        "e.g. a node's replicas)"
+    )
     where.add_argument(
         "--spec", help="spec file: each sample goes to the node that assign_entries picks (as the offline evaluation)"
     )
@@ -53,6 +57,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--window", type=int, default=32, help="requests in flight per node (default 32)")
     p.add_argument("--batch-size", type=int, default=1, help="samples per request with --connect (default 1)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds before a request counts as lost")
+    p.add_argument(
+        "--retry-after", type=float, default=RETRY_AFTER, metavar="S",
+        help="send a request once more (same id; to another entry node, or to the same once it is back) when no "
+        f"reply came within S seconds; also at once when its entry node's connection closes (default {RETRY_AFTER:g})",
+    )  # fmt: skip
+    p.add_argument("--no-retry", action="store_true", help="never send a request twice")
     p.add_argument("--seed", type=int, default=0, help="data split seed and entry assignment seed")
     p.add_argument(
         "--traceparent",
@@ -74,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
     from cis.runtime.client import summarize
 
     _traceparent(args)
+    if args.retry_after <= 0 and not args.no_retry:
+        raise CisError(f"--retry-after is {args.retry_after:g}; expected seconds > 0 (or --no-retry)")
     data = read_dataset(args)
     x, y = data.x, data.y
     if args.n is not None:
@@ -113,8 +125,10 @@ def _send(args: argparse.Namespace, x) -> tuple[Sequence[Result | None], list[st
     --out, each sample's entry node."""
     from cis.runtime.client import Client, infer_spread
 
+    retry = None if args.no_retry else args.retry_after
     if args.connect:
-        with Client(args.connect, timeout=args.timeout, curve=_curve(args)) as c:
+        addresses = [a.strip() for a in args.connect.split(",") if a.strip()]
+        with Client(addresses, timeout=args.timeout, curve=_curve(args), retry_after=retry) as c:
             results = c.infer_many(
                 x, batch_size=args.batch_size, window=args.window, rate=args.rate, timeout=args.timeout,
                 traceparent=args.traceparent,
@@ -128,7 +142,10 @@ def _send(args: argparse.Namespace, x) -> tuple[Sequence[Result | None], list[st
     clients = {}
     try:
         for nid in entries:
-            clients[nid] = Client(_address(spec, nid, args.spec), timeout=args.timeout, curve=_curve(args))
+            where = spec.node(nid).replica_addresses  # an entry node with replicas: spread over them
+            if where is None:
+                raise CisError(f"{args.spec}: node {nid!r} has no address")
+            clients[nid] = Client(where, timeout=args.timeout, curve=_curve(args), retry_after=retry)
         spread = infer_spread(clients, x, entries, args.window, args.rate, args.timeout, traceparent=args.traceparent)
     finally:
         for c in clients.values():
@@ -140,19 +157,13 @@ def _send(args: argparse.Namespace, x) -> tuple[Sequence[Result | None], list[st
     return spread, entry
 
 
-def _address(spec, node_id: str, where: str) -> str:
-    addr = spec.node(node_id).address
-    if addr is None:
-        raise CisError(f"{where}: node {node_id!r} has no address")
-    return addr
-
-
 def summary_lines(summary: dict, sent: int) -> list[str]:
     """The human summary: answered and errors (each code's count and the node's first message), accuracy,
     degraded and capped (where the transfer cap kept samples, and why runs differ), served shares, latency."""
     errors = "; ".join(f"{code} {n} ({summary['error_messages'].get(code, '')})"
                        for code, n in summary["errors"].items())
-    lines = [f"{summary['samples_answered']} of {sent} samples answered; errors: {errors or 'none'}"]
+    lines = [f"{summary['samples_answered']} of {sent} samples answered; errors: {errors or 'none'}"
+             + (f"; {summary['retried']} requests retried" if summary.get("retried") else "")]  # fmt: skip
     if "served_share_per_exit" not in summary:
         return lines
     lat = summary["latency"]

@@ -50,7 +50,7 @@ def _rate(bytes_per_s: float | None) -> str:
 def run(args: argparse.Namespace) -> int:
     from cis.core.faults import parse_bandwidth
     from cis.runtime.testbed import net
-    from cis.runtime.testbed.plan import NetPlan
+    from cis.runtime.testbed.plan import NetPlan, link_names
 
     net.require_tools()
     run_id, state = _testbed(args.run)
@@ -58,31 +58,35 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "show":
         if args.node is not None:
             raise CisError("link show takes no NODE; expected 'cis link show [--run RUN]'")
-        links = {child: {"parent": link.parent, **net.link_state(plan, child)} for child, link in plan.links.items()}
+        links = {name: {"parent": link.parent, **net.link_state(plan, name)} for name, link in plan.links.items()}
         human = "\n".join(
-            f"{child}->{v['parent']}: {v['state']}, {_rate(v['up_bytes_per_s'])} up, {_rate(v['down_bytes_per_s'])} "
+            f"{name}->{v['parent']}: {v['state']}, {_rate(v['up_bytes_per_s'])} up, {_rate(v['down_bytes_per_s'])} "
             "down"
-            for child, v in links.items()
+            for name, v in links.items()
         )
         print_result(args, {"run": run_id, "links": links}, f"testbed {run_id}\n{human}")
         return 0
-    if args.node not in plan.links:
+    names = link_names(plan, args.node) if args.node is not None else []
+    if not names:
         raise CisError(
             f"link {args.action}: {'no NODE given' if args.node is None else f'node {args.node!r} has no link'}; "
             f"expected one of {', '.join(plan.links)}"
         )
-    if args.action == "set":
-        if args.bandwidth is None:
-            raise CisError("link set: expected --bandwidth BYTES_PER_S")
-        net.set_link(plan, args.node, bandwidth=parse_bandwidth(args.bandwidth, "link set --bandwidth"))
-    elif args.bandwidth is not None:
+    if args.action == "set" and args.bandwidth is None:
+        raise CisError("link set: expected --bandwidth BYTES_PER_S")
+    if args.action != "set" and args.bandwidth is not None:
         raise CisError(f"link {args.action}: --bandwidth goes with 'set'")
-    else:
-        net.set_link(plan, args.node, up=args.action == "up")
-    now = net.link_state(plan, args.node)
-    link = plan.links[args.node]
+    for name in names:  # a node with replicas, or whose parent has: each of its links
+        if args.action == "set":
+            net.set_link(plan, name, bandwidth=parse_bandwidth(args.bandwidth, "link set --bandwidth"))
+        else:
+            net.set_link(plan, name, up=args.action == "up")
+    now = {name: net.link_state(plan, name) for name in names}
+    first, link = now[names[0]], plan.links[names[0]]
     print_result(
-        args, {"run": run_id, "link": args.node, "parent": link.parent, **now},
-        f"testbed {run_id}: link {args.node}->{link.parent} {now['state']}, {_rate(now['up_bytes_per_s'])}",
+        args, {"run": run_id, "link": names[0], "parent": link.parent, **first,
+               "links": {n: {"parent": plan.links[n].parent, **v} for n, v in now.items()}},
+        "\n".join(f"testbed {run_id}: link {n}->{plan.links[n].parent} {v['state']}, {_rate(v['up_bytes_per_s'])}"
+                  for n, v in now.items()),
     )
     return 0

@@ -87,7 +87,8 @@ def _check_spans_files(args: argparse.Namespace, spec) -> None:
 
     if args.spans_file:
         for n in spec.nodes:
-            open_spans_file(Path(args.spans_file.replace("{node}", n.id))).close()
+            for rid in n.replica_ids:  # each replica writes its own file
+                open_spans_file(Path(args.spans_file.replace("{node}", rid))).close()
 
 
 def _curve(args: argparse.Namespace):
@@ -195,8 +196,21 @@ def _metrics_server(args: argparse.Namespace, spec):
         return None
     from cis.runtime.metrics_http import MetricsServer, http_host
 
-    host = args.metrics_host or http_host(args.bind or spec.node(args.node).address or "")
+    host = args.metrics_host or http_host(args.bind or _replica_address(spec, args.node))
     return MetricsServer(args.node, host, args.metrics_port)
+
+
+def _replica_address(spec, name: str) -> str:
+    """The spec's address of the node or replica ``name`` (cloud#1), "" where it has none (or no such one:
+    building the node says so)."""
+    from cis.core.replicas import split_replica_id
+
+    try:
+        node_id, index = split_replica_id(name)
+        where = spec.node(node_id).replica_addresses or []
+    except (ValueError, CisError):
+        return ""
+    return where[index or 0] if (index or 0) < len(where) else ""
 
 
 def _build(bundle, args, spec, opts):
@@ -302,25 +316,27 @@ def _run_all(args: argparse.Namespace, spec) -> int:
 def _print_cluster(args: argparse.Namespace, spec, cluster) -> None:
     """Every node's address, exit and pid (and a testbed's namespace and link): one JSON line, or a table."""
     describe: Callable[..., dict] = getattr(cluster, "describe", lambda node=None: {})  # a testbed's namespace, link
+    every = [(rid, n) for n in spec.nodes for rid in n.replica_ids]  # a node with replicas: each of them
     if not args.json:
-        for n in spec.nodes:
-            urls = [cluster.metrics.get(n.id), *(cluster.doors.get(d, {}).get(n.id) for d in ("http", "grpc"))]
+        for rid, n in every:
+            urls = [cluster.metrics.get(rid), *(cluster.doors.get(d, {}).get(rid) for d in ("http", "grpc"))]
             shown = "".join(f"  {u}" for u in urls if u)
-            pid = cluster.procs[n.id].pid
-            print(f"{n.id:<12} exit {n.exit}  {cluster.addresses[n.id]}  pid {pid}{shown}", flush=True)
-        log.info("serving %d nodes; Ctrl-C stops every node", len(spec.nodes))
+            pid = cluster.procs[rid].pid
+            print(f"{rid:<12} exit {n.exit}  {cluster.addresses[rid]}  pid {pid}{shown}", flush=True)
+        log.info("serving %d nodes; Ctrl-C stops every node", len(every))
         return
     nodes = {
-        n.id: {
-            "address": cluster.addresses[n.id],
+        rid: {
+            "address": cluster.addresses[rid],
+            "node": n.id,
             "exit": n.exit,
             "parent": n.parent,
-            "pid": cluster.procs[n.id].pid,
-            "metrics": cluster.metrics.get(n.id),
-            "http": cluster.doors.get("http", {}).get(n.id),
-            "grpc": cluster.doors.get("grpc", {}).get(n.id),
-            **describe(n.id),
+            "pid": cluster.procs[rid].pid,
+            "metrics": cluster.metrics.get(rid),
+            "http": cluster.doors.get("http", {}).get(rid),
+            "grpc": cluster.doors.get("grpc", {}).get(rid),
+            **describe(rid),
         }
-        for n in spec.nodes
+        for rid, n in every
     }
     print(json.dumps({"nodes": nodes, **describe()}), flush=True)

@@ -50,10 +50,12 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("node", "str", "the node id of the spec to serve (or --all)"),
+    Option("node", "str", "the node id of the spec to serve, or a replica's id (cloud#1) of a node with replicas; or "
+                          "--all"),
     Option("spec", "path", "spec file (default: the spec inside the bundle)"),
     Option("bind", "str", "address to bind (default: the node's address in the spec)"),
-    Option("parent", "str", "parent's address (default: the parent's address in the spec)"),
+    Option("parent", "str", "parent's address, or its replicas' addresses separated by commas (default: the "
+                            "parent's addresses in the spec)"),
     Option("free_ports", "bool", "with --all: ignore the spec's addresses and pick free loopback ports", False),
     Option("threshold", "float", "override the bundle policy's threshold (with --all: every non-root node)"),
     Option("cap", "bool", "enforce max_transfer_rate (--no-cap: forward whatever the policy says)", True, node=True),

@@ -1,5 +1,8 @@
 """``cis status --spec SPEC`` (or ``--connect ADDR``, or ``--cluster LOG_DIR``): each live node's counters.
 
+A node with replicas is one row per replica (``cloud#0``, ``cloud#1``: :mod:`cis.core.replicas`); a row of a
+node whose parent has replicas says how many of them are up (``parents up 2/3``).
+
 With ``--cluster`` the nodes are those a ``cis serve --all --log-dir LOG_DIR``
 started (``LOG_DIR/cluster.json``), and the launcher's view is shown beside each
 node's own: whether it is up or down, its pid, how often it was restarted, its
@@ -56,9 +59,9 @@ def run(args: argparse.Namespace) -> int:
 
         spec = load_spec(args.spec)
         for n in spec.nodes:
-            if n.address is None:
+            if n.replica_addresses is None:
                 raise CisError(f"{args.spec}: node {n.id!r} has no address; expected one to query")
-            targets[n.id] = n.address
+            targets.update(zip(n.replica_ids, n.replica_addresses))  # each replica of a node with replicas
     if args.cluster:
         launcher = _cluster(args.cluster)
         targets.update({nid: v["address"] for nid, v in launcher.items()})
@@ -105,8 +108,17 @@ def _table(result: dict[str, dict]) -> str:
             + "".join(f"{st.get(c, 0):>11}" for c in cols)
             + f"{format_ms(lat.get('p50_s')):>9}{format_ms(lat.get('p99_s')):>9}  {_threshold(st.get('threshold'))}"
             + (f"  adapt {st['adapt']['threshold']:.4f}" if st.get("adapt") else "")
+            + _parents(st.get("parents") or [])
         )
     return "\n".join(lines)
+
+
+def _parents(parents: list[dict]) -> str:
+    """How many replicas of the parent are up, and which are down (nothing for a parent of one replica)."""
+    if len(parents) < 2:
+        return ""
+    down = [p["replica"] for p in parents if not p["up"]]
+    return f"  parents up {len(parents) - len(down)}/{len(parents)}" + (f" (down: {', '.join(down)})" if down else "")
 
 
 def _threshold(value: object) -> str:

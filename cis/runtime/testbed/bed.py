@@ -31,9 +31,18 @@ from pathlib import Path
 from cis.core.errors import CisError
 from cis.core.faults import Fault, check_faults
 from cis.core.spec import CisSpec
+from cis.core.spec import Node as SpecNode
 from cis.runtime.launcher import Cluster, launch
 from cis.runtime.testbed import net
-from cis.runtime.testbed.plan import DEFAULT_PORT, DEFAULT_SUBNET, NetPlan, core_sets, overlaps, plan_network
+from cis.runtime.testbed.plan import (
+    DEFAULT_PORT,
+    DEFAULT_SUBNET,
+    NetPlan,
+    core_sets,
+    link_names,
+    overlaps,
+    plan_network,
+)
 
 log = logging.getLogger(__name__)
 
@@ -91,38 +100,44 @@ class Testbed:
     def _did(self, action: str, node: str, value: float | None = None) -> None:
         t = time.monotonic() - self.started
         self.applied.append({"action": action, "node": node, "value": value, "t": t})
-        link = self.plan.links[node]
+        link = self.plan.links[self._links(node)[0]]
         what = f"bandwidth {value:g} bytes/s" if action == "bandwidth" else action
         log.info("testbed %s: %.2f s: link %s->%s %s", self.run, t, node, link.parent, what)
 
     def link_down(self, node: str) -> None:
-        """Partition the link from ``node`` to its parent (both directions lose every packet)."""
-        net.set_link(self.plan, self._link(node), up=False)
+        """Partition the link from ``node`` to its parent (both directions lose every packet); a node's replicas'
+        links, and those to each replica of the parent, all of them (:func:`link_names`)."""
+        for name in self._links(node):
+            net.set_link(self.plan, name, up=False)
         self._did("down", node)
 
     def link_up(self, node: str) -> None:
-        net.set_link(self.plan, self._link(node), up=True)
+        for name in self._links(node):
+            net.set_link(self.plan, name, up=True)
         self._did("up", node)
 
     def set_bandwidth(self, node: str, bandwidth: float) -> None:
         """Bytes/s of both directions of the link from ``node`` to its parent."""
-        net.set_link(self.plan, self._link(node), bandwidth=bandwidth)
+        for name in self._links(node):
+            net.set_link(self.plan, name, bandwidth=bandwidth)
         self._did("bandwidth", node, bandwidth)
 
-    def _link(self, node: str) -> str:
-        if node not in self.plan.links:
+    def _links(self, node: str) -> list[str]:
+        names = link_names(self.plan, node)
+        if not names:
             raise CisError(
                 f"testbed {self.run}: node {node!r} has no link to a parent; expected one of "
                 f"{', '.join(self.plan.links)}"
             )
-        return node
+        return names
 
     def describe(self, node: str | None = None) -> dict:
         """What ``--json`` adds: per node its namespace and uplink; for None, the testbed itself."""
         if node is None:
             return {"testbed": {"run": self.run, "subnet": self.plan.subnet, "latency_emulated": self.netem,
                                 "burst_bytes": net.BURST}}
-        link = self.plan.links.get(node)
+        names = link_names(self.plan, node)
+        link = self.plan.links[names[0]] if names else None  # a parent's replicas: its links are alike
         uplink = None
         if link is not None:
             uplink = {"bandwidth": link.bandwidth, "latency": link.latency if self.netem else 0.0}
@@ -184,11 +199,11 @@ def start(
     net.record(plan, {"spec": spec.name, "latency_emulated": netem})
     try:
         net.build(plan, netem)
-        placed = spec.replace_nodes(replace(n, address=plan.nodes[n.id].address) for n in spec.nodes)
+        placed = spec.replace_nodes(_placed(n, plan) for n in spec.nodes)
         prefix: dict[str, Sequence[str]] = {
-            nid: ["ip", "netns", "exec", plan.nodes[nid].namespace, *_pin(cores.get(nid)),
-                  *(node_prefix or {}).get(nid, ())]
-            for nid in spec.ids
+            rid: ["ip", "netns", "exec", plan.nodes[rid].namespace, *_pin(cores.get(rid)),
+                  *(node_prefix or {}).get(rid, ())]
+            for rid in plan.nodes
         }
         cluster = launch(bundle, placed, spec_file, False, extra_args, node_args, node_prefix=prefix, **launch_options)
     except BaseException:
@@ -202,6 +217,13 @@ def start(
         log.info("testbed %s: nodes pinned to their host's cores: %s", run,
                  ", ".join(f"{nid} {','.join(map(str, c))}" for nid, c in cores.items()))
     return Testbed(plan, cluster, faults, netem, cores)
+
+
+def _placed(node: SpecNode, plan: NetPlan) -> SpecNode:
+    """The node at its testbed address (each replica at its own host's: an addresses list)."""
+    if node.replicas == 1:
+        return replace(node, address=plan.nodes[node.id].address, addresses=None)
+    return replace(node, address=None, addresses=tuple(plan.nodes[r].address for r in node.replica_ids))
 
 
 def _pin(cores: list[int] | None) -> list[str]:

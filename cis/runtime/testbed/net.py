@@ -117,23 +117,24 @@ def _route(plan: NetPlan, link: LinkNet) -> None:
         "dev", link.child_if)
 
 
-def set_link(plan: NetPlan, child: str, up: bool | None = None, bandwidth: float | None = None) -> None:
-    """Partition (``up=False``) or heal the link from ``child`` to its parent, or change its bandwidth."""
-    link = plan.links[child]
+def set_link(plan: NetPlan, name: str, up: bool | None = None, bandwidth: float | None = None) -> None:
+    """Partition (``up=False``) or heal the link ``name`` (a child's to its parent, or to one replica of it:
+    NetPlan.links), or change its bandwidth."""
+    link = plan.links[name]
     parent_ns = plan.nodes[link.parent].namespace
     if up is not None:
         run("ip", "-n", parent_ns, "link", "set", link.parent_if, "up" if up else "down")
         if up:
             _route(plan, link)
     if bandwidth is not None:
-        shape(plan.nodes[child].namespace, link.child_if, bandwidth, change=True)
+        shape(plan.nodes[link.child].namespace, link.child_if, bandwidth, change=True)
         shape(parent_ns, link.parent_if, bandwidth, change=True)
 
 
-def link_state(plan: NetPlan, child: str) -> dict:
-    """What the kernel says of a link now: up or down, and each direction's rate in bytes/s."""
-    link = plan.links[child]
-    parent_ns, child_ns = plan.nodes[link.parent].namespace, plan.nodes[child].namespace
+def link_state(plan: NetPlan, name: str) -> dict:
+    """What the kernel says of link ``name`` now: up or down, and each direction's rate in bytes/s."""
+    link = plan.links[name]
+    parent_ns, child_ns = plan.nodes[link.parent].namespace, plan.nodes[link.child].namespace
     flags = json.loads(run("ip", "-j", "-n", parent_ns, "link", "show", "dev", link.parent_if))[0]["flags"]
     rates = [
         next((q["options"]["rate"] for q in json.loads(run("tc", "-j", "-n", ns, "qdisc", "show", "dev", dev))

@@ -1,0 +1,134 @@
+"""Replicas through the commands (issue 41 item 3): ``cis serve --all`` starts every replica, each its own process
+and address, and gives every child all of its parent's; ``cis status --cluster`` and ``--spec`` show one row per
+replica; ``--node`` names a replica or says which exist; a replica that cannot start is one line; ``cis testbed``
+puts each replica on its own host, with a shaped link from each child to each replica."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("onnx")
+
+from cli_process import start, started_nodes, stop  # noqa: E402
+
+from cis.core.bundle import load_bundle  # noqa: E402
+from cis.core.spec import Link, write_spec  # noqa: E402
+from cis.core.topologies import make_spec  # noqa: E402
+from cis.runtime.client import Client  # noqa: E402
+from cis.runtime.ports import free_port  # noqa: E402
+from cis.runtime.testbed.plan import link_names, plan_network  # noqa: E402
+
+FAST = ("--heartbeat", "0.1", "--forward-timeout", "0.5", "--no-cap", "--threshold", "inf")
+
+
+@pytest.fixture(scope="module")
+def bundle_dir(tmp_path_factory) -> Path:
+    from cis.exporter.fixture_bundle import make_demo_bundle
+
+    return make_demo_bundle(tmp_path_factory.mktemp("replicas"), steps=20)  # forced thresholds: untrained is fine
+
+
+def _two_cloud(bundle_dir: Path, folder: Path, **cloud) -> Path:
+    """cloud (2 replicas) with device0 under it, at free ports unless ``cloud`` names addresses."""
+    spec = load_bundle(bundle_dir).spec
+    nodes = {n.id: n for n in spec.nodes}
+    port = free_port()
+    c = dataclasses.replace(nodes["cloud"], replicas=2, address=None, **cloud)
+    d = dataclasses.replace(nodes["device0"], parent="cloud", address=f"tcp://127.0.0.1:{port}")
+    path = folder / "two.toml"
+    write_spec(spec.replace_nodes([c, d]), path)
+    return path
+
+
+def test_serve_all_starts_every_replica_and_status_shows_each(bundle_dir, tmp_path, run_cli):
+    spec = _two_cloud(bundle_dir, tmp_path, addresses=tuple(f"tcp://127.0.0.1:{free_port()}" for _ in range(2)))
+    logs = tmp_path / "logs"
+    proc = start("serve", bundle_dir, "--all", "--spec", spec, "--json", "--log-dir", logs, *FAST)
+    try:
+        nodes = started_nodes(proc)
+        assert set(nodes) == {"cloud#0", "cloud#1", "device0"}
+        assert nodes["cloud#1"]["node"] == "cloud" and nodes["cloud#0"]["pid"] != nodes["cloud#1"]["pid"]
+        x = np.random.default_rng(0).standard_normal((40, 1, 8, 8)).astype(np.float32)
+        with Client(nodes["device0"]["address"], timeout=20) as c:
+            results = c.infer_many(x, window=1)
+        assert all(r.error is None and r.served_by == ["cloud"] and not r.degraded.any() for r in results)
+        cluster = json.loads((logs / "cluster.json").read_text())["nodes"]
+        assert cluster["cloud#1"]["address"] == nodes["cloud#1"]["address"] and cluster["cloud#1"]["node"] == "cloud"
+        st = run_cli("status", "--cluster", str(logs), "--json").json()["nodes"]
+        assert st["cloud#0"]["replica"] == "cloud#0" and st["cloud#1"]["replica"] == "cloud#1"
+        assert st["cloud#0"]["served"] > 0 and st["cloud#1"]["served"] > 0  # device0 spread its forwards
+        assert st["cloud#0"]["served"] + st["cloud#1"]["served"] == 40
+        assert [p["up"] for p in st["device0"]["parents"]] == [True, True]
+        by_spec = run_cli("status", "--spec", str(spec))
+        assert by_spec.code == 0 and "cloud#1" in by_spec.out and "parents up 2/2" in by_spec.out
+        assert (logs / "cloud#1.log").is_file()
+    finally:
+        assert stop(proc) == 0
+
+
+def test_node_names_a_replica_and_a_replica_that_cannot_start_is_one_line(bundle_dir, tmp_path, run_cli):
+    spec = _two_cloud(bundle_dir, tmp_path)
+    for name, said in (("cloud#5", "node 'cloud' runs as 2 replicas: cloud#0, cloud#1; expected one of those, "
+                                   "not 'cloud#5'"),
+                       ("cloud", "node 'cloud' runs as 2 replicas"), ("cloud#x", "'cloud#x' is not a replica id")):
+        res = run_cli("serve", str(bundle_dir), "--spec", str(spec), "--node", name)
+        assert res.code == 2 and said in res.err and len(res.err.strip().splitlines()) == 1, res.err
+    import zmq
+
+    taken = zmq.Context.instance().socket(zmq.ROUTER)  # cloud#1's address is taken: it can never come up
+    port = taken.bind_to_random_port("tcp://127.0.0.1", min_port=20000, max_port=30000)
+    try:
+        spec = _two_cloud(bundle_dir, tmp_path, addresses=(f"tcp://127.0.0.1:{free_port()}",
+                                                           f"tcp://127.0.0.1:{port}"))
+        res = run_cli("serve", str(bundle_dir), "--all", "--spec", str(spec), *FAST)
+        assert res.code == 2 and "node 'cloud#1' exited with status" in res.err, res.err
+        assert len(res.err.strip().splitlines()) == 1
+    finally:
+        taken.close(0)
+
+
+def test_the_testbed_plan_gives_each_replica_a_host_and_each_child_a_link_to_each():
+    spec = make_spec("paper-7", "60-30-10")
+    spec = spec.replace_nodes(
+        dataclasses.replace(n, replicas=3, address=None) if n.id == "cloud" else n for n in spec.nodes
+    )
+    plan = plan_network(spec, "77")
+    assert set(plan.nodes) >= {"cloud#0", "cloud#1", "cloud#2"} and len(plan.nodes) == 9
+    assert len({n.namespace for n in plan.nodes.values()}) == 9
+    edge_links = link_names(plan, "edge0")
+    assert edge_links == ["edge0>cloud#0", "edge0>cloud#1", "edge0>cloud#2"]
+    assert [plan.links[k].child_if for k in edge_links] == ["uplink", "uplink1", "uplink2"]
+    assert link_names(plan, "device0") == ["device0"] and plan.links["device0"].parent == "edge0"
+    ips = [ip for link in plan.links.values() for ip in (link.child_ip, link.parent_ip)]
+    assert len(set(ips)) == len(ips)
+
+
+@pytest.mark.skipif(not __import__("test_testbed")._can_make_namespaces(), reason="needs root, ip and tc")
+def test_on_a_testbed_a_partitioned_replica_is_skipped(bundle_dir, tmp_path):
+    from cis.core.spec import CisSpec, Node, validate
+    from cis.runtime.testbed.bed import start as start_bed
+
+    spec = validate(CisSpec((Node("root", 3, replicas=2), Node("leaf", 1, parent="root", link=Link(1e7, 0.001))),
+                            3, name="two"))
+    write_spec(spec, tmp_path / "two.toml")
+    bed = start_bed(bundle_dir, spec, str(tmp_path / "two.toml"), extra_args=list(FAST))
+    try:
+        assert bed.plan.nodes["root#0"].namespace != bed.plan.nodes["root#1"].namespace
+        x = np.random.default_rng(0).standard_normal((20, 1, 8, 8)).astype(np.float32)
+        with Client(bed.addresses["leaf"], timeout=15) as c:
+            assert all(r.served_by == ["root"] for r in c.infer_many(x, window=1))
+            bed.link_down("leaf>root#0")  # only the link to replica 0
+            time.sleep(1.5)  # heartbeats every 0.1 s: down after 1 s without a pong
+            cut = c.infer_many(x, window=1)
+            st = c.status()
+        assert all(r.error is None and r.served_by == ["root"] and not r.degraded.any() for r in cut)
+        assert [p["up"] for p in st["parents"]] == [False, True]
+    finally:
+        bed.stop()

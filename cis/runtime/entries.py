@@ -101,7 +101,10 @@ class Entries:
         if j is None and not lost:
             return False
         j = t.sock if j is None else j
-        P.send(self.socks[j], t.frames)
+        try:  # never blocks: a DEALER whose connection failed (e.g. a CURVE handshake refused) has no pipe
+            P.send(self.socks[j], t.frames, flags=zmq.NOBLOCK)
+        except zmq.Again:
+            return False  # not sent: the request's own timeout ends it
         self.load[t.sock] -= 1
         self.load[j] += 1
         t.sock, t.sent, t.retried = j, time.perf_counter(), True

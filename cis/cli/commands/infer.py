@@ -214,12 +214,16 @@ def _entry_inputs(args: argparse.Namespace):
     from cis.core.bundle import TensorInfo
     from cis.runtime.client import Client
 
-    address = args.connect
-    if address is None:
+    if args.connect:
+        address = args.connect.split(",")[0].strip()  # entry replicas serve one bundle: the first says
+    else:
         from cis.core.spec import load_spec
 
         spec = load_spec(args.spec)
-        address = _address(spec, spec.leaves[0].id, args.spec)
+        where = spec.leaves[0].replica_addresses
+        if not where:
+            raise CisError(f"{args.spec}: node {spec.leaves[0].id!r} has no address")
+        address = where[0]
     with Client(address, timeout=args.timeout, curve=_curve(args)) as c:
         try:
             inputs = c.status(min(args.timeout, 5.0)).get("inputs") or []

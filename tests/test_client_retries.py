@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 from replica_nodes import Running, spawn, stages
 
-from cis.runtime.client import Client, ServerError, summarize
+from cis.runtime.client import Client, ServerError
 from cis.runtime.node import Node, NodeConfig
 from cis.runtime.ports import free_port
+from cis.runtime.result_summary import summarize
 
 X = np.array([[0.1, 0, 0, 0]], np.float32)  # served at stage 2 of an entry node of exit 2: class 2
 

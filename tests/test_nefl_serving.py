@@ -18,7 +18,7 @@ from test_runtime_integration import serve_through_leaves  # noqa: E402
 
 from cis.core.bundle import load_bundle  # noqa: E402
 from cis.core.policy.exit_policy import evaluate_cis  # noqa: E402
-from cis.runtime.client import summarize  # noqa: E402
+from cis.runtime.result_summary import summarize  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

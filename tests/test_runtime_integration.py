@@ -31,8 +31,9 @@ from cis.core.bundle import load_bundle  # noqa: E402
 from cis.core.policy.exit_policy import assign_entries, evaluate_cis  # noqa: E402
 from cis.core.spec import Node, write_spec  # noqa: E402
 from cis.runtime import protocol as P  # noqa: E402
-from cis.runtime.client import Client, infer_spread, summarize  # noqa: E402
+from cis.runtime.client import Client, infer_spread  # noqa: E402
 from cis.runtime.launcher import free_port, launch  # noqa: E402
+from cis.runtime.result_summary import summarize  # noqa: E402
 from cis.runtime.security import CurveConfig, make_keys  # noqa: E402
 
 FAST = ["--forward-timeout", "0.5", "--heartbeat", "0.1"]

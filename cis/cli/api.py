@@ -259,7 +259,8 @@ def infer(target: Served | str, x: Any, y: Any = None, *, node: str | None = Non
     """Send the samples ``x`` (an array or tensor, (N, ...) in the model's input dtype) to a node, as
     ``cis infer --connect`` does; ``y``: labels, for the accuracy. ``target``: a node's address, or what
     :func:`serve` returned (then ``node``, default its first leaf, names the entry node)."""
-    from cis.runtime.client import Client, summarize
+    from cis.runtime.client import Client
+    from cis.runtime.result_summary import summarize
 
     if isinstance(target, Served):
         entry = node or target.leaves[0]

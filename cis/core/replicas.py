@@ -66,3 +66,16 @@ def replica_addresses(count: int, address: str | None, addresses: Sequence[str] 
     if address is None:
         return None
     return [derived_address(address, i) for i in range(count)]
+
+
+def parse_addresses(addresses: object, address: object = None) -> tuple[str, ...] | None:
+    """A spec node's ``addresses = [...]`` (one ZeroMQ endpoint per replica, instead of ``address``; None when
+    absent). Raises ValueError (what is wrong, what was expected) for anything but a list of endpoints, or both."""
+    if addresses is None:
+        return None
+    if not isinstance(addresses, list) or not addresses or not all(isinstance(a, str) and a for a in addresses):
+        raise ValueError(f"field 'addresses' is {addresses!r}; expected a list of ZeroMQ endpoints, one per "
+                         "replica, such as ['tcp://10.0.0.5:5555', 'tcp://10.0.0.6:5555']")
+    if address is not None:
+        raise ValueError("both 'address' and 'addresses'; expected one of them ('addresses' lists every replica's)")
+    return tuple(addresses)

@@ -49,7 +49,7 @@ except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
 import tomli_w
 
 from cis.core.errors import SpecError
-from cis.core.replicas import derived_address, replica_addresses, replica_ids
+from cis.core.replicas import derived_address, parse_addresses, replica_addresses, replica_ids
 
 CONFIDENCE_MEASURES = ("max_softmax", "entropy", "margin")
 # where a node runs its stages (cis serve --provider; cis.core.stages.backends): onnxruntime's CPU or CUDA provider,
@@ -288,7 +288,10 @@ def _parse_node(raw: Any, index: int, source: str) -> Node:
     provider = raw.get("provider")
     if provider is not None and provider not in PROVIDERS:
         raise SpecError(f"{where}: field 'provider' is {provider!r}; expected one of {', '.join(PROVIDERS)}")
-    addresses = _parse_addresses(raw, where)
+    try:
+        addresses = parse_addresses(raw.get("addresses"), raw.get("address"))
+    except ValueError as exc:
+        raise SpecError(f"{where}: {exc}") from None
     numbers: dict[str, Any] = {}
     for name, (minimum, integer) in _NODE_NUMBERS.items():
         value = raw.get(name, len(addresses) if name == "replicas" and addresses else _defaults(Node).get(name))
@@ -306,20 +309,6 @@ def _parse_node(raw: Any, index: int, source: str) -> Node:
         addresses=addresses,
         **numbers,
     )
-
-
-def _parse_addresses(raw: dict, where: str) -> tuple[str, ...] | None:
-    """``addresses = [...]``: one ZeroMQ endpoint per replica, instead of ``address`` (docs/spec.md)."""
-    addresses = raw.get("addresses")
-    if addresses is None:
-        return None
-    if not isinstance(addresses, list) or not addresses or not all(isinstance(a, str) and a for a in addresses):
-        raise SpecError(f"{where}: field 'addresses' is {addresses!r}; expected a list of ZeroMQ endpoints, one per "
-                        "replica, such as ['tcp://10.0.0.5:5555', 'tcp://10.0.0.6:5555']")
-    if raw.get("address") is not None:
-        raise SpecError(f"{where}: both 'address' and 'addresses'; expected one of them ('addresses' lists every "
-                        "replica's)")
-    return tuple(addresses)
 
 
 def validate(spec: CisSpec, source: str | None = None) -> CisSpec:

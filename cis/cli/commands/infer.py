@@ -81,7 +81,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cis.runtime.client import summarize
+    from cis.runtime.result_summary import summarize
 
     _traceparent(args)
     if args.retry_after <= 0 and not args.no_retry:

@@ -249,8 +249,8 @@ def _offline(demo: _Demo, bundle) -> tuple[np.ndarray, np.ndarray, dict, Any]:
 def _serve_and_replay(demo: _Demo, bundle, x: np.ndarray, y: np.ndarray, entries: dict) -> tuple[dict, dict]:
     """Serve every node, price a node visit, replay the samples, stop the cluster (always); writes DIR/runtime.
     Returns (the runtime summary, the calibration's visit costs)."""
-    from cis.runtime.client import summarize
     from cis.runtime.launcher import launch
+    from cis.runtime.result_summary import summarize
 
     out, spec, ph = demo.out, demo.spec, demo.phases
     restore = _sigterm_as_interrupt()

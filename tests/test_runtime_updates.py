@@ -137,13 +137,14 @@ def test_a_forward_that_names_no_bundle_is_refused_by_a_node_that_has_one(tree):
     _, raddr, _, _ = tree(A, A)
     carry = {"features": np.zeros((1, 4), np.float32)}
     with Client(raddr, timeout=5) as c:
-        for v, fields in ((1, {}), (2, {}), (2, {"bundle": B[:16]})):
-            c.sock.send_multipart(P.encode(P.FORWARD, 9, carry, v=v, stage=2, sender="old", **fields))
+        for rid, (v, fields) in enumerate(((1, {}), (2, {}), (2, {"bundle": B[:16]})), start=9):  # new ids: a
+            # repeated one is a retry, answered once (cis.runtime.seen)
+            c.sock.send_multipart(P.encode(P.FORWARD, rid, carry, v=v, stage=2, sender="old", **fields))
             msg = P.decode(c.sock.recv_multipart())
             assert msg.kind == P.ERROR and msg.head.code == "bundle_mismatch" and msg.head.v == v, (v, fields)
             assert A[:16] in msg.head.message
         assert c.status()["bundle_mismatch"]["refused"] == 3
-        ok = P.encode(P.FORWARD, 10, carry, stage=2, sender="leaf", bundle=A[:16])
+        ok = P.encode(P.FORWARD, 12, carry, stage=2, sender="leaf", bundle=A[:16])
         c.sock.send_multipart(ok)
         assert P.decode(c.sock.recv_multipart()).kind == P.RESULT
 

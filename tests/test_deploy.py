@@ -6,6 +6,7 @@ ExecStart runs it); bad input one line and exit 2, nothing written."""
 from __future__ import annotations
 
 import configparser
+import dataclasses
 import json
 import math
 import shutil
@@ -62,7 +63,8 @@ def _node(data: dict, node_id: str) -> dict:
 
 def _fleet(data: dict) -> None:
     """Three cloud replicas on a GPU, busy devices (so the CPU rule rises above its floor)."""
-    _node(data, "cloud").update(replicas=3, provider="cuda")
+    _node(data, "cloud").update(replicas=3, provider="cuda", address="tcp://127.0.0.1:5600")  # 5600-5602: clear of
+    # the other nodes' ports (replica i binds the node's port + i)
     for n in data["nodes"]:
         if n["exit"] == 1:
             n["arrival_rate"] = 4000.0
@@ -163,7 +165,9 @@ def test_manifests_wire_the_tree_as_the_spec_says(run_cli, bundle, tmp_path):
         assert container["image"] == ("cis-inference:0.1.0-gpu" if gpu else "cis-inference:0.1.0-cpu")
     config = objects["01-spec.yaml"][0]
     (tmp_path / "from-configmap.toml").write_text(config["data"]["spec.toml"])
-    assert load_spec(tmp_path / "from-configmap.toml") == spec  # the pods serve the spec given
+    served = load_spec(tmp_path / "from-configmap.toml")  # the pods serve the spec given, each node one process:
+    assert served == spec.replace_nodes(dataclasses.replace(n, replicas=1) for n in spec.nodes)  # a pod, a replica
+    assert spec.node("cloud").replicas == 3 and served.node("cloud").replica_ids == ["cloud"]  # --node cloud serves
 
 
 def test_resources_follow_the_documented_rule(run_cli, bundle, tmp_path):

@@ -17,6 +17,7 @@ variables); it needs no torch (docs/architecture.md, "Layers").
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +121,13 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _spec_text(spec: CisSpec, source: str) -> str:
-    return f"# the spec of this deployment, from {Path(source).name} (written by cis deploy)\n" + dumps_spec(spec)
+    """The spec the deployed processes read. Each of them serves its node as one process (``cis serve --node
+    ID``; a Deployment's pods are its replicas, a unit runs one), so every node says ``replicas = 1`` there: with
+    N, ``--node ID`` would name no process (``ID#i`` would), and the replicas' addresses are the platform's."""
+    nodes = (dataclasses.replace(n, replicas=1, addresses=None, address=n.address or (n.addresses or (None,))[0])
+             for n in spec.nodes)  # fmt: skip
+    return (f"# the spec of this deployment, from {Path(source).name} (written by cis deploy; each node served as "
+            "one process: replicas are the platform's)\n" + dumps_spec(spec.replace_nodes(nodes)))
 
 
 def _kubernetes(

@@ -126,6 +126,7 @@ class Node:
             "parent": self.cfg.parent,
             "parent_up": self.parent_up,
             "threshold": json_float(ex.policy.thresholds[self.cfg.node_id]),
+            "inputs": [{"name": t.name, "shape": list(t.shape), "dtype": str(t.dtype)} for t in ex.stages[1].inputs],
             **{key: c[key] for key in _COUNTERS},
             "errors_by_code": dict(self.errors_by_code),
             "queue_depth": ex.queued,

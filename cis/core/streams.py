@@ -1,7 +1,7 @@
-"""Random streams for the simulator: independent per purpose, drawn in chunks.
+"""Random streams for the simulator and the load generator: independent per purpose, drawn in chunks.
 
-A SimPy model asks for one number at a time; asking numpy for one number per
-call costs more than the event itself. These generators draw a chunk at once
+A SimPy model (or the load generator, :mod:`cis.runtime.loadgen`) asks for one number at a time;
+asking numpy for one number per call costs more than the event itself. These generators draw a chunk at once
 and hand out plain Python floats. Each node and purpose gets its own
 ``numpy.random.Generator`` spawned from the run's seed, so a run is repeatable
 and changing one stream (say, the service distribution) leaves the arrivals alone.

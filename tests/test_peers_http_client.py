@@ -1,6 +1,6 @@
 """Issue 34, the one-tier comparison's client: tritonclient's synchronous HTTP client with each request body made
-once (benchmarks/peers/loadgen.py ``OipHttp``, ``drive_sync``), the null endpoint that measures it alone
-(benchmarks/peers/null_oip.py), CPU per request on each side, and the README's sentence of goals met and missed.
+once (bench/peers/loadgen.py ``OipHttp``, ``drive_sync``), the null endpoint that measures it alone
+(bench/peers/null_oip.py), CPU per request on each side, and the README's sentence of goals met and missed.
 
 - against the null endpoint, every request of a Poisson run is answered with the canned outputs, in JSON and with
   Triton's binary extension (a body made once per sample: the binary one carries its JSON part's size);
@@ -23,11 +23,10 @@ import pytest
 pytest.importorskip("tritonclient.http")
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-sys.path.insert(0, str(REPO / "benchmarks" / "peers"))
+sys.path.insert(0, str(REPO / "bench" / "peers"))
 
-from loadgen import OipHttp, drive_sync, poisson_offsets  # noqa: E402
-from systems import CisNode, SingleServer, cpu_seconds, oip_body, wait_http  # noqa: E402
+from bench.peers.loadgen import OipHttp, drive_sync, poisson_offsets  # noqa: E402
+from bench.peers.systems import CisNode, SingleServer, cpu_seconds, oip_body, wait_http  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -77,7 +77,7 @@ def latency_profile(
 ) -> dict[int, dict[int, float]]:
     """{stage: {batch: median seconds per call}} with onnxruntime: on the carries of real samples ``x`` (a
     stage's time can depend on its values: a later stage ran 1.3-1.6 times longer on real carries than on
-    random ones in benchmarks/twin_spans.py), else on random inputs of the right shapes."""
+    random ones in bench/twin_spans.py), else on random inputs of the right shapes."""
     rng = np.random.default_rng(seed)
     real = {b: stage_inputs(runners, x, b) for b in batches} if x is not None and len(x) else None
     out: dict[int, dict[int, float]] = {}

@@ -3,7 +3,7 @@
     costs = calibrate_visits(clients, x, spec, bundle, rate)   # a calibration load on the running nodes
     SimConfig(loopback=True, hop_rtt=tuple(costs["visit_cost"]), visit_overhead=0.0)
 
-Used by ``cis demo`` (:mod:`cis.cli.demo.pipeline`) and ``benchmarks/sim_vs_runtime.py``; see docs/simulator.md.
+Used by ``cis demo`` (:mod:`cis.cli.demo.pipeline`) and ``bench/sim_vs_runtime.py``; see docs/simulator.md.
 """
 
 from __future__ import annotations

@@ -1,0 +1,449 @@
+"""Runtime overhead of the ZeroMQ CIS runtime against onnxruntime in one process and a bare pyzmq chain.
+
+For each model width (``--widths``, default 0.25 and 1: an *untrained* ResNet18EE
+paper-7 CIFAR-10 bundle cut into three ONNX stages; latency and bytes do not
+depend on the weights), in one run on one machine:
+
+(a) latency: single-sample requests forced through all three tiers (device ->
+    edge -> cloud; ``--threshold inf --no-cap`` below the root), three ways side
+    by side in every block: the three stages chained in one process (onnxruntime,
+    one thread); a **bare 3-process pyzmq chain** of the same stage files (DEALER
+    -> ROUTER per hop, raw frames, no header, no validation, no policy: the
+    transport floor); and ``cis serve`` (every node its own process, as
+    ``launch`` starts them). Per-hop overhead = (p50 - in-process p50) / 3 for
+    the raw chain and for cis, and their ratio (targets at width 0.25: at most
+    1.5, goal 1.2), and cis p50 / in-process p50 (target at width 1: at most
+    1.15). Measured back to back (the next request as soon as the last is
+    answered) and paced (one request every ``--gap`` s, so every process idles
+    between requests as at light load). Medians over ``--repeats`` blocks.
+(b) batched throughput at saturation: one node serving all stages with
+    micro-batching (``--max-batch 32``, one-sample requests, 128 in flight) vs the
+    same three stages run batched (32) in one process, both with onnxruntime on
+    every core (target at least 0.95), medians over the same number of blocks;
+(c) bytes per forwarded request with fp32, fp16 and int8 carries.
+
+Export needs the CIFAR-10 validation split (for calibration); the bundles are
+cached in ``--work``/w<width>/bundle.
+
+    python -m bench.runtime_overhead                 # both widths, 5 blocks (about 10 minutes)
+    python -m bench.runtime_overhead --quick         # smoke run
+    python -m bench.runtime_overhead --spin          # cis nodes busy-poll (for machines with a core per node)
+
+Writes bench/results/runtime_overhead.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench.harness import ensure_cifar, machine, write_results
+
+HOPS = 3  # client -> device -> edge -> cloud
+
+
+def make_bundle(out: Path, dataset: str, width: float) -> Path:
+    import torch
+
+    from cis.core.spec import spec_to_dict
+    from cis.core.topologies import make_spec
+    from cis.exporter import export_bundle
+    from cis.training.architectures import build_model
+    from cis.training.checkpoint import save_checkpoint
+    from cis.training.data.loading import CIFAR10_MEAN, CIFAR10_STD
+    from cis.training.models.cnns import default_model_config
+
+    torch.manual_seed(0)
+    model = build_model(default_model_config("cifar10", width=width)).eval()
+    meta = {
+        "classes": [str(i) for i in range(10)],
+        "normalisation": {"mean": list(CIFAR10_MEAN), "std": list(CIFAR10_STD)},
+        "dataset": dataset,
+        "seed": 0,
+        "val_size": 200,
+        "spec": spec_to_dict(make_spec("paper-7", "60-30-10")),
+        "note": "untrained ResNet18EE for runtime benchmarks",
+    }
+    save_checkpoint(out / "run", model, meta)
+    report = export_bundle(out / "run", out / "bundle", latency_repeats=2)
+    (out / "export_report.json").write_text(json.dumps(report, indent=2, default=str))
+    return out / "bundle"
+
+
+# ---------------------------------------------------------------- the bare pyzmq chain (the transport floor)
+
+
+def raw_node(model: str, inputs: list, outputs: list, carry: list, bind: str, nxt: str | None, ready) -> None:
+    """One process of the bare chain: a ROUTER in, a DEALER to the next stage; frames are [id, tensors...]
+    in the stage's input order, no header and no checks; the last stage answers [id, class]."""
+    import onnxruntime as ort
+    import zmq
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads, opts.inter_op_num_threads, opts.log_severity_level = 1, 1, 3
+    sess = ort.InferenceSession(model, sess_options=opts, providers=["CPUExecutionProvider"])
+    ctx = zmq.Context()
+    front = ctx.socket(zmq.ROUTER)
+    front.bind(bind)
+    poller = zmq.Poller()
+    poller.register(front, zmq.POLLIN)
+    up = None
+    if nxt:
+        up = ctx.socket(zmq.DEALER)
+        up.connect(nxt)
+        poller.register(up, zmq.POLLIN)
+    waiting: dict[bytes, bytes] = {}
+    ready.set()
+    while True:
+        for sock, _ in poller.poll():
+            if sock is front:
+                ident, rid, *frames = front.recv_multipart(copy=False)
+                feeds = {n: np.frombuffer(f, dt).reshape(-1, *shape) for (n, dt, shape), f in zip(inputs, frames)}
+                out = dict(zip(outputs, sess.run(outputs, feeds)))
+                if up is None:
+                    front.send_multipart([ident, rid, out["logits"].argmax(-1)], copy=False)
+                else:
+                    waiting[rid.bytes] = ident
+                    up.send_multipart([rid, *(out[n] for n in carry)], copy=False)
+            else:
+                rid, *rest = up.recv_multipart(copy=False)
+                front.send_multipart([waiting.pop(rid.bytes), rid, *rest], copy=False)
+
+
+class RawChain:
+    """The stages of ``bundle`` as a bare chain of processes at ``addresses`` (stage 1 first)."""
+
+    def __init__(self, bundle, addresses: list[str]):
+        import zmq
+
+        ctx, k, self.procs = mp.get_context("spawn"), bundle.num_exits, []
+        for i in reversed(range(k)):  # the last stage first: each connects to a bound next stage
+            st = bundle.stage(i + 1)
+            ready = ctx.Event()
+            proc = ctx.Process(
+                target=raw_node,
+                daemon=True,
+                args=(
+                    str(bundle.path(st.file)),
+                    [(t.name, t.dtype, tuple(t.shape[1:])) for t in st.inputs],
+                    [t.name for t in st.outputs],
+                    [t.name for t in bundle.stage(i + 2).inputs] if i + 1 < k else [],
+                    addresses[i],
+                    addresses[i + 1] if i + 1 < k else None,
+                    ready,
+                ),
+            )
+            proc.start()
+            if not ready.wait(120):
+                raise RuntimeError(f"raw chain stage {i + 1} did not start")
+            self.procs.append(proc)
+        self.sock = zmq.Context.instance().socket(zmq.DEALER)
+        self.sock.linger = 0
+        self.sock.connect(addresses[0])
+        self.rid = 0
+
+    def infer(self, x: np.ndarray) -> np.ndarray:
+        self.rid += 1
+        self.sock.send_multipart([self.rid.to_bytes(8, "little"), x], copy=False)
+        _, cls = self.sock.recv_multipart()
+        return np.frombuffer(cls, np.int64)
+
+    def close(self) -> None:
+        self.sock.close(0)
+        for proc in self.procs:
+            proc.terminate()
+            proc.join(5)
+
+
+# ---------------------------------------------------------------- measuring
+
+
+def timed(fn, n: int, gap: float) -> list[float]:
+    """Wall time of fn(i) for i < n, starting one call every ``gap`` seconds (0: back to back)."""
+    out, start = [], time.perf_counter()
+    for i in range(n):
+        if gap:
+            time.sleep(max(0.0, start + i * gap - time.perf_counter()))
+        t = time.perf_counter()
+        fn(i)
+        out.append(time.perf_counter() - t)
+    return out
+
+
+def p50(values) -> float:
+    return float(np.median(np.asarray(values)))
+
+
+def median_of(rows: list[dict]) -> dict:
+    return {k: float(np.median([r[k] for r in rows])) for k in rows[0]}
+
+
+def chain_of(runners):
+    def chain(batch):
+        feeds = {runners[0].input_names[0]: batch}
+        for r in runners:
+            out = r.run(feeds)
+            feeds = {k: v for k, v in out.items() if k != "logits"}
+        return out["logits"]
+
+    return chain
+
+
+def latency(bundle_dir: Path, x: np.ndarray, args, node_args: list[str]) -> dict:
+    """(a): in-process, raw chain and cis side by side in every block."""
+    from cis.core.bundle import load_bundle
+    from cis.core.stages.runner import stage_runners
+    from cis.runtime.client import Client
+    from cis.runtime.launcher import launch, plan_addresses
+
+    bundle = load_bundle(bundle_dir)
+    spec = bundle.spec
+    leaf = spec.leaves[0].id
+    path = [n.id for n in spec.path_to_root(leaf)]
+    sub = spec.replace_nodes(n for n in spec.nodes if n.id in path)  # only the three tiers run
+    forced = {n.id: ["--threshold", "inf"] for n in sub.nodes if n.parent is not None}
+    chain = chain_of(stage_runners(bundle, threads=1))
+    raw = RawChain(bundle, [plan_addresses(sub, free_ports=True)[n] for n in path])
+    cluster = launch(
+        bundle_dir, sub, free_ports=True, extra_args=["--no-cap", "--threads", "1", *node_args], node_args=forced
+    )
+    blocks: dict[str, list[dict]] = {"back_to_back": [], "paced": []}
+    try:
+        with Client(cluster.addresses[leaf], timeout=30) as c:
+            answers, same = [], []
+            for i in range(20):  # warm up; the three paths give the same class
+                want = int(chain(x[i : i + 1]).argmax())
+                same.append(int(raw.infer(x[i : i + 1])[0]) == want)
+                answers.append(c.infer(x[i : i + 1]))
+                same.append(int(answers[-1].cls[0]) == want)
+            sides = {
+                "in_process": lambda i: chain(x[i : i + 1]),
+                "raw_chain": lambda i: raw.infer(x[i : i + 1]),
+                "cis": lambda i: answers.append(c.infer(x[i : i + 1])),
+            }
+            for _ in range(args.repeats):  # each block times all three, under the same machine state
+                for mode, gap in (("back_to_back", 0.0), ("paced", args.gap)):
+                    t = {name: timed(fn, args.n, gap) for name, fn in sides.items()}
+                    inp, rawp, cisp = p50(t["in_process"]), p50(t["raw_chain"]), p50(t["cis"])
+                    raw_hop, cis_hop = (rawp - inp) / HOPS, (cisp - inp) / HOPS
+                    blocks[mode].append(
+                        {
+                            "in_process_p50_ms": inp * 1e3,
+                            "raw_chain_p50_ms": rawp * 1e3,
+                            "cis_p50_ms": cisp * 1e3,
+                            "cis_p99_ms": float(np.percentile(t["cis"], 99)) * 1e3,
+                            "raw_chain_per_hop_us": raw_hop * 1e6,
+                            "cis_per_hop_us": cis_hop * 1e6,
+                            "per_hop_ratio": cis_hop / raw_hop,
+                            "p50_ratio": cisp / inp,
+                        }
+                    )
+            exits = {int(r.exit[0]) for r in answers}
+    finally:
+        cluster.stop()
+        raw.close()
+    if exits != {3} or not all(same):
+        raise RuntimeError(f"forced requests were served at exits {exits}; classes agree: {all(same)}")
+    return {
+        "requests_per_block": args.n,
+        "repeats": args.repeats,
+        "message_hops": HOPS,
+        **median_of(blocks["back_to_back"]),
+        "paced": {"gap_s": args.gap, **median_of(blocks["paced"])},
+        "blocks": blocks,
+    }
+
+
+def throughput(bundle_dir: Path, x: np.ndarray, args, node_args: list[str]) -> dict:
+    """(b): a node serving all stages with micro-batching vs batched onnxruntime in one process."""
+    from cis.core.bundle import load_bundle
+    from cis.core.stages.runner import stage_runners
+    from cis.runtime.client import Client
+    from cis.runtime.launcher import launch
+
+    bundle = load_bundle(bundle_dir)
+    spec = bundle.spec
+    threads, bs = os.cpu_count() or 1, 32
+    chain = chain_of(stage_runners(bundle, threads=threads))
+    root = spec.root.id
+    solo = spec.replace_nodes([n for n in spec.nodes if n.id == root])
+    extra = ["--threads", str(threads), "--max-batch", str(bs), "--queue-limit", "4096", *node_args]
+    cluster = launch(bundle_dir, solo, free_ports=True, extra_args=extra)
+    blocks = []
+    try:
+        with Client(cluster.addresses[root], timeout=60) as c:
+            c.infer_many(x[:256], window=128)
+            chain(x[:bs])
+            for _ in range(args.repeats):
+                done, t0 = 0, time.perf_counter()
+                while time.perf_counter() - t0 < args.seconds:
+                    chain(x[done % 224 : done % 224 + bs])
+                    done += bs
+                local = done / (time.perf_counter() - t0)
+                before = c.status()
+                results, t0 = [], time.perf_counter()
+                while time.perf_counter() - t0 < args.seconds:
+                    results += c.infer_many(x[:256], batch_size=1, window=128)
+                elapsed = time.perf_counter() - t0
+                after = c.status()
+                errors = sum(r.error is not None for r in results)
+                remote = (len(results) - errors) / elapsed
+                blocks.append(
+                    {
+                        "in_process_samples_per_s": local,
+                        "cis_samples_per_s": remote,
+                        "ratio": remote / local,
+                        "errors": errors,
+                        "mean_batch": (after["samples"] - before["samples"])
+                        / max(1, after["batches"] - before["batches"]),
+                    }
+                )
+    finally:
+        cluster.stop()
+    return {
+        "max_batch": bs,
+        "onnxruntime_threads": threads,
+        "seconds": args.seconds,
+        **median_of(blocks),
+        "blocks": blocks,
+    }
+
+
+def carry_bytes(bundle_dir: Path) -> dict:
+    """(c): bytes on the wire per forwarded request, by carry dtype."""
+    from cis.core.bundle import load_bundle
+    from cis.runtime import protocol as P
+
+    bundle = load_bundle(bundle_dir)
+    sizes = {}
+    for stage in bundle.stages[:-1]:
+        per = {}
+        for dt, name in (("float32", "fp32"), ("float16", "fp16"), ("int8", "int8")):
+            carry = {t.name: np.zeros((1, *t.shape[1:]), dt) for t in stage.carry_outputs}
+            frames = P.encode(
+                P.FORWARD, 1, carry, stage=stage.index + 1, deadline=time.time(), route=["device0"], sender="device0"
+            )
+            per[name] = {
+                "carry_bytes": int(sum(a.nbytes for a in carry.values())),
+                "message_bytes": int(sum(len(memoryview(f).cast("B")) for f in frames)),
+            }
+        sizes[f"after_exit_{stage.exit}"] = per
+    return sizes
+
+
+# ---------------------------------------------------------------- report
+
+
+def markdown(result: dict) -> list[str]:
+    m = result["machine"]
+    lines = [
+        "# Runtime overhead: cis serve vs a bare pyzmq chain vs one process",
+        "",
+        f"{result['model']}; {m['cpus']} CPUs, load average {', '.join(f'{v:.1f}' for v in m['load_avg'])} "
+        f"at the start{' (SPIN: nodes busy-poll)' if result['spin'] else ''}. Medians over "
+        f"{result['repeats']} blocks; each block times every path one after the other. Command: "
+        f"`{result['command']}`.",
+        "",
+        "## (a) One sample forced through device -> edge -> cloud",
+        "",
+        "| width | mode | in-process p50 | raw chain p50 | cis serve p50 | raw per hop | cis per hop | "
+        "per-hop ratio | cis / in-process |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for w, r in result["widths"].items():
+        for mode, a in (("back to back", r["a_latency"]), ("paced", r["a_latency"]["paced"])):
+            lines.append(
+                f"| {w} | {mode} | {a['in_process_p50_ms']:.2f} ms | {a['raw_chain_p50_ms']:.2f} ms | "
+                f"{a['cis_p50_ms']:.2f} ms | {a['raw_chain_per_hop_us']:.0f} us | {a['cis_per_hop_us']:.0f} us | "
+                f"{a['per_hop_ratio']:.2f} | {a['p50_ratio']:.2f} |"
+            )
+    lines += [
+        "",
+        "Per hop = (p50 - in-process p50) / 3. Targets: per-hop ratio at most 1.5 at width 0.25 (goal 1.2); "
+        "cis / in-process at most 1.15 at width 1.",
+        "",
+        "## (b) Batched throughput (one node, all stages, micro-batches of 32, one-sample requests)",
+        "",
+        "| width | in-process (batched) | cis serve | ratio | mean batch |",
+        "|---|---|---|---|---|",
+    ]
+    for w, r in result["widths"].items():
+        b = r["b_throughput"]
+        lines.append(
+            f"| {w} | {b['in_process_samples_per_s']:.0f} /s | {b['cis_samples_per_s']:.0f} /s | "
+            f"{b['ratio']:.2f} | {b['mean_batch']:.1f} |"
+        )
+    lines += ["", "Target: at least 0.95 at both widths.", "", "## Targets", ""]
+    for name, t in result["targets"].items():
+        lines.append(f"- {name}: {t['value']:.2f} ({t['rule']}) {'met' if t['met'] else 'MISSED'}")
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data", default="/tmp/cifar10", help="CIFAR-10 folder for calibration (unzipped when missing)")
+    ap.add_argument("--work", default="/tmp/cis-runtime-bench", help="bundles are cached in WORK/w<width>/bundle")
+    ap.add_argument("--widths", default="0.25,1", help="comma-separated model widths (default 0.25,1)")
+    ap.add_argument("--n", type=int, default=150, help="sequential requests per path and block in (a)")
+    ap.add_argument("--repeats", type=int, default=5, help="blocks; results are medians over blocks")
+    ap.add_argument("--gap", type=float, default=0.05, help="seconds between paced requests in (a)")
+    ap.add_argument("--seconds", type=float, default=3.0, help="seconds per path and block of (b)")
+    ap.add_argument("--spin", action="store_true", help="run the cis nodes with --spin (busy-poll)")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 40 requests, 2 blocks, 1 s throughput")
+    ap.add_argument("--out", default="runtime_overhead", help="result name in bench/results")
+    args = ap.parse_args()
+    if args.quick:
+        args.n, args.repeats, args.gap, args.seconds = 40, 2, 0.02, 1.0
+
+    node_args = ["--spin"] if args.spin else []
+    widths = [float(w) for w in args.widths.split(",") if w.strip()]
+    result: dict = {
+        "model": "ResNet18EE (untrained), paper-7 three stages, CIFAR-10 input (3x32x32), batch 1",
+        "machine": {**machine(), "python": sys.version.split()[0]},
+        "command": " ".join(["python", "bench/runtime_overhead.py", *sys.argv[1:]]),
+        "repeats": args.repeats,
+        "spin": args.spin,
+        "widths": {},
+    }
+    for w in widths:
+        out = Path(args.work) / f"w{w:g}"
+        bundle_dir = out / "bundle"
+        if not (bundle_dir / "manifest.json").is_file():
+            make_bundle(out, f"cifar10:{ensure_cifar(Path(args.data))}", w)
+        x = np.random.default_rng(0).standard_normal((256, 3, 32, 32)).astype(np.float32)
+        r = {"bundle": str(bundle_dir)}
+        r["a_latency"] = latency(bundle_dir, x, args, node_args)
+        print(f"width {w:g} (a): {json.dumps({k: v for k, v in r['a_latency'].items() if k != 'blocks'})}", flush=True)
+        r["b_throughput"] = throughput(bundle_dir, x, args, node_args)
+        print(
+            f"width {w:g} (b): {json.dumps({k: v for k, v in r['b_throughput'].items() if k != 'blocks'})}", flush=True
+        )
+        r["c_bytes_per_forwarded_request"] = carry_bytes(bundle_dir)
+        result["widths"][f"{w:g}"] = r
+    result["machine"]["load_avg_end"] = os.getloadavg()
+    targets = {}
+    ws = result["widths"]
+    if "0.25" in ws:
+        v = ws["0.25"]["a_latency"]["per_hop_ratio"]
+        targets["per-hop ratio cis / raw chain, width 0.25"] = {"value": v, "rule": "<= 1.5, goal 1.2", "met": v <= 1.5}
+    if "1" in ws:
+        v = ws["1"]["a_latency"]["p50_ratio"]
+        targets["p50 cis / in-process, width 1"] = {"value": v, "rule": "<= 1.15", "met": v <= 1.15}
+    for w, r in ws.items():
+        v = r["b_throughput"]["ratio"]
+        targets[f"batched throughput cis / in-process, width {w}"] = {"value": v, "rule": ">= 0.95", "met": v >= 0.95}
+    result["targets"] = targets
+    write_results(args.out, result, markdown(result))
+    print("\n".join(markdown(result)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

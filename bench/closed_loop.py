@@ -56,7 +56,7 @@ import numpy as np
 
 from bench.args import seeds_of
 from bench.campaign import stopped
-from bench.harness import RESULTS, ensure_cifar, machine
+from bench.harness import RESULTS, cluster, drive_load, ensure_cifar, machine
 from bench.stats import fmt_p, paired, stats
 
 OPTIONS = ("a", "b", "c", "c0", "d")
@@ -147,78 +147,76 @@ def train_and_export(args, seed: int, folder: Path, dataset: str, design_file: P
         cli("export", base, "--out", folder / "bundle-a", "--latency-repeats", 3)
 
 
-def load_requests(args, seed: int, dataset: str, shifted):
-    """The shifted load: Poisson arrival times, entry devices, test images (the same for every option)."""
-    from cis.core.policy.exit_policy import assign_entries
+def load_requests(args, seed: int, dataset: str, shifted) -> dict:
+    """The shifted load, the same for every option: its spec (entries in proportion to its arrival rates), total
+    rate, requests, their Poisson send times (the load generator's, by ``seed``) and test images."""
+    from cis.runtime.loadgen import schedule
     from cis.training.data.loading import load_dataset
 
     test = load_dataset(dataset, seed=seed, val_size=args.val_size).test
     total = sum(nd.arrival_rate for nd in shifted.nodes)
     n = int(round(args.seconds * total))
     rng = np.random.default_rng(seed)
-    times = np.cumsum(rng.exponential(1.0 / total, n))
     rows = rng.permutation(len(test.y))[:n] if n <= len(test.y) else np.arange(n) % len(test.y)
-    return times, assign_entries(shifted, n, seed), np.ascontiguousarray(test.x[rows]), test.y[rows]
+    return {"spec": shifted, "rate": total, "seed": seed, "times": schedule("poisson", total, requests=n, seed=seed),
+            "x": np.ascontiguousarray(test.x[rows]), "y": test.y[rows]}  # fmt: skip
 
 
-def serve(bundle: Path, design, design_file: Path, load, skip: float, logs: Path, measure: bool):
-    """Serve ``bundle`` under the load; the replies and, with ``measure``, the live measurement of the
-    steady part (two status snapshots from ``skip`` s to the last arrival)."""
-    from cis.runtime.client import Client, infer_spread
-    from cis.runtime.launcher import launch
+def serve(bundle: Path, design, design_file: Path, load: dict, skip: float, logs: Path, measure: bool):
+    """Serve ``bundle`` under the load; the load's result and, with ``measure``, the live measurement of the
+    steady part (two status snapshots from ``skip`` s to the last arrival), and how many processes were paused."""
+    from cis.runtime.client import Client
     from cis.runtime.measure import measure as measure_live
     from cis.sim.calibration import warm_up
 
-    times, entries, x, _ = load
     found: dict = {}
-    cluster = launch(bundle, design, spec_file=str(design_file), free_ports=True, log_dir=str(logs))
-    try:
-        clients = {nid: Client(cluster.addresses[nid], timeout=30.0) for nid in entries}
-        try:
-            with others_paused() as paused:
-                warm_up(clients, x)
+    with cluster(bundle, design, spec_file=str(design_file), log_dir=logs) as running:
+        entry = [nid for nid in design.ids if design.node(nid).arrival_rate > 0]
+        clients = {nid: Client(running.addresses[nid], timeout=30.0) for nid in entry}
+        with others_paused() as paused:
+            try:
+                warm_up(clients, load["x"])
+            finally:
+                for c in clients.values():
+                    c.close()
 
-                def snapshots() -> None:
-                    time.sleep(skip)
-                    try:
-                        found["m"] = measure_live(str(logs), window=float(times[-1]) - skip - 0.5)
-                    except Exception as exc:  # noqa: BLE001 (raised again below, in the main thread)
-                        found["error"] = exc
+            def snapshots() -> None:
+                time.sleep(skip)
+                try:
+                    found["m"] = measure_live(str(logs), window=float(load["times"][-1]) - skip - 0.5)
+                except Exception as exc:  # noqa: BLE001 (raised again below, in the main thread)
+                    found["error"] = exc
 
-                watcher = threading.Thread(target=snapshots, daemon=True) if measure else None
-                if watcher:
-                    watcher.start()
-                replies = infer_spread(clients, x, entries, window=len(x), timeout=30.0, times=times)
-                if watcher:
-                    watcher.join()
-                    if "error" in found:
-                        raise found["error"]
-        finally:
-            for c in clients.values():
-                c.close()
-    finally:
-        cluster.stop()
-    return replies, found.get("m"), paused
+            watcher = threading.Thread(target=snapshots, daemon=True) if measure else None
+            if watcher:
+                watcher.start()
+            result = drive_load(running.addresses, load["x"], load["rate"], spec=load["spec"],
+                                requests=len(load["x"]), seed=load["seed"])  # fmt: skip
+            if watcher:
+                watcher.join()
+                if "error" in found:
+                    raise found["error"]
+    return result, found.get("m"), paused
 
 
-def runtime_record(replies, load, skip: float, spec) -> dict:
+def runtime_record(replies, load: dict, skip: float, spec) -> dict:
+    """The answered requests sent from ``skip`` s on: accuracy, shares per exit and node, capped, latency."""
     from cis.core.records import latency_summary
 
-    times, _, _, y = load
-    keep = [i for i in range(len(replies)) if times[i] >= skip]
-    ok = [i for i in keep if replies[i] is not None and replies[i].error is None]
-    exits = np.array([int(replies[i].exit[0]) for i in ok])
-    nodes = [replies[i].served_by[0] for i in ok]
-    flags = np.array([int(replies[i].flags[0]) for i in ok])
+    ok = [i for i in range(len(replies.due)) if replies.due[i] >= skip and replies.errors[i] is None]
+    answers = [replies.answers[i] for i in ok]
+    exits = np.array([a.exit for a in answers])
+    nodes = [a.node for a in answers]
+    flags = np.array([a.flags for a in answers])
     return {
-        "requests": len(keep),
+        "requests": int((replies.due >= skip).sum()),
         "answered": len(ok),
-        "accuracy": float(np.mean([int(replies[i].cls[0]) == int(y[i]) for i in ok])),
+        "accuracy": float(np.mean([a.cls == int(load["y"][i]) for a, i in zip(answers, ok)])),
         "shares": {str(e): float(np.mean(exits == e)) for e in range(1, spec.num_exits + 1)},
         "node_shares": {nid: nodes.count(nid) / len(ok) for nid in spec.ids},
         "capped": int(np.count_nonzero(flags & 2)),
         "degraded": int(np.count_nonzero(flags & 1)),
-        "latency": latency_summary([replies[i].latency for i in ok]),
+        "latency": latency_summary(replies.latency[ok]),
     }
 
 
@@ -264,6 +262,35 @@ def run_seed(args, seed: int, dataset: str) -> dict:
     }
 
 
+def export_options(args, folder: Path, here: Path, design_file: Path, saved: Path, options: dict) -> float:
+    """Options b, c, c0 and d from the measurement ``saved``: fine-tune (c: with the measured rates; c0: the
+    design's weights), export each with its thresholds calibrated to the measured rates (d: the updated spec's);
+    what each export's calibration reports goes in ``options``. Returns the fine-tuning's seconds."""
+    t = time.perf_counter()
+    ft = ("--rounds", args.ft_rounds, "--lr", args.ft_lr, "--no-progress")
+    if not (here / "run-c" / "summary.json").is_file():
+        cli("train", "--init", folder / "base", "--rates-from", saved, *ft, "--out", here / "run-c")
+    if not (folder / "run-c0" / "summary.json").is_file():  # the design's weights: one per seed, every scenario
+        cli("train", "--init", folder / "base", *ft, "--out", folder / "run-c0")
+    fine_tune = time.perf_counter() - t
+    for o, run in (("b", folder / "base"), ("c", here / "run-c"), ("c0", folder / "run-c0")):
+        report = cli("export", run, "--out", here / f"bundle-{o}", "--rates-from", saved, "--spec", design_file,
+                     "--latency-repeats", 3)
+        cal = report["calibration"]
+        options[o]["export"] = {
+            **{k: cal[k] for k in ("target_share_per_exit", "achieved_share_per_exit", "max_share_error")},
+            "previous_max_share_error": cal["previous"]["max_share_error"],
+            "thresholds": {n: v["threshold"] for n, v in cal["previous"]["nodes"].items()},
+            "previous_thresholds": {n: v["previous"] for n, v in cal["previous"]["nodes"].items()},
+        }
+    cli("spec", "update", design_file, "--rates-from", saved, "-o", here / "updated.toml")
+    report = cli("export", folder / "base", "--out", here / "bundle-d", "--spec", here / "updated.toml",
+                 "--latency-repeats", 3)
+    options["d"]["export"] = {k: report["calibration"][k] for k in ("target_share_per_exit",
+                                                                     "achieved_share_per_exit", "max_share_error")}
+    return fine_tune
+
+
 def run_scenario(args, seed: int, dataset: str, folder: Path, design, design_file: Path, name: str) -> dict:
     from cis.core.rates import compute_rates
     from cis.runtime.measure import update_spec
@@ -285,33 +312,12 @@ def run_scenario(args, seed: int, dataset: str, folder: Path, design, design_fil
     options["a"]["runtime"] = runtime_record(replies, load, args.skip, design)
 
     t = time.perf_counter()
-    ft = ("--rounds", args.ft_rounds, "--lr", args.ft_lr, "--no-progress")
-    if not (here / "run-c" / "summary.json").is_file():
-        cli("train", "--init", folder / "base", "--rates-from", saved, *ft, "--out", here / "run-c")
-    if not (folder / "run-c0" / "summary.json").is_file():  # the design's weights: one per seed, every scenario
-        cli("train", "--init", folder / "base", *ft, "--out", folder / "run-c0")
-    seconds["fine_tune"] = time.perf_counter() - t
-    t = time.perf_counter()
-    for o, run in (("b", folder / "base"), ("c", here / "run-c"), ("c0", folder / "run-c0")):
-        report = cli("export", run, "--out", here / f"bundle-{o}", "--rates-from", saved, "--spec", design_file,
-                     "--latency-repeats", 3)
-        cal = report["calibration"]
-        options[o]["export"] = {
-            **{k: cal[k] for k in ("target_share_per_exit", "achieved_share_per_exit", "max_share_error")},
-            "previous_max_share_error": cal["previous"]["max_share_error"],
-            "thresholds": {n: v["threshold"] for n, v in cal["previous"]["nodes"].items()},
-            "previous_thresholds": {n: v["previous"] for n, v in cal["previous"]["nodes"].items()},
-        }
-    cli("spec", "update", design_file, "--rates-from", saved, "-o", here / "updated.toml")
-    report = cli("export", folder / "base", "--out", here / "bundle-d", "--spec", here / "updated.toml",
-                 "--latency-repeats", 3)
-    options["d"]["export"] = {k: report["calibration"][k] for k in ("target_share_per_exit",
-                                                                     "achieved_share_per_exit", "max_share_error")}
-    seconds["export"] = time.perf_counter() - t
+    seconds["fine_tune"] = export_options(args, folder, here, design_file, saved, options)
+    seconds["export"] = time.perf_counter() - t - seconds["fine_tune"]
     bundles = {o: here / f"bundle-{o}" for o in OPTIONS}
     bundles["a"] = folder / "bundle-a"
     for o in OPTIONS:
-        options[o]["sim"] = predict(bundles[o], updated, len(load[0]), args, seed)
+        options[o]["sim"] = predict(bundles[o], updated, len(load["x"]), args, seed)
     for o in OPTIONS[1:]:
         t = time.perf_counter()
         replies, _, _ = serve(bundles[o], design, design_file, load, args.skip, here / f"logs-{o}", False)
@@ -327,7 +333,7 @@ def run_scenario(args, seed: int, dataset: str, folder: Path, design, design_fil
         },
         "measurement": {**m.to_json(), "exit_share": {str(e): s for e, s in rates.exit_share.items()},
                         "arrival_rate": rates.arrival_rate},
-        "requests": len(load[0]),
+        "requests": len(load["x"]),
         "options": options,
         "paused_processes": paused,
         "seconds": seconds,
@@ -387,6 +393,55 @@ def _shares(d: dict) -> str:
     return "-".join(f"{d[e]['mean']:.1f}" for e in EXITS)
 
 
+def scenario_lines(name: str, s: dict, runs: list[dict]) -> list[str]:
+    """The report's section of one scenario: the options side by side, the paired differences, every seed."""
+    lines: list[str] = []
+    cal = s["calculus"]
+    what = {"surge": "edge0's devices get 3x their arrivals (their caps bind)",
+            "drop": "edge1's devices get a third of their arrivals (their caps stop binding)"}.get(name, name)
+    lines += [
+        "",
+        f"## {name}: {what}",
+        "",
+        f"Measured {s['total_rate']['mean']:.1f} requests/s; the calculus: designed "
+        + "-".join(f"{100 * cal['design'][e]:.1f}" for e in EXITS) + ", of the shifted load "
+        + "-".join(f"{100 * cal['shifted'][e]:.1f}" for e in EXITS) + "; measured under (a) "
+        + _shares(s["measured_shares"]) + " (mean over seeds).",
+        "",
+        "| option | CIS accuracy % | served shares % (exit 1-2-3) | simulator's prediction % | p50 ms | p99 ms "
+        "(median of seeds) | capped |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for o in OPTIONS:
+        d = s["options"][o]
+        lines.append(
+            f"| {LABELS[o]} | {d['accuracy']['mean']:.2f} ± {d['accuracy']['sd']:.2f} | {_shares(d['shares'])} | "
+            f"{_shares(d['sim_shares'])} (gap {d['sim_gap_points']['mean']:.1f} pts) | "
+            f"{d['p50_ms']['mean']:.1f} ± {d['p50_ms']['sd']:.1f} | "
+            f"{d['p99_ms_median']:.1f} | {d['capped']['mean']:.0f} |"
+        )
+    lines += ["", "Paired differences (same seed, same requests): mean ± sd (sign per seed), paired t-test p.", "",
+              "| comparison | CIS accuracy (points) | p99 (ms) |", "|---|---|---|"]
+    for k, d in s["differences"].items():
+        a, p = d["accuracy"], d["p99_ms"]
+        lines.append(f"| {k} | {a['mean']:+.2f} ± {a['sd']:.2f} ({a['signs']}) p {fmt_p(a['t_test_p'])} | "
+                     f"{p['mean']:+.1f} ± {p['sd']:.1f} ({p['signs']}) p {fmt_p(p['t_test_p'])} |")
+    lines += ["", "| seed | option | accuracy % | shares % | simulator % | p99 ms | capped |",
+              "|---|---|---|---|---|---|---|"]
+    for r in runs:
+        if name not in r["scenarios"]:
+            continue
+        for o in OPTIONS:
+            rt, sim = r["scenarios"][name]["options"][o]["runtime"], r["scenarios"][name]["options"][o]["sim"]
+            lines.append(
+                f"| {r['seed']} | {o} | {100 * rt['accuracy']:.2f} | "
+                + "-".join(f"{100 * rt['shares'][e]:.1f}" for e in EXITS) + " | "
+                + "-".join(f"{100 * sim['shares'][e]:.1f}" for e in EXITS)
+                + f" | {1000 * rt['latency']['p99_s']:.1f} | {rt['capped']} |"
+            )
+    return lines
+
+
 def markdown(result: dict) -> str:
     runs = result["runs"]
     sc = runs[0]["scale"]
@@ -411,50 +466,8 @@ def markdown(result: dict) -> str:
         "",
         "Command: `" + result["command"] + "`",
     ]
-    for name, s in result["summary"].items():
-        cal = s["calculus"]
-        what = {"surge": "edge0's devices get 3x their arrivals (their caps bind)",
-                "drop": "edge1's devices get a third of their arrivals (their caps stop binding)"}.get(name, name)
-        lines += [
-            "",
-            f"## {name}: {what}",
-            "",
-            f"Measured {s['total_rate']['mean']:.1f} requests/s; the calculus: designed "
-            + "-".join(f"{100 * cal['design'][e]:.1f}" for e in EXITS) + ", of the shifted load "
-            + "-".join(f"{100 * cal['shifted'][e]:.1f}" for e in EXITS) + "; measured under (a) "
-            + _shares(s["measured_shares"]) + " (mean over seeds).",
-            "",
-            "| option | CIS accuracy % | served shares % (exit 1-2-3) | simulator's prediction % | p50 ms | p99 ms "
-            "(median of seeds) | capped |",
-            "|---|---|---|---|---|---|---|",
-        ]
-        for o in OPTIONS:
-            d = s["options"][o]
-            lines.append(
-                f"| {LABELS[o]} | {d['accuracy']['mean']:.2f} ± {d['accuracy']['sd']:.2f} | {_shares(d['shares'])} | "
-                f"{_shares(d['sim_shares'])} (gap {d['sim_gap_points']['mean']:.1f} pts) | "
-                f"{d['p50_ms']['mean']:.1f} ± {d['p50_ms']['sd']:.1f} | "
-                f"{d['p99_ms_median']:.1f} | {d['capped']['mean']:.0f} |"
-            )
-        lines += ["", "Paired differences (same seed, same requests): mean ± sd (sign per seed), paired t-test p.", "",
-                  "| comparison | CIS accuracy (points) | p99 (ms) |", "|---|---|---|"]
-        for k, d in s["differences"].items():
-            a, p = d["accuracy"], d["p99_ms"]
-            lines.append(f"| {k} | {a['mean']:+.2f} ± {a['sd']:.2f} ({a['signs']}) p {fmt_p(a['t_test_p'])} | "
-                         f"{p['mean']:+.1f} ± {p['sd']:.1f} ({p['signs']}) p {fmt_p(p['t_test_p'])} |")
-        lines += ["", "| seed | option | accuracy % | shares % | simulator % | p99 ms | capped |",
-                  "|---|---|---|---|---|---|---|"]
-        for r in runs:
-            if name not in r["scenarios"]:
-                continue
-            for o in OPTIONS:
-                rt, sim = r["scenarios"][name]["options"][o]["runtime"], r["scenarios"][name]["options"][o]["sim"]
-                lines.append(
-                    f"| {r['seed']} | {o} | {100 * rt['accuracy']:.2f} | "
-                    + "-".join(f"{100 * rt['shares'][e]:.1f}" for e in EXITS) + " | "
-                    + "-".join(f"{100 * sim['shares'][e]:.1f}" for e in EXITS)
-                    + f" | {1000 * rt['latency']['p99_s']:.1f} | {rt['capped']} |"
-                )
+    for name, summary in result["summary"].items():
+        lines += scenario_lines(name, summary, runs)
     if result.get("findings"):
         lines += ["", "## Findings", "", result["findings"]]
     return "\n".join(lines) + "\n"

@@ -33,7 +33,6 @@ import argparse
 import json
 import os
 import re
-import select
 import shutil
 import socket
 import subprocess
@@ -43,7 +42,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.harness import machine, write_results
+from bench.harness import machine, serve_command, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -57,26 +56,19 @@ def bundle(work: Path) -> Path:
 
 
 def start_node(bundle_dir: Path) -> tuple[subprocess.Popen, str, tuple[str, int], str]:
-    from cis.runtime.launcher import free_port
-
-    zmq = f"tcp://127.0.0.1:{free_port()}"
-    cmd = [sys.executable, "-m", "cis.cli.main", "serve", str(bundle_dir), "--node", "cloud", "--bind", zmq,
-           "--provider", "cpu", "--http-port", "0", "--grpc-port", "0", "--max-batch", "32",
-           "--http-max-connections", "20000", "--http-timeout", "600"]  # fmt: skip
+    """The cloud node with both doors (:func:`bench.harness.serve_command`), on core 0 while this process (the
+    clients) keeps the others: (its process, ZeroMQ address, the HTTP door's (host, port), the gRPC target)."""
+    prefix: list[str] = []
     if (os.cpu_count() or 1) >= 2 and shutil.which("taskset"):
-        cmd = ["taskset", "-c", "0", *cmd]
+        prefix = ["taskset", "-c", "0"]
         os.sched_setaffinity(0, set(range(1, os.cpu_count() or 2)))
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    text, end = "", time.monotonic() + 120
-    while "node_start" not in text and time.monotonic() < end:
-        if select.select([proc.stderr], [], [], 0.5)[0]:
-            text += os.read(proc.stderr.fileno(), 65536).decode()
-        if proc.poll() is not None:
-            raise SystemExit(f"the node exited: {text}")
-    http = re.search(r"http front door at http://([\d.]+):(\d+)", text)
-    grpc_target = re.search(r"grpc front door at (\S+)", text)
-    assert http and grpc_target, text
-    return proc, zmq, (http.group(1), int(http.group(2))), grpc_target.group(1)
+    node = serve_command(bundle_dir, node="cloud", prefix=prefix,
+                         args=["--provider", "cpu", "--http-port", "0", "--grpc-port", "0", "--max-batch", "32",
+                               "--http-max-connections", "20000", "--http-timeout", "600"])  # fmt: skip
+    http = re.search(r"http://([\d.]+):(\d+)", node.nodes["cloud"].get("http", ""))
+    grpc_target = node.nodes["cloud"].get("grpc")
+    assert http and grpc_target, node.nodes
+    return node.proc, node.address("cloud"), (http.group(1), int(http.group(2))), grpc_target
 
 
 # ---------------------------------------------------------------- clients

@@ -24,7 +24,8 @@ import time
 
 import zmq
 
-from bench.runtime_live import ServeAll, add_live_args, live_bundle, machine, write_out
+from bench.harness import serve_command
+from bench.runtime_live import add_live_args, live_bundle, machine, write_out
 from cis.runtime.client import Client
 
 
@@ -49,7 +50,7 @@ def main() -> int:
     logs = work / "faults-logs"
     before = machine()
     node_args = ["--threshold", "inf", "--no-cap", "--heartbeat", "0.1", "--forward-timeout", "0.5"]
-    with ServeAll(bundle, logs, node_args) as cluster:
+    with serve_command(bundle, logs=logs, args=node_args) as cluster:
         nodes = cluster.nodes
         root = next(k for k, v in nodes.items() if v["parent"] is None)
         edge = next(k for k, v in nodes.items() if v["parent"] == root)

@@ -23,7 +23,8 @@ import msgpack
 import numpy as np
 import zmq
 
-from bench.runtime_live import ServeAll, add_live_args, live_bundle, machine, rss_mb, write_out
+from bench.harness import serve_command
+from bench.runtime_live import add_live_args, live_bundle, machine, rss_mb, write_out
 from cis.runtime import protocol as P
 
 MAX_BYTES = 4 << 20  # --max-message-bytes of the fuzzed cluster: room for a too-large header frame
@@ -369,9 +370,8 @@ def main() -> int:
     rng = np.random.default_rng(0)
     ctx = zmq.Context()
     before_load = machine()
-    with ServeAll(
-        bundle, work / "fuzz-logs", ["--max-message-bytes", str(MAX_BYTES), "--queue-limit", str(QUEUE_LIMIT)]
-    ) as cluster:
+    node_args = ["--max-message-bytes", str(MAX_BYTES), "--queue-limit", str(QUEUE_LIMIT)]
+    with serve_command(bundle, logs=work / "fuzz-logs", args=node_args) as cluster:
         targets = {
             "leaf": next(k for k, v in cluster.nodes.items() if v["exit"] == 1),
             "root": next(k for k, v in cluster.nodes.items() if v["parent"] is None),

@@ -1,6 +1,6 @@
 """Helpers of the runtime robustness benchmarks (runtime_fuzz, runtime_overload, runtime_faults):
-their common flags, a digits demo bundle, a live ``cis serve --all`` cluster in a subprocess, process RSS,
-machine load."""
+their common flags, a digits demo bundle, process RSS, machine load; the cluster is the harness's
+(:func:`bench.harness.serve_command`: ``cis serve --all`` in a subprocess)."""
 
 from __future__ import annotations
 
@@ -8,14 +8,10 @@ import argparse
 import json
 import os
 import platform
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+from bench.harness import RESULTS
 
 
 def add_live_args(ap: argparse.ArgumentParser, name: str, quick_help: str) -> None:
@@ -23,7 +19,7 @@ def add_live_args(ap: argparse.ArgumentParser, name: str, quick_help: str) -> No
     ap.add_argument("--work", default="/tmp/cis-bench/runtime-live", help="folder for the digits bundle")
     ap.add_argument("--bundle", help="a bundle to serve instead of the digits demo bundle")
     ap.add_argument("--quick", action="store_true", help=quick_help)
-    ap.add_argument("--out", default=str(HERE / "results" / f"{name}.json"))
+    ap.add_argument("--out", default=str(RESULTS / f"{name}.json"))
 
 
 def live_bundle(args: argparse.Namespace) -> tuple[Path, Path]:
@@ -68,59 +64,6 @@ def machine() -> dict:
         "python": platform.python_version(),
         "note": "shared 2-core VM unless said otherwise; timings are noisy",
     }
-
-
-class ServeAll:
-    """``cis serve BUNDLE --all --free-ports --json --log-dir LOGS [args]`` in a subprocess."""
-
-    def __init__(self, bundle: Path, logs: Path, args: list[str] = ()):
-        self.logs = logs
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "cis.cli.main",
-                "serve",
-                str(bundle),
-                "--all",
-                "--free-ports",
-                "--json",
-                "--log-dir",
-                str(logs),
-                *args,
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        line = self.proc.stdout.readline()
-        if not line:
-            raise SystemExit(f"serve --all did not start: {self.proc.stderr.read()}")
-        self.nodes = json.loads(line)["nodes"]
-
-    def address(self, nid: str) -> str:
-        return self.nodes[nid]["address"]
-
-    def state(self) -> dict:
-        return json.loads((self.logs / "cluster.json").read_text())["nodes"]
-
-    def pid(self, nid: str) -> int:
-        return int(self.state()[nid]["pid"])
-
-    def stop(self) -> int:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            return self.proc.wait(40)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            return self.proc.wait(5)
-
-    def __enter__(self) -> ServeAll:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.proc.poll() is None:
-            self.stop()
 
 
 def wait_until(predicate, timeout: float, step: float = 0.02) -> float | None:

@@ -44,7 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.harness import ensure_cifar, machine, write_results
+from bench.harness import cluster, ensure_cifar, machine, write_results
 
 HOPS = 3  # client -> device -> edge -> cloud
 
@@ -196,12 +196,51 @@ def chain_of(runners):
     return chain
 
 
+def latency_block(t: dict[str, np.ndarray]) -> dict:
+    """One block's figures from each side's round-trip seconds: p50s, cis's p99, per hop and the ratios."""
+    inp, rawp, cisp = p50(t["in_process"]), p50(t["raw_chain"]), p50(t["cis"])
+    raw_hop, cis_hop = (rawp - inp) / HOPS, (cisp - inp) / HOPS
+    return {
+        "in_process_p50_ms": inp * 1e3,
+        "raw_chain_p50_ms": rawp * 1e3,
+        "cis_p50_ms": cisp * 1e3,
+        "cis_p99_ms": float(np.percentile(t["cis"], 99)) * 1e3,
+        "raw_chain_per_hop_us": raw_hop * 1e6,
+        "cis_per_hop_us": cis_hop * 1e6,
+        "per_hop_ratio": cis_hop / raw_hop,
+        "p50_ratio": cisp / inp,
+    }
+
+
+def latency_blocks(address: str, chain, raw, x: np.ndarray, args) -> tuple[dict[str, list[dict]], set, bool]:
+    """Every block times the three sides (in process, the raw chain, cis at ``address``) under the same machine
+    state, back to back and paced: (blocks, the exits that served cis's requests, whether the classes agree)."""
+    from cis.runtime.client import Client
+
+    blocks: dict[str, list[dict]] = {"back_to_back": [], "paced": []}
+    with Client(address, timeout=30) as c:
+        answers, same = [], []
+        for i in range(20):  # warm up; the three paths give the same class
+            want = int(chain(x[i : i + 1]).argmax())
+            same.append(int(raw.infer(x[i : i + 1])[0]) == want)
+            answers.append(c.infer(x[i : i + 1]))
+            same.append(int(answers[-1].cls[0]) == want)
+        sides = {
+            "in_process": lambda i: chain(x[i : i + 1]),
+            "raw_chain": lambda i: raw.infer(x[i : i + 1]),
+            "cis": lambda i: answers.append(c.infer(x[i : i + 1])),
+        }
+        for _ in range(args.repeats):
+            for mode, gap in (("back_to_back", 0.0), ("paced", args.gap)):
+                blocks[mode].append(latency_block({name: timed(fn, args.n, gap) for name, fn in sides.items()}))
+    return blocks, {int(r.exit[0]) for r in answers}, all(same)
+
+
 def latency(bundle_dir: Path, x: np.ndarray, args, node_args: list[str]) -> dict:
     """(a): in-process, raw chain and cis side by side in every block."""
     from cis.core.bundle import load_bundle
     from cis.core.stages.runner import stage_runners
-    from cis.runtime.client import Client
-    from cis.runtime.launcher import launch, plan_addresses
+    from cis.runtime.launcher import plan_addresses
 
     bundle = load_bundle(bundle_dir)
     spec = bundle.spec
@@ -211,46 +250,13 @@ def latency(bundle_dir: Path, x: np.ndarray, args, node_args: list[str]) -> dict
     forced = {n.id: ["--threshold", "inf"] for n in sub.nodes if n.parent is not None}
     chain = chain_of(stage_runners(bundle, threads=1))
     raw = RawChain(bundle, [plan_addresses(sub, free_ports=True)[n] for n in path])
-    cluster = launch(
-        bundle_dir, sub, free_ports=True, extra_args=["--no-cap", "--threads", "1", *node_args], node_args=forced
-    )
-    blocks: dict[str, list[dict]] = {"back_to_back": [], "paced": []}
     try:
-        with Client(cluster.addresses[leaf], timeout=30) as c:
-            answers, same = [], []
-            for i in range(20):  # warm up; the three paths give the same class
-                want = int(chain(x[i : i + 1]).argmax())
-                same.append(int(raw.infer(x[i : i + 1])[0]) == want)
-                answers.append(c.infer(x[i : i + 1]))
-                same.append(int(answers[-1].cls[0]) == want)
-            sides = {
-                "in_process": lambda i: chain(x[i : i + 1]),
-                "raw_chain": lambda i: raw.infer(x[i : i + 1]),
-                "cis": lambda i: answers.append(c.infer(x[i : i + 1])),
-            }
-            for _ in range(args.repeats):  # each block times all three, under the same machine state
-                for mode, gap in (("back_to_back", 0.0), ("paced", args.gap)):
-                    t = {name: timed(fn, args.n, gap) for name, fn in sides.items()}
-                    inp, rawp, cisp = p50(t["in_process"]), p50(t["raw_chain"]), p50(t["cis"])
-                    raw_hop, cis_hop = (rawp - inp) / HOPS, (cisp - inp) / HOPS
-                    blocks[mode].append(
-                        {
-                            "in_process_p50_ms": inp * 1e3,
-                            "raw_chain_p50_ms": rawp * 1e3,
-                            "cis_p50_ms": cisp * 1e3,
-                            "cis_p99_ms": float(np.percentile(t["cis"], 99)) * 1e3,
-                            "raw_chain_per_hop_us": raw_hop * 1e6,
-                            "cis_per_hop_us": cis_hop * 1e6,
-                            "per_hop_ratio": cis_hop / raw_hop,
-                            "p50_ratio": cisp / inp,
-                        }
-                    )
-            exits = {int(r.exit[0]) for r in answers}
+        with cluster(bundle_dir, sub, args=["--no-cap", "--threads", "1", *node_args], node_args=forced) as running:
+            blocks, exits, same = latency_blocks(running.addresses[leaf], chain, raw, x, args)
     finally:
-        cluster.stop()
         raw.close()
-    if exits != {3} or not all(same):
-        raise RuntimeError(f"forced requests were served at exits {exits}; classes agree: {all(same)}")
+    if exits != {3} or not same:
+        raise RuntimeError(f"forced requests were served at exits {exits}; classes agree: {same}")
     return {
         "requests_per_block": args.n,
         "repeats": args.repeats,
@@ -266,7 +272,6 @@ def throughput(bundle_dir: Path, x: np.ndarray, args, node_args: list[str]) -> d
     from cis.core.bundle import load_bundle
     from cis.core.stages.runner import stage_runners
     from cis.runtime.client import Client
-    from cis.runtime.launcher import launch
 
     bundle = load_bundle(bundle_dir)
     spec = bundle.spec
@@ -275,38 +280,34 @@ def throughput(bundle_dir: Path, x: np.ndarray, args, node_args: list[str]) -> d
     root = spec.root.id
     solo = spec.replace_nodes([n for n in spec.nodes if n.id == root])
     extra = ["--threads", str(threads), "--max-batch", str(bs), "--queue-limit", "4096", *node_args]
-    cluster = launch(bundle_dir, solo, free_ports=True, extra_args=extra)
     blocks = []
-    try:
-        with Client(cluster.addresses[root], timeout=60) as c:
-            c.infer_many(x[:256], window=128)
-            chain(x[:bs])
-            for _ in range(args.repeats):
-                done, t0 = 0, time.perf_counter()
-                while time.perf_counter() - t0 < args.seconds:
-                    chain(x[done % 224 : done % 224 + bs])
-                    done += bs
-                local = done / (time.perf_counter() - t0)
-                before = c.status()
-                results, t0 = [], time.perf_counter()
-                while time.perf_counter() - t0 < args.seconds:
-                    results += c.infer_many(x[:256], batch_size=1, window=128)
-                elapsed = time.perf_counter() - t0
-                after = c.status()
-                errors = sum(r.error is not None for r in results)
-                remote = (len(results) - errors) / elapsed
-                blocks.append(
-                    {
-                        "in_process_samples_per_s": local,
-                        "cis_samples_per_s": remote,
-                        "ratio": remote / local,
-                        "errors": errors,
-                        "mean_batch": (after["samples"] - before["samples"])
-                        / max(1, after["batches"] - before["batches"]),
-                    }
-                )
-    finally:
-        cluster.stop()
+    with cluster(bundle_dir, solo, args=extra) as running, Client(running.addresses[root], timeout=60) as c:
+        c.infer_many(x[:256], window=128)
+        chain(x[:bs])
+        for _ in range(args.repeats):
+            done, t0 = 0, time.perf_counter()
+            while time.perf_counter() - t0 < args.seconds:
+                chain(x[done % 224 : done % 224 + bs])
+                done += bs
+            local = done / (time.perf_counter() - t0)
+            before = c.status()
+            results, t0 = [], time.perf_counter()
+            while time.perf_counter() - t0 < args.seconds:
+                results += c.infer_many(x[:256], batch_size=1, window=128)
+            elapsed = time.perf_counter() - t0
+            after = c.status()
+            errors = sum(r.error is not None for r in results)
+            remote = (len(results) - errors) / elapsed
+            blocks.append(
+                {
+                    "in_process_samples_per_s": local,
+                    "cis_samples_per_s": remote,
+                    "ratio": remote / local,
+                    "errors": errors,
+                    "mean_batch": (after["samples"] - before["samples"])
+                    / max(1, after["batches"] - before["batches"]),
+                }
+            )
     return {
         "max_batch": bs,
         "onnxruntime_threads": threads,

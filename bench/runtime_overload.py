@@ -31,7 +31,8 @@ import msgpack
 import numpy as np
 import zmq
 
-from bench.runtime_live import ServeAll, add_live_args, live_bundle, machine, rss_mb, write_out
+from bench.harness import serve_command
+from bench.runtime_live import add_live_args, live_bundle, machine, rss_mb, write_out
 
 QUEUE_LIMIT = 1024
 
@@ -261,7 +262,7 @@ def main() -> int:
     for size in args.sizes:
         x = np.resize(test, (size, *test.shape[1:]))
         node_args = ["--queue-limit", str(QUEUE_LIMIT), "--rcv-buf", str(args.rcv_buf)]
-        with ServeAll(bundle, work / f"overload-logs-{size}", node_args) as cluster:
+        with serve_command(bundle, logs=work / f"overload-logs-{size}", args=node_args) as cluster:
             leaf = next(k for k, v in cluster.nodes.items() if v["exit"] == 1)
             addr, pid = cluster.address(leaf), cluster.pid(leaf)
             window = max(1, min(256, QUEUE_LIMIT // (2 * size)))

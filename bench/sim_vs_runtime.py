@@ -37,12 +37,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.harness import RESULTS, machine
+from bench.harness import RESULTS, cluster, drive_load, machine
 from cis.core.records import format_ms, latency_summary
-
-
-def poisson_times(n: int, rate: float, seed: int) -> np.ndarray:
-    return np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate, n))
 
 
 def shares(exits: np.ndarray, num_exits: int) -> dict[str, float]:
@@ -63,17 +59,17 @@ def compare(ref: dict, other: dict) -> dict:
     }
 
 
-def compare_once(
-    spec, bundle, tmp: Path, rows: np.ndarray, seed: int, times, entries, results, visit_cost: list[float]
-) -> dict:
-    """One repeat: the runtime's answers against the simulator given this repeat's calibration."""
+def compare_once(spec, bundle, tmp: Path, rows: np.ndarray, seed: int, load, visit_cost: list[float]) -> dict:
+    """One repeat: the runtime's answers (a load of the load generator) against the simulator given this repeat's
+    calibration."""
     from cis.sim.config import SimConfig
     from cis.sim.simulation import simulate
 
+    times, entries = load.due, load.by_target()
     n, E = len(times), spec.num_exits
-    ok = np.array([r is not None and r.error is None for r in results])
-    rt_exit = np.array([r.exit[0] if k else 0 for r, k in zip(results, ok)])
-    rt_lat = np.array([r.latency for r, k in zip(results, ok) if k])
+    ok = np.array([e is None for e in load.errors])
+    rt_exit = np.array([a.exit if k and a is not None else 0 for a, k in zip(load.answers, ok)])
+    rt_lat = load.latency[ok]
     runtime = {
         "answered": int(ok.sum()),
         "shares": shares(rt_exit[ok], E),
@@ -82,9 +78,8 @@ def compare_once(
             str(e): latency_summary(rt_lat[rt_exit[ok] == e]) for e in range(1, E + 1) if (rt_exit == e).any()
         },
     }
-    entry = {int(i): nid for nid, idx in entries.items() for i in idx}
     trace = tmp / f"trace-{seed}.csv"
-    trace.write_text("".join(f"{entry[i]},{times[i]:.9f}\n" for i in range(n)))
+    trace.write_text("".join(f"{load.targets[i]},{times[i]:.9f}\n" for i in range(n)))
     calib = dict(loopback=True, hop_rtt=tuple(visit_cost), visit_overhead=0.0, seed=seed, requests=n)
     views = {}
     for name, cfg, kw in (
@@ -117,7 +112,7 @@ def compare_once(
     }
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--bundle", help="bundle folder (default: a quick digits bundle in a temporary folder)")
     ap.add_argument("--serving", default="60-30-10")
@@ -139,20 +134,19 @@ def main() -> int:
         help="measured loads (seeds --seed, --seed + 1, ...); errors reported as medians over them",
     )
     ap.add_argument("--out", default=str(RESULTS / "sim_vs_runtime"))
-    args = ap.parse_args()
+    return ap.parse_args()
 
+
+def prepare(args: argparse.Namespace, tmp: Path):
+    """(bundle folder, bundle, spec, spec file, the samples sent, their validation rows): the bundle's profile is
+    the validation split, which the simulator replays."""
     from cis.cli.demo.pipeline import demo_spec
     from cis.core.bundle import load_bundle
-    from cis.core.policy.exit_policy import assign_entries, exit_confidences
+    from cis.core.policy.exit_policy import exit_confidences
     from cis.core.spec import write_spec
     from cis.core.stages.runner import run_chain
-    from cis.runtime.client import Client, infer_spread
-    from cis.runtime.launcher import launch
-    from cis.sim.calibration import calibrate_visits, warm_up
     from cis.training.data.loading import load_dataset
 
-    tmp = Path(tempfile.mkdtemp(prefix="sim_vs_runtime."))
-    t0 = time.perf_counter()
     if args.bundle:
         bundle_dir = Path(args.bundle)
     else:
@@ -173,39 +167,38 @@ def main() -> int:
     assert np.allclose(np.stack([mine[e] for e in sorted(mine)], 1), conf, atol=1e-4), (
         "the bundle's profile is not the validation split"
     )
-    n = args.requests
-    rows = np.arange(n) % len(val.y)
-    x = np.ascontiguousarray(val.x[rows])
-    print(
-        f"bundle ready ({time.perf_counter() - t0:.1f} s); {args.repeats} x {n} Poisson requests at {args.rate:g}/s",
-        file=sys.stderr,
-    )
+    rows = np.arange(args.requests) % len(val.y)
+    return bundle_dir, bundle, spec, spec_file, np.ascontiguousarray(val.x[rows]), rows
+
+
+def measure(args: argparse.Namespace, bundle_dir: Path, bundle, spec, spec_file: Path, x: np.ndarray) -> list:
+    """Per repeat (seed, the load, its visit costs): each measured load bracketed by two calibration loads (the
+    machine drifts)."""
+    from cis.runtime.client import Client
+    from cis.sim.calibration import calibrate_visits, warm_up
 
     repeats = []
-    cluster = launch(bundle_dir, spec, spec_file=str(spec_file), free_ports=True)
-    try:
-        clients = {nid: Client(cluster.addresses[nid]) for nid in spec.ids if spec.node(nid).arrival_rate > 0}
+    with cluster(bundle_dir, spec, spec_file=str(spec_file)) as running:
+        clients = {nid: Client(running.addresses[nid]) for nid in spec.ids if spec.node(nid).arrival_rate > 0}
         try:
             warm_up(clients, x)
-            for r in range(args.repeats):  # each repeat: calibrate, measure, calibrate again (the machine drifts)
+            for r in range(args.repeats):
                 seed = args.seed + r
-                times, entries = poisson_times(n, args.rate, seed), assign_entries(spec, n, seed)
-                before = calibrate_visits(
-                    clients, x[::-1].copy(), spec, bundle, args.rate, n=args.calibration, seed=1000 + 2 * seed
-                )
-                results = infer_spread(clients, x, entries, window=len(x), timeout=30.0, times=times)
-                after = calibrate_visits(
-                    clients, x[::-1].copy(), spec, bundle, args.rate, n=args.calibration, seed=1001 + 2 * seed
-                )
-                repeats.append((seed, times, entries, results, before["visit_cost"] + after["visit_cost"]))
+                before = calibrate_visits(clients, x[::-1].copy(), spec, bundle, args.rate, n=args.calibration,
+                                          seed=1000 + 2 * seed)  # fmt: skip
+                load = drive_load(running.addresses, x, args.rate, spec=spec, requests=len(x), seed=seed)
+                after = calibrate_visits(clients, x[::-1].copy(), spec, bundle, args.rate, n=args.calibration,
+                                         seed=1001 + 2 * seed)  # fmt: skip
+                repeats.append((seed, load, before["visit_cost"] + after["visit_cost"]))
                 print(f"repeat {r + 1}/{args.repeats} done", file=sys.stderr)
         finally:
             for c in clients.values():
                 c.close()
-    finally:
-        cluster.stop()
-    measured = [compare_once(spec, bundle, tmp, rows, *rep) for rep in repeats]
-    views = list(measured[0]["sim"])
+    return repeats
+
+
+def medians(measured: list[dict]) -> dict:
+    """Per simulator view, the median over repeats of its share gap and latency errors, against the targets."""
     median = {
         v: {
             "share_gap_points": float(np.median([m["comparison"][v]["share_gap_points"] for m in measured])),
@@ -214,21 +207,33 @@ def main() -> int:
                 for k in ("mean", "p95")
             },
         }
-        for v in views
+        for v in measured[0]["sim"]
     }
     for c in median.values():
         c["shares_ok"] = c["share_gap_points"] <= 2
         c["latency_ok"] = all(e <= 0.2 for e in c["latency_rel_error"].values())
+    return median
+
+
+def main() -> int:
+    args = parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="sim_vs_runtime."))
+    t0 = time.perf_counter()
+    bundle_dir, bundle, spec, spec_file, x, rows = prepare(args, tmp)
+    print(f"bundle ready ({time.perf_counter() - t0:.1f} s); {args.repeats} x {len(x)} Poisson requests at "
+          f"{args.rate:g}/s", file=sys.stderr)  # fmt: skip
+    repeats = measure(args, bundle_dir, bundle, spec, spec_file, x)
+    measured = [compare_once(spec, bundle, tmp, rows, *rep) for rep in repeats]
     result = {
         "bundle": str(bundle_dir),
         "spec": f"paper-7 {args.serving}",
         "rate": args.rate,
-        "requests": n,
+        "requests": len(x),
         "seed": args.seed,
         "repeats": args.repeats,
         "calibration_requests": 2 * args.calibration,
         "machine": machine(),
-        "comparison": median,
+        "comparison": medians(measured),
         "per_repeat": measured,
         "seconds": time.perf_counter() - t0,
     }

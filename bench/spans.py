@@ -19,6 +19,7 @@ import numpy as np
 
 from cis.core.records import latency_summary
 from cis.sim.spans import KINDS
+from cis.sim.twin_batches import answers_sent
 
 STATS = ("mean", "p50", "p95", "p99")
 
@@ -47,27 +48,6 @@ def replay_files(path: Path, times: np.ndarray, entries: dict[str, np.ndarray], 
     entry_of = {int(i): nid for nid, idx in entries.items() for i in idx}
     path.write_text("".join(f"{entry_of[int(i)]},{times[i]:.9f}\n" for i in order))
     return {nid: [int(i) % samples for i in order if entry_of[int(i)] == nid] for nid in entries}
-
-
-def answers_sent(cols: dict) -> np.ndarray:
-    """Per span, for a runtime ``compute`` span: when its batch's answers and forward were sent (the latest,
-    over the batch's requests, of the reply, or of the forward for a request whose samples went up); the
-    span's own end for the others. A runtime node's compute span ends after the stages, before the exit
-    decision and the sends; the twin's holds them (its node work per batch), so the two compare from here."""
-    ends = cols["end"].copy()
-    kind, node, sid, pid = cols["kind"], cols["node"], cols["span_id"], cols["parent_id"]
-    request_end = {(n, i): e for n, i, e, k in zip(node, sid, cols["end"], kind) if k == "request"}
-    forward_start = {(n, p): t for n, p, t, k in zip(node, pid, cols["start"], kind) if k == "forward"}
-    sent: dict[tuple[str, float], float] = {}  # (node, batch start) -> the latest send of its requests
-    compute = np.flatnonzero(kind == "compute")
-    for i in compute:
-        key = (node[i], pid[i])  # the request span of this request at this node
-        t = forward_start.get(key, request_end.get(key, ends[i]))
-        batch = (node[i], float(cols["start"][i]))
-        sent[batch] = max(sent.get(batch, ends[i]), t)
-    for i in compute:
-        ends[i] = max(ends[i], sent[(node[i], float(cols["start"][i]))])
-    return ends
 
 
 def with_answers(cols: dict) -> dict:

@@ -62,26 +62,11 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.harness import DOCS, RESULTS, machine, write_doc_block
-from bench.message_probe import message_work
-from bench.twin import (
-    PERCENTILES,
-    beside_busy_core,
-    calibrate,
-    digits_bundle,
-    load_now,
-    paused,
-    pool,
-    profile_stages,
-    rel,
-    run_load,
-    say,
-    spread,
-    stage_speed,
-    summarise_runtime,
-    summarise_sim,
-    wide_cloud_bundle,
-)
+from bench.harness import DOCS, RESULTS, drive_load, load_now, machine, paused, say, write_doc_block
+from bench.twin_bundles import digits_bundle, wide_cloud_bundle
+from cis.sim.twin_batches import stage_speed
+from cis.sim.twin_calibration import PERCENTILES, calibrate, pool, rel, summarise_runtime, summarise_sim
+from cis.sim.twin_stages import beside_busy_core, message_work, profile_stages, spread
 
 NICE = ["nice", "-n", "-15"] if os.geteuid() == 0 else []  # a higher priority needs root
 CAP_SHARE = 0.1  # device0's transfer cap, as a share of the cloud's capacity
@@ -232,6 +217,13 @@ def rate_for(rho: float, mu: float, cap: float) -> float:
     return 2 * (rho * mu - cap)
 
 
+def load_record(load, wall: float) -> dict:
+    """What twin_spans keeps of a load (its case.json): the arrivals (seconds from the start), the requests of each
+    entry node, each latency (None: no answer) and when it started (unix seconds)."""
+    return {"times": load.due, "entries": load.by_target(), "wall": wall,
+            "latency": [None if e is not None else float(v) for e, v in zip(load.errors, load.latency)]}
+
+
 class Bench:
     """A cluster of the bottleneck's nodes (the cloud on core 1, the rest on core 0), and loads on it."""
 
@@ -260,15 +252,15 @@ class Bench:
         args, addresses = self.args, self.cluster.addresses
         with paused(args.pause_cwd):
             wall = time.time()
-            load = run_load(addresses, self.x, self.spec, rate, args.warmup + args.seconds, seed)
+            load = drive_load(addresses, self.x, rate, spec=self.spec, seconds=args.warmup + args.seconds, seed=seed)
             busy = load_now()
-        self.last = load | {"wall": wall}
+        self.last = load_record(load, wall)
         time.sleep(SETTLE_S)
         window = (args.warmup, args.warmup + args.seconds)
         figs = summarise_runtime(load, 3, window)
         figs["overloaded_share"] = figs["degraded_share"]  # the cloud's refusals, served degraded by a device
-        keep = [i for i, t in enumerate(load["times"]) if window[0] <= t < window[1]]
-        answered = [load["results"][i].latency for i in keep if load["results"][i].error is None]
+        keep = (load.due >= window[0]) & (load.due < window[1]) & np.array([e is None for e in load.errors])
+        answered = load.latency[keep]
         figs["within_slo"] = sum(v <= args.slo_p99 / 1000 for v in answered) / max(1, figs["arrived"])
         return figs, {"busy": busy["busy"], "load_avg_1m": busy["load_avg_1m"]}
 
@@ -530,7 +522,8 @@ def colocated_regime(args, work: Path) -> dict:
         runs = []
         for r in range(args.repeats):
             with paused(args.pause_cwd):
-                load = run_load(bed.bed.addresses, bed.x, bed.spec, args.colocated_rate, args.seconds, 400 + 10 * r)
+                load = drive_load(bed.bed.addresses, bed.x, args.colocated_rate, spec=bed.spec, seconds=args.seconds,
+                                  seed=400 + 10 * r)
                 busy = load_now()
             runs.append(summarise_runtime(load, 3) | {"busy": busy["busy"]})
             time.sleep(1.0)
@@ -559,7 +552,7 @@ def links_points(args, bed, bundle, spec, x, cal, profile) -> dict:
         runs = []
         for r in range(args.repeats):
             with paused(args.pause_cwd):
-                load = run_load(bed.addresses, x, spec, args.link_rate, args.seconds, 200 + 10 * r)
+                load = drive_load(bed.addresses, x, args.link_rate, spec=spec, seconds=args.seconds, seed=200 + 10 * r)
                 busy = load_now()
             runs.append(summarise_runtime(load, 3) | {"busy": busy["busy"]})
             time.sleep(1.0)
@@ -595,7 +588,8 @@ def partition_runs(args, bed, bundle, spec, x, cal, profile) -> dict:
                        for a, w in (("down", args.down_at), ("up", args.up_at))]
             for t in threads:
                 t.start()
-            load = run_load(bed.addresses, x, spec, args.link_rate, args.partition_seconds, 300 + 10 * r)
+            load = drive_load(bed.addresses, x, args.link_rate, spec=spec, seconds=args.partition_seconds,
+                              seed=300 + 10 * r)
             for t in threads:
                 t.join()
         figs = summarise_runtime(load, 3)

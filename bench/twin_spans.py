@@ -41,25 +41,9 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.harness import DOCS, RESULTS, machine, write_doc_block
-from bench.message_probe import message_work
+from bench.harness import DOCS, RESULTS, drive_load, load_now, machine, paused, say, write_doc_block
 from bench.spans import compare, parting, per_kind, plot_cdfs, replay_files, sent_profile, with_answers
-from bench.twin import (
-    batch_overheads,
-    beside_busy_core,
-    calibrate,
-    interference,
-    load_now,
-    paused,
-    profile_stages,
-    run_load,
-    say,
-    spread,
-    stage_speed,
-    summarise_runtime,
-    summarise_sim,
-    wide_cloud_bundle,
-)
+from bench.twin_bundles import wide_cloud_bundle
 from bench.twin_hard import (
     CAP_SHARE,
     LOOPBACK_CALIBRATION,
@@ -69,6 +53,7 @@ from bench.twin_hard import (
     bottleneck_spec,
     cloud_capacity,
     colocated_spec,
+    load_record,
     ms,
     rate_for,
     run_text,
@@ -80,6 +65,9 @@ from bench.twin_hard import (
     with_message_work,
     work_text,
 )
+from cis.sim.twin_batches import batch_overheads, interference, stage_speed
+from cis.sim.twin_calibration import calibrate, summarise_runtime, summarise_sim
+from cis.sim.twin_stages import beside_busy_core, message_work, profile_stages, spread
 
 LEVELS = (0.5, 0.8, 0.9)
 
@@ -205,7 +193,7 @@ def testbed_runtime(args, work: Path, name: str, spec, bandwidth: float | None, 
             bed.bed.set_bandwidth(child, bandwidth if bandwidth is not None else spec.node(child).link.bandwidth)
         with paused(args.pause_cwd):
             wall = time.time()
-            load = run_load(bed.bed.addresses, bed.x, spec, rate, args.warmup + args.seconds, 700)
+            load = drive_load(bed.bed.addresses, bed.x, rate, spec=spec, seconds=args.warmup + args.seconds, seed=700)
             busy = load_now()
         time.sleep(1.0)
         figs = summarise_runtime(load, spec.num_exits, (args.warmup, args.warmup + args.seconds))
@@ -216,7 +204,7 @@ def testbed_runtime(args, work: Path, name: str, spec, bandwidth: float | None, 
     keep_case(spans_dir, {"bundle": str(bed.bdir), "calibration": cal, "profile": profile, "x_seed": 0,
                           "x_shape": list(bed.x.shape), "warmup": args.warmup, "seconds": args.seconds,
                           "spec": spec_to_dict(spec), "netem": netem, "cores": cores},
-              [{"label": f"{rate:g}rps", "rate": rate, "figs": figs, "busy": busy, "load": load | {"wall": wall}}])
+              [{"label": f"{rate:g}rps", "rate": rate, "figs": figs, "busy": busy, "load": load_record(load, wall)}])
 
 
 def testbed_twin(case: dict, load: dict):
@@ -311,8 +299,7 @@ def keep_case(spans_dir: Path, case: dict, loads: list[dict]) -> None:
         {"label": e["label"] if "label" in e else f"{e['rho']:g}", "rho": e.get("rho"), "rate": e["rate"],
          "figs": e["figs"],
          "busy": e.get("busy"), "wall": e["load"]["wall"], "times": e["load"]["times"].tolist(),
-         "entries": {k: v.tolist() for k, v in e["load"]["entries"].items()},
-         "latency": [None if r is None or r.error is not None else r.latency for r in e["load"]["results"]]}
+         "entries": {k: v.tolist() for k, v in e["load"]["entries"].items()}, "latency": e["load"]["latency"]}
         for e in loads]}
     (spans_dir / "case.json").write_text(json.dumps(case, default=float))
 

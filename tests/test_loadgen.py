@@ -40,6 +40,19 @@ def test_poisson_schedule_is_the_seeded_process_and_uniform_is_even():
     assert np.allclose(np.diff(u), 1 / 40) and len(u) == 80 and u[-1] < 2.0
 
 
+def test_a_spec_load_enters_at_the_nodes_with_arrivals_in_proportion_to_their_rates():
+    from cis.core.topologies import make_spec
+    from cis.runtime.loadgen import spec_entries
+
+    spec = make_spec("paper-7", "60-30-10")
+    nodes, pick = spec_entries(spec, 400, seed=2)
+    assert sorted(nodes) == sorted(n.id for n in spec.nodes if n.arrival_rate > 0)
+    counts = np.bincount(pick, minlength=len(nodes))
+    rates = np.array([spec.node(n).arrival_rate for n in nodes])
+    assert np.allclose(counts / 400, rates / rates.sum(), atol=0.01)
+    assert np.array_equal(pick, spec_entries(spec, 400, seed=2)[1])
+
+
 @pytest.mark.parametrize(
     "kwargs, said",
     [

@@ -28,7 +28,7 @@ pytest.importorskip("onnx")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench" / "peers"))
 
-from bench.peers.systems import CisTree, RayServer, missing_peers  # noqa: E402  (Ray on loopback: before ray is imported)
+from bench.peers.systems import RayServer, cis_tree, missing_peers  # noqa: E402  (Ray on loopback: before ray is imported)
 
 if missing_peers(http=False):
     pytest.skip("ray[serve] is not installed (pip install '.[peers]')", allow_module_level=True)
@@ -58,7 +58,7 @@ def _samples(n: int):
 
 @pytest.mark.slow
 def test_ray_serve_app_answers_what_cis_answers(digits, ray_app, tmp_path):
-    from peers import agreement
+    from bench.peers.run import agreement
 
     x = _samples(30)
     got = agreement(digits, x, ray_app, tmp_path)
@@ -71,15 +71,14 @@ def test_ray_serve_app_answers_what_cis_answers(digits, ray_app, tmp_path):
 
 @pytest.mark.slow
 def test_forced_thresholds_serve_everything_at_the_cloud(digits, ray_app, tmp_path):
-    from peers import entry_nodes, run_load
-
     from bench.peers.loadgen import CisNative, RayHandle
+    from bench.peers.run import entry_nodes, run_load
 
     x = _samples(12)
     nodes = entry_nodes(digits, len(x))
     ray_app.redeploy(digits, threshold=math.inf)
     theirs = run_load(lambda: RayHandle(ray_app.handle()), x, nodes, None, timeout=10, keep=True).outcomes
-    tree = CisTree(digits, tmp_path, ["--no-cap", "--threshold", "inf"], http=False)
+    tree = cis_tree(digits, tmp_path, ["--no-cap", "--threshold", "inf"], http=False)
     try:
         ours = run_load(lambda: CisNative({n: tree.address(n) for n in tree.nodes}), x, nodes, None, 10, True).outcomes
     finally:

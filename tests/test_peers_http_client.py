@@ -25,8 +25,8 @@ pytest.importorskip("tritonclient.http")
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench" / "peers"))
 
-from bench.peers.loadgen import OipHttp, drive_sync, poisson_offsets  # noqa: E402
-from bench.peers.systems import CisNode, SingleServer, cpu_seconds, oip_body, wait_http  # noqa: E402
+from bench.peers.loadgen import OipHttp, drive_sync, offsets_of  # noqa: E402
+from bench.peers.systems import SingleServer, cis_node, cpu_seconds, oip_body, wait_http  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +52,7 @@ def test_null_endpoint_answers_every_request(null, binary):
     body, json_size = transport.body(x[:1])
     assert (json_size is not None) == binary and len(body) > (json_size or 0)
     before = cpu_seconds([null.proc.pid])
-    run = drive_sync(transport, x, ["cloud"] * len(x), poisson_offsets(200.0, len(x)), timeout=5.0, keep_answers=True)
+    run = drive_sync(transport, x, ["cloud"] * len(x), offsets_of(200.0, len(x)), timeout=5.0, keep_answers=True)
     transport.close()
     s = run.summary()
     assert s["answered"] == s["requests"] == 40 and s["refused"] == s["timed_out"] == 0
@@ -61,7 +61,7 @@ def test_null_endpoint_answers_every_request(null, binary):
 
 
 def _cis_node(bundle: Path):
-    node = CisNode(bundle, "cloud", http=True)
+    node = cis_node(bundle, "cloud", http=True)
     url = node.nodes["cloud"]["http"]
     if wait_http(f"{url}/v2/health/ready", None, 60, node.proc) is None:
         node.stop()
@@ -95,7 +95,7 @@ def test_prepared_bodies_answer_what_cis_client_answers(demo_bundle):
 
 
 def test_verdict_names_goals_missed_and_met():
-    from peers import GOALS, verdict
+    from bench.peers.run import GOALS, verdict
 
     rows = {
         key: {"what": GOALS[key][0], "ratio": q, "goal": f"{GOALS[key][1]} {GOALS[key][2]}", "met": met}
@@ -110,7 +110,7 @@ def test_verdict_names_goals_missed_and_met():
 
 
 def test_peer_ahead_names_only_figures_where_the_peer_does_better():
-    from peers import GOALS, peer_ahead
+    from bench.peers.run import GOALS, peer_ahead
 
     def row(key, ours, theirs):
         return {"what": GOALS[key][0], "cis": ours, "peer": theirs, "ratio": ours / theirs,

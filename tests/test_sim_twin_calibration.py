@@ -1,4 +1,4 @@
-"""The twin's calibration from a light load's spans (bench/twin.py): the interference of the machine's cores
+"""The twin's calibration from a light load's spans (cis.sim.twin_batches): the interference of the machine's cores
 (``SimConfig.interference``) and a woken node's reading of its message counted as batch work."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.twin import batch_overheads, interference, stage_speed  # noqa: E402
 from cis.core.spec import CisSpec, Node, validate
+from cis.sim.twin_batches import batch_overheads, interference, stage_speed
 
 PROFILE = {1: {1: 0.001}, 2: {1: 0.010}}  # seconds per call at batch 1
 

@@ -1,46 +1,35 @@
-"""One open-loop load generator for every system the peers benchmark drives, over three transports.
+"""The peers benchmark's transports over the one load generator (:mod:`cis.runtime.loadgen`, ``cis bench``).
 
-The generator sends request i (one sample, batch 1) to its entry node at its scheduled time (Poisson
-arrivals at a rate, or back to back), whatever happened to the requests before it, and records per request
-the seconds from its send to its answer, or why there was none: ``refused`` (the server answered with an
-error: cis's ``overloaded``, an HTTP 503, Ray's back-pressure) or ``timeout`` (no answer within the limit).
-The same schedule, inputs and entry nodes drive every system; only the transport differs:
+Request i (one sample, batch 1) goes to its entry node at its scheduled time (Poisson arrivals at a rate, or one
+after another), whatever happened to the requests before it, and per request is recorded the seconds from its
+send to its answer, or why there was none: ``refused`` (the server answered with an error: cis's
+``overloaded``, an HTTP 503, Ray's back-pressure) or ``timeout`` (no answer within the limit). The same schedule,
+inputs and entry nodes drive every system; only the transport differs:
 
-- :class:`CisNative`: :class:`cis.Client`, one per entry node, read from asyncio's loop (the ZeroMQ path);
-- :class:`RayHandle`: a Ray Serve ``DeploymentHandle`` (``handle.infer.remote(node, x)``, awaited);
+- :class:`CisNative`: the load generator's zmq transport (:class:`cis.Client` per entry node, read from
+  asyncio's loop), reached by node id;
+- :class:`RayHandle`: a Ray Serve ``DeploymentHandle`` (``handle.infer.remote(node, x)``, awaited), a transport
+  of the load generator's own kind;
 - :class:`OipHttp`: tritonclient's synchronous HTTP client (``tritonclient.http``, geventhttpclient, a greenlet
   per request in flight: :func:`drive_sync`), the Open Inference Protocol's infer call with each sample's body
-  made once, for cis's front door, Ray Serve's HTTP ingress, KServe, MLServer and a null endpoint.
+  made once, for cis's front door, Ray Serve's HTTP ingress, KServe, MLServer and a null endpoint: the one HTTP
+  client every server is measured with (docs/runtime.md, *cis or Ray Serve?*), so it keeps its own driver.
 """
 
 from __future__ import annotations
 
-import asyncio
 import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 
 from cis.core.records import latency_summary
-
-
-class Refused(Exception):
-    """The server answered with an error instead of a result (``code``: its error code or HTTP status)."""
-
-    def __init__(self, code: str):
-        super().__init__(code)
-        self.code = code
-
-
-class Transport(Protocol):
-    name: str
-
-    async def call(self, node: str, x: np.ndarray) -> dict: ...
-
-    async def close(self) -> None: ...
+from cis.core.stages.contract import INPUT
+from cis.runtime.load_transports import Answer, Refused, Transport, ZmqTransport
+from cis.runtime.loadgen import drive as run_drive
+from cis.runtime.loadgen import schedule
 
 
 @dataclass
@@ -89,55 +78,26 @@ class Run:
         }
 
 
-def poisson_offsets(rate: float, n: int, seed: int = 0) -> np.ndarray:
-    """Send times (seconds from the start) of ``n`` Poisson arrivals at ``rate`` per second."""
-    gaps = np.random.default_rng(seed).exponential(1.0 / rate, n)
-    return np.concatenate([[0.0], np.cumsum(gaps)[:-1]])
+def offsets_of(rate: float | None, n: int, seed: int = 0) -> np.ndarray | None:
+    """Send times of ``n`` Poisson arrivals at ``rate`` (the load generator's schedule); None: one by one."""
+    return None if rate is None else schedule("poisson", rate, requests=n, seed=seed)
 
 
-async def drive(
-    transport: Transport,
-    x: np.ndarray,
-    nodes: Sequence[str],
-    offsets: np.ndarray | None,
-    timeout: float = 2.0,
-    keep_answers: bool = False,
-    target_rate: float | None = None,
-) -> Run:
-    """Send ``x[i]`` (as a batch of one) to ``nodes[i]`` at ``offsets[i]`` s (None: one after another, each
-    once the last is answered); wait for every answer or its timeout."""
-    n = len(nodes)
-    outcomes: list[Outcome | None] = [None] * n
-    lags: list[float] = []
-
-    async def one(i: int, t_send: float) -> None:
-        try:
-            got = await asyncio.wait_for(transport.call(nodes[i], x[i : i + 1]), timeout)
-            lat = time.perf_counter() - t_send
-            outcomes[i] = Outcome(t_send - start, lat, None, got if keep_answers else None)
-        except asyncio.TimeoutError:
-            outcomes[i] = Outcome(t_send - start, None, "timeout")
-        except Refused as exc:
-            outcomes[i] = Outcome(t_send - start, None, exc.code)
-
-    start = time.perf_counter()
-    tasks = []
-    for i in range(n):
-        if offsets is None:
-            await one(i, time.perf_counter())
-            continue
-        due = start + float(offsets[i])
-        wait = due - time.perf_counter()
-        if wait > 0:
-            await asyncio.sleep(wait)
-        now = time.perf_counter()
-        lags.append(max(0.0, now - due))
-        tasks.append(asyncio.ensure_future(one(i, now)))
-    if tasks:
-        await asyncio.gather(*tasks)
-    seconds = time.perf_counter() - start
-    lag = float(np.percentile(lags, 99)) if lags else 0.0
-    return Run([o for o in outcomes if o is not None], seconds, target_rate, lag)
+async def drive(transport: Transport, x: np.ndarray, nodes: Sequence[str], offsets: np.ndarray | None,
+                timeout: float = 2.0, keep_answers: bool = False, target_rate: float | None = None) -> Run:  # fmt: skip
+    """Send ``x[i]`` (as a batch of one) to ``nodes[i]`` at ``offsets[i]`` s (None: one after another, each once
+    the last is answered) with the load generator (:func:`cis.runtime.loadgen.drive`); wait for every answer or
+    its timeout."""
+    bodies = [transport.encode(x[i : i + 1], INPUT) for i in range(len(nodes))]
+    sent, latency, errors, answers, seconds = await run_drive(transport, bodies, nodes, offsets, timeout)
+    outcomes = []
+    for i in range(len(nodes)):
+        a = answers[i] if errors[i] is None else None
+        got = None if a is None or not keep_answers else {"cls": [a.cls], "exit": [a.exit], "node": [a.node],
+                                                          "confidence": [a.confidence]}  # fmt: skip
+        outcomes.append(Outcome(float(sent[i]), None if errors[i] else float(latency[i]), errors[i], got))
+    lag = float(np.percentile(np.maximum(0.0, sent - offsets), 99)) if offsets is not None and len(nodes) else 0.0
+    return Run(outcomes, seconds, target_rate, lag)
 
 
 def holds(summary: dict, p99_limit: float) -> bool:
@@ -150,73 +110,41 @@ def holds(summary: dict, p99_limit: float) -> bool:
 # ---------------------------------------------------------------- transports
 
 
-class CisNative:
-    """cis.Client per entry node, its ZeroMQ socket read from asyncio's loop."""
+class CisNative(ZmqTransport):
+    """The load generator's zmq transport (cis.Client per entry node), reached by node id."""
 
     name = "cis (cis.Client, ZeroMQ)"
 
     def __init__(self, addresses: dict[str, str], timeout: float = 30.0):
-        import zmq
+        super().__init__(timeout)
+        self.addresses = addresses
 
-        from cis.runtime.client import Client
-
-        self._zmq = zmq
-        self.clients = {node: Client(addr, timeout=timeout) for node, addr in addresses.items()}
-        self.pending: dict[tuple[str, int], asyncio.Future] = {}
-        self._loop: asyncio.AbstractEventLoop | None = None
-
-    def _attach(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        for node, c in self.clients.items():
-            self._loop.add_reader(c.sock.getsockopt(self._zmq.FD), self._drain, node)
-
-    def _drain(self, node: str) -> None:
-        """Read every reply waiting (ZeroMQ's descriptor is edge-triggered: read until nothing is left)."""
-        for rid, res in self.clients[node].poll(0):
-            fut = self.pending.pop((node, rid), None)
-            if fut is None or fut.done():
-                continue
-            if res.error is not None:
-                fut.set_exception(Refused(res.error.code))
-            else:
-                fut.set_result({"cls": res.cls.tolist(), "exit": res.exit.tolist(), "node": list(res.served_by),
-                                "confidence": res.confidence.tolist()})  # fmt: skip
-
-    async def call(self, node: str, x: np.ndarray) -> dict:
-        if self._loop is None:
-            self._attach()
-        assert self._loop is not None
-        fut = self._loop.create_future()
-        rid = self.clients[node].submit(x)
-        self.pending[(node, rid)] = fut
-        self._drain(node)  # the send may have taken the descriptor's edge of a reply already here
-        try:
-            return await fut
-        finally:
-            self.pending.pop((node, rid), None)
-
-    async def close(self) -> None:
-        for c in self.clients.values():
-            if self._loop is not None:
-                self._loop.remove_reader(c.sock.getsockopt(self._zmq.FD))
-            c.close()
+    async def call(self, address: str, body: dict[str, np.ndarray]) -> Answer:
+        return await super().call(self.addresses.get(address, address), body)
 
 
 class RayHandle:
-    """A Ray Serve DeploymentHandle to the devices deployment, from a driver connected to the cluster."""
+    """A Ray Serve DeploymentHandle to the devices deployment, from a driver connected to the cluster: a
+    transport of the load generator's kind (:class:`cis.runtime.load_transports.Transport`)."""
 
     name = "Ray Serve (DeploymentHandle)"
 
     def __init__(self, handle):
         self.handle = handle
 
-    async def call(self, node: str, x: np.ndarray) -> dict:
+    async def describe(self, address: str) -> list:
+        return []
+
+    def encode(self, x: np.ndarray, input_name: str) -> np.ndarray:
+        return x
+
+    async def call(self, node: str, x: np.ndarray) -> Answer:
         try:
             got = await self.handle.infer.remote(node, x)
         except Exception as exc:  # Ray's back-pressure and its other refusals: an error answer
             raise Refused(type(exc).__name__) from None
-        return {"cls": got["cls"].tolist(), "exit": got["exit"].tolist(), "node": list(got["node"]),
-                "confidence": got["confidence"].tolist()}  # fmt: skip
+        return Answer(int(got["cls"][0]), int(got["exit"][0]), str(got["node"][0]),
+                      confidence=float(got["confidence"][0]))  # fmt: skip
 
     async def close(self) -> None:
         pass

@@ -67,16 +67,16 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.harness import REPO, RESULTS, ensure_cifar, machine, write_results
-from bench.peers.loadgen import CisNative, OipHttp, RayHandle, drive, drive_sync, holds, poisson_offsets
+from bench.harness import REPO, RESULTS, Served, ensure_cifar, machine, write_results
+from bench.peers.loadgen import CisNative, OipHttp, RayHandle, drive, drive_sync, holds, offsets_of
 from bench.peers.systems import (
     VENVS,
-    CisNode,
-    CisTree,
     MemoryPeak,
     RayServer,
     SingleServer,
     cis_has_front_door,
+    cis_node,
+    cis_tree,
     cpu_seconds,
     descendants,
     machine_busy,
@@ -213,7 +213,7 @@ def entry_nodes(bundle: Path, n: int) -> list[str]:
 def run_load(make: Callable[[], object], x: np.ndarray, nodes: list[str], rate: float | None,
              timeout: float = 2.0, keep: bool = False, seed: int = 0):  # fmt: skip
     """One run of the load generator: ``len(nodes)`` requests at ``rate`` (Poisson; None: one by one)."""
-    offsets = None if rate is None else poisson_offsets(rate, len(nodes), seed)
+    offsets = offsets_of(rate, len(nodes), seed)
     transport = make()
     if isinstance(transport, OipHttp):  # the synchronous HTTP client: greenlets, no asyncio
         try:
@@ -324,12 +324,12 @@ def at_rest(roots: list[int]) -> dict:
 # ---------------------------------------------------------------- transports per system
 
 
-def cis_native(tree: CisTree) -> Callable[[], CisNative]:
+def cis_native(tree: Served) -> Callable[[], CisNative]:
     return lambda: CisNative({n: tree.address(n) for n in tree.nodes})
 
 
-def cis_http(tree: CisTree, model: str = "cis", binary: bool = False) -> Callable[[], OipHttp] | None:
-    urls = {n: u for n in tree.nodes if (u := tree.http_url(n))}
+def cis_http(tree: Served, model: str = "cis", binary: bool = False) -> Callable[[], OipHttp] | None:
+    urls = {n: u for n in tree.nodes if (u := tree.url(n))}
     if not urls:
         return None
     name = door_input_name(next(iter(urls.values())), model)
@@ -361,7 +361,7 @@ def first_answer(make, x, node: str, timeout: float = 120.0) -> float:
 def agreement(bundle: Path, x: np.ndarray, ray: RayServer, logs: Path) -> dict:
     """The same samples, one at a time, through cis and the Ray Serve app: class, exit, serving node."""
     nodes = entry_nodes(bundle, len(x))
-    tree = CisTree(bundle, logs, ["--no-cap"], http=False)
+    tree = cis_tree(bundle, logs, ["--no-cap"], http=False)
     try:
         ours = run_load(cis_native(tree), x, nodes, None, timeout=10.0, keep=True).outcomes
     finally:
@@ -392,10 +392,10 @@ def agreement(bundle: Path, x: np.ndarray, ray: RayServer, logs: Path) -> dict:
 def tree_cis(bundle: Path, x: np.ndarray, nodes: list[str], args, door: bool) -> dict:
     logs = Path(args.work) / "logs"
     out: dict = {"command": "cis serve BUNDLE --all --no-cap" + (" --http-port 0" if door else "")}
-    tree = CisTree(bundle, logs, ["--no-cap"], http=door)
+    tree = cis_tree(bundle, logs, ["--no-cap"], http=door)
     native = cis_native(tree)
     try:
-        out["startup_s"] = first_answer(native, x, nodes[0]) - tree.t0
+        out["startup_s"] = first_answer(native, x, nodes[0]) - tree.started
         out["ready_s"] = tree.ready_s
         roots = [tree.proc.pid]
         run_load(native, x[:20], nodes[:20], None)
@@ -418,7 +418,7 @@ def tree_cis(bundle: Path, x: np.ndarray, nodes: list[str], args, door: bool) ->
                 p["overload_2x"] = overload(make, x, nodes, 2 * p["largest_rate"], args.overload_s, roots)
     finally:
         tree.stop()
-    tree = CisTree(bundle, logs, ["--no-cap", "--threshold", "inf"], http=door)
+    tree = cis_tree(bundle, logs, ["--no-cap", "--threshold", "inf"], http=door)
     try:
         for name, make in {"native": cis_native(tree), "http": cis_http(tree) if door else None}.items():
             if make is not None:
@@ -546,10 +546,10 @@ def single_servers(bundle: Path, x: np.ndarray, nodes: list[str], args, door: bo
             out[key] = {"encoding": "binary" if binary else "JSON", **one_tier(make, x, nodes, args, [null.proc.pid])}
     finally:
         null.stop()
-    node = CisNode(bundle, "cloud", http=door, cpus=cpus)
+    node = cis_node(bundle, "cloud", http=door, cpus=cpus)
     try:
         native = cis_native(node)
-        startup = first_answer(native, x, "cloud") - node.t0
+        startup = first_answer(native, x, "cloud") - node.started
         out["cis"] = {"startup_s": startup, "native": {"startup_s": startup,
                                                        **one_tier(native, x, nodes, args, [node.proc.pid])}}
         for key, binary in (("http", False), ("http_binary", True)):  # JSON, as MLServer; binary, as KServe
@@ -559,7 +559,7 @@ def single_servers(bundle: Path, x: np.ndarray, nodes: list[str], args, door: bo
     finally:
         node.stop()
     if door:  # where a request's time goes at light load: the same node busy-polling its core instead of sleeping
-        node = CisNode(bundle, "cloud", http=True, cpus=cpus, args=("--spin",))
+        node = cis_node(bundle, "cloud", http=True, cpus=cpus, args=("--spin",))
         try:
             first_answer(cis_native(node), x, "cloud")
             make = cis_http(node, binary=True)
@@ -638,10 +638,10 @@ def p50_only(args) -> dict:
     x = inputs_of(bundle, work, 400, args.inputs)
     nodes = entry_nodes(bundle, len(x))
     out: dict = {"benchmark": "peers --p50-only", "machine": machine(), "versions": versions(), "bundle": str(bundle)}
-    tree = CisTree(bundle, work / "logs", ["--no-cap", "--threshold", "inf"], http=False)
+    tree = cis_tree(bundle, work / "logs", ["--no-cap", "--threshold", "inf"], http=False)
     try:
         native = cis_native(tree)
-        out["cis"] = {"startup_s": first_answer(native, x, nodes[0]) - tree.t0,
+        out["cis"] = {"startup_s": first_answer(native, x, nodes[0]) - tree.started,
                       "light_forced": light(native, x, nodes, args.light_n)}  # fmt: skip
     finally:
         tree.stop()
@@ -684,13 +684,13 @@ def profile(args) -> dict:
         raise SystemExit(f"peers: --profile-server {server} is reached over HTTP: --profile-path http or binary")
     cpus = split_cpus() if args.pin and args.profile == "one-tier" else None
     before = os.sched_getaffinity(0)
-    system: CisTree | SingleServer
+    system: Served | SingleServer
     if args.profile == "tree":
-        system = CisTree(bundle, work / "logs", ["--no-cap"], http=http)
+        system = cis_tree(bundle, work / "logs", ["--no-cap"], http=http)
         nodes = entry_nodes(bundle, len(x))
         pids = {n: int(v["pid"]) for n, v in system.nodes.items()}
     elif server == "cis":
-        system = CisNode(bundle, "cloud", http=http, cpus=cpus and cpus[1])
+        system = cis_node(bundle, "cloud", http=http, cpus=cpus and cpus[1])
         nodes = ["cloud"] * len(x)
         pids = {"cloud": system.proc.pid}
     else:

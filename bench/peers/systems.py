@@ -1,7 +1,8 @@
 """Starting, reaching, measuring and stopping the systems the peers benchmark compares, each as a user would.
 
 - cis: ``cis serve BUNDLE --all`` (the tree) or ``cis serve BUNDLE --node cloud`` (one tier), with the Open
-  Inference Protocol front door (``--http-port``) where this cis has one (:func:`cis_has_front_door`);
+  Inference Protocol front door (``--http-port``) where this cis has one (:func:`cis_has_front_door`), started
+  by the harness (:func:`bench.harness.serve_command`);
 - Ray Serve: ``ray_serve_cis.py`` in a process of its own (Ray's dashboard off), reached by this process as a
   Ray driver through a DeploymentHandle, and over its HTTP ingress;
 - KServe and MLServer: their servers in their own environments (``.venv-kserve``, ``.venv-mlserver``:
@@ -30,6 +31,7 @@ VENVS = {"kserve": REPO / ".venv-kserve", "mlserver": REPO / ".venv-mlserver"}
 LOOPBACK_RAY = {"RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0"}  # Ray on loopback only (ray_serve_cis.py)
 os.environ.update(LOOPBACK_RAY)  # this process is a Ray driver too: set before anything imports ray
 
+from bench.harness import Served, serve_command  # noqa: E402
 from cis.runtime.ports import free_port  # noqa: E402  (ports below the ephemeral range: see its docstring)
 
 
@@ -224,51 +226,16 @@ def oip_body(x, name: str = "input") -> bytes:
                                    "data": x.ravel().tolist()}]}).encode()  # fmt: skip
 
 
-class CisTree:
-    """``cis serve BUNDLE --all --free-ports --json`` (+ ``--http-port 0`` when the front door exists)."""
-
-    def __init__(self, bundle: Path, logs: Path, args: list[str], http: bool):
-        self.t0 = time.monotonic()
-        cmd = [sys.executable, "-m", "cis.cli.main", "serve", str(bundle), "--all", "--free-ports", "--json",
-               "--log-dir", str(logs), *args, *(["--http-port", "0"] if http else [])]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     start_new_session=True)  # fmt: skip
-        line = self.proc.stdout.readline() if self.proc.stdout else ""
-        if not line:
-            err = self.proc.stderr.read() if self.proc.stderr else ""
-            raise SystemExit(f"peers: cis serve --all did not start: {err[-2000:]}")
-        self.ready_s = time.monotonic() - self.t0
-        self.nodes = json.loads(line)["nodes"]
-
-    def address(self, node: str) -> str:
-        return self.nodes[node]["address"]
-
-    def http_url(self, node: str) -> str | None:
-        """The node's front door URL from serve's JSON line (the key that holds an http:// URL, not metrics)."""
-        for key, value in self.nodes[node].items():
-            if key != "metrics" and isinstance(value, str) and value.startswith("http"):
-                return value.split("/v2")[0].rstrip("/")
-        return None
-
-    def stop(self) -> None:
-        stop(self.proc)
+def cis_tree(bundle: Path, logs: Path, args: list[str], http: bool) -> Served:
+    """``cis serve BUNDLE --all --free-ports --json`` (+ ``--http-port 0`` for the front door), as a user runs it
+    (:func:`bench.harness.serve_command`)."""
+    return serve_command(bundle, logs=logs, args=[*args, *(["--http-port", "0"] if http else [])])
 
 
-class CisNode(CisTree):
-    """One node alone: ``cis serve BUNDLE --node ID --bind ... [--http-port P]``."""
-
-    def __init__(self, bundle: Path, node: str, http: bool, cpus: set[int] | None = None, args: tuple = ()):
-        self.t0 = time.monotonic()
-        port = free_port()
-        self.http_port = free_port() if http else None
-        cmd = [*taskset(cpus), sys.executable, "-m", "cis.cli.main", "serve", str(bundle), "--node", node,
-               "--bind", f"tcp://127.0.0.1:{port}", "--no-cap", *args,
-               *(["--http-port", str(self.http_port)] if http else [])]  # fmt: skip
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                     start_new_session=True)  # fmt: skip
-        self.nodes = {node: {"address": f"tcp://127.0.0.1:{port}"}}
-        if self.http_port:
-            self.nodes[node]["http"] = f"http://127.0.0.1:{self.http_port}"
+def cis_node(bundle: Path, node: str, http: bool, cpus: set[int] | None = None, args: tuple = ()) -> Served:
+    """One node alone: ``cis serve BUNDLE --node ID --bind ... --no-cap [--http-port 0]`` on ``cpus``."""
+    return serve_command(bundle, node=node, prefix=taskset(cpus),
+                         args=["--no-cap", *args, *(["--http-port", "0"] if http else [])])  # fmt: skip
 
 
 class RayServer:

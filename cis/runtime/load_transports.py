@@ -32,17 +32,19 @@ from cis.core.errors import CisError
 from cis.runtime.oip.codec import DATATYPES, OIP_DATATYPE
 
 TRANSPORTS = ("zmq", "http", "grpc")
-WANTED = ("class", "exit", "node", "flags")  # the outputs a load asks for: what served each request
+WANTED = ("class", "confidence", "exit", "node", "flags")  # the outputs a load asks for: what served each request
 
 
 @dataclass
 class Answer:
-    """What answered one request: its class, exit (0: unknown), the node that served it and its flags."""
+    """What answered one request: its class, exit (0: unknown), the node that served it, its flags and the
+    confidence of the exit that served it."""
 
     cls: int | None = None
     exit: int = 0
     node: str = ""
     flags: int = 0
+    confidence: float | None = None
 
 
 class Refused(Exception):
@@ -102,10 +104,10 @@ def _first(values: Any) -> Any:
 
 def answer_of(outputs: dict[str, Any]) -> Answer:
     """An Answer from the outputs by name (lists or arrays of one sample each); a missing one stays unknown."""
-    cls, ex, node, flags = (_first(outputs.get(k)) for k in WANTED)
+    cls, conf, ex, node, flags = (_first(outputs.get(k)) for k in WANTED)
     return Answer(None if cls is None else int(cls), 0 if ex is None else int(ex),
                   "" if node is None else (node.decode() if isinstance(node, bytes) else str(node)),
-                  0 if flags is None else int(flags))  # fmt: skip
+                  0 if flags is None else int(flags), None if conf is None else float(conf))  # fmt: skip
 
 
 # ---------------------------------------------------------------- zmq
@@ -159,7 +161,8 @@ class ZmqTransport:
             if res.error is not None:
                 fut.set_exception(Refused(res.error.code, res.error.message))
             else:
-                fut.set_result(Answer(int(res.cls[0]), int(res.exit[0]), res.served_by[0], int(res.flags[0])))
+                fut.set_result(Answer(int(res.cls[0]), int(res.exit[0]), res.served_by[0], int(res.flags[0]),
+                                      float(res.confidence[0])))  # fmt: skip
 
     async def call(self, address: str, body: dict[str, np.ndarray]) -> Answer:
         if self._loop is None:

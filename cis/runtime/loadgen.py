@@ -24,7 +24,7 @@ import asyncio
 import json
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,14 +33,42 @@ import numpy as np
 
 from cis.core.arrivals import deterministic, poisson, send_times
 from cis.core.errors import CisError
+from cis.core.policy.exit_policy import assign_entries
 from cis.core.records import json_float, latency_summary, write_requests
+from cis.core.spec import CisSpec
 from cis.runtime.load_transports import TRANSPORTS, Answer, Refused, Transport, make_transport, sample_inputs
 
 ARRIVALS = ("poisson", "uniform")
 DEFAULT_DURATION = 10.0  # seconds of load when neither a duration nor a request count is given
 SUMMARY_FILE = "bench.json"
 REQUESTS_FILE = "requests.csv"
-__all__ = ["ARRIVALS", "TRANSPORTS", "Answer", "LoadResult", "Refused", "Transport", "run_load", "schedule"]
+__all__ = ["ARRIVALS", "TRANSPORTS", "Answer", "LoadResult", "Refused", "Transport", "run_load", "run_spec_load",
+           "schedule", "spec_entries"]
+
+
+def run_spec_load(spec: CisSpec, addresses: Mapping[str, str], rate: float, *, duration: float | None = None,
+                  requests: int | None = None, seed: int = 0, arrivals: str = "poisson", **options: Any) -> LoadResult:
+    """:func:`run_load` into a spec's tree: each request enters at a node with arrivals, in proportion to their
+    arrival rates (:func:`spec_entries`), at ``addresses[node]``; ``targets`` are the entry nodes' ids."""
+    n = requests if requests is not None else len(schedule(arrivals, rate, duration=duration, seed=seed))
+    nodes, pick = spec_entries(spec, n, seed)
+    missing = [nid for nid in nodes if nid not in addresses]
+    if missing:
+        raise CisError(f"load: no address for the entry nodes {missing}; expected one per node with arrivals")
+    return run_load([addresses[nid] for nid in nodes], rate, arrivals=arrivals, requests=n, entries=pick,
+                    names=nodes, seed=seed, **options)  # fmt: skip
+
+
+def spec_entries(spec: CisSpec, n: int, seed: int = 0) -> tuple[list[str], np.ndarray]:
+    """Where ``n`` requests enter a spec's tree: (the nodes with arrivals, each request's index into them), in
+    proportion to their arrival rates (:func:`cis.core.policy.exit_policy.assign_entries`, the offline evaluation's
+    split)."""
+    entries = assign_entries(spec, n, seed)
+    nodes = list(entries)
+    pick = np.zeros(n, dtype=np.int64)
+    for k, nid in enumerate(nodes):
+        pick[entries[nid]] = k
+    return nodes, pick
 
 
 def schedule(
@@ -72,7 +100,7 @@ class LoadResult:
     arrivals: str
     rate: float  # the target, requests per second
     addresses: list[str]
-    targets: list[str]  # per request: the address it went to
+    targets: list[str]  # per request: the address it went to (or that address's name: run_load's ``names``)
     due: np.ndarray  # seconds from the start it was scheduled
     sent: np.ndarray  # seconds from the start it was sent
     latency: np.ndarray  # seconds from its send to its answer (NaN: none)
@@ -81,6 +109,13 @@ class LoadResult:
     wall_s: float  # from the first send to the last outcome
     labels: np.ndarray | None = None  # per sample (``x``'s), for requests.csv's ``correct``
     samples: int = 1  # how many samples ``x`` had (request i sent sample i mod samples)
+
+    def by_target(self) -> dict[str, np.ndarray]:
+        """{target: the indices of its requests, in send order}."""
+        out: dict[str, list[int]] = {}
+        for i, t in enumerate(self.targets):
+            out.setdefault(t, []).append(i)
+        return {t: np.array(idx, dtype=np.int64) for t, idx in out.items()}
 
     def error_counts(self) -> dict[str, int]:
         out: dict[str, int] = {}
@@ -160,7 +195,8 @@ def run_load(
     requests: int | None = None,
     x: np.ndarray | None = None,
     labels: np.ndarray | None = None,
-    entries: Sequence[int] | None = None,
+    entries: Sequence[int] | np.ndarray | None = None,
+    names: Sequence[str] | None = None,
     input_name: str | None = None,
     timeout: float = 10.0,
     seed: int = 0,
@@ -169,10 +205,11 @@ def run_load(
     """Drive one open-loop load (see the module's docstring) and return what it did.
 
     ``address``: one address or several (request i goes to ``address[entries[i]]``, or round robin without
-    ``entries``); ``x``: the samples (None: made from the input the first address says its model takes, random
-    floats or zero integers); ``input_name``: the input's name (None: asked of the first address); ``options`` go
-    to the transport (``model``, ``binary``, ``curve``: :func:`cis.runtime.load_transports.make_transport`). Bad
-    input raises :class:`cis.core.errors.CisError`."""
+    ``entries``), called ``names`` in ``targets`` and requests.csv (default: the addresses); ``x``: the samples
+    (None: made from the input the first address says its model takes, random floats or zero integers);
+    ``input_name``: the input's name (None: asked of the first address); ``options`` go to the transport
+    (``model``, ``binary``, ``curve``: :func:`cis.runtime.load_transports.make_transport`). Bad input raises
+    :class:`cis.core.errors.CisError`."""
     addresses = [address] if isinstance(address, str) else list(address)
     if not addresses:
         raise CisError("load: no address; expected one or more")
@@ -180,11 +217,15 @@ def run_load(
     if entries is not None and len(entries) < len(offsets):
         raise CisError(f"load: {len(entries)} entries for {len(offsets)} requests; expected one per request")
     pick = np.arange(len(offsets)) % len(addresses) if entries is None else np.asarray(entries[: len(offsets)])
-    targets = [addresses[int(k)] for k in pick]
+    if names is not None and len(names) != len(addresses):
+        raise CisError(f"load: {len(names)} names for {len(addresses)} addresses; expected one per address")
+    sent_to = [addresses[int(k)] for k in pick]
+    called = addresses if names is None else list(names)
+    targets = [called[int(k)] for k in pick]
     tr = make_transport(transport, timeout, **options) if isinstance(transport, str) else transport
     name = transport if isinstance(transport, str) else tr.name
     samples, sent, latency, errors, answers, wall = asyncio.run(
-        _load(tr, addresses[0], x, input_name, targets, offsets, timeout))
+        _load(tr, addresses[0], x, input_name, sent_to, offsets, timeout))
     return LoadResult(name, arrivals, float(rate), addresses, targets, offsets, sent, latency, errors, answers, wall,
                       labels, samples)  # fmt: skip
 
@@ -203,11 +244,12 @@ async def _load(tr: Transport, first: str, x: np.ndarray | None, input_name: str
 
 
 async def drive(
-    transport: Transport, bodies: Sequence[Any], targets: Sequence[str], offsets: np.ndarray, timeout: float
+    transport: Transport, bodies: Sequence[Any], targets: Sequence[str], offsets: np.ndarray | None, timeout: float
 ) -> tuple[np.ndarray, np.ndarray, list[str | None], list[Answer | None], float]:
     """Send ``bodies[i mod len(bodies)]`` to ``targets[i]`` at ``offsets[i]`` seconds from the start, each as soon as
-    it is due, and wait for every answer or its timeout: (sent, latency, errors, answers, wall seconds)."""
-    n = len(offsets)
+    it is due, and wait for every answer or its timeout: (sent, latency, errors, answers, wall seconds). Without
+    ``offsets``, one after another, each once the one before is answered (a warm-up, a probe: not a load)."""
+    n = len(targets) if offsets is None else len(offsets)
     sent, latency = np.full(n, np.nan), np.full(n, np.nan)
     errors: list[str | None] = [None] * n
     answers: list[Answer | None] = [None] * n
@@ -226,6 +268,10 @@ async def drive(
     start = time.perf_counter()
     tasks = []
     for i in range(n):
+        if offsets is None:
+            sent[i] = time.perf_counter() - start
+            await one(i, start + sent[i])
+            continue
         wait = start + float(offsets[i]) - time.perf_counter()
         if wait > 0:
             await asyncio.sleep(wait)

@@ -141,7 +141,7 @@ def start_echo(kind: str) -> tuple[subprocess.Popen, int]:
     from cis.runtime.launcher import free_port
 
     port = free_port()
-    cmd = [sys.executable, str(Path(__file__).with_name("transport_echo.py")), kind, str(port)]
+    cmd = [sys.executable, "-m", "bench.transport_echo", kind, str(port)]
     if (os.cpu_count() or 1) >= 2 and shutil.which("taskset"):
         cmd = ["taskset", "-c", "0", *cmd]
     return subprocess.Popen(cmd, stderr=subprocess.DEVNULL), port

@@ -1,8 +1,9 @@
 """The benchmarks' one harness: start a cluster, drive a load, write results.
 
-- **a cluster**: :func:`cluster` starts every node of a spec as ``cis serve --all`` does (:mod:`cis.runtime.launcher`,
-  in this process); :func:`serve_command` runs ``cis serve`` as a user types it, in a child process (``--all``, or
-  one ``--node``), for what only the command shows (its start-up, the memory of all its processes);
+- **a cluster**: :func:`cluster` (or :func:`start_cluster`) starts every node of a spec as ``cis serve --all``
+  does (:mod:`cis.runtime.launcher`, in this process); :func:`serve_command` runs ``cis serve`` as a user types
+  it, in a child process (``--all``, or one ``--node``), for what only the command shows (its start-up, the
+  memory of all its processes);
 - **a load**: :func:`drive_load`, the open-loop load generator of ``cis bench`` (:mod:`cis.runtime.loadgen`): Poisson
   arrivals to a spec's entry nodes in proportion to their arrival rates, or round robin;
 - **results**: the repository, the results folder (``bench/results``), the machine's facts (:func:`machine`, with
@@ -196,22 +197,27 @@ def say(text: str) -> None:
 # ---------------------------------------------------------------- a cluster
 
 
-@contextlib.contextmanager
-def cluster(bundle: str | Path, spec: Any = None, *, spec_file: str | None = None, args: Sequence[str] = (),
-            node_args: Mapping[str, Sequence[str]] | None = None, log_dir: str | Path | None = None,
-            **launch: Any) -> Iterator[Any]:  # fmt: skip
+def start_cluster(bundle: str | Path, spec: Any = None, *, spec_file: str | None = None, args: Sequence[str] = (),
+                  node_args: Mapping[str, Sequence[str]] | None = None, log_dir: str | Path | None = None,
+                  **launch: Any) -> Any:  # fmt: skip
     """Every node of ``spec`` (None: the bundle's) on free loopback ports, as ``cis serve BUNDLE --all`` starts
-    them (:func:`cis.runtime.launcher.launch`, the nodes' flags ``args`` and ``node_args``); stopped on the way
-    out. ``launch``: the launcher's other keywords (``env``, ``node_prefix``, ``door_ports``, ``ready_timeout``).
-    Yields the :class:`cis.runtime.launcher.Cluster` (``addresses``, ``doors``, ``kill``...)."""
+    them (:func:`cis.runtime.launcher.launch`, the nodes' flags ``args`` and ``node_args``), serving when this
+    returns. ``launch``: the launcher's other keywords (``env``, ``node_prefix``, ``door_ports``, ``ready_timeout``).
+    Returns the :class:`cis.runtime.launcher.Cluster` (``addresses``, ``doors``, ``kill``, ``stop``...)."""
     from cis.runtime.launcher import launch as start
 
     if spec is None:
         from cis.core.bundle import load_bundle
 
         spec = load_bundle(bundle).spec
-    running = start(bundle, spec, spec_file, True, list(args), node_args,
-                    log_dir=None if log_dir is None else str(log_dir), **launch)  # fmt: skip
+    return start(bundle, spec, spec_file, True, list(args), node_args,
+                 log_dir=None if log_dir is None else str(log_dir), **launch)  # fmt: skip
+
+
+@contextlib.contextmanager
+def cluster(bundle: str | Path, spec: Any = None, **options: Any) -> Iterator[Any]:
+    """:func:`start_cluster`, stopped on the way out."""
+    running = start_cluster(bundle, spec, **options)
     try:
         yield running
     finally:

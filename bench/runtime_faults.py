@@ -20,16 +20,15 @@ import argparse
 import json
 import os
 import signal
+import threading
 import time
 
-import zmq
-
-from bench.harness import serve_command
+from bench.harness import drive_load, serve_command
 from bench.runtime_live import add_live_args, live_bundle, machine, write_out
 from cis.runtime.client import Client
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rate", type=float, default=50.0, help="requests per second, over all leaves")
     ap.add_argument("--seconds", type=float, default=30.0)
@@ -42,13 +41,42 @@ def main() -> int:
     args = ap.parse_args()
     if args.quick:
         args.seconds, args.kill_edge, args.kill_root = 16.0, 4.0, 10.0
-    work, bundle = live_bundle(args)
-    from cis.training.data.loading import load_dataset
+    return args
 
-    x = load_dataset("digits", seed=0).test.x
-    say = lambda m: print(f"runtime_faults: {m}", flush=True)  # noqa: E731
-    logs = work / "faults-logs"
-    before = machine()
+
+def kill_step(cluster, kills: dict, now: float, start: float) -> None:
+    """One look at the launcher's state: SIGKILL a node whose time has come; note when the launcher started it
+    again (a new pid, up) and when it answered ``status``."""
+    state = cluster.state()
+    for nid, k in kills.items():
+        if "pid" not in k and now >= k["at"]:
+            k["pid"] = int(state[nid]["pid"])
+            os.kill(k["pid"], signal.SIGKILL)
+            k["killed"] = now
+            say(f"SIGKILL {nid} (pid {k['pid']}) at {now:.2f} s")
+        elif "killed" in k and "restarted" not in k and int(state[nid]["pid"]) != k["pid"] \
+                and state[nid]["state"] == "up":  # fmt: skip
+            k["restarted"] = now
+        elif "restarted" in k and "ready" not in k:
+            with Client(cluster.address(nid)) as probe:
+                try:
+                    probe.status(timeout=0.05)
+                    k["ready"] = time.monotonic() - start
+                except TimeoutError:
+                    pass
+
+
+def watch_kills(cluster, kills: dict, start: float, until: float, done: threading.Event) -> None:
+    """:func:`kill_step` every 5 ms from ``start`` (monotonic) until ``until`` seconds in and the load is done."""
+    while not done.is_set() or time.monotonic() - start < until:
+        kill_step(cluster, kills, time.monotonic() - start, start)
+        time.sleep(0.005)
+
+
+def run_faults(args: argparse.Namespace, bundle, logs, x, kills_at: dict) -> tuple[list, dict, dict, dict, int]:
+    """The load (round robin over the leaves, evenly spaced at --rate; :func:`bench.harness.drive_load`) with the
+    kills beside it: (records (send time, leaf, outcome, deepest exit, degraded), kills, the path of each leaf,
+    restarts, the launcher's exit status)."""
     node_args = ["--threshold", "inf", "--no-cap", "--heartbeat", "0.1", "--forward-timeout", "0.5"]
     with serve_command(bundle, logs=logs, args=node_args) as cluster:
         nodes = cluster.nodes
@@ -56,76 +84,50 @@ def main() -> int:
         edge = next(k for k, v in nodes.items() if v["parent"] == root)
         leaves = sorted(k for k, v in nodes.items() if v["exit"] == 1)
         below = {leaf: [leaf, nodes[leaf]["parent"], root] for leaf in leaves}
-        clients = {leaf: Client(cluster.address(leaf), timeout=args.timeout) for leaf in leaves}
-        poller = zmq.Poller()
-        for c in clients.values():
-            poller.register(c.sock, zmq.POLLIN)
-        by_sock = {c.sock: leaf for leaf, c in clients.items()}
-        sent: dict[tuple[str, int], float] = {}
-        records = []  # (send time, leaf, outcome, deepest exit, degraded)
-        kills = {edge: {"at": args.kill_edge}, root: {"at": args.kill_root}}
-        start = time.monotonic()
-        i = 0
-        while True:
-            now = time.monotonic() - start
-            if now >= args.seconds and not sent:
-                break
-            while i < args.rate * min(now, args.seconds) and now < args.seconds:
-                leaf = leaves[i % len(leaves)]
-                sent[(leaf, clients[leaf].submit(x[i % len(x) : i % len(x) + 1]))] = now
-                i += 1
-            for sock, _ in poller.poll(5):
-                leaf = by_sock[sock]
-                for rid, res in clients[leaf].poll(0):
-                    t0 = sent.pop((leaf, rid), None)
-                    if t0 is not None:
-                        outcome = res.error.code if res.error else "result"
-                        records.append(
-                            (t0, leaf, outcome, int(res.exit.max()) if not res.error else 0, bool(res.degraded.any()))
-                        )
-            for key, t0 in list(sent.items()):
-                if now - t0 > args.timeout:
-                    del sent[key]
-                    clients[key[0]]._sent.pop(key[1], None)
-                    records.append((t0, key[0], "no_reply", 0, False))
-            state = cluster.state()
-            for nid, k in kills.items():
-                if "pid" not in k and now >= k["at"]:
-                    k["pid"] = int(state[nid]["pid"])
-                    os.kill(k["pid"], signal.SIGKILL)
-                    k["killed"] = now
-                    say(f"SIGKILL {nid} (pid {k['pid']}) at {now:.2f} s")
-                elif (
-                    "killed" in k
-                    and "restarted" not in k
-                    and int(state[nid]["pid"]) != k["pid"]
-                    and state[nid]["state"] == "up"
-                ):
-                    k["restarted"] = now
-                elif "restarted" in k and "ready" not in k:
-                    with Client(cluster.address(nid)) as probe:
-                        try:
-                            probe.status(timeout=0.05)
-                            k["ready"] = time.monotonic() - start
-                        except TimeoutError:
-                            pass
-        for c in clients.values():
-            c.close()
+        kills: dict = {edge: {"at": kills_at["edge"]}, root: {"at": kills_at["root"]}}
+        done = threading.Event()
+        watcher = threading.Thread(target=watch_kills, args=(cluster, kills, time.monotonic(), args.seconds, done))
+        watcher.start()
+        try:
+            load = drive_load({leaf: cluster.address(leaf) for leaf in leaves}, x, args.rate, arrivals="uniform",
+                              seconds=args.seconds, timeout=args.timeout)  # fmt: skip
+        finally:
+            done.set()
+            watcher.join()
         restarts = {k: v["restarts"] for k, v in cluster.state().items()}
         code = cluster.stop()
-    # forwarding resumed: the first request sent after the node was ready that reached the root through it
+    records = []
+    for t0, leaf, err, a in zip(load.sent, load.targets, load.errors, load.answers):
+        outcome = "no_reply" if err == "timeout" else (err or "result")
+        records.append((float(t0), leaf, outcome, a.exit if a and not err else 0, bool(a and not err and a.flags & 1)))
+    return records, kills, below, restarts, code
+
+
+def kill_figures(records: list, kills: dict, below: dict) -> None:
+    """Per kill: how long until the launcher restarted it, it answered, and forwarding through it resumed (the
+    first request sent after it was ready that reached the root through it)."""
     for nid, k in kills.items():
-        through = [
-            r
-            for r in records
-            if nid in below[r[1]] and r[2] == "result" and r[3] == 3 and not r[4] and r[0] >= k.get("ready", 1e9)
-        ]
+        ready = k.get("ready", 1e9)
+        through = [r for r in records if nid in below[r[1]] and r[2] == "result" and r[3] == 3 and not r[4]
+                   and r[0] >= ready]  # fmt: skip
         k["forwarding_resumed"] = min((r[0] for r in through), default=None)
         k["restart_after_kill_s"] = k["restarted"] - k["killed"] if "restarted" in k else None
         k["ready_after_kill_s"] = k["ready"] - k["killed"] if "ready" in k else None
         k["resumed_after_kill_s"] = (
             k["forwarding_resumed"] - k["killed"] if k["forwarding_resumed"] is not None else None
         )
+
+
+def main() -> int:
+    args = parse_args()
+    work, bundle = live_bundle(args)
+    from cis.training.data.loading import load_dataset
+
+    x = load_dataset("digits", seed=0).test.x
+    before = machine()
+    records, kills, below, restarts, code = run_faults(args, bundle, work / "faults-logs", x,
+                                                       {"edge": args.kill_edge, "root": args.kill_root})  # fmt: skip
+    kill_figures(records, kills, below)
     outcomes: dict[str, int] = {}
     for r in records:
         outcomes[r[2]] = outcomes.get(r[2], 0) + 1
@@ -141,19 +143,18 @@ def main() -> int:
         "restarts": restarts,
         "launcher_exit": code,
     }
-    out = {
-        "summary": summary,
-        "settings": vars(args),
-        "machine_before": before,
-        "machine_after": machine(),
-        "command": "python -m bench.runtime_faults" + (" --quick" if args.quick else ""),
-    }
+    out = {"summary": summary, "settings": vars(args), "machine_before": before, "machine_after": machine(),
+           "command": "python -m bench.runtime_faults" + (" --quick" if args.quick else "")}  # fmt: skip
     write_out(args.out, out, report(out))
     say(json.dumps(summary))
     ok = summary["without_reply"] == 0 and all(
         (k["restart_after_kill_s"] or 99) <= 2 and k["resumed_after_kill_s"] for k in kills.values()
     )
     return 0 if ok else 1
+
+
+def say(m: str) -> None:
+    print(f"runtime_faults: {m}", flush=True)
 
 
 def report(out: dict) -> str:

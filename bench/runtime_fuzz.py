@@ -273,75 +273,76 @@ def schedule(n: int) -> list[str]:
     return order
 
 
-def fuzz_target(ctx: zmq.Context, addr: str, n: int, window: int, rng, progress) -> dict:
-    sock = ctx.socket(zmq.DEALER)
-    sock.linger = 0
-    sock.sndhwm = sock.rcvhwm = 0
-    sock.connect(addr)
-    kinds = schedule(n)
-    by_id: dict[int, str] = {}
-    stats = {k: {"sent": 0, "replies_matched_by_id": 0, "codes": {}} for k in KINDS}
-    unmatched = {"replies": 0, "codes": {}}
-    outstanding, replies, sent = 0, 0, 0
-    t0 = time.perf_counter()
+class Tally:
+    """The replies of one fuzzed node, matched to what was sent by request id, counted per kind and code."""
 
-    def receive(timeout_ms: int) -> bool:
-        nonlocal outstanding, replies
-        if not sock.poll(timeout_ms):
+    def __init__(self, sock: zmq.Socket) -> None:
+        self.sock = sock
+        self.by_id: dict[int, str] = {}
+        self.stats = {k: {"sent": 0, "replies_matched_by_id": 0, "codes": {}} for k in KINDS}
+        self.unmatched: dict = {"replies": 0, "codes": {}}
+        self.outstanding = self.replies = 0
+
+    def receive(self, timeout_ms: int) -> bool:
+        """Read every reply waiting (after up to ``timeout_ms`` for the first); False when none came."""
+        if not self.sock.poll(timeout_ms):
             return False
         while True:
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                frames = self.sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return True
             if frames and frames[0] == b"":  # our REQ-style delimiter echoed back
                 frames = frames[1:]
             msg = P.decode(frames, kinds=P.REPLY_KINDS)
-            outstanding -= 1
-            replies += 1
+            self.outstanding -= 1
+            self.replies += 1
             code = msg.header.get("code", msg.kind)
-            kind = by_id.pop(msg.id, None)
+            kind = self.by_id.pop(msg.id, None)
             if kind is None:
-                unmatched["replies"] += 1
-                unmatched["codes"][code] = unmatched["codes"].get(code, 0) + 1
+                self.unmatched["replies"] += 1
+                self.unmatched["codes"][code] = self.unmatched["codes"].get(code, 0) + 1
                 continue
-            s = stats[kind]
+            s = self.stats[kind]
             s["replies_matched_by_id"] += 1
             s["codes"][code] = s["codes"].get(code, 0) + 1
 
-    for i, kind in enumerate(kinds):
+    def result(self, sent: int, seconds: float) -> dict:
+        id_less = sum(self.stats[k]["sent"] for k in (*ID_UNREADABLE, "confused_id"))
+        echoed = all(s["replies_matched_by_id"] == s["sent"] for k, s in self.stats.items()
+                     if k not in ID_UNREADABLE and k != "confused_id")  # fmt: skip
+        return {"sent": sent, "replies": self.replies, "no_reply": sent - self.replies, "seconds": seconds,
+                "every_readable_id_echoed": echoed, "id_less_sent": id_less, "id_less_replies": self.unmatched,
+                "kinds": self.stats}  # fmt: skip
+
+
+def fuzz_target(ctx: zmq.Context, addr: str, n: int, window: int, rng, progress) -> dict:
+    """``n`` malformed messages of every kind (shuffled) to ``addr``, up to ``window`` without a reply."""
+    sock = ctx.socket(zmq.DEALER)
+    sock.linger = 0
+    sock.sndhwm = sock.rcvhwm = 0
+    sock.connect(addr)
+    tally = Tally(sock)
+    t0 = time.perf_counter()
+    sent = 0
+    for i, kind in enumerate(schedule(n)):
         rid = 1000 + i
         if kind not in ID_UNREADABLE and kind != "confused_id":
-            by_id[rid] = kind
+            tally.by_id[rid] = kind
         sock.send_multipart(KINDS[kind][0](rid, rng), copy=True)
-        stats[kind]["sent"] += 1
+        tally.stats[kind]["sent"] += 1
         sent += 1
-        outstanding += 1
-        while outstanding >= window:
-            if not receive(10_000):
+        tally.outstanding += 1
+        while tally.outstanding >= window:
+            if not tally.receive(10_000):
                 break
         if i % 5000 == 0:
-            progress(f"{addr}: {i}/{n} sent, {replies} replies")
+            progress(f"{addr}: {i}/{n} sent, {tally.replies} replies")
     end = time.monotonic() + 30
-    while outstanding > 0 and time.monotonic() < end:
-        receive(500)
+    while tally.outstanding > 0 and time.monotonic() < end:
+        tally.receive(500)
     sock.close()
-    id_less = sum(stats[k]["sent"] for k in (*ID_UNREADABLE, "confused_id"))
-    echoed = all(
-        s["replies_matched_by_id"] == s["sent"]
-        for k, s in stats.items()
-        if k not in ID_UNREADABLE and k != "confused_id"
-    )
-    return {
-        "sent": sent,
-        "replies": replies,
-        "no_reply": sent - replies,
-        "seconds": time.perf_counter() - t0,
-        "every_readable_id_echoed": echoed,
-        "id_less_sent": id_less,
-        "id_less_replies": unmatched,
-        "kinds": stats,
-    }
+    return tally.result(sent, time.perf_counter() - t0)
 
 
 def silent_kinds(ctx: zmq.Context, addr: str, n: int, rng) -> dict:
@@ -357,19 +358,42 @@ def silent_kinds(ctx: zmq.Context, addr: str, n: int, rng) -> dict:
     return {"sent": n, "replies": got, "seconds": time.perf_counter() - t0}
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--messages", type=int, default=100_000, help="malformed messages per target (leaf and root)")
-    ap.add_argument("--silent", type=int, default=50, help="oversized-frame messages per target (documented silence)")
-    ap.add_argument("--window", type=int, default=64, help="replies outstanding per target")
-    add_live_args(ap, "runtime_fuzz", "5,000 messages per target")
-    args = ap.parse_args()
-    n = 5000 if args.quick else args.messages
-    work, bundle = live_bundle(args)
-    say = lambda m: print(f"runtime_fuzz: {m}", flush=True)  # noqa: E731
+def fuzz_node(ctx: zmq.Context, addr: str, pid: int, n: int, args: argparse.Namespace, rng) -> dict:
+    """One target: a warm-up, then ``n`` malformed messages and the oversized ones, its RSS sampled every 0.25 s;
+    what it counted, and whether it still serves."""
+    from cis.runtime.client import Client
+
+    fuzz_target(ctx, addr, 2000, args.window, rng, say)  # warm-up: the first RSS is taken after it
+    rss0 = rss_mb(pid)
+    with Client(addr) as c:
+        errors0 = c.status()["errors"]
+    peak, done = [rss0], threading.Event()
+
+    def sample_rss() -> None:
+        while not done.wait(0.25):
+            peak.append(rss_mb(pid))
+
+    sampler = threading.Thread(target=sample_rss, daemon=True)
+    sampler.start()
+    res = fuzz_target(ctx, addr, n, args.window, rng, say)
+    res["silent"] = silent_kinds(ctx, addr, args.silent, rng)
+    done.set()
+    sampler.join()
+    with Client(addr, timeout=10) as c:
+        st = c.status()
+        ok = c.infer(np.zeros((4, *IN), np.float32))
+    res.update({"rss_mb_before": rss0, "rss_mb_peak": max(peak), "rss_mb_after": rss_mb(pid),
+                "node_errors_counted": st["errors"] - errors0, "errors_by_code": st["errors_by_code"],
+                "undeliverable": st["undeliverable"], "serves_after": len(ok) == 4})  # fmt: skip
+    res["rss_growth_mb"] = res["rss_mb_after"] - rss0
+    return res
+
+
+def fuzz_cluster(args: argparse.Namespace, bundle, work, n: int) -> tuple[dict, dict, dict, int]:
+    """A leaf and the root of ``cis serve --all`` fuzzed in turn: (results per role, restarts, whether each kept
+    its pid, the launcher's exit status)."""
     rng = np.random.default_rng(0)
     ctx = zmq.Context()
-    before_load = machine()
     node_args = ["--max-message-bytes", str(MAX_BYTES), "--queue-limit", str(QUEUE_LIMIT)]
     with serve_command(bundle, logs=work / "fuzz-logs", args=node_args) as cluster:
         targets = {
@@ -377,53 +401,18 @@ def main() -> int:
             "root": next(k for k, v in cluster.nodes.items() if v["parent"] is None),
         }
         pids = {role: cluster.pid(nid) for role, nid in targets.items()}
-        from cis.runtime.client import Client
-
         results = {}
         for role, nid in targets.items():
-            addr = cluster.address(nid)
-            fuzz_target(ctx, addr, 2000, args.window, rng, say)  # warm-up: the first RSS is taken after it
-            rss0 = rss_mb(pids[role])
-            with Client(addr) as c:
-                errors0 = c.status()["errors"]
-            peak, done = [rss0], threading.Event()
-
-            def sample_rss(peak=peak, pid=pids[role], done=done) -> None:
-                while not done.wait(0.25):
-                    peak.append(rss_mb(pid))
-
-            sampler = threading.Thread(target=sample_rss, daemon=True)
-            sampler.start()
-            res = fuzz_target(ctx, addr, n, args.window, rng, say)
-            res["silent"] = silent_kinds(ctx, addr, args.silent, rng)
-            done.set()
-            sampler.join()
-            with Client(addr, timeout=10) as c:
-                st = c.status()
-                ok = c.infer(np.zeros((4, *IN), np.float32))
-            res.update(
-                {
-                    "node": nid,
-                    "rss_mb_before": rss0,
-                    "rss_mb_peak": max(peak),
-                    "rss_mb_after": rss_mb(pids[role]),
-                    "node_errors_counted": st["errors"] - errors0,
-                    "errors_by_code": st["errors_by_code"],
-                    "undeliverable": st["undeliverable"],
-                    "serves_after": len(ok) == 4,
-                }
-            )
-            res["rss_growth_mb"] = res["rss_mb_after"] - rss0
-            results[role] = res
-            say(
-                f"{role} ({nid}): {res['sent']} sent, {res['no_reply']} without reply, RSS {rss0:.1f} -> "
-                f"{res['rss_mb_after']:.1f} MB, "
-                f"{res['sent'] / res['seconds']:.0f} msg/s"
-            )
-        state = cluster.state()
-        restarts = {nid: s["restarts"] for nid, s in state.items()}
+            res = results[role] = {"node": nid, **fuzz_node(ctx, cluster.address(nid), pids[role], n, args, rng)}
+            say(f"{role} ({nid}): {res['sent']} sent, {res['no_reply']} without reply, RSS {res['rss_mb_before']:.1f} "
+                f"-> {res['rss_mb_after']:.1f} MB, {res['sent'] / res['seconds']:.0f} msg/s")  # fmt: skip
+        restarts = {nid: s["restarts"] for nid, s in cluster.state().items()}
         same_pids = {role: cluster.pid(nid) == pids[role] for role, nid in targets.items()}
         code = cluster.stop()
+    return results, restarts, same_pids, code
+
+
+def summarise(results: dict, restarts: dict, same_pids: dict, code: int) -> dict:
     kinds_sent = {k for r in results.values() for k, s in r["kinds"].items() if s["sent"]} | set(SILENT)
     wrong = {
         role: {k: s["codes"] for k, s in r["kinds"].items() if set(s["codes"]) - EXPECTED[k]}
@@ -433,7 +422,7 @@ def main() -> int:
         allowed = set().union(*(EXPECTED[k] for k in (*ID_UNREADABLE, "confused_id")))
         if set(r["id_less_replies"]["codes"]) - allowed:
             wrong[role]["id_less"] = r["id_less_replies"]["codes"]
-    summary = {
+    return {
         "messages": sum(r["sent"] + r["silent"]["sent"] for r in results.values()),
         "kinds": len(kinds_sent),
         "node_deaths": sum(restarts.values()) + sum(not v for v in same_pids.values()),
@@ -444,6 +433,20 @@ def main() -> int:
         "unexpected_codes": wrong,
         "launcher_exit": code,
     }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--messages", type=int, default=100_000, help="malformed messages per target (leaf and root)")
+    ap.add_argument("--silent", type=int, default=50, help="oversized-frame messages per target (documented silence)")
+    ap.add_argument("--window", type=int, default=64, help="replies outstanding per target")
+    add_live_args(ap, "runtime_fuzz", "5,000 messages per target")
+    args = ap.parse_args()
+    n = 5000 if args.quick else args.messages
+    work, bundle = live_bundle(args)
+    before_load = machine()
+    results, restarts, same_pids, code = fuzz_cluster(args, bundle, work, n)
+    summary = summarise(results, restarts, same_pids, code)
     out = {
         "summary": summary,
         "targets": results,
@@ -460,6 +463,10 @@ def main() -> int:
         and max(summary["rss_growth_mb"].values()) < 50
     )
     return 0 if ok else 1
+
+
+def say(m: str) -> None:
+    print(f"runtime_fuzz: {m}", flush=True)
 
 
 def report(out: dict) -> str:

@@ -85,32 +85,13 @@ def steps(path: list[str], exits: dict[str, int]) -> list[str]:
     return up + down
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument(
-        "--bundle", required=True, help="a paper-7 bundle (runtime_overhead.py caches them in WORK/w<width>/bundle)"
-    )
-    ap.add_argument("--n", type=int, default=200)
-    ap.add_argument("--out", default=str(RESULTS / "runtime_hop_breakdown.json"))
-    args = ap.parse_args()
-
-    from cis.core.bundle import load_bundle
+def hot_stage_ms(bundle, x: np.ndarray, warm: int = 20) -> list[float]:
+    """Each stage's median milliseconds in process, one sample at a time, after ``warm`` calls."""
     from cis.core.stages.runner import stage_runners
-    from cis.runtime.client import Client
-    from cis.runtime.launcher import plan_addresses
-
-    bundle = load_bundle(args.bundle)
-    spec = bundle.spec
-    leaf = spec.leaves[0].id
-    path = [n.id for n in spec.path_to_root(leaf)]
-    sub = spec.replace_nodes(n for n in spec.nodes if n.id in path)
-    exits = {nid: sub.node(nid).exit for nid in path}
-    addresses = plan_addresses(sub, free_ports=True)
-    x = np.random.default_rng(0).standard_normal((args.n + 20, *bundle.stage(1).inputs[0].shape[1:])).astype(np.float32)
 
     runners = stage_runners(bundle, threads=1)
     hot = []
-    for i in range(args.n + 20):
+    for i in range(len(x)):
         feeds, times = {runners[0].input_names[0]: x[i : i + 1]}, []
         for r in runners:
             t = time.perf_counter()
@@ -118,34 +99,31 @@ def main() -> int:
             times.append(time.perf_counter() - t)
             feeds = {k: v for k, v in out.items() if k != "logits"}
         hot.append(times)
-    hot_ms = (np.median(np.array(hot[20:]), axis=0) * 1e3).tolist()
+    return (np.median(np.array(hot[warm:]), axis=0) * 1e3).tolist()
 
-    tmp = Path(tempfile.mkdtemp(prefix="hop_breakdown."))
+
+def run_chain(bundle_path: str, sub, path: list[str], x: np.ndarray, tmp: Path) -> list[tuple[float, float]]:
+    """The path's nodes, each an instrumented node process (:func:`serve`, the root first), and one request at a
+    time through the leaf: each request's (send, receive) wall-clock time; each node's log in ``tmp``."""
+    from cis.runtime.client import Client
+    from cis.runtime.launcher import plan_addresses
+
+    addresses = plan_addresses(sub, free_ports=True)
     ctx = mp.get_context("spawn")
     stop, procs = ctx.Event(), []
     for nid in reversed(path):  # the root first
         parent = sub.node(nid).parent
         ready = ctx.Event()
-        p = ctx.Process(
-            target=serve,
-            args=(
-                str(args.bundle),
-                nid,
-                addresses,
-                addresses[parent] if parent else None,
-                str(tmp / f"{nid}.json"),
-                ready,
-                stop,
-            ),
-        )
+        p = ctx.Process(target=serve, args=(bundle_path, nid, addresses, addresses[parent] if parent else None,
+                                            str(tmp / f"{nid}.json"), ready, stop))  # fmt: skip
         p.start()
         ready.wait(60)
         procs.append(p)
     time.sleep(1.0)  # heartbeats: the children see their parent up
     sends = []
     try:
-        with Client(addresses[leaf], timeout=30) as c:
-            for i in range(args.n + 20):
+        with Client(addresses[path[0]], timeout=30) as c:
+            for i in range(len(x)):
                 t = time.time()
                 c.infer(x[i : i + 1])
                 sends.append((t, time.time()))
@@ -153,10 +131,14 @@ def main() -> int:
         stop.set()
         for p in procs:
             p.join(30)
-    logs = {nid: json.loads((tmp / f"{nid}.json").read_text()) for nid in path}
-    order = steps(path, exits)
+    return sends
+
+
+def step_gaps(logs: dict, order: list[str], sends: list[tuple[float, float]]) -> dict[str, float]:
+    """Per step, the median milliseconds since the step before of the same request (the events between its send
+    and its reply, in ``order``), and the client's receive."""
     gaps: dict[str, list[float]] = {k: [] for k in order + ["client.recv"]}
-    for t_send, t_recv in sends[20:]:
+    for t_send, t_recv in sends:
         first: dict[str, float] = {}
         for nid, log in logs.items():
             for name, io, t in log:
@@ -168,7 +150,30 @@ def main() -> int:
                 gaps[k].append(first[k] - last)
                 last = first[k]
         gaps["client.recv"].append(t_recv - last)
-    step_ms = {k: float(np.median(v) * 1e3) for k, v in gaps.items() if v}
+    return {k: float(np.median(v) * 1e3) for k, v in gaps.items() if v}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument(
+        "--bundle", required=True, help="a paper-7 bundle (runtime_overhead.py caches them in WORK/w<width>/bundle)"
+    )
+    ap.add_argument("--n", type=int, default=200)
+    ap.add_argument("--out", default=str(RESULTS / "runtime_hop_breakdown.json"))
+    args = ap.parse_args()
+
+    from cis.core.bundle import load_bundle
+
+    bundle = load_bundle(args.bundle)
+    spec = bundle.spec
+    path = [n.id for n in spec.path_to_root(spec.leaves[0].id)]
+    sub = spec.replace_nodes(n for n in spec.nodes if n.id in path)
+    x = np.random.default_rng(0).standard_normal((args.n + 20, *bundle.stage(1).inputs[0].shape[1:])).astype(np.float32)
+    hot_ms = hot_stage_ms(bundle, x)
+    tmp = Path(tempfile.mkdtemp(prefix="hop_breakdown."))
+    sends = run_chain(str(args.bundle), sub, path, x, tmp)
+    logs = {nid: json.loads((tmp / f"{nid}.json").read_text()) for nid in path}
+    step_ms = step_gaps(logs, steps(path, {nid: sub.node(nid).exit for nid in path}), sends[20:])
     total = float(np.median([b - a for a, b in sends[20:]]) * 1e3)
     stage_ms = {k: v for k, v in step_ms.items() if ".stage" in k and k.endswith(".out")}
     result = {

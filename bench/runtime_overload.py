@@ -140,97 +140,127 @@ def capacity(ctx, addr: str, x: np.ndarray, window: int, seconds: float) -> floa
     return done / elapsed
 
 
-def burst(ctx, addr: str, pid: int, x: np.ndarray, rate: float, seconds: float, hwm: int, sndbuf: int) -> dict:
-    s = Sender(ctx, addr, x, hwm, sndbuf)
+def snapshot(s: Sender, got: dict, start: float) -> dict:
+    """The node's view (its status reply ``got``) beside the client's, now."""
+    s.receive(1 << 30)  # every reply that came before the status answer: outstanding is what the client still waits for
+    recent = np.array([lat for _, lat in s.results[-4096:]]) if s.results else np.zeros(1)
+    return {
+        "t": time.perf_counter() - start,
+        "node_queue": got["queue_depth"] + got["in_flight_forwarded"],
+        "node_queue_depth": got["queue_depth"],
+        "client_outstanding": s.outstanding_samples,
+        "node_p99": got["latency"]["p99_s"],
+        "client_p99": float(np.percentile(recent, 99)),
+    }
+
+
+def offer(s: Sender, ctx, addr: str, pid: int, rate: float, seconds: float) -> dict:
+    """Send at ``rate`` for ``seconds`` as fast as the socket takes them (a send the socket refuses is pushed back
+    to the next tick), reading replies, the node's status every 0.25 s and the leaf's RSS."""
     st_sock, ask, answer = status(ctx, addr)
     rss0 = rss_mb(pid)
-    snaps, rss_peak, pushed_back, attempts = [], rss0, 0, 0
-    saturated_at = None
-    start = time.perf_counter()
-    next_status = start
+    got: dict = {"snaps": [], "rss0": rss0, "rss_peak": rss0, "pushed_back": 0, "saturated_at": None}
+    attempts = 0
+    start = next_status = time.perf_counter()
     while (now := time.perf_counter()) < start + seconds:
-        due = int((now - start) * rate)
-        while attempts < due:
+        while attempts < int((now - start) * rate):
             if not s.send():
-                pushed_back += 1
+                got["pushed_back"] += 1
                 break
             attempts += 1
         s.receive(2000)
-        if saturated_at is None and s.outstanding_samples >= QUEUE_LIMIT:
-            saturated_at = time.perf_counter()
+        if got["saturated_at"] is None and s.outstanding_samples >= QUEUE_LIMIT:
+            got["saturated_at"] = time.perf_counter()
         if now >= next_status:
             next_status = now + 0.25
             ask()
-            rss_peak = max(rss_peak, rss_mb(pid))
-        got = answer()
-        if got is not None:
-            s.receive(
-                1 << 30
-            )  # every reply that came before the status answer: outstanding is what the client still waits for
-            recent = np.array([lat for _, lat in s.results[-4096:]]) if s.results else np.zeros(1)
-            snaps.append(
-                {
-                    "t": time.perf_counter() - start,
-                    "node_queue": got["queue_depth"] + got["in_flight_forwarded"],
-                    "node_queue_depth": got["queue_depth"],
-                    "client_outstanding": s.outstanding_samples,
-                    "node_p99": got["latency"]["p99_s"],
-                    "client_p99": float(np.percentile(recent, 99)),
-                }
-            )
+            got["rss_peak"] = max(got["rss_peak"], rss_mb(pid))
+        reply = answer()
+        if reply is not None:
+            got["snaps"].append(snapshot(s, reply, start))
         behind = attempts < int((time.perf_counter() - start) * rate)
         s.sock.poll(1, zmq.POLLIN | (zmq.POLLOUT if behind else 0))  # wake as soon as a reply comes or a send fits
-    sent_total = s.next_id - 1
+    got["sent_total"], got["start"] = s.next_id - 1, start
     end_wait = time.perf_counter() + 60
     while s.sent and time.perf_counter() < end_wait:
         if s.sock.poll(200):
             s.receive()
-        rss_peak = max(rss_peak, rss_mb(pid))
+        got["rss_peak"] = max(got["rss_peak"], rss_mb(pid))
     time.sleep(2)
     st_sock.close()
+    return got
+
+
+def _rel(a, b):
+    return abs(a - b) / b if b else float("nan")
+
+
+def _spread(values: list[float]) -> dict:
+    return {"median": float(np.median(values)) if values else None,
+            "p90": float(np.percentile(values, 90)) if values else None}  # fmt: skip
+
+
+def burst(ctx, addr: str, pid: int, x: np.ndarray, rate: float, seconds: float, hwm: int, sndbuf: int) -> dict:
+    """``rate`` requests/s of ``x`` to the leaf for ``seconds``; what came back, when ``overloaded`` began, the
+    node's queue and p99 against the client's, Little's law, the leaf's RSS."""
+    s = Sender(ctx, addr, x, hwm, sndbuf)
+    got = offer(s, ctx, addr, pid, rate, seconds)
     s.sock.close()
+    start, snaps, saturated_at = got["start"], got["snaps"], got["saturated_at"]
     first_over = s.first.get("overloaded")
     steady = [p for p in snaps if p["t"] >= 1.0 and p["client_outstanding"] > 0 and p["node_p99"]]
-
-    def rel(a, b):
-        return abs(a - b) / b if b else float("nan")
-
-    q_rel = [rel(p["node_queue"], p["client_outstanding"]) for p in steady]
-    p99_rel = [rel(p["node_p99"], p["client_p99"]) for p in steady]
     # Little's law over the steady part: the client's mean number of samples in the system = result rate x mean latency
     t_lo, t_hi = start + 1.0, start + seconds
     window = [lat for t, lat in s.results if t_lo <= t <= t_hi]
     little = len(window) * s.n / (t_hi - t_lo) * float(np.mean(window)) if window else None
     node_mean = float(np.mean([p["node_queue"] for p in steady])) if steady else None
+    after_saturation = None if first_over is None or saturated_at is None else (first_over - saturated_at) * 1000
     return {
         "offered_rate": rate,
         "seconds": seconds,
-        "sent": sent_total,
-        "achieved_rate": sent_total / seconds,
-        "pushed_back_ticks": pushed_back,
+        "sent": got["sent_total"],
+        "achieved_rate": got["sent_total"] / seconds,
+        "pushed_back_ticks": got["pushed_back"],
         "replies": dict(s.codes),
         "without_reply": len(s.sent),
         "first_overloaded_after_start_ms": None if first_over is None else (first_over - start) * 1000,
-        "first_overloaded_after_saturation_ms": None
-        if first_over is None or saturated_at is None
-        else (first_over - saturated_at) * 1000,
-        "rss_mb": {"before": rss0, "peak": rss_peak, "after": rss_mb(pid), "growth_peak": rss_peak - rss0},
+        "first_overloaded_after_saturation_ms": after_saturation,
+        "rss_mb": {"before": got["rss0"], "peak": got["rss_peak"], "after": rss_mb(pid),
+                   "growth_peak": got["rss_peak"] - got["rss0"]},  # fmt: skip
         "little_client_samples_in_system": little,
         "node_mean_queue": node_mean,
-        "little_rel_diff": rel(node_mean, little) if little and node_mean is not None else None,
-        "queue_rel_diff": {
-            "median": float(np.median(q_rel)) if q_rel else None,
-            "p90": float(np.percentile(q_rel, 90)) if q_rel else None,
-        },
-        "p99_rel_diff": {
-            "median": float(np.median(p99_rel)) if p99_rel else None,
-            "p90": float(np.percentile(p99_rel, 90)) if p99_rel else None,
-        },
+        "little_rel_diff": _rel(node_mean, little) if little and node_mean is not None else None,
+        "queue_rel_diff": _spread([_rel(p["node_queue"], p["client_outstanding"]) for p in steady]),
+        "p99_rel_diff": _spread([_rel(p["node_p99"], p["client_p99"]) for p in steady]),
         "client_latency_ms": {q: float(np.percentile([lat for _, lat in s.results], q)) * 1000 for q in (50, 99)}
         if s.results
         else None,
         "snapshots": snaps,
     }
+
+
+BRIEF = ("achieved_rate", "pushed_back_ticks", "without_reply", "little_rel_diff", "first_overloaded_after_start_ms",
+         "first_overloaded_after_saturation_ms", "queue_rel_diff", "p99_rel_diff", "replies")  # fmt: skip
+
+
+def one_size(args: argparse.Namespace, bundle, work, size: int, test: np.ndarray, ctx) -> dict:
+    """Requests of ``size`` samples: the leaf's capacity, then a burst at --factor times it."""
+    x = np.resize(test, (size, *test.shape[1:]))
+    node_args = ["--queue-limit", str(QUEUE_LIMIT), "--rcv-buf", str(args.rcv_buf)]
+    with serve_command(bundle, logs=work / f"overload-logs-{size}", args=node_args) as cluster:
+        leaf = next(k for k, v in cluster.nodes.items() if v["exit"] == 1)
+        addr, pid = cluster.address(leaf), cluster.pid(leaf)
+        window = max(1, min(256, QUEUE_LIMIT // (2 * size)))
+        cap = capacity(ctx, addr, x, window, args.measure)
+        print(f"runtime_overload: size {size}: capacity {cap:.0f} requests/s ({cap * size:.0f} samples/s), "
+              f"window {window}", flush=True)  # fmt: skip
+        res = burst(ctx, addr, pid, x, args.factor * cap, args.seconds, max(1, args.client_hwm // size),
+                    args.client_sndbuf)  # fmt: skip
+        res.update({"capacity_requests_per_s": cap, "capacity_samples_per_s": cap * size, "leaf": leaf,
+                    "restarts": {k: v["restarts"] for k, v in cluster.state().items()}})  # fmt: skip
+    brief = {k: res[k] for k in BRIEF}
+    print(f"runtime_overload: size {size}: {json.dumps(brief, default=str)}; RSS {res['rss_mb']}", flush=True)
+    return res
 
 
 def main() -> int:
@@ -260,45 +290,7 @@ def main() -> int:
     ctx = zmq.Context()
     out = {"machine_before": machine(), "queue_limit": QUEUE_LIMIT, "factor": args.factor, "sizes": {}}
     for size in args.sizes:
-        x = np.resize(test, (size, *test.shape[1:]))
-        node_args = ["--queue-limit", str(QUEUE_LIMIT), "--rcv-buf", str(args.rcv_buf)]
-        with serve_command(bundle, logs=work / f"overload-logs-{size}", args=node_args) as cluster:
-            leaf = next(k for k, v in cluster.nodes.items() if v["exit"] == 1)
-            addr, pid = cluster.address(leaf), cluster.pid(leaf)
-            window = max(1, min(256, QUEUE_LIMIT // (2 * size)))
-            cap = capacity(ctx, addr, x, window, args.measure)
-            print(
-                f"runtime_overload: size {size}: capacity {cap:.0f} requests/s ({cap * size:.0f} samples/s), "
-                f"window {window}",
-                flush=True,
-            )
-            res = burst(
-                ctx, addr, pid, x, args.factor * cap, args.seconds, max(1, args.client_hwm // size), args.client_sndbuf
-            )
-            res.update(
-                {
-                    "capacity_requests_per_s": cap,
-                    "capacity_samples_per_s": cap * size,
-                    "leaf": leaf,
-                    "restarts": {k: v["restarts"] for k, v in cluster.state().items()},
-                }
-            )
-            out["sizes"][str(size)] = res
-            brief = {
-                k: res[k]
-                for k in (
-                    "achieved_rate",
-                    "pushed_back_ticks",
-                    "without_reply",
-                    "little_rel_diff",
-                    "first_overloaded_after_start_ms",
-                    "first_overloaded_after_saturation_ms",
-                    "queue_rel_diff",
-                    "p99_rel_diff",
-                    "replies",
-                )
-            }
-            print(f"runtime_overload: size {size}: {json.dumps(brief, default=str)}; RSS {res['rss_mb']}", flush=True)
+        out["sizes"][str(size)] = one_size(args, bundle, work, size, test, ctx)
     out["machine_after"] = machine()
     out["command"] = "python -m bench.runtime_overload" + (" --quick" if args.quick else "")
     out["settings"] = {

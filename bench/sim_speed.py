@@ -24,10 +24,10 @@ import platform
 import random
 import statistics
 import time
-from pathlib import Path
 
 import simpy
 
+from bench.harness import RESULTS as HARNESS_RESULTS
 from cis.core.topologies import make_spec
 from cis.sim.build import run_model
 from cis.sim.config import SimConfig
@@ -35,7 +35,7 @@ from cis.sim.simulation import plan_run, simulate
 
 SERVING = "60-30-10"
 BURST_S = 10.0  # a deep token bucket, so the flow through the tree is the rate calculus's 60-30-10
-RESULTS = Path(__file__).parent / "results" / "sim_speed.json"
+RESULTS = HARNESS_RESULTS / "sim_speed.json"
 
 
 def events_scheduled(env: simpy.Environment) -> int:

@@ -68,7 +68,9 @@ class Drop(BaseHTTPRequestHandler):
 
 
 class Chain:
-    """Three ``cis serve --node`` processes of one way, on free loopback ports."""
+    """Three ``cis serve --node`` processes of one way, on free loopback ports. Not the harness's cluster: a way
+    runs the cis package its environment names (the baseline: another git ref's, first on PYTHONPATH), from a
+    folder outside the repository (whose cis/ ``python -m`` would put first on the path)."""
 
     def __init__(self, way: str, bundle: Path, work: Path, env: dict, flags: list[str]) -> None:
         from cis.runtime.launcher import free_port
@@ -118,7 +120,7 @@ def block(chain: Chain, x: np.ndarray, n: int, traceparent: str | None) -> np.nd
     return out
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bundle", help="bundle folder (default: the digits fixture, built into --work)")
     ap.add_argument("--baseline-ref", default="main", help="git ref whose cis package is the baseline (default main)")
@@ -129,76 +131,45 @@ def main() -> None:
     args = ap.parse_args()
     if args.quick:
         args.blocks, args.requests = 2, 100
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    bundle = Path(args.bundle).resolve() if args.bundle else work.resolve() / "bundle"
-    if not args.bundle and not (bundle / "manifest.json").is_file():
-        from cis.exporter.fixture_bundle import make_demo_bundle
+    return args
 
-        bundle = make_demo_bundle(work, steps=150)
-    from cis.core.extras import EXTRAS, installed
 
-    ways = [w for w in WAYS if w != "otlp" or all(map(installed, EXTRAS["otel"]))]
+def setups_of(args: argparse.Namespace, work: Path, sink_port: int) -> dict[str, tuple[dict, list[str]]]:
+    """Each way's (environment, node flags): the baseline runs the cis package of --baseline-ref."""
     base = baseline_package(args.baseline_ref, Path(tempfile.mkdtemp(prefix="cis-baseline-", dir=work)))
-    sink = ThreadingHTTPServer(("127.0.0.1", 0), Drop)
-    threading.Thread(target=sink.serve_forever, daemon=True).start()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "CIS_"))}
     setups = {
         "baseline": ({**env, "PYTHONPATH": str(base)}, []),
         "off": (env, []),
         "context": (env, []),
         "spans": (env, ["--spans-file", str(work / "spans" / "{node}.jsonl")]),
-        "otlp": (env, ["--otlp-endpoint", f"http://127.0.0.1:{sink.server_address[1]}"]),
+        "otlp": (env, ["--otlp-endpoint", f"http://127.0.0.1:{sink_port}"]),
     }
-    (work / "spans").mkdir(exist_ok=True)
-    for f in (work / "spans").glob("*.jsonl"):
-        f.unlink()
-    rng = np.random.default_rng(0)
-    from cis.core.bundle import load_bundle
-
-    shape = load_bundle(bundle).stage(1).inputs[0].shape[1:]
-    x = rng.standard_normal((64, *shape)).astype(np.float32)
     for w in ("baseline", "off"):  # each way runs the code it names
         where = subprocess.run([sys.executable, "-c", "import cis; print(cis.__file__)"], env=setups[w][0], cwd=work,
                                capture_output=True, text=True).stdout.strip()  # fmt: skip
         assert where.startswith(str(base)) == (w == "baseline"), (w, where)
-    chains = {w: Chain(w, bundle, work, *setups[w]) for w in ways}
+    return setups
+
+
+def interleaved(chains: dict, ways: list[str], x: np.ndarray, args: argparse.Namespace) -> tuple[dict, dict]:
+    """({way: each block's p50}, {way: each block's p99}): every block times every way, in alternating order."""
     p50: dict[str, list[float]] = {w: [] for w in ways}
     p99: dict[str, list[float]] = {w: [] for w in ways}
-    try:
-        for c in chains.values():
-            c.ready(x)
-        for b in range(args.blocks):
-            for w in ways if b % 2 == 0 else ways[::-1]:  # alternate the order: no way always goes first
-                tp = None if w in ("baseline", "off") else TRACEPARENT
-                t = block(chains[w], x, args.requests, tp)
-                p50[w].append(float(np.percentile(t, 50)))
-                p99[w].append(float(np.percentile(t, 99)))
-            print(f"block {b + 1}/{args.blocks}: " + ", ".join(f"{w} {p50[w][-1] * 1e6:.0f} us" for w in ways),
-                  file=sys.stderr)  # fmt: skip
-    finally:
-        for c in chains.values():
-            c.stop()
-        sink.shutdown()
-    spans = sum(1 for f in (work / "spans").glob("*.jsonl") for _ in f.open())
-    summary = {}
-    for w in ways:
-        med, lo, hi = np.median(p50[w]), min(p50[w]), max(p50[w])
-        summary[w] = {
-            "p50_us": med * 1e6,
-            "p50_block_range_us": [lo * 1e6, hi * 1e6],
-            "p99_us": float(np.median(p99[w])) * 1e6,
-            "added_per_hop_p50_us": (med - np.median(p50["baseline"])) / HOPS * 1e6,
-        }
-    out = {
-        "benchmark": "tracing_overhead",
-        "quick": args.quick,
-        "scale": {"blocks": args.blocks, "requests": args.requests, "bundle": str(bundle), "path": list(PATH),
-                  "baseline_ref": args.baseline_ref},  # fmt: skip
-        "ways": summary,
-        "spans_written": spans,
-        "machine": machine(),
-    }
+    for c in chains.values():
+        c.ready(x)
+    for b in range(args.blocks):
+        for w in ways if b % 2 == 0 else ways[::-1]:  # alternate the order: no way always goes first
+            tp = None if w in ("baseline", "off") else TRACEPARENT
+            t = block(chains[w], x, args.requests, tp)
+            p50[w].append(float(np.percentile(t, 50)))
+            p99[w].append(float(np.percentile(t, 99)))
+        print(f"block {b + 1}/{args.blocks}: " + ", ".join(f"{w} {p50[w][-1] * 1e6:.0f} us" for w in ways),
+              file=sys.stderr)  # fmt: skip
+    return p50, p99
+
+
+def report(out: dict, args: argparse.Namespace) -> list[str]:
     smoke = "QUICK SMOKE RUN, not a result. " if args.quick else ""
     lines = [
         "# Tracing overhead (issue 33)",
@@ -211,12 +182,57 @@ def main() -> None:
         "| way | p50 round trip (us) | block p50 range (us) | p99 (us) | p50 added per hop vs baseline (us) |",
         "|---|---|---|---|---|",
     ]
-    for w, s in summary.items():
+    for w, s in out["ways"].items():
         lo, hi = s["p50_block_range_us"]
         lines.append(f"| {w} | {s['p50_us']:.0f} | {lo:.0f}-{hi:.0f} | {s['p99_us']:.0f} | "
                      f"{s['added_per_hop_p50_us']:+.1f} |")  # fmt: skip
-    lines += ["", f"Spans written by the `spans` way: {spans}."]
-    write_results("tracing_overhead", out, lines)
+    return [*lines, "", f"Spans written by the `spans` way: {out['spans_written']}."]
+
+
+def main() -> None:
+    args = parse_args()
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    bundle = Path(args.bundle).resolve() if args.bundle else work.resolve() / "bundle"
+    if not args.bundle and not (bundle / "manifest.json").is_file():
+        from cis.exporter.fixture_bundle import make_demo_bundle
+
+        bundle = make_demo_bundle(work, steps=150)
+    from cis.core.bundle import load_bundle
+    from cis.core.extras import EXTRAS, installed
+
+    ways = [w for w in WAYS if w != "otlp" or all(map(installed, EXTRAS["otel"]))]
+    sink = ThreadingHTTPServer(("127.0.0.1", 0), Drop)
+    threading.Thread(target=sink.serve_forever, daemon=True).start()
+    setups = setups_of(args, work, sink.server_address[1])
+    (work / "spans").mkdir(exist_ok=True)
+    for f in (work / "spans").glob("*.jsonl"):
+        f.unlink()
+    shape = load_bundle(bundle).stage(1).inputs[0].shape[1:]
+    x = np.random.default_rng(0).standard_normal((64, *shape)).astype(np.float32)
+    chains = {w: Chain(w, bundle, work, *setups[w]) for w in ways}
+    try:
+        p50, p99 = interleaved(chains, ways, x, args)
+    finally:
+        for c in chains.values():
+            c.stop()
+        sink.shutdown()
+    summary = {}
+    for w in ways:
+        med, lo, hi = np.median(p50[w]), min(p50[w]), max(p50[w])
+        summary[w] = {"p50_us": med * 1e6, "p50_block_range_us": [lo * 1e6, hi * 1e6],
+                      "p99_us": float(np.median(p99[w])) * 1e6,
+                      "added_per_hop_p50_us": (med - np.median(p50["baseline"])) / HOPS * 1e6}  # fmt: skip
+    out = {
+        "benchmark": "tracing_overhead",
+        "quick": args.quick,
+        "scale": {"blocks": args.blocks, "requests": args.requests, "bundle": str(bundle), "path": list(PATH),
+                  "baseline_ref": args.baseline_ref},  # fmt: skip
+        "ways": summary,
+        "spans_written": sum(1 for f in (work / "spans").glob("*.jsonl") for _ in f.open()),
+        "machine": machine(),
+    }
+    write_results("tracing_overhead", out, report(out, args))
 
 
 if __name__ == "__main__":

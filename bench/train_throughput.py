@@ -18,11 +18,11 @@ import json
 import platform
 import statistics
 import time
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
+from bench.harness import RESULTS
 from cis.core.topologies import make_spec
 from cis.training.aggregation.aggregators import CisAggregator
 from cis.training.aggregation.weights import make_weights
@@ -33,8 +33,6 @@ from cis.training.federated import ExitSampler, FederatedEngine, derived_generat
 from cis.training.local import Client, ExitSGDTrainer, batch_indices
 from cis.training.models.cnns import default_model_config
 from cis.training.sampling import sampling_matrix
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def setup(case: str, seed: int = 0):

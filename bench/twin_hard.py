@@ -62,7 +62,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.harness import DOCS, RESULTS, drive_load, load_now, machine, paused, say, write_doc_block
+from bench.harness import DOCS, RESULTS, drive_load, load_now, machine, paused, say, start_cluster, write_doc_block
 from bench.twin_bundles import digits_bundle, wide_cloud_bundle
 from cis.sim.twin_batches import stage_speed
 from cis.sim.twin_calibration import PERCENTILES, calibrate, pool, rel, summarise_runtime, summarise_sim
@@ -229,15 +229,14 @@ class Bench:
 
     def __init__(self, args, work: Path, bdir: Path, spec, name: str, spans_dir: Path | None = None):
         from cis.core.spec import write_spec
-        from cis.runtime.launcher import launch
 
         self.args, self.spec = args, spec
         spec_file = work / f"{name}.toml"
         write_spec(spec, spec_file)
         forced = {"device0": ["--threshold", "inf"], "device1": ["--threshold", "inf"]}
         prefix = {n.id: [*NICE, "taskset", "-c", "1" if n.parent is None else "0"] for n in spec.nodes}
-        self.cluster = launch(bdir, spec, str(spec_file), True, spans_args(spans_dir), node_args=forced,
-                              node_prefix=prefix)
+        self.cluster = start_cluster(bdir, spec, spec_file=str(spec_file), args=spans_args(spans_dir),
+                                     node_args=forced, node_prefix=prefix)
         self.x = bottleneck_inputs()
         self.last: dict = {}  # the last load: its arrivals, answers and when it started (unix seconds)
         self.spans_dir = spans_dir
@@ -615,97 +614,130 @@ def partition_runs(args, bed, bundle, spec, x, cal, profile) -> dict:
 # ---------------------------------------------------------------- the report
 
 
+def bottleneck_lines(result: dict) -> list[str]:
+    """The bottleneck section: the calibration and every utilisation point."""
+    lines: list[str] = []
+    bn = result["bottleneck"]
+    lines += ["## bottleneck", "",
+              f"Cloud capacity (twin) {bn['capacity_rps']:.1f} requests/s; stages slower after idling "
+              f"{slowdown_text(bn['calibration'])}; stage time spread (CV) {bn['spread_cv']:.2f}; node work "
+              f"{bn['node_work_s'] * 1e3:.2f} ms per request; messaging "
+              f"{bn['calibration']['hop_rtt_median_s'] * 1e3:.2f} ms per visit (median); the cores slow each "
+              f"other by {bn['calibration'].get('interference', 0.0):.2f} s per second beside another busy "
+              f"core; a node's work per message that comes during a batch "
+              f"{bn['calibration'].get('message_work', 0.0) * 1e3:.3f} ms (in-process probe). The runtime's "
+              "repeats: the lowest and highest of its p95 and p99 over the repeats at one load.", "",
+              "| utilisation | req/s | share gap (pts, <= 2) | capped rt / twin | overloaded rt / twin | "
+              "p50 ms rt / twin | p95 ms rt / twin | p99 ms rt / twin | errors p50/p95/p99 | rt repeats p95 / p99 "
+              "ms | met |",
+              "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for p in bn["bottleneck"]["points"]:
+        rt, sm, e = p["runtime"], p["sim"], p["latency_rel_error"]
+        lines.append(
+            f"| {p['rho']:g} | {p['rate']:.1f} | {p['shares_points']:.2f} | {pct(rt['capped_share'])} / "
+            f"{pct(sm['capped_share'])} | {pct(rt['overloaded_share'])} / {pct(sm['overloaded_share'])} | "
+            + " | ".join(f"{ms(rt['latency'][k])} / {ms(sm['latency'][k])}" for k in PERCENTILES)
+            + f" | {' / '.join(pct(e[k]) for k in PERCENTILES)} | "
+            + " / ".join(range_text(repeat_range(p, k)) for k in ("p95", "p99"))
+            + f" | {'yes' if p['met'] else 'NO'} |"
+        )
+    lines.append("")
+    return lines
+
+
+def capacity_lines(cap: dict) -> list[str]:
+    """The capacity section: the rate the twin names, and the runtime at it and above."""
+    lines: list[str] = []
+    lines += ["## capacity", "", f"`{cap['command']}`", ""]
+    if "twin_rate" in cap:
+        lines += [f"The twin names {cap['twin_rate']:.1f} requests/s (x{cap['twin_scale']:.3g}) as the largest "
+                  f"rate with p99 <= {cap['slo_p99_ms']:g} ms.", "",
+                  "| runtime at | req/s | within SLO (>= 99 % meets) | p99 ms | meets |", "|---|---|---|---|---|"]
+        for name in ("at", "above"):
+            c = cap[name]
+            lines.append(f"| {'the twin rate' if name == 'at' else '1.2 x the twin rate'} | {c['rate']:.1f} | "
+                         f"{pct(c['within_slo'])} | {ms(c['p99_s'])} | {'yes' if c['meets'] else 'no'} |")
+        lines += ["", f"Target (meets at the rate, not at 1.2 x): {'met' if cap['met'] else 'NOT met'}.", ""]
+    else:
+        lines += [cap["why"], ""]
+    return lines
+
+
+def links_lines(result: dict, tb: dict) -> list[str]:
+    """The links section: per carry format and bandwidth, runtime against twin."""
+    lines: list[str] = []
+    lines += ["## links", "", "paper-7 on the testbed, all links at one bandwidth, every request to the cloud "
+              f"({result['config']['link_rate']:g} requests/s).", "",
+              "| carry | bandwidth | p50 ms rt / twin | p95 ms rt / twin | error p50 / p95 | met |",
+              "|---|---|---|---|---|---|"]
+    for dtype, v in tb.items():
+        for name, p in v.get("links", {}).items():
+            rt, sm, e = p["runtime"], p["sim"], p["latency_rel_error"]
+            lines.append(f"| {dtype} | {name} | {ms(rt['latency']['p50'])} / {ms(sm['latency']['p50'])} | "
+                         f"{ms(rt['latency']['p95'])} / {ms(sm['latency']['p95'])} | {pct(e['p50'])} / "
+                         f"{pct(e['p95'])} | {'yes' if p['met'] else 'NO'} |")
+    order = result.get("links_order")
+    if order:
+        lines += ["", f"Order of the carry formats (p50, each bandwidth): runtime {order['runtime']}, twin "
+                  f"{order['sim']}: {'same' if order['same'] else 'DIFFERENT'}."]
+    lines.append("")
+    return lines
+
+
+def partition_lines(result: dict, part: dict) -> list[str]:
+    """The partition section: an edge cut off for a while."""
+    lines: list[str] = []
+    rt, sm, e = part["runtime"], part["sim"], part["latency_rel_error"]
+    lines += ["## partition", "", f"edge0's uplink down from {result['config']['down_at']:g} s to "
+              f"{result['config']['up_at']:g} s of a {result['config']['partition_seconds']:g} s load.", "",
+              "| | runtime | twin | gap / error | target |", "|---|---|---|---|---|",
+              f"| degraded share | {pct(rt['degraded_share'])} | {pct(sm['degraded_share'])} | "
+              f"{part['degraded_points']:.2f} pts | <= 2 pts |",
+              f"| mean latency ms | {ms(rt['latency']['mean'])} | {ms(sm['latency']['mean'])} | {pct(e['mean'])} "
+              "| <= 15 % |",
+              f"| p99 latency ms | {ms(rt['latency']['p99'])} | {ms(sm['latency']['p99'])} | {pct(e['p99'])} "
+              "| <= 15 % |",
+              f"| p50 / p95 ms | {ms(rt['latency']['p50'])} / {ms(rt['latency']['p95'])} | "
+              f"{ms(sm['latency']['p50'])} / {ms(sm['latency']['p95'])} | | |",
+              f"| requests without an answer | {part['lost']} | | | 0 |", "",
+              f"Met: {'yes' if part['met'] else 'NO'}.", ""]
+    return lines
+
+
+def colocated_lines(co: dict) -> list[str]:
+    """The colocated section: two one-core hosts, the twin with its cores shared and not."""
+    lines: list[str] = []
+    rt, sm, un, e = co["runtime"], co["sim"], co["sim_unshared"], co["latency_rel_error"]
+    pins = ", ".join(f"{nid} {'/'.join(map(str, c))}" for nid, c in (co.get("cores") or {}).items())
+    lines += ["## colocated", "", f"paper-7 on two hosts of one core each (devices and edges on one, the cloud "
+              f"on the other; pinned: {pins}), its own links, {co['rate']:g} requests/s.", "",
+              "| | p50 ms | p95 ms | p99 ms | share gap (pts) |", "|---|---|---|---|---|",
+              "| runtime | " + " | ".join(ms(rt["latency"][k]) for k in PERCENTILES) + " | |",
+              "| twin, cores shared | " + " | ".join(ms(sm["latency"][k]) for k in PERCENTILES)
+              + f" | {co['shares_points']:.2f} |",
+              "| twin, every node on its own machine | " + " | ".join(ms(un["latency"][k]) for k in PERCENTILES)
+              + " | |",
+              f"| error (shared) | {' | '.join(pct(e[k]) for k in PERCENTILES)} | |", "",
+              f"Met (within 15 %, shares within 2 points): {'yes' if co['met'] else 'NO'}.", ""]
+    return lines
+
+
 def markdown(result: dict) -> str:
     lines = ["# The twin in the hard regime (issue 23)", "", runs_text(result) + f"; {result['config']['repeats']} "
              f"repeats, runtime figures are their medians; the twin pools {result['config']['sim_seeds']} seeds. "
              "Calibrated once per regime at a light load.", ""]
     bn = result.get("bottleneck")
     if bn:
-        lines += ["## bottleneck", "",
-                  f"Cloud capacity (twin) {bn['capacity_rps']:.1f} requests/s; stages slower after idling "
-                  f"{slowdown_text(bn['calibration'])}; stage time spread (CV) {bn['spread_cv']:.2f}; node work "
-                  f"{bn['node_work_s'] * 1e3:.2f} ms per request; messaging "
-                  f"{bn['calibration']['hop_rtt_median_s'] * 1e3:.2f} ms per visit (median); the cores slow each "
-                  f"other by {bn['calibration'].get('interference', 0.0):.2f} s per second beside another busy "
-                  f"core; a node's work per message that comes during a batch "
-                  f"{bn['calibration'].get('message_work', 0.0) * 1e3:.3f} ms (in-process probe). The runtime's "
-                  "repeats: the lowest and highest of its p95 and p99 over the repeats at one load.", "",
-                  "| utilisation | req/s | share gap (pts, <= 2) | capped rt / twin | overloaded rt / twin | "
-                  "p50 ms rt / twin | p95 ms rt / twin | p99 ms rt / twin | errors p50/p95/p99 | rt repeats p95 / p99 "
-                  "ms | met |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
-        for p in bn["bottleneck"]["points"]:
-            rt, sm, e = p["runtime"], p["sim"], p["latency_rel_error"]
-            lines.append(
-                f"| {p['rho']:g} | {p['rate']:.1f} | {p['shares_points']:.2f} | {pct(rt['capped_share'])} / "
-                f"{pct(sm['capped_share'])} | {pct(rt['overloaded_share'])} / {pct(sm['overloaded_share'])} | "
-                + " | ".join(f"{ms(rt['latency'][k])} / {ms(sm['latency'][k])}" for k in PERCENTILES)
-                + f" | {' / '.join(pct(e[k]) for k in PERCENTILES)} | "
-                + " / ".join(range_text(repeat_range(p, k)) for k in ("p95", "p99"))
-                + f" | {'yes' if p['met'] else 'NO'} |"
-            )
-        lines.append("")
-    cap = (bn or {}).get("capacity")
-    if cap:
-        lines += ["## capacity", "", f"`{cap['command']}`", ""]
-        if "twin_rate" in cap:
-            lines += [f"The twin names {cap['twin_rate']:.1f} requests/s (x{cap['twin_scale']:.3g}) as the largest "
-                      f"rate with p99 <= {cap['slo_p99_ms']:g} ms.", "",
-                      "| runtime at | req/s | within SLO (>= 99 % meets) | p99 ms | meets |", "|---|---|---|---|---|"]
-            for name in ("at", "above"):
-                c = cap[name]
-                lines.append(f"| {'the twin rate' if name == 'at' else '1.2 x the twin rate'} | {c['rate']:.1f} | "
-                             f"{pct(c['within_slo'])} | {ms(c['p99_s'])} | {'yes' if c['meets'] else 'no'} |")
-            lines += ["", f"Target (meets at the rate, not at 1.2 x): {'met' if cap['met'] else 'NOT met'}.", ""]
-        else:
-            lines += [cap["why"], ""]
+        lines += bottleneck_lines(result)
+    if (bn or {}).get("capacity"):
+        lines += capacity_lines(bn["capacity"])
     tb = result.get("testbed", {})
     if any("links" in v for v in tb.values()):
-        lines += ["## links", "", "paper-7 on the testbed, all links at one bandwidth, every request to the cloud "
-                  f"({result['config']['link_rate']:g} requests/s).", "",
-                  "| carry | bandwidth | p50 ms rt / twin | p95 ms rt / twin | error p50 / p95 | met |",
-                  "|---|---|---|---|---|---|"]
-        for dtype, v in tb.items():
-            for name, p in v.get("links", {}).items():
-                rt, sm, e = p["runtime"], p["sim"], p["latency_rel_error"]
-                lines.append(f"| {dtype} | {name} | {ms(rt['latency']['p50'])} / {ms(sm['latency']['p50'])} | "
-                             f"{ms(rt['latency']['p95'])} / {ms(sm['latency']['p95'])} | {pct(e['p50'])} / "
-                             f"{pct(e['p95'])} | {'yes' if p['met'] else 'NO'} |")
-        order = result.get("links_order")
-        if order:
-            lines += ["", f"Order of the carry formats (p50, each bandwidth): runtime {order['runtime']}, twin "
-                      f"{order['sim']}: {'same' if order['same'] else 'DIFFERENT'}."]
-        lines.append("")
-    part = tb.get("fp32", {}).get("partition")
-    if part:
-        rt, sm, e = part["runtime"], part["sim"], part["latency_rel_error"]
-        lines += ["## partition", "", f"edge0's uplink down from {result['config']['down_at']:g} s to "
-                  f"{result['config']['up_at']:g} s of a {result['config']['partition_seconds']:g} s load.", "",
-                  "| | runtime | twin | gap / error | target |", "|---|---|---|---|---|",
-                  f"| degraded share | {pct(rt['degraded_share'])} | {pct(sm['degraded_share'])} | "
-                  f"{part['degraded_points']:.2f} pts | <= 2 pts |",
-                  f"| mean latency ms | {ms(rt['latency']['mean'])} | {ms(sm['latency']['mean'])} | {pct(e['mean'])} "
-                  "| <= 15 % |",
-                  f"| p99 latency ms | {ms(rt['latency']['p99'])} | {ms(sm['latency']['p99'])} | {pct(e['p99'])} "
-                  "| <= 15 % |",
-                  f"| p50 / p95 ms | {ms(rt['latency']['p50'])} / {ms(rt['latency']['p95'])} | "
-                  f"{ms(sm['latency']['p50'])} / {ms(sm['latency']['p95'])} | | |",
-                  f"| requests without an answer | {part['lost']} | | | 0 |", "",
-                  f"Met: {'yes' if part['met'] else 'NO'}.", ""]
-    co = tb.get("colocated")
-    if co:
-        rt, sm, un, e = co["runtime"], co["sim"], co["sim_unshared"], co["latency_rel_error"]
-        pins = ", ".join(f"{nid} {'/'.join(map(str, c))}" for nid, c in (co.get("cores") or {}).items())
-        lines += ["## colocated", "", f"paper-7 on two hosts of one core each (devices and edges on one, the cloud "
-                  f"on the other; pinned: {pins}), its own links, {co['rate']:g} requests/s.", "",
-                  "| | p50 ms | p95 ms | p99 ms | share gap (pts) |", "|---|---|---|---|---|",
-                  "| runtime | " + " | ".join(ms(rt["latency"][k]) for k in PERCENTILES) + " | |",
-                  "| twin, cores shared | " + " | ".join(ms(sm["latency"][k]) for k in PERCENTILES)
-                  + f" | {co['shares_points']:.2f} |",
-                  "| twin, every node on its own machine | " + " | ".join(ms(un["latency"][k]) for k in PERCENTILES)
-                  + " | |",
-                  f"| error (shared) | {' | '.join(pct(e[k]) for k in PERCENTILES)} | |", "",
-                  f"Met (within 15 %, shares within 2 points): {'yes' if co['met'] else 'NO'}.", ""]
+        lines += links_lines(result, tb)
+    if tb.get("fp32", {}).get("partition"):
+        lines += partition_lines(result, tb["fp32"]["partition"])
+    if tb.get("colocated"):
+        lines += colocated_lines(tb["colocated"])
     return "\n".join(lines) + "\n"
 
 

@@ -205,14 +205,15 @@ WORKERS = {"speed": worker_speed, "graphs": worker_graphs, "memory": worker_memo
 
 
 def run_worker(kind: str, a: argparse.Namespace, code: Path | None, **extra: Any) -> dict[str, Any]:
-    """This script as a worker in a fresh process; ``code``: a baseline checkout first on PYTHONPATH."""
-    argv = [sys.executable, str(Path(__file__).resolve()), "--worker", kind, "--threads", str(a.threads),
+    """This benchmark as a worker in a fresh process (``python -m bench.your_model_speed --worker``); ``code``: a
+    baseline checkout first on PYTHONPATH (this checkout after it, for the bench package)."""
+    argv = [sys.executable, "-m", "bench.your_model_speed", "--worker", kind, "--threads", str(a.threads),
             "--width", str(a.width), "--batch", str(a.batch), "--steps", str(a.steps), "--blocks", str(a.blocks)]
     for k, v in extra.items():
         argv += [f"--{k.replace('_', '-')}", str(v)]
     env = dict(os.environ)
     if code is not None:
-        env["PYTHONPATH"] = os.pathsep.join([str(code), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+        env["PYTHONPATH"] = os.pathsep.join([str(code), str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     done = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=code or REPO)
     if done.returncode != 0:
         raise SystemExit(f"worker {kind} failed ({done.returncode}): {done.stderr[-3000:]}")
@@ -259,7 +260,7 @@ def compare_graphs(a_dir: Path, b_dir: Path) -> dict[str, Any]:
     return out
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smoke run: narrow ResNet, few steps, 1 repeat")
     ap.add_argument("--repeats", type=int, default=5, help="alternating timed processes per side (default 5)")
@@ -277,7 +278,46 @@ def main() -> None:
     ap.add_argument("--model-file", help=argparse.SUPPRESS)
     ap.add_argument("--rounds", type=int, default=2, help="memory: rounds (default 2)")
     ap.add_argument("--samples", type=int, default=1400, help="memory: synthetic training images (default 1400)")
-    a = ap.parse_args()
+    return ap.parse_args()
+
+
+def speed(a: argparse.Namespace, base: Path) -> dict:
+    """Images per second of the public path and the old one (``base``), alternating timed processes."""
+    runs: dict[str, dict[str, list[float]]] = {"public": {}, "old": {}}
+    for _ in range(a.repeats):  # alternating, so a load change hits both sides
+        for side, code in (("public", None), ("old", base)):
+            for key, values in run_worker("speed", a, code).items():
+                if key != "code":
+                    runs[side].setdefault(key, []).extend(values)
+    med = {side: {k: statistics.median(v) for k, v in r.items()} for side, r in runs.items()}
+    ratio = med["public"]["images_per_s"] / med["old"]["images_per_s"]
+    return {"runs": runs, "median": med, "ratio": ratio, "within_2_percent": abs(ratio - 1) <= 0.02,
+            "cpu_ratio": med["public"]["images_per_cpu_s"] / med["old"]["images_per_cpu_s"]}  # fmt: skip
+
+
+def memory(a: argparse.Namespace, tmp_path: Path) -> dict:
+    """Per user model: training memory of the engine against a plain loop."""
+    out: dict[str, Any] = {}
+    for name in a.models.split(","):
+        if name == "resnet18":
+            try:
+                from cis.training.models.vision import import_torchvision
+
+                import_torchvision()
+            except ModuleNotFoundError:
+                out[name] = "skipped: torchvision not installed"
+                continue
+        model_file = tmp_path / f"{name}.py"
+        model_file.write_text(MODELS[name])
+        runs = {mode: run_worker("memory", a, None, mode=mode, model_file=model_file, rounds=a.rounds,
+                                 samples=a.samples) for mode in ("engine", "plain")}  # fmt: skip
+        out[name] = {**runs, "ratio": runs["engine"]["training_mb"] / max(runs["plain"]["training_mb"], 1e-9),
+                     "within_1_2x": runs["engine"]["training_mb"] <= 1.2 * runs["plain"]["training_mb"]}  # fmt: skip
+    return out
+
+
+def main() -> None:
+    a = parse_args()
     if a.worker:
         print(json.dumps(WORKERS[a.worker](a)))
         return
@@ -292,39 +332,14 @@ def main() -> None:
             print(f"warning: {a.baseline_ref} ({commit[:12]}) already has the public path; pass --baseline-ref "
                   "with a commit from before it", file=sys.stderr)
         result["baseline"] = {"ref": a.baseline_ref, "commit": commit}
-        runs: dict[str, dict[str, list[float]]] = {"public": {}, "old": {}}
-        for _ in range(a.repeats):  # alternating, so a load change hits both sides
-            for side, code in (("public", None), ("old", base)):
-                for key, values in run_worker("speed", a, code).items():
-                    if key != "code":
-                        runs[side].setdefault(key, []).extend(values)
-        med = {side: {k: statistics.median(v) for k, v in r.items()} for side, r in runs.items()}
-        ratio = med["public"]["images_per_s"] / med["old"]["images_per_s"]
-        result["speed"] = {"runs": runs, "median": med, "ratio": ratio, "within_2_percent": abs(ratio - 1) <= 0.02,
-                           "cpu_ratio": med["public"]["images_per_cpu_s"] / med["old"]["images_per_cpu_s"]}
+        result["speed"] = speed(a, base)
         for side, code in (("public", None), ("old", base)):
             (tmp_path / side).mkdir()
             run_worker("graphs", a, code, out=tmp_path / side)
         graphs = compare_graphs(tmp_path / "public", tmp_path / "old")
         result["graphs"] = {"stages": graphs, "identical": all(
             g["same_nodes"] and g["same_initializers"] and g["same_inputs_outputs"] for g in graphs.values())}
-        result["memory"] = {}
-        for name in a.models.split(","):
-            if name == "resnet18":
-                try:
-                    from cis.training.models.vision import import_torchvision
-
-                    import_torchvision()
-                except ModuleNotFoundError:
-                    result["memory"][name] = "skipped: torchvision not installed"
-                    continue
-            model_file = tmp_path / f"{name}.py"
-            model_file.write_text(MODELS[name])
-            runs = {mode: run_worker("memory", a, None, mode=mode, model_file=model_file, rounds=a.rounds,
-                                     samples=a.samples) for mode in ("engine", "plain")}
-            result["memory"][name] = {**runs, "ratio": runs["engine"]["training_mb"] / max(
-                runs["plain"]["training_mb"], 1e-9), "within_1_2x": runs["engine"]["training_mb"]
-                <= 1.2 * runs["plain"]["training_mb"]}
+        result["memory"] = memory(a, tmp_path)
     RESULTS.mkdir(parents=True, exist_ok=True)
     name = "your_model_speed" + ("_quick" if a.quick else "")
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=1))

@@ -95,7 +95,7 @@ def test_prepared_bodies_answer_what_cis_client_answers(demo_bundle):
 
 
 def test_verdict_names_goals_missed_and_met():
-    from bench.peers.run import GOALS, verdict
+    from bench.peers.report import GOALS, verdict
 
     rows = {
         key: {"what": GOALS[key][0], "ratio": q, "goal": f"{GOALS[key][1]} {GOALS[key][2]}", "met": met}
@@ -110,7 +110,7 @@ def test_verdict_names_goals_missed_and_met():
 
 
 def test_peer_ahead_names_only_figures_where_the_peer_does_better():
-    from bench.peers.run import GOALS, peer_ahead
+    from bench.peers.report import GOALS, peer_ahead
 
     def row(key, ours, theirs):
         return {"what": GOALS[key][0], "cis": ours, "peer": theirs, "ratio": ours / theirs,

@@ -28,7 +28,7 @@ Regimes (``--regimes``, default all):
   on one, the cloud on the other: the spec's ``[hosts]``, pinned by ``cis testbed``), ``--colocated-rate``
   requests/s; the twin shares each host's core. Targets: p50/p95/p99 within 15 %, shares within 2 points.
 
-Calibration (``_twin.calibrate``): stage times measured in-process on the core that runs them, on the carries
+Calibration (``cis.sim.twin_calibration.calibrate``): stage times measured in-process on the core that runs them, on the carries
 of the samples the loads send (``profile_stages``); the nodes write their spans (``cis serve --spans-file``),
 and one light Poisson load gives each node's work per batch by how long it idled before the batch (its compute
 spans until the batch's answers were sent, beyond the profiled stage calls), the client's messaging (latency
@@ -180,7 +180,7 @@ def bottleneck_inputs() -> np.ndarray:
 
 
 def with_interference(cal: dict, beside: dict) -> None:
-    """The cores' interference measured in-process (``_twin.beside_busy_core``) in place of the light load's
+    """The cores' interference measured in-process (``cis.sim.twin_stages.beside_busy_core``) in place of the light load's
     estimate from its spans, which is kept beside it (``interference_spans``): three light loads of the
     bottleneck gave 0.03, 0.12 and 0.31."""
     cal["interference_spans"] = cal.get("interference")
@@ -188,7 +188,7 @@ def with_interference(cal: dict, beside: dict) -> None:
 
 
 def with_message_work(cal: dict, probe: dict) -> None:
-    """A node's work per message that comes during a batch, measured in-process (``_message_probe``)."""
+    """A node's work per message that comes during a batch, measured in-process (``cis.sim.twin_stages.message_work``)."""
     cal["message_work"], cal["message_work_probe"] = probe["message_work"], probe
 
 

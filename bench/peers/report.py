@@ -40,6 +40,55 @@ def best_of(one: dict, prefix: str, keys: tuple[str, ...], pick=min):
     return pick(vals) if vals else None
 
 
+# Ray Serve's figures that the best of its modes is taken for: (the keys into a mode's tree result, pick)
+RAY_FIGURES = {
+    "p50_forced": (("paths", "native", "light_forced", "p50_s"), min),
+    "p50_spec": (("paths", "native", "light_spec", "p50_s"), min),
+    "largest_rate": (("paths", "native", "largest_rate"), max),
+    "http_p50": (("paths", "http", "light_forced", "p50_s"), min),
+    "http_rate": (("paths", "http", "largest_rate"), max),
+    "memory": (("rss_load", "rss_mb"), min),
+    "startup": (("startup_s",), min),
+}
+MODE_LABEL = {"default": "default", "throughput": "throughput-optimized (RAY_SERVE_THROUGHPUT_OPTIMIZED=1)"}
+
+
+def best_mode(modes: dict, figure: str) -> str | None:
+    """The mode whose figure is best (lowest latency, memory, start-up; highest rate); None: none measured it."""
+    keys, pick = RAY_FIGURES[figure]
+    got = {m: v for m, r in modes.items() if (v := dig(r, *keys)) is not None}
+    return pick(got, key=got.__getitem__) if got else None
+
+
+def best_ray(modes: dict) -> dict:
+    """Ray Serve at its best over its modes, figure by figure (``best_mode`` says which mode gave each): the
+    native path's p50s and its largest rate (with that mode's sweep and overload), the HTTP path's, the memory
+    under load and at rest, the start-up; the rest (the agreement, the configurations tried) from the mode that
+    gave the largest rate."""
+    ok = {m: r for m, r in modes.items() if "failed" not in r}
+    if not ok:
+        return {"failed": "; ".join(f"{m}: {r['failed']}" for m, r in modes.items())}
+    won = {f: best_mode(ok, f) for f in RAY_FIGURES}
+    base = ok[won["largest_rate"] or next(iter(ok))]
+    out = {**base, "paths": {k: dict(v) for k, v in base.get("paths", {}).items()}, "best_mode": won}
+    native, http = out["paths"].setdefault("native", {}), out["paths"].setdefault("http", {})
+    take = {"p50_forced": (native, "light_forced"), "p50_spec": (native, "light_spec"),
+            "http_p50": (http, "light_forced")}  # fmt: skip
+    for figure, (path, key) in take.items():
+        if won[figure]:
+            path[key] = ok[won[figure]]["paths"]["native" if path is native else "http"][key]
+    if won["http_rate"]:
+        http.update({k: v for k, v in ok[won["http_rate"]]["paths"]["http"].items() if k != "light_forced"})
+    for figure, keys in (("memory", ("rss_load", "rss_rest")), ("startup", ("startup_s", "ready_s"))):
+        if won[figure]:
+            out.update({k: ok[won[figure]].get(k) for k in keys})
+    if won["p50_forced"]:
+        out["best_for_p50"] = {**ok[won["p50_forced"]].get("best_for_p50", {}), "mode": won["p50_forced"]}
+    out["best_for_rate"] = {**base.get("best_for_rate", {}), "mode": won["largest_rate"]}
+    out["agreement"] = (ok.get("default") or base).get("agreement", {})
+    return out
+
+
 def headline(r: dict) -> dict:
     """The issue's goals, each as cis's figure, the peer's, their ratio and whether the goal is met."""
     cis, ray, one = dig(r, "tree", "cis") or {}, dig(r, "tree", "ray") or {}, r.get("single", {})
@@ -132,12 +181,14 @@ def figures(r: dict) -> dict[str, str]:
     best = ray.get("best_for_rate") or {}
     agree = ray.get("agreement", {})
     f = {
-        "machine": f"{r['machine']['cpus']} cores, load average {r['machine']['load_avg'][0]:.1f} at the start",
+        "machine": f"{r['machine']['cpus']} cores, load average {r['machine']['load_avg'][0]:.1f} at the start"
+                   + (f" and {r['machine_end']['load_avg'][0]:.1f} at the end" if r.get("machine_end") else ""),
         "date": r.get("date", "pending"),
         "ray_version": r["versions"].get("ray") or "pending",
         "kserve_version": dig(r["versions"], "kserve", "kserve") or "pending",
         "mlserver_version": dig(r["versions"], "mlserver", "mlserver") or "pending",
         "ray_best": (f"max_batch_size {best['max_batch_size']}, batch_wait_timeout_s {best['batch_wait_timeout_s']}"
+                     + (f", {MODE_LABEL.get(best['mode'], best['mode'])} mode" if best.get("mode") else "")
                      if best else "pending"),
         "p50_cis": fmt(dig(nat, "light_forced", "p50_s"), "ms"),
         "p50_ray": fmt(dig(rnat, "light_forced", "p50_s"), "ms"),
@@ -193,6 +244,7 @@ def figures(r: dict) -> dict[str, str]:
         "stages_alone_b2b": fmt(dig(one, "stages_alone", "back_to_back", "p50_s"), "ms"),
         **{f"above_floor_{k}": fmt(v, "ms") for k, v in ((floors(one) or {}).get("above") or {}).items()},
     }  # fmt: skip
+    f.update(mode_figures(r, nat))
     for who, p in (("cis", nat), ("ray", rnat)):
         o = p.get("overload_2x") or {}
         f[f"overload_{who}"] = (
@@ -204,6 +256,24 @@ def figures(r: dict) -> dict[str, str]:
         a = agree.get(name)
         f[f"agree_{name}"] = (f"{min(a['same_class'], a['same_exit'], a['same_node'])}/{a['samples']}"
                               if a else "pending")  # fmt: skip
+    return f
+
+
+FIGURE_NAMES = {"p50_forced": "p50 forced", "p50_spec": "p50 at the thresholds", "largest_rate": "largest rate",
+                "http_p50": "HTTP p50", "http_rate": "HTTP rate", "memory": "memory", "startup": "start-up"}
+
+
+def mode_figures(r: dict, nat: dict) -> dict[str, str]:
+    """The docs' figures of Ray Serve's modes: which ran, which gave each figure, each mode's p50 forced and cis's
+    p50 as a ratio of it."""
+    modes = {m: t for m, t in (dig(r, "tree", "ray_modes") or {}).items() if "failed" not in t}
+    won = dig(r, "tree", "ray", "best_mode") or {}
+    f = {"ray_modes": " and ".join(MODE_LABEL.get(m, m) for m in modes) or "its default mode",
+         "ray_best_modes": "; ".join(f"{FIGURE_NAMES[k]} {v}" for k, v in won.items() if v) or "pending"}  # fmt: skip
+    for mode in ("default", "throughput"):
+        theirs = dig(modes.get(mode), "paths", "native", "light_forced", "p50_s")
+        f[f"p50_ray_{mode}"] = fmt(theirs, "ms")
+        f[f"p50_ratio_{mode}"] = fmt(ratio(dig(nat, "light_forced", "p50_s"), theirs), "x")
     return f
 
 
@@ -318,14 +388,84 @@ def floors(one: dict) -> dict | None:
             "above": over}
 
 
+def modes_markdown(r: dict) -> list[str]:
+    """Ray Serve's modes side by side, the best of them (the figures compared), and every configuration tried."""
+    modes, best = r["tree"].get("ray_modes") or {}, r["tree"]["ray"].get("best_mode") or {}
+    lines = ["", "## Ray Serve's modes", "",
+             "Each mode ran in a driver process of its own, its server started with the mode's environment; each "
+             "figure compared above is the best of the modes (the mode that gave it in the last row).", "",
+             "| mode | p50 forced | p99 forced | p50 thresholds | largest rate | HTTP p50 forced | HTTP largest rate "
+             "| RSS under load | start-up |", "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for mode, t in modes.items():
+        if "failed" in t:
+            lines.append(f"| {MODE_LABEL.get(mode, mode)} | failed: {t['failed']} | | | | | | | |")
+            continue
+        nat, http = dig(t, "paths", "native") or {}, dig(t, "paths", "http") or {}
+        cells = [MODE_LABEL.get(mode, mode), fmt(dig(nat, "light_forced", "p50_s"), "ms"),
+                 fmt(dig(nat, "light_forced", "p99_s"), "ms"), fmt(dig(nat, "light_spec", "p50_s"), "ms"),
+                 fmt(nat.get("largest_rate"), "rate"), fmt(dig(http, "light_forced", "p50_s"), "ms"),
+                 fmt(http.get("largest_rate"), "rate"), fmt(dig(t, "rss_load", "rss_mb"), "mb"),
+                 fmt(t.get("startup_s"), "s")]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    order = ("p50_forced", "p50_forced", "p50_spec", "largest_rate", "http_p50", "http_rate", "memory", "startup")
+    lines.append("| best of the modes, from | " + " | ".join(best.get(f) or "-" for f in order) + " |")
+    lines += ["", "Configurations tried (handle path):", "",
+              "| mode | max_batch_size | batch_wait_timeout_s | p50 forced | p50 thresholds | largest rate |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
+    for mode, t in modes.items():
+        for c in t.get("configs_tried", []):
+            cells = [mode, str(c["max_batch_size"]), str(c["batch_wait_timeout_s"]),
+                     fmt(dig(c, "light_forced", "p50_s"), "ms"), fmt(dig(c, "light_spec", "p50_s"), "ms"),
+                     fmt(c["largest_rate"], "rate")]  # fmt: skip
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
+def tree_markdown(r: dict) -> list[str]:
+    """The tree: each path's latency, rate and overload; memory and start-up; Ray Serve's modes."""
+    lines = ["", "## The tree: paper-7, batch 1", "",
+             "| path | p50 forced | p99 forced | p50 thresholds | p99 thresholds | largest rate, p99 < 100 ms "
+             "| 2x that rate: answered / refused / timed out | RSS before -> after 2x |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    ray = "Ray Serve (best of its modes)" if r["tree"].get("ray_modes") else "Ray Serve"
+    for who, label in (("cis", "cis"), ("ray", ray)):
+        lines += [_tree_row(f"{label} {path}", p) for path, p in (r["tree"][who].get("paths") or {}).items()]
+    lines += ["", "## Memory and start-up", "",
+              "| system | processes | RSS at rest | RSS under load | PSS under load | start-up to first answer |",
+              "|---|---|---|---|---|---|"]  # fmt: skip
+    for who, label in (("cis", "cis serve --all"), ("ray", "Ray Serve app")):
+        t = r["tree"][who]
+        cells = [label, str(dig(t, "rss_load", "processes")), fmt(dig(t, "rss_rest", "rss_mb"), "mb"),
+                 fmt(dig(t, "rss_load", "rss_mb"), "mb"), fmt(dig(t, "rss_load", "pss_mb"), "mb"),
+                 fmt(t.get("startup_s"), "s")]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    for who in ("cis", "ray"):
+        rows = sorted(dig(r["tree"][who], "rss_load", "per_process") or [], key=lambda p: -p["rss_mb"])
+        each = "; ".join(f"`{p['name']}` {p['rss_mb']:.0f} / {p['pss_mb'] or 0:.0f}" for p in rows)
+        lines += ["", f"Processes of {who} under load (RSS / PSS, MB): {each}"]
+    if r["tree"].get("ray_modes"):
+        return lines + modes_markdown(r)
+    lines += ["", "## Ray Serve configurations tried (handle path)", "",
+              "| max_batch_size | batch_wait_timeout_s | p50 forced | p50 thresholds | largest rate |",
+              "|---|---|---|---|---|"]  # fmt: skip
+    for c in r["tree"]["ray"].get("configs_tried", []):
+        cells = [str(c["max_batch_size"]), str(c["batch_wait_timeout_s"]), fmt(dig(c, "light_forced", "p50_s"), "ms"),
+                 fmt(dig(c, "light_spec", "p50_s"), "ms"), fmt(c["largest_rate"], "rate")]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def markdown(r: dict) -> list[str]:
     v, m = r["versions"], r["machine"]
     smoke = " -- QUICK SMOKE RUN, not a result" if r["quick"] else ""
     load = ", ".join(f"{x:.1f}" for x in m["load_avg"])
+    end = r.get("machine_end")
     lines = [
         f"# cis against its peers (issue 34){smoke}",
         "",
-        f"{m['cpus']} cores, load average {load} at the start, {r['date']}, {r['seconds'] / 60:.1f} min. "
+        f"{m['cpus']} cores, load average {load} at the start"
+        + (f" and {', '.join(f'{x:.1f}' for x in end['load_avg'])} at the end" if end else "")
+        + f", {r['date']}, {r['seconds'] / 60:.1f} min. "
         f"Timed bundle: `{r['bundle']}`. Versions: cis {v.get('cis')}, Ray {v.get('ray')}, KServe "
         f"{dig(v, 'kserve', 'kserve')}, MLServer {dig(v, 'mlserver', 'mlserver')}, tritonclient "
         f"{v.get('tritonclient')}, onnxruntime {v.get('onnxruntime')}, Python {v.get('python')}.",
@@ -344,33 +484,7 @@ def markdown(r: dict) -> list[str]:
         cells = [h["what"], fmt(h["cis"], kind), fmt(h["peer"], kind), fmt(h["ratio"], "x"), h["goal"], met]
         lines.append("| " + " | ".join(cells) + " |")
     if r.get("tree"):
-        lines += ["", "## The tree: paper-7, batch 1", "",
-                  "| path | p50 forced | p99 forced | p50 thresholds | p99 thresholds | largest rate, p99 < 100 ms "
-                  "| 2x that rate: answered / refused / timed out | RSS before -> after 2x |",
-                  "|---|---|---|---|---|---|---|---|"]  # fmt: skip
-        for who, label in (("cis", "cis"), ("ray", "Ray Serve")):
-            lines += [_tree_row(f"{label} {path}", p) for path, p in (r["tree"][who].get("paths") or {}).items()]
-        lines += ["", "## Memory and start-up", "",
-                  "| system | processes | RSS at rest | RSS under load | PSS under load | start-up to first answer |",
-                  "|---|---|---|---|---|---|"]  # fmt: skip
-        for who, label in (("cis", "cis serve --all"), ("ray", "Ray Serve app")):
-            t = r["tree"][who]
-            cells = [label, str(dig(t, "rss_load", "processes")), fmt(dig(t, "rss_rest", "rss_mb"), "mb"),
-                     fmt(dig(t, "rss_load", "rss_mb"), "mb"), fmt(dig(t, "rss_load", "pss_mb"), "mb"),
-                     fmt(t.get("startup_s"), "s")]  # fmt: skip
-            lines.append("| " + " | ".join(cells) + " |")
-        for who in ("cis", "ray"):
-            rows = sorted(dig(r["tree"][who], "rss_load", "per_process") or [], key=lambda p: -p["rss_mb"])
-            each = "; ".join(f"`{p['name']}` {p['rss_mb']:.0f} / {p['pss_mb'] or 0:.0f}" for p in rows)
-            lines += ["", f"Processes of {who} under load (RSS / PSS, MB): {each}"]
-        lines += ["", "## Ray Serve configurations tried (handle path)", "",
-                  "| max_batch_size | batch_wait_timeout_s | p50 forced | p50 thresholds | largest rate |",
-                  "|---|---|---|---|---|"]  # fmt: skip
-        for c in r["tree"]["ray"].get("configs_tried", []):
-            cells = [str(c["max_batch_size"]), str(c["batch_wait_timeout_s"]),
-                     fmt(dig(c, "light_forced", "p50_s"), "ms"), fmt(dig(c, "light_spec", "p50_s"), "ms"),
-                     fmt(c["largest_rate"], "rate")]  # fmt: skip
-            lines.append("| " + " | ".join(cells) + " |")
+        lines += tree_markdown(r)
     if r.get("single"):
         lines += one_tier_markdown(r)
     lines += ["", "## The Ray Serve app answers what cis answers", ""] if r.get("tree") else []
@@ -378,5 +492,5 @@ def markdown(r: dict) -> list[str]:
         lines.append(f"- {name}: {a['samples']} samples one at a time; same class {a['same_class']}, same exit "
                      f"{a['same_exit']}, same serving node {a['same_node']}; largest confidence gap "
                      f"{a['max_confidence_gap']}; served per exit {a['served_share_per_exit']}")  # fmt: skip
-    lines += ["", "## Notes", "", *[f"- {n}" for n in r["notes"]]]
-    return lines
+    return [*lines, "", "## Notes", "", *[f"- {n}" for n in r["notes"]]]
+

@@ -68,7 +68,7 @@ import numpy as np
 
 from bench.harness import REPO, RESULTS, Served, ensure_cifar, machine, write_results
 from bench.peers.loadgen import CisNative, OipHttp, RayHandle, drive, drive_sync, holds, offsets_of
-from bench.peers.report import PENDING_DOOR, fill_docs, fmt, headline, markdown, ratio
+from bench.peers.report import PENDING_DOOR, best_ray, fill_docs, fmt, headline, markdown, ratio
 from bench.peers.systems import (
     VENVS,
     MemoryPeak,
@@ -89,6 +89,9 @@ from bench.peers.systems import (
 )
 
 P99_LIMIT = 0.100
+# Ray Serve's modes: the environment its processes (the server's and this driver's: Serve reads it at import) start
+# with. "throughput": Ray's throughput-optimized serving (gRPC between replicas by default, direct ingress, ...)
+RAY_MODES = {"default": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "0"}, "throughput": {"RAY_SERVE_THROUGHPUT_OPTIMIZED": "1"}}
 LIGHT_RATE = 25.0
 
 
@@ -116,15 +119,24 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--data", default="/tmp/cifar10", help="CIFAR-10 folder (unzipped when missing)")
     ap.add_argument("--bundle", help="the bundle to time (default: the CIFAR-10 bundle; --quick: digits)")
     ap.add_argument("--inputs", help="an .npz with x (N, C, H, W) to send (default: the bundle's test split)")
+    ap.add_argument("--ray-modes", default=None,
+                    help="Ray Serve's modes, each measured in a driver process of its own: default, throughput "
+                         "(RAY_SERVE_THROUGHPUT_OPTIMIZED=1, Ray's throughput-optimized serving); the best of them is "
+                         "the comparison (default both; --quick default)")
+    ap.add_argument("--ray-only", metavar="MODE", help=argparse.SUPPRESS)  # one mode's tree_ray, in a child process
     ap.add_argument("--ray-configs", default=None,
-                    help="Ray batching tried, MAX_BATCH/WAIT_S,... (default 10/0.01,1/0,32/0,32/0.002; --quick 32/0; "
-                         "--p50-only 32/0,10/0.01,1/0)")
+                    help="Ray batching tried in each mode, MAX_BATCH/WAIT_S,... (default 10/0.01,1/0,32/0; --quick "
+                         "32/0; --p50-only 32/0,10/0.01,1/0)")
     ap.add_argument("--out", default=None, help="result file (default results/peers.json, peers-quick.json)")
     args = ap.parse_args(argv)
-    default = "32/0,10/0.01,1/0" if args.p50_only else "32/0" if args.quick else "10/0.01,1/0,32/0,32/0.002"
+    default = "32/0,10/0.01,1/0" if args.p50_only else "32/0" if args.quick else "10/0.01,1/0,32/0"
     text = args.ray_configs or default
     args.configs = [{"max_batch_size": int(b), "batch_wait_timeout_s": float(w)}
                     for b, w in (c.split("/") for c in text.split(","))]  # fmt: skip
+    args.modes = (args.ray_modes or ("default" if args.quick else ",".join(RAY_MODES))).split(",")
+    unknown = sorted(set(args.modes) - set(RAY_MODES))
+    if unknown:
+        ap.error(f"--ray-modes: unknown {', '.join(unknown)}; expected some of {', '.join(RAY_MODES)}")
     args.light_n = 20 if args.quick else 200
     args.step_s = 0.5 if args.quick else 3.0
     args.sweep = {"start": 50.0, "cap": 400.0, "bisect": 0} if args.quick else {}
@@ -424,8 +436,10 @@ def tree_ray(bundle: Path, x: np.ndarray, nodes: list[str], args, agree: dict[st
     first = args.configs[0]
     cmd = ["--max-batch-size", str(first["max_batch_size"]), "--batch-wait-timeout-s",
            str(first["batch_wait_timeout_s"])]  # fmt: skip
-    ray = RayServer(bundle, work / "ray.log", cmd, first)
-    out: dict = {"command": "python bench/peers/ray_serve_cis.py --bundle BUNDLE " + " ".join(cmd)}
+    mode = args.ray_only or "default"
+    ray = RayServer(bundle, work / f"ray-{mode}.log", cmd, first)
+    out: dict = {"command": "python -m bench.peers.ray_serve_cis --bundle BUNDLE " + " ".join(cmd), "mode": mode,
+                 "env": RAY_MODES[mode], "serve_constants": serve_constants()}  # fmt: skip
     try:
         http = ray_http(ray, nodes)
         body = oip_body(x[:1])
@@ -469,6 +483,45 @@ def tree_ray(bundle: Path, x: np.ndarray, nodes: list[str], args, agree: dict[st
     finally:
         ray.stop()
     return out
+
+
+def serve_constants() -> dict:
+    """What Ray Serve read from this driver's environment at import: its throughput-optimized mode and what that
+    mode turns on (the handle path's gRPC, direct ingress)."""
+    from ray.serve._private import constants as c
+
+    names = ("RAY_SERVE_THROUGHPUT_OPTIMIZED", "RAY_SERVE_USE_GRPC_BY_DEFAULT", "RAY_SERVE_ENABLE_DIRECT_INGRESS",
+             "RAY_SERVE_RUN_ROUTER_IN_SEPARATE_LOOP", "RAY_SERVE_RUN_USER_CODE_IN_SEPARATE_THREAD")
+    return {k: getattr(c, k, None) for k in names}
+
+
+def ray_modes(args) -> dict:
+    """Each of Ray Serve's modes (``--ray-modes``) measured by :func:`tree_ray` in a driver process of its own,
+    started with the mode's environment (Serve reads it at import, in the server's processes and in the driver's
+    handles), one after another: {mode: its result, or why it failed}."""
+    configs = ",".join(f"{c['max_batch_size']}/{c['batch_wait_timeout_s']:g}" for c in args.configs)
+    out = {}
+    for mode in args.modes:
+        path = Path(args.work) / f"ray-{mode}.json"
+        path.unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "bench.peers", "--ray-only", mode, "--out", str(path), "--work", args.work,
+               "--data", args.data, "--ray-configs", configs, *(["--quick"] if args.quick else []),
+               *(["--bundle", args.bundle] if args.bundle else []), *(["--inputs", args.inputs] if args.inputs else [])]
+        print(f"peers: Ray Serve, {mode} mode", file=sys.stderr, flush=True)
+        done = subprocess.run(cmd, env={**os.environ, **RAY_MODES[mode]}, cwd=REPO)
+        out[mode] = json.loads(path.read_text()) if done.returncode == 0 and path.is_file() else {
+            "failed": f"exit {done.returncode}; see {Path(args.work) / f'ray-{mode}.log'}"}  # fmt: skip
+    return out
+
+
+def ray_only(args, bundle: Path, x: np.ndarray, nodes: list[str], agree: dict) -> int:
+    """``--ray-only MODE``: :func:`tree_ray` in this process, started with the mode's environment; --out."""
+    want = RAY_MODES[args.ray_only]
+    got = {k: os.environ.get(k) for k in want}
+    if got != want:
+        raise SystemExit(f"peers: --ray-only {args.ray_only} needs the environment {want}; this process has {got}")
+    Path(args.out).write_text(json.dumps(tree_ray(bundle, x, nodes, args, agree), indent=2, default=float))
+    return 0
 
 
 def ray_native(ray: RayServer) -> Callable[[], RayHandle]:
@@ -746,7 +799,8 @@ NOTES = [
     "flagged capped, which is cheaper). Both use the bundle's per-node thresholds; 'forced' is threshold inf below "
     "the root.",
     "One load generator (open loop, Poisson arrivals, one sample per request) in one process drives every system: "
-    "asyncio for cis.Client and Ray's handle; for every HTTP path the same tritonclient client "
+    "the load generator of cis bench (cis.runtime.loadgen, asyncio) for cis.Client and Ray's handle; for every "
+    "HTTP path the same tritonclient client "
     "(tritonclient.http, its synchronous geventhttpclient client, a greenlet per request in flight), each sample's "
     "request body made once with tritonclient's generate_request_body before the timed run and posted as infer "
     "posts it. A rate is held when every request was answered, p99 < 100 ms and the generator kept up.",
@@ -754,6 +808,10 @@ NOTES = [
     "not); a null endpoint (bench/peers/null_oip.py: a canned answer, no work) measures the client alone, and "
     "the stages alone are timed in the load generator's process: together, the floor of every HTTP p50. CPU per "
     "request is each side's own user + system time (the kernel's accounting) over a run at a fixed rate.",
+    "Ray Serve in each of its modes (--ray-modes: default, and throughput-optimized with "
+    "RAY_SERVE_THROUGHPUT_OPTIMIZED=1), each in a driver process of its own started with the mode's environment (Serve "
+    "reads it at import: in the server's processes and in the driver's handles); every Ray figure compared is the "
+    "best of its modes, and which mode gave it is said.",
     "Ray Serve: dashboard off (Ray still starts its dashboard head process for its APIs), Ray on loopback, "
     "replicas num_cpus=0 (seven replicas on few cores), "
     "max_ongoing_requests twice the batch; HTTP ingress on the devices deployment (one proxy actor).",
@@ -833,10 +891,14 @@ def main(argv: list[str] | None = None) -> int:
     nodes = entry_nodes(bundle, len(x))
     door = cis_has_front_door()
     r["front_door"] = door or PENDING_DOOR
-    r["ray_configs"] = args.configs
+    r["ray_configs"], r["ray_modes"] = args.configs, args.modes
     print(f"peers: timing {bundle}; front door {'yes' if door else 'pending'}", file=sys.stderr)
+    if args.ray_only:
+        return ray_only(args, bundle, x, nodes, agree)
     if args.only != "one-tier":
-        r["tree"] = {"cis": tree_cis(bundle, x, nodes, args, door), "ray": tree_ray(bundle, x, nodes, args, agree)}
+        r["tree"] = {"cis": tree_cis(bundle, x, nodes, args, door), "ray_modes": ray_modes(args)}
+        r["tree"]["ray"] = best_ray(r["tree"]["ray_modes"])
+        r["machine_end"] = machine()
     if args.only != "tree":
         r["single"] = single(bundle, x, args, door)
     r["headline"] = headline(r)

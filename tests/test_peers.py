@@ -26,9 +26,8 @@ pytest.importorskip("onnx")
 
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench" / "peers"))
 
-from bench.peers.systems import RayServer, cis_tree, missing_peers  # noqa: E402  (Ray on loopback: before ray is imported)
+from bench.peers.systems import RayServer, cis_tree, missing_peers  # noqa: E402 (Ray on loopback: before ray is imported)
 
 if missing_peers(http=False):
     pytest.skip("ray[serve] is not installed (pip install '.[peers]')", allow_module_level=True)

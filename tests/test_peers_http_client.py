@@ -14,7 +14,6 @@ Skipped where tritonclient[http] is not installed (``pip install '.[peers]'``).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +22,6 @@ import pytest
 pytest.importorskip("tritonclient.http")
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "bench" / "peers"))
 
 from bench.peers.loadgen import OipHttp, drive_sync, offsets_of  # noqa: E402
 from bench.peers.systems import SingleServer, cis_node, cpu_seconds, oip_body, wait_http  # noqa: E402

@@ -173,9 +173,45 @@ def peer_ahead(h: dict) -> str:
     return "; ".join(ahead) or "none"
 
 
+def one_tier_figures(r: dict) -> dict[str, str]:
+    """The docs' figures of the one-tier comparison (the front door against KServe and MLServer, the floor)."""
+    one, h = r.get("single", {}), r["headline"]
+    return {
+        "door_p50": fmt(h["door_p50_mlserver"]["cis"], "ms"),
+        "door_p50_binary": fmt(h["door_p50_kserve"]["cis"], "ms"),
+        "kserve_p50": fmt(h["door_p50_kserve"]["peer"], "ms"),
+        "mlserver_p50": fmt(h["door_p50_mlserver"]["peer"], "ms"),
+        "door_rate": fmt(h["door_rate_mlserver"]["cis"], "rate"),
+        "door_rate_binary": fmt(h["door_rate_kserve"]["cis"], "rate"),
+        "kserve_rate": fmt(h["door_rate_kserve"]["peer"], "rate"),
+        "mlserver_rate": fmt(h["door_rate_mlserver"]["peer"], "rate"),
+        "one_tier_native_p50": fmt(dig(one, "cis", "native", "light", "p50_s"), "ms"),
+        "one_tier_native_rate": fmt(dig(one, "cis", "native", "largest_rate"), "rate"),
+        "door_p50_spin": fmt(dig(one, "cis", "http_binary_spin", "light", "p50_s"), "ms"),
+        "null_p50": fmt(dig(one, "null", "light", "p50_s"), "ms"),
+        "null_p50_binary": fmt(dig(one, "null_binary", "light", "p50_s"), "ms"),
+        "null_rate": fmt(dig(one, "null", "largest_rate"), "rate"),
+        "null_rate_binary": fmt(dig(one, "null_binary", "largest_rate"), "rate"),
+        "client_cpu": fmt(dig(one, "null", "cost", "client_cpu_ms"), "cpu"),
+        "client_cpu_binary": fmt(dig(one, "null_binary", "cost", "client_cpu_ms"), "cpu"),
+        "server_cpu_cis": fmt(dig(one, "cis", "http", "cost", "server_cpu_ms"), "cpu"),
+        "server_cpu_cis_binary": fmt(dig(one, "cis", "http_binary", "cost", "server_cpu_ms"), "cpu"),
+        "server_cpu_cis_native": fmt(dig(one, "cis", "native", "cost", "server_cpu_ms"), "cpu"),
+        "server_cpu_kserve": fmt(dig(one, "kserve", "cost", "server_cpu_ms"), "cpu"),
+        "server_cpu_mlserver": fmt(dig(one, "mlserver_workers0", "cost", "server_cpu_ms"), "cpu"),
+        "cost_rate": fmt(next((dig(p, "cost", "rate") for p in one.values() if dig(p, "cost", "rate")), None), "rate"),
+        "verdict": verdict(h),
+        "peer_ahead": peer_ahead(h),
+        "stages_alone": fmt(dig(one, "stages_alone", "p50_s"), "ms"),
+        "floor": (floors(one) or {}).get("text", "pending"),
+        "stages_alone_b2b": fmt(dig(one, "stages_alone", "back_to_back", "p50_s"), "ms"),
+        **{f"above_floor_{k}": fmt(v, "ms") for k, v in ((floors(one) or {}).get("above") or {}).items()},
+    }  # fmt: skip
+
+
 def figures(r: dict) -> dict[str, str]:
     """The figures docs/runtime.md shows ("cis or Ray Serve?"), by name, formatted, all from the result."""
-    cis, ray, one, h = dig(r, "tree", "cis") or {}, dig(r, "tree", "ray") or {}, r.get("single", {}), r["headline"]
+    cis, ray, h = dig(r, "tree", "cis") or {}, dig(r, "tree", "ray") or {}, r["headline"]
     nat, rnat = dig(cis, "paths", "native") or {}, dig(ray, "paths", "native") or {}
     http, rhttp = dig(cis, "paths", "http") or {}, dig(ray, "paths", "http") or {}
     best = ray.get("best_for_rate") or {}
@@ -214,37 +250,9 @@ def figures(r: dict) -> dict[str, str]:
         "http_p50_ray": fmt(dig(rhttp, "light_forced", "p50_s"), "ms"),
         "http_rate_cis": fmt(http.get("largest_rate"), "rate"),
         "http_rate_ray": fmt(rhttp.get("largest_rate"), "rate"),
-        "door_p50": fmt(h["door_p50_mlserver"]["cis"], "ms"),
-        "door_p50_binary": fmt(h["door_p50_kserve"]["cis"], "ms"),
-        "kserve_p50": fmt(h["door_p50_kserve"]["peer"], "ms"),
-        "mlserver_p50": fmt(h["door_p50_mlserver"]["peer"], "ms"),
-        "door_rate": fmt(h["door_rate_mlserver"]["cis"], "rate"),
-        "door_rate_binary": fmt(h["door_rate_kserve"]["cis"], "rate"),
-        "kserve_rate": fmt(h["door_rate_kserve"]["peer"], "rate"),
-        "mlserver_rate": fmt(h["door_rate_mlserver"]["peer"], "rate"),
-        "one_tier_native_p50": fmt(dig(one, "cis", "native", "light", "p50_s"), "ms"),
-        "one_tier_native_rate": fmt(dig(one, "cis", "native", "largest_rate"), "rate"),
-        "door_p50_spin": fmt(dig(one, "cis", "http_binary_spin", "light", "p50_s"), "ms"),
-        "null_p50": fmt(dig(one, "null", "light", "p50_s"), "ms"),
-        "null_p50_binary": fmt(dig(one, "null_binary", "light", "p50_s"), "ms"),
-        "null_rate": fmt(dig(one, "null", "largest_rate"), "rate"),
-        "null_rate_binary": fmt(dig(one, "null_binary", "largest_rate"), "rate"),
-        "client_cpu": fmt(dig(one, "null", "cost", "client_cpu_ms"), "cpu"),
-        "client_cpu_binary": fmt(dig(one, "null_binary", "cost", "client_cpu_ms"), "cpu"),
-        "server_cpu_cis": fmt(dig(one, "cis", "http", "cost", "server_cpu_ms"), "cpu"),
-        "server_cpu_cis_binary": fmt(dig(one, "cis", "http_binary", "cost", "server_cpu_ms"), "cpu"),
-        "server_cpu_cis_native": fmt(dig(one, "cis", "native", "cost", "server_cpu_ms"), "cpu"),
-        "server_cpu_kserve": fmt(dig(one, "kserve", "cost", "server_cpu_ms"), "cpu"),
-        "server_cpu_mlserver": fmt(dig(one, "mlserver_workers0", "cost", "server_cpu_ms"), "cpu"),
-        "cost_rate": fmt(next((dig(p, "cost", "rate") for p in one.values() if dig(p, "cost", "rate")), None), "rate"),
-        "verdict": verdict(h),
-        "peer_ahead": peer_ahead(h),
-        "stages_alone": fmt(dig(one, "stages_alone", "p50_s"), "ms"),
-        "floor": (floors(one) or {}).get("text", "pending"),
-        "stages_alone_b2b": fmt(dig(one, "stages_alone", "back_to_back", "p50_s"), "ms"),
-        **{f"above_floor_{k}": fmt(v, "ms") for k, v in ((floors(one) or {}).get("above") or {}).items()},
     }  # fmt: skip
     f.update(mode_figures(r, nat))
+    f.update(one_tier_figures(r))
     for who, p in (("cis", nat), ("ray", rnat)):
         o = p.get("overload_2x") or {}
         f[f"overload_{who}"] = (

@@ -838,23 +838,44 @@ def merge(tree: dict, one: dict) -> dict:
     return r
 
 
+def from_files(args, name: str) -> int:
+    """``--merge`` (peers.json from the tree's and the one tier's runs) or ``--report`` (from the JSON again):
+    peers.md, and the docs' figures of a full run."""
+    if args.merge:
+        r = merge(*(json.loads((RESULTS / f"{name}-{part}.json").read_text()) for part in ("tree", "one-tier")))
+    else:
+        r = json.loads((Path(args.out) if args.out else RESULTS / f"{name}.json").read_text())
+    write_results(name, r, markdown(r))
+    if not r["quick"] and r.get("tree"):
+        print(f"docs/runtime.md and README.md: {fill_docs(r)} figures", file=sys.stderr)
+    return 0
+
+
+def partial_run(args, work: Path) -> int:
+    """``--profile`` (py-spy under load) or ``--p50-only`` (the GPU machine's p50 through three tiers)."""
+    if args.profile:
+        out = profile(args)
+        tag = f"-{args.profile_server}" if args.profile == "one-tier" else ""
+        write_results(f"peers-profile-{args.profile}-{args.profile_path}{tag}", out, profile_markdown(out))
+        return 0
+    if not args.bundle:
+        args.bundle = str(cifar_bundle(work, args.data))
+    out = p50_only(args)
+    path = Path(args.out or RESULTS / "peers-p50.json")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(out, indent=2, default=float))
+    print(json.dumps({"p50_cis_s": out["cis"]["light_forced"]["p50_s"],
+                      "p50_ray_s": out["ray"]["light_forced"]["p50_s"], "ratio": out["p50_ratio"]}))  # fmt: skip
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.setup:
         return subprocess.run(["bash", str(REPO / "scripts" / "peers_setup.sh")]).returncode
     name = ("peers-quick" if args.quick else "peers") + (f"-{args.only}" if args.only else "")
-    if args.merge:
-        r = merge(*(json.loads((RESULTS / f"{name}-{part}.json").read_text()) for part in ("tree", "one-tier")))
-        write_results(name, r, markdown(r))
-        if not r["quick"]:
-            print(f"docs/runtime.md and README.md: {fill_docs(r)} figures", file=sys.stderr)
-        return 0
-    if args.report:
-        r = json.loads((Path(args.out) if args.out else RESULTS / f"{name}.json").read_text())
-        write_results(name, r, markdown(r))
-        if not r["quick"] and r.get("tree"):
-            print(f"docs/runtime.md and README.md: {fill_docs(r)} figures", file=sys.stderr)
-        return 0
+    if args.merge or args.report:
+        return from_files(args, name)
     missing = missing_peers(http=not args.p50_only)  # --p50-only: the handle path alone, no HTTP client
     if missing:
         print(f"peers: needs {', '.join(missing)}: bash scripts/peers_setup.sh (or pip install '.[peers]')",
@@ -862,21 +883,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     work = Path(args.work)
     (work / "logs").mkdir(parents=True, exist_ok=True)
-    if args.profile:
-        out = profile(args)
-        tag = f"-{args.profile_server}" if args.profile == "one-tier" else ""
-        write_results(f"peers-profile-{args.profile}-{args.profile_path}{tag}", out, profile_markdown(out))
-        return 0
-    if args.p50_only:
-        if not args.bundle:
-            args.bundle = str(cifar_bundle(work, args.data))
-        out = p50_only(args)
-        path = Path(args.out or RESULTS / "peers-p50.json")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(out, indent=2, default=float))
-        print(json.dumps({"p50_cis_s": out["cis"]["light_forced"]["p50_s"],
-                          "p50_ray_s": out["ray"]["light_forced"]["p50_s"], "ratio": out["p50_ratio"]}))  # fmt: skip
-        return 0
+    if args.profile or args.p50_only:
+        return partial_run(args, work)
     start = time.perf_counter()
     r: dict = {"benchmark": "peers", "quick": args.quick, "machine": machine(), "versions": versions(),
                "date": time.strftime("%Y-%m-%d %H:%M"), "notes": NOTES}  # fmt: skip

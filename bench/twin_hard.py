@@ -28,15 +28,15 @@ Regimes (``--regimes``, default all):
   on one, the cloud on the other: the spec's ``[hosts]``, pinned by ``cis testbed``), ``--colocated-rate``
   requests/s; the twin shares each host's core. Targets: p50/p95/p99 within 15 %, shares within 2 points.
 
-Calibration (``cis.sim.twin_calibration.calibrate``): stage times measured in-process on the core that runs them, on the carries
-of the samples the loads send (``profile_stages``); the nodes write their spans (``cis serve --spans-file``),
-and one light Poisson load gives each node's work per batch by how long it idled before the batch (its compute
-spans until the batch's answers were sent, beyond the profiled stage calls), the client's messaging (latency
-beyond the entry node's request span) and each forward's (its span beyond the parent's request span), and how much
-the machine's cores slow each other (each batch's time beyond its profile against how long other nodes' batches
-ran beside it: ``SimConfig.interference``); a node that idled pays its reading of the message that woke it (its
-queue span) as batch work. Other jobs
-(processes whose working directory is under ``--pause-cwd``) are stopped (SIGSTOP) only while a load runs
+Calibration (``cis.sim.twin_calibration.calibrate``): stage times measured in-process on the core that runs them, on
+the carries of the samples the loads send (``profile_stages``); the nodes write their spans (``cis serve
+--spans-file``), and one light Poisson load gives each node's work per batch by how long it idled before the batch
+(its compute spans until the batch's answers were sent, beyond the profiled stage calls), the client's messaging
+(latency beyond the entry node's request span) and each forward's (its span beyond the parent's request span), and
+how much the machine's cores slow each other (each batch's time beyond its profile against how long other nodes'
+batches ran beside it: ``SimConfig.interference``); a node that idled pays its reading of the message that woke it
+(its queue span) as batch work. Other jobs (processes whose working directory is under ``--pause-cwd``) are stopped
+(SIGSTOP) only while a load runs
 and always resumed; ``--priority N`` (default -15) sets the nice value of this benchmark's scheduling group
 (``/proc/self/autogroup``: its session, so its nodes too) for the run, so that jobs of other sessions take
 little from the loads. Propagation latency is not emulated where the kernel has no netem (this machine):
@@ -180,15 +180,16 @@ def bottleneck_inputs() -> np.ndarray:
 
 
 def with_interference(cal: dict, beside: dict) -> None:
-    """The cores' interference measured in-process (``cis.sim.twin_stages.beside_busy_core``) in place of the light load's
-    estimate from its spans, which is kept beside it (``interference_spans``): three light loads of the
+    """The cores' interference measured in-process (``cis.sim.twin_stages.beside_busy_core``) in place of the light
+    load's estimate from its spans, which is kept beside it (``interference_spans``): three light loads of the
     bottleneck gave 0.03, 0.12 and 0.31."""
     cal["interference_spans"] = cal.get("interference")
     cal["interference"], cal["interference_ratios"] = beside["interference"], beside["ratios"]
 
 
 def with_message_work(cal: dict, probe: dict) -> None:
-    """A node's work per message that comes during a batch, measured in-process (``cis.sim.twin_stages.message_work``)."""
+    """A node's work per message that comes during a batch, measured in-process
+    (``cis.sim.twin_stages.message_work``)."""
     cal["message_work"], cal["message_work_probe"] = probe["message_work"], probe
 
 

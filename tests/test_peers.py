@@ -76,7 +76,7 @@ def test_forced_thresholds_serve_everything_at_the_cloud(digits, ray_app, tmp_pa
     x = _samples(12)
     nodes = entry_nodes(digits, len(x))
     ray_app.redeploy(digits, threshold=math.inf)
-    theirs = run_load(lambda: RayHandle(ray_app.handle()), x, nodes, None, timeout=10, keep=True).outcomes
+    theirs = run_load(lambda: RayHandle(ray_app.handle), x, nodes, None, timeout=10, keep=True).outcomes
     tree = cis_tree(digits, tmp_path, ["--no-cap", "--threshold", "inf"], http=False)
     try:
         ours = run_load(lambda: CisNative({n: tree.address(n) for n in tree.nodes}), x, nodes, None, 10, True).outcomes

@@ -20,8 +20,9 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -125,12 +126,15 @@ class CisNative(ZmqTransport):
 
 class RayHandle:
     """A Ray Serve DeploymentHandle to the devices deployment, from a driver connected to the cluster: a
-    transport of the load generator's kind (:class:`cis.runtime.load_transports.Transport`)."""
+    transport of the load generator's kind (:class:`cis.runtime.load_transports.Transport`). ``get`` gives the
+    handle; it is asked for on the first call, on the load's event loop (Ray's throughput-optimized mode binds a
+    handle's router to the loop it is first used on)."""
 
     name = "Ray Serve (DeploymentHandle)"
 
-    def __init__(self, handle):
-        self.handle = handle
+    def __init__(self, get: Callable[[], Any]):
+        self.get = get
+        self.handle: Any = None
 
     async def describe(self, address: str) -> list:
         return []
@@ -139,6 +143,8 @@ class RayHandle:
         return x
 
     async def call(self, node: str, x: np.ndarray) -> Answer:
+        if self.handle is None:
+            self.handle = self.get()
         try:
             got = await self.handle.infer.remote(node, x)
         except Exception as exc:  # Ray's back-pressure and its other refusals: an error answer

@@ -208,11 +208,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batch-wait-timeout-s", type=float, default=0.0)
     ap.add_argument("--max-ongoing-requests", type=int, default=None)
     ap.add_argument("--num-cpus", type=int, default=os.cpu_count())
+    ap.add_argument("--redeploy", metavar="GCS_ADDRESS",
+                    help="run the app again with these options on the cluster at GCS_ADDRESS, then exit (a driver of "
+                         "its own: the benchmark's driver keeps its handles and their event loop)")  # fmt: skip
     args = ap.parse_args(argv)
-    ray.init(include_dashboard=False, num_cpus=args.num_cpus, configure_logging=False, log_to_driver=False)
-    serve.start(http_options={"host": "127.0.0.1", "port": args.http_port}, logging_config=QUIET)
     app = build_app(args.bundle, args.threshold, args.max_batch_size, args.batch_wait_timeout_s,
                     args.max_ongoing_requests)  # fmt: skip
+    if args.redeploy:
+        ray.init(address=args.redeploy, configure_logging=False, log_to_driver=False)
+        serve.run(app, name=APP, route_prefix="/", logging_config=QUIET)
+        ray.shutdown()
+        return 0
+    ray.init(include_dashboard=False, num_cpus=args.num_cpus, configure_logging=False, log_to_driver=False)
+    serve.start(http_options={"host": "127.0.0.1", "port": args.http_port}, logging_config=QUIET)
     serve.run(app, name=APP, route_prefix="/", logging_config=QUIET)
     gcs = ray.get_runtime_context().gcs_address
     print(json.dumps({"gcs_address": gcs, "http": f"http://127.0.0.1:{args.http_port}", "pid": os.getpid()}),

@@ -55,11 +55,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import math
 import os
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -211,6 +213,18 @@ def entry_nodes(bundle: Path, n: int) -> list[str]:
 # ---------------------------------------------------------------- driving
 
 
+@functools.cache
+def driver_loop() -> asyncio.AbstractEventLoop:
+    """One event loop for every asyncio load of this process, running all the time in a thread of its own. Ray
+    Serve's throughput-optimized mode runs a driver handle's router, and the long-poll client that tells it of new
+    replicas, on the event loop it is first used on (the default mode gives them a loop of their own): a loop per
+    load (``asyncio.run``) would leave the handle on a closed loop, and a loop that runs only during loads drops
+    the news of a redeploy between them."""
+    loop = asyncio.new_event_loop()
+    threading.Thread(target=loop.run_forever, name="driver-loop", daemon=True).start()
+    return loop
+
+
 def run_load(make: Callable[[], object], x: np.ndarray, nodes: list[str], rate: float | None,
              timeout: float = 2.0, keep: bool = False, seed: int = 0):  # fmt: skip
     """One run of the load generator: ``len(nodes)`` requests at ``rate`` (Poisson; None: one by one)."""
@@ -228,7 +242,7 @@ def run_load(make: Callable[[], object], x: np.ndarray, nodes: list[str], rate: 
         finally:
             await transport.close()  # type: ignore[attr-defined]
 
-    return asyncio.run(go())
+    return asyncio.run_coroutine_threadsafe(go(), driver_loop()).result()
 
 
 def repeat(x: np.ndarray, nodes: list[str], n: int) -> tuple[np.ndarray, list[str]]:
@@ -368,7 +382,7 @@ def agreement(bundle: Path, x: np.ndarray, ray: RayServer, logs: Path) -> dict:
     finally:
         tree.stop()
     ray.redeploy(bundle)
-    theirs = run_load(lambda: RayHandle(ray.handle()), x, nodes, None, timeout=10.0, keep=True).outcomes
+    theirs = run_load(ray_native(ray), x, nodes, None, timeout=10.0, keep=True).outcomes
     pairs = [(a.answer, b.answer) for a, b in zip(ours, theirs)]
     answered = [(a, b) for a, b in pairs if a is not None and b is not None]
     same = {k: sum(a[k] == b[k] for a, b in answered) for k in ("cls", "exit", "node")}
@@ -525,7 +539,7 @@ def ray_only(args, bundle: Path, x: np.ndarray, nodes: list[str], agree: dict) -
 
 
 def ray_native(ray: RayServer) -> Callable[[], RayHandle]:
-    return lambda: RayHandle(ray.handle())
+    return lambda: RayHandle(ray.handle)
 
 
 def ray_http(ray: RayServer, nodes: list[str]) -> Callable[[], OipHttp]:
@@ -660,7 +674,7 @@ def cost(make, x, nodes, rate: float, seconds: float, roots: list[int]) -> dict:
     if isinstance(transport, OipHttp):
         transport.prepare(xs)  # the bodies are made once, before any timed run: not the client's cost here
     else:
-        asyncio.run(transport.close())
+        asyncio.run_coroutine_threadsafe(transport.close(), driver_loop()).result()
     pids = _pids(roots)
     server0, client0 = cpu_seconds(pids), time.process_time()
     s = run_load(make, xs, ns, rate, seed=97).summary()

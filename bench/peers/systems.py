@@ -260,30 +260,42 @@ class RayServer:
         self.url = self.info["http"]
         self._handle = None
 
-    def handle(self):
-        """The devices deployment's handle, this process connected to the cluster as a driver."""
-        if self._handle is None:
-            import ray
-            from ray import serve
-            from ray._private import ray_constants
+    def connect(self) -> None:
+        """This process connected to the cluster as a driver."""
+        import ray
+        from ray._private import ray_constants
 
-            if ray_constants.ENABLE_RAY_CLUSTER:  # ray came in before this module: it would look elsewhere
-                raise RuntimeError("ray was imported before bench/peers/systems.py set Ray to loopback")
-            if not ray.is_initialized():
-                ray.init(address=self.info["gcs_address"], configure_logging=False, log_to_driver=False)
+        if ray_constants.ENABLE_RAY_CLUSTER:  # ray came in before this module: it would look elsewhere
+            raise RuntimeError("ray was imported before bench/peers/systems.py set Ray to loopback")
+        if not ray.is_initialized():
+            ray.init(address=self.info["gcs_address"], configure_logging=False, log_to_driver=False)
+
+    def handle(self):
+        """The devices deployment's handle (the same one until a redeploy): ask for it on the event loop the loads
+        run on (Ray's throughput-optimized mode binds a handle's router to the loop it is first used on)."""
+        if self._handle is None:
+            from ray import serve
+
+            self.connect()
             self._handle = serve.get_app_handle("cis")
         return self._handle
 
     def redeploy(self, bundle: Path, **options) -> float:
-        """Run the app again with other options (threshold, batching): seconds until it is ready."""
-        from ray import serve
-
-        from bench.peers.ray_serve_cis import APP, QUIET, build_app
-
-        self.handle()
+        """Run the app again with other options (threshold, batching), from a driver process of its own (this
+        one's handles stay bound to their event loop: Ray's throughput-optimized mode runs a handle's router on
+        it): seconds until it is ready. The next load asks for a new handle."""
+        self.connect()
+        flags = []
+        for key, value in options.items():
+            if value is not None:
+                flags += [f"--{key.replace('_', '-')}", str(value)]
+        env = {**os.environ, **LOOPBACK_RAY, "PYTHONPATH": python_path()}
         t = time.monotonic()
-        serve.run(build_app(str(bundle), **options), name=APP, route_prefix="/", logging_config=QUIET)
-        self._handle = serve.get_app_handle(APP)
+        subprocess.run([sys.executable, "-m", "bench.peers.ray_serve_cis", "--bundle", str(bundle), *flags,
+                        "--redeploy", self.info["gcs_address"]], env=env, check=True,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
+        self.deployed = (str(bundle), sorted(options.items()))
+        self._handle = None
         return time.monotonic() - t
 
     def stop(self) -> None:

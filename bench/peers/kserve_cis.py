@@ -1,6 +1,6 @@
 """The cloud node of a cis bundle as a KServe model: ``kserve.Model`` running its ONNX stages with onnxruntime.
 
-    .venv-kserve/bin/python bench/peers/kserve_cis.py --bundle BUNDLE --http_port 8080 [--model_name cis]
+    .venv-kserve/bin/python -m bench.peers.kserve_cis --bundle BUNDLE --http_port 8080 [--model_name cis]
 
 KServe's ``ModelServer`` serves it over the Open Inference Protocol (``POST /v2/models/cis/infer``), one
 worker, gRPC off. The model's input is ``input`` (FP32, stage 1's shape); it answers ``class``,

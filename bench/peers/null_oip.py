@@ -1,6 +1,6 @@
 """A null Open Inference Protocol endpoint: what the load generator costs on its own.
 
-    python bench/peers/null_oip.py --port 8080
+    python -m bench.peers.null_oip --port 8080
 
 Answers every request (any path, any method) with one canned infer response of the size cis's front door
 answers (``class``, ``confidence``, ``exit``, ``flags``, ``node``, in JSON), reading each request whole

@@ -24,7 +24,7 @@ door, KServe and MLServer. ``GET /v2/health/ready`` answers 200.
 As a program (what ``bench/peers/run.py`` starts; Ray's dashboard off, every replica ``num_cpus=0`` so
 that seven replicas fit on a small machine)::
 
-    python bench/peers/ray_serve_cis.py --bundle BUNDLE [--http-port 8000] [--threshold inf]
+    python -m bench.peers.ray_serve_cis --bundle BUNDLE [--http-port 8000] [--threshold inf]
         [--max-batch-size 32] [--batch-wait-timeout-s 0]
 
 prints one JSON line (``{"gcs_address": ..., "http": ..., "pid": ...}``) once the app runs, and serves until

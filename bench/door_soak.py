@@ -23,10 +23,15 @@ flat within 10 % or not, and their largest value; the good load's p50/p99 per cl
 lost (not answered, or answered wrongly): 0 expected; the doors' refusals by reason (``cis_door_refused_total``).
 Not a timing benchmark (the machine is shared and not quieted for half an hour): its load is recorded.
 
-    python benchmarks/door_soak.py                    # 30 minutes
-    python benchmarks/door_soak.py --duration 120     # a short run
+The node is the harness's ``serve_command`` (``cis serve --node`` as a user runs it, in a child process: its RSS
+and open files are the command's). The load is not the harness's load generator, on purpose: the good load is
+Triton's own clients (what issue 42 asks to keep working beside the abuse), each answer checked against the
+first; the abuse drives its own sockets (aborted uploads, half handshakes, malformed bodies), which no load
+generator sends.
 
-Writes benchmarks/results/door_soak.json and .md.
+    python -m bench.door_soak                    # 30 minutes: bench/results/door_soak.{json,md}
+    python -m bench.door_soak --duration 120     # a short run (same result files)
+    python -m bench.door_soak --quick            # a smoke run of 60 s: bench/results/door_soak-quick.{json,md}
 """
 
 from __future__ import annotations
@@ -37,7 +42,6 @@ import json
 import os
 import re
 import resource
-import select
 import socket
 import ssl
 import subprocess
@@ -46,10 +50,11 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import numpy as np
 
-from _results import machine, write_results
+from bench.harness import Served, machine, serve_command, write_results
 
 TOKEN = "soak-token-0123456789"
 INFER = b"POST /v2/models/cis/infer HTTP/1.1\r\nHost: soak\r\n"
@@ -75,33 +80,22 @@ def certificate(work: Path) -> tuple[Path, Path]:
     return cert, key
 
 
-def start_node(work: Path) -> tuple[subprocess.Popen, dict]:
+def start_node(work: Path) -> tuple[Served, dict]:
+    """``cis serve BUNDLE --node cloud`` with both doors, TLS, the token and ``--metrics-port`` (the harness's
+    ``serve_command``); where its doors and /metrics are."""
     cert, key = certificate(work)
     (work / "token").write_text(TOKEN + "\n")
-    cmd = [sys.executable, "-m", "cis.cli.main", "serve", str(bundle(work)), "--node", "cloud", "--provider", "cpu",
-           "--bind", "tcp://127.0.0.1:0", "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
-           "--http-tls-cert", str(cert), "--http-tls-key", str(key), "--auth-token-file", str(work / "token"),
-           "--http-host", "127.0.0.1", *NODE_FLAGS]  # fmt: skip
-    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
-    text, end = "", time.monotonic() + 180
-    while "node_start" not in text and time.monotonic() < end:
-        if select.select([proc.stderr], [], [], 0.5)[0]:
-            text += os.read(proc.stderr.fileno(), 65536).decode()
-        if proc.poll() is not None:
-            raise SystemExit(f"the node exited: {text}")
-    http = re.search(r"http front door at https://([\d.]+):(\d+)", text)
-    grpc_target = re.search(r"grpc front door at (\S+)", text)
-    metrics = re.search(r"(http://[\d.]+:\d+/metrics)", text)
-    assert http and grpc_target and metrics, text
-    threading.Thread(target=_drain, args=(proc,), daemon=True).start()  # the node's log: never a full pipe
-    return proc, {"http": (http.group(1), int(http.group(2))), "grpc": grpc_target.group(1),
-                  "metrics": metrics.group(1), "cert": str(cert)}  # fmt: skip
-
-
-def _drain(proc: subprocess.Popen) -> None:
-    assert proc.stderr is not None
-    for _ in proc.stderr:
-        pass
+    flags = ["--provider", "cpu", "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0",
+             "--http-tls-cert", str(cert), "--http-tls-key", str(key), "--auth-token-file", str(work / "token"),
+             "--http-host", "127.0.0.1", *NODE_FLAGS]  # fmt: skip
+    node = serve_command(bundle(work), node="cloud", args=flags, timeout=180)
+    found = node.nodes["cloud"]
+    if not {"http", "grpc", "metrics"} <= set(found):
+        node.stop()
+        raise SystemExit(f"the node did not say where its doors and /metrics are: {found}")
+    http = urlsplit(found["http"])
+    return node, {"http": (http.hostname, http.port), "grpc": found["grpc"], "metrics": found["metrics"],
+                  "cert": str(cert)}  # fmt: skip
 
 
 def usage(pid: int) -> dict:
@@ -384,7 +378,8 @@ def summarize(samples: list[dict], loads: list[GoodLoad]) -> dict:
 def markdown(summary: dict, data: dict) -> list[str]:
     lines = [
         "# The front door under hostile traffic (issue 42)", "",
-        f"`python benchmarks/door_soak.py --duration {data['args']['duration']:g}`: {data['cycles']} cycles of "
+        f"{'QUICK SMOKE RUN, not a result. ' if data['args']['quick'] else ''}"
+        f"`{data['command']}`: {data['cycles']} cycles of "
         f"{data['args']['cycle']:g} s of abuse beside a steady good load (tritonclient over HTTP/TLS and gRPC, "
         f"{data['args']['rate']:g} requests/s each). Node flags: `{' '.join(NODE_FLAGS)}`, TLS, a bearer token. "
         f"Machine: {data['machine']['cpus']} CPUs, load average at the end {data['machine']['load_avg'][0]:.2f} "
@@ -408,21 +403,21 @@ def markdown(summary: dict, data: dict) -> list[str]:
     return lines
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--duration", type=float, default=1800.0, help="seconds of abuse (default 30 minutes)")
     ap.add_argument("--cycle", type=float, default=20.0, help="seconds per abuse cycle")
     ap.add_argument("--rate", type=float, default=20.0, help="good requests per second per client")
     ap.add_argument("--work", default="/tmp/cis-bench/door_soak", help="where the bundle and certificate are kept")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 60 s; results in door_soak-quick.{json,md}")
     args = ap.parse_args()
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192), hard))
-    from cis.training.data.loading import load_dataset
+    if args.quick:
+        args.duration = 60.0
+    return args
 
-    work = Path(args.work)
-    work.mkdir(parents=True, exist_ok=True)
-    x = load_dataset("digits", seed=0).test.x[:4].astype(np.float32)
-    proc, where = start_node(work)
+
+def soak(node: Served, where: dict, x: np.ndarray, args: argparse.Namespace) -> dict:
+    """The good load beside ``args.duration`` seconds of abuse cycles; the node's use after each cycle."""
     stop = threading.Event()
     loads = [GoodLoad(kind, where, x, args.rate, stop) for kind in ("http", "grpc")]
     abuse: Counter = Counter()
@@ -431,26 +426,39 @@ def main() -> int:
         for load in loads:
             load.start()
         end = time.monotonic() + args.duration
-        while time.monotonic() < end and proc.poll() is None:
+        while time.monotonic() < end and node.proc.poll() is None:
             began = time.monotonic()
             abuse.update(cycle(where, hold=max(1.0, args.cycle - 8)))
             time.sleep(max(1.0, args.cycle - (time.monotonic() - began)))
-            samples.append({"t": round(time.monotonic() - end + args.duration, 1), **usage(proc.pid)})
+            samples.append({"t": round(time.monotonic() - end + args.duration, 1), **usage(node.proc.pid)})
             print(json.dumps(samples[-1]), file=sys.stderr)
+    finally:
         stop.set()
         for load in loads:
             load.join(60)
+    return {"loads": loads, "abuse": abuse, "samples": samples}
+
+
+def main() -> int:
+    args = parse_args()
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 8192), hard))
+    from cis.training.data.loading import load_dataset
+
+    work = Path(args.work)
+    work.mkdir(parents=True, exist_ok=True)
+    x = load_dataset("digits", seed=0).test.x[:4].astype(np.float32)
+    node, where = start_node(work)
+    with node:  # stopped on the way out (SIGTERM: the node drains)
+        got = soak(node, where, x, args)
         metrics = door_metrics(where["metrics"])
-        alive = proc.poll() is None
-    finally:
-        stop.set()
-        proc.terminate()
-        proc.wait(30)
-    summary = summarize(samples, loads)
-    data = {"machine": machine(), "args": vars(args), "node_flags": NODE_FLAGS, "node_alive_at_end": alive,
-            "cycles": len(samples), "summary": summary, "abuse": dict(abuse), "door_metrics": metrics,
-            "samples": samples}  # fmt: skip
-    write_results("door_soak", data, markdown(summary, data))
+        alive = node.proc.poll() is None
+    summary = summarize(got["samples"], got["loads"])
+    data = {"machine": machine(), "command": " ".join(["python", "-m", "bench.door_soak", *sys.argv[1:]]),
+            "args": vars(args), "node_flags": NODE_FLAGS, "node_alive_at_end": alive,
+            "cycles": len(got["samples"]), "summary": summary, "abuse": dict(got["abuse"]), "door_metrics": metrics,
+            "samples": got["samples"]}  # fmt: skip
+    write_results("door_soak-quick" if args.quick else "door_soak", data, markdown(summary, data))
     return 0
 
 

@@ -269,8 +269,8 @@ class Served:
 def serve_command(bundle: str | Path, *, node: str | None = None, logs: str | Path | None = None,
                   args: Sequence[str] = (), prefix: Sequence[str] = (), timeout: float = 120.0) -> Served:
     """Start ``cis serve BUNDLE --all --free-ports --json [--log-dir LOGS] ARGS`` (``node`` None) or ``cis serve
-    BUNDLE --node NODE --bind tcp://127.0.0.1:PORT ARGS`` (its doors read from its log lines) behind ``prefix``
-    (e.g. ``taskset -c 0``); return once it serves."""
+    BUNDLE --node NODE --bind tcp://127.0.0.1:PORT ARGS`` (its doors and /metrics URL read from its log lines) behind
+    ``prefix`` (e.g. ``taskset -c 0``); return once it serves."""
     from cis.runtime.ports import free_port
 
     started = time.monotonic()
@@ -289,10 +289,11 @@ def serve_command(bundle: str | Path, *, node: str | None = None, logs: str | Pa
     text = _read_until(proc, "node_start", timeout)
     threading.Thread(target=_drain, args=(proc.stderr,), daemon=True).start()  # a full pipe would stop the node
     found = {"address": address}
-    for door in ("http", "grpc"):
-        hit = re.search(rf"{door} front door at (\S+)", text)
+    for key, pattern in (("http", r"http front door at (\S+)"), ("grpc", r"grpc front door at (\S+)"),
+                         ("metrics", r"; metrics (\S+/metrics)")):  # fmt: skip
+        hit = re.search(pattern, text)
         if hit:
-            found[door] = hit.group(1)
+            found[key] = hit.group(1)
     return Served(proc, {node: found}, started, None)
 
 

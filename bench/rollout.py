@@ -13,11 +13,16 @@ Reported per rollout: requests sent, lost (no answer: none may be), errors, degr
 than the one they name (none may be), each bundle's share, and the latency p50/p99 of the requests sent before,
 during (from the rollout process's start to its end) and after it; the rollout's own phases.
 
-    python benchmarks/rollout.py                     # 2 rollouts, 4 x 30 req/s (about 2 minutes)
-    python benchmarks/rollout.py --loopback          # cis serve --all on loopback instead (no root needed)
-    python benchmarks/rollout.py --quick
+The tree starts as the harness's ``start_cluster`` does (``--loopback``) or on the testbed. The clients are not the
+harness's load generator, on purpose: each asks for the logits of the exit that answers and reads the bundle the
+answer names (``cis.Client.stream(..., logits=True)``), which the load generator does not return, and every answer
+is checked on both.
 
-Writes benchmarks/results/rollout.{json,md}.
+    python -m bench.rollout                     # 2 rollouts, 4 x 30 req/s (about 2 minutes)
+    python -m bench.rollout --loopback          # cis serve --all on loopback instead (no root needed)
+    python -m bench.rollout --quick --loopback  # a smoke run: bench/results/rollout-quick.{json,md}
+
+Writes bench/results/rollout.{json,md} (``--out NAME``: NAME.{json,md}).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _results import machine, write_results
+from bench.harness import machine, start_cluster, write_results
 
 
 def bundles(work: Path, steps: int) -> tuple[Path, Path]:
@@ -54,12 +59,11 @@ def bundles(work: Path, steps: int) -> tuple[Path, Path]:
 def start_nodes(args, bundle: Path, log_dir: Path):
     """The tree, on the testbed (root, namespaces) or with --loopback as cis serve --all does."""
     from cis.core.bundle import load_bundle
-    from cis.runtime.launcher import launch
 
     spec = load_bundle(bundle).spec
     extra = ["--heartbeat", "0.1"]
     if args.loopback:
-        return launch(bundle, spec, free_ports=True, extra_args=extra, log_dir=str(log_dir))
+        return start_cluster(bundle, spec, args=extra, log_dir=log_dir)
     from cis.runtime.testbed.bed import start
 
     return start(bundle, spec, extra_args=extra, log_dir=str(log_dir))
@@ -170,7 +174,8 @@ def markdown(result: dict) -> list[str]:
     lines = [
         "# A model update under load: `cis rollout` (issue 41)",
         "",
-        f"> paper-7, digits model trained twice (seeds 0 and 1), on {where}; 4 clients x {a['rate']:g} one-sample "
+        f"> {'QUICK SMOKE RUN, not a result. ' if a['quick'] else ''}"
+        f"paper-7, digits model trained twice (seeds 0 and 1), on {where}; 4 clients x {a['rate']:g} one-sample "
         f"requests/s = {4 * a['rate']:g} req/s; {a['rollouts']} rollouts, {a['settle']:g} s apart. "
         f"{result['machine']['cpus']} CPUs, load average {result['machine']['load_avg'][0]:.1f} at the start, "
         f"{result['machine']['load_avg_end'][0]:.1f} at the end. Command: `{result['command']}`.",
@@ -213,11 +218,12 @@ def main() -> int:
     ap.add_argument("--rollouts", type=int, default=2, help="rollouts, alternating between the two bundles")
     ap.add_argument("--timeout", type=float, default=120.0, help="cis rollout --timeout")
     ap.add_argument("--loopback", action="store_true", help="cis serve --all on loopback instead of the testbed")
-    ap.add_argument("--quick", action="store_true", help="smoke run: 1 rollout, 5 s apart")
-    ap.add_argument("--out", default="rollout", help="result name in benchmarks/results")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 1 rollout, 5 s apart (result rollout-quick)")
+    ap.add_argument("--out", help="result name in bench/results (default rollout, rollout-quick with --quick)")
     args = ap.parse_args()
     if args.quick:
         args.rollouts, args.settle, args.steps = 1, 5.0, 100
+    args.out = args.out or ("rollout-quick" if args.quick else "rollout")
 
     from cis.core.bundle import load_bundle
     from cis.core.stages.runner import run_chain
@@ -228,7 +234,7 @@ def main() -> int:
     x = load_dataset("digits", seed=0).test.x
     loaded = {"seed0": load_bundle(b1), "seed1": load_bundle(b2)}
     offline = {b.id: run_chain(b, x) for b in loaded.values()}
-    result = {"machine": machine(), "command": " ".join(["python", "benchmarks/rollout.py", *sys.argv[1:]]),
+    result = {"machine": machine(), "command": " ".join(["python", "-m", "bench.rollout", *sys.argv[1:]]),
               "args": vars(args), "bundles": {k: b.id for k, b in loaded.items()}}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="cis-rollout-") as tmp:
         log_dir = Path(tmp) / "logs"

@@ -12,9 +12,9 @@ times on every cluster in turn, ``--seconds`` of Poisson arrivals through the fo
 the load moves: side by side it falls on every count alike). A count's cloud-bound rate is the largest rate
 of the ladder whose loads lost nothing and whose median p99 is within ``--slo-ms``. The simulator's is the
 largest rate of a search (``cis simulate --sweep arrival_rate=LO:HI --slo-p99``) on that spec (loopback), with
-each stage's time measured on those cores (one onnxruntime thread, as the nodes run; ``benchmarks/_twin.py``'s
-``profile_stages``) and each node visit's messaging cost from a calibration load on the first cluster
-(``cis.sim.calibration.calibrate_visits``, as the twin).
+each stage's time measured on those cores (one onnxruntime thread, as the nodes run; the twin's
+``cis.sim.twin_stages.profile_stages``) and each node visit's messaging cost from a calibration load on the first
+cluster (``cis.sim.calibration.calibrate_visits``, as the twin).
 
 **Chaos.** The digits demo bundle on paper-7 (every threshold +inf, no cap: each request goes to the cloud), Poisson
 ``--chaos-rate`` requests/s through the four devices for ``--chaos-seconds``; ``device0`` is SIGKILLed at a third of
@@ -22,8 +22,15 @@ the run (``cis serve --all`` restarts it). Once with clients that retry (the def
 request whose device died once, the same id, after the restart) and once with ``retry_after=0``; lost = requests
 without an answer (timeout) or answered with an error.
 
-    python benchmarks/replicas.py            # ~11 minutes: results/replicas.{json,md}
-    python benchmarks/replicas.py --quick    # a smoke run (2 s loads, N = 1, 2; 10 s chaos): results/replicas-quick.*
+The clusters start as the harness's ``start_cluster`` (the launcher, every node behind ``taskset``); the Poisson
+send times are the load generator's (``cis.runtime.loadgen.schedule``) and each request's entry the offline
+evaluation's split (``cis.core.policy.exit_policy.assign_entries``). The requests are not sent by the harness's
+load generator, on purpose: the chaos case measures ``cis.Client``'s retries (``retry_after``, on or off, and how
+many it retried), which the load generator has no knob for, so both parts send through the same ``cis.Client``
+(``infer_spread``).
+
+    python -m bench.replicas            # ~11 minutes: bench/results/replicas.{json,md}
+    python -m bench.replicas --quick    # a smoke run (2 s loads, N = 1, 2; 10 s chaos): bench/results/replicas-quick.*
 
 Timing: run it under the quiet lock (docs/runtime.md, *Benchmarks*); the JSON records the machine's load.
 """
@@ -42,8 +49,7 @@ from pathlib import Path
 
 import numpy as np
 
-from _results import ensure_cifar, machine, write_results
-from _twin import leaf_entries, poisson_times, profile_stages
+from bench.harness import ensure_cifar, machine, start_cluster, write_results
 
 WORK = Path("/tmp/cis-bench/replicas")
 
@@ -72,7 +78,7 @@ def vit_bundle(work: Path, cifar: str) -> Path:
         "seed": 0,
         "val_size": 400,
         "spec": spec_to_dict(make_spec("paper-7", "5-15-80")),
-        "note": "untrained ViT with a wide last stage, for benchmarks/replicas.py",
+        "note": "untrained ViT with a wide last stage, for bench/replicas.py",
     }
     save_checkpoint(out / "run", model, meta)
     export_bundle(out / "run", out / "bundle", feature_dtype="int8", latency_repeats=2)
@@ -94,25 +100,27 @@ def with_replicas(spec, n: int, cores: int | None = None):
 def serve(bundle: Path, spec, cores: list[int], extra: list[str], logs: Path):
     """``cis serve --all`` of ``spec`` (written beside the logs), every process pinned to ``cores``."""
     from cis.core.spec import write_spec
-    from cis.runtime.launcher import launch, processes
+    from cis.runtime.launcher import processes
 
     logs.mkdir(parents=True, exist_ok=True)
     path = logs / "spec.toml"
     write_spec(spec, path)
     pin = ["taskset", "-c", ",".join(map(str, cores))]
-    return launch(bundle, spec, str(path), free_ports=True, extra_args=extra, log_dir=str(logs),
-                  node_prefix={rid: pin for rid in processes(spec)}, ready_timeout=180)
+    return start_cluster(bundle, spec, spec_file=str(path), args=extra, log_dir=logs,
+                         node_prefix={rid: pin for rid in processes(spec)}, ready_timeout=180)
 
 
 def load(cluster, spec, x: np.ndarray, rate: float, seconds: float, seed: int, retry: float | None = 3.0,
          during=None) -> dict:
     """Poisson requests at ``rate`` for ``seconds`` through the leaves (``during(t0)``: called in a thread when
     the load starts); p99 of the answers, lost requests (no answer, or an error), retried ones."""
+    from cis.core.policy.exit_policy import assign_entries
     from cis.runtime.client import Client, infer_spread
+    from cis.runtime.loadgen import schedule
 
     n = max(1, int(round(rate * seconds)))
-    times = poisson_times(n, rate, seed)
-    entries = leaf_entries(spec, n, seed)
+    times = schedule("poisson", rate, requests=n, seed=seed)
+    entries = assign_entries(spec, n, seed)
     xs = x[np.arange(n) % len(x)]
     clients = {nid: Client([cluster.addresses[r] for r in spec.node(nid).replica_ids], timeout=30,
                            retry_after=retry) for nid in entries}
@@ -184,6 +192,7 @@ def calibrate(cluster, spec, bundle: Path, cores: list[int], args, x: np.ndarray
     """(each stage's seconds per batch size on the cores, one thread; the visit costs of a calibration load)."""
     from cis.runtime.client import Client
     from cis.sim.calibration import calibrate_visits, warm_up
+    from cis.sim.twin_stages import profile_stages
 
     clients = {leaf.id: Client(cluster.addresses[leaf.id], timeout=30) for leaf in spec.leaves}
     try:

@@ -28,8 +28,10 @@ def git(*args: str) -> str:
 
 
 def last_rev() -> str:
-    """The commit before the one that removed the run folders from git."""
-    removed = git("log", "-1", "--format=%H", "--diff-filter=D", "--", PATHS[2])
+    """The commit before the one that removed the run folders from git (``--full-history``: that commit is on a
+    merged branch's side, which git log's default history simplification does not walk once the merge's first
+    parent never held the folders)."""
+    removed = git("log", "-1", "--format=%H", "--diff-filter=D", "--full-history", "--", PATHS[2])
     if not removed:
         raise SystemExit(f"bench.runs: no commit removed {PATHS[2]}; give --rev")
     return git("rev-parse", f"{removed}^")

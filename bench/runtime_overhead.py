@@ -9,9 +9,10 @@ depend on the weights), in one run on one machine:
     by side in every block: the three stages chained in one process (onnxruntime,
     one thread); a **bare 3-process pyzmq chain** of the same stage files (DEALER
     -> ROUTER per hop, raw frames, no header, no validation, no policy: the
-    transport floor); and ``cis serve`` (every node its own process, as
-    ``launch`` starts them). Per-hop overhead = (p50 - in-process p50) / 3 for
-    the raw chain and for cis, and their ratio (targets at width 0.25: at most
+    transport floor); and ``cis serve`` (every node its own process, as the
+    harness's ``cluster`` starts them: the launcher, in this process). Per-hop
+    overhead = (p50 - in-process p50) / 3 for the raw chain and for cis, and
+    their ratio (targets at width 0.25: at most
     1.5, goal 1.2), and cis p50 / in-process p50 (target at width 1: at most
     1.15). Measured back to back (the next request as soon as the last is
     answered) and paced (one request every ``--gap`` s, so every process idles
@@ -23,7 +24,8 @@ depend on the weights), in one run on one machine:
 (c) bytes per forwarded request with fp32, fp16 and int8 carries.
 
 ``--against DIR`` adds a fourth side to every block of (a): ``cis serve`` run from another checkout of the
-project (``DIR``, e.g. ``git archive BASE | tar -x -C DIR``; its nodes import ``cis`` from there), timed on the
+project (``DIR``, e.g. ``git archive BASE | tar -x -C DIR``; its nodes import ``cis`` from there: the harness's
+``cluster`` with DIR first on their ``PYTHONPATH`` and ``PYTHONSAFEPATH`` set, Python 3.11+), timed on the
 same requests with the same client, request by request in turn with this code's (one of each, in alternating
 order), so that whatever else the machine does falls on both alike. It reports the per-hop overhead of both
 and their ratio (``hop_vs_base``: this code's per hop / the base's), medians over blocks: what a change costs
@@ -41,22 +43,24 @@ cached in ``--work``/w<width>/bundle.
     python -m bench.runtime_overhead --spin          # cis nodes busy-poll (for machines with a core per node)
     python -m bench.runtime_overhead --widths 0.25 --against /tmp/base --latency-only --out runtime_overhead_ab
 
-Writes bench/results/runtime_overhead.json and .md.
+Writes bench/results/runtime_overhead.json and .md (``--quick``: runtime_overhead-quick; ``--out NAME``: NAME).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import multiprocessing as mp
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 
-from bench.harness import cluster, ensure_cifar, machine, write_results
+from bench.harness import REPO, cluster, ensure_cifar, machine, write_results
 
 HOPS = 3  # client -> device -> edge -> cloud
 
@@ -234,48 +238,23 @@ def chain_of(runners):
     return chain
 
 
-def latency_block(t: dict[str, np.ndarray]) -> dict:
-    """One block's figures from each side's round-trip seconds: p50s, cis's p99, per hop and the ratios."""
-    inp, rawp, cisp = p50(t["in_process"]), p50(t["raw_chain"]), p50(t["cis"])
-    raw_hop, cis_hop = (rawp - inp) / HOPS, (cisp - inp) / HOPS
-    return {
-        "in_process_p50_ms": inp * 1e3,
-        "raw_chain_p50_ms": rawp * 1e3,
-        "cis_p50_ms": cisp * 1e3,
-        "cis_p99_ms": float(np.percentile(t["cis"], 99)) * 1e3,
-        "raw_chain_per_hop_us": raw_hop * 1e6,
-        "cis_per_hop_us": cis_hop * 1e6,
-        "per_hop_ratio": cis_hop / raw_hop,
-        "p50_ratio": cisp / inp,
-    }
-
-
-def latency_blocks(address: str, chain, raw, x: np.ndarray, args) -> tuple[dict[str, list[dict]], set, bool]:
-    """Every block times the three sides (in process, the raw chain, cis at ``address``) under the same machine
-    state, back to back and paced: (blocks, the exits that served cis's requests, whether the classes agree)."""
-    from cis.runtime.client import Client
-
-    blocks: dict[str, list[dict]] = {"back_to_back": [], "paced": []}
-    with Client(address, timeout=30) as c:
-        answers, same = [], []
-        for i in range(20):  # warm up; the three paths give the same class
-            want = int(chain(x[i : i + 1]).argmax())
-            same.append(int(raw.infer(x[i : i + 1])[0]) == want)
-            answers.append(c.infer(x[i : i + 1]))
-            same.append(int(answers[-1].cls[0]) == want)
-        sides = {
-            "in_process": lambda i: chain(x[i : i + 1]),
-            "raw_chain": lambda i: raw.infer(x[i : i + 1]),
-            "cis": lambda i: answers.append(c.infer(x[i : i + 1])),
-        }
-        for _ in range(args.repeats):
-            for mode, gap in (("back_to_back", 0.0), ("paced", args.gap)):
-                blocks[mode].append(latency_block({name: timed(fn, args.n, gap) for name, fn in sides.items()}))
-    return blocks, {int(r.exit[0]) for r in answers}, all(same)
+def tree_env(tree: str | Path) -> dict[str, str]:
+    """The environment of processes that import ``cis`` from the checkout ``tree`` and from nowhere else:
+    ``PYTHONPATH`` names it, and ``PYTHONSAFEPATH`` (Python 3.11+) keeps ``python -m`` (how the launcher starts a
+    node) from putting its working directory first, which is this checkout when the benchmark runs from its root:
+    without it the base's nodes would run this code. Checked before any node starts."""
+    tree = Path(tree).resolve()
+    env = {**os.environ, "PYTHONPATH": str(tree), "PYTHONSAFEPATH": "1"}
+    where = subprocess.run([sys.executable, "-c", "import cis; print(cis.__file__)"], env=env, capture_output=True,
+                           text=True).stdout.strip()  # fmt: skip
+    if not where.startswith(str(tree) + os.sep):
+        raise SystemExit(f"--against {tree}: its processes import cis from {where or 'nowhere'}; expected a checkout "
+                         "of the project there (and Python 3.11+ for PYTHONSAFEPATH)")  # fmt: skip
+    return env
 
 
 def latency(bundle_dir: Path, x: np.ndarray, args, node_args: list[str]) -> dict:
-    """(a): in-process, raw chain and cis side by side in every block."""
+    """(a): in-process, raw chain and cis side by side in every block (with ``--against``, the base's cis too)."""
     from cis.core.bundle import load_bundle
     from cis.core.stages.runner import stage_runners
     from cis.runtime.launcher import plan_addresses
@@ -285,55 +264,19 @@ def latency(bundle_dir: Path, x: np.ndarray, args, node_args: list[str]) -> dict
     leaf = spec.leaves[0].id
     path = [n.id for n in spec.path_to_root(leaf)]
     sub = spec.replace_nodes(n for n in spec.nodes if n.id in path)  # only the three tiers run
-    forced = {n.id: ["--threshold", "inf"] for n in sub.nodes if n.parent is not None}
+    options = {"args": ["--no-cap", "--threads", "1", *node_args],
+               "node_args": {n.id: ["--threshold", "inf"] for n in sub.nodes if n.parent is not None}}  # fmt: skip
+    base_env = tree_env(args.against) if args.against else None
     chain = chain_of(stage_runners(bundle, threads=1))
     raw = RawChain(bundle, [plan_addresses(sub, free_ports=True)[n] for n in path])
-    node_extra = ["--no-cap", "--threads", "1", *node_args]
-    cluster = launch(bundle_dir, sub, free_ports=True, extra_args=node_extra, node_args=forced)
-    base = None
-    if args.against:  # the same tree from another checkout, side by side
-        env = {**os.environ, "PYTHONPATH": str(Path(args.against).resolve())}
-        base = launch(bundle_dir, sub, free_ports=True, extra_args=node_extra, node_args=forced, env=env)
-    blocks: dict[str, list[dict]] = {"back_to_back": [], "paced": []}
     try:
-        with Client(cluster.addresses[leaf], timeout=30) as c, Client(
-            (base or cluster).addresses[leaf], timeout=30
-        ) as cb:
-            answers, same = [], []
-            for i in range(20):  # warm up; the paths give the same class
-                want = int(chain(x[i : i + 1]).argmax())
-                same.append(int(raw.infer(x[i : i + 1])[0]) == want)
-                answers.append(c.infer(x[i : i + 1]))
-                same.append(int(answers[-1].cls[0]) == want)
-                if base is not None:
-                    answers.append(cb.infer(x[i : i + 1]))
-                    same.append(int(answers[-1].cls[0]) == want)
-            def one(i: int) -> np.ndarray:  # sample i, round the inputs (--n may exceed them)
-                return x[i % len(x) : i % len(x) + 1]
-
-            sides = {
-                "in_process": lambda i: chain(one(i)),
-                "raw_chain": lambda i: raw.infer(one(i)),
-                "cis": lambda i: answers.append(c.infer(one(i))),
-            }
-            cpu0 = {name: cpu_seconds(cl) for name, cl in (("cis", cluster), ("base", base)) if cl is not None}
-            for _ in range(args.repeats):  # each block times every side, under the same machine state
-                for mode, gap in (("back_to_back", 0.0), ("paced", args.gap)):
-                    if base is None:
-                        t = {name: timed(fn, args.n, gap) for name, fn in sides.items()}
-                    else:  # this code and the base request by request in turn
-                        t = {name: timed(sides[name], args.n, gap) for name in ("in_process", "raw_chain")}
-                        base_side = lambda i: answers.append(cb.infer(one(i)))  # noqa: E731
-                        t["cis"], t["base"] = timed_pair(sides["cis"], base_side, args.n, gap)
-                    blocks[mode].append(block_figures(t))
-            exits = {int(r.exit[0]) for r in answers}
-            requests = 2 * args.n * args.repeats  # per cis side, both modes
-            cpu = {f"{name}_cpu_per_request_us": (cpu_seconds(cl) - cpu0[name]) / requests * 1e6
-                   for name, cl in (("cis", cluster), ("base", base)) if cl is not None}  # fmt: skip
+        with contextlib.ExitStack() as stack:
+            clusters = {"cis": stack.enter_context(cluster(bundle_dir, sub, **options))}
+            if base_env is not None:  # the same tree from another checkout: the harness's cluster (the launcher, in
+                # this process) starts its nodes with that checkout first on their path (tree_env)
+                clusters["base"] = stack.enter_context(cluster(bundle_dir, sub, env=base_env, **options))
+            blocks, exits, same, cpu = latency_blocks(clusters, leaf, chain, raw, x, args)
     finally:
-        cluster.stop()
-        if base is not None:
-            base.stop()
         raw.close()
     if exits != {3} or not same:
         raise RuntimeError(f"forced requests were served at exits {exits}; classes agree: {same}")
@@ -346,6 +289,49 @@ def latency(bundle_dir: Path, x: np.ndarray, args, node_args: list[str]) -> dict
         "paced": {"gap_s": args.gap, **median_of(blocks["paced"])},
         "blocks": blocks,
     }
+
+
+def latency_blocks(clusters: dict, leaf: str, chain, raw, x: np.ndarray, args) -> tuple[dict, set, bool, dict]:
+    """Every block times every side (in process, the raw chain, cis at ``clusters["cis"]``'s leaf and, given,
+    the base's at ``clusters["base"]``'s, request by request in turn with this code's) under the same machine
+    state, back to back and paced: (blocks, the exits that served the cis requests, whether every path gave the
+    in-process class, each cluster's node CPU time per request)."""
+    from cis.runtime.client import Client
+
+    def one(i: int) -> np.ndarray:  # sample i, round the inputs (--n may exceed them)
+        return x[i % len(x) : i % len(x) + 1]
+
+    blocks: dict[str, list[dict]] = {"back_to_back": [], "paced": []}
+    with contextlib.ExitStack() as stack:
+        clients = {name: stack.enter_context(Client(c.addresses[leaf], timeout=30)) for name, c in clusters.items()}
+        answers, same = warm_up(clients, chain, raw, x)
+        ask = {name: (lambda i, c=c: answers.append(c.infer(one(i)))) for name, c in clients.items()}
+        sides = {"in_process": lambda i: chain(one(i)), "raw_chain": lambda i: raw.infer(one(i))}
+        cpu0 = {name: cpu_seconds(c) for name, c in clusters.items()}
+        for _ in range(args.repeats):
+            for mode, gap in (("back_to_back", 0.0), ("paced", args.gap)):
+                t = {name: timed(fn, args.n, gap) for name, fn in sides.items()}
+                if "base" in ask:  # this code and the base request by request in turn
+                    t["cis"], t["base"] = timed_pair(ask["cis"], ask["base"], args.n, gap)
+                else:
+                    t["cis"] = timed(ask["cis"], args.n, gap)
+                blocks[mode].append(block_figures(t))
+        requests = 2 * args.n * args.repeats  # per cluster, both modes
+        cpu = {f"{name}_cpu_per_request_us": (cpu_seconds(c) - cpu0[name]) / requests * 1e6
+               for name, c in clusters.items()}  # fmt: skip
+    return blocks, {int(r.exit[0]) for r in answers}, all(same), cpu
+
+
+def warm_up(clients: dict, chain, raw, x: np.ndarray) -> tuple[list, list[bool]]:
+    """20 requests down every path: (the cis answers, whether each path gave the in-process class)."""
+    answers, same = [], []
+    for i in range(20):
+        want = int(chain(x[i : i + 1]).argmax())
+        same.append(int(raw.infer(x[i : i + 1])[0]) == want)
+        for c in clients.values():
+            answers.append(c.infer(x[i : i + 1]))
+            same.append(int(answers[-1].cls[0]) == want)
+    return answers, same
 
 
 def block_figures(t: dict[str, list[float]]) -> dict:
@@ -419,14 +405,12 @@ def codec_per_hop(against: str, rounds: int) -> dict:
     """Seconds of a leaf's own work on one forwarded request (decode, admission, micro-batch, decision, the
     forward and its answer encoded and decoded, the reply; stages that cost nothing), this checkout's and
     ``against``'s, each a process of its own, taken in turn ``rounds`` times; medians."""
-    import subprocess
-
-    env = {**os.environ, "PYTHONPATH": str(Path(against).resolve())}
+    envs = {"this": tree_env(REPO), "base": tree_env(against)}  # each imports its own checkout's cis
     this, base = [], []
     for i in range(rounds):
         for which in ("this", "base") if i % 2 == 0 else ("base", "this"):
             out = subprocess.run([sys.executable, "-c", CODEC_PER_HOP], capture_output=True, text=True, check=True,
-                                 env=env if which == "base" else None, cwd="/")  # fmt: skip
+                                 env=envs[which], cwd="/")  # fmt: skip
             (this if which == "this" else base).append(float(out.stdout))
     return {"rounds": rounds, "this_us": float(np.median(this)) * 1e6, "base_us": float(np.median(base)) * 1e6,
             "this_all_us": [v * 1e6 for v in this], "base_all_us": [v * 1e6 for v in base]}  # fmt: skip
@@ -512,6 +496,7 @@ def markdown(result: dict) -> list[str]:
     lines = [
         "# Runtime overhead: cis serve vs a bare pyzmq chain vs one process",
         "",
+        f"{'QUICK SMOKE RUN, not a result. ' if result.get('quick') else ''}"
         f"{result['model']}; {m['cpus']} CPUs, load average {', '.join(f'{v:.1f}' for v in m['load_avg'])} "
         f"at the start{' (SPIN: nodes busy-poll)' if result['spin'] else ''}. Medians over "
         f"{result['repeats']} blocks; each block times every path one after the other. Command: "
@@ -545,7 +530,8 @@ def markdown(result: dict) -> list[str]:
 
 
 def against_lines(result: dict) -> list[str]:
-    """(a) side by side with another checkout (``--against``): per hop of both and their ratio."""
+    """(a) side by side with another checkout (``--against``): per hop of both and their ratio, a row per width
+    and mode; then each width's blocks, CPU time and a leaf's own work."""
     if not result.get("against"):
         return []
     lines = [
@@ -563,32 +549,38 @@ def against_lines(result: dict) -> list[str]:
                 f"{a['base_per_hop_us']:.1f} us | {a['cis_per_hop_us']:.1f} us | {a['hop_vs_base']:.3f} | "
                 f"{a['p50_vs_base']:.3f} | {a['paired_per_hop_us']:+.1f} us |"
             )
-        blocks = r["a_latency"]["blocks"]["back_to_back"]
-        lines.append("")
+    for w, r in result["widths"].items():
+        lines += ["", *against_width_lines(w, r)]
+    return lines
+
+
+def against_width_lines(w: str, r: dict) -> list[str]:
+    """One width's side by side beyond the table: per block, CPU time per request, a leaf's own work."""
+    a = r["a_latency"]
+    blocks = a["blocks"]["back_to_back"]
+    lines = [
+        f"Width {w}, back to back, per block: this / base per hop "
+        + ", ".join(f"{b['hop_vs_base']:.3f}" for b in blocks)
+        + "; this - base per hop, paired: "
+        + ", ".join(f"{b['paired_per_hop_us']:+.1f}" for b in blocks)
+        + " us. *Paired*: the median over requests of (this request's latency - the base's next to it) / 3."
+    ]
+    if "base_cpu_per_request_us" in a:
+        b_cpu, t_cpu = a["base_cpu_per_request_us"], a["cis_cpu_per_request_us"]
         lines.append(
-            f"Width {w}, back to back, per block: this / base per hop "
-            + ", ".join(f"{b['hop_vs_base']:.3f}" for b in blocks)
-            + "; this - base per hop, paired: "
-            + ", ".join(f"{b['paired_per_hop_us']:+.1f}" for b in blocks)
-            + " us. *Paired*: the median over requests of (this request's latency - the base's next to it) / 3."
+            f"CPU time of the three node processes per request (every request of both modes): base {b_cpu:.0f} us, "
+            f"this {t_cpu:.0f} us: {t_cpu / b_cpu:.3f}."
         )
-        a = r["a_latency"]
-        if "base_cpu_per_request_us" in a:
-            b_cpu, t_cpu = a["base_cpu_per_request_us"], a["cis_cpu_per_request_us"]
-            lines.append(
-                f"CPU time of the three node processes per request (every request of both modes): base {b_cpu:.0f} us, "
-                f"this {t_cpu:.0f} us: {t_cpu / b_cpu:.3f}."
-            )
-        codec = r.get("a_codec_per_hop")
-        if codec:
-            extra = codec["this_us"] - codec["base_us"]
-            lines.append(
-                f"A leaf's own work on one forwarded request, in process (decode, admission, batch, decision, forward, "
-                f"the answer, the reply; stages that cost nothing; median of {codec['rounds']} processes each, the "
-                f"minimum over short repeats in each): base {codec['base_us']:.1f} us, "
-                f"this {codec['this_us']:.1f} us: {extra:+.1f} us, "
-                f"{100 * extra / r['a_latency']['base_per_hop_us']:+.2f} % of the base's per-hop overhead back to back."
-            )
+    codec = r.get("a_codec_per_hop")
+    if codec:
+        extra = codec["this_us"] - codec["base_us"]
+        lines.append(
+            f"A leaf's own work on one forwarded request, in process (decode, admission, batch, decision, forward, "
+            f"the answer, the reply; stages that cost nothing; median of {codec['rounds']} processes each, the "
+            f"minimum over short repeats in each): base {codec['base_us']:.1f} us, "
+            f"this {codec['this_us']:.1f} us: {extra:+.1f} us, "
+            f"{100 * extra / a['base_per_hop_us']:+.2f} % of the base's per-hop overhead back to back."
+        )
     return lines
 
 
@@ -609,7 +601,7 @@ def throughput_lines(result: dict) -> list[str]:
     return lines + ["", "Target: at least 0.95 at both widths."]
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--data", default="/tmp/cifar10", help="CIFAR-10 folder for calibration (unzipped when missing)")
     ap.add_argument("--work", default="/tmp/cis-runtime-bench", help="bundles are cached in WORK/w<width>/bundle")
@@ -619,46 +611,44 @@ def main() -> int:
     ap.add_argument("--gap", type=float, default=0.05, help="seconds between paced requests in (a)")
     ap.add_argument("--seconds", type=float, default=3.0, help="seconds per path and block of (b)")
     ap.add_argument("--spin", action="store_true", help="run the cis nodes with --spin (busy-poll)")
-    ap.add_argument("--quick", action="store_true", help="smoke run: 40 requests, 2 blocks, 1 s throughput")
-    ap.add_argument("--out", default="runtime_overhead", help="result name in bench/results")
+    ap.add_argument("--quick", action="store_true",
+                    help="smoke run: 40 requests, 2 blocks, 1 s throughput (result runtime_overhead-quick)")
+    ap.add_argument("--out", help="result name in bench/results (default runtime_overhead, runtime_overhead-quick "
+                    "with --quick)")  # fmt: skip
     ap.add_argument("--against", metavar="DIR", help="(a) also times cis serve from the checkout in DIR, side by side")
     ap.add_argument("--latency-only", action="store_true", help="(a) only: skip the throughput and bytes parts")
     ap.add_argument("--codec-rounds", type=int, default=10, help="with --against: processes of each in turn")
     args = ap.parse_args()
     if args.quick:
         args.n, args.repeats, args.gap, args.seconds = 40, 2, 0.02, 1.0
+    args.out = args.out or ("runtime_overhead-quick" if args.quick else "runtime_overhead")
+    return args
 
-    node_args = ["--spin"] if args.spin else []
-    widths = [float(w) for w in args.widths.split(",") if w.strip()]
-    result: dict = {
-        "model": "ResNet18EE (untrained), paper-7 three stages, CIFAR-10 input (3x32x32), batch 1",
-        "machine": {**machine(), "python": sys.version.split()[0]},
-        "command": " ".join(["python", "bench/runtime_overhead.py", *sys.argv[1:]]),
-        "repeats": args.repeats,
-        "spin": args.spin,
-        "against": args.against,
-        "widths": {},
-    }
-    for w in widths:
-        out = Path(args.work) / f"w{w:g}"
-        bundle_dir = out / "bundle"
-        if not (bundle_dir / "manifest.json").is_file():
-            make_bundle(out, f"cifar10:{ensure_cifar(Path(args.data))}", w)
-        x = np.random.default_rng(0).standard_normal((256, 3, 32, 32)).astype(np.float32)
-        r = {"bundle": str(bundle_dir)}
-        r["a_latency"] = latency(bundle_dir, x, args, node_args)
-        if args.against:
-            r["a_codec_per_hop"] = codec_per_hop(args.against, args.codec_rounds)
-        print(f"width {w:g} (a): {json.dumps({k: v for k, v in r['a_latency'].items() if k != 'blocks'})}", flush=True)
-        if not args.latency_only:
-            r["b_throughput"] = throughput(bundle_dir, x, args, node_args)
-            print(f"width {w:g} (b): {json.dumps({k: v for k, v in r['b_throughput'].items() if k != 'blocks'})}",
-                  flush=True)  # fmt: skip
-            r["c_bytes_per_forwarded_request"] = carry_bytes(bundle_dir)
-        result["widths"][f"{w:g}"] = r
-    result["machine"]["load_avg_end"] = os.getloadavg()
+
+def one_width(w: float, args: argparse.Namespace, node_args: list[str]) -> dict:
+    """(a), with ``--against`` the leaf's own work in both, and unless ``--latency-only`` (b) and (c), at width
+    ``w`` (its bundle made when not cached)."""
+    out = Path(args.work) / f"w{w:g}"
+    bundle_dir = out / "bundle"
+    if not (bundle_dir / "manifest.json").is_file():
+        make_bundle(out, f"cifar10:{ensure_cifar(Path(args.data))}", w)
+    x = np.random.default_rng(0).standard_normal((256, 3, 32, 32)).astype(np.float32)
+    r: dict = {"bundle": str(bundle_dir)}
+    r["a_latency"] = latency(bundle_dir, x, args, node_args)
+    if args.against:
+        r["a_codec_per_hop"] = codec_per_hop(args.against, args.codec_rounds)
+    print(f"width {w:g} (a): {json.dumps({k: v for k, v in r['a_latency'].items() if k != 'blocks'})}", flush=True)
+    if not args.latency_only:
+        r["b_throughput"] = throughput(bundle_dir, x, args, node_args)
+        print(f"width {w:g} (b): {json.dumps({k: v for k, v in r['b_throughput'].items() if k != 'blocks'})}",
+              flush=True)  # fmt: skip
+        r["c_bytes_per_forwarded_request"] = carry_bytes(bundle_dir)
+    return r
+
+
+def targets_of(ws: dict, against: str | None) -> dict:
+    """Each target's value, rule and whether it was met, for the widths measured."""
     targets = {}
-    ws = result["widths"]
     if "0.25" in ws:
         v = ws["0.25"]["a_latency"]["per_hop_ratio"]
         targets["per-hop ratio cis / raw chain, width 0.25"] = {"value": v, "rule": "<= 1.5, goal 1.2", "met": v <= 1.5}
@@ -666,16 +656,33 @@ def main() -> int:
         v = ws["1"]["a_latency"]["p50_ratio"]
         targets["p50 cis / in-process, width 1"] = {"value": v, "rule": "<= 1.15", "met": v <= 1.15}
     for w, r in ws.items():
-        if "b_throughput" not in r:
-            continue
-        v = r["b_throughput"]["ratio"]
-        targets[f"batched throughput cis / in-process, width {w}"] = {"value": v, "rule": ">= 0.95", "met": v >= 0.95}
+        if "b_throughput" in r:
+            v = r["b_throughput"]["ratio"]
+            targets[f"batched throughput cis / in-process, width {w}"] = {"value": v, "rule": ">= 0.95",
+                                                                           "met": v >= 0.95}  # fmt: skip
     for w, r in ws.items():
         if "hop_vs_base" in r["a_latency"]:
             v = r["a_latency"]["hop_vs_base"]
-            name = f"per hop, this code / {args.against}, width {w}"
-            targets[name] = {"value": v, "rule": "<= 1.02", "met": v <= 1.02}
-    result["targets"] = targets
+            targets[f"per hop, this code / {against}, width {w}"] = {"value": v, "rule": "<= 1.02", "met": v <= 1.02}
+    return targets
+
+
+def main() -> int:
+    args = parse_args()
+    node_args = ["--spin"] if args.spin else []
+    widths = [float(w) for w in args.widths.split(",") if w.strip()]
+    result: dict = {
+        "model": "ResNet18EE (untrained), paper-7 three stages, CIFAR-10 input (3x32x32), batch 1",
+        "machine": {**machine(), "python": sys.version.split()[0]},
+        "command": " ".join(["python", "-m", "bench.runtime_overhead", *sys.argv[1:]]),
+        "repeats": args.repeats,
+        "quick": args.quick,
+        "spin": args.spin,
+        "against": args.against,
+        "widths": {f"{w:g}": one_width(w, args, node_args) for w in widths},
+    }
+    result["machine"]["load_avg_end"] = os.getloadavg()
+    result["targets"] = targets_of(result["widths"], args.against)
     write_results(args.out, result, markdown(result))
     print("\n".join(markdown(result)))
     return 0

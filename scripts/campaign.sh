@@ -1,6 +1,6 @@
 #!/bin/bash
 # One campaign process: runs every line of a queue file (benchmark command lines, e.g.
-# "benchmarks/table1.py --commit") in order from the campaign worktree; start one per core.
+# "-m bench.table1 --commit") in order from the campaign worktree; start one per core.
 # Runs are shared between processes through lock files and resume from their checkpoints.
 # Usage: nohup scripts/campaign.sh QUEUE [WORKTREE] > driverK.log 2>&1 &
 set -u

@@ -6,7 +6,7 @@
 ``pack`` reads CIFAR-10 in any layout cis reads (cis/training/data/loading.py), picks a class-balanced subset
 with a fixed seed, and writes it as HWC uint8 compressed with xz and a delta filter (about 0.54 of
 the raw bytes; 24,000 images take 44 MB); ``unpack`` needs only numpy and writes the python-pickle
-layout that ``cifar10:PATH`` reads. benchmarks/results/gpu_check.md used 2,100 training and 300
+layout that ``cifar10:PATH`` reads. bench/results/gpu_check.md used 2,100 training and 300
 test images per class.
 """
 

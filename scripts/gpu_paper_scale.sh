@@ -5,11 +5,11 @@
 # Paper scale: ResNet18EE at width 1, 100 rounds, 118 local steps a round (the paper's root SGD steps), 5,000
 # validation images and every other training image (35,000: this project's CIFAR-10 copy, the JPEG zip in
 # ../shared/data, has 40,000 training images, not the paper's 50,000). 9.5 min a run on an H100 in fp32 at
-# 18,588 images/s (benchmarks/results/gpu_check.md).
+# 18,588 images/s (bench/results/gpu_check.md).
 #
 # Modes (each one call of the device tool; the whole call ends inside LIMIT_S seconds, default 470):
 #   run      1. the CUDA-graph test (tests/test_compute_options.py -m gpu): graphs are measured only if it passes;
-#            2. benchmarks/train_device_speed.py --paper-scale: fp32, channels_last, bf16, CUDA graphs and their
+#            2. bench/train_device_speed.py --paper-scale: fp32, channels_last, bf16, CUDA graphs and their
 #               combinations, PROBE_ROUNDS rounds of PROBE_STEPS steps each, in one process; then the fastest
 #               in 2 and 4 processes sharing the GPU (runs side by side);
 #            3. equal and serving-rate (STRATEGIES) as paper-scale runs at the fastest setting, side by side, each
@@ -95,7 +95,7 @@ print('CIFAR-10 at $data:', len(s.train), 'training,', len(s.val), 'validation,'
 " 2>&1 | tee -a "$log"
 }
 
-scale_flags() {  # the paper-scale flags of benchmarks/train_device_speed.py
+scale_flags() {  # the paper-scale flags of bench/train_device_speed.py
     echo "--device $device --paper-scale --width $width --val-size $val ${subset:+--train-subset $subset} --data $data"
 }
 
@@ -114,9 +114,9 @@ probe() {
     if [ "$t" -lt 30 ]; then say "no time to probe"; echo "${TRAIN_VARIANT:-fp32}" > "$work/best"; return; fi
     say "probe: $variants, $probe_rounds rounds of $probe_steps steps each"
     # shellcheck disable=SC2046
-    timeout "$t" python3 benchmarks/train_device_speed.py $(scale_flags) --local-steps "$probe_steps" \
+    timeout "$t" python3 -m bench.train_device_speed $(scale_flags) --local-steps "$probe_steps" \
         --rounds "$probe_rounds" --variants "$variants" --out paper_speed 2>&1 | grep -v "^wrote" | tee -a "$log"
-    python3 -c "import json; print(json.load(open('benchmarks/results/paper_speed.json'))['best'])" \
+    python3 -c "import json; print(json.load(open('bench/results/paper_speed.json'))['best'])" \
         > "$work/best" 2>/dev/null || echo fp32 > "$work/best"
     local best n k names
     best="${TRAIN_VARIANT:-$(cat "$work/best")}"
@@ -128,18 +128,18 @@ probe() {
         names=""
         for k in $(seq "$n"); do
             # shellcheck disable=SC2046
-            timeout "$t" python3 benchmarks/train_device_speed.py $(scale_flags) --local-steps "$probe_steps" \
+            timeout "$t" python3 -m bench.train_device_speed $(scale_flags) --local-steps "$probe_steps" \
                 --rounds "$probe_rounds" --variants "$best" --out "paper_speed_${n}x_$k" > "$work/probe-$n-$k.log" 2>&1 &
             names="$names${names:+,}paper_speed_${n}x_$k"
         done
         wait
-        python3 benchmarks/train_device_speed.py --combine "$names" --out "paper_speed_${n}x" 2>&1 | grep -v "^wrote" \
+        python3 -m bench.train_device_speed --combine "$names" --out "paper_speed_${n}x" 2>&1 | grep -v "^wrote" \
             | tee -a "$log"
     done
     python3 - "$out/paper_speed.json" <<'EOF'
 import json, sys
 from pathlib import Path
-results = Path("benchmarks/results")
+results = Path("bench/results")
 merged = {f.stem: json.loads(f.read_text()) for f in sorted(results.glob("paper_speed*.json"))}
 Path(sys.argv[1]).write_text(json.dumps(merged, indent=1))
 EOF
@@ -148,8 +148,7 @@ EOF
 write_config() {  # the paper-scale run's settings, at the fastest variant
     python3 - "$work/paper.json" "$(cat "$work/best")" <<EOF
 import json, sys
-sys.path.insert(0, "benchmarks")
-from train_device_speed import variant_settings
+from bench.train_device_speed import variant_settings
 config = {"dataset": "cifar10:$data", "serving": "5-15-80", "seed": 1, "width": float("$width"), "rounds": $rounds,
           "val_size": $val, "local_steps": $steps, "eval_every": 10, "checkpoint_every": 1, "device": "$device",
           **({"train_subset": int("$subset")} if "$subset" else {}), **variant_settings(sys.argv[2])}

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Issue 34 on a 16-core machine: p50 at batch 1 through three tiers (thresholds inf below the root), cis against
 # Ray Serve (handle path; batching 32/0, Ray's default 10/0.01 and 1/0 tried), start-up of both:
-# `benchmarks/peers.py --p50-only`. NOT RUN YET: prepared for a lent GPU machine (16 CPU cores; the GPU itself
+# `python -m bench.peers --p50-only`. NOT RUN YET: prepared for a lent GPU machine (16 CPU cores; the GPU itself
 # is not used: both systems run onnxruntime on the CPU, as here). Goal there: cis p50 at most 0.5x Ray Serve's.
 #
 # The image has python3 3.12, torch, onnxruntime 1.30, aiohttp, grpcio, protobuf, pyyaml, requests, click,
@@ -29,8 +29,8 @@
 #         command="bash scripts/gpu_peers.sh", timeout_s=420)
 # The second call copies its part beside the first, joins and checks them (sha256), installs the wheels into
 # /tmp/peers-site (kept while the machine stays warm: a rerun skips it), and runs the benchmark in under 5
-# minutes, writing $OUT/peers-p50.json (and ray.log, the benchmark's stderr). Locally, peers.py --report does not
-# read it: copy it to benchmarks/results/peers-p50-16core.json and quote it in the issue.
+# minutes, writing $OUT/peers-p50.json (and ray.log, the benchmark's stderr). Locally, python -m bench.peers --report does not
+# read it: copy it to bench/results/peers-p50-16core.json and quote it in the issue.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 g=.gpu-peers
@@ -41,10 +41,9 @@ if [ "${1:-}" = --prepare ]; then
     mkdir -p "$g/whl" "$g/ray" /tmp/gpu-peers-dl
     python=.venv/bin/python
     "$python" - <<'EOF'
-import sys; sys.path[:0] = ["benchmarks", "benchmarks/peers"]
 from pathlib import Path
 import shutil, numpy as np
-import peers
+from bench.peers import run as peers
 work = Path("/tmp/cis-bench/peers")
 bundle = peers.cifar_bundle(work, "/tmp/cifar10")
 shutil.copytree(bundle, ".gpu-peers/bundle", dirs_exist_ok=True)
@@ -87,7 +86,7 @@ export PYTHONPATH="$site:$PWD${PYTHONPATH:+:$PYTHONPATH}"
 python3 -c "import ray, zmq, onnxruntime, os; print('ray', ray.__version__, 'zmq', zmq.__version__, \
 'onnxruntime', onnxruntime.__version__, 'cpus', os.cpu_count())" | tee "$out/versions.txt"
 status=0
-timeout 300 python3 benchmarks/peers.py --p50-only --bundle "$g/bundle" --inputs "$g/inputs.npz" \
+timeout 300 python3 -m bench.peers --p50-only --bundle "$g/bundle" --inputs "$g/inputs.npz" \
     --work /tmp/peers-work --out "$out/peers-p50.json" 2> "$out/peers-stderr.log" || status=$?
 cp /tmp/peers-work/ray.log "$out/" 2>/dev/null || true
 tail -5 "$out/peers-stderr.log"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Issue 24, item 8: the GPU tier serving on a GPU. NOT RUN ON A GPU YET: the session that wrote it had no
-# GPU lent (benchmarks/results/gpu_check.md); rehearsed on a CPU with
+# GPU lent (bench/results/gpu_check.md); rehearsed on a CPU with
 #     PROVIDER=cpu OUT=/tmp/cis-gpu-rehearsal bash scripts/gpu_serve_check.sh
 # (no parts: the installed onnxruntime; the GPU tests skip; no CIFAR-10: no overhead benchmark).
 #
@@ -72,9 +72,9 @@ python3 scripts/gpu_serve_check.py --provider "$provider" --out "$out" 2>&1 | te
 python3 -m pytest -q -rs -m gpu tests/test_device.py tests/test_export.py tests/test_serve_tiers.py 2>&1 \
     | tee "$out/gpu-tests.log" || status=1
 if [ "${OVERHEAD:-1}" = 1 ] && [ -d "$cifar" ]; then  # per-hop overhead with a core per node (--spin), quick: the budget is 15 minutes
-    python3 benchmarks/runtime_overhead.py --quick --spin --data "$cifar" --work /tmp/cis-overhead \
+    python3 -m bench.runtime_overhead --quick --spin --data "$cifar" --work /tmp/cis-overhead \
         --out gpu_runtime_overhead 2>&1 | tail -20 | tee "$out/overhead.log" || status=1
-    cp benchmarks/results/gpu_runtime_overhead.* "$out/" 2>/dev/null || true
+    cp bench/results/gpu_runtime_overhead.* "$out/" 2>/dev/null || true
 else
     echo "no CIFAR-10 at $cifar: overhead benchmark skipped" | tee "$out/overhead.log"
 fi

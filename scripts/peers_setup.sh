@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The peers of benchmarks/peers.py (issue 34), installed where each fits:
+# The peers of bench/peers/run.py (issue 34), installed where each fits:
 #   .venv            the project's venv (scripts/setup.sh) + the 'peers' extra: ray[serve] (the same ray that
 #                    flwr[simulation] pins), tritonclient[http] (the one HTTP client of every comparison), py-spy
 #   .venv-kserve     kserve + onnxruntime + cis's core (it pins its own fastapi, uvicorn and pydantic)
 #   .venv-mlserver   mlserver + onnxruntime + cis's core (likewise; no mlserver-onnx on the package index)
-# The load generator, cis.Client, tritonclient and the Ray driver run in .venv; benchmarks/peers.py starts the
+# The load generator, cis.Client, tritonclient and the Ray driver run in .venv; bench/peers/run.py starts the
 # KServe and MLServer servers from their venvs as subprocesses. Rerunning it is cheap (pip skips what is there).
 #     bash scripts/peers_setup.sh            # all three
 #     PEERS_ONLY=kserve bash scripts/peers_setup.sh
@@ -26,4 +26,4 @@ for peer in kserve mlserver; do
         ".venv-$peer/bin/python" -c "import $peer, onnxruntime, cis.core.stages.runner; print('$peer', $peer.__version__ if hasattr($peer, '__version__') else '')"
     fi
 done
-echo "peers_setup: ready (python benchmarks/peers.py --quick to smoke)"
+echo "peers_setup: ready (python -m bench.peers --quick to smoke)"

@@ -1,6 +1,6 @@
 """The campaign reports read run files as documented: the larger-scale Table 1 cells are every setting their runs
 were trained for (equal's shared run holds them all), and the budget curve reads those cells as its ``large``
-budget without training it (benchmarks/table1.py, benchmarks/budget_curve.py; issue 22)."""
+budget without training it (bench/table1.py, bench/budget_curve.py; issue 22)."""
 
 from __future__ import annotations
 
@@ -10,10 +10,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-import budget_curve  # noqa: E402
-import table1  # noqa: E402
+from bench import budget_curve, table1
 
 SEEDS = [1, 2, 3]
 

@@ -1,4 +1,4 @@
-"""Every number in the findings and results markdown of benchmarks/results/ comes from its JSON (issue 35 item 3).
+"""Every number in the findings and results markdown of bench/results/ comes from its JSON (issue 35 item 3).
 
 Each markdown file is checked against the JSON files its numbers come from (``SOURCES``). A number is
 read with the decimals it shows and matches a JSON value that rounds to it (values in [0, 1] also as
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-RESULTS = Path(__file__).resolve().parent.parent / "benchmarks" / "results"
+RESULTS = Path(__file__).resolve().parent.parent / "bench" / "results"
 
 SOURCES: dict[str, tuple[str, ...]] = {
     "table1_findings.md": ("table1.json", "table1_rerun.json", "table1_dev.json", "budget_curve.json"),
@@ -232,7 +232,7 @@ def allowed_in(name: str) -> dict[str, str]:
 @pytest.mark.parametrize("name", sorted(SOURCES))
 def test_every_number_comes_from_the_json(name):
     if not (RESULTS / name).is_file():
-        assert name in GENERATED, f"{name}: expected in benchmarks/results"
+        assert name in GENERATED, f"{name}: expected in bench/results"
         pytest.skip(f"{name}: not generated yet")
     bad = unmatched((RESULTS / name).read_text(), pool_of(name), allowed_in(name))
     assert not bad, f"{name}: {len(bad)} number(s) not in {', '.join(SOURCES[name])}:\n" + "\n".join(bad)

@@ -1,11 +1,11 @@
 """Issue 34: the same CIS as a Ray Serve app answers exactly what cis answers, and the peers benchmark runs.
 
-- ``cis serve --all`` and the Ray Serve app of benchmarks/peers/ray_serve_cis.py (a deployment per tier,
+- ``cis serve --all`` and the Ray Serve app of bench/peers/ray_serve_cis.py (a deployment per tier,
   DeploymentHandles between tiers, ``@serve.batch``), on the same digits bundle, thresholds and samples, sent
   one at a time to the same entry nodes: the same class, exit and serving node for every sample, and both
   forward some samples (the comparison covers the handles between tiers, not only the devices);
 - with every threshold below the root at inf, every sample is served at the cloud by both;
-- ``benchmarks/peers.py --quick`` (what CI smoke-runs) writes its result with every section, the missing
+- ``bench/peers/run.py --quick`` (what CI smoke-runs) writes its result with every section, the missing
   peers reported as such, no timing asserted.
 
 Skipped where ray[serve] (or tritonclient, for the smoke run) is not installed: ``pip install '.[peers]'``.
@@ -26,10 +26,8 @@ pytest.importorskip("onnx")
 
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-sys.path.insert(0, str(REPO / "benchmarks" / "peers"))
 
-from systems import CisTree, RayServer, missing_peers  # noqa: E402  (Ray on loopback: before ray is imported)
+from bench.peers.systems import RayServer, cis_tree, missing_peers  # noqa: E402 (Ray on loopback: before ray is imported)
 
 if missing_peers(http=False):
     pytest.skip("ray[serve] is not installed (pip install '.[peers]')", allow_module_level=True)
@@ -59,7 +57,7 @@ def _samples(n: int):
 
 @pytest.mark.slow
 def test_ray_serve_app_answers_what_cis_answers(digits, ray_app, tmp_path):
-    from peers import agreement
+    from bench.peers.run import agreement
 
     x = _samples(30)
     got = agreement(digits, x, ray_app, tmp_path)
@@ -72,15 +70,14 @@ def test_ray_serve_app_answers_what_cis_answers(digits, ray_app, tmp_path):
 
 @pytest.mark.slow
 def test_forced_thresholds_serve_everything_at_the_cloud(digits, ray_app, tmp_path):
-    from loadgen import CisNative, RayHandle
-
-    from peers import entry_nodes, run_load
+    from bench.peers.loadgen import CisNative, RayHandle
+    from bench.peers.run import entry_nodes, run_load
 
     x = _samples(12)
     nodes = entry_nodes(digits, len(x))
     ray_app.redeploy(digits, threshold=math.inf)
-    theirs = run_load(lambda: RayHandle(ray_app.handle()), x, nodes, None, timeout=10, keep=True).outcomes
-    tree = CisTree(digits, tmp_path, ["--no-cap", "--threshold", "inf"], http=False)
+    theirs = run_load(lambda: RayHandle(ray_app.handle), x, nodes, None, timeout=10, keep=True).outcomes
+    tree = cis_tree(digits, tmp_path, ["--no-cap", "--threshold", "inf"], http=False)
     try:
         ours = run_load(lambda: CisNative({n: tree.address(n) for n in tree.nodes}), x, nodes, None, 10, True).outcomes
     finally:
@@ -96,7 +93,7 @@ def test_forced_thresholds_serve_everything_at_the_cloud(digits, ray_app, tmp_pa
 @pytest.mark.skipif(bool(missing_peers()), reason="tritonclient[http] is not installed")
 def test_quick_benchmark_writes_every_section(tmp_path):
     out = tmp_path / "peers.json"
-    cmd = [sys.executable, str(REPO / "benchmarks" / "peers.py"), "--quick", "--work", str(tmp_path / "work"),
+    cmd = [sys.executable, "-m", "bench.peers", "--quick", "--work", str(tmp_path / "work"),
            "--out", str(out)]  # fmt: skip
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=REPO)
     assert res.returncode == 0, res.stderr[-3000:]

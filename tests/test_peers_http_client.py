@@ -1,6 +1,6 @@
 """Issue 34, the one-tier comparison's client: tritonclient's synchronous HTTP client with each request body made
-once (benchmarks/peers/loadgen.py ``OipHttp``, ``drive_sync``), the null endpoint that measures it alone
-(benchmarks/peers/null_oip.py), CPU per request on each side, and the README's sentence of goals met and missed.
+once (bench/peers/loadgen.py ``OipHttp``, ``drive_sync``), the null endpoint that measures it alone
+(bench/peers/null_oip.py), CPU per request on each side, and the README's sentence of goals met and missed.
 
 - against the null endpoint, every request of a Poisson run is answered with the canned outputs, in JSON and with
   Triton's binary extension (a body made once per sample: the binary one carries its JSON part's size);
@@ -14,7 +14,6 @@ Skipped where tritonclient[http] is not installed (``pip install '.[peers]'``).
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,11 +22,9 @@ import pytest
 pytest.importorskip("tritonclient.http")
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
-sys.path.insert(0, str(REPO / "benchmarks" / "peers"))
 
-from loadgen import OipHttp, drive_sync, poisson_offsets  # noqa: E402
-from systems import CisNode, SingleServer, cpu_seconds, oip_body, wait_http  # noqa: E402
+from bench.peers.loadgen import OipHttp, drive_sync, offsets_of  # noqa: E402
+from bench.peers.systems import SingleServer, cis_node, cpu_seconds, oip_body, wait_http  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +50,7 @@ def test_null_endpoint_answers_every_request(null, binary):
     body, json_size = transport.body(x[:1])
     assert (json_size is not None) == binary and len(body) > (json_size or 0)
     before = cpu_seconds([null.proc.pid])
-    run = drive_sync(transport, x, ["cloud"] * len(x), poisson_offsets(200.0, len(x)), timeout=5.0, keep_answers=True)
+    run = drive_sync(transport, x, ["cloud"] * len(x), offsets_of(200.0, len(x)), timeout=5.0, keep_answers=True)
     transport.close()
     s = run.summary()
     assert s["answered"] == s["requests"] == 40 and s["refused"] == s["timed_out"] == 0
@@ -62,7 +59,7 @@ def test_null_endpoint_answers_every_request(null, binary):
 
 
 def _cis_node(bundle: Path):
-    node = CisNode(bundle, "cloud", http=True)
+    node = cis_node(bundle, "cloud", http=True)
     url = node.nodes["cloud"]["http"]
     if wait_http(f"{url}/v2/health/ready", None, 60, node.proc) is None:
         node.stop()
@@ -96,7 +93,7 @@ def test_prepared_bodies_answer_what_cis_client_answers(demo_bundle):
 
 
 def test_verdict_names_goals_missed_and_met():
-    from peers import GOALS, verdict
+    from bench.peers.report import GOALS, verdict
 
     rows = {
         key: {"what": GOALS[key][0], "ratio": q, "goal": f"{GOALS[key][1]} {GOALS[key][2]}", "met": met}
@@ -111,7 +108,7 @@ def test_verdict_names_goals_missed_and_met():
 
 
 def test_peer_ahead_names_only_figures_where_the_peer_does_better():
-    from peers import GOALS, peer_ahead
+    from bench.peers.report import GOALS, peer_ahead
 
     def row(key, ours, theirs):
         return {"what": GOALS[key][0], "cis": ours, "peer": theirs, "ratio": ours / theirs,

@@ -1,19 +1,13 @@
-"""The twin's calibration from a light load's spans (benchmarks/_twin.py): the interference of the machine's cores
+"""The twin's calibration from a light load's spans (cis.sim.twin_batches): the interference of the machine's cores
 (``SimConfig.interference``) and a woken node's reading of its message counted as batch work."""
 
 from __future__ import annotations
-
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from cis.core.spec import CisSpec, Node, validate
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-
-from _twin import batch_overheads, interference, stage_speed  # noqa: E402
+from cis.sim.twin_batches import batch_overheads, interference, stage_speed
 
 PROFILE = {1: {1: 0.001}, 2: {1: 0.010}}  # seconds per call at batch 1
 

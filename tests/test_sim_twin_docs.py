@@ -1,33 +1,31 @@
 """docs/simulator.md's "how close" figures are the benchmarks' json, not hand-copied numbers (issue 36): the blocks
-that benchmarks/twin_hard.py and twin_spans.py write into the doc match what they write from the json now."""
+that bench/twin_hard.py and twin_spans.py write into the doc match what they write from the json now."""
 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO / "benchmarks"))
 
 
 @pytest.mark.parametrize("name", ["twin_hard", "twin_spans"])
 def test_the_docs_figures_are_the_results_json(name):
     import importlib
 
-    from _results import read_doc_block
+    from bench.harness import read_doc_block
 
-    module = importlib.import_module(name)
-    result = json.loads((REPO / "benchmarks" / "results" / f"{name}.json").read_text())
+    module = importlib.import_module(f"bench.{name}")
+    result = json.loads((REPO / "bench" / "results" / f"{name}.json").read_text())
     block = read_doc_block(REPO / "docs" / "simulator.md", name)
     assert block is not None, f"docs/simulator.md has no {name} block"
     assert block == module.how_close(result).strip("\n")
 
 
 def test_a_doc_block_is_replaced_between_its_markers(tmp_path):
-    from _results import doc_block, read_doc_block, write_doc_block
+    from bench.harness import doc_block, read_doc_block, write_doc_block
 
     begin, end = doc_block("bench")
     doc = tmp_path / "doc.md"
@@ -40,7 +38,7 @@ def test_a_doc_block_is_replaced_between_its_markers(tmp_path):
 
 def test_update_lists_only_the_runs_whose_figures_are_kept():
     """twin_hard --update: a run whose every regime was run again drops out of the result's list of runs."""
-    from twin_hard import merged
+    from bench.twin_hard import merged
 
     def run(command, regimes):
         return {"command": command, "machine": {}, "regimes": regimes}
@@ -52,7 +50,7 @@ def test_update_lists_only_the_runs_whose_figures_are_kept():
 
 def test_twin_spans_update_keeps_the_other_cases_with_the_run_that_made_them():
     """twin_spans --update: the cases just run replace their own; the others keep their command and machine."""
-    from twin_spans import merged, runs_text
+    from bench.twin_spans import merged, runs_text
 
     machine = {"cpus": 2, "platform": "Linux", "load_avg": [0.5, 0.5, 0.5]}
     old = {"command": "a", "machine": machine, "cases": {"loopback": {"points": []}, "colocated": {"points": [1]}}}

@@ -37,6 +37,7 @@ COMMANDS = [
     "evaluate",
     "serve",
     "infer",
+    "bench",
     "status",
     "rollout",
     "keys",

@@ -17,7 +17,7 @@ import numpy as np
 
 from cis.core.bundle import TensorInfo
 from cis.core.policy.exit_policy import confidence
-from cis.core.stages.runner import StageRunner
+from cis.core.stages.runner import StageRunner, stage_inputs
 
 LATENCY_BATCHES = (1, 8, 32)
 
@@ -59,25 +59,13 @@ def median_seconds(fn, repeats: int, warmup: int = 2) -> float:
     return float(np.median(times))
 
 
-def stage_inputs(runners: Sequence[StageRunner], x: np.ndarray, batch: int) -> list[dict[str, np.ndarray]]:
-    """Each stage's inputs for ``batch`` samples of ``x`` (repeated when it has fewer): stage 1 gets the
-    samples, every later stage what the one before passes on (the real carry, not random values)."""
-    rows = np.resize(np.arange(len(x)), batch)
-    feeds: dict[str, np.ndarray] = {runners[0].input_names[0]: np.ascontiguousarray(x[rows])}
-    out = []
-    for runner in runners:
-        out.append({name: feeds[name] for name in runner.input_names})
-        feeds = {k: v for k, v in runner.run(feeds).items() if k != "logits"}
-    return out
-
-
 def latency_profile(
     runners: Sequence[StageRunner], batches: Sequence[int] = LATENCY_BATCHES, repeats: int = 20, seed: int = 0,
     x: np.ndarray | None = None,
 ) -> dict[int, dict[int, float]]:
     """{stage: {batch: median seconds per call}} with onnxruntime: on the carries of real samples ``x`` (a
     stage's time can depend on its values: a later stage ran 1.3-1.6 times longer on real carries than on
-    random ones in benchmarks/twin_spans.py), else on random inputs of the right shapes."""
+    random ones in bench/twin_spans.py), else on random inputs of the right shapes."""
     rng = np.random.default_rng(seed)
     real = {b: stage_inputs(runners, x, b) for b in batches} if x is not None and len(x) else None
     out: dict[int, dict[int, float]] = {}

@@ -1,63 +1,23 @@
-"""Arrival processes: each yields the absolute times (seconds) of one node's local requests.
+"""The simulator's arrivals: the times (seconds) of one node's local requests.
 
-- ``poisson``: exponential gaps with mean 1/rate;
-- ``deterministic``: one request every 1/rate seconds;
-- ``mmpp``: a two-state Markov-modulated Poisson process (bursty): the node
-  alternates between a quiet and a busy state, each held for an exponential
-  time with mean ``dwell`` seconds; the busy rate is ``ratio`` times the quiet
-  rate and the long-run mean is ``rate``;
+- ``poisson``, ``deterministic``, ``mmpp``: the arrival processes of :mod:`cis.core.arrivals` (written once:
+  the load generator, ``cis bench``, draws its send times from the same ones);
 - a trace: timestamps read from a file, one per line, either ``timestamp`` or
   ``node_id,timestamp``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
+from cis.core.arrivals import deterministic, mmpp, mmpp_rates, poisson
 from cis.core.errors import CisError
-from cis.sim.streams import uniforms, unit_exponentials
 
 ARRIVALS = ("poisson", "deterministic", "mmpp")
-
-
-def poisson(rate: float, rng: np.random.Generator) -> Iterator[float]:
-    t = 0.0
-    for gap in unit_exponentials(rng):
-        t += gap / rate
-        yield t
-
-
-def deterministic(rate: float) -> Iterator[float]:
-    k = 0
-    while True:
-        k += 1
-        yield k / rate
-
-
-def mmpp_rates(rate: float, ratio: float) -> tuple[float, float]:
-    """(quiet, busy) rates with busy = ratio * quiet and, with equal mean dwell times, mean ``rate``."""
-    quiet = 2.0 * rate / (1.0 + ratio)
-    return quiet, quiet * ratio
-
-
-def mmpp(rate: float, ratio: float, dwell: float, rng: np.random.Generator) -> Iterator[float]:
-    """Arrivals of a two-state MMPP. Both the gaps and the dwell times are
-    memoryless, so at a state switch the next gap is simply drawn afresh."""
-    rates = mmpp_rates(rate, ratio)
-    draws = unit_exponentials(rng)
-    state = int(next(uniforms(rng)) < 0.5)
-    t, switch = 0.0, next(draws) * dwell
-    while True:
-        gap = next(draws) / rates[state]
-        if t + gap < switch:
-            t += gap
-            yield t
-        else:
-            t, state = switch, 1 - state
-            switch = t + next(draws) * dwell
+__all__ = ["ARRIVALS", "assign_trace", "deterministic", "mmpp", "mmpp_rates", "parse_trace", "poisson", "read_trace"]
 
 
 def parse_trace(lines: Sequence[str], source: str) -> list[tuple[str | None, float]]:

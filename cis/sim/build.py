@@ -15,6 +15,7 @@ from tqdm import tqdm
 
 from cis.core.policy.transfer_cap import TokenBucket
 from cis.core.spec import CisSpec, Node
+from cis.core.streams import indices, spawn, uniforms, unit_exponentials
 from cis.sim.arrivals import deterministic, mmpp, poisson, read_trace
 from cis.sim.config import SimConfig
 from cis.sim.cores import Machine
@@ -22,7 +23,6 @@ from cis.sim.links import Uplink
 from cis.sim.model import EVENTS_PER_UPDATE, LOOPBACK, Model, Plan, source
 from cis.sim.spans import SpanLog
 from cis.sim.station import Station
-from cis.sim.streams import indices, spawn, uniforms, unit_exponentials
 
 
 def build(plan: Plan) -> tuple[Model, list[tuple[Station, Iterator[float], Iterator[int]]]]:

@@ -3,7 +3,8 @@
     costs = calibrate_visits(clients, x, spec, bundle, rate)   # a calibration load on the running nodes
     SimConfig(loopback=True, hop_rtt=tuple(costs["visit_cost"]), visit_overhead=0.0)
 
-Used by ``cis demo`` (:mod:`cis.cli.demo.pipeline`) and ``benchmarks/sim_vs_runtime.py``; see docs/simulator.md.
+Used by ``cis demo`` (:mod:`cis.cli.demo.pipeline`) and ``bench/sim_vs_runtime.py``; see docs/simulator.md. The
+twin of the hard regime calibrates more on a live cluster: :mod:`cis.sim.twin_calibration`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from cis.core.arrivals import poisson, send_times
 from cis.core.errors import CisError
 
 
@@ -56,7 +58,7 @@ def calibrate_visits(
     for nid, idx in entries.items():
         for i in idx:
             entry[int(i)] = nid
-    times = np.cumsum(np.random.default_rng(seed).exponential(1.0 / rate, n))
+    times = send_times(poisson(rate, np.random.default_rng(seed)), count=n)
     results = infer_spread({nid: clients[nid] for nid in entries}, x[:n], entries, window=n, timeout=30.0, times=times)
     stage_s = {k: bundle.latency_profile()[k][1] for k in range(1, bundle.num_exits + 1)}
     costs = visit_costs(spec, stage_s, entry, results)

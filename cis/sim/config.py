@@ -38,14 +38,14 @@ class SimConfig:
     burst: float | None = None  # token bucket depth in seconds of the cap; None: the policy's default
     calibrate: bool = False  # recalibrate thresholds from the profile instead of the bundle's policy
     threshold: float | None = None  # with a bundle: every non-root node's threshold (cis serve --all --threshold)
-    # The real runtime on one machine (benchmarks/sim_vs_runtime.py, cis demo): with ``loopback``
+    # The real runtime on one machine (bench/sim_vs_runtime.py, cis demo): with ``loopback``
     # links carry no latency and no bandwidth limit; each node visit costs one messaging round
     # trip (ZeroMQ + Python + the OS waking a process: the client's or child's message in, the
     # reply out), drawn uniformly from ``hop_rtt`` once per request for all its visits (seconds;
     # one value: a constant; empty: none),
     # half on the way in and half on the way back; and ``visit_overhead`` seconds of node work
     # on top of the stage times (decode, batching, policy, encode), holding the worker.
-    # benchmarks/sim_vs_runtime.py and cis demo fill ``hop_rtt`` with the per-visit costs of a
+    # bench/sim_vs_runtime.py and cis demo fill ``hop_rtt`` with the per-visit costs of a
     # calibration load on the running cluster (cis.sim.calibration.calibrate_visits: messaging and node
     # work together) and leave ``visit_overhead`` at 0.
     loopback: bool = False

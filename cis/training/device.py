@@ -12,7 +12,7 @@ with bfloat16 (weights, optimizer state and aggregation stay float32). It works
 on the CPU too (slowly), which is how it is tested without a GPU.
 
 ``memory_format`` channels_last and ``cuda_graphs`` on (:func:`apply_compute_options`) are the
-other two speed settings of a GPU run (benchmarks/train_device_speed.py measures them).
+other two speed settings of a GPU run (bench/train_device_speed.py measures them).
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ def exit_steps(steps: int, flops: Sequence[float] | None, own_exit: int, exit: i
     """Local steps for a node whose largest exit is ``own_exit`` training ``exit``.
 
     ``flops`` None (rule "same"): J for every exit. Otherwise (rule "flops", a
-    diagnostic of benchmarks/table2.py): a lower exit gets J * flops(own) / flops(exit)
+    diagnostic of bench/table2.py): a lower exit gets J * flops(own) / flops(exit)
     steps, the same compute as a round at the node's own exit.
     """
     if flops is None or exit >= own_exit:

@@ -216,3 +216,15 @@ def run_chain(
         for e, v in logits.items():
             parts[e].append(v)
     return {e: np.concatenate(v) for e, v in parts.items()}
+
+
+def stage_inputs(runners: Sequence[StageRunner], x: np.ndarray, batch: int) -> list[dict[str, np.ndarray]]:
+    """Each stage's inputs for ``batch`` samples of ``x`` (repeated when it has fewer): stage 1 gets the
+    samples, every later stage what the one before passes on (the real carry, not random values)."""
+    rows = np.resize(np.arange(len(x)), batch)
+    feeds: dict[str, np.ndarray] = {runners[0].input_names[0]: np.ascontiguousarray(x[rows])}
+    out = []
+    for runner in runners:
+        out.append({name: feeds[name] for name in runner.input_names})
+        feeds = {k: v for k, v in runner.run(feeds).items() if k != LOGITS}
+    return out

@@ -17,7 +17,7 @@ count advances by the local steps of the pair that trained that layer longest.
 ``p_ie`` here is the probability that the pair (i, e) is in the round's sample:
 p from the sampling matrix times the participation probability of node i.
 
-Two diagnostic departures from line 12 (options, not defaults; benchmarks/table2.py
+Two diagnostic departures from line 12 (options, not defaults; bench/table2.py
 compares them, docs/training.md says when each helps):
 
 - coefficient rule ``capped``: c_ie <- min(c_ie, 1), so no pair moves the global

@@ -137,7 +137,7 @@ class ZmqTransport:
             except self._zmq.ZMQError as exc:
                 raise CisError(f"{address}: not a ZeroMQ address ({exc}); expected tcp://HOST:PORT") from None
             if self._loop is not None:
-                self._loop.add_reader(c.sock.getsockopt(self._zmq.FD), self._drain, address)
+                self._loop.add_reader(int(c.sock.getsockopt(self._zmq.FD)), self._drain, address)
         return c
 
     async def describe(self, address: str) -> list[TensorInfo]:

@@ -847,6 +847,9 @@ def merge(tree: dict, one: dict) -> dict:
     r["parts"] = {name: {k: part.get(k) for k in ("date", "machine", "seconds", "bundle", "versions")}
                   for name, part in (("tree", tree), ("one-tier", one))}  # fmt: skip
     r["seconds"] = tree["seconds"] + one["seconds"]
+    # each system's version from the run that measured it: a window without the peers' venvs knows none of theirs
+    r["versions"] = {**{k: v for k, v in one.get("versions", {}).items() if v is not None},
+                     **{k: v for k, v in tree.get("versions", {}).items() if v is not None}}  # fmt: skip
     r["date"] = f"{tree['date']} (tree), {one['date']} (one tier)"
     r["headline"] = headline(r)
     return r

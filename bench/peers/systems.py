@@ -353,7 +353,10 @@ def versions() -> dict:
     out: dict = {"python": sys.version.split()[0]}
     import importlib.metadata as md
 
-    for name in ("cis", "ray", "onnxruntime", "pyzmq", "tritonclient", "aiohttp", "fastapi", "uvicorn",
+    from cis.core.version import __version__
+
+    out["cis"] = __version__  # the distribution is cis-inference; the import root is cis
+    for name in ("ray", "onnxruntime", "pyzmq", "tritonclient", "aiohttp", "fastapi", "uvicorn",
                  "starlette", "pydantic", "numpy"):  # fmt: skip
         try:
             out[name] = md.version(name)

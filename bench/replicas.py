@@ -50,6 +50,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.harness import ensure_cifar, machine, start_cluster, write_results
+from bench.twin_bundles import untrained_vit_bundle
 
 WORK = Path("/tmp/cis-bench/replicas")
 
@@ -57,32 +58,9 @@ WORK = Path("/tmp/cis-bench/replicas")
 def vit_bundle(work: Path, cifar: str) -> Path:
     """An untrained ViT (dim 64, 10 blocks, exits after 1, 2, 10: the cloud runs 8 blocks), its thresholds
     calibrated to paper-7 at 5-15-80; int8 carries."""
-    out = work / "vit64-5-15-80"
-    if (out / "bundle" / "manifest.json").is_file():
-        return out / "bundle"
-    import torch
-
-    from cis.core.spec import spec_to_dict
-    from cis.core.topologies import make_spec
-    from cis.exporter import export_bundle
-    from cis.training.architectures import build_model
-    from cis.training.checkpoint import save_checkpoint
-    from cis.training.data.loading import CIFAR10_MEAN, CIFAR10_STD
-
-    torch.manual_seed(0)
-    model = build_model({"arch": "vit", "exits": [1, 2, 10], "dim": 64, "depth": 10, "heads": 4}).eval()
-    meta = {
-        "classes": [str(i) for i in range(10)],
-        "normalisation": {"mean": list(CIFAR10_MEAN), "std": list(CIFAR10_STD)},
-        "dataset": f"cifar10:{ensure_cifar(Path(cifar))}",
-        "seed": 0,
-        "val_size": 400,
-        "spec": spec_to_dict(make_spec("paper-7", "5-15-80")),
-        "note": "untrained ViT with a wide last stage, for bench/replicas.py",
-    }
-    save_checkpoint(out / "run", model, meta)
-    export_bundle(out / "run", out / "bundle", feature_dtype="int8", latency_repeats=2)
-    return out / "bundle"
+    arch = {"arch": "vit", "exits": [1, 2, 10], "dim": 64, "depth": 10, "heads": 4}
+    return untrained_vit_bundle(work / "vit64-5-15-80", cifar, arch, "5-15-80", val_size=400, latency_repeats=2,
+                                note="untrained ViT with a wide last stage, for bench/replicas.py")  # fmt: skip
 
 
 def with_replicas(spec, n: int, cores: int | None = None):

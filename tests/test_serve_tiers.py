@@ -90,7 +90,7 @@ def test_serve_all_metrics_port_0_every_node_answers_metrics_and_healthz(bundle_
                                                   ("exit", str(nodes[nid]["exit"])), ("node", nid),
                                                   ("parent", nodes[nodes[nid]["parent"]]["address"]
                                                    if nodes[nid]["parent"] else ""),
-                                                  ("provider", "cpu")))] == 1  # fmt: skip
+                                                  ("provider", "cpu"), ("replica", nid)))] == 1  # fmt: skip
         leaf = next(nid for nid, n in nodes.items() if n["exit"] == 1)
         edge = nodes[leaf]["parent"]
         root = spec.root.id

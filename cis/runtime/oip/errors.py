@@ -23,6 +23,11 @@ HTTP_STATUS: dict[str, int] = {
     "unauthenticated": 401,
     "timeout": 408,
     "method_not_allowed": 405,
+    # the update kinds' codes (docs/runtime.md, *Updating a model*): a door request names no bundle and sends no
+    # update, so these only pass through when a node answers a load or a carry with them
+    "bundle_mismatch": 409,
+    "bad_bundle": 400,
+    "busy": 503,
 }
 # error code -> the name of a grpc.StatusCode (grpc is imported by the gRPC door only)
 GRPC_STATUS: dict[str, str] = {
@@ -37,6 +42,8 @@ GRPC_STATUS: dict[str, str] = {
     "unauthenticated": "UNAUTHENTICATED",
     "timeout": "DEADLINE_EXCEEDED",
     "method_not_allowed": "UNIMPLEMENTED",
+    "bundle_mismatch": "FAILED_PRECONDITION",
+    "busy": "UNAVAILABLE",
 }
 
 

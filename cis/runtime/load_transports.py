@@ -106,7 +106,7 @@ def answer_of(outputs: dict[str, Any]) -> Answer:
     """An Answer from the outputs by name (lists or arrays of one sample each); a missing one stays unknown."""
     cls, conf, ex, node, flags = (_first(outputs.get(k)) for k in WANTED)
     return Answer(None if cls is None else int(cls), 0 if ex is None else int(ex),
-                  "" if node is None else (node.decode() if isinstance(node, bytes) else str(node)),
+                  "" if node is None else (str(node, "utf-8") if isinstance(node, bytes) else str(node)),
                   0 if flags is None else int(flags), None if conf is None else float(conf))  # fmt: skip
 
 

@@ -32,7 +32,7 @@ Phases (what each trains; seed-major, so a partial campaign has every condition 
 
     python -m bench.factorial --phase core [--seeds 1,...,15] [--commit]   # train what is missing, report
     python -m bench.factorial --reproduce C:1:equal   # retrain one committed run in a scratch folder
-    python -m bench.factorial --report
+    python -m bench.factorial --report   # also rewrites README's and docs/training.md's marked figures
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import weighting
 from bench.args import common_args, seeds_of
 from bench.harness import RESULTS, ensure_cifar, write_scale
 from bench.stats import add_holm, fmt_p, paired, paired_t_p, stats
@@ -392,6 +393,7 @@ def main() -> None:
         train_missing(args, args.phase, seeds)
     report(seeds)
     print((RESULTS / f"{STEM}.md").read_text())
+    print(f"README.md and docs/: {weighting.fill_docs()} weighting figures rewritten")
 
 
 if __name__ == "__main__":

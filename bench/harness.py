@@ -117,34 +117,6 @@ def nested_head(title: str, a: dict, what: str) -> list[str]:
     return [f"# {title}", "", f"{scale} {what}", ""]
 
 
-DOCS = REPO / "docs"
-
-
-def doc_block(name: str) -> tuple[str, str]:
-    """The markers around a block of a doc that a benchmark writes from its JSON (``name``: the benchmark)."""
-    return (f"<!-- {name}: generated from bench/results/{name}.json by bench/{name}.py -->",
-            f"<!-- /{name} -->")
-
-
-def write_doc_block(doc: Path, name: str, text: str) -> bool:
-    """Replace the text between ``name``'s markers in ``doc`` (docs/simulator.md's "how close" figures) with
-    ``text``; False (and nothing written) where the doc has no such block."""
-    begin, end = doc_block(name)
-    body = doc.read_text()
-    if begin not in body or end not in body:
-        return False
-    head, rest = body.split(begin, 1)
-    doc.write_text(head + begin + "\n" + text.rstrip("\n") + "\n" + end + rest.split(end, 1)[1])
-    return True
-
-
-def read_doc_block(doc: Path, name: str) -> str | None:
-    """The text between ``name``'s markers in ``doc`` (None: no block)."""
-    begin, end = doc_block(name)
-    body = doc.read_text()
-    if begin not in body or end not in body:
-        return None
-    return body.split(begin, 1)[1].split(end, 1)[0].strip("\n")
 
 
 # ---------------------------------------------------------------- a quiet machine for timings

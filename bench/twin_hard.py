@@ -62,7 +62,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.harness import DOCS, RESULTS, drive_load, load_now, machine, paused, say, start_cluster, write_doc_block
+from bench.doc_marks import write_doc_block
+from bench.harness import REPO, RESULTS, drive_load, load_now, machine, paused, say, start_cluster
 from bench.twin_bundles import digits_bundle, wide_cloud_bundle
 from cis.sim.twin_batches import stage_speed
 from cis.sim.twin_calibration import PERCENTILES, calibrate, pool, rel, summarise_runtime, summarise_sim
@@ -858,7 +859,7 @@ def main() -> int:
     out.with_suffix(".json").write_text(json.dumps(result, indent=2, default=float))
     out.with_suffix(".md").write_text(markdown(result))
     if out.resolve() == (RESULTS / "twin_hard").resolve():
-        write_doc_block(DOCS / "simulator.md", "twin_hard", how_close(result))
+        write_doc_block(REPO / "docs" / "simulator.md", "twin_hard", how_close(result))
     print(markdown(result))
     return 0
 

@@ -41,7 +41,8 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.harness import DOCS, RESULTS, drive_load, load_now, machine, paused, say, write_doc_block
+from bench.doc_marks import write_doc_block
+from bench.harness import REPO, RESULTS, drive_load, load_now, machine, paused, say
 from bench.spans import compare, parting, per_kind, plot_cdfs, replay_files, sent_profile, with_answers
 from bench.twin_bundles import wide_cloud_bundle
 from bench.twin_hard import (
@@ -454,7 +455,7 @@ def main() -> int:
     out.with_suffix(".json").write_text(json.dumps(result, indent=2, default=float))
     out.with_suffix(".md").write_text(markdown(result))
     if out.resolve() == (RESULTS / "twin_spans").resolve():
-        write_doc_block(DOCS / "simulator.md", "twin_spans", how_close(result))
+        write_doc_block(REPO / "docs" / "simulator.md", "twin_spans", how_close(result))
     print(markdown(result))
     return 0
 

@@ -23,6 +23,15 @@ def test_auto_runs_flops_where_the_last_exit_serves_more_than_the_first(rates, c
     assert auto_choice(rates) == choice
 
 
+def test_a_flat_split_from_the_rate_recurrence_is_not_back_heavy():
+    """33-33-33's exit rates come out of the recurrence a few 1e-11 apart: still the ramp (= equal), not flops."""
+    from cis.core.rates import compute_rates
+    from cis.core.topologies import make_spec
+
+    rates = compute_rates(make_spec("paper-7", "33-33-33")).exit_serving_rate
+    assert auto_choice([rates[e] for e in sorted(rates)]) == "serving-ramp"
+
+
 @pytest.mark.parametrize("rates", [[80, 15, 5], [5, 15, 80]])
 def test_auto_has_the_weights_of_its_choice_in_every_round(rates):
     choice = auto_choice(rates)

@@ -16,6 +16,11 @@ one-decimal number can meet some other value), so a number that matters is best 
 context. Numbers that are not results (settings such as 80-15-5, seeds, code and file names) are stripped
 first; the few left that the JSON cannot carry are in ``ALLOWED`` with the reason. A generated file
 (factorial.md, head_update.md) is checked when present.
+
+README.md and docs/ (issue 44 item 3): the passages that report the paper tables' results
+(``DOC_SECTIONS``) get the same check, and every figure marked ``<!--KIND NAME-->value<!--/KIND-->``
+(bench/doc_marks.py: ``peers``, ``weighting``) must be exactly what its benchmark's report computes from the
+committed JSON now.
 """
 
 from __future__ import annotations
@@ -91,6 +96,8 @@ STRIP = (
     r"\b(?:issue|issues|Table|Theorem|line|lines|Algorithm|exit|exits|stage|head|x)\s?\d+(?:[-/,]\d+)*\b",
     r"\bseeds? \d+(?:\s?[-,]\s?\d+)*\b",
     r"\bsession \d+\b",
+    r"\b95 % CI\b",
+    r"<!--(\w+) \w+-->.*?<!--/\1-->",  # a marked figure: checked whole against its JSON (doc_marks)
 )
 NUMBER = re.compile(r"(?<![\w.])[+\-−]?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?![\w.]\d)")
 PAIR = re.compile(r"([+\-−]?\d+(?:\.\d+)?) ± (\d+(?:\.\d+)?)(?:\*\*)?(?: \(([+\-0]{2,})[),])?")
@@ -257,3 +264,65 @@ def test_a_planted_wrong_number_fails(name, right, wrong, count):
     assert not unmatched(text, pool, allowed)
     got = unmatched(text.replace(right, wrong, 1), pool, allowed)
     assert len(got) == count, got
+
+
+# The passages of README.md and docs/ that report the paper tables' results: (file, from, to) -> sources.
+DOC_SECTIONS: dict[tuple[str, str, str], tuple[str, ...]] = {
+    ("docs/training.md", "## Weighting strategies", "## The run directory"): (
+        "table1.json", "table1_dev.json", "table1_rerun.json", "budget_curve.json", "factorial.json"),
+    ("README.md", "**When inference-aware weighting pays**", "**Test it**"): (
+        "table1.json", "budget_curve.json", "factorial.json"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("where", sorted(DOC_SECTIONS), ids=lambda w: f"{w[0]}:{w[1].strip('#* ')}")
+def test_every_number_in_the_docs_results_comes_from_the_json(where):
+    path, start, end = where
+    text = (RESULTS.parent.parent / path).read_text()
+    assert start in text and end in text, f"{path}: the passage {start!r} .. {end!r} is gone; update DOC_SECTIONS"
+    passage = text[text.index(start) : text.index(end)]
+    pool = Pool([json.loads((RESULTS / s).read_text()) for s in DOC_SECTIONS[where]])
+    bad = unmatched(passage, pool, ALLOWED["*"])
+    sources = ", ".join(DOC_SECTIONS[where])
+    assert not bad, f"{path} ({start}): {len(bad)} number(s) not in {sources}:\n" + "\n".join(bad)
+
+
+# README.md and docs/: their measured figures stand between markers (bench/doc_marks.py), written by the
+# benchmark's report from its JSON; each must be what the committed JSON gives now.
+def marked_figures() -> dict[str, dict[str, str]]:
+    import bench.peers.report as peers
+    import bench.weighting as weighting
+
+    return {
+        "peers": peers.figures(json.loads((RESULTS / "peers.json").read_text())),
+        "weighting": weighting.figures(),
+    }
+
+
+@pytest.mark.parametrize("kind", ["peers", "weighting"])
+def test_every_marked_figure_in_the_docs_is_the_jsons(kind):
+    from bench import doc_marks
+
+    want = marked_figures()[kind]
+    shown = doc_marks.marked(kind)
+    assert shown, f"no <!--{kind} NAME--> marker in README.md or docs/"
+    bad = [f"{p.name}: {k}: shows {v!r}, the JSON gives {want.get(k, '(no such figure)')!r}"
+           for p, k, v in shown if want.get(k) != v]  # fmt: skip
+    assert not bad, "\n".join(bad) + f"\n(rewrite them: python -m bench.{kind} / the benchmark's --report)"
+
+
+def test_a_planted_wrong_marked_figure_fails(tmp_path):
+    from bench import doc_marks
+
+    want = marked_figures()["weighting"]
+    doc = tmp_path / "doc.md"
+    doc.write_text(f"a <!--weighting back_flops-->{want['back_flops']}<!--/weighting--> b "
+                   "<!--weighting front_flops-->-9.9 ± 9.9 (-----)<!--/weighting-->")  # fmt: skip
+    bad = [k for _, k, v in doc_marks.marked("weighting", (doc,)) if want[k] != v]
+    assert bad == ["front_flops"]
+    assert doc_marks.fill("weighting", want, (doc,)) == 2 and not [
+        k for _, k, v in doc_marks.marked("weighting", (doc,)) if want[k] != v
+    ]
+    doc.write_text("<!--weighting no_such_figure-->1<!--/weighting-->")
+    with pytest.raises(SystemExit, match="no_such_figure"):
+        doc_marks.fill("weighting", want, (doc,))

@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 def test_the_docs_figures_are_the_results_json(name):
     import importlib
 
-    from bench.harness import read_doc_block
+    from bench.doc_marks import read_doc_block
 
     module = importlib.import_module(f"bench.{name}")
     result = json.loads((REPO / "bench" / "results" / f"{name}.json").read_text())
@@ -25,7 +25,7 @@ def test_the_docs_figures_are_the_results_json(name):
 
 
 def test_a_doc_block_is_replaced_between_its_markers(tmp_path):
-    from bench.harness import doc_block, read_doc_block, write_doc_block
+    from bench.doc_marks import doc_block, read_doc_block, write_doc_block
 
     begin, end = doc_block("bench")
     doc = tmp_path / "doc.md"

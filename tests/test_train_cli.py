@@ -22,7 +22,7 @@ def test_train_reaches_85_percent_and_writes_the_run_dir(trained):
     summary = json.loads((trained / "summary.json").read_text())
     assert summary["final_exit_accuracy"] >= 0.85
     assert 0 < summary["cis_accuracy"] <= 1
-    assert summary["weights"]["strategy"] == "serving-rate"
+    assert summary["weights"]["strategy"] == "auto" and summary["weights"]["auto"] == "serving-ramp"  # the default
     assert sum(summary["test"]["served_share_per_exit"].values()) == pytest.approx(1.0)
     lines = [json.loads(ln) for ln in (trained / "metrics.jsonl").read_text().splitlines()]
     assert [ln["round"] for ln in lines] == list(range(1, ROUNDS + 1))

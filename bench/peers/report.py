@@ -4,10 +4,8 @@ between their ``<!--peers NAME-->`` markers), and peers.md; every figure from th
 from __future__ import annotations
 
 import math
-import re
-from pathlib import Path
 
-from bench.harness import REPO
+from bench import doc_marks
 
 PENDING_DOOR = "pending front door (cis serve has no --http-port yet: issue 33)"
 GOALS = {  # issue 34's goals: (figure, comparison, bound)
@@ -285,25 +283,9 @@ def mode_figures(r: dict, nat: dict) -> dict[str, str]:
     return f
 
 
-MARK = re.compile(r"<!--peers (?P<key>\w+)-->(?P<value>.*?)<!--/peers-->", re.S)
-
-
-DOCS = (REPO / "docs" / "runtime.md", REPO / "README.md")
-
-
-def fill_docs(r: dict, paths: tuple[Path, ...] = DOCS) -> int:
+def fill_docs(r: dict) -> int:
     """Write the figures into the docs where ``<!--peers NAME-->...<!--/peers-->`` marks them; how many."""
-    f = figures(r)
-    n = 0
-    for path in paths:
-        text = path.read_text()
-        unknown = sorted({m["key"] for m in MARK.finditer(text)} - set(f))
-        if unknown:
-            raise SystemExit(f"peers: {path}: unknown figure(s) {', '.join(unknown)}; expected one of {', '.join(f)}")
-        new, k = MARK.subn(lambda m: f"<!--peers {m['key']}-->{f[m['key']]}<!--/peers-->", text)
-        path.write_text(new)
-        n += k
-    return n
+    return doc_marks.fill("peers", figures(r))
 
 
 def _tree_row(label: str, p: dict) -> str:
@@ -501,4 +483,3 @@ def markdown(r: dict) -> list[str]:
                      f"{a['same_exit']}, same serving node {a['same_node']}; largest confidence gap "
                      f"{a['max_confidence_gap']}; served per exit {a['served_share_per_exit']}")  # fmt: skip
     return [*lines, "", "## Notes", "", *[f"- {n}" for n in r["notes"]]]
-

@@ -127,7 +127,7 @@ class RunConfig:
     spec: str | None = None  # path of a spec TOML; None: a built-in topology under `serving`
     topology: str = "paper-7"
     serving: str = "33-33-33"
-    strategy: str = "serving-rate"
+    strategy: str = "auto"  # the evidence: docs/training.md, "When inference-aware weighting pays" (issue 44)
     weights: list[float] | None = None  # explicit Lambda~ (strategy "explicit")
     rounds: int | None = setting(None, COUNT)
     seed: int = 0

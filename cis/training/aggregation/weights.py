@@ -55,6 +55,9 @@ def equal_weights(num_exits: int) -> np.ndarray:
     return np.full(num_exits, 1.0 / num_exits)
 
 
+FLAT_TOLERANCE = 1e-6  # auto: shares of the first and last exit closer than this are one split (equal)
+
+
 def auto_choice(exit_serving_rate: Sequence[float]) -> str:
     """What ``auto`` runs for these serving rates: ``flops`` where the last exit serves more than the first
     (back-heavy), else ``serving-ramp``.
@@ -67,7 +70,8 @@ def auto_choice(exit_serving_rate: Sequence[float]) -> str:
     giving it 0.8 (serving-rate's exit 3 is the worst of the four strategies at 5-15-80).
     """
     lam = serving_rate_weights(exit_serving_rate)
-    return "flops" if lam[-1] > lam[0] else "serving-ramp"
+    # a flat split is not back-heavy: 33-33-33's rates come out of the rate recurrence a few 1e-11 apart
+    return "flops" if lam[-1] > lam[0] + FLAT_TOLERANCE else "serving-ramp"
 
 
 def ramp_weights(target: Sequence[float], t: int, total_rounds: int, what: str = "ramp weights") -> np.ndarray:

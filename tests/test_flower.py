@@ -89,10 +89,26 @@ def test_aggregate_train_equals_training_aggregation():
     assert s.engine.round == 1 and metrics["pairs"] == len(pairs)
 
 
+def chain_config(tmp_path_factory):
+    """A 3-node chain (device -> edge -> cloud, one node per exit): the engines' processes and tasks scale with
+    the nodes (in deployment a SuperNode each, and a ClientApp process per node and message), so their tests
+    run on 3 nodes, not paper-7's 7."""
+    from cis.core.spec import CisSpec, Node, validate, write_spec
+
+    spec = validate(CisSpec((
+        Node("cloud", 3), Node("edge", 2, parent="cloud", max_transfer_rate=4.0),
+        Node("device", 1, parent="edge", arrival_rate=10.0, max_transfer_rate=6.0),
+    ), 3, name="chain"))  # fmt: skip
+    path = tmp_path_factory.mktemp("chain") / "chain.toml"
+    write_spec(spec, path)
+    return digits_config(spec=str(path))
+
+
 @pytest.fixture(scope="module")
-def builtin(tmp_path_factory):
-    out = tmp_path_factory.mktemp("builtin")
-    return train_run(digits_config(), out, progress=False, log=lambda s: None), out
+def chain_builtin(tmp_path_factory):
+    config = chain_config(tmp_path_factory)
+    out = tmp_path_factory.mktemp("chain-builtin")
+    return config, (train_run(config, out, progress=False, log=lambda s: None), out)
 
 
 def same_run(flower_out, flower_summary, builtin):
@@ -124,22 +140,24 @@ def same_run(flower_out, flower_summary, builtin):
         assert torch.equal(a.state_dict()[k], v), k
 
 
-def test_simulation_engine_matches_builtin(tmp_path, builtin):
+def test_simulation_engine_matches_builtin(tmp_path, chain_builtin):
+    config, builtin = chain_builtin
     out = tmp_path / "run"
-    summary = run_flower(digits_config(), out, "simulation", num_cpus=2, log=lambda s: None)
+    summary = run_flower(config, out, "simulation", num_cpus=2, log=lambda s: None)
     assert summary["engine"] == "flower"
     same_run(out, summary, builtin)
 
 
 @pytest.mark.slow
-def test_deployment_engine_on_loopback_matches_builtin(tmp_path, builtin):
-    """SuperLink + 7 SuperNodes as subprocesses on 127.0.0.1 (free ports), always stopped."""
+def test_deployment_engine_on_loopback_matches_builtin(tmp_path, chain_builtin):
+    """SuperLink + a SuperNode per node as subprocesses on 127.0.0.1 (free ports), always stopped."""
     from cis.training.flower.deploy import LoopbackFederation
 
+    config, builtin = chain_builtin
     out = tmp_path / "run"
-    fed = LoopbackFederation(7, workdir=tmp_path / "fed")
+    fed = LoopbackFederation(3, workdir=tmp_path / "fed")
     with fed:
-        fed.run(digits_config(), out, round_timeout=200, connect_timeout=120, timeout=420)
+        fed.run(config, out, round_timeout=200, connect_timeout=120, timeout=420)
     assert all(p.poll() is not None for p in fed.procs) and not fed.procs
     summary = json.loads((out / "summary.json").read_text())
     same_run(out, summary, builtin)

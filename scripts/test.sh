@@ -17,4 +17,6 @@ bash scripts/install_torch.sh .venv/bin/python  # torch's CPU build, then torchv
 .venv/bin/lint-imports --no-cache >/dev/null || { .venv/bin/lint-imports --no-cache; exit 1; }
 # types: cis, sim and export (pyproject [tool.mypy])
 .venv/bin/mypy --no-error-summary
-exec .venv/bin/python -m pytest "$@"
+# 3 workers on 2 cores: many tests wait on processes and sockets; a file stays on one worker (its module fixtures
+# start once), and files with a slow test go first (tests/conftest.py). CIS_TEST_WORKERS=0: one process.
+exec .venv/bin/python -m pytest -n "${CIS_TEST_WORKERS:-3}" --dist loadfile "$@"

@@ -7,6 +7,22 @@ from dataclasses import dataclass
 
 import pytest
 
+# The files that take minutes (Ray Serve and Flower start clusters of processes), longest first.
+LONGEST = ("test_peers.py", "test_flower.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The longest files first, then the files with a ``slow`` test, each file's tests in their own order:
+    under pytest-xdist (``--dist loadfile``, as scripts/test.sh runs the suite) the long files start at once
+    instead of leaving one worker busy alone at the end."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+
+    def rank(item) -> tuple[int, bool]:
+        name = item.path.name
+        return (LONGEST.index(name) if name in LONGEST else len(LONGEST), item.path not in slow)
+
+    items.sort(key=rank)  # stable: the rest keeps the collection order
+
 
 @dataclass
 class CliResult:

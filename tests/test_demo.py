@@ -35,6 +35,7 @@ def demo(tmp_path_factory):
     return out, json.loads(proc.stdout), proc.stderr
 
 
+@pytest.mark.slow
 def test_three_views_agree(demo):
     out, report, stderr = demo
     c = report["comparison"]

@@ -70,6 +70,7 @@ def check_pipeline(out: Path, stdout: str, samples: int, reference: str) -> dict
     return manifest
 
 
+@pytest.mark.slow
 def test_the_vision_example_runs_end_to_end(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("onnx")
@@ -85,6 +86,7 @@ def test_the_vision_example_runs_end_to_end(tmp_path):
     assert entry["preprocessing"]["kind"] == "normalise"  # the image folder's mean and std, for raw PNGs
 
 
+@pytest.mark.slow
 def test_the_text_example_runs_end_to_end(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("onnx")

@@ -56,6 +56,7 @@ def test_a_model_arg_of_the_wrong_kind_is_one_line_with_its_value(tmp_path, run_
     assert not (tmp_path / "run").exists() and not (tmp_path / "r").exists()
 
 
+@pytest.mark.slow
 def test_a_module_reference_rebuilds_from_another_working_directory(tmp_path, topics):
     """Trained as ``mymodels.text:make`` from the folder that holds the package; exported and resumed from
     another folder (new processes: an imported module would hide a missing path)."""

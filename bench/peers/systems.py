@@ -283,12 +283,14 @@ class RayServer:
     def redeploy(self, bundle: Path, **options) -> float:
         """Run the app again with other options (threshold, batching), from a driver process of its own (this
         one's handles stay bound to their event loop: Ray's throughput-optimized mode runs a handle's router on
-        it): seconds until it is ready. The next load asks for a new handle."""
+        it): seconds until it is ready, 0.0 where exactly that runs already. The next load asks for a new handle."""
+        options = {k: v for k, v in options.items() if v is not None}
+        if (str(bundle), sorted(options.items())) == self.deployed:
+            return 0.0
         self.connect()
         flags = []
         for key, value in options.items():
-            if value is not None:
-                flags += [f"--{key.replace('_', '-')}", str(value)]
+            flags += [f"--{key.replace('_', '-')}", str(value)]
         env = {**os.environ, **LOOPBACK_RAY, "PYTHONPATH": python_path()}
         t = time.monotonic()
         subprocess.run([sys.executable, "-m", "bench.peers.ray_serve_cis", "--bundle", str(bundle), *flags,

@@ -18,5 +18,6 @@ bash scripts/install_torch.sh .venv/bin/python  # torch's CPU build, then torchv
 # types: cis, sim and export (pyproject [tool.mypy])
 .venv/bin/mypy --no-error-summary
 # 3 workers on 2 cores: many tests wait on processes and sockets; a file stays on one worker (its module fixtures
-# start once), and files with a slow test go first (tests/conftest.py). CIS_TEST_WORKERS=0: one process.
-exec .venv/bin/python -m pytest -n "${CIS_TEST_WORKERS:-3}" --dist loadfile "$@"
+# start once), in the collection order (xdist would put the files with the most tests first), where the longest files
+# and those with a slow test come first (tests/conftest.py). CIS_TEST_WORKERS=0: one process.
+exec .venv/bin/python -m pytest -n "${CIS_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder "$@"

@@ -65,9 +65,12 @@ def run(args: argparse.Namespace) -> int:
         return 0
     from cis.training.evaluate import format_cis_report
 
-    what = config.strategy if config.method == "cis" else f"{config.method} ({config.strategy} weights)"
+    strategy = config.strategy
+    if (chosen := (result.get("weights") or {}).get("auto")) is not None:
+        strategy = f"auto: {chosen}"  # what the rule picked for these serving rates
+    what = strategy if config.method == "cis" else f"{config.method} ({strategy} weights)"
     if config.centralised:
-        what = f"centralised ({config.strategy} exit-loss weights)"
+        what = f"centralised ({strategy} exit-loss weights)"
     human = f"trained {what} for {config.rounds} rounds into {args.out}\n" + format_cis_report(result["test"])
     if config.centralised:
         human += "\n" + centralised_steps_line(result["sgd_steps"])

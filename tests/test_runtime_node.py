@@ -75,10 +75,11 @@ def tree():
     """A root (exit 2) and a leaf (exit 1, threshold 0.9) on free loopback ports."""
     started = []
 
-    def make(leaf_kw=None, root=True, root_kw=None):
+    def make(leaf_kw=None, root=True, root_kw=None, root_stages=None):
         raddr, laddr = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
         if root:
-            started.append(Running(Node(NodeConfig("root", 2, bind=raddr, **(root_kw or {})), _stages())))
+            root_cfg = NodeConfig("root", 2, bind=raddr, **(root_kw or {}))
+            started.append(Running(Node(root_cfg, root_stages or _stages())))
         cfg = dict(bind=laddr, parent=raddr, threshold=0.9, heartbeat=0.05, heartbeat_timeout=0.5, forward_timeout=0.5)
         cfg.update(leaf_kw or {})
         stages = _stages()
@@ -257,11 +258,15 @@ def test_deadlines_end_work(tree):
 
 
 def test_a_deadline_passing_at_the_parent_answers_degraded_from_here(tree):
-    laddr, raddr, leaf = tree()
+    # the root takes 0.4 s a batch: a deadline 0.2 s out reaches the leaf in time (also on a loaded machine)
+    # and passes while the parent works, before the leaf's heartbeat timeout (0.5 s) could call it down
+    slow = _stages()
+    slow[2].delay = 0.4
+    laddr, raddr, leaf = tree(root_stages=slow)
     with Client(laddr, timeout=5) as c:
         assert c.infer(_batch()[2:3]).exit.tolist() == [2]
         # the deadline passes before the parent could answer: served here, marked degraded
-        r = c.infer(_batch()[2:4], deadline=time.time() + 0.004)
+        r = c.infer(_batch()[2:4], deadline=time.time() + 0.2)
     assert r.degraded.all() and r.exit.tolist() == [1, 1]
 
 

@@ -68,8 +68,12 @@ def family_sentence(tests: dict) -> str:
         parts.append(f"{name} {c['mean']:+.2f}{ci}, Holm p {fmt_p(c.get('holm_p'))}")
     significant = [n for n, c in tests.items() if (c.get("holm_p") or 1.0) < 0.05]
     n = min(len(c["seeds"]) for c in tests.values())
-    verdict = (f"significant after Holm: {', '.join(significant)}" if significant
-               else "none significant after Holm: the seeds cannot yet tell these effects from zero")  # fmt: skip
+    if n < 2:
+        verdict = "no test before a second seed"
+    elif significant:
+        verdict = f"significant after Holm: {', '.join(significant)}"
+    else:
+        verdict = "none significant after Holm: the seeds cannot yet tell these effects from zero"
     return f"{'; '.join(parts)} ({n} seed{'s' if n != 1 else ''}; {verdict})"
 
 

@@ -12,10 +12,17 @@ from types import SimpleNamespace  # noqa: E402
 import torch  # noqa: E402
 from flwr.app import ConfigRecord, RecordDict  # noqa: E402
 
+from cis.core.errors import CisError  # noqa: E402
 from cis.training.aggregation.line12 import aggregate, pair_coefficient  # noqa: E402
 from cis.training.config import make_config  # noqa: E402
 from cis.training.flower.launch import run_flower  # noqa: E402
-from cis.training.flower.records import ARRAYS_KEY, STATS_RECORD, record_to_state, state_to_record  # noqa: E402
+from cis.training.flower.records import (  # noqa: E402
+    ARRAYS_KEY,
+    NODE_RECORD,
+    STATS_RECORD,
+    record_to_state,
+    state_to_record,
+)
 from cis.training.flower.strategy import CisStrategy  # noqa: E402
 from cis.training.run import build_setup, train_run  # noqa: E402
 from cis.training.sampling import exit_data_sizes  # noqa: E402
@@ -87,6 +94,51 @@ def test_aggregate_train_equals_training_aggregation():
         assert got[k].dtype == want[k].dtype
         assert torch.equal(got[k], want[k]), k
     assert s.engine.round == 1 and metrics["pairs"] == len(pairs)
+
+
+class LossyGrid:
+    """Flower's Grid as discover() uses it, whose first query to one SuperNode is lost on the way."""
+
+    def __init__(self, n: int, lose: int):
+        self.ids, self.lose, self.sent = [100 + k for k in range(n)], 100 + lose, []
+
+    def get_node_ids(self):
+        return list(self.ids)
+
+    def send_and_receive(self, messages, timeout):
+        dsts = [m.metadata.dst_node_id for m in messages]
+        self.sent.append(dsts)
+        answered = [d for d in dsts if not (d == self.lose and len(self.sent) == 1)]
+        return [Reply(RecordDict({NODE_RECORD: ConfigRecord({"index": d - 100})}), d) for d in answered]
+
+
+@pytest.fixture
+def flower_task(monkeypatch):
+    """The identity a ServerApp's process has in a Flower run (a Message is built only inside one)."""
+    from flwr.supercore.task_identity import TaskIdentity
+
+    for name in ("_task_id", "_run_id", "_node_id"):
+        monkeypatch.setattr(TaskIdentity, name, 1)
+
+
+def test_discover_asks_a_silent_supernode_again(monkeypatch, flower_task):
+    import cis.training.flower.strategy as strategy_module
+
+    monkeypatch.setattr(strategy_module, "QUERY_RETRY_S", 0.01)
+    s = build_setup(digits_config(p=0.2))
+    n = len(s.clients)
+    grid = LossyGrid(n, lose=1)
+    found = CisStrategy(s.engine, "{}", connect_timeout=5.0).discover(grid)
+    assert found == {k: 100 + k for k in range(n)}
+    assert grid.sent == [grid.ids, [101]]  # the second round asks only the one that stayed silent
+
+
+def test_discover_names_the_nodes_still_silent_at_the_timeout(flower_task):
+    s = build_setup(digits_config(p=0.2))
+    grid = LossyGrid(len(s.clients), lose=1)
+    grid.send_and_receive = lambda messages, timeout: []  # nobody answers
+    with pytest.raises(CisError, match=r"no SuperNode answered for CIS node\(s\) .* within 1 s"):
+        CisStrategy(s.engine, "{}", connect_timeout=1.0).discover(grid)
 
 
 def chain_config(tmp_path_factory):

@@ -45,6 +45,9 @@ from cis.training.flower.records import (
     state_to_record,
 )
 
+# discover() sends its identify query again to the SuperNodes still silent after this many seconds, until the connect
+# timeout: a query lost on the way (or a ClientApp actor that came up late) then costs a retry, not the run.
+QUERY_RETRY_S = 30.0
 TRAINER_FIELDS = (
     "lr",
     "momentum",
@@ -98,29 +101,20 @@ class CisStrategy(Strategy):
                     f"s; the spec has {n} nodes (one SuperNode each)"
                 )
             time.sleep(0.2)
-        content = RecordDict({CONFIG_RECORD: ConfigRecord({CONFIG_KEY: self.config_text})})
-        msgs = [
-            Message(content=content, dst_node_id=nid, message_type=MessageType.QUERY) for nid in grid.get_node_ids()
-        ]
         found: dict[int, int] = {}
-        for reply in grid.send_and_receive(msgs, timeout=self.connect_timeout):
-            if reply.has_error():
-                raise CisError(
-                    f"flower: node {reply.metadata.src_node_id} failed to identify itself: {reply.error.reason}"
-                )
-            k = int(reply.content[NODE_RECORD]["index"])
-            if k in found:
-                raise CisError(
-                    f"flower: two SuperNodes ({found[k]}, {reply.metadata.src_node_id}) claim CIS node {k}; give each "
-                    "a different partition-id"
-                )
-            found[k] = reply.metadata.src_node_id
+        silent = list(grid.get_node_ids())
+        while silent and len(found) < n and time.monotonic() < deadline:  # silent ones are asked again: QUERY_RETRY_S
+            wait = min(QUERY_RETRY_S, max(deadline - time.monotonic(), 1.0))
+            for reply in grid.send_and_receive(self._queries(silent), timeout=wait):
+                self._identify(reply, found)
+            answered = set(found.values())
+            silent = [nid for nid in grid.get_node_ids() if nid not in answered]
         missing = sorted(set(range(n)) - set(found))
         if missing:
             ids = ", ".join(self.engine.clients[i].id for i in missing)
             raise CisError(
-                f"flower: no SuperNode answered for CIS node(s) {ids}; start one per node with --node-config "
-                "'partition-id=K'"
+                f"flower: no SuperNode answered for CIS node(s) {ids} within {self.connect_timeout:.0f} s; start one "
+                "per node with --node-config 'partition-id=K'"
             )
         self.nodes = found
         self.timings["discover"] += time.perf_counter() - t0
@@ -130,6 +124,22 @@ class CisStrategy(Strategy):
             {self.engine.clients[i].id: nid for i, nid in sorted(found.items())},
         )
         return found
+
+    def _queries(self, node_ids: list[int]) -> list[Message]:
+        content = RecordDict({CONFIG_RECORD: ConfigRecord({CONFIG_KEY: self.config_text})})
+        return [Message(content=content, dst_node_id=nid, message_type=MessageType.QUERY) for nid in node_ids]
+
+    def _identify(self, reply: Message, found: dict[int, int]) -> None:
+        """Record which CIS node the replying SuperNode is (its partition-id), refusing errors and duplicates."""
+        if reply.has_error():
+            raise CisError(f"flower: node {reply.metadata.src_node_id} failed to identify itself: {reply.error.reason}")
+        k = int(reply.content[NODE_RECORD]["index"])
+        if k in found and found[k] != reply.metadata.src_node_id:
+            raise CisError(
+                f"flower: two SuperNodes ({found[k]}, {reply.metadata.src_node_id}) claim CIS node {k}; give each "
+                "a different partition-id"
+            )
+        found[k] = reply.metadata.src_node_id
 
     # --- line 3 ----------------------------------------------------------------------------------
     def begin_round(self, server_round: int, arrays: ArrayRecord) -> list[tuple[int, int]]:

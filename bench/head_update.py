@@ -9,7 +9,7 @@ and 2 keep their initial weights. ``--head-update released-code`` reproduces tha
 equal partition, ResNet-18 width 0.125, 60 rounds, 7,000 images) and compares each run with Table 1's
 authors-code run of the same seed and strategy (``head_update`` applied: table1/runs), exit by exit.
 
-    python -m bench.head_update [--seeds 1,2] [--strategies equal,serving-rate] [--commit]
+    python -m bench.head_update [--seeds 1,2,3,4,5] [--strategies equal,serving-rate] [--commit]
     python -m bench.head_update --quick     # smoke: tiny scale, both rules trained here
     python -m bench.head_update --report
 
@@ -22,6 +22,7 @@ import argparse
 import json
 from pathlib import Path
 
+from bench import doc_marks
 from bench.args import common_args, quick, scale_of, seeds_of
 from bench.harness import RESULTS, ensure_cifar, write_scale
 from bench.stats import paired, stats
@@ -103,6 +104,17 @@ def findings(result: dict) -> list[str]:
     return lines
 
 
+def figures(result: dict) -> dict[str, str]:
+    """The figures README and docs quote between ``<!--head_update NAME-->`` markers (bench/doc_marks.py): per
+    strategy, how many paired seeds and the released rule's CIS accuracy minus the applied one's, with its signs."""
+    out: dict[str, str] = {}
+    for strategy, c in result["strategies"].items():
+        key, d = strategy.replace("-", "_"), c.get("cis_difference")
+        out[f"{key}_seeds"] = str(len(c["seeds"]))
+        out[f"{key}_difference"] = "not run yet" if d is None else f"{d['mean']:+.2f} ({d['signs']})"
+    return out
+
+
 def markdown(result: dict) -> str:
     s = result["scale"]
     lines = [
@@ -132,6 +144,9 @@ def report(stem: str, is_quick: bool, seeds: list[int], strategies: list[str]) -
     scale = json.loads((where["released-code"] / "scale.json").read_text()) if (
         where["released-code"] / "scale.json").is_file() else {}  # fmt: skip
     runs = {rule: collect(folder, seeds, strategies) for rule, folder in where.items()}
+    if not any(runs["applied"].values()):  # Table 1's run files left git: a report without them compares nothing
+        raise SystemExit(f"head_update: no applied run under {where['applied']} for seeds {seeds}; restore Table 1's "
+                         "run files first (python -m bench.runs unpack ARCHIVE)")
     result = {
         "cell": CELL,
         "seeds": seeds,
@@ -149,7 +164,7 @@ def report(stem: str, is_quick: bool, seeds: list[int], strategies: list[str]) -
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     common_args(ap)
-    ap.set_defaults(seeds="1,2")
+    ap.set_defaults(seeds="1,2,3,4,5")
     ap.add_argument("--strategies", default=",".join(STRATEGIES), help="comma-separated (default equal,serving-rate)")
     args = ap.parse_args()
     quick(args)
@@ -167,7 +182,9 @@ def main() -> None:
             out.mkdir(parents=True, exist_ok=True)
             write_scale(out, scale_of(args), seeds)
             campaign(args, dataset, base / rule, out, cells(strategies), seeds, overrides=overrides or None)
-    report(stem, args.quick, seeds, strategies)
+    result = report(stem, args.quick, seeds, strategies)
+    if not args.quick:
+        print(f"README.md and docs/: {doc_marks.fill('head_update', figures(result))} head_update figures")
     print((RESULTS / f"{stem}.md").read_text())
 
 

@@ -19,8 +19,8 @@ first; the few left that the JSON cannot carry are in ``ALLOWED`` with the reaso
 
 README.md and docs/ (issue 44 item 3): the passages that report the paper tables' results
 (``DOC_SECTIONS``) get the same check, and every figure marked ``<!--KIND NAME-->value<!--/KIND-->``
-(bench/doc_marks.py: ``peers``, ``weighting``) must be exactly what its benchmark's report computes from the
-committed JSON now.
+(bench/doc_marks.py: ``peers``, ``weighting``, ``head_update``) must be exactly what its benchmark's report
+computes from the committed JSON now.
 """
 
 from __future__ import annotations
@@ -290,16 +290,18 @@ def test_every_number_in_the_docs_results_comes_from_the_json(where):
 # README.md and docs/: their measured figures stand between markers (bench/doc_marks.py), written by the
 # benchmark's report from its JSON; each must be what the committed JSON gives now.
 def marked_figures() -> dict[str, dict[str, str]]:
+    import bench.head_update as head_update
     import bench.peers.report as peers
     import bench.weighting as weighting
 
     return {
         "peers": peers.figures(json.loads((RESULTS / "peers.json").read_text())),
         "weighting": weighting.figures(),
+        "head_update": head_update.figures(json.loads((RESULTS / "head_update.json").read_text())),
     }
 
 
-@pytest.mark.parametrize("kind", ["peers", "weighting"])
+@pytest.mark.parametrize("kind", ["peers", "weighting", "head_update"])
 def test_every_marked_figure_in_the_docs_is_the_jsons(kind):
     from bench import doc_marks
 

@@ -9,30 +9,9 @@ import pytest
 
 # The files that take minutes (Ray Serve and Flower start clusters of processes), longest first.
 LONGEST = ("test_peers.py", "test_flower.py")
-# Under pytest-xdist the files in LONGEST run as one unit, one after the other on one worker: each starts its own Ray
-# cluster, and two clusters starting at once on a loaded 2-core machine left a Flower simulation's ClientApps
-# silent past its 120 s connect timeout (stop 47's CI).
-RAY_UNIT = "ray-clusters"
-
-
-@pytest.hookimpl(optionalhook=True)
-def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadfile`` with the files in LONGEST as one unit (see RAY_UNIT)."""
-    if config.getvalue("dist") != "loadfile":
-        return None
-    from xdist.scheduler import LoadFileScheduling
-
-    class RayFilesTogether(LoadFileScheduling):
-        def _split_scope(self, nodeid: str) -> str:
-            scope = super()._split_scope(nodeid)
-            return RAY_UNIT if scope.rsplit("/", 1)[-1] in LONGEST else scope
-
-    return RayFilesTogether(config, log)
-
-
 def pytest_collection_modifyitems(config, items):
     """The longest files first, then the files with a ``slow`` test, each file's tests in their own order:
-    under pytest-xdist (``--dist loadfile``, as scripts/test.sh runs the suite) the long units start first
+    under pytest-xdist (``--dist loadfile``, as scripts/test.sh runs the suite) the long files start at once
     instead of leaving one worker busy alone at the end."""
     slow = {item.path for item in items if item.get_closest_marker("slow")}
 

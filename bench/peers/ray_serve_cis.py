@@ -219,7 +219,10 @@ def main(argv: list[str] | None = None) -> int:
         serve.run(app, name=APP, route_prefix="/", logging_config=QUIET)
         ray.shutdown()
         return 0
-    ray.init(include_dashboard=False, num_cpus=args.num_cpus, configure_logging=False, log_to_driver=False)
+    # Ray starts its workers (the replicas) at niceness 15, below the load generator and cis's nodes (0): at 0 the
+    # replicas compete for the CPU as cis's nodes do
+    ray.init(include_dashboard=False, num_cpus=args.num_cpus, configure_logging=False, log_to_driver=False,
+             _system_config={"worker_niceness": 0})  # fmt: skip
     serve.start(http_options={"host": "127.0.0.1", "port": args.http_port}, logging_config=QUIET)
     serve.run(app, name=APP, route_prefix="/", logging_config=QUIET)
     gcs = ray.get_runtime_context().gcs_address

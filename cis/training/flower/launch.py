@@ -128,7 +128,10 @@ def _simulate(
             result["error"] = exc
             raise
 
-    init_args = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False}
+    # Ray starts its workers at niceness 15: on a busy machine the ClientApp actors then starve behind any other work
+    # (a test run on 2 cores left them silent past the 120 s connect timeout); at 0 they inherit this process's
+    init_args = {"include_dashboard": False, "log_to_driver": False, "configure_logging": False,
+                 "_system_config": {"worker_niceness": 0}}  # fmt: skip
     if num_cpus:
         init_args["num_cpus"] = int(num_cpus)
     backend_config = {"client_resources": {"num_cpus": 1, "num_gpus": gpus}, "init_args": init_args}

@@ -45,9 +45,6 @@ from cis.training.flower.records import (
     state_to_record,
 )
 
-# discover() sends its identify query again to the SuperNodes still silent after this many seconds, until the connect
-# timeout: a query lost on the way (or a ClientApp actor that came up late) then costs a retry, not the run.
-QUERY_RETRY_S = 30.0
 TRAINER_FIELDS = (
     "lr",
     "momentum",
@@ -102,13 +99,10 @@ class CisStrategy(Strategy):
                 )
             time.sleep(0.2)
         found: dict[int, int] = {}
-        silent = list(grid.get_node_ids())
-        while silent and len(found) < n and time.monotonic() < deadline:  # silent ones are asked again: QUERY_RETRY_S
-            wait = min(QUERY_RETRY_S, max(deadline - time.monotonic(), 1.0))
-            for reply in grid.send_and_receive(self._queries(silent), timeout=wait):
-                self._identify(reply, found)
-            answered = set(found.values())
-            silent = [nid for nid in grid.get_node_ids() if nid not in answered]
+        # one query per SuperNode, never sent again: a second one could run beside the node's first train message
+        # and write back the node's context from before it (its momentum lost)
+        for reply in grid.send_and_receive(self._queries(list(grid.get_node_ids())), timeout=self.connect_timeout):
+            self._identify(reply, found)
         missing = sorted(set(range(n)) - set(found))
         if missing:
             ids = ", ".join(self.engine.clients[i].id for i in missing)
@@ -134,7 +128,7 @@ class CisStrategy(Strategy):
         if reply.has_error():
             raise CisError(f"flower: node {reply.metadata.src_node_id} failed to identify itself: {reply.error.reason}")
         k = int(reply.content[NODE_RECORD]["index"])
-        if k in found and found[k] != reply.metadata.src_node_id:
+        if k in found:
             raise CisError(
                 f"flower: two SuperNodes ({found[k]}, {reply.metadata.src_node_id}) claim CIS node {k}; give each "
                 "a different partition-id"

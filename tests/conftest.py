@@ -9,6 +9,8 @@ import pytest
 
 # The files that take minutes (Ray Serve and Flower start clusters of processes), longest first.
 LONGEST = ("test_peers.py", "test_flower.py")
+
+
 def pytest_collection_modifyitems(config, items):
     """The longest files first, then the files with a ``slow`` test, each file's tests in their own order:
     under pytest-xdist (``--dist loadfile``, as scripts/test.sh runs the suite) the long files start at once

@@ -179,11 +179,15 @@ def _id_of(head: bytes | memoryview) -> str | None:
         return None
 
 
-def _broken(exc: Exception) -> str:
+def _broken(exc: Exception, head: bytes | memoryview) -> str:
+    """Why a body is not JSON. Bytes that are not UTF-8 are found here, whatever the decoder said: msgspec
+    before 0.23 raised UnicodeDecodeError (with the byte), 0.23 its own "Invalid UTF-8 encoded string"."""
     if isinstance(exc, RecursionError):
         return "nested too deeply"
-    if isinstance(exc, UnicodeDecodeError):
-        return f"not UTF-8: {exc.reason} at byte {exc.start}"
+    try:
+        bytes(head).decode("utf-8")
+    except UnicodeDecodeError as bad:
+        return f"not UTF-8: {bad.reason} at byte {bad.start}"
     return str(exc)
 
 
@@ -206,7 +210,8 @@ def decode_json(body: bytes | memoryview, model: Model, header_length: int | Non
     except msgspec.ValidationError as exc:
         raise OipError("bad_message", f"inference request: {exc}", _id_of(head)) from None
     except BROKEN as exc:
-        raise OipError("bad_message", f"inference request is not valid JSON ({_broken(exc)})", _id_of(head)) from None
+        why = _broken(exc, head)
+        raise OipError("bad_message", f"inference request is not valid JSON ({why})", _id_of(head)) from None
     try:
         tensors = _tensors(r.inputs, model, binary)
         outputs, binary_out = _outputs(r.outputs, r.parameters)

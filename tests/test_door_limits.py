@@ -471,7 +471,9 @@ def test_grpc_checks_the_token_before_reading_the_message(bundle_dir, tmp_path, 
             codes = list(pool.map(call, range(8)))
         assert codes == [grpc.StatusCode.UNAUTHENTICATED] * 8
         peak = _hwm_kib(pid) - hwm0
-        assert peak < 60_000, f"the node's peak RSS grew {peak} KiB for 8 unauthenticated calls of 30 MB"
+        # read whole, the 8 messages would take 240 MB; refused first, grpcio still holds what HTTP/2 flow control
+        # let in before the answer (its window, a few MB a stream: 67 MB for the 8 on a loaded CI machine)
+        assert peak < 120_000, f"the node's peak RSS grew {peak} KiB for 8 unauthenticated calls of 30 MB"
     finally:
         assert stop(served.proc) == 0
 

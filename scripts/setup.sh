@@ -7,7 +7,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 python3 -m venv .venv
+# uv (from the same registry) installs what pip would in a fraction of the time; pip does it where uv cannot be had
+.venv/bin/python -m pip install -q uv >/dev/null 2>&1 || .venv/bin/python -m pip install -q --upgrade pip >/dev/null 2>&1 || true
 bash scripts/install_torch.sh .venv/bin/python  # torch's CPU build, then torchvision's where reachable
-.venv/bin/python -m pip install -q -e ".[all]" 2>&1 | grep -v '^WARNING: Location' || true
+.venv/bin/python scripts/fast_pip.py -q -e ".[all]" 2>&1 | grep -v '^WARNING: Location' || true
 .venv/bin/python -c "import torch, onnx, sklearn, PIL, onnxruntime, zmq, simpy, cis" # fail loudly if the install is incomplete
 echo "ready: activate with 'source .venv/bin/activate', then run 'cis --help'"

@@ -94,6 +94,13 @@ def test_no_reply_by_the_retry_deadline_goes_to_another_entry_node(procs):
     assert all(r.latency >= 0.5 for r in results if r.retried)  # sent again after the deadline, not before
 
 
+def _until(condition, timeout: float = 20.0) -> None:
+    end = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < end, "the node never got there"
+        time.sleep(0.01)
+
+
 def test_shutting_down_is_retried_on_another_entry_node(procs):
     a, b = _addr(), _addr()
     slow = Running(Node(NodeConfig("root", 2, bind=a, max_batch=1), stages(delay=0.5)))
@@ -101,7 +108,7 @@ def test_shutting_down_is_retried_on_another_entry_node(procs):
     with Client(a, timeout=10) as busy:
         for _ in range(6):
             busy.submit(X)  # keeps node a draining for 3 s
-        time.sleep(0.2)
+        _until(lambda: slow.node.counters["requests"] == 6)  # all six read (and held) before the stop
         slow.node.request_stop()
         with Client([a, b], timeout=10) as c:  # its first request goes to a, which refuses: stopping
             r = c.infer(X)
@@ -127,3 +134,24 @@ def test_with_one_entry_node_shutting_down_is_the_answer_not_a_silent_retry(proc
         assert err.value.code == "shutting_down"
         got: list = []
         _collect(busy, 6, got)
+
+
+def test_a_stopping_node_answers_what_waits_unread_instead_of_dropping_it(procs):
+    """Requests that reach a node while its last batch runs wait unread in its socket; when it stops after that
+    batch they are answered 'shutting_down' (a client with another entry node retries there), never silence."""
+    a = _addr()
+    slow = Running(Node(NodeConfig("root", 2, bind=a, max_batch=1), stages(delay=1.0)))
+    procs.append(slow)
+    with Client(a, timeout=10, retry_after=0) as c:
+        c.submit(X)
+        _until(lambda: slow.node.counters["batches"] == 1)  # its one batch runs for a second
+        for _ in range(3):
+            c.submit(X)
+        time.sleep(0.1)
+        slow.node.request_stop()
+        got: list = []
+        _collect(c, 4, got)
+    codes = sorted(r.error.code if r.error else "ok" for _, r in got)
+    assert codes == ["ok", "shutting_down", "shutting_down", "shutting_down"]
+    slow.thread.join(10)
+    assert not slow.thread.is_alive() and slow.node.errors_by_code["shutting_down"] == 3

@@ -136,7 +136,7 @@ def test_install_torch_asks_for_torchvisions_cpu_build_beside_a_cpu_torch_only(t
                           text=True, env={**os.environ})
     assert done.returncode == 0
     calls = log.read_text().splitlines()
-    assert calls[0] == "-m pip install -q torch==2.13.0"
+    assert calls[0] == f"{ROOT / 'scripts' / 'fast_pip.py'} -q torch==2.13.0"  # pip install, through uv where it can
     cpu = [c for c in calls if "download.pytorch.org/whl/cpu" in c]
     assert bool(cpu) == asked
     if asked:

@@ -2,13 +2,11 @@
 
 The story of one request at a node:
 
-1. its frames arrive on the ROUTER (from a client at stage 1, or from a child
-   with the carry of the samples the child did not serve, at the stage after the
-   child's exit). ZeroMQ holds at most ``rcv_hwm`` messages per peer before the
-   node reads them (beyond, TCP pushes back on the sender) and drops the
-   connection of a peer that sends a frame over ``max_message_bytes``. The node
-   reads every waiting message before it runs a batch, frame by frame with a
-   running total (:func:`cis.runtime.protocol.recv`), so what is really waiting
+1. its frames arrive on the ROUTER (from a client at stage 1, or from a child with the carry of the samples
+   the child did not serve, at the stage after the child's exit). ZeroMQ holds at most ``rcv_hwm`` messages
+   per peer before the node reads them (beyond, TCP pushes back on the sender) and drops the connection of a
+   peer that sends a frame over ``max_message_bytes``. The node reads every waiting message before it runs a
+   batch, frame by frame with a running total (:func:`cis.runtime.protocol.recv`), so what is really waiting
    is in its own queue, where ``status`` can see it;
 2. :func:`cis.runtime.protocol.decode` checks every header field and tensor
    frame; a bad message is answered at once with an error that echoes its id
@@ -181,6 +179,7 @@ class Node:
                             drain_until = time.monotonic() + self.cfg.drain_timeout
                             events.shutdown(self.cfg, self.executor.queued, sum(p.n for p in self.pending.values()))
                         if (not self.executor.queue and not self.pending) or time.monotonic() > drain_until:
+                            self._read(_poll(self.poll_items, 0))  # what waits unread: 'shutting_down', not silence
                             break
                     self.step()
         finally:

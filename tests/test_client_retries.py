@@ -155,3 +155,20 @@ def test_a_stopping_node_answers_what_waits_unread_instead_of_dropping_it(procs)
     assert codes == ["ok", "shutting_down", "shutting_down", "shutting_down"]
     slow.thread.join(10)
     assert not slow.thread.is_alive() and slow.node.errors_by_code["shutting_down"] == 3
+
+
+def test_a_drain_that_runs_out_of_time_answers_what_is_still_queued(procs):
+    """A node that cannot finish its queue within drain_timeout answers the rest 'shutting_down' as it exits."""
+    a = _addr()
+    slow = Running(Node(NodeConfig("root", 2, bind=a, max_batch=1, drain_timeout=0.5), stages(delay=1.0)))
+    procs.append(slow)
+    with Client(a, timeout=15, retry_after=0) as c:
+        for _ in range(4):
+            c.submit(X)
+        _until(lambda: slow.node.counters["requests"] == 4)
+        slow.node.request_stop()  # at most one more one-second batch fits in the half-second drain
+        got: list = []
+        _collect(c, 4, got)
+    codes = [r.error.code if r.error else "ok" for _, r in got]
+    assert set(codes) == {"ok", "shutting_down"} and len({rid for rid, _ in got}) == 4
+    assert slow.node.errors_by_code["shutting_down"] == codes.count("shutting_down")

@@ -197,6 +197,13 @@ class Executor(Answers):
             self.queued >= self.cfg.max_batch or now - self.queue[0].t0 >= self.cfg.max_wait or draining
         )
 
+    def refuse_queued(self, message: str) -> None:
+        """Answer every queued request ``shutting_down`` (a drain that ran out of time): none is left unanswered."""
+        while self.queue:
+            req = self.queue.popleft()
+            self.queued -= req.n
+            self._fail(req, "shutting_down", message)
+
     # ------------------------------------------------------------ running
 
     def run_batch(self) -> None:

@@ -127,7 +127,7 @@ def test_with_one_entry_node_shutting_down_is_the_answer_not_a_silent_retry(proc
     with Client(a, timeout=10) as busy:
         for _ in range(6):
             busy.submit(X)
-        time.sleep(0.2)
+        _until(lambda: slow.node.counters["requests"] == 6)  # all six read (and held) before the stop
         slow.node.request_stop()
         with Client(a, timeout=5) as c, pytest.raises(ServerError) as err:
             c.infer(X)

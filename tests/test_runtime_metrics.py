@@ -166,7 +166,9 @@ def test_shutting_down_is_503_while_the_node_drains_and_stopped_after(served):
     s = served(delay=1.0)
     with Client(s.addr, timeout=10) as c:
         rid = c.submit(np.ones((1, 2), np.float32))
-        time.sleep(0.2)  # the slow stage is running
+        end = time.monotonic() + 10
+        while s.node.counters["batches"] == 0 and time.monotonic() < end:
+            time.sleep(0.01)  # until the slow stage runs (it holds the request read before the stop)
         s.node.request_stop()  # what SIGTERM does
         assert health(s.metrics.url) == (503, {"node": "root", "state": "shutting_down"})
         answers = []

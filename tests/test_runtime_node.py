@@ -193,12 +193,14 @@ def test_overloaded_and_too_many_samples(tree):
 
 def test_status_reports_the_queue_and_the_wait_clients_see(tree):
     laddr, _, leaf = tree(root=False, leaf_kw=dict(max_batch=1))
-    leaf.stages[1].delay = 0.1
+    leaf.stages[1].delay = 0.3
     with Client(laddr, timeout=10) as c, Client(laddr, timeout=10) as watcher:
         for _ in range(6):
             c.submit(_batch()[:1])
-        time.sleep(0.15)  # the first batch is running, five requests wait behind it
-        st = watcher.status()
+        end = time.monotonic() + 10
+        while leaf.counters["batches"] == 0 and time.monotonic() < end:
+            time.sleep(0.01)
+        st = watcher.status()  # the first batch runs (0.3 s a batch), the rest wait
         assert 3 <= st["queue_depth"] == st["queue_requests"] <= 5
         got = []
         while len(got) < 6:

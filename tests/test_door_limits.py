@@ -204,7 +204,9 @@ def test_the_nodes_cap_on_unfinished_bodies(bundle_dir, digits):
         held = [_connect(served) for _ in range(2)]
         for s in held:
             s.sendall(request + body[: 1_400_000])
-        time.sleep(0.5)
+        end = time.monotonic() + 10
+        while _metric(_scrape(served), "cis_door_buffered_bytes") < 2 * len(body) and time.monotonic() < end:
+            time.sleep(0.05)  # until the node has read both heads
         with _connect(served) as third:
             third.sendall(request + body[:400_000])
             answer = _answers(third)
@@ -342,7 +344,9 @@ def test_a_tls_handshake_that_never_finishes_is_closed(bundle_dir, tmp_path, dig
         half = [_connect(served) for _ in range(10)]
         for s in half:
             s.sendall(b"\x16\x03\x01\x00")  # the start of a ClientHello, never finished
-        time.sleep(0.5)
+        end = time.monotonic() + 10
+        while _fds(pid) < fds0 + 50 and time.monotonic() < end:
+            time.sleep(0.05)  # until the node has accepted all 50
         assert _fds(pid) >= fds0 + 50
         assert all(_closed_by_server(s, 8) for s in silent + half)
         for s in silent + half:

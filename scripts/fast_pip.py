@@ -36,9 +36,12 @@ def pip_settings() -> dict[str, str] | None:
         key, _, raw = line.partition("=")
         section, _, option = key.rpartition(".")
         rank = SECTION_RANK.get(section)
-        if rank is None or not raw:
+        try:
+            value = str(ast.literal_eval(raw)).strip()
+        except (ValueError, SyntaxError):
+            return None  # a listing this script does not understand: pip installs
+        if rank is None or not value:
             continue
-        value = str(ast.literal_eval(raw))
         if option not in ranked or ranked[option][0] <= rank:
             ranked[option] = (rank, value)
     return {option: value for option, (_, value) in ranked.items()}

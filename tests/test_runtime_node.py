@@ -272,6 +272,24 @@ def test_a_deadline_passing_at_the_parent_answers_degraded_from_here(tree):
     assert r.degraded.all() and r.exit.tolist() == [1, 1]
 
 
+def test_a_stopping_node_waits_for_its_forwards_past_the_drain_timeout(tree):
+    """A forward is answered by the parent or, past its forward timeout, from the node's own exit: a stop never
+    cuts it off, even when the parent takes longer than the drain timeout."""
+    slow = _stages()
+    slow[2].delay = 1.5
+    laddr, _, leaf = tree(root_stages=slow, leaf_kw=dict(drain_timeout=0.3, forward_timeout=5.0, heartbeat_timeout=5))
+    with Client(laddr, timeout=10) as c:
+        rid = c.submit(_batch()[2:3])  # uncertain at exit 1: forwarded
+        end = time.monotonic() + 10
+        while not leaf.pending and time.monotonic() < end:
+            time.sleep(0.01)
+        leaf.request_stop()
+        got = []
+        while not got and time.monotonic() < end:
+            got = [r for i, r in c.poll(0.5) if i == rid]
+    assert got and got[0].error is None and got[0].exit.tolist() == [2]
+
+
 def test_non_finite_input_is_refused_with_bad_input(tree):
     laddr, raddr, leaf = tree()
     x = _batch()

@@ -178,7 +178,7 @@ class Node:
                         if drain_until is None:
                             drain_until = time.monotonic() + self.cfg.drain_timeout
                             events.shutdown(self.cfg, self.executor.queued, sum(p.n for p in self.pending.values()))
-                        if (not self.executor.queue and not self.pending) or time.monotonic() > drain_until:
+                        if not self.pending and (not self.executor.queue or time.monotonic() > drain_until):
                             self._read(_poll(self.poll_items, 0))  # what waits unread: 'shutting_down', not silence
                             self.executor.refuse_queued(f"node {self.cfg.node_id} stopped: its drain_timeout passed")
                             break

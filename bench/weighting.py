@@ -85,7 +85,8 @@ def factorial_figures(r: dict) -> dict[str, str]:
         f[key("factorial", name, "images")] = f"{c['images']:,}"
         f[key("factorial", name, "steps")] = f"{c['root_steps']:,}"
         f[key("factorial", name)] = diff(r.get("paired_vs_equal", {}).get(name, {}).get(cell, {}).get("serving-rate"))
-    regret = [f"{name} {cell_}: {x['regret']:+.2f} against {x['best_fixed']}{' (in-sample)' if x['in_sample'] else ''}"
+    regret = [f"{name} {cell_}: {x['regret']:+.2f} against {x['best_fixed']} ("
+              f"{'in-sample, ' if x['in_sample'] else ''}{len(x['seeds'])} seed{'s' * (len(x['seeds']) > 1)})"
               for name, by in r.get("auto_regret", {}).items() for cell_, x in by.items()]  # fmt: skip
     f["factorial_auto_regret"] = "; ".join(regret) or "not run yet"
     return f

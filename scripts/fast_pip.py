@@ -76,7 +76,10 @@ def main(args: list[str]) -> int:
         cmd, env = translated
         if subprocess.run(cmd, env=env).returncode == 0:
             return 0
-        print("uv could not install it; pip tries", file=sys.stderr)
+        why = "uv could not install it (above)"
+    else:
+        why = "uv is not installed here" if not has_uv else "a pip setting has no uv translation (pip config list)"
+    print(f"fast_pip: {why}; pip installs", file=sys.stderr)
     return subprocess.run([sys.executable, "-m", "pip", "install", *args]).returncode
 
 

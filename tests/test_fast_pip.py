@@ -38,3 +38,40 @@ def test_pip_settings_read_the_environment_over_the_config_files(monkeypatch):
     monkeypatch.setenv("PIP_CONSTRAINT", "/tmp/pins.txt")
     settings = fast_pip.pip_settings()
     assert settings["find-links"] == "/tmp/wheels-here" and settings["constraint"] == "/tmp/pins.txt"
+
+
+def _tiny_wheel(folder: Path) -> Path:
+    """A one-module wheel built by hand (no build backend, no index)."""
+    import zipfile
+
+    info = "tinypkg-0.1.dist-info"
+    files = {
+        "tinypkg/__init__.py": "ANSWER = 42\n",
+        f"{info}/METADATA": "Metadata-Version: 2.1\nName: tinypkg\nVersion: 0.1\n",
+        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    files[f"{info}/RECORD"] = "".join(f"{name},,\n" for name in [*files, f"{info}/RECORD"])
+    wheel = folder / "tinypkg-0.1-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+    return wheel
+
+
+def test_it_installs_through_uv_byte_compiled_and_through_pip_without_uv(tmp_path):
+    import subprocess
+    import venv
+
+    wheel = _tiny_wheel(tmp_path)
+    for name, with_uv in (("with-uv", True), ("without-uv", False)):
+        venv.create(tmp_path / name, with_pip=True)
+        py = str(tmp_path / name / "bin" / "python")
+        if with_uv:
+            got = subprocess.run([py, "-m", "pip", "install", "-q", "uv"], capture_output=True, text=True)
+            assert got.returncode == 0, got.stderr[-2000:]
+        done = subprocess.run([py, str(SCRIPT), "-q", str(wheel)], capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert ("fast_pip: uv is not installed here; pip installs" in done.stderr) != with_uv, done.stderr
+        check = "import tinypkg as t, pathlib as p; print(t.ANSWER, any(p.Path(t.__file__).parent.glob('*/*.pyc')))"
+        out = subprocess.run([py, "-c", check], capture_output=True, text=True, env={"PYTHONDONTWRITEBYTECODE": "1"})
+        assert out.stdout.split() == ["42", "True"], out.stderr  # compiled at install, not at import

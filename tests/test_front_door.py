@@ -403,7 +403,10 @@ def test_tls_and_a_bearer_token_on_both_doors_and_overload_is_503(bundle_dir, di
             body = _infer_body(digits[:2])
             tls.sendall(b"POST /v2/models/cis/infer HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer s3cret-token\r\n"
                         b"Content-Length: %d\r\n\r\n%s" % (len(body), body))  # fmt: skip
-            time.sleep(0.1)
+            with Client(served.zmq, timeout=10) as watcher:  # until the two wait in the queue (not a fixed sleep)
+                end = time.monotonic() + 10
+                while watcher.status()["queue_depth"] < 2 and time.monotonic() < end:
+                    pass
             one = _infer_body(digits[:1])
             status, answer, _ = _request(served, "POST", "/v2/models/cis/infer", one, token, context)
             assert status == 503 and json.loads(answer)["code"] == "overloaded"

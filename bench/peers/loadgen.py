@@ -76,6 +76,7 @@ class Run:
             "mean_s": lat.get("mean_s"),
             "max_s": lat.get("max_s"),
             "p99_all_s": p99_all,
+            **self.extra,  # native paths: served_at, {node: answers}
         }
 
 
@@ -92,13 +93,16 @@ async def drive(transport: Transport, x: np.ndarray, nodes: Sequence[str], offse
     bodies = [transport.encode(x[i : i + 1], INPUT) for i in range(len(nodes))]
     sent, latency, errors, answers, seconds = await run_drive(transport, bodies, nodes, offsets, timeout)
     outcomes = []
+    served_at: dict[str, int] = {}  # node -> answers it served: 'forced' runs show every one went to the root
     for i in range(len(nodes)):
         a = answers[i] if errors[i] is None else None
         got = None if a is None or not keep_answers else {"cls": [a.cls], "exit": [a.exit], "node": [a.node],
                                                           "confidence": [a.confidence]}  # fmt: skip
+        if a is not None:
+            served_at[a.node] = served_at.get(a.node, 0) + 1
         outcomes.append(Outcome(float(sent[i]), None if errors[i] else float(latency[i]), errors[i], got))
     lag = float(np.percentile(np.maximum(0.0, sent - offsets), 99)) if offsets is not None and len(nodes) else 0.0
-    return Run(outcomes, seconds, target_rate, lag)
+    return Run(outcomes, seconds, target_rate, lag, {"served_at": served_at})
 
 
 def holds(summary: dict, p99_limit: float) -> bool:

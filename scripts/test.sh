@@ -16,8 +16,8 @@ bash scripts/install_torch.sh .venv/bin/python  # torch's CPU build, then torchv
 # the layout's rules: lint (pyproject [tool.ruff]) and the import contracts (pyproject [tool.importlinter])
 .venv/bin/ruff check --quiet .
 .venv/bin/lint-imports --no-cache >/dev/null || { .venv/bin/lint-imports --no-cache; exit 1; }
-# types: cis, sim and export (pyproject [tool.mypy]), checked beside the tests (they leave part of a core idle);
-# its errors are printed, and the run fails, once the tests are done
+# types: all of cis, training included (pyproject [tool.mypy]), checked beside the tests (they leave part of a
+# core idle); its errors are printed, and the run fails, once the tests are done
 .venv/bin/mypy --no-error-summary > .venv/mypy.log 2>&1 &
 mypy_pid=$!
 # 3 workers on 2 cores: many tests wait on processes and sockets; a file stays on one worker (its module fixtures

@@ -20,7 +20,7 @@ from typing import Any
 try:  # Python 3.11+
     import tomllib  # novermin (3.10 takes the tomli fallback below)
 except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
-    import tomli as tomllib
+    import tomli as tomllib  # type: ignore[no-redef]  # the same module under its 3.10 name (as cis/core/spec.py)
 
 from cis.core.errors import CisError
 from cis.training.cis_options import (

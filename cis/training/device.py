@@ -60,8 +60,8 @@ def module_device(module: torch.nn.Module) -> torch.device:
     """The device of a module's first parameter or buffer (cpu for one with neither)."""
     for t in module.parameters():
         return t.device
-    for t in module.buffers():
-        return t.device
+    for b in module.buffers():
+        return b.device
     return torch.device("cpu")
 
 

@@ -17,7 +17,7 @@ the order of GPU sums). ``make`` is the capture function, injectable so the CPU 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -45,7 +45,7 @@ class ExitLoss(nn.Module):
 def capture(module: nn.Module, sample: tuple[Tensor, ...]) -> Callable[..., Tensor]:
     """torch's capture: forward and backward of ``module`` on ``sample``'s shapes, parameters a stage after the
     exit leaves unused allowed."""
-    return torch.cuda.make_graphed_callables(module, sample, allow_unused_input=True)
+    return cast(Callable[..., Tensor], torch.cuda.make_graphed_callables(module, sample, allow_unused_input=True))
 
 
 class GraphedExitLoss:

@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -110,7 +110,8 @@ def build_setup(
     train = splits.train
     spec = spec or resolve_spec(config, train)
     clients = make_clients(config, spec, train, device)
-    steps = local_steps([c.size for c in clients], config.batch_size, config.local_epochs, config.local_steps)
+    batch = cast(int, config.batch_size)  # resolved() set it
+    steps = local_steps([c.size for c in clients], batch, config.local_epochs, config.local_steps)
     sizes = weight_sizes(config, spec, clients, len(train))
     sgd = {  # the local trainers' SGD settings
         "lr": config.lr,
@@ -169,7 +170,7 @@ def served_model(s: Setup) -> EarlyExitNet:
     """The global model as it is evaluated, checkpointed and exported: the engine's weights, and for
     HeteroFL's static BatchNorm its per-sub-model statistics recomputed over the nodes' training data
     when the weights changed since (cis/training/methods/static_bn.py)."""
-    return refresh_statistics(s.engine, [c.x for c in s.clients], s.config.batch_size)
+    return refresh_statistics(s.engine, [c.x for c in s.clients], cast(int, s.config.batch_size))  # resolved() set it
 
 
 def evaluate_round(s: Setup) -> dict:
@@ -273,11 +274,12 @@ def write_run_start(s: Setup, out: Path) -> None:
 def _log_setup(s: Setup, log: Callable[[str], None]) -> None:
     """The weights (and where a ramp goes), the nodes and J, the device."""
     config, w0 = s.config, s.weights.at(1)
+    rounds = cast(int, config.rounds)  # resolved() set it
     ramps = config.strategy in ("flops", "serving-ramp", "balanced-ramp", "auto")
     log(
         f"aggregation weights ({config.strategy}): "
         + ", ".join(f"exit {e + 1} {w:.4f}" for e, w in enumerate(w0))
-        + (" (round 1; ramps to " + ", ".join(f"{w:.4f}" for w in s.weights.at(config.rounds)) + ")" if ramps else "")
+        + (" (round 1; ramps to " + ", ".join(f"{w:.4f}" for w in s.weights.at(rounds)) + ")" if ramps else "")
     )
     log(
         f"{len(s.clients)} nodes, sizes "
@@ -317,7 +319,7 @@ def is_due(t: int, every: int, rounds: int) -> bool:
 def metrics_line(s: Setup, r: dict) -> dict[str, Any]:
     """Round ``r``'s metrics.jsonl line: :func:`round_line`, the validation when due, the seconds."""
     line = round_line(s, r)
-    if is_due(r["round"], s.config.eval_every, s.config.rounds):
+    if is_due(r["round"], s.config.eval_every, cast(int, s.config.rounds)):  # resolved() set it
         t0 = time.perf_counter()
         line.update(evaluate_round(s))
         line["eval_seconds"] = time.perf_counter() - t0
@@ -330,11 +332,12 @@ def _train_rounds(s: Setup, out: Path, progress: bool, stop_after: int | None) -
     from tqdm import tqdm
 
     config = s.config
+    rounds = cast(int, config.rounds)  # resolved() set it
     bar = tqdm(
-        total=config.rounds, initial=s.engine.round, desc="rounds", unit="round", file=sys.stderr, disable=not progress
+        total=rounds, initial=s.engine.round, desc="rounds", unit="round", file=sys.stderr, disable=not progress
     )
     with bar, open(out / "metrics.jsonl", "a") as metrics:
-        while s.engine.round < config.rounds:
+        while s.engine.round < rounds:
             line = metrics_line(s, s.engine.run_round())
             t = line["round"]
             if "eval_seconds" in line:
@@ -344,10 +347,10 @@ def _train_rounds(s: Setup, out: Path, progress: bool, stop_after: int | None) -
                 )
             metrics.write(json.dumps(line) + "\n")
             metrics.flush()
-            if is_due(t, config.checkpoint_every, config.rounds):
+            if is_due(t, config.checkpoint_every, rounds):
                 save_checkpoint(out, served_model(s), checkpoint_meta(s), {"engine": s.engine.state_dict()})
             bar.update(1)
-            if stop_after is not None and t >= stop_after and t < config.rounds:
+            if stop_after is not None and t >= stop_after and t < rounds:
                 return t
     return None
 
@@ -410,6 +413,6 @@ def measure_grad_variance(config: RunConfig) -> list[float]:
             f"--measure-grad-variance: method {config.method!r} trains nested sub-models; "
             "their per-exit gradient variance is not defined on one graph"
         )
-    return gradient_variance(
-        model, splits.train.x, splits.train.y, config.batch_size, config.sigma_batches, config.seed
+    return gradient_variance(  # resolved() filled batch_size (the dataset's default)
+        model, splits.train.x, splits.train.y, cast(int, config.batch_size), config.sigma_batches, config.seed
     )

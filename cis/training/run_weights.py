@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 
@@ -49,14 +50,15 @@ def run_weights(
                 "variance cannot be measured on one shared graph; give 'sigma' in the config file or pick another "
                 "strategy"
             )
-        var = gradient_variance(model, train.x, train.y, config.batch_size, config.sigma_batches, config.seed)
+        batch = cast(int, config.batch_size)  # resolved() set it
+        var = gradient_variance(model, train.x, train.y, batch, config.sigma_batches, config.seed)
         sigma = [float(np.sqrt(v)) for v in var]
         log("gradient variance per exit (Appendix C): " + ", ".join(f"{v:.3g}" for v in var))
     flops = [c["flops"] for c in exit_costs(model)] if config.strategy in ("flops", "auto") else None
     return make_weights(
         config.strategy,
         spec.num_exits,
-        total_rounds=config.rounds,
+        total_rounds=cast(int, config.rounds),  # resolved() set it
         exit_serving_rate=lam,
         flops=flops,
         sigma=sigma,

@@ -20,7 +20,7 @@ Selection = dict[str, tuple[str, tuple[Index, ...]]]
 """compact key -> (global key, kept indices per dimension; None = all, an int drops the dimension)."""
 
 
-def _index_tuple(index: Sequence[Index], shape: Sequence[int]) -> tuple:
+def _index_tuple(index: Sequence[Tensor | None], shape: Sequence[int]) -> tuple:
     """Advanced-indexing tuple that selects the outer product of the per-dimension indices."""
     nd = len(shape)
     out = []
@@ -38,28 +38,29 @@ def _select_ints(t: Tensor, index: Sequence[Index]) -> tuple[Tensor, list[Tensor
     """A view of ``t`` with the integer-indexed dimensions dropped, and the remaining indices."""
     rest: list[Tensor | None] = []
     for d in reversed(range(len(index))):
-        if isinstance(index[d], int):
-            t = t.select(d, index[d])
+        i = index[d]
+        if isinstance(i, int):
+            t = t.select(d, i)
         else:
-            rest.insert(0, index[d])  # type: ignore[arg-type]
+            rest.insert(0, i)
     return t, rest
 
 
 def take(t: Tensor, index: Sequence[Index]) -> Tensor:
     """The sub-tensor of ``t`` at the outer product of ``index`` (a copy)."""
-    t, index = _select_ints(t, index)
-    if t.dim() == 0 or all(i is None for i in index):
+    t, rest = _select_ints(t, index)
+    if t.dim() == 0 or all(i is None for i in rest):
         return t.clone()
-    return t[_index_tuple(index, t.shape)].clone()
+    return t[_index_tuple(rest, t.shape)].clone()
 
 
 def put_(t: Tensor, index: Sequence[Index], value: Tensor) -> None:
     """Write ``value`` into ``t`` at the outer product of ``index`` (in place)."""
-    t, index = _select_ints(t, index)
-    if t.dim() == 0 or all(i is None for i in index):
+    t, rest = _select_ints(t, index)
+    if t.dim() == 0 or all(i is None for i in rest):
         t.copy_(value.reshape(t.shape))
     else:
-        t[_index_tuple(index, t.shape)] = value.to(t.dtype)
+        t[_index_tuple(rest, t.shape)] = value.to(t.dtype)
 
 
 @torch.no_grad()

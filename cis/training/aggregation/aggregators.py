@@ -15,7 +15,7 @@ and for Flower alike). No per-client copies: each keeps one accumulator.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, cast
 
 import numpy as np
 import torch
@@ -108,10 +108,13 @@ class CisAggregator:
     def add(self, client: Client, exit: int, local_state: dict[str, Tensor]) -> None:
         c = self._coef[client.index]
         self.last_coefficients.append(c)
-        accumulate(self._acc, local_state, self._global, c, self._stat_weight)
+        # begin() set the round's buffers and global state (the engine calls begin, add..., finish)
+        acc, global_state = cast(dict[str, Tensor], self._acc), cast(dict[str, Tensor], self._global)
+        accumulate(acc, local_state, global_state, c, self._stat_weight)
 
     def finish(self, global_state: dict[str, Tensor]) -> None:
-        self.last_stats["bn_clamped"] = apply_update(global_state, self._acc, self.server_lr, self._stat_weight)
+        acc = cast(dict[str, Tensor], self._acc)  # set by begin()
+        self.last_stats["bn_clamped"] = apply_update(global_state, acc, self.server_lr, self._stat_weight)
 
 
 class AuthorsCodeAggregator:
@@ -250,7 +253,8 @@ class MaskedAggregator:
 class Uploader(Protocol):
     """A trainer that keeps what each client uploaded in the round (client index -> selection)."""
 
-    uploads: Mapping[int, Selection]
+    @property
+    def uploads(self) -> Mapping[int, Selection]: ...
 
 
 class SubsetAggregator:

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -85,9 +86,9 @@ def pair_coefficient(weight_e: float, size_i: float, exit_size_e: float, p_ie: f
 
 def round_coefficients(
     pairs: Sequence[tuple[int, int]],
-    weights: Sequence[float],
+    weights: Sequence[float] | np.ndarray,
     sizes: Sequence[float],
-    exit_sizes: Sequence[float],
+    exit_sizes: Sequence[float] | np.ndarray,
     p_pair: Sequence[float],
     mode: str = "divide",
     rule: str = "literal",

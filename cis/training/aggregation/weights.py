@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -44,7 +45,7 @@ APPENDIX_C_SIGMA = {  # the authors' code: ResNet-18 exits (residual blocks) -> 
 }
 
 
-def normalise(v: Sequence[float], what: str = "weights") -> np.ndarray:
+def normalise(v: Sequence[float] | np.ndarray, what: str = "weights") -> np.ndarray:
     a = np.asarray(v, dtype=np.float64)
     if a.ndim != 1 or not len(a) or (a < 0).any() or not np.isfinite(a).all() or a.sum() <= 0:
         raise CisError(f"{what} {list(map(float, a.ravel()))}: expected non-negative finite values with a positive sum")
@@ -74,7 +75,9 @@ def auto_choice(exit_serving_rate: Sequence[float]) -> str:
     return "flops" if lam[-1] > lam[0] + FLAT_TOLERANCE else "serving-ramp"
 
 
-def ramp_weights(target: Sequence[float], t: int, total_rounds: int, what: str = "ramp weights") -> np.ndarray:
+def ramp_weights(
+    target: Sequence[float] | np.ndarray, t: int, total_rounds: int, what: str = "ramp weights"
+) -> np.ndarray:
     """min(t/T, target_e / max target), renormalised (t is 1-based): equal at first, the target's shape at t = T."""
     f = np.asarray(target, dtype=np.float64)
     tau = min(1.0, max(t, 1) / max(total_rounds, 1))
@@ -143,7 +146,7 @@ class Weights:
             return flops_weights(self.flops, t, self.total_rounds)
         if self.ramp_to is not None:
             return ramp_weights(self.ramp_to, t, self.total_rounds)
-        return self.constant
+        return cast(np.ndarray, self.constant)  # make_weights sets constant wherever flops and ramp_to are None
 
     def describe(self) -> dict:
         """JSON for the run: the strategy, its first- and last-round weights and its inputs."""
@@ -171,8 +174,10 @@ def make_weights(
 ) -> Weights:
     """The Weights of ``strategy``; ``balanced_rule`` "authors-code" takes the authors' balanced-adj formula
     (it needs ``node_exits``, each node's own exit)."""
+    # run_weights always passes the serving rates; a direct call without them fails in normalise (CisError)
+    rates = cast(Sequence[float], exit_serving_rate)
     if strategy == "auto":
-        choice = auto_choice(exit_serving_rate)
+        choice = auto_choice(rates)
         chosen = make_weights(
             choice, num_exits, total_rounds=total_rounds, exit_serving_rate=exit_serving_rate, flops=flops
         )
@@ -193,13 +198,13 @@ def make_weights(
             strategy, num_exits, None, [float(f) for f in flops], total_rounds, {"flops": [float(f) for f in flops]}
         )
     if strategy == "serving-rate":
-        lam = serving_rate_weights(exit_serving_rate)
+        lam = serving_rate_weights(rates)
         return Weights(
             strategy,
             num_exits,
             lam,
             total_rounds=total_rounds,
-            details={"exit_serving_rate": list(map(float, exit_serving_rate))},
+            details={"exit_serving_rate": list(map(float, rates))},
         )
     if strategy == "balanced-adj":
         return _balanced_adj(
@@ -216,7 +221,8 @@ def _ramp(strategy: str, num_exits: int, total_rounds: int, target: Weights) -> 
     """A ramp from equal weights towards ``target``'s shape, reached at the last round (:func:`ramp_weights`)."""
     return Weights(
         strategy, num_exits, None, total_rounds=total_rounds, ramp_to=target.constant,
-        details={**target.details, "ramp_to": target.constant.tolist()},
+        # the target is serving-rate's or balanced-adj's Weights, which always have a constant
+        details={**target.details, "ramp_to": cast(np.ndarray, target.constant).tolist()},
     )
 
 
@@ -231,18 +237,21 @@ def _balanced_adj(
     node_exits: Sequence[int] | None,
 ) -> Weights:
     """balanced-adj as printed, or the authors' formula (``balanced_rule`` "authors-code")."""
+    # run_weights always passes these inputs (sigma given or measured); a direct call without them fails in the formula
+    rates, sig = cast(Sequence[float], exit_serving_rate), cast(Sequence[float], sigma)
+    exits, n_sizes = cast(Sequence[int], node_exits), cast(Sequence[int], sizes)
     if balanced_rule == "authors-code":
-        w = authors_balanced_weights(exit_serving_rate, sigma, node_exits, sizes)
+        w = authors_balanced_weights(rates, sig, exits, n_sizes)
     else:
-        w = balanced_adj_weights(exit_serving_rate, sigma, matrix, sizes)
+        w = balanced_adj_weights(rates, sig, cast(np.ndarray, matrix), n_sizes)
     return Weights(
         "balanced-adj",
         num_exits,
         w,
         total_rounds=total_rounds,
         details={
-            "exit_serving_rate": list(map(float, exit_serving_rate)),
-            "sigma": list(map(float, sigma)),
+            "exit_serving_rate": list(map(float, rates)),
+            "sigma": list(map(float, sig)),
             **({"rule": balanced_rule} if balanced_rule != "printed" else {}),
         },
     )

@@ -95,7 +95,7 @@ def _class_dirs(folder: Path) -> list[str]:
 
 def _class_files(folder: Path, classes: list[str]) -> list[tuple[Path, int]]:
     """(image, label) of every class folder in ``folder``: each class must be there, with images."""
-    files = []
+    files: list[tuple[Path, int]] = []
     for label, cls in enumerate(classes):
         cls_dir = folder / cls
         if not cls_dir.is_dir():
@@ -130,10 +130,10 @@ def _decode(files: list[tuple[Path, int]], size: int, channels: int) -> tuple[np
     for i, (path, _) in enumerate(files):
         try:
             with Image.open(path) as img:
-                img = img.convert(mode)
-                if img.size != (size, size):
-                    img = img.resize((size, size), Image.BILINEAR)
-                pixels = np.asarray(img)
+                picture = img.convert(mode)
+                if picture.size != (size, size):
+                    picture = picture.resize((size, size), Image.Resampling.BILINEAR)
+                pixels = np.asarray(picture)
                 x[i] = pixels[None] if channels == 1 else pixels.transpose(2, 0, 1)
         except (UnidentifiedImageError, OSError, SyntaxError) as exc:
             raise CisError(f"image {path}: cannot be decoded ({exc}), expected an image file") from None

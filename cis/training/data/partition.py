@@ -42,10 +42,14 @@ _DIRICHLET_FLOOR = 1e-12  # keeps IPF well defined when a Dirichlet draw underfl
 
 
 class NodeLike(Protocol):
-    """What partitioning needs of a node: its id and its largest exit (= network layer)."""
+    """What partitioning needs of a node: its id and its largest exit (= network layer), read-only (the spec's
+    nodes are frozen)."""
 
-    id: str
-    exit: int
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def exit(self) -> int: ...
 
 
 def layer_shares(scheme: str | Sequence[float], num_layers: int) -> list[float]:

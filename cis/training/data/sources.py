@@ -163,7 +163,8 @@ def materialise(ds: Any, where: str, part: str) -> Table:
     """Read every ``ds[i] -> (x, y)`` into arrays (tensors become numpy arrays); one line naming the first sample
     that is not a pair, whose x differs in shape or kind of dtype from the first sample's, or whose label is not
     one integer. ``part``: the split these samples are (``train``, ...), or "" for the one dataset."""
-    xs, ys = [], []
+    xs: list[np.ndarray] = []
+    ys: list[np.ndarray] = []
     name = (part + " sample") if part else "sample"
     for i in range(len(ds)):
         item = ds[i]

@@ -22,7 +22,7 @@ None: |S_i|, the papers' own weighting); FLAME's aggregation rule sets its own w
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, cast
 
 from cis.core.errors import CisError
 from cis.training.aggregation.aggregators import MaskedAggregator
@@ -117,7 +117,7 @@ def build_method(
     options: Mapping[str, Any],
     participation: float = 1.0,
     weights: Weights | None = None,
-):
+) -> tuple[bl.BudgetChooser, Any, MaskedAggregator]:
     """(chooser, trainer, aggregator) of an early-exit method; ``options`` with every default filled."""
     _check(method)
     budgets = [c.max_exit for c in clients]
@@ -143,13 +143,14 @@ def build_method(
         trainer = bl.MultiExitTrainer(
             loss="scalefl", distill_weight=bl.SCALEFL_KD_WEIGHT, tau=bl.SCALEFL_TAU, widths=widths, **sgd
         )
-        sliced = lambda c, e, size: (float(size), bl.width_holds(model, e, widths[e - 1]))  # noqa: E731
+        vit = cast(ViTEE, model)  # ScaleFL trains its own ViT (no arch option, no user model)
+        sliced = lambda c, e, size: (float(size), bl.width_holds(vit, e, widths[e - 1]))  # noqa: E731
         return chooser, trainer, MaskedAggregator(sliced, weights)
     return _flame(model, clients, sgd, options, participation)
 
 
 def _flame(model: EarlyExitNet, clients: list[Client], sgd: dict[str, Any], options: Mapping[str, Any],
-           participation: float):
+           participation: float) -> tuple[bl.BudgetChooser, Any, MaskedAggregator]:
     rule = options["flame_aggregation"]
     if rule not in FLAME_AGGREGATIONS:
         raise ValueError(f"FLAME aggregation {rule!r}: expected one of {FLAME_AGGREGATIONS}")

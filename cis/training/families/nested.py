@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -67,7 +67,8 @@ def build_pieces(config, spec, model: NestedNet, clients: list[Client], sgd: dic
         weight=lambda c, k, t: float(weights.at(t)[k - 1]) * c.size,  # nodes serving more requests weigh more
     )
     if config.method == "slt":
-        trainer.device.plan(model)  # a budget the planner cannot meet fails now, not in round 1
+        # device_model gives slt an SltDevice; a budget the planner cannot meet fails now, not in round 1
+        cast(SltDevice, trainer.device).plan(model)
     return MethodSetup(model, chooser, trainer, aggregator, matrix, weights)
 
 

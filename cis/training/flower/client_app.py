@@ -27,7 +27,9 @@ QUERY message:     answers cis-node {index, id, size} (the server maps Flower no
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from functools import lru_cache
+from typing import Any, cast
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -62,7 +64,8 @@ def node_client(config_text: str, context: Context) -> Client:
     """This node's data: from context.state after the first message of the run, else built and kept there."""
     st = context.state
     if DATA_STATE in st and NODE_STATE in st:
-        data, meta = record_to_state(st[DATA_STATE]), st[NODE_STATE]
+        # what the lines below put there: an ArrayRecord and a ConfigRecord
+        data, meta = record_to_state(cast(ArrayRecord, st[DATA_STATE])), cast(Mapping[str, Any], st[NODE_STATE])
         return Client(str(meta["id"]), int(meta["index"]), int(meta["max_exit"]), data["x"], data["y"])
     s = node_setup(config_text)
     c = s.clients[node_index(context.node_config, s)]
@@ -86,7 +89,7 @@ def identify(msg: Message, context: Context) -> Message:
 
 def load_node_optimizer(trainer, cid: str, state: RecordDict) -> None:
     """Put this node's optimizer state (momentum) from context.state into the trainer (none yet: a fresh optimizer)."""
-    flat = record_to_state(state[OPTIMIZER_STATE]) if OPTIMIZER_STATE in state else {}
+    flat = record_to_state(cast(ArrayRecord, state[OPTIMIZER_STATE])) if OPTIMIZER_STATE in state else {}
     trainer.load_state_dict({"optimizer": {cid: flat}})
 
 
@@ -97,7 +100,7 @@ def save_node_optimizer(trainer, cid: str, state: RecordDict) -> None:
 
 @app.train()
 def train(msg: Message, context: Context) -> Message:
-    cfg = msg.content[CONFIG_RECORD]
+    cfg = cast(Mapping[str, Any], msg.content[CONFIG_RECORD])  # the strategy's ConfigRecord
     run = json.loads(str(cfg[CONFIG_KEY]))
     if run.get("threads"):
         torch.set_num_threads(int(run["threads"]))
@@ -114,7 +117,7 @@ def train(msg: Message, context: Context) -> Message:
     trainer.setup(model, [client])
     trainer = with_amp(trainer, run.get("amp", "off"), device)
     load_node_optimizer(trainer, client.id, context.state)
-    model.load_state_dict(record_to_state(msg.content[ARRAYS_KEY]))
+    model.load_state_dict(record_to_state(cast(ArrayRecord, msg.content[ARRAYS_KEY])))
     stats = trainer.train(model, client, e, t, derived_generator(int(run["seed"]), t, i + 1))
     save_node_optimizer(trainer, client.id, context.state)
     numeric = {k: float(v) for k, v in stats.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}

@@ -96,8 +96,11 @@ class LoopbackFederation:
     def __init__(self, num_nodes: int, workdir: str | Path | None = None, start_timeout: float = 60.0,
                  log: Callable[[str], None] = lambda s: None) -> None:
         self.num_nodes, self.start_timeout, self.log = num_nodes, start_timeout, log
-        self._tmp = None if workdir else tempfile.TemporaryDirectory(prefix="cis-flower-")
-        self.workdir = Path(workdir or self._tmp.name)
+        self._tmp = None
+        if not workdir:
+            self._tmp = tempfile.TemporaryDirectory(prefix="cis-flower-")
+            workdir = self._tmp.name
+        self.workdir = Path(workdir)
         self.home = self.workdir / "flwr-home"
         self.procs: list[subprocess.Popen] = []
         self.address = ""

@@ -17,6 +17,7 @@ import json
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from cis.core.errors import CisError
 from cis.core.extras import require
@@ -134,7 +135,8 @@ def _simulate(
                  "_system_config": {"worker_niceness": 0}}  # fmt: skip
     if num_cpus:
         init_args["num_cpus"] = int(num_cpus)
-    backend_config = {"client_resources": {"num_cpus": 1, "num_gpus": gpus}, "init_args": init_args}
+    # Any: flwr's annotation leaves out the nested dicts Ray's init_args take (_system_config)
+    backend_config: dict[str, Any] = {"client_resources": {"num_cpus": 1, "num_gpus": gpus}, "init_args": init_args}
     try:
         run_simulation(server_app=server_app, client_app=client_app, num_supernodes=n, backend_config=backend_config)
     finally:

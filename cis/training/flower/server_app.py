@@ -21,6 +21,7 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 from flwr.app import ArrayRecord, Context, MetricRecord
 from flwr.serverapp import Grid, ServerApp
@@ -58,15 +59,16 @@ def serve(
     write_json(out / "weights.json", s.weights.describe())
     strategy = CisStrategy(s.engine, config_to_text(config), connect_timeout=connect_timeout)
     timing = {"eval": 0.0, "checkpoint": 0.0}
+    rounds = cast(int, config.rounds)  # resolved() set it
 
     def after_round(t: int, arrays: ArrayRecord) -> MetricRecord | None:
         if t == 0:
             return None
-        line = metrics_line(s, strategy.last_round)
+        line = metrics_line(s, cast(dict, strategy.last_round))  # round t's, set by aggregate_train
         timing["eval"] += line.get("eval_seconds", 0.0)
         with open(out / "metrics.jsonl", "a") as f:
             f.write(json.dumps(line) + "\n")
-        if is_due(t, config.checkpoint_every, config.rounds):
+        if is_due(t, config.checkpoint_every, rounds):
             t0 = time.perf_counter()
             # the momentum buffers stay on the nodes (context.state): the checkpoint holds the round only
             save_checkpoint(
@@ -88,7 +90,7 @@ def serve(
     strategy.start(
         grid,
         state_to_record(s.engine.global_state),
-        num_rounds=config.rounds,
+        num_rounds=rounds,
         timeout=round_timeout,
         evaluate_fn=after_round,
     )

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from logging import INFO
+from typing import Any, cast
 
 import numpy as np
 from flwr.app import ArrayRecord, ConfigRecord, Message, MessageType, MetricRecord, RecordDict
@@ -127,7 +128,7 @@ class CisStrategy(Strategy):
         """Record which CIS node the replying SuperNode is (its partition-id), refusing errors and duplicates."""
         if reply.has_error():
             raise CisError(f"flower: node {reply.metadata.src_node_id} failed to identify itself: {reply.error.reason}")
-        k = int(reply.content[NODE_RECORD]["index"])
+        k = int(cast(Mapping[str, Any], reply.content[NODE_RECORD])["index"])  # identify's ConfigRecord
         if k in found:
             raise CisError(
                 f"flower: two SuperNodes ({found[k]}, {reply.metadata.src_node_id}) claim CIS node {k}; give each "
@@ -147,8 +148,7 @@ class CisStrategy(Strategy):
     def configure_train(
         self, server_round: int, arrays: ArrayRecord, config: ConfigRecord, grid: Grid
     ) -> Iterable[Message]:
-        if self.nodes is None:
-            self.discover(grid)
+        nodes = self.nodes if self.nodes is not None else self.discover(grid)
         pairs = self.begin_round(server_round, arrays)
         messages = []
         for i, e in pairs:
@@ -167,7 +167,7 @@ class CisStrategy(Strategy):
             messages.append(
                 Message(
                     content=content,
-                    dst_node_id=self.nodes[i],
+                    dst_node_id=nodes[i],
                     message_type=MessageType.TRAIN,
                     group_id=str(server_round),
                 )
@@ -189,7 +189,7 @@ class CisStrategy(Strategy):
             )
         by_index: dict[int, Message] = {}
         for m in replies:
-            k = int(m.content[STATS_RECORD]["node-index"])
+            k = int(cast(Mapping[str, Any], m.content[STATS_RECORD])["node-index"])  # the ClientApp's ConfigRecord
             if self.nodes is not None and self.nodes.get(k) != m.metadata.src_node_id:
                 raise CisError(
                     f"flower round {server_round}: a reply for CIS node {k} came from Flower "
@@ -215,13 +215,14 @@ class CisStrategy(Strategy):
         """Each drawn pair's (local state, stats) from its reply, in the drawn order (the built-in engine's sums)."""
         device = next(iter(self.engine.global_state.values())).device  # the server's training device
         for i, e in self.pairs:
-            stats = by_index[i].content[STATS_RECORD]
+            stats = cast(Mapping[str, Any], by_index[i].content[STATS_RECORD])  # the ClientApp's ConfigRecord
             got = int(stats["exit"])
             if got != e:
                 raise CisError(
                     f"flower round {server_round}: node {self.engine.clients[i].id} trained exit {got}, expected {e}"
                 )
-            yield _on(record_to_state(by_index[i].content[ARRAYS_KEY]), device), json.loads(stats["json"])
+            arrays = cast(ArrayRecord, by_index[i].content[ARRAYS_KEY])
+            yield _on(record_to_state(arrays), device), json.loads(stats["json"])
 
     # --- evaluation: centralised on the server ---------------------------------------------------
     def configure_evaluate(

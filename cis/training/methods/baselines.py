@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 import torch
@@ -106,8 +107,8 @@ class MultiExitTrainer(ExitSGDTrainer):
         opt = self.optimizers[client.id]
         lr = self.lr_at(round)
         _set_lr(opt, lr)
-        if self.widths is not None:
-            model.set_width(self.widths[exit - 1])
+        if self.widths is not None:  # ScaleFL, whose model is its own ViT
+            cast(ViTEE, model).set_width(self.widths[exit - 1])
         model.train()
         running = distill.RunningLoss()
         eta = self.kd_weight(round) if self.loss != "all" else 0.0
@@ -134,7 +135,7 @@ class MultiExitTrainer(ExitSGDTrainer):
                 total += float(loss.detach())
         finally:
             if self.widths is not None:
-                model.set_width(1.0)
+                cast(ViTEE, model).set_width(1.0)
         stats = {"loss": total / self.steps, "steps": self.steps, "lr": lr, "kd_weight": eta}
         if self.loss == "reefl" and running.value is not None:
             self.teachers[client.id] = running.teacher() + 1

@@ -168,7 +168,7 @@ def group_losses(exit_logits: Tensor, y: Tensor, groups: Sequence[np.ndarray], s
 
 def group_gradients(losses: Sequence[Tensor], params: Sequence[Tensor]) -> list[list[Tensor | None]]:
     """Gradients of each group's loss, all at the current weights (None where a group does not reach a parameter)."""
-    out = []
+    out: list[list[Tensor | None]] = []
     for k, loss in enumerate(losses):
         out.append(list(torch.autograd.grad(loss, params, retain_graph=k < len(losses) - 1, allow_unused=True)))
     return out

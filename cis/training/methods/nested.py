@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -39,6 +39,8 @@ from cis.training.methods.slicing import prefix, width_ratio
 from cis.training.models.contract import EarlyExitNet
 from cis.training.models.stage_plan import ExportStage, StagePlan
 from cis.training.selection import Selection, gather
+
+ModuleT = TypeVar("ModuleT", bound=nn.Module)
 
 # ---------------------------------------------------------------- sub-model specs
 
@@ -154,7 +156,7 @@ class BatchNormSet(nn.Module):
         )
 
 
-def batch_statistics_only_(net: nn.Module) -> nn.Module:
+def batch_statistics_only_(net: ModuleT) -> ModuleT:
     """Drop every BatchNorm's running statistics: it normalises with each batch's own, in training and
     evaluation alike, and its state holds only the affine parameters (static BN while training)."""
     for m in net.modules():
@@ -379,7 +381,7 @@ class NestedNet(EarlyExitNet):
         net.load_state_dict(gather(self.state_dict(), self.selection(k)))
         return fold_steps(net.eval())
 
-    def stages(self) -> list[SubModelStage]:
+    def stages(self) -> list[nn.Module]:
         """One stand-alone stage per sub-model: ``stage(x) -> (logits, x)`` (copies of the weights)."""
         n = self.num_exits
         return [SubModelStage(self.serving_module(k), k == n).eval() for k in range(1, n + 1)]
@@ -400,7 +402,8 @@ class NestedNet(EarlyExitNet):
 def build_nested(config: dict[str, Any]) -> NestedNet:
     """Rebuild a :class:`NestedNet` from its ``config()``."""
     try:
-        layout = ResNetLayout(**{k: tuple(v) if isinstance(v, list) else v for k, v in config["layout"].items()})
+        layout_args: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in config["layout"].items()}
+        layout = ResNetLayout(**layout_args)
         specs = [SubModelSpec(float(s["width"]), tuple(float(x) for x in s["steps"])) for s in config["specs"]]
         return NestedNet(
             layout, specs, bool(config["decoupled_bn"]), bool(config["use_steps"]), bool(config["learn_steps"]),

@@ -14,9 +14,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -108,7 +108,7 @@ class BasicBlock(nn.Module):
         self.bn1 = nn.BatchNorm2d(c_mid)
         self.conv2 = nn.Conv2d(c_mid, c_out, 3, 1, 1, bias=False)
         self.bn2 = nn.BatchNorm2d(c_out)
-        self.sc: nn.Module | None = None
+        self.sc: nn.Sequential | None = None
         if conv_shortcut:
             self.sc = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride, bias=False), nn.BatchNorm2d(c_out))
         elif c_out > c_in:
@@ -190,7 +190,7 @@ class CompactResNet(nn.Module):
         super().train(mode)
         if self.frozen >= 1:
             self.stem_bn.eval()
-        for block in self.blocks:
+        for block in cast(Iterable[BasicBlock], self.blocks):
             if block.frozen1:
                 block.bn1.eval()
             if block.frozen2:
@@ -222,7 +222,7 @@ class CompactResNet(nn.Module):
 def fold_steps(net: CompactResNet) -> CompactResNet:
     """Fold every block's step size into its second BatchNorm (s * BN(z) = BN'(z) with gamma' = s gamma,
     beta' = s beta) and drop the step. Eval-mode equivalent only."""
-    for block in net.blocks:
+    for block in cast(Iterable[BasicBlock], net.blocks):
         if block.step is not None:
             s = float(block.step)
             block.bn2.weight.mul_(s)

@@ -26,8 +26,8 @@ trains) exactly those rows and columns.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterable, Sequence
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -85,6 +85,7 @@ class Block(nn.Module):
 
     def _attn(self, x: Tensor) -> Tensor:
         h, hd = self.heads_on, self.head_dim
+        b: Tensor  # a Parameter, replaced by its slice below
         w, b, w_out = self.qkv.weight, self.qkv.bias, self.proj.weight
         if h < self.heads:  # full width uses the weights as they are (a plain graph for export)
             rows = qkv_rows(self.heads, hd, h, x.device)
@@ -112,6 +113,8 @@ def width_counts(heads: int, hidden: int, ratio: float) -> tuple[int, int]:
 class ViTStage(nn.Module):
     """Stage k: (patch embedding for k = 1) + its blocks + (its own head, or the shared Ree classifier)."""
 
+    shared: ReeParts | None  # a plain attribute (set through __dict__), not a submodule
+
     def __init__(
         self, embed: PatchEmbed | None, blocks: list[Block], head: NormLinear | None, shared: ReeParts | None
     ) -> None:
@@ -122,18 +125,20 @@ class ViTStage(nn.Module):
         self.__dict__["shared"] = shared  # not registered: the model owns Ree and the classifier once
 
     def forward(self, carry: Tensor | dict[str, Tensor]) -> tuple[Tensor, dict[str, Tensor]]:
+        history: Tensor | None
         if self.embed is not None:
             tokens, history = self.embed(carry), None
         else:
-            tokens, history = carry[TOKENS], carry.get(HISTORY)
+            given = cast(dict[str, Tensor], carry)  # a later stage takes the previous stage's carry dict
+            tokens, history = given[TOKENS], given.get(HISTORY)
         feature = None
         for block in self.blocks:
             tokens = block(tokens)
             if self.shared is not None:
                 tokens, history, feature = ree_step(self.shared.ree, tokens, history, self.shared.modulation)
-        if self.shared is not None:
-            return self.shared.classifier(feature), {TOKENS: tokens, HISTORY: history}
-        return self.head(tokens[:, 0]), {TOKENS: tokens}
+        if self.shared is not None:  # every stage has a block (_validated), so ree_step set history
+            return self.shared.classifier(feature), {TOKENS: tokens, HISTORY: cast(Tensor, history)}
+        return cast(NormLinear, self.head)(tokens[:, 0]), {TOKENS: tokens}  # own head wherever shared is None
 
 
 class ReeParts:
@@ -193,7 +198,8 @@ class ViTEE(EarlyExitNet):
         return params
 
     def blocks(self) -> list[Block]:
-        return [b for stage in self.stage_list for b in stage.blocks]
+        stages = cast(Iterable[ViTStage], self.stage_list)  # ViTEE's stages are ViTStages of Blocks
+        return [cast(Block, b) for stage in stages for b in stage.blocks]
 
     def set_width(self, ratio: float) -> None:
         """Every block keeps its first ceil(ratio * heads) heads and ceil(ratio * hidden) MLP units."""
@@ -212,7 +218,7 @@ class ViTEE(EarlyExitNet):
         """
         names = self.carry_names()
         out = []
-        for k, stage in enumerate(self.stage_list, start=1):
+        for k, stage in enumerate(cast(Iterable[ViTStage], self.stage_list), start=1):
             last = k == self.num_exits
             module = NamedStage(stage, () if last else names).eval()
             inputs = (INPUT,) if k == 1 else tuple(carry_name(n, k - 1) for n in names)

@@ -103,7 +103,7 @@ class ConvEarlyExitNet(EarlyExitNet):
         in_channels: int = _DEFAULT,
         input_size: int = _DEFAULT,
     ) -> None:
-        given = {"exits": exits, "in_channels": in_channels, "input_size": input_size}
+        given: dict[str, Any] = {"exits": exits, "in_channels": in_channels, "input_size": input_size}
         f = {k: self.defaults[k] if v is _DEFAULT else v for k, v in given.items()}
         config = _validated(
             self.arch, self.num_blocks, num_classes, f["exits"], width, f["in_channels"], f["input_size"]

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -120,7 +120,8 @@ class Stage(nn.Module):
 class EarlyExitNet(nn.Module):
     """A model made of stages 1..E: the common interface of every early-exit model, built-in or a user's.
 
-    ``stages``: :class:`Stage` modules or ``(body, head)`` pairs. ``config``: what rebuilds it
+    ``stages``: :class:`Stage` modules (or a built-in's own stage modules, e.g. the ViT's) or ``(body, head)``
+    pairs. ``config``: what rebuilds it
     (a built-in architecture's fields, or a user model's reference record, cis/training/models/model_ref.py).
     ``input_shape`` / ``input_dtype``: one sample of stage 1's input (a built-in's come from its config;
     a user model's from the training data, recorded with the run).
@@ -130,7 +131,7 @@ class EarlyExitNet(nn.Module):
 
     def __init__(
         self,
-        stages: Sequence[Stage | tuple[nn.Module, nn.Module]],
+        stages: Sequence[nn.Module | tuple[nn.Module, nn.Module]],
         config: dict[str, Any] | None = None,
         input_shape: Sequence[int] | None = None,
         input_dtype: torch.dtype = torch.float32,
@@ -187,19 +188,22 @@ class EarlyExitNet(nn.Module):
     def exit_params(self, e: int) -> list[nn.Parameter]:
         """The parameters exit e's loss depends on: the bodies of stages 1..e and head e."""
         self._check_exit(e, "exit")
-        params = [p for stage in self.stage_list[:e] for p in stage.body.parameters()]
-        return params + list(self.stage_list[e - 1].head.parameters())
+        params = [p for stage in self.stage_list[:e] for p in cast(nn.Module, stage.body).parameters()]
+        return params + list(cast(nn.Module, self.stage_list[e - 1].head).parameters())
 
     def exit_state_keys(self, e: int, head: bool = True) -> list[str]:
         """The state-dict entries (parameters and BatchNorm buffers) that training exit e can change:
         those of the bodies of stages 1..e and (``head``) of head e."""
         self._check_exit(e, "exit")
         keys = [
-            f"stage_list.{k}.body.{name}" for k in range(e) for name in self.stage_list[k].body.state_dict()
+            f"stage_list.{k}.body.{name}"
+            for k in range(e)
+            for name in cast(nn.Module, self.stage_list[k].body).state_dict()
         ]
         if not head:
             return keys
-        return keys + [f"stage_list.{e - 1}.head.{name}" for name in self.stage_list[e - 1].head.state_dict()]
+        last_head = cast(nn.Module, self.stage_list[e - 1].head)
+        return keys + [f"stage_list.{e - 1}.head.{name}" for name in last_head.state_dict()]
 
     def _check_exit(self, e: int, what: str) -> int:
         if not is_int(e) or not 1 <= e <= self.num_exits:
@@ -294,9 +298,10 @@ def input_index_range(model: EarlyExitNet, x: Tensor) -> tuple[str, int] | None:
         return None
     probe = torch.zeros_like(x[:1])
     found: list[tuple[str, int]] = []
-    body = model.stages()[0].body if isinstance(model.stages()[0], Stage) else model.stages()[0]
+    first = model.stages()[0]
+    body = first.body if isinstance(first, Stage) else first
 
-    def seen(name: str, module: nn.Module):
+    def seen(name: str, module: nn.Embedding | nn.EmbeddingBag):
         def hook(_: nn.Module, args: tuple) -> None:
             given = args[0] if args else None
             if not found and isinstance(given, Tensor) and _same_storage(given, probe):

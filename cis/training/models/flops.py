@@ -19,6 +19,7 @@ FLAME's training FLOPs and the bundle's per-stage ``flops`` (``cis inspect``).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import torch
@@ -79,7 +80,7 @@ def exit_costs(model: EarlyExitNet, input_shape: Sequence[int] | None = None) ->
     try:
         for e in range(1, model.num_exits + 1):
             try:
-                flops = count_flops(lambda e=e: model(x, upto=e))
+                flops = count_flops(partial(model, x, upto=e))
             except (RuntimeError, ValueError, IndexError) as exc:
                 what = f"exit_costs: the model cannot take one sample of shape {shape} ({error_line(exc)})"
                 raise CisError(what) from None

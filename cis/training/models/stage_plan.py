@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import cast
 
 import torch
 from torch import Tensor, nn
@@ -124,7 +125,7 @@ class _TupleStage(nn.Module):
 
 def early_exit_plan(model: nn.Module) -> StagePlan:
     """The default plan of an :class:`~cis.training.models.cnns.EarlyExitNet`."""
-    stages = model.stages()
+    stages = cast(Callable[[], Sequence[nn.Module]], model.stages)()
     out = []
     for k, st in enumerate(stages, start=1):
         last = k == len(stages)
@@ -138,14 +139,15 @@ def early_exit_plan(model: nn.Module) -> StagePlan:
             )
         )
     dtype = getattr(model, "input_dtype", torch.float32)
-    return StagePlan(out, {INPUT: tuple(model.input_shape)}, lambda feeds: model(feeds[INPUT]), {INPUT: dtype})
+    shape = tuple(cast(Sequence[int], model.input_shape))
+    return StagePlan(out, {INPUT: shape}, lambda feeds: model(feeds[INPUT]), {INPUT: dtype})
 
 
 def describe_stages(model: nn.Module) -> StagePlan:
     """The model's own plan (``export_stages()``), or the early-exit default."""
     model.eval()
     if hasattr(model, "export_stages"):
-        plan = model.export_stages()
+        plan = cast(Callable[[], StagePlan], model.export_stages)()
     elif hasattr(model, "stages") and hasattr(model, "input_shape"):
         plan = early_exit_plan(model)
     else:

@@ -90,3 +90,19 @@ def test_balanced_ramp_ends_at_balanced_adj():
     target = make_weights("balanced-adj", 3, **kw).constant
     w = make_weights("balanced-ramp", 3, total_rounds=4, **kw)
     assert np.allclose(w.at(4), target) and np.allclose(w.at(1), [1 / 3] * 3)
+
+
+@pytest.mark.parametrize(
+    "strategy, given, missing",
+    [
+        ("serving-rate", {}, "exit_serving_rate"),
+        ("auto", {}, "exit_serving_rate"),
+        ("balanced-adj", {"exit_serving_rate": [0.5, 0.3, 0.2]}, "sigma"),
+        ("balanced-adj", {"exit_serving_rate": [0.5, 0.3, 0.2], "sigma": [1.0, 1.0, 1.0], "sizes": [1, 1]}, "matrix"),
+    ],
+)
+def test_a_strategy_called_without_its_input_names_it(strategy, given, missing):
+    """make_weights called directly (the Python API) without what the strategy needs: one clear error, not a
+    NaN weight or a TypeError deep in the formula."""
+    with pytest.raises(CisError, match=f"strategy {strategy}: needs {missing}"):
+        make_weights(strategy, 3, **given)

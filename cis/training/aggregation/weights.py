@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import cast
+from typing import TypeVar, cast
 
 import numpy as np
 
@@ -174,10 +174,8 @@ def make_weights(
 ) -> Weights:
     """The Weights of ``strategy``; ``balanced_rule`` "authors-code" takes the authors' balanced-adj formula
     (it needs ``node_exits``, each node's own exit)."""
-    # run_weights always passes the serving rates; a direct call without them fails in normalise (CisError)
-    rates = cast(Sequence[float], exit_serving_rate)
     if strategy == "auto":
-        choice = auto_choice(rates)
+        choice = auto_choice(_given(exit_serving_rate, "exit_serving_rate", strategy))
         chosen = make_weights(
             choice, num_exits, total_rounds=total_rounds, exit_serving_rate=exit_serving_rate, flops=flops
         )
@@ -198,6 +196,7 @@ def make_weights(
             strategy, num_exits, None, [float(f) for f in flops], total_rounds, {"flops": [float(f) for f in flops]}
         )
     if strategy == "serving-rate":
+        rates = _given(exit_serving_rate, "exit_serving_rate", strategy)
         lam = serving_rate_weights(rates)
         return Weights(
             strategy,
@@ -215,6 +214,16 @@ def make_weights(
             raise CisError(f"strategy explicit: weights {vector!r}, expected {num_exits} values (one per exit)")
         return Weights(strategy, num_exits, normalise(vector, "explicit weights"), total_rounds=total_rounds)
     raise CisError(f"strategy {strategy!r}: unknown, expected one of {', '.join(STRATEGIES)}")
+
+
+T = TypeVar("T")
+
+
+def _given(value: T | None, name: str, strategy: str) -> T:
+    """``value``, which ``strategy`` needs: one clear error where a caller left it out (cis train always gives it)."""
+    if value is None:
+        raise CisError(f"strategy {strategy}: needs {name} (make_weights(..., {name}=...))")
+    return value
 
 
 def _ramp(strategy: str, num_exits: int, total_rounds: int, target: Weights) -> Weights:
@@ -237,13 +246,12 @@ def _balanced_adj(
     node_exits: Sequence[int] | None,
 ) -> Weights:
     """balanced-adj as printed, or the authors' formula (``balanced_rule`` "authors-code")."""
-    # run_weights always passes these inputs (sigma given or measured); a direct call without them fails in the formula
-    rates, sig = cast(Sequence[float], exit_serving_rate), cast(Sequence[float], sigma)
-    exits, n_sizes = cast(Sequence[int], node_exits), cast(Sequence[int], sizes)
+    rates, sig = _given(exit_serving_rate, "exit_serving_rate", "balanced-adj"), _given(sigma, "sigma", "balanced-adj")
+    n_sizes = _given(sizes, "sizes", "balanced-adj")
     if balanced_rule == "authors-code":
-        w = authors_balanced_weights(rates, sig, exits, n_sizes)
+        w = authors_balanced_weights(rates, sig, _given(node_exits, "node_exits", "balanced-adj"), n_sizes)
     else:
-        w = balanced_adj_weights(rates, sig, cast(np.ndarray, matrix), n_sizes)
+        w = balanced_adj_weights(rates, sig, _given(matrix, "matrix", "balanced-adj"), n_sizes)
     return Weights(
         "balanced-adj",
         num_exits,

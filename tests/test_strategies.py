@@ -99,10 +99,12 @@ def test_balanced_ramp_ends_at_balanced_adj():
         ("auto", {}, "exit_serving_rate"),
         ("balanced-adj", {"exit_serving_rate": [0.5, 0.3, 0.2]}, "sigma"),
         ("balanced-adj", {"exit_serving_rate": [0.5, 0.3, 0.2], "sigma": [1.0, 1.0, 1.0], "sizes": [1, 1]}, "matrix"),
+        ("serving-ramp", {}, "exit_serving_rate"),
     ],
 )
 def test_a_strategy_called_without_its_input_names_it(strategy, given, missing):
     """make_weights called directly (the Python API) without what the strategy needs: one clear error, not a
     NaN weight or a TypeError deep in the formula."""
-    with pytest.raises(CisError, match=f"strategy {strategy}: needs {missing}"):
+    ramp = r"( \(a ramp to [a-z-]+\): strategy [a-z-]+)?"  # a ramp names itself, then its target
+    with pytest.raises(CisError, match=f"strategy {strategy}{ramp}: needs {missing}"):
         make_weights(strategy, 3, **given)

@@ -184,10 +184,13 @@ def make_weights(
     if strategy == "equal":
         return Weights(strategy, num_exits, equal_weights(num_exits), total_rounds=total_rounds)
     if strategy in RAMPS:
-        target = make_weights(
-            RAMPS[strategy], num_exits, exit_serving_rate=exit_serving_rate, sigma=sigma, matrix=matrix, sizes=sizes,
-            balanced_rule=balanced_rule, node_exits=node_exits,
-        )
+        try:
+            target = make_weights(
+                RAMPS[strategy], num_exits, exit_serving_rate=exit_serving_rate, sigma=sigma, matrix=matrix,
+                sizes=sizes, balanced_rule=balanced_rule, node_exits=node_exits,
+            )
+        except CisError as exc:
+            raise CisError(f"strategy {strategy} (a ramp to {RAMPS[strategy]}): {exc}") from None
         return _ramp(strategy, num_exits, total_rounds, target)
     if strategy == "flops":
         if flops is None or len(flops) != num_exits:

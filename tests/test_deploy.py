@@ -436,3 +436,19 @@ def test_every_flag_and_json_key_is_documented(run_cli, bundle, tmp_path):
         result = _deploy(run_cli, target, spec, *extra, "-o", tmp_path / target)
         keys = set(result) | {k for node in result["nodes"].values() for k in node}
         assert {k for k in keys if f"`{k}`" not in text} == set(), target
+
+
+def test_a_node_given_an_addresses_list_is_deployed_at_the_first(run_cli, bundle, tmp_path):
+    def listed(data):  # docs/spec.md: addresses = [...] instead of address, one per replica
+        cloud = _node(data, "cloud")
+        del cloud["address"]
+        cloud.update(replicas=2, addresses=["tcp://10.0.0.5:5560", "tcp://10.0.0.6:5560"])
+
+    spec = _spec(bundle, tmp_path / "spec.toml", listed)
+    k8s = _deploy(run_cli, "kubernetes", spec, bundle, "-o", tmp_path / "k8s")
+    assert k8s["nodes"]["cloud"]["replicas"] == 2 and k8s["nodes"]["cloud"]["address"].endswith(":5560")
+    units = _deploy(run_cli, "systemd", spec, "-o", tmp_path / "units")
+    assert units["nodes"]["cloud"]["bind"].endswith(":5560")
+    assert any("'cloud' has replicas = 2" in note for note in units["notes"])
+    deployed = load_spec(tmp_path / "units" / "spec.toml").node("cloud")
+    assert deployed.replicas == 1 and deployed.address == "tcp://10.0.0.5:5560" and deployed.addresses is None

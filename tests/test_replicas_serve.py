@@ -50,7 +50,8 @@ def _two_cloud(bundle_dir: Path, folder: Path, **cloud) -> Path:
 def test_serve_all_starts_every_replica_and_status_shows_each(bundle_dir, tmp_path, run_cli):
     spec = _two_cloud(bundle_dir, tmp_path, addresses=tuple(f"tcp://127.0.0.1:{free_port()}" for _ in range(2)))
     logs = tmp_path / "logs"
-    proc = start("serve", bundle_dir, "--all", "--spec", spec, "--json", "--log-dir", logs, *FAST)
+    proc = start("serve", bundle_dir, "--all", "--spec", spec, "--json", "--log-dir", logs, *FAST,
+                 "--spans-file", logs / "{node}.spans.jsonl")
     try:
         nodes = started_nodes(proc)
         assert set(nodes) == {"cloud#0", "cloud#1", "device0"}
@@ -71,6 +72,10 @@ def test_serve_all_starts_every_replica_and_status_shows_each(bundle_dir, tmp_pa
         assert (logs / "cloud#1.log").is_file()
     finally:
         assert stop(proc) == 0
+    for rid in ("cloud#0", "cloud#1"):  # each replica its own spans file (one file shared by two writers tears lines)
+        spans = [json.loads(line) for line in (logs / f"{rid}.spans.jsonl").read_text().splitlines()]
+        assert spans and {s["node"] for s in spans} == {"cloud"}  # the spans name the node, as results do
+    assert not (logs / "cloud.spans.jsonl").exists()
 
 
 def test_node_names_a_replica_and_a_replica_that_cannot_start_is_one_line(bundle_dir, tmp_path, run_cli):

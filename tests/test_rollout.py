@@ -9,6 +9,7 @@ line and a clean rollback, or a finished rollout; SIGHUP reloads a node from its
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import signal
@@ -29,7 +30,7 @@ from cis.core.stages.runner import run_chain  # noqa: E402
 from cis.runtime import protocol as P  # noqa: E402
 from cis.runtime.client import Client, ServerError  # noqa: E402
 from cis.runtime.launcher import ROLLOUT_FILE, free_port, launch  # noqa: E402
-from cis.runtime.rollout import Rollout, targets_of  # noqa: E402
+from cis.runtime.rollout import Rollout, spec_addresses, targets_of  # noqa: E402
 
 FAST = ["--forward-timeout", "2", "--heartbeat", "0.1", "--no-cap"]
 
@@ -56,8 +57,8 @@ def digits():
 class Supervised:
     """A launched cluster whose dead nodes are restarted (what ``cis serve --all`` does every 0.1 s)."""
 
-    def __init__(self, bundle, tmp_path, **kw):
-        self.spec = load_bundle(bundle).spec
+    def __init__(self, bundle, tmp_path, spec=None, **kw):
+        self.spec = spec or load_bundle(bundle).spec
         self.log_dir = tmp_path / "logs"
         kw.setdefault("extra_args", FAST)
         self.cluster = launch(bundle, self.spec, free_ports=True, log_dir=str(self.log_dir), **kw)
@@ -144,6 +145,41 @@ def test_rollout_under_load_loses_nothing_and_answers_each_request_with_its_bund
     assert s.cluster.serving() == str(Path(two).resolve())  # a node the launcher restarts now serves the new one
     status = run_cli("status", "--cluster", s.log_dir, "--json").json()
     assert {v["bundle"] for v in status["nodes"].values()} == {b2.id}
+
+
+def _with_cloud_replicas(spec, count: int, port: int | None = None):
+    """``spec`` with ``count`` replicas of its root; with ``port``, every node at a loopback address from it."""
+    nodes = [dataclasses.replace(n, replicas=count if n.parent is None else 1,
+                                 address=f"tcp://127.0.0.1:{port + 10 * i}" if port else None)
+             for i, n in enumerate(spec.nodes)]  # fmt: skip
+    return spec.replace_nodes(nodes)
+
+
+def test_the_targets_of_a_spec_are_every_replica_at_its_address(bundles):
+    spec = _with_cloud_replicas(load_bundle(bundles[0]).spec, 2, port=27600)
+    targets = targets_of(spec, spec_addresses(spec))
+    root = spec.root.id
+    assert len(targets) == len(spec.nodes) + 1
+    assert [(t.node, t.address, t.depth) for t in targets if t.node.startswith(root)] == [
+        (f"{root}#0", "tcp://127.0.0.1:27600", 0), (f"{root}#1", "tcp://127.0.0.1:27601", 0)]  # fmt: skip
+
+
+def test_rollout_brings_every_replica_of_a_node_to_the_new_bundle(bundles, served, run_cli, tmp_path):
+    from cis.core.spec import write_spec
+
+    one, two = bundles
+    spec = _with_cloud_replicas(load_bundle(one).spec, 2)
+    write_spec(spec, tmp_path / "spec.toml")
+    s = served(one, spec=spec, spec_file=str(tmp_path / "spec.toml"))
+    out = run_cli("rollout", two, "--cluster", s.log_dir, "--json")
+    assert out.code == 0, out.err
+    assert sorted(out.json()["nodes"]) == sorted(s.cluster.addresses)  # cloud#0 and cloud#1 among them
+    assert {nid: st["bundle"] for nid, st in s.statuses().items()} == dict.fromkeys(s.cluster.addresses,
+                                                                                     load_bundle(two).id)  # fmt: skip
+    end = time.monotonic() + 10  # the launcher's next look (every 0.1 s) rewrites cluster.json with the new bundle
+    while json.loads((s.log_dir / "cluster.json").read_text())["bundle"] != str(Path(two).resolve()):
+        assert time.monotonic() < end, "cluster.json still names the old bundle"
+        time.sleep(0.1)
 
 
 def _unfit(src: Path, dst: Path) -> Path:

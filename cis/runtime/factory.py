@@ -61,7 +61,7 @@ def build_node(
     threshold = fit(bundle, spec, node_id, threshold)
     bind, parent = _addresses(spec, node, index, bind, parent)
     provider, threads = options.pop("provider", None), options.pop("threads", STAGE_THREADS)
-    stages, backend = _open_stages(bundle, node, provider, threads)
+    stages, backend = _open_stages(bundle, node, provider, threads, name)
     _policy_options(bundle, spec, options)
     if node.queue_limit is not None:
         options.setdefault("queue_limit", node.queue_limit)
@@ -85,7 +85,8 @@ def build_node(
     )
     built = Node(cfg, stages)
     built.updates.loader = functools.partial(load_version, spec=spec, node_id=node_id, threshold=given,
-                                             provider=provider, threads=threads, trust=cfg.trust)  # fmt: skip
+                                             provider=provider, threads=threads, trust=cfg.trust,
+                                             name=name)  # fmt: skip
     return built
 
 
@@ -106,14 +107,16 @@ def load_version(
     provider: str | None = None,
     threads: int = STAGE_THREADS,
     trust: str | None = None,
+    name: str | None = None,
 ) -> Version:
     """The bundle at ``path`` as a :class:`Version` that node ``node_id`` of ``spec`` can hold beside its own:
     verified first (its signature by ``trust``, then every file's sha256), checked to fit the node, its stages
-    opened on the node's provider, its policy with the bundle's threshold for the node (or ``threshold``)."""
+    opened on the node's provider, its policy with the bundle's threshold for the node (or ``threshold``).
+    ``name``: the replica's id in log lines (the node id where None)."""
     bundle = load_bundle(path, trust=trust)
     node = spec.node(node_id)
     threshold = fit(bundle, spec, node_id, threshold)
-    stages, _ = _open_stages(bundle, node, provider, threads)
+    stages, _ = _open_stages(bundle, node, provider, threads, name)
     options: dict[str, Any] = {}
     _policy_options(bundle, spec, options)
     policy = ExitPolicy(options["measure"], {node_id: float(threshold)}, options.get("patience"))
@@ -174,7 +177,9 @@ def _policy_options(bundle: Bundle, spec: CisSpec, options: dict[str, Any]) -> N
         options.setdefault("patience", policy.patience)
 
 
-def _open_stages(bundle: Bundle, node: SpecNode, provider: str | None, threads: int) -> tuple[dict, Any]:
+def _open_stages(
+    bundle: Bundle, node: SpecNode, provider: str | None, threads: int, name: str | None = None
+) -> tuple[dict, Any]:
     """The node's stages 1..E_i on the provider that runs them here: ({k: stage}, the backend)."""
     from cis.core.stages.backends import node_provider, open_stages, refusal
     from cis.core.stages.runner import ProviderError
@@ -191,5 +196,6 @@ def _open_stages(bundle: Bundle, node: SpecNode, provider: str | None, threads: 
     except ProviderError as exc:
         raise refusal(node.id, exc, source) from None
     if backend.note:  # auto fell back to the CPU: said once, at start
-        event(log, logging.WARNING, "provider_fallback", f"node {node.id}: {backend.note}", node=node.id)
+        who = name or node.id  # a replica's id (cloud#1), as every log line of the process
+        event(log, logging.WARNING, "provider_fallback", f"node {who}: {backend.note}", node=who)
     return {k: BundleStage(bundle.stage(k).inputs, bundle.stage(k).outputs, r) for k, r in runners.items()}, backend

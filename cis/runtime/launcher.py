@@ -135,6 +135,7 @@ class Cluster:
     stopping: bool = False
     env: Mapping[str, str] | None = None  # the nodes' environment (None: the launcher's)
     node_prefix: dict[str, Sequence[str]] = field(default_factory=dict)  # a command before each node's (the testbed)
+    written_bundle: str = ""  # the bundle cluster.json names (rewritten when cis rollout puts another on the nodes)
 
     def command(self, node_id: str) -> list[str]:
         node = self.spec.node(split_replica_id(node_id)[0])
@@ -247,6 +248,8 @@ class Cluster:
         """Reap nodes that exited and restart those whose backoff is over; returns what happened."""
         if self.stopping:
             return []
+        if self.log_dir and str(Path(self.serving()).resolve()) != self.written_bundle:
+            self.write_state()  # cis rollout put another bundle on the nodes: cluster.json says so at once
         now = time.monotonic() if now is None else now
         events: list[tuple[str, int, str, str, dict]] = []  # node, level, event, message, fields
         for nid, proc in list(self.procs.items()):
@@ -311,8 +314,10 @@ class Cluster:
         path = Path(self.log_dir) / CLUSTER_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(self.state(), indent=2))
+        state = self.state()
+        tmp.write_text(json.dumps(state, indent=2))
         tmp.replace(path)
+        self.written_bundle = state["bundle"]
 
     def kill(self, node_id: str, sig: int = signal.SIGKILL) -> None:
         proc = self.procs.get(node_id)

@@ -195,7 +195,7 @@ class Node:
         """Open the tracer (when the node traces), bind the ROUTER, connect the DEALER to the parent."""
         cfg, ex = self.cfg, self.executor
         if ex.tracer is None:
-            ex.tracer = tracing.open_tracer(cfg.node_id, cfg.exit, cfg.spans_file, cfg.otlp_endpoint)
+            ex.tracer = tracing.open_tracer(cfg.node_id, cfg.exit, cfg.spans_file, cfg.otlp_endpoint, cfg.name)
         front = ctx.socket(zmq.ROUTER)
         front.linger = 0
         front.maxmsgsize = self.cfg.max_message_bytes  # per frame: a bigger one is never valid; ZeroMQ drops the peer

@@ -44,7 +44,8 @@ RESTART_SLACK = 1.0  # seconds two statuses' start times may differ and still co
 
 @dataclass
 class Target:
-    """One node process to update: its id in the spec, its address, its depth (the root is 0)."""
+    """One node process to update: its id (a replica's, ``cloud#1``, for a node with replicas), its address, its
+    depth (the root is 0)."""
 
     node: str
     address: str
@@ -275,12 +276,20 @@ def check_fits(bundle: Bundle, spec: CisSpec, nodes: Sequence[str]) -> None:
             raise CisError(f"{bundle.root} does not fit spec {spec.name!r}: {exc}; nothing was changed") from None
 
 
+def spec_addresses(spec: CisSpec) -> dict[str, str]:
+    """{process id: address} of every node process the spec gives an address: each replica of a node with
+    replicas (``cloud#0``, ``cloud#1``: :mod:`cis.core.replicas`), the node id alone otherwise."""
+    return {rid: a for n in spec.nodes for rid, a in zip(n.replica_ids, n.replica_addresses or ())}
+
+
 def targets_of(spec: CisSpec, addresses: dict[str, str]) -> list[Target]:
-    """Every node of ``spec`` at its address (``addresses``: from the spec or a launcher's cluster.json)."""
+    """Every node process of ``spec`` (each replica of a node with replicas) at its address (``addresses``, by
+    process id: :func:`spec_addresses`, or a launcher's cluster.json)."""
     out = []
     for n in spec.nodes:
-        address = addresses.get(n.id)
-        if address is None:
-            raise CisError(f"node {n.id!r} has no address; give the spec's addresses or --cluster LOG_DIR")
-        out.append(Target(n.id, address, spec.depth(n.id)))
+        for rid in n.replica_ids:
+            address = addresses.get(rid)
+            if address is None:
+                raise CisError(f"node {rid!r} has no address; give the spec's addresses or --cluster LOG_DIR")
+            out.append(Target(rid, address, spec.depth(n.id)))
     return out

@@ -332,8 +332,11 @@ def otlp_endpoint(flag: str | None, environ: Any = os.environ) -> str | None:
     return "" if not off and any(environ.get(k, "").strip() for k in ENV_ENDPOINTS) else None
 
 
-def open_tracer(node_id: str, exit: int, spans_file: str | None, otlp: str | None) -> Tracer | None:
-    """The node's tracer, or None when it traces nothing (``spans_file``: ``{node}`` becomes the node id;
+def open_tracer(
+    node_id: str, exit: int, spans_file: str | None, otlp: str | None, name: str | None = None
+) -> Tracer | None:
+    """The node's tracer, or None when it traces nothing (``spans_file``: ``{node}`` becomes ``name``, the
+    replica's id (cloud#1) for a node with replicas, so that each writes its own file; else the node id;
     ``otlp``: the --otlp-endpoint flag). With the flag and no 'otel' extra: one line; with only the
     variables and no extra: a warning, and no export."""
     from cis.core.extras import EXTRAS, installed, require
@@ -352,5 +355,5 @@ def open_tracer(node_id: str, exit: int, spans_file: str | None, otlp: str | Non
                   "but the 'otel' extra is not installed (pip install 'cis-inference[otel]'): no spans exported",
                   node=node_id)  # fmt: skip
     if spans_file:
-        sinks.append(SpansFile(spans_file.replace("{node}", node_id)))
+        sinks.append(SpansFile(spans_file.replace("{node}", name or node_id)))
     return Tracer(node_id, sinks, exit) if sinks else None

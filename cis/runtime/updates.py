@@ -59,12 +59,12 @@ class Updates:
             return self.start(h.path or node.cfg.bundle, msg.kind == P.RELOAD, prefix, msg.id, h.v)
         if h.bundle not in versions.held:
             held = ", ".join(versions.ids)
-            return self.refuse(prefix, msg, "bundle_mismatch", f"node {node.cfg.node_id} holds {held}, not {h.bundle}")
+            return self.refuse(prefix, msg, "bundle_mismatch", f"node {node.cfg.name} holds {held}, not {h.bundle}")
         if msg.kind == P.SWITCH:
             self.switch(h.bundle)
         elif h.bundle == versions.current.id:
             return self.refuse(
-                prefix, msg, "bad_bundle", f"bundle {h.bundle} is the one node {node.cfg.node_id} serves; switch first"
+                prefix, msg, "bad_bundle", f"bundle {h.bundle} is the one node {node.cfg.name} serves; switch first"
             )
         else:
             versions.retire(h.bundle)
@@ -85,7 +85,7 @@ class Updates:
 
     def start(self, path: str, reload: bool, prefix: Sequence[Any] = (), rid: int = 0, v: int = P.VERSION) -> None:
         """Load ``path`` in a thread (``reload``: then switch to it and retire the others); ``prefix``: who asked."""
-        nid = self.node.cfg.node_id
+        nid = self.node.cfg.name
         if self.loader is None or not path:
             text = f"node {nid} was started without a bundle folder: it cannot load one"
             return self._fail_early(prefix, rid, v, "bad_bundle", text)
@@ -101,7 +101,7 @@ class Updates:
         if prefix:
             self.node._error(prefix, rid, code, text, "other", v)
         else:  # SIGHUP: nobody to answer
-            event(log, logging.WARNING, "bundle_load_failed", text, node=self.node.cfg.node_id, path=None, why=text)
+            event(log, logging.WARNING, "bundle_load_failed", text, node=self.node.cfg.name, path=None, why=text)
 
     def _load(self, path: str) -> None:
         """The loader thread: the node's loop picks its result up in :meth:`tick`."""
@@ -122,7 +122,7 @@ class Updates:
             self._finish()
         versions = self.node.executor.versions
         for v in versions.sweep(now):
-            nid = self.node.cfg.node_id
+            nid = self.node.cfg.name
             event(log, logging.INFO, "bundle_dropped", f"node {nid}: dropped bundle {v.id} ({v.path})", node=nid,
                   bundle=v.id, path=v.path)  # fmt: skip
         self.due = math.inf if self.loading is None else now + POLL_LOADING
@@ -135,7 +135,7 @@ class Updates:
         path, reload, prefix, rid, v = self.loading
         got, self.loading, self.thread, self.loaded = self.loaded, None, None, None
         node = self.node
-        nid = node.cfg.node_id
+        nid = node.cfg.name
         problem = self._problem(got)
         if problem is not None:
             event(log, logging.WARNING, "bundle_load_failed", f"node {nid}: cannot load {path}: {problem}; "
@@ -177,7 +177,7 @@ class Updates:
         if version is not old:
             node.executor.adapt_to(version)
             node.cfg.bundle, node.cfg.bundle_sha256 = version.path, version.sha256  # what it serves (build info)
-            nid = node.cfg.node_id
+            nid = node.cfg.name
             event(log, logging.INFO, "bundle_switched", f"node {nid}: new requests go to bundle {version.id} "
                   f"(was {old.id})", node=nid, bundle=version.id, previous=old.id)  # fmt: skip
 

@@ -74,8 +74,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _tree(args: argparse.Namespace):
-    """(the spec, {node: address}): the spec from --spec, else the one the cluster serves; addresses from
-    --cluster, else the spec's."""
+    """(the spec, {process id: address}: a replica's id for a node with replicas): the spec from --spec, else the
+    one the cluster serves; addresses from --cluster, else the spec's."""
     from cis.core.bundle import load_bundle
     from cis.core.spec import load_spec
 
@@ -104,5 +104,7 @@ def _tree(args: argparse.Namespace):
             raise CisError(f"{args.cluster}: the served bundle has no spec; pass --spec")
         spec = served
     if not args.cluster:
-        addresses = {n.id: n.address for n in spec.nodes if n.address}
+        from cis.runtime.rollout import spec_addresses
+
+        addresses = spec_addresses(spec)
     return spec, addresses

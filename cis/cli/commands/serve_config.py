@@ -234,7 +234,7 @@ OPTIONS: tuple[Option, ...] = (
         "spans_file",
         "path",
         "append the node's spans (request, queue, compute, forward) to PATH, one JSON line each; {node} in PATH "
-        "becomes the node id (with --all PATH must hold {node})",
+        "becomes the node id, a replica's for a node with replicas (with --all PATH must hold {node})",
         node=True,
         metavar="PATH",
     ),  # fmt: skip

@@ -193,12 +193,12 @@ class GrpcDoor:
             port = 0
         if not port:
             raise CisError(
-                f"node {node.cfg.node_id!r}: cannot serve gRPC on {address}; pick another --grpc-port (0: a free one)"
+                f"node {node.cfg.name!r}: cannot serve gRPC on {address}; pick another --grpc-port (0: a free one)"
             )
         server.start()
         self.server = server
         self.url = door.url("grpc", host, port).removeprefix("grpc://")  # what gRPC clients take: HOST:PORT
-        door.announce("grpc", node.cfg.node_id, self.url, self.cfg, self.model.name)
+        door.announce("grpc", node.cfg.name, self.url, self.cfg, self.model.name)
 
     def _handlers(self) -> dict[str, Any]:
         handlers = {

@@ -95,7 +95,7 @@ class HttpDoor(Requests):
             self.listener = socket.create_server((host, self.cfg.port), family=family, backlog=4096)
         except OSError as exc:
             raise CisError(
-                f"node {node.cfg.node_id!r}: cannot serve HTTP on {host}:{self.cfg.port} ({exc.strerror or exc}); "
+                f"node {node.cfg.name!r}: cannot serve HTTP on {host}:{self.cfg.port} ({exc.strerror or exc}); "
                 "pick another --http-port (0: a free one) or --http-host"
             ) from None
         self.listener.setblocking(False)
@@ -103,7 +103,7 @@ class HttpDoor(Requests):
         self.max_connections = fd_room(self.cfg.max_connections)
         port = self.listener.getsockname()[1]
         self.url = door.url("https" if self.tls else "http", host, port)
-        door.announce("http", node.cfg.node_id, self.url, self.cfg, self.model.name)
+        door.announce("http", node.cfg.name, self.url, self.cfg, self.model.name)
 
     def fileno(self) -> int:
         return self.sel.fileno()
@@ -183,9 +183,9 @@ class HttpDoor(Requests):
         if held is not None:
             event(
                 log, logging.WARNING, "door_full",
-                f"node {self.node.cfg.node_id}: http front door cannot accept ({exc.strerror}); "
+                f"node {self.node.cfg.name}: http front door cannot accept ({exc.strerror}); "
                 f"{len(self.conns)} connections open",
-                node=self.node.cfg.node_id, connections=len(self.conns), held=held,
+                node=self.node.cfg.name, connections=len(self.conns), held=held,
             )  # fmt: skip
 
     def _expire(self, conn: Connection, now: float) -> None:

@@ -19,8 +19,9 @@ The graph is traced in eval mode: Python branches on ``self.training`` inside tr
 their eval branch (torch.nn layers such as Dropout and BatchNorm still follow train()/eval()).
 
 Known to cut: torchvision ResNet (``layer1`` .. ``layer4``), MobileNetV3 (``features.K``), ViT
-(``encoder.layers.encoder_layer_K``); timm ResNet and ViT (``blocks.K``). Starting weights come from a
-local file (``cis train --weights FILE``: the backbone's own state-dict names load into the stages).
+(``encoder.layers.encoder_layer_K``); timm ResNet (``layer1`` .. ``layer4``) and ViT (``blocks.K``). Starting
+weights come from a local file (``cis train --weights FILE``: the backbone's own state-dict names load into the
+stages).
 """
 
 from __future__ import annotations

@@ -206,8 +206,8 @@ def _systemd(
         for i, n in enumerate(spec.nodes)
     }
     notes = [
-        f"node {n.id!r} has replicas = {n.replicas}; a unit runs one process per node at its spec address (a "
-        "replica needs an address of its own in the spec)"
+        f"node {n.id!r} has replicas = {n.replicas}; a unit runs one process per node, at its address (the first "
+        "of 'addresses'): systemd does not start the other replicas"
         for n in spec.nodes if n.replicas > 1
     ]
     result = {"bundle": None if bundle is None else str(bundle.root.resolve()), "env_dir": options.env_dir,

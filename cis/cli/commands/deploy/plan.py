@@ -48,18 +48,21 @@ class Endpoint:
 
 
 def endpoints(spec: CisSpec, source: str) -> dict[str, Endpoint]:
-    """Every node's endpoint; a node without an address, or with one that is not ``tcp://HOST:PORT``, is one line."""
+    """Every node's endpoint: its ``address``, or the first of its ``addresses`` (each node is deployed as one
+    process or one Service: the platform makes its replicas); a node without either, or with one that is not
+    ``tcp://HOST:PORT``, is one line."""
     out = {}
     for n in spec.nodes:
         where = f"{source}: node {n.id!r}"
-        if n.address is None:
+        address = n.address or (n.addresses[0] if n.addresses else None)
+        if address is None:
             raise CisError(
                 f"{where} has no address; expected every node's address = \"tcp://HOST:PORT\" in the spec "
                 "(the port it serves on, and where its children find it)"
             )
-        host, _, port = n.address.removeprefix("tcp://").rpartition(":")
-        if not n.address.startswith("tcp://") or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise CisError(f"{where}: address {n.address!r}; expected tcp://HOST:PORT (a deployment serves over TCP)")
+        host, _, port = address.removeprefix("tcp://").rpartition(":")
+        if not address.startswith("tcp://") or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise CisError(f"{where}: address {address!r}; expected tcp://HOST:PORT (a deployment serves over TCP)")
         out[n.id] = Endpoint(host, int(port))
     return out
 

@@ -912,7 +912,20 @@ def finish(result: dict) -> dict:
         }
         result["links_order"] = {**order, "same": order["runtime"] == order["sim"]}
     result["targets_met"] = summary_met(result)
+    result.update(by_regime(result))
     return result
+
+
+def by_regime(result: dict) -> dict:
+    """Each regime's figures under its own top-level key, as issue 23 names them (``bottleneck`` is one already):
+    ``capacity`` (the bottleneck's capacity search), ``links`` and ``partition`` (per carry format of the testbed)."""
+    bn, tb = result.get("bottleneck", {}), result.get("testbed", {})
+    out = {"capacity": bn["capacity"]} if "capacity" in bn else {}
+    for regime in ("links", "partition"):
+        per_carry = {carry: v[regime] for carry, v in tb.items() if isinstance(v, dict) and regime in v}
+        if per_carry:
+            out[regime] = per_carry
+    return out
 
 
 def merged(old: dict, new: dict) -> dict:

@@ -190,3 +190,31 @@ def test_every_lets_one_through_per_period_and_counts_the_rest():
     every = logs.Every(10.0)
     assert every.due(0.0) == 0 and every.due(1.0) is None and every.due(2.0) is None
     assert every.due(10.0) == 2 and every.due(11.0) is None
+
+
+def test_the_log_flags_parse_after_every_command_and_subcommand():
+    """Issue 24: ``--log-level`` and ``--log-format`` on every command, after it too (``cis spec new --log-level``)."""
+    import argparse
+
+    from cis.cli.main import build_parser
+
+    parser = build_parser()
+
+    def commands(p: argparse.ArgumentParser, path: tuple[str, ...] = ()):
+        subs = [a for a in p._actions if isinstance(a, argparse._SubParsersAction)]
+        if path and not subs:
+            yield path
+        for action in subs:
+            for name, child in action.choices.items():
+                yield from commands(child, (*path, name))
+
+    every = list(commands(parser))
+    assert ("spec", "new") in every and ("serve",) in every
+    for path in every:
+        child = parser
+        for name in path:
+            child = next(a for a in child._actions if isinstance(a, argparse._SubParsersAction)).choices[name]
+        flags = {f for a in child._actions for f in a.option_strings}
+        assert {"--log-level", "--log-format"} <= flags, path
+    args = parser.parse_args(["--log-level", "info", "spec", "new", "--log-level", "DEBUG", "-o", "x.toml"])
+    assert args.log_level == "debug"

@@ -60,3 +60,17 @@ def test_twin_spans_update_keeps_the_other_cases_with_the_run_that_made_them():
     assert out["cases"]["colocated"]["points"] == [2]
     assert out["cases"]["loopback"]["run"]["command"] == "a"
     assert runs_text(out).startswith("loopback: `a`") and "colocated: `b`" in runs_text(out)
+
+
+def test_twin_hard_json_has_each_regime_of_issue_23_at_the_top():
+    """Issue 23: twin_hard.json holds, per regime (bottleneck, links, partition, capacity), the measured and
+    simulated figures; finish() writes each under its own key."""
+    from bench.twin_hard import finish
+
+    result = json.loads((REPO / "bench" / "results" / "twin_hard.json").read_text())
+    for regime in ("bottleneck", "links", "partition", "capacity"):
+        assert regime in result and regime in result["targets_met"], regime
+    assert result["capacity"] == result["bottleneck"]["capacity"]
+    assert result["links"]["fp32"] == result["testbed"]["fp32"]["links"]
+    again = finish({k: v for k, v in result.items() if k not in ("links", "partition", "capacity")})
+    assert again["partition"] == result["partition"]

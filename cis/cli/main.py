@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     for name in COMMANDS:
         importlib.import_module(f"cis.cli.commands.{name}").add_parser(sub)
-        _log_options(sub.choices[name], argparse.SUPPRESS)  # after the command too: it wins over the one before
+        _log_options(sub.choices[name], argparse.SUPPRESS, nested=True)  # after the command too: it wins
     return parser
 
 
@@ -82,9 +82,14 @@ LOG_OPTIONS = (  # flag, choices, help
 )
 
 
-def _log_options(parser: argparse.ArgumentParser, default: str | None) -> None:
+def _log_options(parser: argparse.ArgumentParser, default: str | None, nested: bool = False) -> None:
+    """The log flags on ``parser``; ``nested``: on its subcommands' parsers too (``cis spec new --log-level``)."""
     for flag, choices, text in LOG_OPTIONS:
         parser.add_argument(flag, type=str.lower, choices=choices, default=default, help=text)
+    subcommands = (a for a in parser._actions if isinstance(a, argparse._SubParsersAction)) if nested else ()
+    for action in subcommands:
+        for child in set(action.choices.values()):  # an alias maps to the same parser
+            _log_options(child, default, nested=True)
 
 
 def print_result(args: argparse.Namespace, result: Any, human: str) -> None:

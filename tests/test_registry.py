@@ -45,3 +45,15 @@ def test_the_torch_code_knows_every_choice_the_registry_offers():
 
     assert set(LAYOUTS) == set(registry.NESTED_LAYOUTS)
     assert registry.OPTIONS["layout"].choices == registry.NESTED_LAYOUTS
+
+
+def test_flame_aggregation_takes_the_papers_names_and_the_old_one():
+    """Issue 7 names FLAME's variants FedAvg, patience-conscious, exit-conscious, exit-based."""
+    from cis.training.methods.registry import OPTIONS, resolve_options
+
+    option = OPTIONS["flame_aggregation"]
+    assert option.choices == ("fedavg", "patience-conscious", "exit-conscious", "exit-based")
+    assert option.coerce("patience-conscious") == option.coerce("patience") == "patience-conscious"
+    assert resolve_options("flame", {"flame_aggregation": "patience"})["flame_aggregation"] == "patience-conscious"
+    with pytest.raises(ValueError):
+        option.coerce("patient")

@@ -38,7 +38,7 @@ from cis.training.data.loading import image_family
 from cis.training.federated import MethodSetup
 from cis.training.local import Client, ExitSGDTrainer
 from cis.training.methods import baselines as bl
-from cis.training.methods.registry import EARLY_EXIT_METHODS, FLAME_AGGREGATIONS, FLAME_SETTING_A
+from cis.training.methods.registry import EARLY_EXIT_METHODS, FLAME_AGGREGATIONS, FLAME_ALIASES, FLAME_SETTING_A
 from cis.training.methods.vit import ViTEE
 from cis.training.models.cnns import default_model_config
 from cis.training.models.contract import EarlyExitNet
@@ -151,7 +151,7 @@ def build_method(
 
 def _flame(model: EarlyExitNet, clients: list[Client], sgd: dict[str, Any], options: Mapping[str, Any],
            participation: float) -> tuple[bl.BudgetChooser, Any, MaskedAggregator]:
-    rule = options["flame_aggregation"]
+    rule = dict(FLAME_ALIASES).get(options["flame_aggregation"], options["flame_aggregation"])
     if rule not in FLAME_AGGREGATIONS:
         raise ValueError(f"FLAME aggregation {rule!r}: expected one of {FLAME_AGGREGATIONS}")
     p = list(options["patience"] or FLAME_SETTING_A)
@@ -164,7 +164,7 @@ def _flame(model: EarlyExitNet, clients: list[Client], sgd: dict[str, Any], opti
     )
     terms = {  # FLAME's rules; weights Lambda~ do not apply
         "fedavg": lambda c, e, size: fedavg_term(size),
-        "patience": lambda c, e, size: patience_term(patience[c.id]),
+        "patience-conscious": lambda c, e, size: patience_term(patience[c.id]),
         "exit-conscious": lambda c, e, size: exit_conscious_term(trainer.last_avg_exit[c.id]),
         "exit-based": lambda c, e, size: exit_based_term(trainer.last_avg_exit[c.id]),
     }

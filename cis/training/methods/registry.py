@@ -61,7 +61,8 @@ VIT_ARCHS = ("vit", "cnn")
 FLAME_GROUPINGS = ("exit", "full", "random", "binary", "distant", "close")
 FLAME_GROUP_STEPS = ("share", "mean")
 FLAME_OPTIMIZERS = ("sgd", "adamw")
-FLAME_AGGREGATIONS = ("fedavg", "patience", "exit-conscious", "exit-based")
+FLAME_AGGREGATIONS = ("fedavg", "patience-conscious", "exit-conscious", "exit-based")  # the paper's names
+FLAME_ALIASES = (("patience", "patience-conscious"),)  # the name runs recorded before (still read)
 FLAME_SETTING_A = (2, 2, 3, 3, 4, 4, 5, 5, 6, 6)  # training patience per client, cycled (the paper's Setting A)
 FLAME_EVAL_PATIENCE = 4  # the paper's p_ev at inference
 KD_RAMP_ROUNDS = 300  # the notes: R = 300 of the paper's 1k rounds
@@ -83,6 +84,7 @@ class Option:
     help: str
     choices: tuple[str, ...] = ()
     optional: bool = False  # None (written "none") is a valid value
+    aliases: tuple[tuple[str, str], ...] = ()  # (another name, the choice it stands for)
 
     def expected(self) -> str:
         if self.choices:
@@ -99,6 +101,7 @@ class Option:
         if self.optional and (value is None or (isinstance(value, str) and value.strip().lower() == "none")):
             return None
         text = value.strip() if isinstance(value, str) else None
+        text = dict(self.aliases).get(text, text) if text is not None else None
         got = _COERCE[self.kind](value, text, self.choices)
         if got is _NOT:
             raise ValueError(value)
@@ -226,7 +229,8 @@ OPTIONS: dict[str, Option] = {
             "the config's lr and weight decay)",
             FLAME_OPTIMIZERS,
         ),
-        Option("flame_aggregation", "str", ("flame",), "fedavg", "FLAME aggregation rule", FLAME_AGGREGATIONS),
+        Option("flame_aggregation", "str", ("flame",), "fedavg", "FLAME aggregation rule", FLAME_AGGREGATIONS,
+               aliases=FLAME_ALIASES),
         # nested methods (NestedNet)
         Option(
             "layout",

@@ -80,12 +80,26 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def _check_numbers(args: argparse.Namespace) -> None:
+    """One line for a number that cannot work (a --window of 0 would wait forever, a --rate of 0 divide by 0)."""
+    counts = (("--window", args.window, "requests in flight per node"), ("--batch-size", args.batch_size,
+              "samples per request"), ("--n", 1 if args.n is None else args.n, "samples"))  # fmt: skip
+    for flag, value, what in counts:
+        if value < 1:
+            raise CisError(f"{flag} is {value}; expected {what} >= 1")
+    if args.rate is not None and not args.rate > 0:
+        raise CisError(f"--rate is {args.rate:g}; expected requests per second > 0 (none: as fast as --window allows)")
+    if not args.timeout > 0:
+        raise CisError(f"--timeout is {args.timeout:g}; expected seconds > 0")
+    if args.retry_after <= 0 and not args.no_retry:
+        raise CisError(f"--retry-after is {args.retry_after:g}; expected seconds > 0 (or --no-retry)")
+
+
 def run(args: argparse.Namespace) -> int:
     from cis.runtime.result_summary import summarize
 
     _traceparent(args)
-    if args.retry_after <= 0 and not args.no_retry:
-        raise CisError(f"--retry-after is {args.retry_after:g}; expected seconds > 0 (or --no-retry)")
+    _check_numbers(args)
     data = read_dataset(args)
     x, y = data.x, data.y
     if args.n is not None:

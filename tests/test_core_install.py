@@ -2,7 +2,7 @@
 
 Each command runs as ``python -m cis.cli.main ...`` in a fresh process (and ``cis serve --all``
 starts its node processes) with a ``sitecustomize`` on PYTHONPATH that makes the
-optional packages unimportable, as on a ``pip install cis`` tier, and logs every
+optional packages unimportable, as on a ``pip install cis-inference`` tier, and logs every
 attempt to import one. The core commands must succeed and never even try torch,
 scikit-learn, onnx or pillow (the torch-free registries of the training package,
 which name the CLI's choices, are part of every install); the commands that need

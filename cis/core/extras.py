@@ -1,6 +1,6 @@
 """The optional parts of cis (pip extras) and the one line a command prints when one is missing.
 
-The core install (``pip install cis``: numpy, pyzmq, msgpack, msgspec, cryptography, simpy,
+The core install (``pip install cis-inference``: numpy, pyzmq, msgpack, msgspec, cryptography, simpy,
 tomli-w, tqdm, prometheus-client) runs ``cis spec``, ``rates``, ``inspect``, ``status``,
 ``keys``, ``simulate``, ``report`` and ``infer`` on arrays or image folders; ``serve`` (with
 ``--metrics-port``) needs one onnxruntime besides: the ``cpu`` extra (onnxruntime) or the

@@ -91,7 +91,7 @@ class Node:
         self.started = time.time()
         self.seen_empty = time.monotonic()  # when the node last found its ROUTER empty
         self.front: zmq.Socket | None = None
-        self.poll_items: list[tuple[zmq.Socket, int]] = []
+        self.poll_items: list[tuple[Any, int]] = []  # (a socket or a door's descriptor, events)
         self.busy = True  # something may have arrived since the ROUTER was last found empty
         self.status_asked: list[tuple[list[bytes], int, int]] = []  # answered at the end of the drain
         self.observe_latency: Callable[[float], None] | None = None  # each result's latency (metrics_http)
@@ -296,7 +296,7 @@ class Node:
                 self.counters["undeliverable"] += 1
             return False
 
-    def _error(self, prefix: Any, req_id: int, code: str, message: str, kind: str | None, v: int = P.VERSION) -> None:
+    def refuse(self, prefix: Any, req_id: int, code: str, message: str, kind: str | None, v: int = P.VERSION) -> None:
         self.counters["errors"] += 1
         self.errors_by_code[code] += 1
         self.outcomes[(kind if kind in (P.INFER, P.FORWARD) else "other", code)] += 1
@@ -320,7 +320,7 @@ class Node:
                 body, self.cfg.max_message_bytes, total - len(prefix[0]), count - len(prefix), P.REQUEST_KINDS
             )
         except P.ProtocolError as exc:
-            return self._error(prefix, exc.req_id, exc.code, exc.message, exc.kind, exc.version)
+            return self.refuse(prefix, exc.req_id, exc.code, exc.message, exc.kind, exc.version)
         kind = msg.kind
         if kind == P.PING:
             self._send(self.front, P.encode(P.PONG, msg.id, v=msg.head.v, node=self.cfg.node_id), prefix)
@@ -340,11 +340,11 @@ class Node:
             return
         if self.stopping:
             self.seen.answered(prefix, msg.id)
-            return self._error(prefix, msg.id, "shutting_down", f"node {self.cfg.node_id} is stopping", kind, v)
+            return self.refuse(prefix, msg.id, "shutting_down", f"node {self.cfg.node_id} is stopping", kind, v)
         refused = self.executor.admit(prefix, msg, self.seen_empty)
         if refused is not None:
             self.seen.answered(prefix, msg.id)
-            self._error(prefix, msg.id, *refused, kind, v)
+            self.refuse(prefix, msg.id, *refused, kind, v)
             if refused[0] == "overloaded":
                 self.overload.refused(time.monotonic(), self.executor.queued, self.cfg.queue_limit)
                 self.next_timer = min(self.next_timer, self.overload.due)
@@ -394,7 +394,7 @@ class Node:
 
     def error(self, req: Request, code: str, message: str) -> None:
         self.seen.answered(req.prefix, req.req_id)
-        self._error(req.prefix, req.req_id, code, message, P.FORWARD if req.forward else P.INFER, req.v)
+        self.refuse(req.prefix, req.req_id, code, message, P.FORWARD if req.forward else P.INFER, req.v)
         if req.trace is not None:
             tracing.finish(self.executor.tracer, req, code)
 

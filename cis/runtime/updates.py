@@ -77,7 +77,7 @@ class Updates:
         self.node.next_timer = min(self.node.next_timer, when)
 
     def refuse(self, prefix: Sequence[Any], msg: P.Message, code: str, text: str) -> None:
-        self.node._error(prefix, msg.id, code, text, msg.kind, msg.head.v)
+        self.node.refuse(prefix, msg.id, code, text, msg.kind, msg.head.v)
 
     def answer(self, prefix: Sequence[Any], rid: int, v: int) -> None:
         node = self.node
@@ -99,7 +99,7 @@ class Updates:
 
     def _fail_early(self, prefix: Sequence[Any], rid: int, v: int, code: str, text: str) -> None:
         if prefix:
-            self.node._error(prefix, rid, code, text, "other", v)
+            self.node.refuse(prefix, rid, code, text, "other", v)
         else:  # SIGHUP: nobody to answer
             event(log, logging.WARNING, "bundle_load_failed", text, node=self.node.cfg.name, path=None, why=text)
 

@@ -26,8 +26,9 @@ import math
 import re
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import zmq
@@ -36,6 +37,9 @@ from cis.core.logs import event
 from cis.runtime import protocol as P
 from cis.runtime.oip.codec import VERSION, InferRequest
 from cis.runtime.requests import Request
+
+if TYPE_CHECKING:
+    from cis.runtime.node_config import NodeConfig
 
 log = logging.getLogger("cis.runtime.node")
 LOOPBACK = "127.0.0.1"
@@ -190,7 +194,7 @@ class Door(Protocol):
     def connections(self) -> int:
         """Open connections (HTTP) or calls in progress (gRPC)."""
 
-    def open(self, node: Any) -> None:
+    def open(self, node: DoorNode) -> None:
         """Bind and start; ``node`` is the cis.runtime.node.Node whose loop polls :meth:`fileno`."""
 
     def fileno(self) -> int: ...
@@ -206,6 +210,27 @@ class Door(Protocol):
     def error(self, ticket: Ticket, code: str, message: str) -> None: ...
 
     def close(self) -> None: ...
+
+
+class DoorNode(Protocol):
+    """What the front doors use of their node (:class:`cis.runtime.node.Node`, which imports this module, so
+    the doors name it by this protocol): its settings and counters, its executor (queue depth, timings), the
+    node's own path for a decoded request (``admit``) and for one it refuses, and the poll loop's bookkeeping."""
+
+    cfg: NodeConfig
+    counters: collections.Counter
+    outcomes: collections.Counter
+    executor: Any  # cis.runtime.executor.Executor (its queue, timings); named here it would close an import circle
+    stopping: bool
+    doors: list[Door]
+    door_fds: dict[int, Door]
+    poll_items: list[tuple[Any, int]]
+    door_due: float
+    observe_latency: Callable[[float], None] | None
+
+    def admit(self, prefix: Any, msg: P.Message) -> None: ...
+
+    def refuse(self, prefix: Any, req_id: int, code: str, message: str, kind: str | None, v: int = ...) -> None: ...
 
 
 def result_arrays(req: Request) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -230,19 +255,19 @@ def message(request: InferRequest) -> P.Message:
     return P.Message(head, tensors=request.tensors)
 
 
-def submit(node: Any, ticket: Ticket) -> None:
+def submit(node: DoorNode, ticket: Ticket) -> None:
     """Hand a decoded request to the node's normal path (:meth:`cis.runtime.node.Node.admit`)."""
     assert ticket.request is not None
     node.admit(ticket, message(ticket.request))
 
 
-def refuse(node: Any, ticket: Ticket, code: str, text: str) -> None:
+def refuse(node: DoorNode, ticket: Ticket, code: str, text: str) -> None:
     """A request the door could not decode: counted by the node as an ``infer`` with that outcome, answered
     through the ticket (as the node answers a ZeroMQ request it cannot decode)."""
-    node._error(ticket, 0, code, text, P.INFER)
+    node.refuse(ticket, 0, code, text, P.INFER)
 
 
-def open_doors(node: Any) -> None:
+def open_doors(node: DoorNode) -> None:
     """Bind each of a node's doors and add its descriptor to the node's poll items (Node.open)."""
     for door in node.doors:
         door.open(node)

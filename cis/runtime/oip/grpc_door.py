@@ -35,7 +35,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from cis.core.errors import CisError
 from cis.runtime.oip import codec, door, triton
 from cis.runtime.oip import grpc_messages as pb
-from cis.runtime.oip.door import Budget, DoorConfig, Ticket
+from cis.runtime.oip.door import Budget, DoorConfig, DoorNode, Ticket
 from cis.runtime.requests import Request
 
 WORKERS = 64  # handler threads: RPCs waiting for the node at once
@@ -134,7 +134,7 @@ class GrpcDoor:
 
     def __init__(self, model: codec.Model, cfg: DoorConfig, budget: Budget | None = None, workers: int = WORKERS):
         self.model, self.cfg, self.workers = model, cfg, workers
-        self.node: Any = None
+        self.node: DoorNode  # its node, from open()
         self.server: Any = None
         self.url = ""
         self.token = cfg.token.encode() if cfg.token else None
@@ -169,7 +169,7 @@ class GrpcDoor:
 
     # ------------------------------------------------------------ the node's side (door.Door)
 
-    def open(self, node: Any) -> None:
+    def open(self, node: DoorNode) -> None:
         self.node = node
         host = self.cfg.bind_host
         options = [("grpc.max_receive_message_length", self.cfg.max_body), ("grpc.so_reuseport", 0)]

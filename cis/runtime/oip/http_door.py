@@ -37,14 +37,13 @@ import selectors
 import socket
 import ssl
 import time
-from typing import Any
 
 import httptools
 
 from cis.core.errors import CisError
 from cis.core.logs import Every, event
 from cis.runtime.oip import codec, door
-from cis.runtime.oip.door import Budget, DoorConfig
+from cis.runtime.oip.door import Budget, DoorConfig, DoorNode
 from cis.runtime.oip.http_connection import READ, READ_WRITE, Connection, Refused, fd_room
 from cis.runtime.oip.http_requests import Requests
 
@@ -61,7 +60,7 @@ class HttpDoor(Requests):
 
     def __init__(self, model: codec.Model, cfg: DoorConfig, budget: Budget | None = None) -> None:
         self.model, self.cfg = model, cfg
-        self.node: Any = None
+        self.node: DoorNode  # its node, from open()
         self.tls: ssl.SSLContext | None = None
         if cfg.cert:
             self.tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
@@ -87,7 +86,7 @@ class HttpDoor(Requests):
 
     # ------------------------------------------------------------ the node's side (door.Door)
 
-    def open(self, node: Any) -> None:
+    def open(self, node: DoorNode) -> None:
         self.node = node
         host = self.cfg.bind_host
         try:

@@ -374,7 +374,7 @@ def test_a_tls_handshake_that_never_finishes_is_closed(bundle_dir, tmp_path, dig
         (b'{"id": "u8", "inputs": [{"name": "input", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": ["\xff"]}]}',
          b"", "bad_tensor", "list of FP32", "u8"),
         (b'{"id": "deep", "inputs": [{"name": "input", "shape": [1, 1, 8, 8], "datatype": "FP32", "data": '
-         + b"[" * 10_000 + b"]" * 10_000 + b"}]}", b"", "bad_message", "nested too deeply", None),
+         + b"[" * 10_000 + b"]" * 10_000 + b"}]}", b"", "bad_message", "nested too deeply", "deep"),
         (b"{}", b"Inference-Header-Content-Length: " + b"9" * 5000 + b"\r\n", "bad_message",
          "Inference-Header-Content-Length", None),
         (b'{"id": "\xff\xfe", "inputs": []}', b"", "bad_message", "not UTF-8", None),

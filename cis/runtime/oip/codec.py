@@ -23,6 +23,7 @@ status (:data:`GRPC_STATUS`). See docs/runtime.md, *Open Inference Protocol*.
 
 from __future__ import annotations
 
+import re
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -172,11 +173,17 @@ encode = msgspec.json.Encoder().encode
 
 
 def _id_of(head: bytes | memoryview) -> str | None:
-    """The ``id`` of a request that could not be decoded whole, when it can be read alone."""
+    """The ``id`` of a request that could not be decoded whole, when it can be read alone: by the decoder, or,
+    where what follows it breaks even that (nested too deeply), as the body's first key, a plain string."""
     try:
         return _DECODE_ID.decode(head).id
     except (msgspec.ValidationError, *BROKEN):
-        return None
+        found = _LEADING_ID.match(bytes(head[:_LEADING_ID_BYTES]))
+        return found.group(1).decode() if found else None
+
+
+_LEADING_ID_BYTES = 512
+_LEADING_ID = re.compile(rb'\s*\{\s*"id"\s*:\s*"([ !#-\[\]-~]{0,256})"')  # printable ASCII but " and \
 
 
 def _broken(exc: Exception, head: bytes | memoryview) -> str:

@@ -37,9 +37,10 @@ def require_tensorrt():
     """The ``tensorrt`` module, when it, cuda-python and a CUDA GPU are present."""
     problem = runtime_missing()
     if problem:
+        advice = "" if "pip install" in problem else "; install the optional extra 'cis-inference[tensorrt]'"
         raise TensorRTError(
-            f"--trt needs TensorRT, cuda-python and an NVIDIA GPU, and here {problem}; install the optional extra "
-            "'cis-inference[tensorrt]' on a machine with an NVIDIA GPU, or export without --trt"
+            f"--trt needs TensorRT, cuda-python and an NVIDIA GPU, and here {problem}{advice} (on a machine with an "
+            "NVIDIA GPU), or export without --trt"
         )
     import tensorrt as trt
 

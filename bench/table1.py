@@ -353,11 +353,14 @@ def write_report(stem: str, result: dict, settings: list[str], title: str, note:
     if result.get("sgd_steps"):
         lines += ["", "SGD steps per run (mean over the run files that record them):\n"]
         lines += steps_rows(result["sgd_steps"], settings)
+    if plot(stem, result, settings):
+        lines += ["", f"![CIS accuracy per serving setting and strategy, mean and sd over the seeds]({stem}.png)"]
     (RESULTS / f"{stem}.md").write_text("\n".join(lines) + "\n" + result.get("findings", ""))
-    plot(stem, result, settings)
 
 
-def plot(stem: str, result: dict, settings: list[str]) -> None:
+def plot(stem: str, result: dict, settings: list[str]) -> bool:
+    """``RESULTS/stem.png``: bars of each strategy's mean per setting with the sd as error bars; False where
+    nothing is drawn (no matplotlib, no finished run)."""
     try:
         import matplotlib
 
@@ -365,10 +368,10 @@ def plot(stem: str, result: dict, settings: list[str]) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         print("matplotlib not installed: no plot", file=sys.stderr)
-        return
+        return False
     algorithms = list(result["summary"])
     if not algorithms:  # no run finished yet (a --large campaign's first minutes): nothing to draw
-        return
+        return False
     fig, axes = plt.subplots(1, len(algorithms), figsize=(7 * len(algorithms), 4), squeeze=False)
     for ax, algorithm in zip(axes[0], algorithms):
         s = result["summary"][algorithm]
@@ -387,6 +390,8 @@ def plot(stem: str, result: dict, settings: list[str]) -> None:
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(RESULTS / f"{stem}.png", dpi=120)
+    plt.close(fig)
+    return True
 
 
 def devices(out: Path) -> list[str]:

@@ -321,11 +321,46 @@ def report(out: Path, stem: str, names: list[str]) -> dict:
             f"Variant chosen on the validation split (seed {v['seed']}, a seed outside the table): **{v['chosen']}** "
             f"({', '.join(f'{n} {x:.1f}' for n, x in v['val_cis_accuracy'].items())}).",
         ]
+    if plot(stem, result):
+        lines += ["", f"![CIS accuracy per run, mean and sd over the seeds, the paper's value marked]({stem}.png)"]
     findings = RESULTS / f"{stem}_findings.md"
     (RESULTS / f"{stem}.md").write_text(
         "\n".join(lines) + "\n\n" + (findings.read_text() if findings.is_file() else "")
     )
     return result
+
+
+def plot(stem: str, result: dict) -> bool:
+    """``RESULTS/stem.png``: each algorithm's runs as bars of the mean CIS accuracy with the sd over the seeds as
+    error bars, the paper's value as a marker where it has one; False without matplotlib or runs."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib not installed: no plot", file=sys.stderr)
+        return False
+    parts = {a: s for a, s in result["summary"].items() if s}
+    if not parts:
+        return False
+    fig, axes = plt.subplots(1, len(parts), figsize=(6 * len(parts), 0.5 * max(map(len, parts.values())) + 1.5),
+                             squeeze=False)  # fmt: skip
+    for ax, (algorithm, rows) in zip(axes[0], parts.items()):
+        names = list(rows)[::-1]  # the table's first row on top
+        ys = range(len(names))
+        ax.barh(ys, [rows[n]["mean"] for n in names], xerr=[rows[n]["sd"] for n in names], capsize=3)
+        paper = [(y, result["paper"][n]) for y, n in zip(ys, names) if n in result["paper"]]
+        if paper:
+            ax.plot([v for _, v in paper], [y for y, _ in paper], "k*", label="paper")
+            ax.legend(fontsize=8)
+        ax.set_yticks(list(ys), names, fontsize=8)
+        ax.set_title(f"algorithm: {algorithm}")
+        ax.set_xlabel("CIS accuracy (%), mean ± sd over the seeds")
+    fig.tight_layout()
+    fig.savefig(RESULTS / f"{stem}.png", dpi=120)
+    plt.close(fig)
+    return True
 
 
 def diagnostics_val_choice(diag: dict) -> dict | None:

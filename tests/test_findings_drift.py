@@ -328,3 +328,17 @@ def test_a_planted_wrong_marked_figure_fails(tmp_path):
     doc.write_text("<!--weighting no_such_figure-->1<!--/weighting-->")
     with pytest.raises(SystemExit, match="no_such_figure"):
         doc_marks.fill("weighting", want, (doc,))
+
+
+@pytest.mark.parametrize("findings", sorted(RESULTS.glob("*_findings.md")), ids=lambda p: p.name)
+def test_each_report_carries_its_findings_file_as_it_is_now(findings):
+    """A report (NAME.md, and NAME.json's ``findings`` where it keeps one) embeds NAME_findings.md when the report
+    is written; a findings file corrected later must be written into its report again (``python -m bench.NAME
+    --report``), or the report keeps the old words (table1.md and budget_curve.md did, after issue 44's
+    corrections)."""
+    text = findings.read_text().strip()
+    stem = findings.name.removesuffix("_findings.md")
+    assert text in (RESULTS / f"{stem}.md").read_text(), f"{stem}.md: rerun python -m bench.{stem} --report"
+    data = json.loads((RESULTS / f"{stem}.json").read_text())
+    if "findings" in data:
+        assert data["findings"].strip() == text, f"{stem}.json: rerun python -m bench.{stem} --report"

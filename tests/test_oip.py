@@ -231,9 +231,10 @@ def test_a_repeated_output_and_data_beside_binary_data_size_are_refused():
     "body, words, req_id",
     [
         (b'{"id": "a", "inputs": 3}', "Expected `array`", "a"),  # valid JSON: the id is read alone
-        (b'{"id": "b", "inputs": [', "not valid JSON", None),
+        (b'{"id": "b", "inputs": [', "not valid JSON", "b"),  # truncated after the id: the id is its first key
         (b'{"id": "c", "inputs": [{"name": "input", "data": ' + b"[" * 5000 + b"]" * 5000 + b"}]}",
-         "nested too deeply", None),
+         "nested too deeply", "c"),
+        (b'{"inputs": [], "id": "d", "x": [', "not valid JSON", None),  # a broken body whose id is not first
         (b'{"id": "\xff"}', "not UTF-8", None),
     ],
 )  # fmt: skip

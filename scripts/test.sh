@@ -24,6 +24,6 @@ mypy_pid=$!
 # start once), in the collection order (xdist would put the files with the most tests first), where the longest files
 # and those with a slow test come first (tests/conftest.py). CIS_TEST_WORKERS=0: one process.
 tests=0
-.venv/bin/python -m pytest -rfEs -n "${CIS_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder "$@" || tests=$?
+.venv/bin/python -m pytest -rfEs --durations=25 -n "${CIS_TEST_WORKERS:-3}" --dist loadfile --no-loadscope-reorder "$@" || tests=$?
 wait "$mypy_pid" || { cat .venv/mypy.log; echo "mypy: type errors (above)"; exit 1; }
 exit "$tests"

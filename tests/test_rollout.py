@@ -112,10 +112,16 @@ def _load(cluster, x, n, rate, results, logits=True):
     return threads
 
 
-def test_rollout_under_load_loses_nothing_and_answers_each_request_with_its_bundle(bundles, digits, served, run_cli):
+def test_rollout_under_load_loses_nothing_and_answers_each_request_with_its_bundle(bundles, digits, served, run_cli,
+                                                                                  tmp_path):  # fmt: skip
+    """With two cloud replicas, each updated (a rollout targets every process; cluster.json follows)."""
+    from cis.core.spec import write_spec
+
     one, two = bundles
     b1, b2 = load_bundle(one), load_bundle(two)
-    s = served(one)
+    spec = _with_cloud_replicas(b1.spec, 2)
+    write_spec(spec, tmp_path / "spec.toml")
+    s = served(one, spec=spec, spec_file=str(tmp_path / "spec.toml"))
     results: dict = {}
     threads = _load(s.cluster, digits, 240, 40.0, results)  # 4 leaves x 40 req/s for 6 s
     time.sleep(2.0)
@@ -125,6 +131,7 @@ def test_rollout_under_load_loses_nothing_and_answers_each_request_with_its_bund
     assert out.code == 0, out.err
     report = out.json()
     assert report["outcome"] == "done" and report["bundle"] == b2.id and set(report["previous"].values()) == {b1.id}
+    assert sorted(report["nodes"]) == sorted(s.cluster.addresses)  # cloud#0 and cloud#1 among them
     offline = {b.id: run_chain(b, digits) for b in (b1, b2)}  # per exit (N, C) logits of each bundle
     seen = {b1.id: 0, b2.id: 0}
     for nid, rs in results.items():
@@ -144,7 +151,11 @@ def test_rollout_under_load_loses_nothing_and_answers_each_request_with_its_bund
     assert json.loads((s.log_dir / ROLLOUT_FILE).read_text())["id"] == b2.id
     assert s.cluster.serving() == str(Path(two).resolve())  # a node the launcher restarts now serves the new one
     status = run_cli("status", "--cluster", s.log_dir, "--json").json()
-    assert {v["bundle"] for v in status["nodes"].values()} == {b2.id}
+    assert {v["bundle"] for v in status["nodes"].values()} == {b2.id} and "cloud#1" in status["nodes"]
+    end = time.monotonic() + 10  # the launcher's next look (every 0.1 s) rewrites cluster.json with the new bundle
+    while json.loads((s.log_dir / "cluster.json").read_text())["bundle"] != str(Path(two).resolve()):
+        assert time.monotonic() < end, "cluster.json still names the old bundle"
+        time.sleep(0.1)
 
 
 def _with_cloud_replicas(spec, count: int, port: int | None = None):
@@ -162,24 +173,6 @@ def test_the_targets_of_a_spec_are_every_replica_at_its_address(bundles):
     assert len(targets) == len(spec.nodes) + 1
     assert [(t.node, t.address, t.depth) for t in targets if t.node.startswith(root)] == [
         (f"{root}#0", "tcp://127.0.0.1:27600", 0), (f"{root}#1", "tcp://127.0.0.1:27601", 0)]  # fmt: skip
-
-
-def test_rollout_brings_every_replica_of_a_node_to_the_new_bundle(bundles, served, run_cli, tmp_path):
-    from cis.core.spec import write_spec
-
-    one, two = bundles
-    spec = _with_cloud_replicas(load_bundle(one).spec, 2)
-    write_spec(spec, tmp_path / "spec.toml")
-    s = served(one, spec=spec, spec_file=str(tmp_path / "spec.toml"))
-    out = run_cli("rollout", two, "--cluster", s.log_dir, "--json")
-    assert out.code == 0, out.err
-    assert sorted(out.json()["nodes"]) == sorted(s.cluster.addresses)  # cloud#0 and cloud#1 among them
-    assert {nid: st["bundle"] for nid, st in s.statuses().items()} == dict.fromkeys(s.cluster.addresses,
-                                                                                     load_bundle(two).id)  # fmt: skip
-    end = time.monotonic() + 10  # the launcher's next look (every 0.1 s) rewrites cluster.json with the new bundle
-    while json.loads((s.log_dir / "cluster.json").read_text())["bundle"] != str(Path(two).resolve()):
-        assert time.monotonic() < end, "cluster.json still names the old bundle"
-        time.sleep(0.1)
 
 
 def _unfit(src: Path, dst: Path) -> Path:

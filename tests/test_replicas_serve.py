@@ -5,6 +5,7 @@ puts each replica on its own host, with a shaped link from each child to each re
 
 from __future__ import annotations
 
+import csv
 import dataclasses
 import json
 import time
@@ -70,6 +71,15 @@ def test_serve_all_starts_every_replica_and_status_shows_each(bundle_dir, tmp_pa
         by_spec = run_cli("status", "--spec", str(spec))
         assert by_spec.code == 0 and "cloud#1" in by_spec.out and "parents up 2/2" in by_spec.out
         assert (logs / "cloud#1.log").is_file()
+        np.savez(tmp_path / "x.npz", x=x[:6])  # --out names each sample's entry: one node's replicas only
+        both = f"{nodes['cloud#0']['address']},{nodes['cloud#1']['address']}"
+        res = run_cli("infer", "--connect", both, "--dataset", str(tmp_path / "x.npz"), "--out", tmp_path / "r.csv")
+        with (tmp_path / "r.csv").open() as rows:
+            assert res.code == 0 and {row["entry"] for row in csv.DictReader(rows)} == {"cloud"}, res.err
+        mixed = f"{nodes['device0']['address']},{nodes['cloud#0']['address']}"
+        res = run_cli("infer", "--connect", mixed, "--dataset", str(tmp_path / "x.npz"), "--out", tmp_path / "m.csv")
+        assert res.code == 2 and "the addresses are nodes device0, cloud;" in res.err, res.err
+        assert not (tmp_path / "m.csv").exists()
     finally:
         assert stop(proc) == 0
     for rid in ("cloud#0", "cloud#1"):  # each replica its own spans file (one file shared by two writers tears lines)

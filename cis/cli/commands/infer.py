@@ -33,7 +33,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument(
         "--connect", help="a node's address: every request goes there (several, separated by commas: spread over them, "
-        "e.g. a node's replicas)"
+        "e.g. a node's replicas; with --out only one node's)"
     )
     where.add_argument(
         "--spec", help="spec file: each sample goes to the node that assign_entries picks (as the offline evaluation)"
@@ -142,12 +142,13 @@ def _send(args: argparse.Namespace, x) -> tuple[Sequence[Result | None], list[st
     retry = None if args.no_retry else args.retry_after
     if args.connect:
         addresses = [a.strip() for a in args.connect.split(",") if a.strip()]
+        entry = [_entry_node(args, addresses)] * len(x) if args.out else []  # before anything is sent
         with Client(addresses, timeout=args.timeout, curve=_curve(args), retry_after=retry) as c:
             results = c.infer_many(
                 x, batch_size=args.batch_size, window=args.window, rate=args.rate, timeout=args.timeout,
                 traceparent=args.traceparent,
             )  # fmt: skip
-            return results, [_node_id(c, args.connect)] * len(x) if args.out else []
+            return results, entry
     from cis.core.policy.exit_policy import assign_entries
     from cis.core.spec import load_spec
 
@@ -247,12 +248,26 @@ def _entry_inputs(args: argparse.Namespace):
     return None if entry is None else TensorInfo.from_json(entry)
 
 
-def _node_id(client, address: str) -> str:
-    """The id of the node at ``address`` (its status reply), else the address itself."""
-    try:
-        return str(client.status(2.0)["node"])
-    except TimeoutError:
-        return address
+def _entry_node(args: argparse.Namespace, addresses: list[str]) -> str:
+    """The node id that --out writes as every sample's entry: the one node all of --connect's addresses serve (a
+    node's replicas share its id; an address that does not answer counts as itself). Addresses of different
+    nodes are one line: the requests were spread over them, and which entered where is not recorded."""
+    from cis.runtime.client import Client
+
+    ids = []
+    for address in addresses:
+        with Client(address, timeout=2.0, curve=_curve(args)) as c:
+            try:
+                ids.append(str(c.status(2.0)["node"]))
+            except TimeoutError:
+                ids.append(address)
+    if len(set(ids)) > 1:
+        raise CisError(
+            f"--connect {args.connect} --out: the addresses are nodes {', '.join(dict.fromkeys(ids))}; --out names "
+            "each sample's entry node, so give one node's addresses (its replicas), or --spec SPEC to send each "
+            "sample to its own entry node"
+        )
+    return ids[0]
 
 
 def write_rows(path: str, results: Sequence, labels, names: list[str] | None, entry: list[str]) -> None:

@@ -139,6 +139,9 @@ def test_tritonclient_reads_the_config_the_statistics_and_the_bundle_version(tre
     success = model["inference_stats"]["success"]
     assert int(success["count"]) >= 1 and int(success["ns"]) > 0  # the answered requests and their latency
     assert int(model["inference_stats"]["queue"]["count"]) >= 1
+    one = client.get_inference_statistics("cis", "1", as_json=True) if protocol == "grpc" else (
+        client.get_inference_statistics("cis", "1"))  # fmt: skip
+    assert one["model_stats"][0]["version"] == version  # version 1 names the newest the node holds
     with pytest.raises(Exception, match="no version"):
         client.get_model_config("cis", "nope")
 

@@ -277,6 +277,7 @@ def test_a_later_traceparent_version_is_read_as_version_00():
     ids = "4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
     assert trace_context(f"00-{ids}") == f"00-{ids}"
     assert trace_context(f"01-{ids}-later-fields") == f"00-{ids}" and is_traceparent(trace_context(f"01-{ids}-x"))
+    assert trace_context(f"01-{ids}") == f"00-{ids}"  # a later version with its four fields only
     for bad in (f"ff-{ids}-x", f"00-{ids}-extra", "not-a-trace"):  # ff is invalid; version 00 has no more fields
         assert not is_traceparent(trace_context(bad))
     assert trace_context(None) is None

@@ -120,7 +120,8 @@ def trace_context(value: bytes | str | None) -> str | None:
         return None
     text = value.decode("latin-1") if isinstance(value, bytes) else value
     text = text.strip()
-    if len(text) > 55 and text[55] == "-" and text[:2] not in ("00", "ff") and _HEX2.fullmatch(text[:2]):
+    later = text[:2] not in ("00", "ff") and _HEX2.fullmatch(text[:2]) is not None
+    if later and len(text) >= 55 and (len(text) == 55 or text[55] == "-"):  # 4 fields, or more after a dash
         return "00" + text[2:55]
     return text
 

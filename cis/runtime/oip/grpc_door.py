@@ -317,7 +317,8 @@ class GrpcDoor:
 
     def ModelStatistics(self, request: Any, context: Any) -> Any:  # noqa: N802
         versions = self._check(request.name, request.version, context)
-        stats = triton.statistics(self.model, self.node, request.version or versions[-1])
+        named = request.version if request.version not in ("", codec.VERSION) else versions[-1]  # 1: the newest
+        stats = triton.statistics(self.model, self.node, named)
         return json_format.ParseDict(stats, pb.ModelStatisticsResponse())
 
     def ModelInfer(self, requests: Any, context: Any) -> Any:  # noqa: N802

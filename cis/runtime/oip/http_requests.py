@@ -160,7 +160,8 @@ class Requests:
         if endpoint == "config":
             answer = triton.config(self.model, self.node, versions)
         elif endpoint == "stats":
-            answer = triton.statistics(self.model, self.node, version or versions[-1])
+            named = version if version not in (None, "", codec.VERSION) else versions[-1]  # 1: the newest
+            answer = triton.statistics(self.model, self.node, named)
         else:
             answer = self.model.metadata(versions)
         return response(200, codec.encode(answer), close=close)

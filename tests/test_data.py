@@ -1,5 +1,7 @@
 import os
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -57,6 +59,22 @@ def test_digits_splits_and_normalisation():
     assert np.array_equal(again.val.y, splits.val.y)
     assert not np.array_equal(load_dataset("digits", seed=1).val.y, splits.val.y)
     assert len(load_dataset("digits", val_size=0).val) == 0
+
+
+def test_digits_are_sklearn_s_digits_read_without_importing_sklearn():
+    from sklearn.datasets import load_digits
+
+    from cis.training.data.loading import digits_table
+
+    pixels, labels = digits_table()
+    raw = load_digits()
+    assert np.array_equal(pixels, raw.data) and np.array_equal(labels, raw.target)
+    code = (
+        "import sys; from cis.training.data.loading import load_dataset; load_dataset('digits');"
+        " print('sklearn' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
 
 
 def test_cifar10_pickle_layout(tmp_path):

@@ -5,6 +5,8 @@ count: projections, attention scores and weighted values, feed-forward (2 FLOPs 
 
 from __future__ import annotations
 
+from functools import partial
+
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -60,3 +62,41 @@ def test_the_count_leaves_the_fast_path_as_it_was_and_counts_cpu_attention():
     flops = count_flops(lambda: nn.functional.scaled_dot_product_attention(q, q, q))
     assert flops == 2 * (2 * L * L * D)
     assert torch.backends.mha.get_fastpath_enabled()
+
+
+def resnet_vit_and_encoder():
+    from cis.training.methods.vit import ViTEE
+    from cis.training.models.cnns import DigitsCNN, ResNet18EE
+
+    return [ResNet18EE(width=0.25), DigitsCNN(), ViTEE(), model(layer())]
+
+
+@pytest.mark.parametrize("which", range(4), ids=["resnet18", "digits-cnn", "vit", "encoder"])
+def test_the_count_equals_torch_s_flop_counter_mode(which):
+    """count_flops runs its own dispatch mode (no dynamo import); its totals are FlopCounterMode's, op by op."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from cis.training.models.flops import _UNCOUNTED
+
+    net = resnet_vit_and_encoder()[which].eval()
+    x = torch.zeros((1, *net.input_shape), dtype=getattr(net, "input_dtype", torch.float32))
+    torch.backends.mha.set_fastpath_enabled(False)
+    try:
+        for e in range(1, net.num_exits + 1):
+            with torch.no_grad(), FlopCounterMode(display=False, custom_mapping=_UNCOUNTED) as reference:
+                net(x, upto=e)
+            assert count_flops(partial(net, x, upto=e)) == reference.get_total_flops() > 0
+    finally:
+        torch.backends.mha.set_fastpath_enabled(True)
+
+
+def test_counting_does_not_import_dynamo():
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; from cis.training.models.cnns import DigitsCNN; from cis.training.models.flops import exit_costs;"
+        " exit_costs(DigitsCNN()); print('torch._dynamo' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]

@@ -26,6 +26,8 @@ and :func:`load_run_data` refuses data that changed since.
 
 from __future__ import annotations
 
+import gzip
+import importlib.util
 import pickle
 from pathlib import Path
 from typing import Any
@@ -50,8 +52,9 @@ _CIFAR_VAL_SIZE = 5000
 _CIFAR_SIZE = 32
 
 
-def load_dataset(spec: str, seed: int = 0, val_size: int | None = None, cache: bool = True,
-                 num_classes: int | None = None) -> DataSplits:
+def load_dataset(
+    spec: str, seed: int = 0, val_size: int | None = None, cache: bool = True, num_classes: int | None = None
+) -> DataSplits:
     """The seeded train/val/test splits of a data reference (the module doc lists them).
 
     ``val_size`` is the number of training samples held out for validation
@@ -75,8 +78,12 @@ def load_run_data(meta: dict[str, Any], where: str) -> DataSplits:
     """The splits a run (its checkpoint meta or config) trained on; one line when its data file changed since."""
     check_unchanged(str(meta["dataset"]), meta.get("data_sha256"), where)
     classes = meta.get("classes")  # the count the run trained with (a spec's, where the data names none)
-    return load_dataset(str(meta["dataset"]), seed=int(meta.get("seed", 0)), val_size=meta.get("val_size"),
-                        num_classes=len(classes) if classes else None)
+    return load_dataset(
+        str(meta["dataset"]),
+        seed=int(meta.get("seed", 0)),
+        val_size=meta.get("val_size"),
+        num_classes=len(classes) if classes else None,
+    )
 
 
 def image_family(name: str, input_shape: tuple[int, ...]) -> str:
@@ -108,9 +115,7 @@ def augment_options(name: str) -> dict[str, int | bool]:
     )
 
 
-def augment_batch(
-    x: torch.Tensor, generator: torch.Generator, *, padding: int = 4, flip: bool = True
-) -> torch.Tensor:
+def augment_batch(x: torch.Tensor, generator: torch.Generator, *, padding: int = 4, flip: bool = True) -> torch.Tensor:
     """Random crop after zero padding, plus a random horizontal flip, per sample.
 
     Vectorised over the batch (one gather, no Python loop). The padding value is
@@ -135,12 +140,29 @@ def augment_batch(
     return x.contiguous()
 
 
-def _load_digits(seed: int, val_size: int | None) -> DataSplits:
+def digits_table() -> tuple[np.ndarray, np.ndarray]:
+    """scikit-learn's digits (1,797 x 64 pixels 0..16, and the labels), read from the file it ships.
+
+    ``sklearn.datasets.load_digits`` reads the same file in 30 ms, but importing sklearn (scipy and more) takes
+    about 3 s, paid by every process that trains or exports on digits (a Flower node's first ClientApp too). So
+    the file is found without importing the package; its loader is the fallback if the file ever moves.
+    """
+    spec = importlib.util.find_spec("sklearn")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        path = Path(root) / "datasets" / "data" / "digits.csv.gz"
+        if path.is_file():
+            with gzip.open(path, "rt") as table:
+                data = np.loadtxt(table, delimiter=",")
+            return data[:, :-1], data[:, -1].astype(np.int64)
     from sklearn.datasets import load_digits
 
     raw = load_digits()
-    x = (raw.data.reshape(-1, 1, 8, 8) / 16.0).astype(np.float32)
-    y = raw.target.astype(np.int64)
+    return raw.data, raw.target.astype(np.int64)
+
+
+def _load_digits(seed: int, val_size: int | None) -> DataSplits:
+    pixels, y = digits_table()
+    x = (pixels.reshape(-1, 1, 8, 8) / 16.0).astype(np.float32)
     train_idx, val_idx, test_idx = seeded_split(len(y), seed, val_size, "digits")
     mean = [float(x[train_idx].mean())]
     std = [float(x[train_idx].std())]

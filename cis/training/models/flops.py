@@ -1,9 +1,16 @@
 """Measured per-exit costs of an early-exit model (FLOPs and parameters).
 
-FLOPs are counted by ``torch.utils.flop_counter.FlopCounterMode`` while the model
-really runs ``forward(x, upto=e)`` on one sample, so they follow the code rather
-than a hand formula. The counter counts matrix multiplications, convolutions and
-attention (2 FLOPs per multiply-add); BatchNorm, activations and pooling are not counted.
+FLOPs are counted with torch's own per-operator formulas (``torch.utils.flop_counter``'s
+registry, what ``FlopCounterMode`` uses) while the model really runs ``forward(x, upto=e)`` on
+one sample, so they follow the code rather than a hand formula. The formulas count matrix
+multiplications, convolutions and attention (2 FLOPs per multiply-add); BatchNorm, activations
+and pooling are not counted.
+
+The counting mode is :class:`_FlopCount`, not ``FlopCounterMode`` itself: the latter's dispatch
+handler imports ``torch._dynamo`` on its first operator (about 3 s, paid by every process that
+trains or exports), and it tracks modules, which a total does not need. Both take the same
+steps per operator (decompose what has no formula, run, count), so their totals are equal
+(tests/test_flops.py compares them).
 
 :func:`count_flops` counts the real work of attention layers too. In eval mode
 ``nn.TransformerEncoderLayer`` and ``nn.MultiheadAttention`` take a fused "fast path"
@@ -24,7 +31,7 @@ from typing import Any
 
 import torch
 from torch.utils import flop_counter
-from torch.utils.flop_counter import FlopCounterMode
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from cis.core.errors import CisError, error_line
 from cis.training.models.contract import EarlyExitNet
@@ -34,12 +41,43 @@ def _cpu_attention_flops(query: Any, key: Any, value: Any, *args: Any, out_val: 
     return int(flop_counter.sdpa_flop_count(query.shape, key.shape, value.shape))
 
 
-_cpu_attention_flops._get_raw = True  # type: ignore[attr-defined]  # FlopCounterMode hands it the tensors
-_UNCOUNTED = {  # kernels torch's counter has no formula for -> ours
+_cpu_attention_flops._get_raw = True  # type: ignore[attr-defined]  # it takes the tensors (FlopCounterMode's flag)
+_UNCOUNTED = {  # kernels torch's registry has no formula for -> ours
     op: _cpu_attention_flops
     for op in (getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None),)
     if op is not None
 }
+_FORMULAS = {**flop_counter.flop_registry, **_UNCOUNTED}  # torch's formulas (FlopCounterMode's registry) and ours
+
+
+class _FlopCount(TorchDispatchMode):
+    """The total FLOPs of the operators run inside it: FlopCounterMode's steps, without its module tracking.
+
+    An operator without a formula is decomposed (its parts may have one), as in FlopCounterMode. Saying
+    that dynamo need not be skipped inside the handler (``_should_skip_dynamo``) keeps torch from wrapping it in
+    ``torch._dynamo.disable``, whose first call imports dynamo; nothing here is compiled.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.total = 0
+
+    @classmethod
+    def _should_skip_dynamo(cls) -> bool:
+        return False
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204 (torch's signature)
+        kwargs = kwargs or {}
+        formula = _FORMULAS.get(func._overloadpacket)
+        if formula is None and func is not torch.ops.prim.device.default:
+            with self:
+                decomposed = func.decompose(*args, **kwargs)
+            if decomposed is not NotImplemented:
+                return decomposed
+        out = func(*args, **kwargs)
+        if formula is not None:
+            self.total += int(formula(*args, **kwargs, out_val=out))
+        return out
 
 
 def count_flops(run: Callable[[], Any]) -> int:
@@ -48,10 +86,10 @@ def count_flops(run: Callable[[], Any]) -> int:
     fast = mha.get_fastpath_enabled()
     mha.set_fastpath_enabled(False)
     try:
-        counter = FlopCounterMode(display=False, custom_mapping=_UNCOUNTED)
+        counter = _FlopCount()
         with torch.no_grad(), counter:
             run()
-        return int(counter.get_total_flops())
+        return counter.total
     finally:
         mha.set_fastpath_enabled(fast)
 

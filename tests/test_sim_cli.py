@@ -86,6 +86,12 @@ def test_sweep_prints_a_capacity_table(run_cli, paper7, tmp_path):
         (["--requests", "10", "--bundle", "nowhere"], "nowhere: no manifest.json"),
         (["--requests", "10", "--visit-cost", "soon"], "--visit-cost 'soon': not a number of seconds and not a file"),
         (["--requests", "10", "--visit-cost", "-0.001"], "hop_rtt is -0.001; expected seconds >= 0 (--visit-cost)"),
+        # what argparse checks is one line too, not its usage text first (cis.cli.main.OneLineParser)
+        (["--requests", "10", "--service", "foo"], "cis simulate: error: argument --service: invalid choice: 'foo'"),
+        (["--requests", "abc"], "argument --requests: invalid int value: 'abc' (see cis simulate --help)"),
+        ([], "one of the arguments --requests --duration is required"),
+        (["--requests", "10", "--bogus", "3"], "cis simulate: error: unrecognized arguments: --bogus 3"),
+        (["--requests", "10", "--log-level", "loud"], "argument --log-level: invalid choice: 'loud'"),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(run_cli, paper7, extra, message):

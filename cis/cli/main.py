@@ -8,7 +8,8 @@ which pip extra such a command needs, and ``main`` checks for it before running
 the command (``cis train: needs the 'train' extra: pip install 'cis-inference[train]'``).
 
 User mistakes raise :class:`cis.core.errors.CisError`; ``main`` prints its one line
-to stderr and exits with status 2.
+to stderr and exits with status 2. A mistake in the flags argparse checks (types, choices, required or
+unknown flags) is one line and status 2 too (:class:`OneLineParser`).
 
 Global options (before or after the command): ``--log-level``, ``--log-format``
 (also ``CIS_LOG_LEVEL``, ``CIS_LOG_FORMAT``; :mod:`cis.core.logs`); ``cis --version``.
@@ -22,7 +23,7 @@ import importlib
 import json
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 from cis import __version__
 from cis.core import logs
@@ -61,8 +62,19 @@ NEEDS = {
 }
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a mistake in the flags is one line (what, where, and where help is), exit status 2.
+
+    argparse's own ``error`` prints the whole usage first (two dozen lines for ``cis simulate``). Subcommands'
+    parsers are of the same class (``add_subparsers`` makes them with ``type(parser)``).
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="cis", description="Collaborative inference systems: train, export, serve, simulate."
     )
     parser.add_argument("--version", action="version", version=f"cis {__version__}")
@@ -92,6 +104,16 @@ def _log_options(parser: argparse.ArgumentParser, default: str | None, nested: b
             _log_options(child, default, nested=True)
 
 
+def command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The parser of the (sub)command ``args`` chose: ``cis spec new``'s for ``cis spec new ...``."""
+    while True:
+        subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        chosen = getattr(args, subs[0].dest, None) if subs else None
+        if chosen not in (subs[0].choices if subs else {}):
+            return parser
+        parser = subs[0].choices[chosen]
+
+
 def print_result(args: argparse.Namespace, result: Any, human: str) -> None:
     """Print the human summary, or with --json the machine-readable result."""
     if getattr(args, "json", False):
@@ -103,7 +125,9 @@ def print_result(args: argparse.Namespace, result: Any, human: str) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # said by the command's parser, which names the command (argparse's root would say "cis")
+        command_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
         logs.configure(logs.resolve(args.log_level, args.log_format))
         for extra in NEEDS.get(args.command, ()):

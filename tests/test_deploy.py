@@ -373,6 +373,7 @@ def test_bad_input_is_one_line_and_writes_nothing(run_cli, bundle, tmp_path):
         (("deploy", "systemd", spec, "-o", out, "--set", "max_bach=3"), ("max_bach", "did you mean max_batch")),
         (("deploy", "systemd", spec, "-o", out, "--set", "max_batch=lots"), ("max_batch", "an integer")),
         (("deploy", "systemd", spec, "-o", out, "--set", "node=edge0"), ("node is set by cis deploy",)),
+        (("deploy", "systemd", spec, "-o", out, "--set", "log_dir=/tmp"), ("log_dir belongs to cis serve --all",)),
         (("deploy", "kubernetes", spec, bundle, "-o", out, "--node-selector", "4:a=b"), ("selector", "exit 1..3")),
         (("deploy", "kubernetes", spec, bundle, "-o", out, "--bundle-claim", "c"), ("--bundle-volume pvc",)),
         (("deploy", "kubernetes", spec, bundle, "-o", out, "--name", "My_CIS"), ("--name 'My_CIS'", "DNS label")),

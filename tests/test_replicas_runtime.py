@@ -163,3 +163,29 @@ def test_a_duplicate_request_id_is_answered_once(closing):
         s.close()
     st = root.node.status()
     assert st["duplicates"] == 2 and st["requests"] == 2 and st["served"] == 2
+
+
+def test_a_request_refused_on_arrival_is_not_remembered_so_its_retry_is_served(closing):
+    """docs/protocol.md: a refusal such as ``overloaded`` says "retry later"; a retry with the same id over the same
+    connection is a new request (it was not run), not a duplicate answered by silence."""
+    import zmq
+
+    from cis.runtime import protocol as P
+
+    root = Running(Node(NodeConfig("root", 2, bind=_addr(), queue_limit=1), stages()))
+    closing.append(root)
+    s = zmq.Context.instance().socket(zmq.DEALER)
+    s.linger = 0
+    s.connect(root.node.cfg.bind)
+    try:
+        P.send(s, P.encode(P.INFER, 9, {"features": np.zeros((2, 4), np.float32)}, stage=2))
+        assert s.poll(5000)
+        first = P.decode(s.recv_multipart())
+        assert first.id == 9 and first.kind == P.ERROR and first.head.code == "too_many_samples"
+        P.send(s, P.encode(P.INFER, 9, {"features": np.zeros((1, 4), np.float32)}, stage=2))  # the same id, again
+        assert s.poll(5000)
+        again = P.decode(s.recv_multipart())
+        assert again.id == 9 and again.kind == P.RESULT
+    finally:
+        s.close()
+    assert root.node.status()["duplicates"] == 0

@@ -147,3 +147,21 @@ def test_on_a_testbed_a_partitioned_replica_is_skipped(bundle_dir, tmp_path):
         assert [p["up"] for p in st["parents"]] == [False, True]
     finally:
         bed.stop()
+
+
+def test_launch_from_python_serves_the_spec_it_was_given_without_a_file(bundle_dir, tmp_path):
+    """docs/runtime.md: ``launch(bundle, spec, free_ports=True)``. A spec that is not the bundle's (here cloud
+    with 2 replicas) reaches the nodes as a file launch writes; before, they served the bundle's spec."""
+    from cis.core.spec import load_spec
+    from cis.runtime.launcher import launch, spec_for_nodes
+
+    spec = load_spec(_two_cloud(bundle_dir, tmp_path))
+    with launch(bundle_dir, spec, free_ports=True, extra_args=FAST) as cluster:
+        assert set(cluster.procs) == {"cloud#0", "cloud#1", "device0"}
+        written = Path(cluster.spec_file or "")
+        assert load_spec(written) == spec
+        x = np.random.default_rng(1).standard_normal((8, 1, 8, 8)).astype(np.float32)
+        with Client(cluster.addresses["device0"], timeout=20) as c:
+            assert all(r.error is None and r.served_by == ["cloud"] for r in c.infer_many(x, window=1))
+    assert not written.exists()  # launch's own temporary file goes with the cluster
+    assert spec_for_nodes(bundle_dir, load_bundle(bundle_dir).spec, None) is None  # the nodes read the bundle's

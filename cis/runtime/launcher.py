@@ -31,15 +31,17 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from cis.core import logs
+from cis.core.bundle import load_bundle
 from cis.core.errors import CisError
 from cis.core.replicas import split_replica_id
-from cis.core.spec import CisSpec
+from cis.core.spec import CisSpec, write_spec
 from cis.runtime.orphans import launcher_env
 from cis.runtime.ports import free_port
 from cis.runtime.security import CurveConfig
@@ -136,6 +138,7 @@ class Cluster:
     env: Mapping[str, str] | None = None  # the nodes' environment (None: the launcher's)
     node_prefix: dict[str, Sequence[str]] = field(default_factory=dict)  # a command before each node's (the testbed)
     written_bundle: str = ""  # the bundle cluster.json names (rewritten when cis rollout puts another on the nodes)
+    temporary_spec: bool = False  # spec_file is launch's own temporary file (removed by stop)
 
     def command(self, node_id: str) -> list[str]:
         node = self.spec.node(split_replica_id(node_id)[0])
@@ -339,6 +342,8 @@ class Cluster:
                 proc.kill()
                 proc.wait(5)
         self.write_state()
+        if self.temporary_spec and self.spec_file:
+            Path(self.spec_file).unlink(missing_ok=True)
         return {nid: p.returncode for nid, p in self.procs.items()}
 
     def __enter__(self) -> Cluster:
@@ -346,6 +351,23 @@ class Cluster:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def spec_for_nodes(bundle: str | Path, spec: CisSpec, log_dir: str | None) -> str | None:
+    """The spec file the nodes are started with when the caller gave none: None where ``spec`` is the bundle's own
+    (a node reads that from the bundle), else ``spec`` written to LOG_DIR/spec.toml, or without a log folder to a
+    temporary file (removed by :meth:`Cluster.stop`). Without it, the nodes would serve the bundle's spec."""
+    if spec == load_bundle(bundle, verify=False).spec:
+        return None
+    if log_dir:
+        Path(log_dir).mkdir(parents=True, exist_ok=True)
+        path = Path(log_dir) / "spec.toml"
+    else:
+        fd, name = tempfile.mkstemp(prefix="cis-spec-", suffix=".toml")
+        os.close(fd)
+        path = Path(name)
+    write_spec(spec, path)
+    return str(path)
 
 
 def launch(
@@ -373,6 +395,8 @@ def launch(
     ``node_prefix`` runs each node's command behind a prefix (``ip netns exec NS``: :mod:`cis.runtime.testbed`);
     ``door_ports`` the front doors' ports ({"http": PORT, "grpc": PORT}, see :func:`plan_doors`), ``door_host``
     and ``door_tls`` only name their URLs (``--http-host`` and the TLS flags go to the nodes in ``extra_args``)."""
+    given = spec_file
+    spec_file = spec_file or spec_for_nodes(bundle, spec, log_dir)
     addresses = plan_addresses(spec, free_ports)
     ports, urls = plan_metrics(spec, addresses, metrics_port, metrics_host)
     door_plan, door_urls = plan_doors(spec, door_ports or {}, door_host, door_tls)
@@ -391,6 +415,7 @@ def launch(
         doors=door_urls,
         env=env,
         node_prefix=dict(node_prefix or {}),
+        temporary_spec=given is None and log_dir is None and spec_file is not None,
     )
     try:
         cluster.start_all()

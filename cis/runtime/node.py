@@ -339,11 +339,11 @@ class Node:
             self.counters["duplicates"] += 1  # a retry of a request held or answered here: that answer is the one
             return
         if self.stopping:
-            self.seen.answered(prefix, msg.id)
+            self.seen.forget(prefix, msg.id)  # not run: a retry with this id is a new request
             return self.refuse(prefix, msg.id, "shutting_down", f"node {self.cfg.node_id} is stopping", kind, v)
         refused = self.executor.admit(prefix, msg, self.seen_empty)
         if refused is not None:
-            self.seen.answered(prefix, msg.id)
+            self.seen.forget(prefix, msg.id)
             self.refuse(prefix, msg.id, *refused, kind, v)
             if refused[0] == "overloaded":
                 self.overload.refused(time.monotonic(), self.executor.queued, self.cfg.queue_limit)

@@ -4,7 +4,9 @@ A client retries a request whose entry node did not answer in time with the same
 (docs/runtime.md, *Clients*, retries). When the first try was only slow and the retry reaches
 the same node over the same connection, the node must not run it twice nor answer it twice:
 the first try's answer is the answer. Keys are (peer identity, request id); a node keeps the
-keys of the requests it holds, and of the last :data:`KEEP` it answered.
+keys of the requests it holds, and of the last :data:`KEEP` it answered. A request refused when it
+came (``overloaded``, ``shutting_down``, ...) was not run: it is forgotten, so a retry with the same
+id, which is what such a refusal asks for, is a new request.
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ class Seen:
             return False
         self.open.add(key)
         return True
+
+    def forget(self, prefix: Any, req_id: int) -> None:
+        """A request refused at admission: neither held nor answered after running, so not remembered."""
+        if type(prefix) is list:
+            self.open.discard((prefix[0], req_id))
 
     def answered(self, prefix: Any, req_id: int) -> None:
         key = (prefix[0], req_id) if type(prefix) is list else None

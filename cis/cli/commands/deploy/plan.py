@@ -19,6 +19,7 @@ DEFAULT_METRICS_PORT = 9100
 # set by cis deploy itself (from the spec and its own flags), so --set may not name them; free_ports and log_dir
 # belong to serve --all, which a deployment does not run
 DEPLOY_SETS = ("node", "spec", "bind", "parent", "metrics_port", "free_ports", "log_dir")
+SERVE_ALL_ONLY = ("free_ports", "log_dir")  # launcher settings: a deployed node is one process
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,9 @@ def parse_sets(items: Iterable[str]) -> dict[str, str]:
             raise CisError(f"--set {item!r}; expected NAME=VALUE with one of serve's options, e.g. max_batch=16")
         option, value = serve_config.option_text(name, text, f"--set {item!r}")
         if option.name in DEPLOY_SETS:
-            raise CisError(f"--set {item!r}: {option.name} is set by cis deploy from the spec and its flags")
+            launcher = option.name in SERVE_ALL_ONLY
+            why = "belongs to cis serve --all" if launcher else "is set by cis deploy from the spec and its flags"
+            raise CisError(f"--set {item!r}: {option.name} {why}")
         out[option.name] = value
     return out
 

@@ -103,6 +103,8 @@ def test_weights_prefix_strips_a_wrappers_prefix(tmp_path, run_cli, topics):
     assert r.code == 0, r.err
     n = len(model.state_dict())
     assert f"--weights {tmp_path / 'wrapped.pt'}: loaded {n} of the model's {n} tensors" in r.err
+    tuned = run_cli("train", "--init", tmp_path / "d", "--rounds", "1", "--out", tmp_path / "e", "--no-progress")
+    assert tuned.code == 0, tuned.err  # how d started (--weights, --weights-prefix) is not inherited
     assert json.loads((tmp_path / "d" / "config.json").read_text())["weights_prefix"] == "model.backbone."
 
 

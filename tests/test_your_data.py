@@ -236,6 +236,14 @@ def single():
 def triple():
     return Pairs(20), Pairs(5), Pairs(8)
 
+class Holed(Pairs):
+    def __getitem__(self, i):
+        x, y = super().__getitem__(i)
+        return (x * float("nan") if i == 3 else x), y
+
+def holed():
+    return Pairs(20), Pairs(5), Holed(8)
+
 def named():
     x = torch.randint(0, 50, (12, 6))
     return {"train": TensorDataset(x, torch.arange(12) % 3), "test": TensorDataset(x[:4], torch.arange(4) % 3)}
@@ -284,6 +292,7 @@ def test_factory_mistakes_are_one_line(tmp_path):
     load_fails(f"{f}:ragged", r"sample 1's x is float32 \(2,\), sample 0's float32 \(1,\); expected one shape")
     load_fails(f"{f}:missing", "has no 'missing'; expected a callable")
     load_fails(f"{f}:NOT_CALLABLE", "is a int; expected a callable")
+    load_fails(f"{f}:holed", r"x holds NaN or inf \(first at test sample 3\)")  # its row in its part, not the table's
     load_fails(f"{tmp_path / 'gone.py'}:single", "gone.py not found")
     (tmp_path / "bad.py").write_text("import not_a_module_anywhere\n")
     load_fails(f"{tmp_path / 'bad.py'}:single", "importing .*bad.py failed .ModuleNotFoundError")

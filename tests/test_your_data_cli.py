@@ -124,6 +124,19 @@ def test_bad_data_is_one_line_and_writes_nothing(tmp_path, run_cli, make, flags,
     assert not out.exists()
 
 
+def test_a_node_outside_the_spec_in_a_test_row_is_one_line_too(tmp_path, run_cli):
+    """Only training rows are partitioned, but a node value outside the spec in any split is the user's typo."""
+    from cis.training.data.loading import load_dataset
+
+    node = np.arange(N) % 7
+    test_row = int(load_dataset(str(tiny_images(tmp_path / "d.npz", node=node))).test.rows[0])
+    node[test_row] = 9
+    data = tiny_images(tmp_path / "d.npz", node=node)
+    r = train(run_cli, "--data", data, "--partition", "node", "--rounds", "1", "--out", tmp_path / "run")
+    assert r.code == 2 and "node column names node index 9; the spec has 7 nodes" in r.err, r.err
+    assert not (tmp_path / "run").exists()
+
+
 def test_image_folder_with_one_class_is_one_line(tmp_path, run_cli):
     from PIL import Image
 

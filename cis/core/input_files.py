@@ -102,7 +102,7 @@ def load_npz(path: str | Path, bundle: Bundle | None = None, entry: TensorInfo |
                 "images: pass --bundle BUNDLE for the inputs its model takes (any shape and dtype)"
             )
         if x.dtype == np.uint8:
-            _need_bundle(bundle, f"{path}: 'x' is uint8 pixels")
+            _need_bundle(bundle, f"{path}: 'x' is uint8 pixels, which")
         return Inputs(np.ascontiguousarray(x, dtype=np.float32), labels)
     return Inputs(entry_array(x, bundle, str(path), entry), labels)
 
@@ -111,12 +111,12 @@ def entry_array(x: np.ndarray, bundle: Bundle | None, where: str, info: TensorIn
     """``x`` as stage 1 takes it (``info``, else the bundle's): its per-sample shape, and its dtype: floats cast to
     the model's float; integers (token ids) to the model's integer dtype when they fit; uint8 (N, C, H, W) pixels
     into a float image model normalised with the bundle's normalisation."""
-    info = info or entry_input(_need_bundle(bundle, f"{where}: 'x'"))
+    info = info or entry_input(_need_bundle(bundle, f"{where}: 'x' and its model"))
     want, sample = np.dtype(info.dtype), tuple(info.shape[1:])
     if x.ndim < 1 or tuple(x.shape[1:]) != sample:
         raise CisError(f"{where}: 'x' has samples of shape {tuple(x.shape[1:])}; the bundle's model takes {sample}")
     if want.kind == "f" and x.dtype == np.uint8 and x.ndim == 4:
-        return normalise_pixels(x, _need_bundle(bundle, f"{where}: 'x' is uint8 pixels"), where)
+        return normalise_pixels(x, _need_bundle(bundle, f"{where}: 'x' is uint8 pixels, which"), where)
     if want.kind == "f" and np.issubdtype(x.dtype, np.floating):
         return np.ascontiguousarray(x, dtype=want)
     if want.kind in "iu" and np.issubdtype(x.dtype, np.integer):

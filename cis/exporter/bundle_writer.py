@@ -343,8 +343,9 @@ def export_bundle(
     ``eval_patience``, else 4 (the paper's). ``patience`` for another method is refused.
     ``recalibration`` (``--rates-from``): thresholds for measured rates; ``spec`` is then the design
     updated with the measured arrival rates (:func:`cis.runtime.measure.update_spec`). ``val``: the validation samples
-    (``x``, ``y``) to verify, calibrate and profile on (default: the run's dataset's validation split, rebuilt
-    from its seed). ``allow_model_change``: rebuild a user model whose file changed since the run.
+    to verify, calibrate and profile on, a :class:`cis.training.data.dataset.Dataset` (``load_dataset(REF).val``;
+    default: the run's dataset's validation split, rebuilt from its seed). ``allow_model_change``: rebuild a user
+    model whose file changed since the run.
 
     Returns the report: the manifest's main fields plus verification figures,
     per-feature-dtype accuracy and bytes, and the calibrated shares.

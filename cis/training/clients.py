@@ -21,7 +21,7 @@ from cis.training.centralised import pooled_client
 from cis.training.config import RunConfig
 from cis.training.data.dataset import Dataset, DataSplits
 from cis.training.data.loading import load_dataset
-from cis.training.data.partition import node_sizes, partition, partition_by_column
+from cis.training.data.partition import node_column_index, node_sizes, partition, partition_by_column
 from cis.training.local import Client, local_steps
 
 
@@ -34,6 +34,14 @@ def run_splits(config: RunConfig, splits: DataSplits | None = None, num_classes:
         keep = np.sort(np.random.default_rng(config.seed).permutation(len(splits.train))[: config.train_subset])
         splits = DataSplits(splits.train.subset(keep), splits.val, splits.test, splits.sha256)
     return splits
+
+
+def check_node_column(config: RunConfig, spec: CisSpec, splits: DataSplits) -> None:
+    """With ``--partition node``, every sample's node must be one of the spec's, in every split (a typo in a
+    validation or test row is as much a mistake as one in a training row, which :func:`node_parts` would meet)."""
+    parts = [p.node for p in (splits.train, splits.val, splits.test) if p.node is not None and len(p.node)]
+    if config.partition == "node" and parts:
+        node_column_index(np.concatenate(parts), [n.id for n in spec.nodes], config.dataset)
 
 
 def node_parts(config: RunConfig, spec: CisSpec, train: Dataset) -> dict[str, np.ndarray]:

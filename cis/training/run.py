@@ -34,7 +34,7 @@ from cis.training.aggregation.weights import Weights
 from cis.training.builders import build_method_setup, check_ids, method_model
 from cis.training.centralised import centralised_setup
 from cis.training.checkpoint import load_checkpoint, read_json, save_checkpoint
-from cis.training.clients import federated_steps, make_clients, run_splits, weight_sizes
+from cis.training.clients import check_node_column, federated_steps, make_clients, run_splits, weight_sizes
 from cis.training.config import RunConfig
 from cis.training.data.data_ref import check_digest
 from cis.training.data.dataset import listed
@@ -109,6 +109,7 @@ def build_setup(
     splits = run_splits(config, splits, spec.num_classes if spec else stated_classes(config))
     train = splits.train
     spec = spec or resolve_spec(config, train)
+    check_node_column(config, spec, splits)
     clients = make_clients(config, spec, train, device)
     batch = cast(int, config.batch_size)  # resolved() set it
     steps = local_steps([c.size for c in clients], batch, config.local_epochs, config.local_steps)

@@ -18,7 +18,8 @@ from cis.training.checkpoint import load_checkpoint, read_json
 from cis.training.config import RunConfig
 from cis.training.federated import FederatedEngine
 
-NOT_INHERITED = ("rounds", "init", "rates_from", "exit_rates", "device", "spec", "weights_file", "allow_model_change")
+STARTED_FROM = ("weights_file", "weights_prefix", "allow_model_change")  # how the earlier run itself started
+NOT_INHERITED = ("rounds", "init", "rates_from", "exit_rates", "device", "spec", *STARTED_FROM)
 DATA_SPLIT = ("dataset", "seed", "val_size")  # what the earlier run's test numbers rest on
 
 

@@ -141,7 +141,7 @@ def make_splits(table: Table, where: str, name: str, seed: int, val_size: int | 
                 num_classes: int | None = None) -> DataSplits:
     """Check ``table`` (one line at the first fault) and split it into train/val/test :class:`Dataset` s.
     ``num_classes``: the count the spec states (``cis train --spec``), for data that names no classes."""
-    x, y = checked_x(table.x, where), checked_labels(table.y, len(table.x), where, table.origin)
+    x, y = checked_x(table.x, where, table.origin), checked_labels(table.y, len(table.x), where, table.origin)
     classes = class_names(table.classes, y, where, table.origin, num_classes)
     for column in ("node", "split"):
         values = getattr(table, column)
@@ -163,7 +163,7 @@ def make_splits(table: Table, where: str, name: str, seed: int, val_size: int | 
     return DataSplits(part(train_idx), part(val_idx), part(test_idx))
 
 
-def checked_x(x: np.ndarray, where: str) -> np.ndarray:
+def checked_x(x: np.ndarray, where: str, origin: Origin = ()) -> np.ndarray:
     """``x`` as float32 (floats) or int64 (integers, booleans); one line for non-numbers, NaN or inf."""
     x = np.asarray(x)
     if x.ndim < 2:
@@ -171,8 +171,8 @@ def checked_x(x: np.ndarray, where: str) -> np.ndarray:
     if np.issubdtype(x.dtype, np.floating):
         bad = ~np.isfinite(x)
         if bad.any():
-            first = int(np.argwhere(bad.reshape(len(x), -1))[0][0])
-            raise CisError(f"data {where}: x holds NaN or inf (first at sample {first}); expected finite numbers")
+            first = sample_name(origin, int(np.argwhere(bad.reshape(len(x), -1))[0][0]))
+            raise CisError(f"data {where}: x holds NaN or inf (first at {first}); expected finite numbers")
         return x.astype(np.float32, copy=False)
     if np.issubdtype(x.dtype, np.integer) or x.dtype == np.bool_:
         return x.astype(np.int64, copy=False)

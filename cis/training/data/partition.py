@@ -156,6 +156,17 @@ def node_sizes(num_samples: int, nodes: Sequence[NodeLike], scheme: str | Sequen
 def partition_by_column(column: np.ndarray | None, nodes: Sequence[NodeLike], where: str) -> dict[str, np.ndarray]:
     """``{node_id: sorted indices}`` from a node per sample (its index in ``nodes`` or its id)."""
     ids = [n.id for n in nodes]
+    index = node_column_index(column, ids, where)
+    parts = {i: np.flatnonzero(index == k) for k, i in enumerate(ids)}
+    empty = [i for i, idx in parts.items() if not len(idx)]
+    if empty:
+        raise CisError(f"data {where}: node column gives node {empty[0]!r} no training sample; expected at least one")
+    return parts
+
+
+def node_column_index(column: np.ndarray | None, ids: Sequence[str], where: str) -> np.ndarray:
+    """Each sample's node as its index in ``ids``, from a column of node indices or node ids; one line for a
+    value outside the spec. The whole column is checked, every split's rows, though only training rows are used."""
     if column is None:
         raise CisError(f"partition 'node': the data {where} has no node column; expected 'node' beside x and y")
     column = np.asarray(column)
@@ -166,8 +177,8 @@ def partition_by_column(column: np.ndarray | None, nodes: Sequence[NodeLike], wh
             raise CisError(
                 f"data {where}: node column names node {unknown[0]!r}; the spec's nodes are {', '.join(ids)}"
             )
-        index = np.array([ids.index(v) for v in names.tolist()], np.int64)
-    elif np.issubdtype(column.dtype, np.integer):
+        return np.array([list(ids).index(v) for v in names.tolist()], np.int64)
+    if np.issubdtype(column.dtype, np.integer):
         index = column.astype(np.int64)
         outside = index[(index < 0) | (index >= len(ids))]
         if len(outside):
@@ -175,13 +186,8 @@ def partition_by_column(column: np.ndarray | None, nodes: Sequence[NodeLike], wh
                 f"data {where}: node column names node index {int(outside[0])}; the spec has {len(ids)} nodes, "
                 f"expected 0..{len(ids) - 1} (or node ids)"
             )
-    else:
-        raise CisError(f"data {where}: node column has dtype {column.dtype}; expected node indices or node ids")
-    parts = {i: np.flatnonzero(index == k) for k, i in enumerate(ids)}
-    empty = [i for i, idx in parts.items() if not len(idx)]
-    if empty:
-        raise CisError(f"data {where}: node column gives node {empty[0]!r} no training sample; expected at least one")
-    return parts
+        return index
+    raise CisError(f"data {where}: node column has dtype {column.dtype}; expected node indices or node ids")
 
 
 def _largest_remainder(total: int, weights: np.ndarray) -> np.ndarray:

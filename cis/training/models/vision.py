@@ -56,7 +56,7 @@ def import_torchvision() -> ModuleType:
             _warned = True
             logger.warning(
                 "torchvision %s is a CUDA build beside a CPU torch; imported without its C++ operators "
-                "(models work; detection ops such as nms do not): docs/your-model.md, 'torchvision'",
+                "(models work; detection ops such as nms do not): docs/your-model.md, 'torchvision beside a CPU torch'",
                 getattr(module, "__version__", "?"),
             )
         return module

@@ -2,6 +2,7 @@
 and deployment engines train the digits model to the built-in engine's accuracy (bit-identical here)."""
 
 import json
+import re
 
 import pytest
 
@@ -178,9 +179,14 @@ def same_run(flower_out, flower_summary, builtin):
 
 
 def test_simulation_engine_matches_builtin(tmp_path, chain_builtin):
+    """Given as docs/flower.md's snippet may give it: an unresolved RunConfig (run_flower resolves it)."""
+    from cis.training.config import RunConfig
+
     config, builtin = chain_builtin
     out = tmp_path / "run"
-    summary = run_flower(config, out, "simulation", num_cpus=2, log=lambda s: None)
+    unresolved = RunConfig(rounds=ROUNDS, seed=0, spec=config.spec)
+    assert unresolved.batch_size is None and unresolved.resolved() == config
+    summary = run_flower(unresolved, out, "simulation", num_cpus=2, log=lambda s: None)
     assert summary["engine"] == "flower"
     same_run(out, summary, builtin)
 
@@ -194,7 +200,22 @@ def test_deployment_engine_on_loopback_matches_builtin(tmp_path, chain_builtin):
     out = tmp_path / "run"
     fed = LoopbackFederation(3, workdir=tmp_path / "fed")
     with fed:
-        fed.run(config, out, round_timeout=200, connect_timeout=120, timeout=420)
+        sub = fed.run(config, out, round_timeout=200, connect_timeout=120, timeout=420)
+        # the same federation, a run for the default 7-node spec: its ServerApp stops at the connect timeout;
+        # `flwr run` still exits 0, the SuperLink's status (`flwr ls`) says failed, and run_end's one line is the
+        # ServerApp's own, from OUT/flower.log (a loopback SuperLink: this machine)
+        from cis.training.flower.deploy import submit_run
+
+        wide = make_config(overrides={"rounds": 1, "seed": 0})
+        failed = submit_run(wide, tmp_path / "wide", fed.address, connect_timeout=3, status=True)
     assert all(p.poll() is not None for p in fed.procs) and not fed.procs
     summary = json.loads((out / "summary.json").read_text())
     same_run(out, summary, builtin)
+    from cis.training.flower.launch import run_end
+
+    # a loopback SuperLink is this machine: run_flower's result is the run dir's summary
+    assert isinstance(sub.run_id, int) and run_end(out, sub) == summary and (out / "flower.log").is_file()
+    said = "flower: 3 SuperNodes connected after 3 s; the spec has 7 nodes"
+    assert failed.status == "finished:failed" and said in failed.details
+    with pytest.raises(CisError, match=re.escape(said) + r".*the ServerApp's log: .*flower\.log"):
+        run_end(tmp_path / "wide", failed)

@@ -165,3 +165,17 @@ def test_launch_from_python_serves_the_spec_it_was_given_without_a_file(bundle_d
             assert all(r.error is None and r.served_by == ["cloud"] for r in c.infer_many(x, window=1))
     assert not written.exists()  # launch's own temporary file goes with the cluster
     assert spec_for_nodes(bundle_dir, load_bundle(bundle_dir).spec, None) is None  # the nodes read the bundle's
+
+
+def test_a_node_whose_address_is_taken_says_so_in_one_line(bundle_dir, run_cli):
+    import zmq
+
+    taken = zmq.Context.instance().socket(zmq.ROUTER)
+    port = taken.bind_to_random_port("tcp://127.0.0.1", min_port=20000, max_port=30000)
+    try:
+        res = run_cli("serve", str(bundle_dir), "--node", "cloud", "--bind", f"tcp://127.0.0.1:{port}")
+    finally:
+        taken.close(0)
+    said = f"cis serve: error: node cloud: cannot bind tcp://127.0.0.1:{port} (Address already in use)"
+    assert res.code == 2 and res.err.strip().splitlines()[-1].startswith(said), res.err
+    assert "Traceback" not in res.err

@@ -54,10 +54,11 @@ from cis.core.records import LatencyWindow
 from cis.runtime import events, tracing
 from cis.runtime import protocol as P
 from cis.runtime.executor import Executor
+from cis.runtime.front_socket import bind_front
 from cis.runtime.node_config import NodeConfig
 from cis.runtime.oip.door import Door, Ticket, open_doors
 from cis.runtime.requests import BundleStage, Pending, Request, Stage, forward_route
-from cis.runtime.security import secure_server, start_authenticator
+from cis.runtime.security import start_authenticator
 from cis.runtime.seen import Seen
 from cis.runtime.updates import Updates
 from cis.runtime.upstream import Upstream
@@ -196,16 +197,7 @@ class Node:
         cfg, ex = self.cfg, self.executor
         if ex.tracer is None:
             ex.tracer = tracing.open_tracer(cfg.node_id, cfg.exit, cfg.spans_file, cfg.otlp_endpoint, cfg.name)
-        front = ctx.socket(zmq.ROUTER)
-        front.linger = 0
-        front.maxmsgsize = self.cfg.max_message_bytes  # per frame: a bigger one is never valid; ZeroMQ drops the peer
-        front.rcvhwm = self.cfg.rcv_hwm
-        front.rcvbuf = self.cfg.rcv_buf
-        front.sndhwm = 10000
-        front.router_mandatory = True  # a reply that cannot be delivered raises, so it is counted, not lost unseen
-        secure_server(front, self.cfg.curve)
-        front.bind(self.cfg.bind)
-        self.front = front
+        self.front = front = bind_front(ctx, cfg)  # a bind that fails is one line (cis.runtime.front_socket)
         self.poll_items = [(front, zmq.POLLIN)] + [(up, zmq.POLLIN) for up in self.upstream.open(ctx)]
         open_doors(self)  # polled beside the sockets: a door's descriptor wakes the same loop
 

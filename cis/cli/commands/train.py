@@ -63,6 +63,9 @@ def run(args: argparse.Namespace) -> int:
     if "stopped_after_round" in result:
         print_result(args, result, f"stopped after round {result['stopped_after_round']} (resume with --resume)")
         return 0
+    if "run_dir_host" in result:  # submitted to a remote SuperLink: no test report on this machine
+        print_result(args, {k: v for k, v in result.items() if k != "human"}, result["human"])
+        return 0
     from cis.training.evaluate import format_cis_report
 
     strategy = config.strategy
@@ -219,16 +222,19 @@ def _flower_run(args: argparse.Namespace, config: RunConfig, log: Callable[[str]
         raise CisError(
             "--resume is not supported with --engine flower (node momentum lives on the nodes); start a new run"
         )
-    from cis.training.flower.launch import run_flower
+    from cis.training.flower.launch import run_flower, submitted_text
 
-    return run_flower(
+    result = run_flower(
         config,
         args.out,
-        mode=args.flower_mode,
+        mode=args.flower_mode,  # None: deployment with --flower-superlink / --flower-root-certificates
         superlink=args.flower_superlink,
         root_certificates=args.flower_root_certificates,
         log=log,
     )
+    if "run_dir_host" in result:  # on a SuperLink on another host: its run dir, and summary, are there
+        result["human"] = submitted_text(result)
+    return result
 
 
 def _measured_rates(args: argparse.Namespace, values: dict) -> dict:

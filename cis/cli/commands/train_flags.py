@@ -211,16 +211,17 @@ COMMAND_FLAGS: tuple[tuple[str, dict[str, Any]], ...] = (
     }),
     ("--flower-mode", {
         "choices": FLOWER_MODES,
-        "default": "simulation",
-        "help": "flower: simulation engine on this machine, or deployment engine (SuperLink + SuperNodes)",
+        "help": "flower: simulation engine on this machine, or deployment engine (SuperLink + SuperNodes) "
+        "(default: deployment with --flower-superlink or --flower-root-certificates, else simulation)",
     }),
     ("--flower-superlink", {
         "metavar": "HOST:PORT",
-        "help": "flower deployment: submit to this running SuperLink (default: start one on loopback)",
+        "help": "flower deployment (implied): submit to this running SuperLink (default: start one on loopback); "
+        "a non-loopback address needs --flower-root-certificates",
     }),
     ("--flower-root-certificates", {
         "metavar": "PATH",
-        "help": "flower deployment: CA certificate for TLS to the SuperLink",
+        "help": "flower deployment (implied), with --flower-superlink: CA certificate for TLS to the SuperLink",
     }),
     ("--measure-grad-variance", {
         "action": "store_true",

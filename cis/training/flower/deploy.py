@@ -6,12 +6,16 @@ per CIS node (``--node-config partition-id=K``) as subprocesses bound to
 TLS and node authentication for real deployments), and always stops them
 (process groups, SIGTERM then SIGKILL). :func:`submit_run` is ``flwr run`` of
 cis/training/flower/app with the run config (``cis-config``, ``out-dir``) in a TOML
-file and a private FLWR_HOME naming the SuperLink connection.
+file and a private FLWR_HOME naming the SuperLink connection: TLS with the given CA
+certificate; insecure only for a loopback address (:func:`check_transport`).
 """
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -19,6 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import tomli_w
@@ -39,14 +44,51 @@ def _env(flwr_home: Path) -> dict[str, str]:
     return env
 
 
+def address_host(address: str) -> str:
+    """The host of a SuperLink address ``HOST:PORT`` (``[::1]:PORT`` for IPv6); one line when it is not one."""
+    host, sep, port = address.strip().rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit():
+        raise CisError(f"--flower-superlink {address!r}: expected HOST:PORT, e.g. superlink.example.org:9093")
+    return host
+
+
+def is_loopback(address: str) -> bool:
+    """Whether SuperLink ``address`` (HOST:PORT) is on this machine's loopback (localhost, 127.0.0.0/8, ::1)."""
+    host = address_host(address)
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        return False
+
+
+def check_transport(address: str, root_certificates: str | Path | None) -> None:
+    """TLS with ``root_certificates`` (a file), or insecure to a loopback ``address`` only: else one line."""
+    if root_certificates is not None:
+        if not Path(root_certificates).expanduser().is_file():
+            raise CisError(
+                f"--flower-root-certificates {root_certificates}: file not found; expected the CA certificate "
+                "(PEM) that signed the SuperLink's certificate"
+            )
+    elif not is_loopback(address):
+        raise CisError(
+            f"--flower-superlink {address}: not a loopback address; give --flower-root-certificates CA.crt "
+            "(TLS to the SuperLink; an insecure connection is for 127.0.0.1 / localhost only)"
+        )
+
+
 def write_connection(flwr_home: Path, name: str, address: str, root_certificates: str | Path | None = None) -> None:
-    """FLWR_HOME/config.toml naming one SuperLink connection (the `flwr` CLI's config)."""
+    """FLWR_HOME/config.toml naming one SuperLink connection (the `flwr` CLI's config): TLS with
+    ``root_certificates``, else insecure, which :func:`check_transport` allows on loopback only."""
+    check_transport(address, root_certificates)
     flwr_home.mkdir(parents=True, exist_ok=True)
     conn: dict = {"address": address}
     if root_certificates is None:
         conn["insecure"] = True
     else:
-        conn["root-certificates"] = str(Path(root_certificates).resolve())
+        conn["root-certificates"] = str(Path(root_certificates).expanduser().resolve())
     (flwr_home / "config.toml").write_text(tomli_w.dumps({"superlink": {"default": name, name: conn}}))
 
 
@@ -61,6 +103,18 @@ def write_run_config(
     return path
 
 
+@dataclass
+class Submission:
+    """A run ``flwr run`` submitted and streamed to its end: its id, what `flwr run` printed (the ServerApp's
+    log) and, where asked for (``status=True``), the SuperLink's final status of it (``flwr ls``)."""
+
+    superlink: str
+    run_id: int | None
+    output: str
+    status: str | None = None  # e.g. "finished:completed", "finished:failed"; None: not asked or not known
+    details: str = ""  # the SuperLink's status details, e.g. "ServerApp failed with exception: flower: ..."
+
+
 def submit_run(
     config: RunConfig,
     out: str | Path,
@@ -71,9 +125,14 @@ def submit_run(
     connect_timeout: float = 120.0,
     flwr_home: str | Path | None = None,
     timeout: float | None = None,
+    write_log: bool = True,
+    status: bool = False,
     log: Callable[[str], None] = lambda s: None,
-) -> None:
-    """``flwr run cis/training/flower/app`` on ``superlink`` (its Control API address), waiting for the end."""
+) -> Submission:
+    """``flwr run cis/training/flower/app`` on ``superlink`` (its Control API address), waiting for the end.
+
+    ``write_log``: `flwr run`'s output (the ServerApp's streamed log) into OUT/flower.log, where OUT is on
+    this machine; ``status``: ask the SuperLink for the run's final status afterwards."""
     with tempfile.TemporaryDirectory(prefix="cis-flwr-") as tmp:
         home = Path(flwr_home) if flwr_home else Path(tmp) / "home"
         write_connection(home, "cis", superlink, root_certificates)
@@ -84,10 +143,55 @@ def submit_run(
             proc = subprocess.run(cmd, env=_env(home), capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise CisError(f"flower: `flwr run` did not finish in {timeout:.0f} s") from None
+        output = proc.stdout + proc.stderr
         if proc.returncode != 0 or "Successfully started run" not in proc.stdout:
-            raise CisError(f"flower: `flwr run` failed (exit {proc.returncode}): {(proc.stdout + proc.stderr)[-2000:]}")
-        (Path(out) / "flower.log").parent.mkdir(parents=True, exist_ok=True)
-        (Path(out) / "flower.log").write_text(proc.stdout + proc.stderr)
+            raise CisError(f"flower: `flwr run` on {superlink} failed (exit {proc.returncode}): {flwr_error(output)}")
+        if write_log:
+            (Path(out) / "flower.log").parent.mkdir(parents=True, exist_ok=True)
+            (Path(out) / "flower.log").write_text(output)
+        found = re.search(r"Successfully started run (\d+)", proc.stdout)
+        sub = Submission(superlink, int(found.group(1)) if found else None, output)
+        if status and sub.run_id is not None:
+            sub.status, sub.details = run_status(home, sub.run_id)
+        return sub
+
+
+def run_status(flwr_home: Path, run_id: int) -> tuple[str | None, str]:
+    """The SuperLink's status of run ``run_id`` and its details (``flwr ls --run-id``); (None, why) when it
+    cannot be read."""
+    cmd = [str(BIN / "flwr"), "ls", "cis", "--run-id", str(run_id), "--format", "json"]
+    try:
+        proc = subprocess.run(cmd, env=_env(flwr_home), capture_output=True, text=True, timeout=120)
+        runs = json.loads(proc.stdout).get("runs") or [{}]
+    except (subprocess.TimeoutExpired, ValueError, AttributeError):
+        return None, "`flwr ls` gave no status"
+    return runs[0].get("status"), str(runs[0].get("status-details") or "")
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_EXCEPTION = re.compile(r"^[A-Za-z_][\w.]*(Error|Exception)\b[^:]*: ")
+
+
+def server_error(text: str) -> str | None:
+    """The ServerApp's error in its log ``text``: its last CisError line (from ``flower:`` on), else the last
+    exception line of a traceback; None when there is neither."""
+    lines = [_ANSI.sub("", line).strip() for line in text.splitlines()]
+    said = [line[line.index("flower: "):] for line in lines if "CisError: flower: " in line]
+    said = said or [line[line.index("flower: "):] for line in lines if line.startswith("flower: ")]
+    if said:
+        return said[-1]
+    raised = [line for line in lines if _EXCEPTION.match(line)]
+    return raised[-1] if raised else None
+
+
+def flwr_error(text: str) -> str:
+    """`flwr` CLI's error as one line: the text of its "Error" box, else its last non-empty line."""
+    lines = [_ANSI.sub("", line).rstrip() for line in text.splitlines()]
+    boxed = [line.strip("│ ") for line in lines if line.startswith("│")]
+    if boxed:
+        return " ".join(part for part in boxed if part)
+    said = [line.strip() for line in lines if line.strip()]
+    return said[-1][-500:] if said else "no output"
 
 
 class LoopbackFederation:
@@ -154,9 +258,9 @@ class LoopbackFederation:
         return self
 
     def run(self, config: RunConfig, out: str | Path, round_timeout: float = 600.0, connect_timeout: float = 120.0,
-            timeout: float | None = None) -> None:
-        submit_run(config, out, self.address, round_timeout=round_timeout, connect_timeout=connect_timeout,
-                   flwr_home=self.workdir / "cli-home", timeout=timeout, log=self.log)
+            timeout: float | None = None) -> Submission:
+        return submit_run(config, out, self.address, round_timeout=round_timeout, connect_timeout=connect_timeout,
+                          flwr_home=self.workdir / "cli-home", timeout=timeout, log=self.log)
 
     def stop(self) -> None:
         for p in self.procs:

@@ -85,6 +85,10 @@ def test_cli_simulation_with_a_superlink_is_refused(tmp_path, run_cli):
                 "--rounds", "1", "--out", tmp_path / "run")  # fmt: skip
     assert "--flower-mode simulation trains on this machine" in one_error_line(r)
     assert not (tmp_path / "run").exists()
+    r = run_cli("train", "--flower-superlink", REMOTE, "--flower-mode", "deployment", "--rounds", "1",
+                "--out", tmp_path / "run")  # fmt: skip
+    said = "--flower-mode, --flower-superlink goes with --engine flower (this run uses the built-in engine)"
+    assert one_error_line(r).endswith(said) and not (tmp_path / "run").exists()
 
 
 def test_cli_remote_superlink_without_certificates_is_refused(tmp_path, run_cli):

@@ -54,6 +54,10 @@ def run(args: argparse.Namespace) -> int:
         raise CisError("--window goes with --rates-from SOURCE")
     if args.resume and (args.init or args.rates_from):
         raise CisError("--resume continues a run as it was configured; drop --init and --rates-from")
+    flower_flags = [f for f in ("mode", "superlink", "root_certificates") if getattr(args, f"flower_{f}") is not None]
+    if flower_flags and args.engine != "flower":
+        named = ", ".join("--flower-" + f.replace("_", "-") for f in flower_flags)
+        raise CisError(f"{named} goes with --engine flower (this run uses the built-in engine)")
     config = _resumed_config(args, flags, options) if args.resume else _new_config(args, flags, options)
     log = (lambda s: None) if args.json else logging.getLogger(__name__).info
     from cis.training.device import run_device

@@ -41,3 +41,24 @@ def test_the_client_refuses_them_before_sending():
             infer_spread({"d": c}, x, {"d": np.arange(4)}, window=0)
         assert c.in_flight == 0  # nothing was sent
     check_pacing(1, None)  # the defaults pass
+
+
+def test_an_out_path_that_cannot_be_written_is_one_line_before_sending(run_cli, tmp_path):
+    """Checked before anything is sent (tcp://127.0.0.1:1 is never reached): the run is not lost at its end."""
+    data = tmp_path / "x.npz"
+    np.savez(data, x=np.zeros((4, 1, 8, 8), np.float32), y=np.zeros(4, np.int64))
+    (tmp_path / "afile").write_text("")
+    res = run_cli("infer", "--connect", "tcp://127.0.0.1:1", "--dataset", str(data), "--timeout", "30",
+                  "--out", tmp_path / "afile" / "rows.csv")
+    lines = res.err.strip().splitlines()
+    assert res.code == 2 and len(lines) == 1 and lines[0].startswith("cis infer: error: --out "), res.err
+    res = run_cli("infer", "--connect", "tcp://127.0.0.1:1", "--dataset", str(data), "--out", tmp_path)
+    assert res.code == 2 and "not a file this user can write" in res.err, res.err
+
+
+@pytest.mark.parametrize("command", [("spec", "new", "--topology", "paper-7", "-o"), ("keys",)])
+def test_a_path_under_a_file_is_one_line_not_a_traceback(command, run_cli, tmp_path):
+    (tmp_path / "afile").write_text("")
+    res = run_cli(*command, tmp_path / "afile" / "x")
+    (line,) = res.err.strip().splitlines()
+    assert res.code == 2 and line.startswith(f"cis {command[0]}: error: {tmp_path / 'afile'}"), res.err

@@ -177,6 +177,31 @@ def test_configure_sends_records_to_stderr_in_the_chosen_format(monkeypatch):
         logs.configure(before)
 
 
+def test_a_library_that_sets_its_own_logger_to_debug_still_shows_only_warnings(monkeypatch):
+    """flwr sets DEBUG on its logger and prints through its own handler: logs.adopt routes it through ours, whose
+    filter passes other libraries' records at WARNING and above, in the chosen format."""
+    err = io.StringIO()
+    monkeypatch.setattr("sys.stderr", err)
+    before = logs.current()
+    chatty = logging.getLogger("chatty.library")
+    own = logging.StreamHandler(err)
+    chatty.setLevel(logging.DEBUG)
+    chatty.addHandler(own)
+    try:
+        logs.configure(logs.resolve("debug", "json"))
+        logs.adopt("chatty.library")
+        assert own not in chatty.handlers
+        chatty.debug("not shown")
+        chatty.info("not shown either")
+        chatty.warning("shown")
+        (line,) = err.getvalue().splitlines()
+        assert json.loads(line)["message"] == "shown" and json.loads(line)["logger"] == "chatty.library"
+    finally:
+        chatty.removeHandler(own)
+        chatty.setLevel(logging.NOTSET)
+        logs.configure(before)
+
+
 def test_the_flag_beats_the_variable_which_beats_the_default():
     env = {logs.ENV_LEVEL: "WARNING", logs.ENV_FORMAT: "json"}
     assert logs.resolve(None, None, {}) == logs.LogSettings("info", "text")

@@ -142,6 +142,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `cis rates --json | head`
         sys.stderr.close()
         return 0
+    except OSError as exc:  # a path the user named that cannot be read or written: one line too
+        if exc.filename is None:
+            raise
+        print(f"cis {args.command}: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"cis {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -74,6 +74,23 @@ class _Stderr(logging.StreamHandler):
     def stream(self, value: Any) -> None:  # logging.StreamHandler.__init__ sets it
         pass
 
+    def filter(self, record: logging.LogRecord) -> bool:
+        """Other libraries' records at WARNING and above only, whatever level their own loggers are set to (flwr
+        sets DEBUG on its logger); the project's pass at the level :func:`configure` set on them."""
+        ours = any(record.name == p or record.name.startswith(p + ".") for p in PACKAGES)
+        return (ours or record.levelno >= logging.WARNING) and bool(super().filter(record))
+
+
+def adopt(name: str) -> None:
+    """Route library ``name``'s records through the project's handler only: drop the console handlers the
+    library put on its own logger (flwr prints every record itself, DEBUG included, in its own format), so its
+    records show at WARNING and above, in the format ``--log-format`` chose."""
+    library = logging.getLogger(name)
+    for handler in list(library.handlers):
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            library.removeHandler(handler)
+    library.propagate = True
+
 
 def _utc(record: logging.LogRecord) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"

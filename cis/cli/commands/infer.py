@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import os
 from collections.abc import Sequence
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cis.cli.main import print_result
@@ -100,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
 
     _traceparent(args)
     _check_numbers(args)
+    if args.out:
+        writable_file(args.out, "--out")  # before anything is sent: a run is not lost to a bad path
     data = read_dataset(args)
     x, y = data.x, data.y
     if args.n is not None:
@@ -113,6 +116,17 @@ def run(args: argparse.Namespace) -> int:
         lines.append(f"wrote {args.out}")
     print_result(args, summary, "\n".join(lines))
     return 0 if not summary["errors"] else 1
+
+
+def writable_file(path: str, flag: str) -> None:
+    """One line unless ``path`` can be written: its folder made if missing, and not a folder itself."""
+    target = Path(path)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CisError(f"{flag} {path}: cannot make its folder {target.parent} ({exc.strerror})") from None
+    if target.is_dir() or not os.access(target.parent, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise CisError(f"{flag} {path}: not a file this user can write; expected a writable file path")
 
 
 def _traceparent(args: argparse.Namespace) -> None:

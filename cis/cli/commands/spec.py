@@ -60,6 +60,7 @@ def run(args: argparse.Namespace) -> int:
         del tables["cis"]["classes"]
     said = f"{classes} classes" + (f" from {args.data}" if args.data else "") if classes else "classes from the data"
     if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)  # as every --out of cis makes its folder
         Path(args.out).write_text(tomli_w.dumps(tables))
         print_result(
             args,
@@ -93,6 +94,7 @@ def run_update(args: argparse.Namespace) -> int:
     if not args.out:
         print_result(args, result, text.rstrip())
         return 0
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(text)
     shares = compute_rates(updated).exit_share
     print_result(

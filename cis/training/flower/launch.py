@@ -183,11 +183,13 @@ def _simulate(
     from flwr.serverapp import ServerApp
     from flwr.simulation import run_simulation
 
+    from cis.core.logs import adopt
     from cis.training.device import run_device
     from cis.training.flower.client_app import app as client_app
     from cis.training.flower.server_app import serve
     from cis.training.run import build_setup
 
+    adopt("flwr")  # flwr's records (its own handler prints DEBUG) through ours: --log-level/--log-format hold
     n = len(
         build_setup(dataclasses.replace(config, device="cpu")).clients
     )  # cheap for the built-in datasets; the ServerApp builds its own

@@ -179,3 +179,11 @@ def test_a_node_whose_address_is_taken_says_so_in_one_line(bundle_dir, run_cli):
     said = f"cis serve: error: node cloud: cannot bind tcp://127.0.0.1:{port} (Address already in use)"
     assert res.code == 2 and res.err.strip().splitlines()[-1].startswith(said), res.err
     assert "Traceback" not in res.err
+
+
+def test_serve_all_of_a_spec_the_bundle_does_not_fit_is_one_line_before_any_node_starts(bundle_dir, tmp_path, run_cli):
+    spec = tmp_path / "p17.toml"
+    write_spec(make_spec("paper-17", "60-30-10"), spec)
+    res = run_cli("serve", str(bundle_dir), "--all", "--spec", str(spec), "--free-ports")
+    (line,) = res.err.strip().splitlines()  # not a line from every node among their start and stop logs
+    assert res.code == 2 and "the bundle's policy has no threshold for it; pass --threshold" in line, res.err

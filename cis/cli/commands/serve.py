@@ -55,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
         raise CisError(f"{args.bundle}: bundle has no spec; pass --spec")
     if args.all:
         _check_providers(args, bundle, spec)
+        _check_fit(args, bundle, spec)
         _check_spans_files(args, spec)
         return _run_all(args, spec)
     if args.log_dir:
@@ -233,6 +234,15 @@ def _build(bundle, args, spec, opts):
         )
     except zmq.ZMQError as exc:
         raise CisError(f"node {args.node}: {exc}") from None
+
+
+def _check_fit(args: argparse.Namespace, bundle, spec) -> None:
+    """Before --all starts any node: one line for a node the bundle does not fit (a spec of another tree: no
+    threshold for it, or an exit past its stages), not one such line from every node among their logs."""
+    from cis.runtime.factory import fit
+
+    for node in spec.nodes:
+        fit(bundle, spec, node.id, args.threshold)
 
 
 def _check_providers(args: argparse.Namespace, bundle, spec) -> None:

@@ -161,8 +161,8 @@ def _load_run(run_dir: Path, spec: str | Path | CisSpec | dict | None, say: Prog
     from cis.training.checkpoint import META, WEIGHTS, load_checkpoint
     from cis.training.data.loading import load_run_data
 
-    say(f"loading checkpoint {run_dir}")
-    model, meta, _ = load_checkpoint(run_dir, allow_model_change)
+    model, meta, _ = load_checkpoint(run_dir, allow_model_change)  # said once read: a mistake is the only line
+    say(f"loaded checkpoint {run_dir}")
     meta_path = str(run_dir / META) if run_dir.is_dir() else str(run_dir.with_suffix(".json"))
     weights_path = run_dir / WEIGHTS if run_dir.is_dir() else run_dir
     spec_obj = _resolve_spec(spec, meta, meta_path)
@@ -178,8 +178,8 @@ def _load_run(run_dir: Path, spec: str | Path | CisSpec | dict | None, say: Prog
         )
 
     if val is None:
-        say(f"loading validation split of {meta['dataset']!r}")
         val = load_run_data(meta, str(run_dir)).val  # one line when the run's data file changed since
+        say(f"loaded the validation split of {meta['dataset']!r} ({len(val)} samples)")
     if len(val) == 0:
         raise CisError(
             f"dataset {meta['dataset']!r}: empty validation split; expected validation data to calibrate thresholds"

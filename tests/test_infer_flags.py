@@ -62,3 +62,35 @@ def test_a_path_under_a_file_is_one_line_not_a_traceback(command, run_cli, tmp_p
     res = run_cli(*command, tmp_path / "afile" / "x")
     (line,) = res.err.strip().splitlines()
     assert res.code == 2 and line.startswith(f"cis {command[0]}: error: {tmp_path / 'afile'}"), res.err
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (("status", "--connect", "127.0.0.1:5553"), "127.0.0.1:5553: not a ZeroMQ endpoint"),
+        (("status", "--connect", "tcp://127.0.0.1:1", "--timeout", "inf"), "--timeout: 'inf'; expected a finite"),
+        (("rates", "--connect", "tcp://127.0.0.1:1", "--timeout", "-1"), "--timeout: '-1'; expected a finite"),
+        (("spec", "new", "--serving", "nan-30-10"), "serving setting 'nan-30-10': expected non-negative percentages"),
+        (("spec", "new", "--total-rate", "-1"), "--total-rate is -1.0; expected requests per second >= 0"),
+        (("spec", "new", "--classes", "1"), "--classes is 1; expected at least 2 classes"),
+        (("spec", "new", "-o", "/dev/full"), "No space left on device"),
+    ],
+)
+def test_more_mistakes_are_one_line(argv, said, run_cli):
+    """Found by a hunt for tracebacks and silent acceptance (session 19): each is one line, exit 2."""
+    res = run_cli(*argv)
+    (line,) = res.err.strip().splitlines()
+    assert res.code == 2 and line.startswith(f"cis {argv[0]}: error: ") and said in line, res.err
+
+
+def test_keys_are_never_replaced_and_a_binary_file_is_one_line(run_cli, tmp_path):
+    assert run_cli("keys", tmp_path / "k").code == 0
+    res = run_cli("keys", tmp_path / "k")
+    assert res.code == 2 and f"{tmp_path / 'k' / 'node.key'} exists" in res.err, res.err
+    assert run_cli("keys", tmp_path / "k", "--name", "../out").code == 2 and not (tmp_path / "out.key").exists()
+    spec, garbage = tmp_path / "s.toml", tmp_path / "faults.txt"
+    assert run_cli("spec", "new", "-o", spec).code == 0
+    garbage.write_bytes(bytes(range(128, 256)) * 4)
+    res = run_cli("simulate", "--spec", spec, "--requests", "5", "--faults", garbage)
+    (line,) = res.err.strip().splitlines()
+    assert res.code == 2 and "not UTF-8 text" in line, res.err

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
@@ -104,6 +105,17 @@ def _log_options(parser: argparse.ArgumentParser, default: str | None, nested: b
             _log_options(child, default, nested=True)
 
 
+def seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds > 0 (a --timeout of 0, -1, nan or inf cannot work)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number; expected seconds > 0") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"{text!r}; expected a finite number of seconds > 0")
+    return value
+
+
 def command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
     """The parser of the (sub)command ``args`` chose: ``cis spec new``'s for ``cis spec new ...``."""
     while True:
@@ -142,10 +154,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except BrokenPipeError:  # e.g. `cis rates --json | head`
         sys.stderr.close()
         return 0
-    except OSError as exc:  # a path the user named that cannot be read or written: one line too
-        if exc.filename is None:
-            raise
-        print(f"cis {args.command}: error: {exc.filename}: {exc.strerror}", file=sys.stderr)
+    except OSError as exc:  # a path that cannot be read or written (a folder missing, a file in the way, a full disk)
+        where = f"{exc.filename}: " if exc.filename is not None else ""
+        print(f"cis {args.command}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except UnicodeDecodeError as exc:  # a binary file where a text file (TOML, CSV, JSON) was expected
+        print(f"cis {args.command}: error: a file given is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+              "expected a text file", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print(f"cis {args.command}: interrupted", file=sys.stderr)

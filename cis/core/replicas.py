@@ -73,7 +73,8 @@ def parse_addresses(addresses: object, address: object = None) -> tuple[str, ...
     absent). Raises ValueError (what is wrong, what was expected) for anything but a list of endpoints, or both."""
     if addresses is None:
         return None
-    if not isinstance(addresses, list) or not addresses or not all(isinstance(a, str) and a for a in addresses):
+    if not isinstance(addresses, list) or not addresses or not all(isinstance(a, str) and "://" in a for a in
+                                                                    addresses):
         raise ValueError(f"field 'addresses' is {addresses!r}; expected a list of ZeroMQ endpoints, one per "
                          "replica, such as ['tcp://10.0.0.5:5555', 'tcp://10.0.0.6:5555']")
     if address is not None:

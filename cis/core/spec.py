@@ -280,7 +280,7 @@ def _parse_node(raw: Any, index: int, source: str) -> Node:
         latency=_number(link_raw.get("latency", Link.latency), "link.latency", where),
     )
     address = raw.get("address")
-    if address is not None and not isinstance(address, str):
+    if address is not None and (not isinstance(address, str) or "://" not in address):  # tcp://, ipc://
         raise SpecError(f"{where}: field 'address' is {address!r}; expected a ZeroMQ endpoint such as 'tcp://127.0.0.1:5555'")
     host = raw.get("host")
     if host is not None and (not isinstance(host, str) or not host):

@@ -16,6 +16,8 @@ really produce.
 
 from __future__ import annotations
 
+import math
+
 from cis.core.errors import CisError
 from cis.core.spec import CisSpec, Link, Node
 
@@ -41,7 +43,7 @@ def parse_serving(text: str, num_exits: int | None = None) -> list[float]:
         values = [float(p) for p in parts]
     except ValueError:
         raise CisError(f"serving setting {text!r}: expected numbers joined by '-', such as 80-15-5") from None
-    if any(v < 0 for v in values) or sum(values) <= 0:
+    if any(not math.isfinite(v) or v < 0 for v in values) or sum(values) <= 0:
         raise CisError(f"serving setting {text!r}: expected non-negative percentages with a positive sum")
     if num_exits is not None and len(values) != num_exits:
         raise CisError(f"serving setting {text!r}: has {len(values)} shares; expected one per exit ({num_exits})")

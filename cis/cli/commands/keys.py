@@ -43,8 +43,10 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.signing and args.allow:
         raise CisError("--allow is for CurveZMQ keys; signing keys go to 'cis export --sign' and 'cis serve --trust'")
+    names = args.name or ["node"]
+    _check_new(args.folder, names, args.signing)
     made = {}
-    for name in args.name or ["node"]:
+    for name in names:
         if args.signing:
             from cis.core.signing import make_signing_key
 
@@ -73,3 +75,17 @@ def run(args: argparse.Namespace) -> int:
         )
     print_result(args, {"keys": made}, "\n".join(lines))
     return 0
+
+
+def _check_new(folder: str, names: list[str], signing: bool) -> None:
+    """Before anything is written: each name a plain file name, and no key of that name in ``folder`` already (a
+    new pair would replace it silently, and the peers that trust the old public key would lose their access)."""
+    from pathlib import Path
+
+    for name in names:
+        if not name or "/" in name or "\\" in name or name.startswith("."):
+            raise CisError(f"--name {name!r}; expected a plain file name (no '/', not starting with '.')")
+        files = (f"{name}.sign.pem", f"{name}.sign.pub.pem") if signing else (f"{name}.key", f"{name}.key_secret")
+        there = [f for f in files if (Path(folder) / f).exists()]
+        if there:
+            raise CisError(f"{Path(folder) / there[0]} exists; expected a new name or folder (keys are never replaced)")

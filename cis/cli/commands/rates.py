@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 
-from cis.cli.main import print_result
+from cis.cli.main import print_result, seconds
 from cis.core.errors import CisError
 from cis.core.rates import RATE_KEYS, compare_rates, compute_rates, rates_to_json
 from cis.core.spec import load_spec
@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--measured", metavar="SOURCE", help=HELP["measured"])
     p.add_argument("--connect", action="append", metavar="ADDR", help=HELP["connect"])
     p.add_argument("--window", type=float, metavar="SECONDS", help=HELP["window"])
-    p.add_argument("--timeout", type=float, default=1.0, help="live: seconds to wait for each node (default 1)")
+    p.add_argument("--timeout", type=seconds, default=1.0, help="live: seconds to wait for each node (default 1)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 

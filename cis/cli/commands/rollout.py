@@ -13,7 +13,7 @@ import argparse
 import json
 from pathlib import Path
 
-from cis.cli.main import print_result
+from cis.cli.main import print_result, seconds
 from cis.core.errors import CisError
 
 
@@ -35,7 +35,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trust", help="Ed25519 public key (PEM): refuse NEW_BUNDLE unless signed by it")
     p.add_argument(
         "--timeout",
-        type=float,
+        type=seconds,
         default=120.0,
         help="seconds to wait for a node's answer, a load included, or for a restarted node (default 120)",
     )
@@ -52,8 +52,6 @@ def run(args: argparse.Namespace) -> int:
     from cis.runtime.rollout import Rollout, check_fits, targets_of
     from cis.runtime.security import CurveConfig
 
-    if args.timeout <= 0:
-        raise CisError(f"--timeout is {args.timeout:g}; expected seconds > 0")
     bundle = load_bundle(Path(args.bundle).resolve(), trust=args.trust)  # every file's sha256, the signature
     spec, addresses = _tree(args)
     check_fits(bundle, spec, spec.ids)

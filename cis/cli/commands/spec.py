@@ -8,11 +8,13 @@ count from its data (anything else that reads the spec sees the default, 10)."""
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import tomli_w
 
 from cis.cli.main import print_result
+from cis.core.errors import CisError
 from cis.core.spec import load_spec, spec_to_dict
 from cis.core.topologies import DEFAULT_TOTAL_RATE, TOPOLOGIES, make_spec
 
@@ -53,6 +55,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if not (math.isfinite(args.total_rate) and args.total_rate >= 0):
+        raise CisError(f"--total-rate is {args.total_rate}; expected requests per second >= 0")
+    if args.classes is not None and args.classes < 2:
+        raise CisError(f"--classes is {args.classes}; expected at least 2 classes")
     classes = data_classes(args.data) if args.data else args.classes
     spec = make_spec(args.topology, args.serving, args.total_rate, **({"num_classes": classes} if classes else {}))
     tables = spec_to_dict(spec)

@@ -15,7 +15,7 @@ import argparse
 import json
 from pathlib import Path
 
-from cis.cli.main import print_result
+from cis.cli.main import print_result, seconds
 from cis.core.errors import CisError
 from cis.core.records import format_ms
 
@@ -27,7 +27,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--cluster", help="the --log-dir of 'cis serve --all' (or its cluster.json): its nodes and their restarts"
     )
-    p.add_argument("--timeout", type=float, default=1.0, help="seconds to wait for each node (default 1)")
+    p.add_argument("--timeout", type=seconds, default=1.0, help="seconds to wait for each node (default 1)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 

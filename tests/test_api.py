@@ -147,5 +147,5 @@ def test_train_help_groups_everyday_flags_first_with_defaults(run_cli):
     assert "--lr LR local SGD learning rate (cosine annealed over rounds) (default 0.05 for digits and your data, " \
            "0.1 for CIFAR)" in flat
     assert "--optimizer {sgd,adamw}" in flat and "(default sgd)" in flat
-    assert "simulation engine on this machine, or deployment engine (SuperLink + SuperNodes) (default simulation)" \
-        in flat
+    assert "simulation engine on this machine, or deployment engine (SuperLink + SuperNodes) (default: deployment " \
+        "with --flower-superlink" in flat and "else simulation)" in flat  # argparse may wrap at a flag's hyphen

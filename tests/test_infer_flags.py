@@ -39,6 +39,11 @@ def test_the_client_refuses_them_before_sending():
                 c.infer_many(x, **kwargs)
         with pytest.raises(CisError, match="window is 0"):
             infer_spread({"d": c}, x, {"d": np.arange(4)}, window=0)
+        for timeout in (0.0, -1.0, float("nan")):  # docs/runtime.md: refused as cis infer --timeout is
+            with pytest.raises(CisError, match="timeout is"):
+                c.infer_many(x, timeout=timeout)
+            with pytest.raises(CisError, match="timeout is"):
+                infer_spread({"d": c}, x, {"d": np.arange(4)}, timeout=timeout)
         assert c.in_flight == 0  # nothing was sent
     check_pacing(1, None)  # the defaults pass
 
@@ -67,7 +72,7 @@ def test_a_path_under_a_file_is_one_line_not_a_traceback(command, run_cli, tmp_p
 @pytest.mark.parametrize(
     ("argv", "said"),
     [
-        (("status", "--connect", "127.0.0.1:5553"), "127.0.0.1:5553: not a ZeroMQ endpoint"),
+        (("status", "--connect", "127.0.0.1:5553"), "127.0.0.1:5553: not a ZeroMQ address"),
         (("status", "--connect", "tcp://127.0.0.1:1", "--timeout", "inf"), "--timeout: 'inf'; expected a finite"),
         (("rates", "--connect", "tcp://127.0.0.1:1", "--timeout", "-1"), "--timeout: '-1'; expected a finite"),
         (("spec", "new", "--serving", "nan-30-10"), "serving setting 'nan-30-10': expected non-negative percentages"),
@@ -94,3 +99,10 @@ def test_keys_are_never_replaced_and_a_binary_file_is_one_line(run_cli, tmp_path
     res = run_cli("simulate", "--spec", spec, "--requests", "5", "--faults", garbage)
     (line,) = res.err.strip().splitlines()
     assert res.code == 2 and "not UTF-8 text" in line, res.err
+
+
+def test_an_empty_npz_is_one_line(run_cli, tmp_path):
+    (tmp_path / "empty.npz").write_bytes(b"")
+    res = run_cli("infer", "--connect", "tcp://127.0.0.1:1", "--dataset", tmp_path / "empty.npz", "--timeout", "2")
+    (line,) = res.err.strip().splitlines()
+    assert res.code == 2 and "empty.npz: cannot read (No data left in file)" in line, res.err

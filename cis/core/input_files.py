@@ -73,7 +73,7 @@ def needs_entry(source: str) -> bool:
     try:
         with np.load(path, allow_pickle=False) as z:
             x = z["x"] if "x" in z.files else None
-    except (OSError, ValueError, zipfile.BadZipFile):
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile):  # EOFError: an empty file
         return False
     return x is not None and not (x.ndim == 4 and np.issubdtype(x.dtype, np.floating))
 
@@ -85,7 +85,7 @@ def load_npz(path: str | Path, bundle: Bundle | None = None, entry: TensorInfo |
     try:
         with np.load(path, allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
-    except (OSError, ValueError, zipfile.BadZipFile) as exc:
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:  # EOFError: an empty file
         raise CisError(f"{path}: cannot read ({exc}); expected a .npz written by numpy.savez") from None
     if "x" not in arrays:
         raise CisError(

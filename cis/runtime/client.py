@@ -279,7 +279,7 @@ class Client:
         ``rate`` requests/s); results in order. A request that gets no reply within ``timeout``
         seconds gets an error result with code "timeout". ``traceparent``: every request joins that trace;
         ``logits``: every result carries its logits."""
-        check_pacing(window, rate, batch_size)
+        check_pacing(window, rate, batch_size, timeout)
         chunks = [x[i : i + batch_size] for i in range(0, len(x), batch_size)]
         return list(self.stream(chunks, window, rate, timeout, deadline, traceparent, logits))
 
@@ -293,7 +293,7 @@ class Client:
         traceparent: str | None = None,
         logits: bool = False,
     ) -> Iterator[Result]:
-        check_pacing(window, rate)
+        check_pacing(window, rate, timeout=timeout)
         timeout = self.timeout if timeout is None else timeout
         chunks = list(chunks)
         results: dict[int, Result] = {}
@@ -365,9 +365,11 @@ class Client:
         self.close()
 
 
-def check_pacing(window: int, rate: float | None, batch_size: int = 1) -> None:
-    """One line (CisError) for a window, rate or batch size that cannot work: a window of 0 would wait forever,
-    a rate of 0 divide by zero, a negative rate send as fast as it can."""
+def check_pacing(window: int, rate: float | None, batch_size: int = 1, timeout: float | None = None) -> None:
+    """One line (CisError) for a window, rate, batch size or timeout that cannot work: a window of 0 would wait
+    forever, a rate of 0 divide by zero, a negative rate send as fast as it can, a timeout <= 0 time out all."""
+    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+        raise CisError(f"timeout is {timeout!r}; expected a finite number of seconds > 0")
     if not window >= 1:
         raise CisError(f"window is {window!r}; expected requests in flight >= 1")
     if not batch_size >= 1:
@@ -391,7 +393,7 @@ def infer_spread(
     each sample no earlier than ``times[i]`` seconds after the start (non-decreasing; e.g. Poisson).
     Returns one Result per sample in sample order (error results for errors and timeouts). ``traceparent``:
     every request joins that trace."""
-    check_pacing(window, rate)
+    check_pacing(window, rate, timeout=timeout)
     queue = sorted((int(i), nid) for nid, idx in entries.items() for i in idx)
     if times is None and rate is not None:
         times = np.arange(len(x)) / rate

@@ -69,7 +69,7 @@ class Entries:
             sock.connect(address)
         except zmq.ZMQError as exc:  # '127.0.0.1:5555' (no scheme), 'http://...': one line, not a traceback
             sock.close(0)
-            raise CisError(f"{address}: not a ZeroMQ endpoint ({zmq.strerror(exc.errno or 0)}); expected "
+            raise CisError(f"{address}: not a ZeroMQ address ({zmq.strerror(exc.errno or 0)}); expected "
                            "tcp://HOST:PORT") from None
         return sock
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from cis.core.errors import CisError
+from cis.core.errors import CisError, error_line
 from cis.training.models.contract import EarlyExitNet
 from cis.training.models.model_ref import build_model
 
@@ -83,7 +83,7 @@ def load_checkpoint(path: str | Path, allow_model_change: bool = False) -> tuple
     try:
         blob = torch.load(weights, map_location="cpu", weights_only=True)
     except Exception as exc:  # a corrupt or foreign file: one line, not a traceback
-        raise CisError(f"{weights}: cannot read checkpoint ({type(exc).__name__}: {exc})") from None
+        raise CisError(f"{weights}: cannot read checkpoint ({error_line(exc)})") from None
     state = blob.get("model") if isinstance(blob, dict) else None
     if not isinstance(state, dict):
         raise CisError(f"{weights}: no model state; expected a checkpoint written by 'cis train'")

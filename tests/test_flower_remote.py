@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("flwr")
 
 from cis.core.errors import CisError  # noqa: E402
-from cis.core.spec import tomllib  # noqa: E402  (tomli on Python 3.10)
+from cis.core.spec_file import tomllib  # noqa: E402  (tomli on Python 3.10)
 from cis.runtime.ports import free_port  # noqa: E402
 from cis.training.flower.deploy import (  # noqa: E402
     Submission,

@@ -45,7 +45,7 @@ host = "box0"
 
 
 def parse(text: str):
-    from cis.core.spec import tomllib  # tomli on Python 3.10
+    from cis.core.spec_file import tomllib  # tomli on Python 3.10
 
     return parse_spec(tomllib.loads(textwrap.dedent(text)), "hosts.toml")
 

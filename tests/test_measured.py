@@ -203,7 +203,7 @@ def test_requests_file_forwarding_follows_the_path_and_the_window_takes_the_last
         ([("nowhere", "root", 3, 0.0), ("leaf", "leaf", 1, 1.0)], "entry 'nowhere' is not a node"),
         ([("side", "mid", 2, 0.0), ("leaf", "leaf", 1, 1.0)], "not on its way to the root"),
         ([("leaf", "", None, 0.0), ("side", "", None, 1.0)], "no request was served"),
-        ([("leaf", "leaf", 1, 2.0)], "pass --window"),
+        ([("leaf", "leaf", 1, 2.0)], "spread over time"),
     ],
 )
 def test_bad_requests_files_are_one_line(tmp_path, run_cli, rows, message):

@@ -34,7 +34,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -84,8 +84,13 @@ def train(stages: Any, train_data: Any, *, spec: Any = None, val_data: Any = Non
     under ``serving``, two of the ``settings``); ``out``: the run dir (default: a new temporary folder);
     ``settings``: any field of ``cis.training.config.RunConfig`` (``rounds``, ``lr``, ``optimizer``,
     ``clip_grad_norm``, ``centralised``, ``seed``, ``device``, ``method``, ``model_args``, ...)."""
+    from cis.core.paths import check_folder
     from cis.core.spec import CisSpec, write_spec
 
+    _check_path(spec, "cis.train: spec", "a spec file (TOML) or a CisSpec", CisSpec)
+    _check_path(out, "cis.train: out", "a folder for the run")
+    if out is not None:
+        check_folder(out, "cis.train: out (the run dir)")
     folder = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="cis-run-"))
     made = not folder.exists() or not any(folder.iterdir())
     values = dict(settings)
@@ -104,6 +109,12 @@ def train(stages: Any, train_data: Any, *, spec: Any = None, val_data: Any = Non
             shutil.rmtree(folder, ignore_errors=True)
         raise
     return Run(folder, summary)
+
+
+def _check_path(value: Any, what: str, expected: str, *kinds: type) -> None:
+    """One line unless ``value`` is None, a path (a str or a Path) or one of ``kinds``."""
+    if value is not None and not isinstance(value, (str, Path, *kinds)):
+        raise CisError(f"{what} is a {type(value).__name__} ({value!r:.60}); expected {expected}")
 
 
 def _model_settings(stages: Any) -> dict[str, Any]:
@@ -154,6 +165,10 @@ def _data_reference(folder: Path, train_data: Any, val_data: Any, test_data: Any
 def _table(data: Any, part: str) -> tuple[np.ndarray, np.ndarray, list[str] | None]:
     """(x, y, class names or None) of a tuple ``(x, y)`` of arrays or tensors, or of a map-style dataset (its
     samples checked as a --data factory's are)."""
+    if isinstance(data, Mapping) or not (hasattr(data, "__len__") and hasattr(data, "__getitem__")):
+        raise CisError(f"cis.train {part}_data: a {type(data).__name__}; expected a tuple (x, y) of arrays or tensors "
+                       "(a dict's arrays as (d['x'], d['y'])), a map-style dataset (len(ds), ds[i] -> (x, y)) or a "
+                       "--data reference (digits, FILE.npz, DIR, hf:DIR, PATH.py:FACTORY)")  # fmt: skip
     if isinstance(data, tuple) and len(data) == 2 and all(hasattr(a, "shape") for a in data):
         x, y = (np.asarray(a.detach().cpu() if hasattr(a, "detach") else a) for a in data)
         return x, y, None
@@ -182,10 +197,12 @@ class Served:
 
     def __init__(self, bundle: str | Path, spec: Any = None, **node_options: Any) -> None:
         from cis.core.bundle import load_bundle
-        from cis.core.spec import load_spec
+        from cis.core.spec import CisSpec, load_spec
         from cis.runtime.factory import build_node
         from cis.runtime.launcher import plan_addresses
 
+        _check_path(spec, "cis.serve: spec", "a spec file (TOML) or a CisSpec", CisSpec)
+        _check_node_options(node_options)
         loaded = load_bundle(bundle)
         chosen = load_spec(spec) if isinstance(spec, (str, Path)) else (spec or loaded.spec)
         if chosen is None:
@@ -196,11 +213,15 @@ class Served:
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self.nodes: dict[str, Any] = {}  # node id -> its cis.runtime.node.Node
-        for n in self.spec.bottom_up()[::-1]:  # parents first: children find them up
-            parent = self.addresses[n.parent] if n.parent else None
-            self.nodes[n.id] = build_node(loaded, n.id, self.spec, bind=self.addresses[n.id], parent=parent,
-                                          **node_options)
-            self._start(n.id)
+        try:
+            for n in self.spec.bottom_up()[::-1]:  # parents first: children find them up
+                parent = self.addresses[n.parent] if n.parent else None
+                self.nodes[n.id] = build_node(loaded, n.id, self.spec, bind=self.addresses[n.id], parent=parent,
+                                              **node_options)
+                self._start(n.id)
+        except BaseException:  # a node that cannot be built: the ones started stop
+            self.close()
+            raise
         self._wait_for_parents(READY_SECONDS)
 
     def _start(self, node_id: str) -> None:
@@ -237,6 +258,27 @@ class Served:
         self.close()
 
 
+def _check_node_options(options: dict[str, Any]) -> None:
+    """Before any node starts: a TypeError for an option no node takes (as Python's for an unknown keyword), one
+    line for a provider that is none."""
+    import dataclasses
+    import inspect
+
+    from cis.core.spec import PROVIDERS
+    from cis.runtime.factory import build_node
+    from cis.runtime.node_config import NodeConfig
+
+    known = {*inspect.signature(build_node).parameters, *(f.name for f in dataclasses.fields(NodeConfig)),
+             "provider", "threads"}  # fmt: skip
+    for name in options:
+        if name not in known:
+            raise TypeError(f"cis.serve() got an unexpected keyword argument {name!r}; expected an option of "
+                            "cis.runtime.factory.build_node or a field of cis.runtime.node_config.NodeConfig")
+    provider = options.get("provider")
+    if provider is not None and provider not in PROVIDERS:
+        raise CisError(f"cis.serve: provider {provider!r}; expected one of {', '.join(PROVIDERS)}")
+
+
 def serve(bundle: str | Path, spec: Any = None, **node_options: Any) -> Served:
     """Serve a bundle with every node of its spec (or ``spec``: a file or a ``CisSpec``) in this process, for
     tests and notebooks; use it as a context manager. ``node_options``: ``cis.runtime.factory.build_node``'s
@@ -271,6 +313,9 @@ def infer(target: Served | str, x: Any, y: Any = None, *, node: str | None = Non
         address = str(target)
     samples = np.asarray(x.detach().cpu() if hasattr(x, "detach") else x)
     labels = None if y is None else np.asarray(y.detach().cpu() if hasattr(y, "detach") else y).astype(np.int64)
+    if labels is not None and (labels.ndim != 1 or len(labels) != len(samples)):
+        raise CisError(f"cis.infer: y has shape {labels.shape} for {len(samples)} samples in x; expected one label "
+                       "per sample")  # fmt: skip
     with Client(address, timeout=timeout) as client:
         results = client.infer_many(samples, batch_size=batch_size, window=window, rate=rate, timeout=timeout)
     return Answers(summarize(results, labels), list(results))

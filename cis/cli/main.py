@@ -27,9 +27,11 @@ from collections.abc import Sequence
 from typing import Any, NoReturn
 
 from cis import __version__
+from cis.cli.os_errors import os_error_line, undecodable_file
 from cis.core import logs
 from cis.core.errors import CisError
 from cis.core.extras import MissingExtra, require
+from cis.core.seeds import MAX_SEED, is_seed
 
 COMMANDS = [
     "spec",
@@ -116,6 +118,17 @@ def seconds(text: str) -> float:
     return value
 
 
+def seed(text: str) -> int:
+    """An argparse type: a seed, an integer 0..2**32-1 (numpy refuses a negative one with a traceback)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer; expected a seed 0..{MAX_SEED}") from None
+    if not is_seed(value):
+        raise argparse.ArgumentTypeError(f"{text!r}; expected a seed, an integer 0..{MAX_SEED}")
+    return value
+
+
 def command_parser(parser: argparse.ArgumentParser, args: argparse.Namespace) -> argparse.ArgumentParser:
     """The parser of the (sub)command ``args`` chose: ``cis spec new``'s for ``cis spec new ...``."""
     while True:
@@ -136,8 +149,12 @@ def print_result(args: argparse.Namespace, result: Any, human: str) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args, unknown = parser.parse_known_args(argv)
+    try:  # building the parser imports every command's module: a Ctrl-C in that second is no traceback either
+        parser = build_parser()
+        args, unknown = parser.parse_known_args(argv)
+    except KeyboardInterrupt:
+        print("cis: interrupted", file=sys.stderr)
+        return 130
     if unknown:  # said by the command's parser, which names the command (argparse's root would say "cis")
         command_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}")
     try:
@@ -155,12 +172,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.close()
         return 0
     except OSError as exc:  # a path that cannot be read or written (a folder missing, a file in the way, a full disk)
-        where = f"{exc.filename}: " if exc.filename is not None else ""
-        print(f"cis {args.command}: error: {where}{exc.strerror or exc}", file=sys.stderr)
+        print(f"cis {args.command}: error: {os_error_line(exc)}", file=sys.stderr)
         return 2
     except UnicodeDecodeError as exc:  # a binary file where a text file (TOML, CSV, JSON) was expected
-        print(f"cis {args.command}: error: a file given is not UTF-8 text ({exc.reason} at byte {exc.start}); "
-              "expected a text file", file=sys.stderr)
+        name = undecodable_file(exc)
+        print(f"cis {args.command}: error: {name or 'a file given'}: not UTF-8 text ({exc.reason} at byte "
+              f"{exc.start}); expected a text file", file=sys.stderr)  # fmt: skip
         return 2
     except KeyboardInterrupt:
         print(f"cis {args.command}: interrupted", file=sys.stderr)

@@ -57,15 +57,21 @@ def mmpp(rate: float, ratio: float, dwell: float, rng: np.random.Generator) -> I
             switch = t + next(draws) * dwell
 
 
-def send_times(times: Iterator[float], count: int | None = None, until: float | None = None) -> np.ndarray:
+def send_offsets(times: Iterator[float], count: int | None = None, until: float | None = None) -> Iterator[float]:
     """Offsets from the first arrival (request 0 goes at 0) of the first ``count`` arrivals of a process, or of
-    those less than ``until`` seconds after the first (give one of the two)."""
+    those less than ``until`` seconds after the first (give one of the two), one at a time as they are asked for
+    (a long ``until`` holds none ahead)."""
     if (count is None) == (until is None):
-        raise ValueError("send_times: give count or until")
+        raise ValueError("send_offsets: give count or until")
     first = next(times)
     if count is not None:
         rest: Iterator[float] = itertools.islice(times, count - 1)
     else:
         end = first + float(until or 0.0)
         rest = itertools.takewhile(lambda t: t < end, times)
-    return np.array([0.0, *(t - first for t in rest)])
+    return itertools.chain([0.0], (t - first for t in rest))
+
+
+def send_times(times: Iterator[float], count: int | None = None, until: float | None = None) -> np.ndarray:
+    """All of :func:`send_offsets` in one array."""
+    return np.fromiter(send_offsets(times, count, until), dtype=float)

@@ -9,7 +9,8 @@ A bundle is a folder::
     profiles/latency.json         seconds per stage at batch sizes 1, 8, 32 on the exporting machine, per backend
 
 Every file listed in the manifest's ``files`` table carries its sha256; loading
-verifies each one before use and refuses a tampered or missing file. This
+checks the manifest's fields (:mod:`cis.core.manifest_checks`: every stage file inside the folder and
+listed there), verifies each file before use and refuses a tampered or missing one. This
 module needs no torch: nodes and the simulator read bundles with numpy only.
 See docs/bundle.md for the manifest fields.
 """
@@ -25,12 +26,12 @@ from typing import Any
 import numpy as np
 
 from cis.core.errors import BundleError
+from cis.core.manifest_checks import SCHEMA_VERSION, check_manifest
 from cis.core.policy.exit_policy import ExitPolicy
 from cis.core.spec import CisSpec, parse_spec
 from cis.core.stages.contract import LOGITS
 from cis.core.user_code import sha256_file  # also what export and the tests import from here
 
-SCHEMA_VERSION = 1
 ID_DIGITS = 16  # a bundle's id: the first 16 hex digits of its manifest.json's sha256 (Bundle.id)
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig"  # cis.core.signing.signature_path(MANIFEST): written after the manifest, never listed in it
@@ -193,15 +194,9 @@ def load_bundle(path: str | Path, verify: bool = True, trust: str | Path | None 
 
         verify_manifest(mpath, raw, trust)
     try:
-        manifest = json.loads(raw.decode())
+        manifest = check_manifest(json.loads(raw.decode()), mpath)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BundleError(f"{mpath}: not valid JSON ({exc})") from None
-    version = manifest.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise BundleError(f"{mpath}: schema_version is {version!r}; expected {SCHEMA_VERSION}")
-    for key in ("stages", "files"):
-        if key not in manifest:
-            raise BundleError(f"{mpath}: missing {key!r}")
     if verify:
         for rel, digest in manifest["files"].items():
             f = root / rel

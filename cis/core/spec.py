@@ -41,17 +41,14 @@ from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-try:  # Python 3.11+
-    import tomllib  # novermin (3.10 takes the tomli fallback below)
-except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
-    import tomli as tomllib  # type: ignore[no-redef]
-
 import tomli_w
 
 from cis.core.errors import SpecError
 from cis.core.replicas import derived_address, parse_addresses, replica_addresses, replica_ids
+from cis.core.spec_file import read_spec_tables
 
 CONFIDENCE_MEASURES = ("max_softmax", "entropy", "margin")
+MAX_EXITS = 64  # [cis] exits: far above any early-exit model's (a transformer's layers), below what loops over exits
 # where a node runs its stages (cis serve --provider; cis.core.stages.backends): onnxruntime's CPU or CUDA provider,
 # TensorRT (the bundle's engines, or onnxruntime's TensorRT provider), or auto (CUDA when it runs, else the CPU)
 PROVIDERS = ("cpu", "cuda", "tensorrt", "auto")
@@ -196,13 +193,15 @@ def _where(source: str, node_id: str | None = None) -> str:
     return f"{source}: node {node_id!r}" if node_id is not None else source
 
 
-def _number(value: Any, what: str, where: str, minimum: float = 0.0, integer: bool = False) -> float:
+def _number(value: Any, what: str, where: str, minimum: float = 0.0, integer: bool = False,
+            maximum: int | None = None) -> float:
     ok_type = isinstance(value, int) if integer else isinstance(value, (int, float))
+    bounds = f">= {minimum:g}" if maximum is None else f"in {minimum:g}..{maximum}"
     if isinstance(value, bool) or not ok_type or (not integer and not math.isfinite(value)):
         kind = "an integer" if integer else "a finite number"
-        raise SpecError(f"{where}: field {what!r} is {value!r}; expected {kind} >= {minimum:g}")
-    if value < minimum:
-        raise SpecError(f"{where}: field {what!r} is {value!r}; expected a value >= {minimum:g}")
+        raise SpecError(f"{where}: field {what!r} is {value!r}; expected {kind} {bounds}")
+    if value < minimum or (maximum is not None and value > maximum):
+        raise SpecError(f"{where}: field {what!r} is {value!r}; expected a value {bounds}")
     return int(value) if integer else float(value)
 
 
@@ -223,7 +222,7 @@ def parse_spec(data: dict, source: str = "<spec>") -> CisSpec:
     _unknown_keys(cis_table, _CIS_KEYS, f"{source}: [cis]")
     if "exits" not in cis_table:
         raise SpecError(f"{source}: [cis] has no 'exits'; expected the number of exits (an integer >= 1)")
-    num_exits = int(_number(cis_table["exits"], "exits", f"{source}: [cis]", 1, integer=True))
+    num_exits = int(_number(cis_table["exits"], "exits", f"{source}: [cis]", 1, integer=True, maximum=MAX_EXITS))
     defaults = _defaults(CisSpec)
     classes = cis_table.get("classes", defaults["num_classes"])
     num_classes = int(_number(classes, "classes", f"{source}: [cis]", 2, integer=True))
@@ -376,13 +375,16 @@ def _check_tree(spec: CisSpec, source: str) -> None:
     """No cycle, one root, and every parent's exit larger than its children's."""
     roots = [n.id for n in spec.nodes if n.parent is None]
     parent_of = {n.id: n.parent for n in spec.nodes}
-    for n in spec.nodes:  # walk up; a walk longer than the node count is a cycle
+    reaches_root: set[str] = set()  # walks stop there: every node is walked over once (a chain is not quadratic)
+    for n in spec.nodes:  # walk up; a walk that comes back to a node of its own is a cycle
+        walked: set[str] = set()
         cur: str | None = n.id
-        steps = 0
-        while cur is not None:
-            cur, steps = parent_of[cur], steps + 1
-            if steps > len(spec.nodes):
+        while cur is not None and cur not in reaches_root:
+            if cur in walked:
                 raise SpecError(f"{_where(source, n.id)}: parent links form a cycle; expected a tree with one root")
+            walked.add(cur)
+            cur = parent_of[cur]
+        reaches_root.update(walked)
     if len(roots) != 1:
         raise SpecError(
             f"{source}: {len(roots)} roots ({', '.join(roots)}); expected exactly one node without a parent"
@@ -399,20 +401,13 @@ def _check_tree(spec: CisSpec, source: str) -> None:
 
 def load_spec(path: str | Path) -> CisSpec:
     """Read and validate a spec file."""
-    path = Path(path)
-    if not path.is_file():
-        raise SpecError(f"{path}: spec file not found; expected a TOML file (make one with 'cis spec new')")
-    try:
-        data = tomllib.loads(path.read_text())
-    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
-        raise SpecError(f"{path}: not valid TOML ({exc})") from None
-    return parse_spec(data, str(path))
+    return parse_spec(read_spec_tables(path), str(path))
 
 
 def states_classes(path: str | Path) -> bool:
     """Whether the spec file's ``[cis]`` table sets ``classes`` (a spec without it takes the count from the data
-    it is trained on: ``cis train --spec``); the file is one :func:`load_spec` reads."""
-    data = tomllib.loads(Path(path).read_text())
+    it is trained on: ``cis train --spec``); the file is one :func:`load_spec` reads (the same one-line errors)."""
+    data = read_spec_tables(path)
     return isinstance(data.get("cis"), dict) and "classes" in data["cis"]
 
 

@@ -37,6 +37,7 @@ import torch
 
 from cis.core.bundle import MANIFEST, StageInfo, TensorInfo
 from cis.core.errors import CisError
+from cis.core.paths import check_folder
 from cis.core.policy.exit_policy import (
     ExitPolicy,
     calibrate_thresholds,
@@ -55,6 +56,7 @@ from cis.exporter.profile import LATENCY_BATCHES, random_feeds
 from cis.exporter.quantize import FEATURE_DTYPES, apply_feature_dtype, calibrate_int8, check_feature_dtype
 from cis.exporter.recalibration import Recalibration, previous_thresholds
 from cis.exporter.verify import DEFAULT_ATOL, ODD_BATCH, verify_stages
+from cis.training.models.contract import is_int
 from cis.training.models.flops import count_flops
 from cis.training.models.stage_plan import StagePlan, describe_stages, run_plan
 
@@ -66,16 +68,19 @@ def _noop(_: str) -> None:
     pass
 
 
-def _resolve_spec(spec: str | Path | CisSpec | dict | None, meta: dict, meta_path: str) -> CisSpec:
+def _resolve_spec(spec: str | Path | CisSpec | dict | None, meta: dict, meta_path: Path) -> tuple[CisSpec, str]:
+    """The spec to calibrate for (``spec``, else the run's) and where it came from."""
+    from cis.training.checkpoint import run_spec
+
     if isinstance(spec, CisSpec):
-        return spec
-    if isinstance(spec, dict):
-        return parse_spec(spec, "<spec>")
-    if spec is not None:
-        return load_spec(spec)
-    if not meta.get("spec"):
-        raise CisError(f"{meta_path}: no 'spec' in the checkpoint metadata; pass --spec SPEC (a CIS spec TOML)")
-    return parse_spec(meta["spec"], f"{meta_path}: spec")
+        resolved, where = spec, f"spec {spec.name!r}"
+    elif isinstance(spec, dict):
+        resolved, where = parse_spec(spec, "<spec>"), "<spec>"
+    elif spec is not None:
+        resolved, where = load_spec(spec), str(spec)
+    else:
+        resolved, where = run_spec(meta, meta_path), f"{meta_path}: spec"
+    return resolved, where
 
 
 def _stage_flops(module: torch.nn.Module, example: tuple[torch.Tensor, ...]) -> int:
@@ -145,6 +150,7 @@ def _accuracy(logits: dict[int, np.ndarray], labels: np.ndarray) -> dict[int, fl
 
 
 def _prepare_out(out_dir: Path) -> None:
+    check_folder(out_dir, "--out")
     if out_dir.exists():
         if not out_dir.is_dir():
             raise CisError(f"{out_dir}: exists and is not a folder; expected a new or existing bundle folder for --out")
@@ -158,25 +164,17 @@ def _prepare_out(out_dir: Path) -> None:
 def _load_run(run_dir: Path, spec: str | Path | CisSpec | dict | None, say: Progress,
               allow_model_change: bool = False, val: Any = None) -> ExportRun:
     """Step 1-2: the checkpoint, the spec, the trainer's validation split and the model's stage plan."""
-    from cis.training.checkpoint import META, WEIGHTS, load_checkpoint
+    from cis.training.checkpoint import check_spec_fits, checkpoint_files, load_checkpoint
     from cis.training.data.loading import load_run_data
 
     model, meta, _ = load_checkpoint(run_dir, allow_model_change)  # said once read: a mistake is the only line
     say(f"loaded checkpoint {run_dir}")
-    meta_path = str(run_dir / META) if run_dir.is_dir() else str(run_dir.with_suffix(".json"))
-    weights_path = run_dir / WEIGHTS if run_dir.is_dir() else run_dir
-    spec_obj = _resolve_spec(spec, meta, meta_path)
-    num_classes = int(model.config().get("num_classes", len(meta["classes"])))
-    if spec_obj.num_exits != model.num_exits:
-        raise CisError(
-            f"spec {spec_obj.name!r}: [cis] exits is {spec_obj.num_exits}; the model in {run_dir} "
-            f"has {model.num_exits} exits"
-        )
-    if spec_obj.num_classes != num_classes:
-        raise CisError(
-            f"spec {spec_obj.name!r}: [cis] classes is {spec_obj.num_classes}; the model in {run_dir} has {num_classes}"
-        )
-
+    weights_path, meta_path = checkpoint_files(run_dir)
+    spec_obj, where = _resolve_spec(spec, meta, meta_path)
+    check_spec_fits(spec_obj, model, meta, run_dir)
+    if not any(n.arrival_rate > 0 for n in spec_obj.nodes):
+        raise CisError(f"{where}: no node has an arrival_rate > 0; expected requests to arrive somewhere (the "
+                       "thresholds are calibrated to the shares they serve)")
     if val is None:
         val = load_run_data(meta, str(run_dir)).val  # one line when the run's data file changed since
         say(f"loaded the validation split of {meta['dataset']!r} ({len(val)} samples)")
@@ -194,7 +192,7 @@ def _load_run(run_dir: Path, spec: str | Path | CisSpec | dict | None, say: Prog
     if x.dtype.is_floating_point != want.is_floating_point:
         raise CisError(f"dataset {meta['dataset']!r}: samples of dtype {x.dtype}; the model takes {want}")
     plan.samples = {INPUT: x.to(want)}  # integer examples (token ids) are drawn from real samples
-    return ExportRun(run_dir, model, meta, weights_path, spec_obj, val, plan)
+    return ExportRun(weights_path.parent, model, meta, weights_path, spec_obj, val, plan)  # the run folder
 
 
 def _export_stages(
@@ -352,9 +350,9 @@ def export_bundle(
     """
     say = progress or _noop
     out_dir = Path(out_dir)
-    exporter, opset = _check_before_export(out_dir, feature_dtype, exporter, opset, trt)
+    exporter, opset = _check_before_export(out_dir, feature_dtype, exporter, opset, trt, latency_repeats)
     run = _load_run(Path(run_dir), spec, say, allow_model_change, val)
-    if recalibration is not None and inference_patience(run.meta, patience) is not None:
+    if inference_patience(run.meta, patience) is not None and recalibration is not None:  # --patience checked now
         raise CisError(f"--rates-from: {run_dir} is a FLAME run served by its patience rule; it has no thresholds "
                        "to calibrate")
     threads = thread_count()
@@ -392,9 +390,13 @@ def _stages(run, how: tuple[int, str], atol: float, feature_dtype: str, threads:
     return models, infos, logits, verification, dtype_report, (flops, params)
 
 
-def _check_before_export(out_dir: Path, feature_dtype: str, exporter: str, opset: int, trt: bool) -> tuple[str, int]:
-    """What can be refused before the slow part (the feature dtype, exporter, --out, TensorRT); the exporter and
-    opset resolved."""
+def _check_before_export(out_dir: Path, feature_dtype: str, exporter: str, opset: int, trt: bool,
+                         latency_repeats: int) -> tuple[str, int]:
+    """What can be refused before the slow part (the feature dtype, exporter, --out, TensorRT, the latency
+    repeats); the exporter and opset resolved."""
+    if not (is_int(latency_repeats) and latency_repeats >= 1):
+        raise CisError(f"--latency-repeats is {latency_repeats!r}; expected an integer >= 1 (timed runs per stage "
+                       "and batch size)")
     check_feature_dtype(feature_dtype)
     exporter, opset = resolve_exporter(exporter, opset)
     _prepare_out(out_dir)

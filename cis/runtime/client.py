@@ -32,6 +32,7 @@ import zmq
 from cis.core.errors import CisError
 from cis.core.policy.confidence import softmax
 from cis.runtime import protocol as P
+from cis.runtime.client_checks import check_pacing, check_timeout, client_addresses
 from cis.runtime.entries import RETRY_AFTER, RETRY_CODES, Entries
 from cis.runtime.security import CurveConfig
 from cis.runtime.tracing import check_traceparent
@@ -124,9 +125,8 @@ class Client:
         context: zmq.Context | None = None,
         retry_after: float | None = RETRY_AFTER,
     ):
-        addresses = [address] if isinstance(address, str) else list(address)
-        if not addresses:
-            raise CisError("Client: no address; expected a node's address (or several)")
+        addresses = client_addresses(address)
+        check_timeout(timeout)
         self.address = ", ".join(addresses)
         self.timeout = timeout
         self.input_name = input_name
@@ -340,7 +340,8 @@ class Client:
         TimeoutError when none comes within ``timeout`` seconds (other messages are dropped meanwhile)."""
         end = time.monotonic() + timeout
         while time.monotonic() < end:
-            if not self.sock.poll(int(max(end - time.monotonic(), 0) * 1000) + 1, zmq.POLLIN):
+            wait = min(max(end - time.monotonic(), 0), 3600.0)  # a poll takes a C long of ms: 1e17 s overflows it
+            if not self.sock.poll(int(wait * 1000) + 1, zmq.POLLIN):
                 continue
             try:
                 msg = P.decode(P.recv(self.sock, _NO_LIMIT)[0], kinds=P.REPLY_KINDS)
@@ -363,19 +364,6 @@ class Client:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def check_pacing(window: int, rate: float | None, batch_size: int = 1, timeout: float | None = None) -> None:
-    """One line (CisError) for a window, rate, batch size or timeout that cannot work: a window of 0 would wait
-    forever, a rate of 0 divide by zero, a negative rate send as fast as it can, a timeout <= 0 time out all."""
-    if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
-        raise CisError(f"timeout is {timeout!r}; expected a finite number of seconds > 0")
-    if not window >= 1:
-        raise CisError(f"window is {window!r}; expected requests in flight >= 1")
-    if not batch_size >= 1:
-        raise CisError(f"batch size is {batch_size!r}; expected samples per request >= 1")
-    if rate is not None and not rate > 0:
-        raise CisError(f"rate is {rate!r}; expected requests per second > 0 (None: as fast as the window allows)")
 
 
 def infer_spread(

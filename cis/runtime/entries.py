@@ -26,8 +26,8 @@ from dataclasses import dataclass
 import zmq
 from zmq.utils.monitor import recv_monitor_message
 
-from cis.core.errors import CisError
 from cis.runtime import protocol as P
+from cis.runtime.addresses import connect
 from cis.runtime.security import CurveConfig, secure_client
 from cis.runtime.upstream import least_outstanding
 from cis.runtime.wire import RETRY_AFTER, RETRY_CODES
@@ -65,12 +65,7 @@ class Entries:
         sock.sndhwm = sock.rcvhwm = 100000
         if curve is not None and curve.enabled:
             secure_client(sock, curve)
-        try:
-            sock.connect(address)
-        except zmq.ZMQError as exc:  # '127.0.0.1:5555' (no scheme), 'http://...': one line, not a traceback
-            sock.close(0)
-            raise CisError(f"{address}: not a ZeroMQ address ({zmq.strerror(exc.errno or 0)}); expected "
-                           "tcp://HOST:PORT") from None
+        connect(sock, address)  # '127.0.0.1:5555', 'http://...', port 99999: one line, not a traceback
         return sock
 
     def watch(self) -> list[zmq.Socket]:

@@ -166,7 +166,10 @@ def _threshold(bundle: Bundle, node: SpecNode, threshold: float | None) -> float
         return -math.inf
     if policy is not None and node.id in policy.thresholds:
         return policy.thresholds[node.id]
-    raise CisError(f"node {node.id!r}: the bundle's policy has no threshold for it; pass --threshold")
+    raise CisError(
+        f"node {node.id!r}: the bundle's policy has no threshold for it; expected a bundle exported for this spec "
+        "('cis export RUN --spec SPEC'), or 'cis serve --threshold T' for this node"
+    )
 
 
 def _policy_options(bundle: Bundle, spec: CisSpec, options: dict[str, Any]) -> None:

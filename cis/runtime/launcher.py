@@ -21,6 +21,7 @@ on PORT+i, or on a free port of its own when PORT is 0 (:func:`plan_metrics`); a
 restarted node keeps its port, and :attr:`Cluster.metrics` holds every node's URL.
 After ``cis rollout --cluster LOG_DIR`` (``LOG_DIR/rollout.json``) a node is restarted with the new bundle.
 :meth:`Cluster.stop` sends SIGTERM (drain, then exit) and SIGKILL after a grace period.
+Nodes start with SIGINT blocked (:mod:`cis.runtime.child_signals`): a Ctrl-C stops them through the launcher.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,6 +43,8 @@ from cis.core.bundle import load_bundle
 from cis.core.errors import CisError
 from cis.core.replicas import split_replica_id
 from cis.core.spec import CisSpec, write_spec
+from cis.runtime.addresses import check_port_run
+from cis.runtime.child_signals import sigint_blocked
 from cis.runtime.orphans import launcher_env
 from cis.runtime.ports import free_port
 from cis.runtime.security import CurveConfig
@@ -78,6 +81,7 @@ def plan_metrics(
         return {}, {}
     from cis.runtime.metrics_http import http_host, metrics_url
 
+    check_port_run(port, len(processes(spec)), "metrics port")
     ports, urls = {}, {}
     for i, rid in enumerate(processes(spec)):
         where = host or http_host(addresses[rid])
@@ -100,6 +104,7 @@ def plan_doors(
     for door, port in ports.items():
         if port is None:
             continue
+        check_port_run(port, len(processes(spec)), f"{door} port")
         plan[door] = {rid: port + i if port else free_port(where) for i, rid in enumerate(processes(spec))}
         scheme = ("https" if tls else "http") if door == "http" else "grpc"
         urls[door] = {nid: url(scheme, where, p).removeprefix("grpc://") for nid, p in plan[door].items()}
@@ -139,6 +144,7 @@ class Cluster:
     node_prefix: dict[str, Sequence[str]] = field(default_factory=dict)  # a command before each node's (the testbed)
     written_bundle: str = ""  # the bundle cluster.json names (rewritten when cis rollout puts another on the nodes)
     temporary_spec: bool = False  # spec_file is launch's own temporary file (removed by stop)
+    stop_asked: Callable[[], bool] | None = None  # True once the caller was asked to stop: wait_ready gives up
 
     def command(self, node_id: str) -> list[str]:
         node = self.spec.node(split_replica_id(node_id)[0])
@@ -196,13 +202,14 @@ class Cluster:
             log.parent.mkdir(parents=True, exist_ok=True)
             out = open(log, "ab")
         try:
-            self.procs[node_id] = subprocess.Popen(
-                self.command(node_id),
-                stdin=subprocess.DEVNULL,
-                stdout=out if out else subprocess.DEVNULL,
-                stderr=out if out else None,
-                env=launcher_env(None if self.env is None else dict(self.env)),  # no preexec_fn: see orphans
-            )
+            with sigint_blocked():  # the node takes no Ctrl-C: the launcher stops it (sigint_blocked)
+                self.procs[node_id] = subprocess.Popen(
+                    self.command(node_id),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out if out else subprocess.DEVNULL,
+                    stderr=out if out else None,
+                    env=launcher_env(None if self.env is None else dict(self.env)),  # no preexec_fn: see orphans
+                )
         finally:
             if out is not None:
                 out.close()
@@ -216,7 +223,8 @@ class Cluster:
             self.start(rid)
 
     def wait_ready(self, timeout: float = 60.0, ids: Sequence[str] | None = None) -> None:
-        """Until every node answers a status request and sees its parent (every replica of it)."""
+        """Until every node answers a status request and sees its parent (every replica of it); KeyboardInterrupt
+        as soon as :attr:`stop_asked` says so (a Ctrl-C or SIGTERM that the caller's handler caught)."""
         from cis.runtime.client import Client
 
         ids = list(ids or processes(self.spec))
@@ -224,6 +232,8 @@ class Cluster:
         for nid in ids:
             with Client(self.addresses[nid], curve=self.curve) as c:
                 while True:
+                    if self.stop_asked is not None and self.stop_asked():
+                        raise KeyboardInterrupt("a stop was asked for while the nodes started")
                     proc = self.procs.get(nid)
                     if proc is not None and proc.poll() is not None:
                         raise CisError(
@@ -387,6 +397,7 @@ def launch(
     door_ports: Mapping[str, int | None] | None = None,
     door_host: str | None = None,
     door_tls: bool = False,
+    stop_asked: Callable[[], bool] | None = None,
 ) -> Cluster:
     """Start all nodes and wait until they serve; on failure, stop what was started.
 
@@ -394,7 +405,8 @@ def launch(
     ``metrics_host`` is passed on in ``extra_args`` by ``cis serve`` and only names the URLs here;
     ``node_prefix`` runs each node's command behind a prefix (``ip netns exec NS``: :mod:`cis.runtime.testbed`);
     ``door_ports`` the front doors' ports ({"http": PORT, "grpc": PORT}, see :func:`plan_doors`), ``door_host``
-    and ``door_tls`` only name their URLs (``--http-host`` and the TLS flags go to the nodes in ``extra_args``)."""
+    and ``door_tls`` only name their URLs (``--http-host`` and the TLS flags go to the nodes in ``extra_args``);
+    ``stop_asked``: once it returns True, stop the nodes started so far and raise KeyboardInterrupt."""
     given = spec_file
     spec_file = spec_file or spec_for_nodes(bundle, spec, log_dir)
     addresses = plan_addresses(spec, free_ports)
@@ -416,6 +428,7 @@ def launch(
         env=env,
         node_prefix=dict(node_prefix or {}),
         temporary_spec=given is None and log_dir is None and spec_file is not None,
+        stop_asked=stop_asked,
     )
     try:
         cluster.start_all()

@@ -21,17 +21,19 @@ server that speaks it); a caller may hand in a transport of its own (the peers b
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import math
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from cis.core.arrivals import deterministic, poisson, send_times
+from cis.core.arrivals import deterministic, poisson
+from cis.core.arrivals import send_offsets as arrival_offsets  # loadgen's own send_offsets checks the flags
 from cis.core.errors import CisError
 from cis.core.policy.exit_policy import assign_entries
 from cis.core.records import json_float, latency_summary, write_requests
@@ -43,7 +45,7 @@ DEFAULT_DURATION = 10.0  # seconds of load when neither a duration nor a request
 SUMMARY_FILE = "bench.json"
 REQUESTS_FILE = "requests.csv"
 __all__ = ["ARRIVALS", "TRANSPORTS", "Answer", "LoadResult", "Refused", "Transport", "run_load", "run_spec_load",
-           "schedule", "spec_entries"]
+           "schedule", "send_offsets", "spec_entries"]
 
 
 def run_spec_load(spec: CisSpec, addresses: Mapping[str, str], rate: float, *, duration: float | None = None,
@@ -75,7 +77,16 @@ def schedule(
     arrivals: str, rate: float, requests: int | None = None, duration: float | None = None, seed: int = 0
 ) -> np.ndarray:
     """Send times (seconds from the first send, which is 0) of ``requests`` requests, or of those that arrive within
-    ``duration`` seconds: ``poisson`` (exponential gaps, seeded) or ``uniform`` (one every 1/rate s)."""
+    ``duration`` seconds: ``poisson`` (exponential gaps, seeded) or ``uniform`` (one every 1/rate s); all of
+    :func:`send_offsets` in one array."""
+    return np.fromiter(send_offsets(arrivals, rate, requests, duration, seed), dtype=float)
+
+
+def send_offsets(
+    arrivals: str, rate: float, requests: int | None = None, duration: float | None = None, seed: int = 0
+) -> Iterator[float]:
+    """:func:`schedule`'s send times one at a time, as they are due (a long ``duration`` holds none ahead);
+    the arguments are checked at the call."""
     if arrivals not in ARRIVALS:
         raise CisError(f"--arrivals {arrivals}: unknown; expected one of {', '.join(ARRIVALS)}")
     if not (math.isfinite(rate) and rate > 0):
@@ -88,8 +99,8 @@ def schedule(
         raise CisError(f"--duration {duration:g}: expected seconds > 0")
     times = poisson(rate, np.random.default_rng(seed)) if arrivals == "poisson" else deterministic(rate)
     if requests is not None:
-        return send_times(times, count=requests)
-    return send_times(times, until=DEFAULT_DURATION if duration is None else duration)
+        return arrival_offsets(times, count=requests)
+    return arrival_offsets(times, until=DEFAULT_DURATION if duration is None else duration)
 
 
 @dataclass
@@ -213,50 +224,66 @@ def run_load(
     addresses = [address] if isinstance(address, str) else list(address)
     if not addresses:
         raise CisError("load: no address; expected one or more")
-    offsets = schedule(arrivals, rate, requests, duration, seed)
-    if entries is not None and len(entries) < len(offsets):
-        raise CisError(f"load: {len(entries)} entries for {len(offsets)} requests; expected one per request")
-    pick = np.arange(len(offsets)) % len(addresses) if entries is None else np.asarray(entries[: len(offsets)])
     if names is not None and len(names) != len(addresses):
         raise CisError(f"load: {len(names)} names for {len(addresses)} addresses; expected one per address")
-    sent_to = [addresses[int(k)] for k in pick]
-    called = addresses if names is None else list(names)
-    targets = [called[int(k)] for k in pick]
+    offsets = send_offsets(arrivals, rate, requests, duration, seed)  # read as they fall due: none held ahead
+    sent_to = addresses  # round robin
+    if entries is not None:
+        ahead = list(itertools.islice(offsets, len(entries) + 1))
+        if len(ahead) > len(entries):
+            count = requests if requests is not None else f"more than {len(entries)}"
+            raise CisError(f"load: {len(entries)} entries for {count} requests; expected one per request")
+        offsets, sent_to = iter(ahead), [addresses[int(k)] for k in entries[: len(ahead)]]
     tr = make_transport(transport, timeout, **options) if isinstance(transport, str) else transport
     name = transport if isinstance(transport, str) else tr.name
+    due: list[float] = []
     samples, sent, latency, errors, answers, wall = asyncio.run(
-        _load(tr, addresses[0], x, input_name, sent_to, offsets, timeout))
-    return LoadResult(name, arrivals, float(rate), addresses, targets, offsets, sent, latency, errors, answers, wall,
-                      labels, samples)  # fmt: skip
+        _load(tr, addresses[0], x, input_name, sent_to, _kept(offsets, due), timeout))
+    called = addresses if names is None else list(names)
+    pick = range(len(due)) if entries is None else entries[: len(due)]
+    targets = [called[int(k) % len(called)] for k in pick]
+    return LoadResult(name, arrivals, float(rate), addresses, targets, np.array(due, dtype=float), sent, latency,
+                      errors, answers, wall, labels, samples)  # fmt: skip
 
 
-async def _load(tr: Transport, first: str, x: np.ndarray | None, input_name: str | None, targets: list[str],
-                offsets: np.ndarray, timeout: float) -> tuple:  # fmt: skip
+def _kept(values: Iterable[float], into: list[float]) -> Iterator[float]:
+    """``values``, each appended to ``into`` as it is read."""
+    for value in values:
+        into.append(value)
+        yield value
+
+
+async def _load(tr: Transport, first: str, x: np.ndarray | None, input_name: str | None, targets: Sequence[str],
+                offsets: Iterator[float], timeout: float) -> tuple:  # fmt: skip
     try:
         inputs = await tr.describe(first) if x is None or input_name is None else []
         if x is None:
             x = sample_inputs(inputs, first)
         name = input_name or (inputs[0].name if inputs else "input")
-        bodies = [tr.encode(x[j : j + 1], name) for j in range(min(len(x), len(offsets)))]
-        return (len(x), *(await drive(tr, bodies, targets, offsets, timeout)))
+        head = list(itertools.islice(offsets, len(x)))  # a short load encodes only the samples it sends
+        bodies = [tr.encode(x[j : j + 1], name) for j in range(len(head))]
+        return (len(x), *(await drive(tr, bodies, targets, itertools.chain(head, offsets), timeout)))
     finally:
         await tr.close()
 
 
 async def drive(
-    transport: Transport, bodies: Sequence[Any], targets: Sequence[str], offsets: np.ndarray | None, timeout: float
+    transport: Transport, bodies: Sequence[Any], targets: Sequence[str], offsets: Iterable[float] | None,
+    timeout: float,
 ) -> tuple[np.ndarray, np.ndarray, list[str | None], list[Answer | None], float]:
-    """Send ``bodies[i mod len(bodies)]`` to ``targets[i]`` at ``offsets[i]`` seconds from the start, each as soon as
-    it is due, and wait for every answer or its timeout: (sent, latency, errors, answers, wall seconds). Without
-    ``offsets``, one after another, each once the one before is answered (a warm-up, a probe: not a load)."""
-    n = len(targets) if offsets is None else len(offsets)
-    sent, latency = np.full(n, np.nan), np.full(n, np.nan)
-    errors: list[str | None] = [None] * n
-    answers: list[Answer | None] = [None] * n
+    """Send ``bodies[i mod len(bodies)]`` to ``targets[i mod len(targets)]`` at the i-th of ``offsets`` (seconds
+    from the start, read as each falls due: a long load holds none ahead), each as soon as it is due, and wait for
+    every answer or its timeout: (sent, latency, errors, answers, wall seconds). Without ``offsets``, one to each
+    of ``targets``, one after another, each once the one before is answered (a warm-up, a probe: not a load)."""
+    sent: list[float] = []
+    latency: list[float] = []
+    errors: list[str | None] = []
+    answers: list[Answer | None] = []
 
     async def one(i: int, t_send: float) -> None:
         try:
-            answers[i] = await asyncio.wait_for(transport.call(targets[i], bodies[i % len(bodies)]), timeout)
+            answers[i] = await asyncio.wait_for(transport.call(targets[i % len(targets)], bodies[i % len(bodies)]),
+                                                timeout)  # fmt: skip
             latency[i] = time.perf_counter() - t_send
         except asyncio.TimeoutError:
             errors[i] = "timeout"
@@ -266,17 +293,21 @@ async def drive(
             errors[i] = "connection"
 
     start = time.perf_counter()
-    tasks = []
-    for i in range(n):
-        if offsets is None:
-            sent[i] = time.perf_counter() - start
-            await one(i, start + sent[i])
-            continue
-        wait = start + float(offsets[i]) - time.perf_counter()
-        if wait > 0:
+    pending: set[asyncio.Future] = set()  # the requests still unanswered: an answered one is let go
+    steps: Iterable[float | None] = itertools.repeat(None, len(targets)) if offsets is None else offsets
+    for i, due in enumerate(steps):
+        if due is not None and (wait := start + float(due) - time.perf_counter()) > 0:
             await asyncio.sleep(wait)
         now = time.perf_counter()
-        sent[i] = now - start
-        tasks.append(asyncio.ensure_future(one(i, now)))
-    await asyncio.gather(*tasks)
-    return sent, latency, errors, answers, time.perf_counter() - start
+        sent.append(now - start)
+        latency.append(math.nan)
+        errors.append(None)
+        answers.append(None)
+        if due is None:
+            await one(i, now)
+            continue
+        task = asyncio.ensure_future(one(i, now))
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+    await asyncio.gather(*pending)
+    return np.array(sent, dtype=float), np.array(latency, dtype=float), errors, answers, time.perf_counter() - start

@@ -163,19 +163,19 @@ def read_requests_file(path: str | Path, spec: CisSpec, window: float | None = N
     or failed one is in no node's served or forwarded count, so it is not counted as arrived either)."""
     path = Path(path)
     rows, time_col = _requests_rows(path)
-    keep, seconds, how = _requests_window(path, rows, time_col, window)
+    cells = [_row_cells(path, k + 2, r, time_col) for k, r in enumerate(rows)]
+    keep, seconds, how = _requests_window(path, np.array([c[3] for c in cells], dtype=float), time_col, window)
     pairs: dict[tuple[str, str], dict[int, int]] = {}
     arrived = {i: 0 for i in spec.ids}
-    for k, r in enumerate(rows):
+    for k, (entry, node, ex, _) in enumerate(cells):
         if not keep[k]:
             continue
-        entry, node, ex = r["entry"], r["node"], r["exit"]
         if entry not in arrived:
             raise CisError(f"{path}: row {k + 2}: entry {entry!r} is not a node of spec {spec.name!r}")
-        if node and ex and int(ex) > 0:
+        if node and ex > 0:
             arrived[entry] += 1
             per = pairs.setdefault((entry, node), {})
-            per[int(ex)] = per.get(int(ex), 0) + 1
+            per[ex] = per.get(ex, 0) + 1
     served, forwarded = _walked(path, spec, pairs)
     tree = {n.id: (n.exit, n.parent) for n in spec.nodes}
     return from_counts(str(path), "requests", how, seconds, tree, spec.num_exits, served, forwarded, arrived)
@@ -197,20 +197,49 @@ def _requests_rows(path: Path) -> tuple[list[dict[str, str]], str]:
     return rows, time_col
 
 
+def _row_cells(path: Path, line: int, row: dict, time_col: str) -> tuple[str, str, int, float]:
+    """A row's (entry, node, exit, time): exit 0 when empty (not served), time NaN when empty (unknown);
+    one line naming the file, the row and the column of a short row or a cell that is not a number."""
+    if None in row:
+        raise CisError(f"{path}: row {line}: {len(row[None])} cell(s) more than the header's {len(row) - 1} "
+                       "columns; expected one cell per column")
+    short = next((c for c, v in row.items() if v is None), None)
+    if short is not None:
+        raise CisError(f"{path}: row {line}: no cell in column {short!r} (the row is short); expected one cell per "
+                       "column, an empty one for an unknown value")
+    ex, t = row["exit"].strip(), row[time_col].strip()
+    try:
+        exit_ = int(ex) if ex else 0
+    except ValueError:
+        raise CisError(f"{path}: row {line}, column 'exit': {ex!r} is not an exit number; expected an integer "
+                       "(empty: not served)") from None
+    try:
+        when = float(t) if t else math.nan
+    except ValueError:
+        raise CisError(f"{path}: row {line}, column {time_col!r}: {t!r} is not a number; expected seconds "
+                       "(empty: unknown)") from None
+    return row["entry"], row["node"], exit_, when
+
+
 def _requests_window(
-    path: Path, rows: list[dict[str, str]], time_col: str, window: float | None
+    path: Path, t: np.ndarray, time_col: str, window: float | None
 ) -> tuple[np.ndarray, float, str]:
-    """Which rows count (the window's), the window's seconds and how it was taken."""
-    t = np.array([float(r[time_col]) if r[time_col] else np.nan for r in rows], dtype=float)
-    if not len(rows) or not np.isfinite(t).any():
+    """Which rows count (the window's, by their times ``t``), the window's seconds and how it was taken. A
+    window longer than the file's span (first to last arrival) is refused: the file cannot say what arrived
+    before its first request, and dividing by the longer window would understate every rate."""
+    if not len(t) or not np.isfinite(t).any():
         raise CisError(f"{path}: no request with a time in {time_col!r}; expected requests to measure")
     end = float(np.nanmax(t))
-    if window is not None:
-        return t >= end - window, window, f"requests that arrived in the last {window:g} s of the file ({time_col})"
-    seconds = end - float(np.nanmin(t))
-    if seconds <= 0:
-        raise CisError(f"{path}: every request arrived at {end:g} s; pass --window SECONDS for the rates")
-    return np.isfinite(t), seconds, f"all requests, first to last arrival ({time_col})"
+    span = end - float(np.nanmin(t))
+    if span <= 0:
+        raise CisError(f"{path}: every request arrived at {end:g} s; expected requests spread over time to measure "
+                       "rates")
+    if window is None:
+        return np.isfinite(t), span, f"all requests, first to last arrival ({time_col})"
+    if window > span:
+        raise CisError(f"--window {window:g} is longer than {path}'s span ({span:g} s, first to last arrival in "
+                       f"{time_col!r}); expected at most {span:g}, or no --window for all of it")
+    return t >= end - window, window, f"requests that arrived in the last {window:g} s of the file ({time_col})"
 
 
 def _walked(

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -75,16 +76,42 @@ class NodeConfig:
             self.heartbeat_timeout = heartbeat_timeout(self.heartbeat)
         if self.nonfinite not in NONFINITE_MODES:
             raise CisError(f"nonfinite is {self.nonfinite!r}; expected one of {', '.join(NONFINITE_MODES)}")
-        if self.queue_limit < 1 or self.max_batch < 1 or self.rcv_hwm < 1 or self.max_message_bytes < 1:
-            raise CisError(
-                f"node {self.node_id}: queue_limit, max_batch, rcv_hwm and max_message_bytes must be at least 1"
-            )
-
+        for name in LIMITS:
+            expected = setting_expected(name, getattr(self, name))
+            if expected is not None:
+                raise CisError(f"node {self.node_id}: {name} is {getattr(self, name)!r}; expected {expected}")
 
     @property
     def parents(self) -> tuple[str, ...]:
         """The parent's address, or each of its replicas' (docs/runtime.md, *Replicas*); () at the root."""
         return tuple(a.strip() for a in (self.parent or "").split(",") if a.strip())
+
+
+def _seconds(v: Any) -> bool:
+    return math.isfinite(v) and v > 0
+
+
+SECONDS = "a finite number of seconds > 0"
+# the settings a node cannot work with outside a range: field -> (holds, what is expected); cis serve checks its
+# flags, variables and --config keys by the same rules (cis.cli.commands.serve_config), before any node starts
+LIMITS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    **{name: (lambda v: v >= 1, "an integer >= 1") for name in ("max_batch", "queue_limit", "rcv_hwm",
+                                                                 "max_message_bytes")},
+    "rcv_buf": (lambda v: v >= -1, "bytes >= 0, or -1 (the OS's)"),
+    "max_wait": (lambda v: math.isfinite(v) and v >= 0, "a finite number of seconds >= 0 (0: run when idle)"),
+    "forward_timeout": (_seconds, SECONDS),
+    "heartbeat": (_seconds, SECONDS),
+}
+
+
+def setting_expected(name: str, value: Any) -> str | None:
+    """What NodeConfig field ``name`` must be, where ``value`` is not that (NaN never is); None where it is, or
+    where the field has no rule in :data:`LIMITS`."""
+    rule = LIMITS.get(name)
+    try:
+        return None if rule is None or rule[0](value) else rule[1]
+    except TypeError:  # not a number at all
+        return rule[1] if rule is not None else None
 
 
 def heartbeat_timeout(heartbeat: float) -> float:

@@ -28,6 +28,7 @@ import zmq
 from cis.core.replicas import replica_ids
 from cis.runtime import events
 from cis.runtime import protocol as P
+from cis.runtime.addresses import connect
 from cis.runtime.node_config import CurveConfig, NodeConfig
 from cis.runtime.security import secure_client
 
@@ -67,7 +68,7 @@ class Upstream:
             curve = self.cfg.curve
             if curve.enabled:
                 secure_client(up, CurveConfig(curve.secret_file, None, curve.server_public_file or None))
-            up.connect(address)
+            connect(up, address, f"node {self.cfg.name}: parent ")  # a bad --parent: one line
             self.index[up] = len(self.socks)
             self.socks.append(up)
         return self.socks

@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass, field, replace
 
 from cis.core.errors import CisError
 from cis.core.faults import Fault, check_faults
+from cis.core.policy.threshold_range import THRESHOLD_EXPECTED, is_threshold
+from cis.core.seeds import MAX_SEED, is_seed
 from cis.core.spec import CisSpec, Node
 from cis.runtime.node_config import heartbeat_timeout, node_default
 from cis.sim.arrivals import ARRIVALS
@@ -130,6 +132,8 @@ def check_config(config: SimConfig, spec: CisSpec, with_bundle: bool) -> SimConf
 
 def _check_load(config: SimConfig, spec: CisSpec) -> None:
     """When arrivals stop, and how they come."""
+    if not is_seed(config.seed):
+        raise CisError(f"simulate: --seed is {config.seed!r}; expected an integer in 0..{MAX_SEED}")
     if (config.requests is None) == (config.duration is None):
         raise CisError("simulate: give exactly one of --requests N or --duration SECONDS")
     if config.requests is not None and config.requests < 1:
@@ -144,17 +148,17 @@ def _check_load(config: SimConfig, spec: CisSpec) -> None:
         raise CisError("simulate: --arrivals trace needs a file; expected trace:FILE")
     if config.arrivals != "trace" and not any(n.arrival_rate > 0 for n in spec.nodes):
         raise CisError(f"spec {spec.name!r}: no node has an arrival_rate > 0; expected requests to arrive somewhere")
-    _positive(config.mmpp_ratio, "--mmpp-ratio")
-    _positive(config.mmpp_dwell, "--mmpp-dwell")
+    check_positive(config.mmpp_ratio, "--mmpp-ratio")
+    check_positive(config.mmpp_dwell, "--mmpp-dwell")
 
 
 def _check_costs(config: SimConfig) -> None:
     """What a visit and a message cost, and how the machine slows."""
-    _positive(config.service_mean, "--service-mean")
+    check_positive(config.service_mean, "--service-mean")
     if config.payload_bytes < 0:
         raise CisError(f"simulate: --payload-bytes is {config.payload_bytes}; expected bytes >= 0")
     if config.burst is not None:
-        _positive(config.burst, "--burst")
+        check_positive(config.burst, "--burst")
     flags = {"hop_rtt": " (--visit-cost)", "entry_rtt": " (--entry-cost)", "visit_overhead": "",
              "message_work": " (message_work in --latency-profile)"}
     for value, name in [*((v, "hop_rtt") for v in config.hop_rtt), *((v, "entry_rtt") for v in config.entry_rtt),
@@ -208,7 +212,7 @@ def _check_links(config: SimConfig, spec: CisSpec) -> None:
         (config.heartbeat_timeout, "--heartbeat-timeout"),
         (config.rto, "rto"),
     ):
-        _positive(value, flag)
+        check_positive(value, flag)
     check_faults(config.faults, spec, "simulate: --faults")
 
 
@@ -222,15 +226,19 @@ def _check_decision(config: SimConfig, spec: CisSpec, with_bundle: bool) -> None
             )
         if not 0.0 <= share <= 1.0:
             raise CisError(f"simulate: --share {node_id}={share}; expected a fraction in [0, 1]")
-    if config.threshold is not None and (not with_bundle or math.isnan(config.threshold)):
-        raise CisError(
-            f"simulate: --threshold {config.threshold}: expected a number (inf: forward everything) with --bundle"
-        )
+    if config.threshold is not None and not with_bundle:
+        raise CisError(f"simulate: --threshold {config.threshold}: expected --bundle with it (its nodes' threshold)")
+    if config.threshold is not None and not is_threshold(config.threshold):
+        raise CisError(f"simulate: --threshold {config.threshold}; expected {THRESHOLD_EXPECTED}")
+    if config.calibrate and not with_bundle:
+        raise CisError("simulate: --calibrate calibrates a bundle's thresholds on its profile; expected --bundle "
+                       "with it")
     if config.shares and with_bundle:
         raise CisError("simulate: --share applies without a bundle; with --bundle the thresholds decide")
 
 
-def _positive(value: float, flag: str) -> None:
+def check_positive(value: float, flag: str) -> None:
+    """A one-line :class:`CisError` unless ``value`` is a finite number > 0."""
     if not (math.isfinite(value) and value > 0):
         raise CisError(f"simulate: {flag} is {value}; expected a number > 0")
 

@@ -24,7 +24,7 @@ from cis.core.bundle import load_bundle
 from cis.core.errors import CisError
 from cis.core.records import format_ms
 from cis.core.spec import CisSpec
-from cis.sim.config import SimConfig, override_nodes
+from cis.sim.config import SimConfig, check_positive, override_nodes
 from cis.sim.output import write_json
 from cis.sim.simulation import simulate
 
@@ -110,7 +110,7 @@ def sweep(
     missing it above), until the bracket is narrower than ``tolerance`` of HI. Every load run is
     a point of the result."""
     search = isinstance(scales, tuple)
-    _check_sweep(config, search, slo_ms)
+    _check_sweep(config, search, slo_ms, jobs)
     config = replace(config, progress=False)
     slo_s = None if slo_ms is None else slo_ms / 1000
     jobs = max(1, jobs or os.cpu_count() or 1)
@@ -149,7 +149,11 @@ def sweep(
     }
 
 
-def _check_sweep(config: SimConfig, search: bool, slo_ms: float | None) -> None:
+def _check_sweep(config: SimConfig, search: bool, slo_ms: float | None, jobs: int | None) -> None:
+    if slo_ms is not None:
+        check_positive(slo_ms, "--slo-p99")
+    if jobs is not None and (isinstance(jobs, bool) or not isinstance(jobs, int) or jobs < 1):
+        raise CisError(f"simulate: --jobs is {jobs}; expected an integer >= 1 (parallel processes)")
     if config.arrivals == "trace":
         raise CisError(
             "--sweep scales the spec's arrival rates; expected generated arrivals (poisson, deterministic, mmpp), not "

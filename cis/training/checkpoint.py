@@ -18,13 +18,15 @@ trainer state such as optimizer moments), so it loads with
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from cis.core.errors import CisError, error_line
-from cis.training.models.contract import EarlyExitNet
+from cis.core.spec import CisSpec, parse_spec
+from cis.training.models.contract import EarlyExitNet, is_int
 from cis.training.models.model_ref import build_model
 
 WEIGHTS = "checkpoint.pt"
@@ -51,11 +53,15 @@ def save_checkpoint(
     return run_dir / WEIGHTS
 
 
-def _paths(path: str | Path) -> tuple[Path, Path]:
+def checkpoint_files(path: str | Path) -> tuple[Path, Path]:
+    """(checkpoint.pt, checkpoint.json) of a run folder, or of either file of such a pair given itself."""
     path = Path(path)
-    if path.is_dir():
+    if path.is_dir() or not path.exists():
         return path / WEIGHTS, path / META
-    return path, path.with_suffix(".json")
+    pair = (path.with_suffix(".pt"), path.with_suffix(".json"))
+    if path.suffix not in (".pt", ".json") or not all(p.is_file() for p in pair):
+        raise CisError(f"{path}: a file; expected the run folder (with {WEIGHTS} and {META}, written by 'cis train')")
+    return pair
 
 
 def read_json(path: Path) -> Any:
@@ -66,19 +72,86 @@ def read_json(path: Path) -> Any:
         raise CisError(f"{path}: not valid JSON ({exc})") from None
 
 
+def _is_names(value: Any) -> bool:
+    return isinstance(value, list) and len(value) >= 2 and all(isinstance(c, str) for c in value)
+
+
+def _is_normalisation(value: Any) -> bool:
+    def numbers(v: Any) -> bool:
+        return v is None or (isinstance(v, list) and all(isinstance(x, (int, float)) and x == x for x in v))
+
+    return isinstance(value, dict) and numbers(value.get("mean")) and numbers(value.get("std"))
+
+
+META_FIELDS: dict[str, tuple[Callable[[Any], bool], str]] = {  # key: (accepts its value, what is expected)
+    "model": (lambda v: isinstance(v, dict), "the model's record (an object)"),
+    "classes": (_is_names, "a list of at least 2 class names (strings) in label order"),
+    "normalisation": (_is_normalisation, 'an object {"mean": [...], "std": [...]} (null: inputs used as given)'),
+    "dataset": (lambda v: isinstance(v, str) and bool(v.strip()), "the data reference (a string)"),
+    "seed": (lambda v: v is None or is_int(v), "an integer"),
+    "val_size": (lambda v: v is None or (is_int(v) and v >= 1), "an integer >= 1 or null"),
+    "spec": (lambda v: v is None or isinstance(v, dict), "a CIS spec (an object) or null"),
+}
+
+
+def read_meta(path: str | Path) -> tuple[dict[str, Any], Path]:
+    """(checkpoint.json of the run ``path``, its path), checked: a JSON object with the fields the run's users
+    read, each of its type (one line naming the file and the key)."""
+    weights, meta_path = checkpoint_files(path)
+    if not weights.is_file() or not meta_path.is_file():
+        raise CisError(f"{path}: no checkpoint; expected {WEIGHTS} and {META} (written by 'cis train')")
+    meta = read_json(meta_path)
+    if not isinstance(meta, dict):
+        got = "null" if meta is None else f"a JSON {type(meta).__name__}"
+        raise CisError(f"{meta_path}: {got}; expected an object (the metadata 'cis train' writes)")
+    missing = [k for k in REQUIRED_META if k not in meta]
+    if missing:
+        raise CisError(f"{meta_path}: missing {missing}; expected {list(REQUIRED_META)}")
+    for key, (accepts, expected) in META_FIELDS.items():
+        if not accepts(meta.get(key)):
+            text = repr(meta[key])
+            text = text if len(text) <= 60 else text[:57] + "..."
+            raise CisError(f"{meta_path}: {key} is {text}; expected {expected}")
+    return meta, meta_path
+
+
+def run_spec(meta: dict[str, Any], meta_path: str | Path) -> CisSpec:
+    """The spec a run was trained under (its checkpoint metadata's); one line where there is none."""
+    if not meta.get("spec"):
+        raise CisError(f"{meta_path}: no 'spec' in the checkpoint metadata; pass --spec SPEC (a CIS spec TOML)")
+    return parse_spec(meta["spec"], f"{meta_path}: spec")
+
+
+def check_spec_fits(spec: CisSpec, model: EarlyExitNet, meta: dict[str, Any], where: str | Path) -> None:
+    """One line where ``spec`` does not fit the run's model (in ``where``): its exits, its classes."""
+    if spec.num_exits != model.num_exits:
+        raise CisError(
+            f"spec {spec.name!r}: [cis] exits is {spec.num_exits}; the model in {where} has {model.num_exits} exits"
+        )
+    if spec.num_classes != len(meta["classes"]):
+        raise CisError(
+            f"spec {spec.name!r}: [cis] classes is {spec.num_classes}; the model in {where} has {len(meta['classes'])}"
+        )
+
+
+@torch.no_grad()
+def _logits_width(model: EarlyExitNet) -> int | None:
+    """How many logits the model's exits give, from one sample of zeros; None where it cannot take zeros (the
+    export's verification and the data then judge it)."""
+    try:
+        return int(model(torch.zeros((1, *model.input_shape), dtype=model.input_dtype))[-1].shape[-1])
+    except Exception:
+        return None
+
+
 def load_checkpoint(path: str | Path, allow_model_change: bool = False) -> tuple[EarlyExitNet, dict[str, Any], dict]:
-    """Rebuild the model from a run dir (or checkpoint.pt); returns (model, meta, extra_state).
+    """Rebuild the model from a run dir (or its checkpoint.pt or checkpoint.json); returns (model, meta, extra_state).
 
     Refuses a checkpoint whose tensors do not match the architecture its metadata describes, and a user
     model whose source file changed since the run (``allow_model_change``: a warning instead).
     """
-    weights, meta_path = _paths(path)
-    if not weights.is_file() or not meta_path.is_file():
-        raise CisError(f"{path}: no checkpoint; expected {WEIGHTS} and {META} (written by 'cis train')")
-    meta = read_json(meta_path)
-    missing = [k for k in REQUIRED_META if k not in meta]
-    if missing:
-        raise CisError(f"{meta_path}: missing {missing}; expected {list(REQUIRED_META)}")
+    meta, meta_path = read_meta(path)
+    weights = checkpoint_files(path)[0]
     model = build_model(meta["model"], allow_model_change)
     try:
         blob = torch.load(weights, map_location="cpu", weights_only=True)
@@ -98,4 +171,8 @@ def load_checkpoint(path: str | Path, allow_model_change: bool = False) -> tuple
         )
     model.load_state_dict(state)
     model.eval()
+    width = _logits_width(model)
+    if width is not None and width != len(meta["classes"]):
+        raise CisError(f"{meta_path}: classes lists {len(meta['classes'])} names; the model's exits give {width} "
+                       "logits (one per class)")
     return model, meta, blob.get("extra", {})

@@ -12,17 +12,16 @@ in the run directory, so a run documents itself and ``--resume`` reads it back.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-try:  # Python 3.11+
-    import tomllib  # novermin (3.10 takes the tomli fallback below)
-except ModuleNotFoundError:  # Python 3.10: the same parser, as a package
-    import tomli as tomllib  # type: ignore[no-redef]  # the same module under its 3.10 name (as cis/core/spec.py)
-
 from cis.core.errors import CisError
+from cis.core.seeds import is_seed
+from cis.core.spec import CONFIDENCE_MEASURES
+from cis.core.spec_file import tomllib  # tomli on Python 3.10
 from cis.training.cis_options import (
     ALGORITHMS,
     BN_RULES,
@@ -86,6 +85,10 @@ def _is_number(v: Any) -> bool:
     return not isinstance(v, bool) and isinstance(v, (int, float))
 
 
+def _is_integer(v: Any) -> bool:
+    return not isinstance(v, bool) and isinstance(v, int)
+
+
 def is_device_name(name: str) -> bool:
     """auto, cpu, cuda or cuda:K (cis/training/device.py resolves it)."""
     kind, _, index = str(name).partition(":")
@@ -98,11 +101,13 @@ def _rates_hold(rates: Any) -> bool:
     )
 
 
-POSITIVE = Rule(lambda v: _is_number(v) and v > 0, "a positive number")
-COUNT = Rule(lambda v: isinstance(v, int) and v >= 1, "an integer >= 1")
+POSITIVE = Rule(lambda v: _is_number(v) and math.isfinite(v) and v > 0, "a finite positive number")
+NON_NEGATIVE = Rule(lambda v: _is_number(v) and math.isfinite(v) and v >= 0, "a finite number >= 0")
+COUNT = Rule(lambda v: _is_integer(v) and v >= 1, "an integer >= 1")
 COUNT_OR_NONE = Rule(lambda v: v is None or COUNT.holds(v), COUNT.expected)
 FRACTION = Rule(lambda v: _is_number(v) and 0 < v <= 1, "a fraction in (0, 1]")
-POSITIVE_OR_NONE = Rule(lambda v: v is None or POSITIVE.holds(v), "a positive number (or none)")
+POSITIVE_OR_NONE = Rule(lambda v: v is None or POSITIVE.holds(v), "a finite positive number (or none)")
+SEED = Rule(is_seed, "an integer in 0..2**32-1")
 
 
 def setting(default: Any = None, rule: Rule | None = None) -> Any:
@@ -130,16 +135,16 @@ class RunConfig:
     strategy: str = "auto"  # the evidence: docs/training.md, "When inference-aware weighting pays" (issue 44)
     weights: list[float] | None = None  # explicit Lambda~ (strategy "explicit")
     rounds: int | None = setting(None, COUNT)
-    seed: int = 0
+    seed: int = setting(0, SEED)
     # layer shares (equal, biased, highly-biased; a list of shares in a config file) or "node": the data's node column
     partition: str | list[float] = setting("equal", Rule(lambda v: v in PARTITIONS or isinstance(v, list),
                                                          " or ".join(map(repr, PARTITIONS)) + " or a list of shares"))
-    dirichlet: float | None = None
+    dirichlet: float | None = setting(None, POSITIVE_OR_NONE)
     # one model on the pooled data, exit losses weighted by the strategy's Lambda~ (cis/training/centralised.py)
     centralised: bool = setting(False, Rule(lambda v: isinstance(v, bool), "true or false"))
     # Algorithm 1 as printed, or "authors-code": as arodio/FedCIS runs it (docs/training.md)
     algorithm: str = setting("printed", one_of(ALGORITHMS))
-    p: float = 0.0
+    p: float = setting(0.0, Rule(lambda v: _is_number(v) and 0 <= v <= 1, "a probability in [0, 1]"))
     p_rule: str = "paper"  # "paper": p per lower exit; "code": p/(E_i-1) per lower exit
     p_matrix: list[list[float]] | None = None
     # "divide" by p_ie (printed; the default) or "multiply" (authors-code's, its only one)
@@ -155,9 +160,9 @@ class RunConfig:
     participation: float = setting(1.0, FRACTION)
     width: float = setting(1.0, POSITIVE)
     lr: float | None = setting(None, POSITIVE)
-    momentum: float | None = None
-    weight_decay: float | None = None
-    batch_size: int | None = setting(None, POSITIVE)
+    momentum: float | None = setting(None, NON_NEGATIVE)
+    weight_decay: float | None = setting(None, NON_NEGATIVE)
+    batch_size: int | None = setting(None, COUNT)
     local_epochs: float = setting(1.0, POSITIVE)
     local_steps: int | None = setting(None, COUNT_OR_NONE)
     schedule: str = setting("cosine", one_of(("cosine", "constant")))
@@ -167,13 +172,16 @@ class RunConfig:
     augment: bool | None = None
     server_lr: float = setting(1.0, POSITIVE)
     sigma: list[float] | None = None  # balanced-adj: per-exit gradient std; None: measured
-    sigma_batches: int = 50
-    confidence: str | None = None  # None: the spec's measure
-    eval_every: int = 1
-    checkpoint_every: int = 1
+    sigma_batches: int = setting(50, COUNT)
+    # None: the spec's measure
+    confidence: str | None = setting(None, Rule(lambda v: v is None or v in CONFIDENCE_MEASURES,
+                                                " or ".join(map(repr, CONFIDENCE_MEASURES)) + " (or none: the spec's)"))
+    eval_every: int = setting(1, COUNT)
+    checkpoint_every: int = setting(1, COUNT)
     val_size: int | None = None
-    train_subset: int | None = None  # a seeded subset of the training split (reduced-scale benchmarks)
-    threads: int | None = None
+    # a seeded subset of the training split (reduced-scale benchmarks)
+    train_subset: int | None = setting(None, COUNT_OR_NONE)
+    threads: int | None = setting(None, COUNT_OR_NONE)
     # auto (cuda when torch sees a GPU) | cpu | cuda | cuda:K
     device: str = setting("auto", Rule(is_device_name, f"one of {', '.join(DEVICES)} or cuda:K"))
     amp: str = setting("off", one_of(AMP_MODES))  # off | bf16: the local steps under torch.autocast(bfloat16)

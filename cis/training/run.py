@@ -28,12 +28,19 @@ import torch
 
 from cis.core.errors import CisError
 from cis.core.policy.exit_policy import evaluate_cis
-from cis.core.spec import CisSpec, load_spec, parse_spec, spec_to_dict, states_classes, write_spec
+from cis.core.spec import CisSpec, load_spec, spec_to_dict, states_classes, write_spec
 from cis.core.topologies import make_spec
 from cis.training.aggregation.weights import Weights
 from cis.training.builders import build_method_setup, check_ids, method_model
 from cis.training.centralised import centralised_setup
-from cis.training.checkpoint import load_checkpoint, read_json, save_checkpoint
+from cis.training.checkpoint import (
+    check_spec_fits,
+    checkpoint_files,
+    load_checkpoint,
+    read_json,
+    run_spec,
+    save_checkpoint,
+)
 from cis.training.clients import check_node_column, federated_steps, make_clients, run_splits, weight_sizes
 from cis.training.config import RunConfig
 from cis.training.data.data_ref import check_digest
@@ -46,7 +53,7 @@ from cis.training.grad_variance import gradient_variance
 from cis.training.local import Client, local_steps
 from cis.training.methods.static_bn import refresh_statistics
 from cis.training.models.contract import EarlyExitNet
-from cis.training.run_dir import failed_run, open_run_dir
+from cis.training.run_dir import check_out_folder, discard_unstarted, failed_run, open_run_dir
 from cis.training.run_weights import appendix_c_sigma, model_has_exit_gradients, run_weights
 from cis.training.warm_start import warm_start
 
@@ -240,16 +247,18 @@ def train_run(
         if config.init:
             warm_start(s.engine, config, log)
         write_run_start(s, out)
-    write_json(out / "weights.json", s.weights.describe())
-    _log_setup(s, log)
-    if resume:
-        _restore(s, out, log)
     try:
+        write_json(out / "weights.json", s.weights.describe())
+        _log_setup(s, log)
+        if resume:
+            _restore(s, out, log)
         stopped = _train_rounds(s, out, progress, stop_after)
         if stopped is not None:
             return {"stopped_after_round": stopped}
         summary = run_summary(s)
     except CisError:
+        if not resume:  # a new run's files, unless it saved a checkpoint: nothing --resume would take for a run
+            discard_unstarted(out)
         raise
     except Exception as exc:  # the model or the data failed mid-run: one line, and no run dir --resume would trust
         raise failed_run(out, s.engine.round + 1, exc) from None
@@ -266,6 +275,7 @@ def same_data(s: Setup, run_dir: Path) -> None:
 
 def write_run_start(s: Setup, out: Path) -> None:
     """A new run dir (made here) with its config.json, spec.toml and empty metrics.jsonl (both engines)."""
+    check_out_folder(out)
     out.mkdir(parents=True, exist_ok=True)
     write_json(out / "config.json", s.config.to_json())
     write_spec(s.spec, out / "spec.toml")
@@ -394,9 +404,8 @@ def evaluate_run(run_dir: str | Path, spec: CisSpec | None = None, measure: str 
                  allow_model_change: bool = False) -> dict:
     """Evaluate a finished (or checkpointed) run under any spec without retraining."""
     model, meta, _ = load_checkpoint(run_dir, allow_model_change)
-    spec = spec or parse_spec(meta["spec"], f"{run_dir}/checkpoint.json")
-    if spec.num_exits != model.num_exits:
-        raise CisError(f"spec {spec.name!r}: has {spec.num_exits} exits; the run's model has {model.num_exits}")
+    spec = spec or run_spec(meta, checkpoint_files(run_dir)[1])
+    check_spec_fits(spec, model, meta, run_dir)
     splits = load_run_data(meta, str(run_dir))
     val = predict_exits(model, splits.val.x)
     test = predict_exits(model, splits.test.x)

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import argparse
 
-from cis.cli.main import print_result
+from cis.cli.main import print_result, seed
 from cis.core.errors import CisError
+from cis.core.paths import check_folder
 from cis.core.records import format_ms
 
 
@@ -39,7 +40,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                                        "default cis)")  # fmt: skip
     p.add_argument("--binary", action="store_true", help="http: inputs as raw bytes (Triton's binary extension)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds before a request counts as lost (default 10)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the Poisson arrivals and the random samples")
+    p.add_argument("--seed", type=seed, default=0, help="seed of the Poisson arrivals and the random samples")
     p.add_argument("--curve-key", help="zmq: own CurveZMQ .key_secret")
     p.add_argument("--server-key", help="zmq: the node's public .key")
     p.add_argument("--out", help="folder: requests.csv (one row per request) and bench.json (the summary)")
@@ -52,6 +53,8 @@ def run(args: argparse.Namespace) -> int:
 
     if not args.timeout > 0:
         raise CisError(f"--timeout {args.timeout:g}: expected seconds > 0")
+    if args.out:
+        check_folder(args.out, "--out")  # before the load: a run is not lost to a bad path
     x = labels = None
     if args.data:
         from cis.core.bundle import load_bundle

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import argparse
 
-from cis.cli.main import print_result
+from cis.cli.main import print_result, seed
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         type=int,
         help="requests to replay (default: the whole test set; 200 with --quick; more cycles the test set)",
     )
-    p.add_argument("--seed", type=int, default=0, help="seed of training, data split and entry assignment (default 0)")
+    p.add_argument("--seed", type=seed, default=0, help="seed of training, data split and entry assignment (default 0)")
     p.add_argument("--quick", action="store_true", help="reduced mode: fewer rounds and requests (for tests)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run)

@@ -25,24 +25,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cis.core.spec import load_spec, parse_spec
+    from cis.core.spec import load_spec
     from cis.core.topologies import apply_serving, parse_serving
+    from cis.training.checkpoint import read_meta, run_spec
     from cis.training.evaluate import format_cis_report
     from cis.training.run import evaluate_run
 
     spec = None
-    if args.spec:
+    if args.spec is not None:
         spec = load_spec(args.spec)
-    elif args.serving:
-        import json
-        from pathlib import Path
-
-        from cis.core.errors import CisError
-
-        meta_path = Path(args.run_dir) / "checkpoint.json"
-        if not meta_path.is_file():
-            raise CisError(f"{args.run_dir}: no checkpoint; expected checkpoint.json (written by 'cis train')")
-        base = parse_spec(json.loads(meta_path.read_text())["spec"], str(meta_path))
+    elif args.serving is not None:  # '' too: parse_serving refuses it
+        base = run_spec(*read_meta(args.run_dir))
         spec = apply_serving(base, parse_serving(args.serving, base.num_exits))
     result = evaluate_run(args.run_dir, spec, args.confidence, args.allow_model_change)
     human = f"{args.run_dir} (round {result['round']}) under {result['spec']}" + (

@@ -7,13 +7,12 @@ starts without them. See docs/export.md.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
-from pathlib import Path
 
+from cis.cli.interrupt import sigterm_as_interrupt
 from cis.cli.main import print_result
 from cis.core.errors import CisError
-from cis.core.spec import load_spec, parse_spec
+from cis.core.spec import load_spec
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +58,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="FLAME models: inference patience p_ev of the bundle's patience policy (default: 4)",
     )
     p.add_argument(
-        "--latency-repeats", type=int, default=20, help="timed runs per stage and batch size for the latency profile"
+        "--latency-repeats", type=int, default=20,
+        help="timed runs per stage and batch size for the latency profile, >= 1 (default 20)",
     )
     p.add_argument(
         "--sign", metavar="KEYFILE", help="Ed25519 private key (PEM): sign the finished bundle's manifest "
@@ -88,21 +88,25 @@ def run(args: argparse.Namespace) -> int:
     recalibration, spec = (_recalibration(args) if args.rates_from else (None, args.spec))
     from cis.exporter.bundle_writer import export_bundle
 
-    report = export_bundle(
-        args.run_dir,
-        args.out,
-        spec=spec,
-        recalibration=recalibration,
-        feature_dtype=args.feature_dtype,
-        opset=args.opset,
-        trt=args.trt,
-        trt_fp16=not args.trt_fp32,
-        exporter=args.exporter,
-        latency_repeats=max(1, args.latency_repeats),
-        patience=args.patience,
-        progress=_progress,
-        allow_model_change=args.allow_model_change,
-    )
+    restore = sigterm_as_interrupt()  # a SIGTERM also removes the half-written bundle's temporary folder
+    try:
+        report = export_bundle(
+            args.run_dir,
+            args.out,
+            spec=spec,
+            recalibration=recalibration,
+            feature_dtype=args.feature_dtype,
+            opset=args.opset,
+            trt=args.trt,
+            trt_fp16=not args.trt_fp32,
+            exporter=args.exporter,
+            latency_repeats=args.latency_repeats,
+            patience=args.patience,
+            progress=_progress,
+            allow_model_change=args.allow_model_change,
+        )
+    finally:
+        restore()
     if args.sign:
         report["signature"] = str(sign_bundle(args.out, args.sign))
     print_result(args, report, summary(report))
@@ -113,17 +117,13 @@ def _recalibration(args: argparse.Namespace):
     """--rates-from: (what the exporter recalibrates to, the design updated with the measured arrival rates)."""
     from cis.exporter.recalibration import Recalibration
     from cis.runtime.measure import rates_from
+    from cis.training.checkpoint import read_meta, run_spec
 
-    if args.spec:
+    if args.spec is not None:
         design, where = load_spec(args.spec), args.spec
     else:
-        meta = Path(args.run_dir) / "checkpoint.json"
-        try:
-            design, where = parse_spec(json.loads(meta.read_text())["spec"], f"{meta}: spec"), f"{meta} (its spec)"
-        except (OSError, ValueError, KeyError, TypeError):
-            raise CisError(
-                f"{meta}: no spec to update; pass --spec DESIGN (the spec the CIS was designed with)"
-            ) from None
+        meta, meta_path = read_meta(args.run_dir)
+        design, where = run_spec(meta, meta_path), f"{meta_path} (its spec)"
     m, updated = rates_from(args.rates_from, design, where, args.window)
     return Recalibration(m.rates(), design, m.to_json()["measurement"]), updated
 

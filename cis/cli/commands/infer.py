@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cis.cli.main import print_result
+from cis.cli.main import print_result, seed
 from cis.core.errors import CisError
 from cis.core.records import format_ms
 from cis.runtime.wire import RETRY_AFTER
@@ -64,7 +64,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         f"reply came within S seconds; also at once when its entry node's connection closes (default {RETRY_AFTER:g})",
     )  # fmt: skip
     p.add_argument("--no-retry", action="store_true", help="never send a request twice")
-    p.add_argument("--seed", type=int, default=0, help="data split seed and entry assignment seed")
+    p.add_argument("--seed", type=seed, default=0, help="data split seed and entry assignment seed")
     p.add_argument(
         "--traceparent",
         help="W3C trace context 00-<32 hex>-<16 hex>-<2 hex> that every request joins (default: the TRACEPARENT "
@@ -94,6 +94,9 @@ def _check_numbers(args: argparse.Namespace) -> None:
         raise CisError(f"--timeout is {args.timeout:g}; expected seconds > 0")
     if args.retry_after <= 0 and not args.no_retry:
         raise CisError(f"--retry-after is {args.retry_after:g}; expected seconds > 0 (or --no-retry)")
+    if args.connect is not None and not args.connect.replace(",", "").strip():
+        raise CisError(f"--connect {args.connect!r}: no address; expected a node's address, e.g. tcp://HOST:PORT "
+                       "(several separated by commas)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -154,7 +157,7 @@ def _send(args: argparse.Namespace, x) -> tuple[Sequence[Result | None], list[st
     from cis.runtime.client import Client, infer_spread
 
     retry = None if args.no_retry else args.retry_after
-    if args.connect:
+    if args.connect is not None:
         addresses = [a.strip() for a in args.connect.split(",") if a.strip()]
         entry = [_entry_node(args, addresses)] * len(x) if args.out else []  # before anything is sent
         with Client(addresses, timeout=args.timeout, curve=_curve(args), retry_after=retry) as c:
@@ -243,7 +246,7 @@ def _entry_inputs(args: argparse.Namespace):
     from cis.core.bundle import TensorInfo
     from cis.runtime.client import Client
 
-    if args.connect:
+    if args.connect is not None:
         address = args.connect.split(",")[0].strip()  # entry replicas serve one bundle: the first says
     else:
         from cis.core.spec import load_spec

@@ -6,7 +6,8 @@ import argparse
 import json
 
 from cis.cli.main import print_result
-from cis.core.bundle import Bundle, load_bundle
+from cis.core.bundle import MANIFEST, Bundle, load_bundle
+from cis.core.errors import CisError, error_line
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -33,9 +34,20 @@ def _count(n: float) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    bundle = load_bundle(args.bundle)
+    bundle = load_bundle(args.bundle)  # checks the fields nodes read (cis.core.manifest_checks)
     m = bundle.manifest
-    lines = _header(bundle, m) + _stages(m) + _nodes(m) + _carries(m)
+    try:
+        lines = _header(bundle, m) + _stages(m) + _nodes(m) + _carries(m) + _made(m)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:  # a hand-edited descriptive field
+        raise CisError(f"{bundle.root / MANIFEST}: cannot show it ({error_line(exc)}); expected the fields "
+                       "docs/bundle.md describes") from None
+    print_result(args, {"id": bundle.id, **m}, "\n".join(lines))  # id: what nodes name it by on the wire
+    return 0
+
+
+def _made(m: dict) -> list[str]:
+    """How the bundle was checked against torch, and what made it."""
+    lines = []
     ver = m.get("verification")
     if ver:
         lines.append(
@@ -43,8 +55,7 @@ def run(args: argparse.Namespace) -> int:
         )
     if m.get("versions"):
         lines.append("made with " + ", ".join(f"{k} {v}" for k, v in m["versions"].items()))
-    print_result(args, {"id": bundle.id, **m}, "\n".join(lines))  # id: what nodes name it by on the wire
-    return 0
+    return lines
 
 
 def _header(bundle: Bundle, m: dict) -> list[str]:
@@ -88,9 +99,9 @@ def _nodes(m: dict) -> list[str]:
     measure = (m.get("policy") or {}).get("measure", "?")
     lines = ["", f"nodes (confidence: {measure}):", f"  {'id':<10}{'exit':>5}{'stages':>10}{'threshold':>11}"]
     for nid, n in m["nodes"].items():
-        t = n["threshold"]
+        t = n.get("threshold")
         lines.append(
-            f"  {nid:<10}{n['exit']:>5}{','.join(map(str, n['stages'])):>10}"
+            f"  {nid:<10}{n.get('exit', '?'):>5}{','.join(map(str, n['stages'])):>10}"
             f"{t if isinstance(t, str) else ('-' if t is None else format(t, '.4f')):>11}"
         )
     cal = m.get("calibration")

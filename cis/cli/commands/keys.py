@@ -9,6 +9,7 @@ NAME.sign.pub.pem public) for ``cis export --sign`` and ``cis serve --trust``.
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 
 from cis.cli.main import print_result
 from cis.core.errors import CisError
@@ -38,6 +39,7 @@ def run(args: argparse.Namespace) -> int:
     if args.add:
         if args.name or args.allow or args.signing:
             raise CisError("keys --add copies existing public keys; it takes no --name, --allow or --signing")
+        _check_elsewhere(args.folder, args.add)
         added = [str(add_public(args.folder, f)) for f in args.add]
         print_result(args, {"added": added}, "\n".join(f"authorised: {a}" for a in added))
         return 0
@@ -45,6 +47,9 @@ def run(args: argparse.Namespace) -> int:
         raise CisError("--allow is for CurveZMQ keys; signing keys go to 'cis export --sign' and 'cis serve --trust'")
     names = args.name or ["node"]
     _check_new(args.folder, names, args.signing)
+    if args.allow and Path(args.allow).resolve() == Path(args.folder).resolve():
+        raise CisError(f"--allow {args.allow} is FOLDER itself, where the public keys are made; expected a node's "
+                       "allow folder elsewhere")
     made = {}
     for name in names:
         if args.signing:
@@ -80,8 +85,6 @@ def run(args: argparse.Namespace) -> int:
 def _check_new(folder: str, names: list[str], signing: bool) -> None:
     """Before anything is written: each name a plain file name, and no key of that name in ``folder`` already (a
     new pair would replace it silently, and the peers that trust the old public key would lose their access)."""
-    from pathlib import Path
-
     for name in names:
         if not name or "/" in name or "\\" in name or name.startswith("."):
             raise CisError(f"--name {name!r}; expected a plain file name (no '/', not starting with '.')")
@@ -89,3 +92,10 @@ def _check_new(folder: str, names: list[str], signing: bool) -> None:
         there = [f for f in files if (Path(folder) / f).exists()]
         if there:
             raise CisError(f"{Path(folder) / there[0]} exists; expected a new name or folder (keys are never replaced)")
+
+
+def _check_elsewhere(folder: str, keys: list[str]) -> None:
+    """Before anything is copied: no ``--add`` key already in ``folder`` (it would be copied onto itself)."""
+    for key in keys:
+        if Path(key).resolve().parent == Path(folder).resolve():
+            raise CisError(f"--add {key}: already in {folder}; expected a peer's public key from another folder")

@@ -10,7 +10,6 @@ back rolls everything back. The order and its guarantees: :mod:`cis.runtime.roll
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from cis.cli.main import print_result, seconds
@@ -52,12 +51,16 @@ def run(args: argparse.Namespace) -> int:
     from cis.runtime.rollout import Rollout, check_fits, targets_of
     from cis.runtime.security import CurveConfig
 
+    if args.server_key and not args.curve_key:
+        raise CisError("rollout: --server-key goes with --curve-key (CurveZMQ needs this client's own key too)")
     bundle = load_bundle(Path(args.bundle).resolve(), trust=args.trust)  # every file's sha256, the signature
     spec, addresses = _tree(args)
     check_fits(bundle, spec, spec.ids)
     curve = CurveConfig(args.curve_key, None, args.server_key) if args.curve_key else None
     say = logging.getLogger("cis.cli.commands.rollout").info
-    rollout = Rollout(bundle, targets_of(spec, addresses), args.timeout, curve, args.cluster, say)
+    cluster = Path(args.cluster) if args.cluster else None  # LOG_DIR, or its cluster.json: rollout.json goes beside
+    log_dir = None if cluster is None else str(cluster if cluster.is_dir() else cluster.parent)
+    rollout = Rollout(bundle, targets_of(spec, addresses), args.timeout, curve, log_dir, say)
     try:
         report = rollout.run()
     finally:
@@ -81,17 +84,10 @@ def _tree(args: argparse.Namespace):
         raise CisError("rollout: which nodes? pass --spec SPEC (their addresses) or --cluster LOG_DIR")
     state: dict = {}
     if args.cluster:
-        from cis.runtime.launcher import CLUSTER_FILE
+        from cis.cli.commands.status import read_cluster
 
-        path = Path(args.cluster) / CLUSTER_FILE
-        try:
-            state = json.loads(path.read_text())
-            addresses = {nid: v["address"] for nid, v in state["nodes"].items()}
-        except (OSError, json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
-            raise CisError(
-                f"{path}: not a cluster state file ({type(exc).__name__}); expected the {CLUSTER_FILE} that "
-                "'cis serve --all --log-dir DIR' writes in DIR"
-            ) from None
+        state = read_cluster(args.cluster)
+        addresses = {nid: v["address"] for nid, v in state["nodes"].items()}
     if args.spec:
         spec = load_spec(args.spec)
     elif state.get("spec"):

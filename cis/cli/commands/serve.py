@@ -9,6 +9,7 @@ import os
 import signal
 import time
 from collections.abc import Callable
+from typing import Any
 
 from cis.cli.commands import serve_config as options
 from cis.core import logs
@@ -35,17 +36,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cis.core.bundle import load_bundle
-    from cis.core.spec import load_spec
     from cis.runtime.orphans import die_with_launcher
 
     die_with_launcher()
+    with StopAsked(signal.SIGINT) as stop:  # a Ctrl-C from here is a request to stop, not a traceback from an import
+        return _serve(args, stop)
+
+
+def _serve(args: argparse.Namespace, stop: StopAsked) -> int:
+    from cis.core.bundle import load_bundle
+    from cis.core.spec import load_spec
+
     logs.configure(options.resolve(args))  # the file may set the log level and format too
-    if args.metrics_port is not None:
+    if args.metrics_port is not None:  # its range: serve_rules
         from cis.core.extras import require
 
-        if not 0 <= args.metrics_port <= 65535:
-            raise CisError(f"--metrics-port is {args.metrics_port}; expected 0 (a free port) to 65535")
         require("metrics", "--metrics-port")
     _check_tracing(args)
     doors = _door_configs(args)  # checked before any node starts
@@ -57,10 +62,43 @@ def run(args: argparse.Namespace) -> int:
         _check_providers(args, bundle, spec)
         _check_fit(args, bundle, spec)
         _check_spans_files(args, spec)
-        return _run_all(args, spec)
+        return _run_all(args, spec, stop)
     if args.log_dir:
         raise CisError("--log-dir goes with --all; a single node writes to its own stderr")
-    return _run_node(args, bundle, spec, doors)
+    return _run_node(args, bundle, spec, doors, stop)
+
+
+class StopAsked:
+    """A context in which ``signals`` (and those :meth:`catch` adds) are caught and remembered, the last one in
+    :attr:`signum`; calling it says whether one came. Leaving it puts the handlers from before back.
+
+    ``cis serve`` stops at the next place that looks (before the node serves, the launcher's wait for its nodes,
+    the loop of ``--all``), not at a KeyboardInterrupt thrown into the middle of loading the stages, which a
+    library's import turns into a traceback."""
+
+    def __init__(self, *signals: signal.Signals):
+        self.signum = 0
+        self.signals = signals
+        self.before: dict[signal.Signals, Any] = {}
+
+    def __enter__(self) -> StopAsked:
+        self.catch(*self.signals)
+        return self
+
+    def catch(self, *signals: signal.Signals) -> None:
+        for s in signals:
+            self.before.setdefault(s, signal.getsignal(s))
+            signal.signal(s, self._caught)
+
+    def _caught(self, signum: int, _frame: object) -> None:
+        self.signum = signum
+
+    def __call__(self) -> bool:
+        return self.signum != 0
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self.before.items():
+            signal.signal(s, handler)
 
 
 def _check_tracing(args: argparse.Namespace) -> None:
@@ -105,11 +143,10 @@ def _curve(args: argparse.Namespace):
 
 def _door_configs(args: argparse.Namespace) -> dict:
     """{"http": DoorConfig, "grpc": DoorConfig} for the doors asked for (--http-port, --grpc-port), checked:
-    the port's range, the extra, a TLS certificate with its key, the token file, the limits."""
+    the extra, a TLS certificate with its key, the token file (the ports' and limits' ranges: serve_rules)."""
     from cis.core.extras import require
     from cis.runtime.oip.door import DoorConfig
 
-    _check_limits(args)
     out = {}
     token = _token(args.auth_token_file) if args.auth_token_file else None
     for door in ("http", "grpc"):
@@ -118,8 +155,6 @@ def _door_configs(args: argparse.Namespace) -> dict:
             raise CisError(f"--{door}-tls-cert and --{door}-tls-key go together; give both")
         if port is None:
             continue
-        if not 0 <= port <= 65535:
-            raise CisError(f"--{door}-port is {port}; expected 0 (a free port) to 65535")
         require(door, f"--{door}-port")
         for flag, path in ((f"--{door}-tls-cert", cert), (f"--{door}-tls-key", key)):
             if path is not None and not os.path.isfile(path):
@@ -130,16 +165,6 @@ def _door_configs(args: argparse.Namespace) -> dict:
             args.http_max_json_bytes, args.door_max_buffered_bytes,
         )  # fmt: skip
     return out
-
-
-def _check_limits(args: argparse.Namespace) -> None:
-    """The front doors' limits (docs/runtime.md, *Limits of the front door*): one line for the first wrong one."""
-    if args.http_timeout <= 0 or args.http_head_timeout <= 0:
-        raise CisError("--http-timeout and --http-head-timeout must be > 0 seconds")
-    for flag in ("http_max_connections", "http_max_json_bytes", "door_max_request_bytes", "door_max_buffered_bytes"):
-        value = getattr(args, flag)
-        if value is not None and value < 1:
-            raise CisError(f"--{flag.replace('_', '-')} is {value}; expected at least 1")
 
 
 def _token(path: str) -> str:
@@ -178,13 +203,16 @@ def _open_doors(node, doors: dict, model_name: str) -> None:
             node.doors.append(GrpcDoor(model, cfg, budget))
 
 
-def _run_node(args: argparse.Namespace, bundle, spec, doors: dict) -> int:
+def _run_node(args: argparse.Namespace, bundle, spec, doors: dict, stop: StopAsked) -> int:
     opts = {**options.node_config(args), "curve": _curve(args), "restarts": args.restarts}
     metrics = _metrics_server(args, spec)  # up before the stages load: /readyz says "loading" meanwhile
     try:
         node = _build(bundle, args, spec, opts)
         _open_doors(node, doors, args.model_name)
-        node.run(ready=None if metrics is None else lambda: metrics.attach(node))  # logs its start and its stop
+        if stop():  # a Ctrl-C while the stages loaded: main says "interrupted"
+            raise KeyboardInterrupt
+        ready = None if metrics is None else lambda: metrics.attach(node)
+        node.run(ready=ready, stop=stop)  # logs its start and its stop; its own handlers take the signals now
     finally:
         if metrics is not None:
             metrics.close()
@@ -276,7 +304,7 @@ def _node_options(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def _run_all(args: argparse.Namespace, spec) -> int:
+def _run_all(args: argparse.Namespace, spec, stop: StopAsked) -> int:
     from cis.runtime.launcher import launch
     from cis.runtime.security import CurveConfig
 
@@ -285,18 +313,34 @@ def _run_all(args: argparse.Namespace, spec) -> int:
     if args.threshold is not None:  # the root always serves everything
         for n in spec.nodes:
             if n.parent is not None:
-                per_node[n.id] = ["--threshold", str(args.threshold)]
-    stop = {"now": False}
-
-    def on_signal(*_):
-        stop["now"] = True
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+                per_node[n.id] = [f"--threshold={args.threshold}"]  # "=": -inf is no flag
+    stop.catch(signal.SIGTERM)
     # the launcher's readiness probes use the nodes' own key pair, which every node trusts
     probe = CurveConfig(args.curve_key, None, str(args.curve_key).removesuffix("_secret")) if args.curve_key else None
     start = getattr(args, "start_cluster", None) or launch  # cis testbed: the same nodes, each in a namespace
-    cluster = start(
+    try:
+        if stop():  # asked while the bundle was read and checked
+            raise KeyboardInterrupt
+        cluster = _start(start, args, spec, extra, per_node, probe, stop)
+    except KeyboardInterrupt:  # asked to stop while the nodes started: the launcher stopped them
+        if stop.signum != signal.SIGTERM:
+            raise  # a Ctrl-C: main says "interrupted"
+        log.info("stopped while the nodes started")
+        return 0
+    try:
+        _print_cluster(args, spec, cluster)
+        while not stop():
+            cluster.supervise()  # restart nodes that died (backoff), reap them: no zombies
+            time.sleep(0.1)
+    finally:
+        codes = cluster.stop()
+        log.info("stopped %d nodes", len(codes))
+    return 0
+
+
+def _start(start: Callable, args: argparse.Namespace, spec, extra: list[str], per_node: dict, probe, stop):
+    """The nodes started (:func:`cis.runtime.launcher.launch`, or the testbed's), every one ready."""
+    return start(
         args.bundle,
         spec,
         args.spec,
@@ -311,16 +355,8 @@ def _run_all(args: argparse.Namespace, spec) -> int:
         door_ports={door: getattr(args, f"{door}_port") for door in ("http", "grpc")},
         door_host=args.http_host,
         door_tls=args.http_tls_cert is not None,
+        stop_asked=stop,
     )
-    try:
-        _print_cluster(args, spec, cluster)
-        while not stop["now"]:
-            cluster.supervise()  # restart nodes that died (backoff), reap them: no zombies
-            time.sleep(0.1)
-    finally:
-        codes = cluster.stop()
-        log.info("stopped %d nodes", len(codes))
-    return 0
 
 
 def _print_cluster(args: argparse.Namespace, spec, cluster) -> None:

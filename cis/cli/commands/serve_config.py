@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from cis.cli.commands.serve_rules import expected
 from cis.core import logs
 from cis.core.errors import CisError
 from cis.core.spec import PROVIDERS
@@ -268,7 +269,7 @@ def add_options(p: argparse.ArgumentParser) -> None:
         if o.kind == "bool":
             p.add_argument(o.flag, action=argparse.BooleanOptionalAction, default=None, help=o.help + shown)
         else:
-            p.add_argument(o.flag, type=_CAST[o.kind], choices=o.choices, metavar=o.metavar, help=o.help + shown)
+            p.add_argument(o.flag, type=_flag_type(o), choices=o.choices, metavar=o.metavar, help=o.help + shown)
     p.add_argument("--config", metavar="FILE", help="TOML file of these options (keys as the flags, with _)")
 
 
@@ -286,19 +287,38 @@ def _float(text: str) -> float:
 _CAST: dict[str, Callable[[str], Any]] = {"int": int, "float": _float, "str": str, "path": str}
 
 
+def _flag_type(o: Option) -> Callable[[str], Any]:
+    """The argparse type of ``o``'s flag: its kind, then its range (:func:`serve_rules.expected`)."""
+    cast = _CAST[o.kind]
+
+    def parse(text: str) -> Any:
+        value = cast(text)
+        wanted = expected(o.name, value)
+        if wanted is not None:
+            raise argparse.ArgumentTypeError(f"{text!r}; expected {wanted}")
+        return value
+
+    parse.__name__ = cast.__name__  # argparse names the type in "invalid int value: 'x'"
+    return parse
+
+
 def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -> logs.LogSettings:
     """Fill ``args`` in place: flag, else ``CIS_*`` variable, else ``--config`` file, else default. Returns the
     log settings, which the file may set too (after the flags and the variables)."""
     if args.all and args.node is not None:
         raise CisError("--node and --all: give one")
+    for flag, given in (("--bind", args.bind), ("--parent", args.parent)):
+        if args.all and given is not None:
+            raise CisError(f"{flag} goes with --node; --all takes every node's address from the spec (or "
+                           "--free-ports)")
     env = {o.name: _from_env(o, environ) for o in OPTIONS if environ.get(o.env, "").strip()}
     path = args.config or environ.get(ENV_PREFIX + "CONFIG", "").strip() or None
     file = read_file(path) if path else {}
     for o in OPTIONS:
         if getattr(args, o.name) is None:
             setattr(args, o.name, env.get(o.name, file.get(o.name, o.default)))
-    if args.all:
-        args.node = None  # --all serves every node: a node from the variables or the file does not apply
+    if args.all:  # --all serves every node: a node (and its addresses) from the variables or the file do not apply
+        args.node = args.bind = args.parent = None
     elif args.node is None:
         raise CisError("no node to serve: give --node ID (or CIS_NODE, or node in the --config file) or --all")
     # the file's log keys rank below the flags and the variables: they act as variables that are not set
@@ -312,7 +332,7 @@ def _from_env(o: Option, environ: Mapping[str, str]) -> Any:
 
 def read_file(path: str | Path) -> dict[str, Any]:
     """The options of a TOML file, checked: unknown keys and wrong types are one line naming file and key."""
-    from cis.core.spec import tomllib
+    from cis.core.spec_file import tomllib
 
     p = Path(path)
     try:
@@ -362,6 +382,9 @@ def _check(o: Option, value: Any, where: str, text: bool = False) -> Any:
         raise CisError(f"{where} is {value!r}; expected {EXPECTED[o.kind]}") from None
     if o.choices is not None and got not in o.choices:
         raise CisError(f"{where} is {value!r}; expected one of {', '.join(o.choices)}")
+    wanted = expected(o.name, got)
+    if wanted is not None:
+        raise CisError(f"{where} is {value!r}; expected {wanted}")
     return got
 
 

@@ -272,6 +272,8 @@ def run(args: argparse.Namespace) -> int:
     from cis.sim.summary import human_summary
     from cis.sim.sweep import capacity_table, parse_sweep, sweep, write_sweep
 
+    if args.provider is not None and not args.bundle:
+        raise CisError("simulate: --provider picks a bundle's latency profile; expected --bundle with it")
     spec = override_nodes(
         load_spec(args.spec), workers=args.workers, queue_limit=args.queue_limit, provider=args.provider
     )

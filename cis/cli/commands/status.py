@@ -32,7 +32,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def _cluster(path: str) -> dict[str, dict]:
+def read_cluster(path: str) -> dict:
+    """The state a ``cis serve --all --log-dir DIR`` writes, from DIR or its cluster.json (status and rollout take
+    either), checked: ``nodes`` maps each node id to a dict with its ``address``."""
     from cis.runtime.launcher import CLUSTER_FILE
 
     f = Path(path)
@@ -43,14 +45,20 @@ def _cluster(path: str) -> dict[str, dict]:
             f"{f}: not found; expected the {CLUSTER_FILE} that 'cis serve --all --log-dir DIR' writes in DIR"
         )
     try:
-        nodes = json.loads(f.read_text())["nodes"]
-        return {nid: dict(v) for nid, v in nodes.items() if isinstance(v["address"], str)}
+        state = json.loads(f.read_text())
+        for value in state["nodes"].values():
+            value["address"]  # noqa: B018 (each node has one: a missing key is a KeyError, below)
+        return state
     except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as exc:
         raise CisError(f"{f}: not a cluster state file ({type(exc).__name__}: {exc})") from None
 
 
+def _cluster(path: str) -> dict[str, dict]:
+    return {nid: dict(v) for nid, v in read_cluster(path)["nodes"].items() if isinstance(v["address"], str)}
+
+
 def run(args: argparse.Namespace) -> int:
-    from cis.runtime.client import Client
+    from cis.runtime.client import Client, ServerError
 
     targets: dict[str, str] = {}
     launcher: dict[str, dict] = {}
@@ -76,6 +84,8 @@ def run(args: argparse.Namespace) -> int:
                 result[key] = {"address": addr, "live": True, **c.status(args.timeout)}
             except TimeoutError:
                 result[key] = {"address": addr, "live": False}
+            except ServerError as exc:  # a node that answers with an error (another version): its row says so
+                result[key] = {"address": addr, "live": False, "error": " ".join(str(exc).split())}
         if key in launcher:
             result[key]["launcher"] = {
                 k: launcher[key].get(k) for k in ("state", "pid", "restarts", "last_exit", "log")
@@ -100,7 +110,9 @@ def _table(result: dict[str, dict]) -> str:
                 if sup
                 else ""
             )
-            lines.append(f"{key:<12}{'no':>5}  (no answer from {st['address']}{seen})")
+            addr = st["address"]
+            answer = f"error from {addr}: {st['error']}" if "error" in st else f"no answer from {addr}"
+            lines.append(f"{key:<12}{'no':>5}  ({answer}{seen})")
             continue
         lat = st.get("latency") or {}
         lines.append(

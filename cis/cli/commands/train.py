@@ -34,6 +34,7 @@ from typing import Any
 from cis.cli.commands.train_flags import CONFIG_KEYS, RESUME_MAY_CHANGE, add_arguments, floats
 from cis.cli.main import print_result
 from cis.core.errors import CisError
+from cis.core.spec import load_spec
 from cis.training.config import RunConfig, make_config, read_config_file
 from cis.training.methods.registry import parse_option_flags, resolve_options
 
@@ -50,6 +51,9 @@ def run(args: argparse.Namespace) -> int:
         return _measure_grad_variance(args, flags, options)
     if not args.out:
         raise CisError("missing --out RUN_DIR; expected a directory for the run")
+    from cis.training.run_dir import check_out_folder
+
+    check_out_folder(Path(args.out))  # a file in the way: one line before anything is built
     if args.window is not None and not args.rates_from:
         raise CisError("--window goes with --rates-from SOURCE")
     if args.resume and (args.init or args.rates_from):
@@ -111,9 +115,8 @@ def _config_flags(args: argparse.Namespace) -> dict[str, Any]:
             flags["model_args"] = parse_model_args(args.model_arg)
     if args.weights_file is not None:
         flags["weights_file"] = _weights_file(args.weights_file)
-    if args.spec is not None and not Path(args.spec).is_file():
-        raise CisError(f"{args.spec}: spec file not found; expected a TOML file (make one with 'cis spec new')")
     if args.spec is not None:
+        load_spec(args.spec)  # a missing, broken or invalid spec: its one line before anything is built
         flags["spec"] = str(Path(args.spec).resolve())
     if args.dataset is not None:  # paths made absolute: evaluate and export rebuild the data from any directory
         from cis.training.data.data_ref import absolute_ref
@@ -243,7 +246,6 @@ def _flower_run(args: argparse.Namespace, config: RunConfig, log: Callable[[str]
 
 def _measured_rates(args: argparse.Namespace, values: dict) -> dict:
     """--rates-from: measure, write the updated design into the run dir; the config keys that point to it."""
-    from cis.core.spec import load_spec
     from cis.runtime.measure import rates_from, updated_spec_text
 
     design_file = values.get("spec")

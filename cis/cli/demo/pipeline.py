@@ -36,7 +36,6 @@ import json
 import logging
 import math
 import shutil
-import signal
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from cis.cli.interrupt import sigterm_as_interrupt
 from cis.core.errors import CisError
 from cis.core.records import write_requests
 from cis.sim.calibration import calibrate_visits, warm_up
@@ -134,19 +134,6 @@ def _prepare(out: Path) -> None:
     (out / MARKER).write_text("written by cis demo\n")
 
 
-def _sigterm_as_interrupt() -> Callable[[], None]:
-    """Turn SIGTERM into KeyboardInterrupt while the cluster runs, so it is stopped."""
-    try:
-        old = signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-    except ValueError:  # not the main thread
-        return lambda: None
-
-    def restore() -> None:
-        signal.signal(signal.SIGTERM, old)
-
-    return restore
-
-
 @dataclass
 class _Demo:
     """What every phase of one demo run reads: its folder, spec, settings and phase clock."""
@@ -182,7 +169,8 @@ def run_demo(
 
     t_start = time.perf_counter()
     out = Path(out)
-    rounds = rounds or (QUICK_ROUNDS if quick else DEFAULT_ROUNDS)
+    if rounds is None:
+        rounds = QUICK_ROUNDS if quick else DEFAULT_ROUNDS
     if rounds < 1:
         raise CisError(f"demo: --rounds is {rounds}; expected an integer >= 1")
     if n is not None and n < 1:
@@ -253,7 +241,7 @@ def _serve_and_replay(demo: _Demo, bundle, x: np.ndarray, y: np.ndarray, entries
     from cis.runtime.result_summary import summarize
 
     out, spec, ph = demo.out, demo.spec, demo.phases
-    restore = _sigterm_as_interrupt()
+    restore = sigterm_as_interrupt()  # while the cluster runs, so it is stopped
     cluster = None
     try:
         cluster = ph.run(

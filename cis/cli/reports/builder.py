@@ -16,7 +16,7 @@ from typing import Any
 
 from cis.cli.reports.compare import agreement
 from cis.cli.reports.plots import write_plots
-from cis.cli.reports.readers import SECTIONS, detect_kind, read_json, sim_section
+from cis.cli.reports.readers import SECTIONS, detect_kind, read_json, reads, sim_section
 from cis.cli.reports.render import markdown
 from cis.core.errors import CisError
 
@@ -48,6 +48,9 @@ def build_report(path: str | Path) -> dict:
 def write_report(report: dict, md_path: str | Path) -> list[str]:
     """Write the markdown to ``md_path`` and its plots to ``plots/`` beside it; returns notes."""
     md_path = Path(md_path)
+    if reads(Path(report["path"]), report["kind"], md_path):
+        raise CisError(f"--out {md_path}: a file the report of {report['path']} reads; expected a new file (e.g. "
+                       f"{Path(report['path']) / 'report.md'})")
     md_path.parent.mkdir(parents=True, exist_ok=True)
     made, notes = write_plots(report, md_path.parent / "plots")
     rel = {k: str(p.relative_to(md_path.parent)) for k, p in made.items()}

@@ -9,6 +9,7 @@ Latencies follow :mod:`cis.core.records` (seconds, one summary format). numpy on
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -18,12 +19,62 @@ import numpy as np
 from cis.core.errors import CisError
 from cis.core.records import latency_summary, read_requests, served_latencies
 
+log = logging.getLogger(__name__)
+INPUTS = {
+    "run": ("config.json", "summary.json", "metrics.jsonl", "checkpoint.json"),
+    "sim": ("result.json",),
+    "runtime": ("summary.json", "requests.csv"),
+    "demo": ("comparison.json",),
+}
+"""The files a report of a folder of each kind reads (a bundle: every file in it, the manifest and what it lists;
+a demo folder: also its subfolders', each of its own kind)."""
+DEMO_PARTS = {"run": "run", "bundle": "bundle", "runtime": "runtime", "sim": "sim", "sim-bundle": "sim"}
+
 
 def read_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise CisError(f"{path}: cannot read ({exc.__class__.__name__}: {exc}); expected a JSON file") from None
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """The objects of a JSON-lines file, one per non-empty line. A last line cut short (a run killed mid-write)
+    is skipped with a warning; a bad line before it is one line naming the file and the line."""
+    try:
+        lines = path.read_text().splitlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CisError(f"{path}: cannot read ({exc.__class__.__name__}: {exc}); expected a JSON-lines file") from None
+    numbered = [(k + 1, ln) for k, ln in enumerate(lines) if ln.strip()]
+    rows = []
+    for k, (line, text) in enumerate(numbered):
+        try:
+            row = json.loads(text)
+        except ValueError as exc:
+            if k == len(numbered) - 1:
+                log.warning("%s:%d: skipped the last line, cut short (%s); a run stopped while writing it", path,
+                            line, exc)
+                break
+            raise CisError(f"{path}:{line}: not JSON ({exc}); expected one JSON object per line") from None
+        if not isinstance(row, dict):
+            raise CisError(f"{path}:{line}: a JSON {type(row).__name__}; expected one JSON object per line")
+        rows.append(row)
+    return rows
+
+
+def reads(folder: Path, kind: str, target: Path) -> bool:
+    """Whether the report of ``folder`` (a folder of ``kind``) reads the file ``target``."""
+    try:
+        rel = target.resolve().relative_to(folder.resolve())
+    except ValueError:
+        return False
+    if not rel.parts:
+        return False
+    if kind == "bundle":
+        return target.is_file() or rel.parts == ("manifest.json",)
+    if kind == "demo" and len(rel.parts) > 1 and rel.parts[0] in DEMO_PARTS:
+        return reads(folder / rel.parts[0], DEMO_PARTS[rel.parts[0]], target)
+    return rel.as_posix() in INPUTS.get(kind, ())
 
 
 def detect_kind(path: Path) -> str:
@@ -47,12 +98,10 @@ def run_section(path: Path) -> dict:
     """A training run: settings, final accuracies and the per-round curves."""
     config = read_json(path / "config.json") if (path / "config.json").is_file() else {}
     summary = read_json(path / "summary.json") if (path / "summary.json").is_file() else None
-    rows = []
-    if (path / "metrics.jsonl").is_file():
-        rows = [json.loads(ln) for ln in (path / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+    rows = read_jsonl(path / "metrics.jsonl") if (path / "metrics.jsonl").is_file() else []
     exits = sorted({e for r in rows for e in list(r.get("loss", {})) + list(r.get("val_exit_accuracy", {}))}, key=int)
     curves = {
-        "round": [r["round"] for r in rows],
+        "round": [r.get("round") for r in rows],
         "loss": {e: [r.get("loss", {}).get(e) for r in rows] for e in exits},
         "val_exit_accuracy": {e: [r.get("val_exit_accuracy", {}).get(e) for r in rows] for e in exits},
         "val_cis_accuracy": [r.get("val_cis_accuracy") for r in rows],
@@ -84,7 +133,7 @@ def bundle_section(path: Path) -> dict:
     """A bundle: manifest summary, calibration, verification, profiles (files checked by load_bundle)."""
     from cis.core.bundle import load_bundle
 
-    m = read_json(path / "manifest.json")
+    m = load_bundle(path, verify=False).manifest  # a malformed manifest: one line (cis.core.manifest_checks)
     try:
         load_bundle(path)
         verified = "all files match their sha256"

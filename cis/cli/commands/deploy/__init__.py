@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from pathlib import Path
 from typing import Any
 
@@ -139,8 +140,11 @@ def _kubernetes(
 
     assert bundle is not None
     headroom = 2.0 if args.headroom is None else args.headroom
-    if not headroom > 0:
-        raise CisError(f"--headroom {args.headroom}; expected a number > 0")
+    if not (math.isfinite(headroom) and headroom > 0):
+        raise CisError(f"--headroom {args.headroom}; expected a finite number > 0")
+    if args.bundle_path is not None and not args.bundle_path.startswith("/"):
+        raise CisError(f"--bundle-path {args.bundle_path!r} is relative; expected an absolute path on the machines "
+                       "(a hostPath volume)")
     volume = args.bundle_volume or "image"
     for flag, mode in (("bundle_image", "image"), ("bundle_claim", "pvc"), ("bundle_path", "hostpath")):
         if getattr(args, flag) is not None and volume != mode:
@@ -191,11 +195,12 @@ COPY --chown={IMAGE_UID}:{IMAGE_UID} . /bundle/
 def _systemd(
     args: argparse.Namespace, spec: CisSpec, bundle: Bundle | None, ends: dict[str, plan.Endpoint], sets: dict
 ) -> tuple[dict[str, str], dict[str, Any], list[str]]:
-    from cis.cli.commands.deploy.systemd import UNIT, check_ids, env_files, unit_text
+    from cis.cli.commands.deploy.systemd import UNIT, check_ids, check_options, env_files, unit_text
 
     check_ids(spec)
-    given = {k: getattr(args, k) for k in ("cis", "env_dir", "bundle_path", "user") if getattr(args, k)}
+    given = {k: getattr(args, k) for k in ("cis", "env_dir", "bundle_path", "user") if getattr(args, k) is not None}
     options = UnitOptions(**given, metrics_port=args.metrics_port, sets=sets)
+    check_options(options)
     if options.metrics_port + len(spec.nodes) - 1 > 65535:
         raise CisError(f"--metrics-port {options.metrics_port}: node i of the spec gets PORT+i, past 65535")
     texts = {UNIT: unit_text(options), "spec.toml": _spec_text(spec, args.spec), **env_files(spec, ends, options)}

@@ -81,10 +81,10 @@ def check_bundle(spec: CisSpec, bundle: Bundle, source: str) -> None:
                 f"{source}: node {n.id!r} is not in bundle {bundle.root} (it has {', '.join(held)}); export the "
                 "bundle for this spec (cis export --spec)"
             )
-        if held[n.id]["exit"] != n.exit:
+        exit_ = held[n.id].get("exit") or max(held[n.id]["stages"], default=0)  # a manifest's nodes: manifest_checks
+        if exit_ != n.exit:
             raise CisError(
-                f"{source}: node {n.id!r} has exit {n.exit}; bundle {bundle.root} holds stages for exit "
-                f"{held[n.id]['exit']} there"
+                f"{source}: node {n.id!r} has exit {n.exit}; bundle {bundle.root} holds stages for exit {exit_} there"
             )
 
 

@@ -17,6 +17,8 @@ from cis.core.spec import CisSpec
 UNIT = "cis-node@.service"
 BUNDLE_VARIABLE = "BUNDLE"  # the unit's own variable (ExecStart's argument); cis serve reads no such variable
 _SAFE = re.compile(r"[A-Za-z0-9_@%+=:,./*{}\[\]-]*")  # values written without quotes
+_UNIT_PATH = re.compile(r"/[A-Za-z0-9_@+=:,./-]*")  # an absolute path a unit file takes as it is: no quoting, no % or $
+_USER = re.compile(r"[A-Za-z_][A-Za-z0-9_.-]*|[0-9]+")  # a user and group name, or a numeric id
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,24 @@ class UnitOptions:
     user: str = "cis"
     metrics_port: int = 9100  # node i of the spec gets PORT+i: nodes that share a machine do not collide
     sets: dict[str, str] = field(default_factory=dict)
+
+
+def check_options(options: UnitOptions) -> None:
+    """The paths and the user as the unit and the environment files need them, before anything is written: paths
+    absolute (nothing on the machines is relative to where cis deploy ran); ``--cis`` and ``--env-dir``, which the
+    unit names, without characters a unit file would split, unquote or expand (spaces, quotes, ``\\``, ``%``,
+    ``$``); the user a plain name or a number."""
+    for flag, path in (("--cis", options.cis), ("--env-dir", options.env_dir), ("--bundle-path", options.bundle_path)):
+        if not path.startswith("/"):
+            raise CisError(f"{flag} {path!r} is relative; expected an absolute path on the machines (a unit runs "
+                           "from /)")
+    for flag, path in (("--cis", options.cis), ("--env-dir", options.env_dir)):
+        if not _UNIT_PATH.fullmatch(path):
+            raise CisError(f"{flag} {path!r}: the unit file would split or expand it; expected a path of letters, "
+                           "digits and _@+=:,./- only (no spaces, quotes, '\\', '%' or '$')")
+    if not _USER.fullmatch(options.user):
+        raise CisError(f"--user {options.user!r}; expected a user name (letters, digits, '_', '.', '-'; not "
+                       "starting with a digit or '-') or a numeric id")
 
 
 def unit_text(options: UnitOptions) -> str:

@@ -1,0 +1,117 @@
+"""cis status and cis rollout on inputs a hunt found mishandled: a cluster.json given as a file, a node that
+answers with an error, a huge --timeout, --server-key alone, a bundle that has no threshold for a node."""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+
+import pytest
+import zmq
+
+from cis.cli.commands.status import read_cluster
+from cis.core.errors import CisError
+from cis.runtime import protocol as P
+
+
+class FakeNode:
+    """A ROUTER that answers every message: an error (``error``) or a status reply of its own counters."""
+
+    def __init__(self, error: str | None = None) -> None:
+        self.error = error
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.ROUTER)
+        self.address = f"tcp://127.0.0.1:{self.sock.bind_to_random_port('tcp://127.0.0.1')}"
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+
+    def _serve(self) -> None:
+        while not self.stop.is_set():
+            if not self.sock.poll(50):
+                continue
+            frames = self.sock.recv_multipart()
+            ident, msg = frames[0], P.decode(frames[1:])
+            if self.error:
+                P.send(self.sock, P.error_frames(msg.id, self.error, "a\nmulti-line\nmessage"), prefix=[ident])
+            else:
+                P.send(self.sock, P.encode(P.STATUS_REPLY, msg.id, status={"served": 7}), prefix=[ident])
+
+    def __enter__(self) -> FakeNode:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        self.thread.join()
+        self.sock.close(0)
+        self.ctx.term()
+
+
+def test_a_node_answering_an_error_is_its_own_row_and_the_others_still_come(run_cli):
+    with FakeNode(error="bad_version") as bad, FakeNode() as good:
+        res = run_cli("status", "--connect", bad.address, "--connect", good.address, "--json")
+    assert res.code == 1, res.err  # a node down: exit 1, no error line
+    nodes = json.loads(res.out)["nodes"]
+    assert nodes[bad.address]["live"] is False
+    assert nodes[bad.address]["error"] == "bad_version: a multi-line message"  # one line
+    assert nodes[good.address]["live"] is True
+    assert res.err == ""
+
+
+def test_a_huge_timeout_waits_as_long_as_needed_without_overflowing(run_cli):
+    with FakeNode() as node:
+        res = run_cli("status", "--connect", node.address, "--timeout", "1e17", "--json")
+    assert res.code == 0, res.err
+    assert json.loads(res.out)["nodes"][node.address]["live"] is True
+
+
+def test_a_cluster_state_is_read_from_its_folder_or_its_file(tmp_path):
+    state = {"nodes": {"cloud": {"address": "tcp://127.0.0.1:5"}}, "spec": "s.toml"}
+    (tmp_path / "cluster.json").write_text(json.dumps(state))
+    assert read_cluster(str(tmp_path)) == read_cluster(str(tmp_path / "cluster.json")) == state
+    (tmp_path / "cluster.json").write_text(json.dumps({"nodes": {"cloud": {}}}))
+    with pytest.raises(CisError, match="not a cluster state file"):
+        read_cluster(str(tmp_path))
+    with pytest.raises(CisError, match="not found"):
+        read_cluster(str(tmp_path / "elsewhere"))
+
+
+@pytest.fixture(scope="module")
+def bundle_dir(tmp_path_factory) -> Path:
+    pytest.importorskip("torch")
+    pytest.importorskip("onnx")
+    from cis.exporter.fixture_bundle import make_demo_bundle
+
+    return make_demo_bundle(tmp_path_factory.mktemp("hunt_status"), steps=20)
+
+
+def test_rollout_takes_cluster_json_and_says_how_to_get_a_bundle_that_fits(bundle_dir, tmp_path, run_cli):
+    from cis.core.spec import write_spec
+    from cis.core.topologies import make_spec
+
+    spec = tmp_path / "p17.toml"
+    write_spec(make_spec("paper-17", "60-30-10"), spec)
+    ids = [n.id for n in make_spec("paper-17", "60-30-10").nodes]
+    nodes = {nid: {"address": f"tcp://127.0.0.1:{9000 + i}"} for i, nid in enumerate(ids)}
+    (tmp_path / "cluster.json").write_text(json.dumps({"nodes": nodes, "spec": str(spec)}))
+    res = run_cli("rollout", bundle_dir, "--cluster", tmp_path / "cluster.json", "--timeout", "1")
+    (line,) = res.err.strip().splitlines()
+    assert res.code == 2 and "does not fit spec 'paper-17'" in line, res.err  # the file was read: it got this far
+    assert "cis export RUN --spec SPEC" in line and "nothing was changed" in line
+
+
+def test_rollout_server_key_without_curve_key_is_one_line(bundle_dir, tmp_path, run_cli):
+    res = run_cli("rollout", bundle_dir, "--spec", tmp_path / "none.toml", "--server-key", tmp_path / "k.key")
+    assert res.code == 2
+    assert res.err.strip() == (
+        "cis rollout: error: rollout: --server-key goes with --curve-key (CurveZMQ needs this client's own key too)"
+    )
+
+
+@pytest.mark.parametrize("port, said", [("99999", "port past 65535"), ("0", "port 0")])
+def test_a_port_no_node_can_have_is_one_line_not_a_node_down(run_cli, port, said):
+    res = run_cli("status", "--connect", f"tcp://127.0.0.1:{port}")
+    assert res.code == 2 and res.out == "", (res.out, res.err)
+    assert res.err == f"cis status: error: tcp://127.0.0.1:{port}: {said}" + res.err.split(said, 1)[1]
+    assert len(res.err.strip().splitlines()) == 1

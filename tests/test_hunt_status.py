@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import threading
-from pathlib import Path
 
 import pytest
 import zmq
@@ -13,6 +12,9 @@ import zmq
 from cis.cli.commands.status import read_cluster
 from cis.core.errors import CisError
 from cis.runtime import protocol as P
+
+pytest.importorskip("onnx")
+from test_bundle import bundle_dir, weights  # noqa: E402, F401  (a hand-built 3-stage ONNX bundle: no torch)
 
 
 class FakeNode:
@@ -77,16 +79,7 @@ def test_a_cluster_state_is_read_from_its_folder_or_its_file(tmp_path):
         read_cluster(str(tmp_path / "elsewhere"))
 
 
-@pytest.fixture(scope="module")
-def bundle_dir(tmp_path_factory) -> Path:
-    pytest.importorskip("torch")
-    pytest.importorskip("onnx")
-    from cis.exporter.fixture_bundle import make_demo_bundle
-
-    return make_demo_bundle(tmp_path_factory.mktemp("hunt_status"), steps=20)
-
-
-def test_rollout_takes_cluster_json_and_says_how_to_get_a_bundle_that_fits(bundle_dir, tmp_path, run_cli):
+def test_rollout_takes_cluster_json_and_says_how_to_get_a_bundle_that_fits(bundle_dir, tmp_path, run_cli):  # noqa: F811
     from cis.core.spec import write_spec
     from cis.core.topologies import make_spec
 
@@ -101,7 +94,7 @@ def test_rollout_takes_cluster_json_and_says_how_to_get_a_bundle_that_fits(bundl
     assert "cis export RUN --spec SPEC" in line and "nothing was changed" in line
 
 
-def test_rollout_server_key_without_curve_key_is_one_line(bundle_dir, tmp_path, run_cli):
+def test_rollout_server_key_without_curve_key_is_one_line(bundle_dir, tmp_path, run_cli):  # noqa: F811
     res = run_cli("rollout", bundle_dir, "--spec", tmp_path / "none.toml", "--server-key", tmp_path / "k.key")
     assert res.code == 2
     assert res.err.strip() == (

@@ -184,6 +184,7 @@ def export(run: Run | str | Path, out: str | Path | None = None, **options: Any)
     ``feature_dtype``, ``latency_repeats``, ...)."""
     from cis.exporter.bundle_writer import export_bundle
 
+    _check_path(run, "cis.export: run", "a Run (what cis.train returned) or a run dir", Run)
     folder = run.folder if isinstance(run, Run) else Path(run)
     target = Path(out) if out is not None else folder.with_name(folder.name + "-bundle")
     export_bundle(folder, target, **options)
@@ -201,6 +202,7 @@ class Served:
         from cis.runtime.factory import build_node
         from cis.runtime.launcher import plan_addresses
 
+        _check_path(bundle, "cis.serve: bundle", "a bundle folder (what cis.export returned)")
         _check_path(spec, "cis.serve: spec", "a spec file (TOML) or a CisSpec", CisSpec)
         _check_node_options(node_options)
         loaded = load_bundle(bundle)
@@ -305,6 +307,9 @@ def infer(target: Served | str, x: Any, y: Any = None, *, node: str | None = Non
     from cis.runtime.result_summary import summarize
 
     if isinstance(target, Served):
+        if target._stop.is_set():
+            raise CisError("cis.infer: its cis.serve(...) nodes are stopped (the with block ended or close() was "
+                           "called); expected served nodes (infer inside the with block)")  # fmt: skip
         entry = node or target.leaves[0]
         if entry not in target.addresses:
             raise CisError(f"cis.infer: no node {entry!r}; expected one of {', '.join(target.addresses)}")
@@ -312,10 +317,25 @@ def infer(target: Served | str, x: Any, y: Any = None, *, node: str | None = Non
     else:
         address = str(target)
     samples = np.asarray(x.detach().cpu() if hasattr(x, "detach") else x)
-    labels = None if y is None else np.asarray(y.detach().cpu() if hasattr(y, "detach") else y).astype(np.int64)
+    if samples.ndim == 0 or samples.dtype.kind not in "biuf":
+        raise CisError(f"cis.infer: x is a {type(x).__name__} of dtype {samples.dtype} and shape {samples.shape}; "
+                       "expected an array or tensor of samples (N, ...) of numbers")  # fmt: skip
+    labels = None if y is None else _labels(y)
     if labels is not None and (labels.ndim != 1 or len(labels) != len(samples)):
         raise CisError(f"cis.infer: y has shape {labels.shape} for {len(samples)} samples in x; expected one label "
                        "per sample")  # fmt: skip
     with Client(address, timeout=timeout) as client:
         results = client.infer_many(samples, batch_size=batch_size, window=window, rate=rate, timeout=timeout)
     return Answers(summarize(results, labels), list(results))
+
+
+def _labels(y: Any) -> np.ndarray:
+    """``y`` as int64 labels, or one line for labels that are not whole numbers (text, fractions, NaN)."""
+    given = np.asarray(y.detach().cpu() if hasattr(y, "detach") else y)
+    if given.dtype.kind in "biu":
+        return given.astype(np.int64)
+    whole = given.dtype.kind == "f" and bool(np.all(np.isfinite(given))) and bool(np.all(given == np.round(given)))
+    if not whole:
+        raise CisError(f"cis.infer: y has dtype {given.dtype} ({given.ravel()[:3].tolist()!r:.60}...); expected "
+                       "class indices (whole numbers)")  # fmt: skip
+    return given.astype(np.int64)

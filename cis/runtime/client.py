@@ -32,7 +32,7 @@ import zmq
 from cis.core.errors import CisError
 from cis.core.policy.confidence import softmax
 from cis.runtime import protocol as P
-from cis.runtime.client_checks import check_pacing, check_timeout, client_addresses
+from cis.runtime.client_checks import check_pacing, check_spread, check_timeout, client_addresses, request_samples
 from cis.runtime.entries import RETRY_AFTER, RETRY_CODES, Entries
 from cis.runtime.security import CurveConfig
 from cis.runtime.tracing import check_traceparent
@@ -155,8 +155,9 @@ class Client:
         context (``00-<trace id>-<span id>-<flags>``) the request joins (docs/runtime.md, *Tracing*); ``logits``:
         the answer also carries the logits of the exit that answered each sample (``Result.logits``); ``bundle``:
         a bundle id the node holds that must answer it (else ``bundle_mismatch``), instead of its current one."""
+        self._check_open()
         tensors = dict(batch) if isinstance(batch, dict) else {self.input_name: request_array(batch)}
-        n = len(next(iter(tensors.values())))
+        n = request_samples(tensors)
         rid = next(self._ids)
         trace = {"traceparent": check_traceparent(traceparent)} if traceparent is not None else _NONE
         want = _WANT_LOGITS if logits else _NONE
@@ -248,8 +249,8 @@ class Client:
     ) -> Result:
         """Send one request and wait for its answer; raises ServerError or TimeoutError. ``logits``: the answer
         carries the answering exit's logits too (``Result.logits``, ``Result.probabilities``)."""
+        wait = self.timeout if timeout is None else check_timeout(timeout)
         rid = self.submit(batch, deadline, traceparent=traceparent, logits=logits)
-        wait = self.timeout if timeout is None else timeout
         end = time.monotonic() + wait
         while True:
             left = end - time.monotonic()
@@ -327,10 +328,12 @@ class Client:
         """Send a message that a node answers with its status (``status``, or an update kind: ``load`` with
         ``path``, ``switch`` or ``drop`` with ``bundle``, ``reload``; docs/protocol.md); the node's status
         after it. Raises ServerError when the node answers an error, TimeoutError when it does not answer."""
+        check_timeout(timeout)
         return self.await_status(self.send_control(kind, v, **fields), timeout, kind)
 
     def send_control(self, kind: str, v: int = P.VERSION, **fields) -> int:
         """Send a message without tensors (see :meth:`control`) without waiting; its id."""
+        self._check_open()
         rid = next(self._ids)
         P.send(self.sock, P.encode(kind, rid, v=v, **fields))
         return rid
@@ -357,7 +360,13 @@ class Client:
         raise TimeoutError(f"no {what} from {self.address} within {timeout:.1f} s")
 
     def close(self) -> None:
-        self.entries.close()
+        """Close the sockets; a second close does nothing, a request after it raises CisError."""
+        if not self.sock.closed:
+            self.entries.close()
+
+    def _check_open(self) -> None:
+        if self.sock.closed:
+            raise CisError(f"Client({self.address!r}) is closed; expected an open Client (make a new one)")
 
     def __enter__(self) -> Client:
         return self
@@ -382,6 +391,7 @@ def infer_spread(
     Returns one Result per sample in sample order (error results for errors and timeouts). ``traceparent``:
     every request joins that trace."""
     check_pacing(window, rate, timeout=timeout)
+    check_spread(clients, entries, len(x))
     queue = sorted((int(i), nid) for nid, idx in entries.items() for i in idx)
     if times is None and rate is not None:
         times = np.arange(len(x)) / rate

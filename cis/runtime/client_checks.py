@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from numbers import Real
+from numbers import Integral, Real
+
+import numpy as np
 
 from cis.core.errors import CisError
 
@@ -21,10 +23,24 @@ def client_addresses(address: str | Sequence[str]) -> list[str]:
     return addresses
 
 
-def check_timeout(timeout: float) -> None:
-    """One line for a timeout that cannot work: <= 0 times every request out, NaN or infinite never."""
+def check_timeout(timeout: float) -> float:
+    """``timeout``, or one line for one that cannot work: <= 0 times every request out, NaN or infinite never."""
     if isinstance(timeout, bool) or not (isinstance(timeout, Real) and math.isfinite(timeout) and timeout > 0):
         raise CisError(f"timeout is {timeout!r}; expected a finite number of seconds > 0")
+    return float(timeout)
+
+
+def request_samples(tensors: dict) -> int:
+    """The samples in a request's tensors (their first dimension), or one line for a batch without any: an empty
+    dict, a scalar, or a name that is not a string."""
+    if not tensors:
+        raise CisError("batch is an empty dict; expected {input name: array (N, ...)} or an array (N, ...)")
+    name, first = next(iter(tensors.items()))
+    if not all(isinstance(k, str) for k in tensors):
+        raise CisError(f"batch names {list(tensors)!r:.80}; expected input names (strings)")
+    if np.ndim(first) == 0:
+        raise CisError(f"batch {name!r} is a scalar ({first!r:.40}); expected an array of samples (N, ...)")
+    return len(first)
 
 
 def check_pacing(window: int, rate: float | None, batch_size: int = 1, timeout: float | None = None) -> None:
@@ -32,9 +48,24 @@ def check_pacing(window: int, rate: float | None, batch_size: int = 1, timeout: 
     forever, a rate of 0 divide by zero, a negative rate send as fast as it can, a timeout <= 0 time out all."""
     if timeout is not None:
         check_timeout(timeout)
-    if not window >= 1:
+    if not _whole(window) or not window >= 1:
         raise CisError(f"window is {window!r}; expected requests in flight >= 1")
-    if not batch_size >= 1:
+    if not _whole(batch_size) or not batch_size >= 1:
         raise CisError(f"batch size is {batch_size!r}; expected samples per request >= 1")
-    if rate is not None and not rate > 0:
+    if rate is not None and (isinstance(rate, bool) or not isinstance(rate, Real) or not rate > 0):
         raise CisError(f"rate is {rate!r}; expected requests per second > 0 (None: as fast as the window allows)")
+
+
+def check_spread(clients: dict, entries: dict, n: int) -> None:
+    """One line for ``infer_spread``'s entries that name a node without a client or a sample x has not."""
+    for nid, idx in entries.items():
+        if nid not in clients:
+            raise CisError(f"infer_spread: entries name node {nid!r}; expected one of clients' {', '.join(clients)}")
+        bad = [int(i) for i in np.asarray(idx).ravel() if not 0 <= int(i) < n][:3]
+        if bad:
+            raise CisError(f"infer_spread: entries[{nid!r}] holds sample {bad[0]}; expected indices 0..{n - 1} of x")
+
+
+def _whole(value: object) -> bool:
+    """An integer (a Python or numpy one), not a bool."""
+    return isinstance(value, Integral) and not isinstance(value, bool)

@@ -222,7 +222,7 @@ def decode_json(body: bytes | memoryview, model: Model, header_length: int | Non
     try:
         tensors = _tensors(r.inputs, model, binary)
         outputs, binary_out = _outputs(r.outputs, r.parameters)
-        return InferRequest(r.id, _complete(model, tensors), outputs, binary_out, _timeout(r.parameters))
+        return InferRequest(r.id, _complete(model, tensors), outputs, binary_out, timeout_of(r.parameters))
     except OipError as exc:
         exc.req_id = r.id
         raise
@@ -280,7 +280,7 @@ def _complete(model: Model, tensors: dict[str, np.ndarray]) -> dict[str, np.ndar
 
 
 def _outputs(wanted: Iterable[_Output] | None, params: Mapping[str, Any]) -> tuple[list[str], frozenset[str]]:
-    default = params.get("binary_data_output", False) is True
+    default = _flag(params, "binary_data_output", False, "parameter")
     if not wanted:
         return list(DEFAULT_OUTPUTS), frozenset(DEFAULT_OUTPUTS) if default else frozenset()
     names: list[str] = []
@@ -288,9 +288,16 @@ def _outputs(wanted: Iterable[_Output] | None, params: Mapping[str, Any]) -> tup
     for o in wanted:
         _check_output(o.name, names)
         names.append(o.name)
-        if o.parameters.get("binary_data", default) is True:
+        if _flag(o.parameters, "binary_data", default, f"output {o.name!r}: parameter"):
             binary.add(o.name)
     return names, frozenset(binary)
+
+
+def _flag(params: Mapping[str, Any], key: str, default: bool, where: str) -> bool:
+    value = params.get(key, default)
+    if type(value) is not bool:
+        raise OipError("bad_message", f"{where} {key} is {value!r}; expected true or false")
+    return value
 
 
 def _check_output(name: str, before: Sequence[str]) -> None:
@@ -300,12 +307,15 @@ def _check_output(name: str, before: Sequence[str]) -> None:
         raise OipError("bad_tensor", f"output {name!r} is named twice; name each output once")
 
 
-def _timeout(params: Mapping[str, Any]) -> float | None:
+def timeout_of(params: Mapping[str, Any]) -> float | None:
+    """Seconds of the request parameter ``timeout`` (Triton's: microseconds, an integer > 0), or None."""
     t = params.get("timeout")
     if t is None:
         return None
-    if type(t) is not int or t <= 0:
-        raise OipError("bad_message", f"parameter timeout is {t!r}; expected microseconds, an integer > 0")
+    if type(t) is not int or not 0 < t < 2**63:  # an int64 (gRPC's int64_param), so seconds are a float
+        shown = f"an integer of {t.bit_length()} bits" if type(t) is int and t >= 2**63 else repr(t)
+        expected = "expected microseconds, an integer > 0 and < 2**63"
+        raise OipError("bad_message", f"parameter timeout is {shown}; {expected}")
     return t / 1e6
 
 

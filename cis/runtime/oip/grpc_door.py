@@ -30,6 +30,7 @@ from typing import Any
 import grpc
 import numpy as np
 from google.protobuf import json_format
+from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from cis.core.errors import CisError
@@ -74,6 +75,8 @@ def decode(request: Any, model: codec.Model) -> codec.InferRequest:
     for i, t in enumerate(request.inputs):
         shape = list(t.shape)
         meta = codec.input_meta(model, t.name, t.datatype, shape, tensors)
+        if raw and t.HasField("contents"):
+            raise codec.OipError("bad_tensor", f"input {t.name!r}: both contents and raw_input_contents; give one")
         if raw:
             tensors[t.name] = codec.from_bytes(raw[i], meta, shape)
         else:
@@ -81,7 +84,9 @@ def decode(request: Any, model: codec.Model) -> codec.InferRequest:
             if field is None:
                 raise codec.OipError("bad_tensor", f"input {t.name!r}: {meta.datatype} goes in raw_input_contents")
             tensors[t.name] = codec.from_data(getattr(t.contents, field), meta, shape)
-    return codec.request(model, tensors, request.id, [o.name for o in request.outputs])
+    params = {k: getattr(v, v.WhichOneof("parameter_choice")) for k, v in request.parameters.items() if v.ListFields()}
+    timeout = codec.timeout_of(params)  # Triton's "timeout" parameter (what tritonclient's infer(timeout=) sends)
+    return codec.request(model, tensors, request.id, [o.name for o in request.outputs], timeout)
 
 
 def response(model: codec.Model, req: codec.InferRequest, cls, conf, ex, flags, served_by, logits=None) -> Any:
@@ -122,9 +127,46 @@ class _TokenGate(grpc.ServerInterceptor):
         context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong bearer token (metadata authorization)")
 
 
+class _Unparsed:
+    """A request message that does not parse: its handler answers INVALID_ARGUMENT with this message (a
+    deserializer that raised would make grpcio answer INTERNAL and log a traceback)."""
+
+    __slots__ = ("message",)
+
+    def __init__(self, cls: Any, exc: Exception) -> None:
+        name = cls.DESCRIPTOR.full_name
+        self.message = f"bad_message: the request is not a serialized {name} ({exc})"
+
+
+def _parser(cls: Any) -> Any:
+    """``cls.FromString``, giving an :class:`_Unparsed` for bytes that do not parse."""
+
+    def parse(raw: bytes) -> Any:
+        try:
+            return cls.FromString(raw)
+        except DecodeError as exc:
+            return _Unparsed(cls, exc)
+
+    return parse
+
+
+def _parsed(handler: Any) -> Any:
+    """``handler``, answering INVALID_ARGUMENT to a message that did not parse."""
+
+    def run(request: Any, context: Any) -> Any:
+        if isinstance(request, _Unparsed):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
+        return handler(request, context)
+
+    return run
+
+
+_PARSE_INFER = _parser(pb.ModelInferRequest)
+
+
 def _sized(raw: bytes) -> tuple[int, Any]:
-    """A ModelInfer message and its size (what it holds of the doors' budget)."""
-    return len(raw), pb.ModelInferRequest.FromString(raw)
+    """A ModelInfer message (or :class:`_Unparsed`) and its size (what it holds of the doors' budget)."""
+    return len(raw), _PARSE_INFER(raw)
 
 
 class GrpcDoor:
@@ -203,8 +245,8 @@ class GrpcDoor:
     def _handlers(self) -> dict[str, Any]:
         handlers = {
             name: grpc.unary_unary_rpc_method_handler(
-                getattr(self, name),
-                request_deserializer=getattr(pb, name + "Request").FromString,
+                _parsed(getattr(self, name)),
+                request_deserializer=_parser(getattr(pb, name + "Request")),
                 response_serializer=getattr(pb, name + "Response").SerializeToString,
             )
             for name in NAMES
@@ -332,6 +374,8 @@ class GrpcDoor:
             self.readers.release()
         if request is None:
             context.abort(grpc.StatusCode.INVALID_ARGUMENT, "bad_message: the call carries no ModelInferRequest")
+        if isinstance(request, _Unparsed):
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, request.message)
         if not self.budget.take(size):
             self.count("max_buffered_bytes")
             context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"overloaded: {self.budget.refusal(size)}")
@@ -355,7 +399,7 @@ class GrpcDoor:
             return self._answer(call, context, None)
         left = context.time_remaining()
         if left is not None and left < 1e6:
-            req.timeout = max(left, 1e-6)
+            req.timeout = max(min(left, req.timeout or left), 1e-6)
         req.traceparent = door.trace_context(dict(context.invocation_metadata()).get("traceparent"))
         req.version = versions[-1]
         self._post(ticket)

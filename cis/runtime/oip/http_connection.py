@@ -53,6 +53,8 @@ def route(path: str) -> tuple[str, str | None, str | None]:
         return "", None, None
     name, version, rest = unquote(rest[1]), None, rest[2:]
     if rest[:1] == ["versions"] and len(rest) >= 2:
+        if not rest[1]:
+            return "", None, None  # .../versions//...: no version named (gRPC's "" means none; a path's is none)
         version, rest = unquote(rest[1]), rest[2:]
     endpoint = ENDPOINTS.get(tuple(rest), "")
     return endpoint, name, version

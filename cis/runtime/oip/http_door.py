@@ -212,15 +212,16 @@ class HttpDoor(Requests):
         data = self._receive(conn)
         if data is None or conn.closing:
             return  # nothing, or the last request it may send is read: the rest is dropped
+        why = ""
         try:
             conn.parser.feed_data(data)
             ok = conn.closed or conn.counted(len(data))
         except httptools.HttpParserUpgrade:
             conn.reject, ok = ("bad_message", "protocol upgrades are not served", b"", ""), False
-        except (httptools.HttpParserError, Refused):
-            ok = False
+        except (httptools.HttpParserError, Refused) as exc:
+            ok, why = False, _parser_fault(exc)
         if not ok:
-            code, text, extra, limit = conn.reject or ("bad_message", "malformed HTTP/1.1 request", b"", "")
+            code, text, extra, limit = conn.reject or ("bad_message", f"malformed HTTP/1.1 request{why}", b"", "")
             return self._fail(conn, code, text, extra, limit)
         if conn.slots:
             self._flush(conn)
@@ -354,3 +355,10 @@ class HttpDoor(Requests):
             pass
         conn.sock.close()
         conn.release()
+
+
+def _parser_fault(exc: Exception) -> str:
+    """What httptools found wrong (e.g. ": Invalid character in Content-Length"); none for a callback's fault."""
+    if isinstance(exc, Refused | httptools.HttpParserCallbackError) or not str(exc):
+        return ""
+    return f": {exc}"

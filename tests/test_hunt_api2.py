@@ -7,6 +7,8 @@ that are not whole numbers, or a cis.serve(...) whose nodes were stopped.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -94,3 +96,13 @@ def test_cis_infer_on_stopped_nodes_says_so(bundle_dir):  # noqa: F811
 def test_serve_and_export_name_a_bundle_or_run_of_the_wrong_type(call):
     with pytest.raises(CisError, match=r"cis.(serve: bundle|export: run) is a int \(5\); expected"):
         call()
+
+
+@pytest.mark.parametrize("kwargs, said", [
+    ({"curve": "x"}, "curve is a str; expected a cis.runtime.security.CurveConfig"),
+    ({"retry_after": "1"}, "retry_after is '1'; expected seconds >= 0"),
+    ({"retry_after": -1.0}, "retry_after is -1.0; expected seconds >= 0"),
+])  # fmt: skip
+def test_client_connection_options_of_the_wrong_kind_are_one_line(kwargs, said):
+    with pytest.raises(CisError, match=f"^Client: {re.escape(said)}"):
+        Client("tcp://127.0.0.1:5", **kwargs)

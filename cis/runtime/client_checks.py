@@ -43,6 +43,20 @@ def request_samples(tensors: dict) -> int:
     return len(first)
 
 
+def check_connection_options(curve: object, retry_after: object) -> None:
+    """One line (for :class:`cis.runtime.entries.Entries`, a Client's sockets) for a ``curve`` that is not a
+    :class:`~cis.runtime.security.CurveConfig` (None: no CurveZMQ) or a ``retry_after`` that is not seconds >= 0
+    (None or 0: no retries)."""
+    from cis.runtime.security import CurveConfig
+
+    if curve is not None and not isinstance(curve, CurveConfig):
+        raise CisError(f"Client: curve is a {type(curve).__name__}; expected a cis.runtime.security.CurveConfig "
+                       "(or None: no CurveZMQ)")  # fmt: skip
+    if retry_after is not None and (isinstance(retry_after, bool) or not isinstance(retry_after, Real)
+                                    or not (math.isfinite(retry_after) and retry_after >= 0)):  # fmt: skip
+        raise CisError(f"Client: retry_after is {retry_after!r}; expected seconds >= 0 (None or 0: no retries)")
+
+
 def check_pacing(window: int, rate: float | None, batch_size: int = 1, timeout: float | None = None) -> None:
     """One line (CisError) for a window, rate, batch size or timeout that cannot work: a window of 0 would wait
     forever, a rate of 0 divide by zero, a negative rate send as fast as it can, a timeout <= 0 time out all."""

@@ -28,6 +28,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from cis.runtime import protocol as P
 from cis.runtime.addresses import connect
+from cis.runtime.client_checks import check_connection_options
 from cis.runtime.security import CurveConfig, secure_client
 from cis.runtime.upstream import least_outstanding
 from cis.runtime.wire import RETRY_AFTER, RETRY_CODES
@@ -48,6 +49,7 @@ class Entries:
     def __init__(
         self, ctx: zmq.Context, addresses: Sequence[str], curve: CurveConfig | None, retry_after: float | None
     ):
+        check_connection_options(curve, retry_after)
         self.addresses = list(addresses)
         self.retry_after = retry_after or 0.0
         self.socks = [self._socket(ctx, a, curve) for a in self.addresses]

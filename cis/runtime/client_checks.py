@@ -52,8 +52,8 @@ def check_connection_options(curve: object, retry_after: object) -> None:
     if curve is not None and not isinstance(curve, CurveConfig):
         raise CisError(f"Client: curve is a {type(curve).__name__}; expected a cis.runtime.security.CurveConfig "
                        "(or None: no CurveZMQ)")  # fmt: skip
-    if retry_after is not None and (isinstance(retry_after, bool) or not isinstance(retry_after, Real)
-                                    or not (math.isfinite(retry_after) and retry_after >= 0)):  # fmt: skip
+    seconds = float(retry_after) if isinstance(retry_after, Real) and not isinstance(retry_after, bool) else None
+    if retry_after is not None and not (seconds is not None and math.isfinite(seconds) and seconds >= 0):
         raise CisError(f"Client: retry_after is {retry_after!r}; expected seconds >= 0 (None or 0: no retries)")
 
 

@@ -4,6 +4,7 @@ answers with an error, a huge --timeout, --server-key alone, a bundle that has n
 from __future__ import annotations
 
 import json
+import os
 import threading
 
 import pytest
@@ -37,7 +38,8 @@ class FakeNode:
             if self.error:
                 P.send(self.sock, P.error_frames(msg.id, self.error, "a\nmulti-line\nmessage"), prefix=[ident])
             else:
-                P.send(self.sock, P.encode(P.STATUS_REPLY, msg.id, status={"served": 7}), prefix=[ident])
+                reply = {"served": 7, "pid": os.getpid()}
+                P.send(self.sock, P.encode(P.STATUS_REPLY, msg.id, status=reply), prefix=[ident])
 
     def __enter__(self) -> FakeNode:
         self.thread.start()
@@ -108,3 +110,26 @@ def test_a_port_no_node_can_have_is_one_line_not_a_node_down(run_cli, port, said
     assert res.code == 2 and res.out == "", (res.out, res.err)
     assert res.err == f"cis status: error: tcp://127.0.0.1:{port}: {said}" + res.err.split(said, 1)[1]
     assert len(res.err.strip().splitlines()) == 1
+
+
+def test_the_launcher_does_not_take_another_process_at_a_nodes_address_for_ready():
+    """A cluster started on the ports of one already running passed for ready (its status probes were answered by
+    the old nodes); the status reply's pid tells them apart."""
+    import subprocess
+    import sys
+
+    from cis.core.topologies import make_spec
+    from cis.runtime.launcher import Cluster
+
+    spec = make_spec("paper-7", "60-30-10")
+    leaf = spec.nodes[-1].id
+    with FakeNode() as squatter:  # a ROUTER answering every status, as another cluster's node would
+        started = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            cluster = Cluster("bundle", spec, {leaf: squatter.address}, procs={leaf: started})
+            with pytest.raises(CisError, match=rf"node '{leaf}' at .*: process {os.getpid()} answers there, not the "
+                                               rf"node started \(pid {started.pid}\)"):  # fmt: skip
+                cluster.wait_ready(timeout=10, ids=[leaf])
+        finally:
+            started.kill()
+            started.wait()

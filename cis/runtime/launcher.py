@@ -248,10 +248,18 @@ class Cluster:
                         st = c.status(timeout=0.5)
                     except TimeoutError:
                         continue
+                    self._check_answered_by(nid, proc, st.get("pid"))
                     parents = st.get("parents") or []  # every replica of the parent, where it has several
                     if st.get("parent") is None or st.get("parent_up") and all(p["up"] for p in parents):
                         break
                     time.sleep(0.05)
+
+    def _check_answered_by(self, nid: str, proc: subprocess.Popen | None, pid: object) -> None:
+        """One line when another process than the node started answers at its address (a cluster already on these
+        ports would pass for ready); a prefixed command (the testbed's) or a reply without a pid is not judged."""
+        if proc is not None and not self.node_prefix.get(nid) and pid is not None and pid != proc.pid:
+            raise CisError(f"node {nid!r} at {self.addresses[nid]}: process {pid} answers there, not the node started "
+                           f"(pid {proc.pid}); expected a free address (another cluster serving on it?)")  # fmt: skip
 
     def _see_log(self, node_id: str) -> str:
         log = self.log_path(node_id)

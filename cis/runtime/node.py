@@ -42,6 +42,7 @@ from __future__ import annotations
 import collections
 import itertools
 import math
+import os
 import signal
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -140,6 +141,7 @@ class Node:
             "latency": self.latency.summary(),
             "restarts": self.cfg.restarts,
             "uptime": time.time() - self.started,
+            "pid": os.getpid(),
             "stopping": self.stopping,
             **self.updates.status(),
         }

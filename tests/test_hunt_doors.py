@@ -150,3 +150,12 @@ def test_a_grpc_input_in_both_contents_and_raw_input_contents_is_refused():
     with pytest.raises(codec.OipError) as err:
         grpc_door.decode(req, MODEL)
     assert err.value.code == "bad_tensor" and "both contents and raw_input_contents" in err.value.message
+
+
+def test_a_json_value_past_its_datatypes_range_says_the_range_may_be_why():
+    from cis.runtime.oip.errors import OipError
+    from cis.runtime.oip.tensors import Tensor, from_json
+
+    with pytest.raises(OipError, match=r"data is not a flat or nested list of FP32 values \(of the shape, each "
+                                       r"within FP32's range\)"):  # fmt: skip
+        from_json(b"[1.0, " + b"9" * 400 + b"]", Tensor("input", "FP32", (-1, 2)), (1, 2))

@@ -81,7 +81,8 @@ def from_json(raw: bytes | memoryview, meta: Tensor, shape: Sequence[int]) -> np
     if a is None:
         raise OipError(
             "bad_tensor",
-            f"input {meta.name!r}: data is not a flat or nested list of {meta.datatype} values (of the shape)",
+            f"input {meta.name!r}: data is not a flat or nested list of {meta.datatype} values (of the shape, each "
+            f"within {meta.datatype}'s range)",
         )
     return _shaped(a, meta, shape, depth)
 

@@ -36,6 +36,8 @@ def test_a_closed_client_says_so_and_closes_twice():
 @pytest.mark.parametrize("batch, message", [
     ({}, "batch is an empty dict; expected"),
     ({"input": np.float32(1.0)}, "batch 'input' is a scalar"),
+    (np.float32(1.0), "batch 'input' is a scalar"),  # not sent as shape [1]
+    (1.0, "batch 'input' is a scalar"),
     ({3: np.zeros((1, D), np.float32)}, "expected input names"),
 ])  # fmt: skip
 def test_a_batch_without_samples_is_one_line(batch, message):

@@ -105,6 +105,8 @@ def request_array(batch: np.ndarray) -> np.ndarray:
     """A batch as a request carries it: floats as float32, integers and booleans (token ids) in their own dtype
     (the node checks it against its entry stage's)."""
     arr = np.asarray(batch)
+    if arr.ndim == 0:  # a scalar stays one (ascontiguousarray would make it shape (1,)): request_samples refuses it
+        return arr
     if arr.dtype.kind in "iub":
         return np.ascontiguousarray(arr)
     return np.ascontiguousarray(arr, dtype=np.float32)

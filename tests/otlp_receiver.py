@@ -10,7 +10,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 class OtlpReceiver:
     """``url`` is the base URL to give --otlp-endpoint; ``spans`` the decoded spans, each a dict with
-    service, name, trace_id, span_id, parent_id (hex; None for a root), kind, start, end (ns), attributes."""
+    service, name, trace_id, span_id, parent_id (hex; None for a root), kind, start, end (ns), attributes, status,
+    trace_state (the W3C tracestate; "" for none)."""
 
     def __init__(self) -> None:
         self.spans: list[dict] = []
@@ -54,6 +55,7 @@ class OtlpReceiver:
                         "service": service, "name": s.name, "trace_id": s.trace_id.hex(), "span_id": s.span_id.hex(),
                         "parent_id": s.parent_span_id.hex() or None, "kind": s.kind, "start": s.start_time_unix_nano,
                         "end": s.end_time_unix_nano, "attributes": attrs, "status": s.status.code,
+                        "trace_state": s.trace_state,
                     })  # fmt: skip
         with self.lock:
             self.spans += got

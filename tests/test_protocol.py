@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from cis.runtime import protocol as P
 from cis.runtime.adapt import ThresholdController
+from cis.runtime.wire import is_traceparent, is_tracestate
 
 
 def test_round_trip_keeps_names_dtypes_shapes_and_fields():
@@ -30,15 +31,17 @@ def test_round_trip_keeps_names_dtypes_shapes_and_fields():
 def test_a_trace_context_travels_in_the_header_on_either_path():
     x = {"x": np.zeros((3, 2), np.float32)}
     parts = [[1, TP], [2, ""]]
-    for frames in (P.encode(P.FORWARD, 3, x, traceparent=TP), P.encode(P.FORWARD, 3, x, trace_parts=parts)):
+    one = P.encode(P.FORWARD, 3, x, traceparent=TP, tracestate="a=1")
+    for frames in (one, P.encode(P.FORWARD, 3, x, trace_parts=parts, trace_states=["b=2", ""])):
         fast = P.decode(frames).head
         slow = P._checked(P._buffer(frames[0]), frames, None, None, None, P.KINDS).head
         for h in (fast, slow):
-            assert (h.traceparent, h.trace_parts) in ((TP, ()), ("", ((1, TP), (2, ""))))
+            got = (h.traceparent, h.trace_parts, h.tracestate, h.trace_states)
+            assert got in ((TP, (), "a=1", ()), ("", ((1, TP), (2, "")), "", ("b=2", "")))
     absent = P.decode(P.encode(P.INFER, 4, x)).head
-    assert absent.traceparent == "" and absent.trace_parts == ()
+    assert (absent.traceparent, absent.trace_parts, absent.tracestate, absent.trace_states) == ("", (), "", ())
     # unknown keys stay ignored: a node of this version reads a header from a later one
-    assert P.decode(P.encode(P.INFER, 5, x, traceparent=TP, tracestate="a=1")).head.traceparent == TP
+    assert P.decode(P.encode(P.INFER, 5, x, traceparent=TP, baggage="a=1")).head.traceparent == TP
 
 
 def test_want_logits_asks_for_a_fifth_result_tensor_that_both_paths_check():
@@ -156,6 +159,10 @@ def _infer(**fields):
 
 TP = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"  # the W3C specification's example
 CONFUSED = [True, False, 1.5, -1, "1", b"1", [1], {"a": 1}, [], {}]
+BAD_STATES = [  # W3C tracestates the wire does not carry (an entry of trace_states may be "", tracestate not)
+    "A=1", "a", "a=", "=1", "a=1\t", "\ta=1", "a=b=c", "a=1 ,b,c=2", "1a=x", "a@1b=x", "é=1", "a=é",
+    "k=" + "v" * 257, "a" * 257 + "=1", ",".join(["a=1"] * 33), "a=" + "1" * 255 + "," + "b=" + "2" * 255,
+]  # fmt: skip
 BAD_VALUES = {  # header field -> (code, values of the wrong type or out of range)
     "v": ("bad_version", [*CONFUSED, 3, 0, 1.0, 2.0]),  # 1 and 2 are read (docs/protocol.md, *Versions*)
     "kind": ("unknown_kind", [*CONFUSED, "dance", "INFER"]),
@@ -180,6 +187,10 @@ BAD_VALUES = {  # header field -> (code, values of the wrong type or out of rang
         "bad_message",
         [*CONFUSED, [[1]], [[1, TP, 1]], [[0, TP]], [[-1, ""]], [[True, ""]], [[1.0, ""]], [["1", ""]], [[1, None]],
          [[1, "x"]], [[1, TP.upper()]], [1, TP], [(1, b"")], [[1, ""]] * 4097],
+    ),  # fmt: skip
+    "tracestate": ("bad_message", [*CONFUSED, *BAD_STATES, ""]),
+    "trace_states": (
+        "bad_message", [*CONFUSED, [1], [None], [b"a=1"], ["a=1", 2], [""] * 4097, *([s] for s in BAD_STATES)],
     ),  # fmt: skip
     "want_logits": ("bad_message", [1, 0, 1.5, -1, "true", b"1", [True], {"a": 1}, [], {}]),
     "bundle": ("bad_message", [*CONFUSED, "", "0123456789abcde", "0123456789abcdef0", "0123456789abcdef\n",
@@ -265,6 +276,8 @@ _keys = st.sampled_from(
         "node",
         "traceparent",
         "trace_parts",
+        "tracestate",
+        "trace_states",
         "want_logits",
         "bundle",
         "path",
@@ -289,9 +302,12 @@ def _accepted_header_is_in_schema(h: dict, tensors: dict) -> None:
         assert type(h["route"]) is list and all(type(r) is str for r in h["route"])
     for key in ("sender", "node"):
         assert key not in h or type(h[key]) is str
-    assert "traceparent" not in h or P.is_traceparent(h["traceparent"])
+    assert "traceparent" not in h or is_traceparent(h["traceparent"])
     assert "trace_parts" not in h or (0 < len(h["trace_parts"]) <= P.MAX_TRACE_PARTS and all(
-        type(c) is int and c >= 1 and (tp == "" or P.is_traceparent(tp)) for c, tp in h["trace_parts"]))  # fmt: skip
+        type(c) is int and c >= 1 and (tp == "" or is_traceparent(tp)) for c, tp in h["trace_parts"]))  # fmt: skip
+    assert "tracestate" not in h or is_tracestate(h["tracestate"])
+    assert "trace_states" not in h or (0 < len(h["trace_states"]) <= P.MAX_TRACE_PARTS and all(
+        is_tracestate(s, empty=True) for s in h["trace_states"]))  # fmt: skip
     assert "want_logits" not in h or type(h["want_logits"]) is bool
     assert "bundle" not in h or P.is_bundle_id(h["bundle"])
     assert "path" not in h or (type(h["path"]) is str and 0 < len(h["path"]) <= P.MAX_TEXT)
@@ -434,7 +450,8 @@ def test_valid_messages_take_the_one_pass_path(kinds):
     "field, code",
     [("stage", "bad_stage"), ("deadline", "bad_message"), ("route", "bad_message"), ("sender", "bad_message"),
      ("node", "bad_message"), ("traceparent", "bad_message"), ("trace_parts", "bad_message"),
-     ("want_logits", "bad_message"), ("bundle", "bad_message"), ("path", "bad_message")],
+     ("tracestate", "bad_message"), ("trace_states", "bad_message"), ("want_logits", "bad_message"),
+     ("bundle", "bad_message"), ("path", "bad_message")],
 )  # fmt: skip
 def test_nil_is_no_value_of_any_field_an_absent_one_takes_its_default(field, code):
     """A field present with nil (msgpack None) is refused like any wrong type, never read as absent:
@@ -449,5 +466,6 @@ def test_nil_is_no_value_of_any_field_an_absent_one_takes_its_default(field, cod
     header.pop(field)
     absent = P.decode([msgpack.packb(header), bytes(24)]).head
     defaults = {"stage": 1, "deadline": 0.0, "route": [], "sender": "", "node": ""}
-    defaults.update(traceparent="", trace_parts=(), want_logits=False, bundle="", path="")
+    defaults.update(traceparent="", trace_parts=(), tracestate="", trace_states=(), want_logits=False, bundle="")
+    defaults.update(path="")
     assert getattr(absent, field) == defaults[field]

@@ -32,10 +32,17 @@ import zmq
 from cis.core.errors import CisError
 from cis.core.policy.confidence import softmax
 from cis.runtime import protocol as P
-from cis.runtime.client_checks import check_pacing, check_spread, check_timeout, client_addresses, request_samples
+from cis.runtime.client_checks import (
+    check_pacing,
+    check_spread,
+    check_timeout,
+    client_addresses,
+    request_array,
+    request_samples,
+)
 from cis.runtime.entries import RETRY_AFTER, RETRY_CODES, Entries
 from cis.runtime.security import CurveConfig
-from cis.runtime.tracing import check_traceparent
+from cis.runtime.tracing import trace_fields
 
 _NO_LIMIT = 1 << 62  # a client reads whatever its node sends
 _NONE: dict = {}  # no more header fields
@@ -101,17 +108,6 @@ def _error_result(n: int, err: ServerError, latency: float, sent: float = math.n
                   [""] * n, latency, err, sent, retried=retried)  # fmt: skip
 
 
-def request_array(batch: np.ndarray) -> np.ndarray:
-    """A batch as a request carries it: floats as float32, integers and booleans (token ids) in their own dtype
-    (the node checks it against its entry stage's)."""
-    arr = np.asarray(batch)
-    if arr.ndim == 0:  # a scalar stays one (ascontiguousarray would make it shape (1,)): request_samples refuses it
-        return arr
-    if arr.dtype.kind in "iub":
-        return np.ascontiguousarray(arr)
-    return np.ascontiguousarray(arr, dtype=np.float32)
-
-
 class Client:
     """Requests to one entry node, or spread over several (``address``: a list; e.g. a node's replicas). A request
     whose entry node died (its connection closed, ``shutting_down``, or no reply within ``retry_after`` s) is
@@ -152,16 +148,18 @@ class Client:
         traceparent: str | None = None,
         logits: bool = False,
         bundle: str | None = None,
+        tracestate: str | None = None,
     ) -> int:
         """Send one request (a batch of samples) without waiting; returns its id. ``traceparent``: a W3C trace
-        context (``00-<trace id>-<span id>-<flags>``) the request joins (docs/runtime.md, *Tracing*); ``logits``:
+        context (``00-<trace id>-<span id>-<flags>``) the request joins (docs/runtime.md, *Tracing*), and
+        ``tracestate`` its W3C tracestate (only beside a traceparent), which every node passes on; ``logits``:
         the answer also carries the logits of the exit that answered each sample (``Result.logits``); ``bundle``:
         a bundle id the node holds that must answer it (else ``bundle_mismatch``), instead of its current one."""
         self._check_open()
         tensors = dict(batch) if isinstance(batch, dict) else {self.input_name: request_array(batch)}
         n = request_samples(tensors)
         rid = next(self._ids)
-        trace = {"traceparent": check_traceparent(traceparent)} if traceparent is not None else _NONE
+        trace = trace_fields(traceparent, tracestate)
         want = _WANT_LOGITS if logits else _NONE
         fields = {"stage": stage, "deadline": float(deadline or 0.0), "route": [], **trace, **want}
         if bundle:
@@ -248,11 +246,12 @@ class Client:
         deadline: float | None = None,
         traceparent: str | None = None,
         logits: bool = False,
+        tracestate: str | None = None,
     ) -> Result:
         """Send one request and wait for its answer; raises ServerError or TimeoutError. ``logits``: the answer
         carries the answering exit's logits too (``Result.logits``, ``Result.probabilities``)."""
         wait = self.timeout if timeout is None else check_timeout(timeout)
-        rid = self.submit(batch, deadline, traceparent=traceparent, logits=logits)
+        rid = self.submit(batch, deadline, traceparent=traceparent, logits=logits, tracestate=tracestate)
         end = time.monotonic() + wait
         while True:
             left = end - time.monotonic()
@@ -277,14 +276,15 @@ class Client:
         deadline: float | None = None,
         traceparent: str | None = None,
         logits: bool = False,
+        tracestate: str | None = None,
     ) -> list[Result]:
         """Pipelined: requests of ``batch_size`` samples, up to ``window`` in flight (or sent at
         ``rate`` requests/s); results in order. A request that gets no reply within ``timeout``
-        seconds gets an error result with code "timeout". ``traceparent``: every request joins that trace;
-        ``logits``: every result carries its logits."""
+        seconds gets an error result with code "timeout". ``traceparent``: every request joins that trace
+        (``tracestate``: with that tracestate); ``logits``: every result carries its logits."""
         check_pacing(window, rate, batch_size, timeout)
         chunks = [x[i : i + batch_size] for i in range(0, len(x), batch_size)]
-        return list(self.stream(chunks, window, rate, timeout, deadline, traceparent, logits))
+        return list(self.stream(chunks, window, rate, timeout, deadline, traceparent, logits, tracestate))
 
     def stream(
         self,
@@ -295,6 +295,7 @@ class Client:
         deadline: float | None = None,
         traceparent: str | None = None,
         logits: bool = False,
+        tracestate: str | None = None,
     ) -> Iterator[Result]:
         check_pacing(window, rate, timeout=timeout)
         timeout = self.timeout if timeout is None else timeout
@@ -308,7 +309,7 @@ class Client:
             now = time.perf_counter()
             while nxt < len(chunks) and self.in_flight < window and (rate is None or now >= start + nxt / rate):
                 d = time.time() + deadline if deadline else None
-                ids.append(self.submit(chunks[nxt], d, traceparent=traceparent, logits=logits))
+                ids.append(self.submit(chunks[nxt], d, traceparent=traceparent, logits=logits, tracestate=tracestate))
                 nxt += 1
             wait = 0.05
             if rate is not None and nxt < len(chunks):
@@ -386,12 +387,13 @@ def infer_spread(
     timeout: float = 30.0,
     times: np.ndarray | None = None,
     traceparent: str | None = None,
+    tracestate: str | None = None,
 ) -> list[Result | None]:
     """Send sample i (one request each) to ``clients[node]`` for the node whose ``entries`` hold i,
     with up to ``window`` requests in flight per client, paced at ``rate`` requests/s in total, or
     each sample no earlier than ``times[i]`` seconds after the start (non-decreasing; e.g. Poisson).
     Returns one Result per sample in sample order (error results for errors and timeouts). ``traceparent``:
-    every request joins that trace."""
+    every request joins that trace (``tracestate``: with that tracestate)."""
     check_pacing(window, rate, timeout=timeout)
     check_spread(clients, entries, len(x))
     queue = sorted((int(i), nid) for nid, idx in entries.items() for i in idx)
@@ -405,7 +407,8 @@ def infer_spread(
             i, nid = queue[sent]
             if clients[nid].in_flight >= window or (times is not None and now < start + times[i]):
                 break
-            spread.owner[(nid, clients[nid].submit(x[i : i + 1], traceparent=traceparent))] = i
+            rid = clients[nid].submit(x[i : i + 1], traceparent=traceparent, tracestate=tracestate)
+            spread.owner[(nid, rid)] = i
             sent += 1
         wait = 0.05
         if times is not None and sent < len(queue):

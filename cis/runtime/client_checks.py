@@ -1,5 +1,6 @@
 """The client's argument checks (:class:`cis.runtime.client.Client`): one line (CisError) for an address, a
-timeout, a window, a rate or a batch size that cannot work, before anything is sent."""
+timeout, a window, a rate or a batch size that cannot work, before anything is sent; and a batch in the form a
+request carries it."""
 
 from __future__ import annotations
 
@@ -28,6 +29,17 @@ def check_timeout(timeout: float) -> float:
     if isinstance(timeout, bool) or not (isinstance(timeout, Real) and math.isfinite(timeout) and timeout > 0):
         raise CisError(f"timeout is {timeout!r}; expected a finite number of seconds > 0")
     return float(timeout)
+
+
+def request_array(batch: np.ndarray) -> np.ndarray:
+    """A batch as a request carries it: floats as float32, integers and booleans (token ids) in their own dtype
+    (the node checks it against its entry stage's)."""
+    arr = np.asarray(batch)
+    if arr.ndim == 0:  # a scalar stays one (ascontiguousarray would make it shape (1,)): request_samples refuses it
+        return arr
+    if arr.dtype.kind in "iub":
+        return np.ascontiguousarray(arr)
+    return np.ascontiguousarray(arr, dtype=np.float32)
 
 
 def request_samples(tensors: dict) -> int:

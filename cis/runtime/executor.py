@@ -141,7 +141,8 @@ class Executor(Answers):
         if problem:
             return "bad_tensor", f"stage {stage}: {problem}"
         trace = None
-        if self.tracer is not None or h.traceparent or h.trace_parts:
+        # a tracestate (trace_states) without its traceparent (trace_parts) is refused there, traced or not
+        if self.tracer is not None or h.traceparent or h.trace_parts or h.tracestate or h.trace_states:
             trace = tracing.admitted(self.tracer, h, n)
             if type(trace) is str:
                 return "bad_message", trace

@@ -29,6 +29,7 @@ from cis.runtime.wire import (
     MAX_STAGE,
     MAX_TEXT,
     MAX_TRACE_PARTS,
+    MAX_TRACESTATE,
     PING,
     PONG,
     RELOAD,
@@ -38,6 +39,7 @@ from cis.runtime.wire import (
     SWITCH,
     TRACE_PART_FULL,
     TRACEPARENT_FULL,
+    TRACESTATE_FULL,
     VERSIONS,
 )
 
@@ -45,6 +47,8 @@ _Name = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_NAME)]
 _Text = Annotated[str, msgspec.Meta(max_length=MAX_NAME)]
 _TraceParent = Annotated[str, msgspec.Meta(pattern=TRACEPARENT_FULL)]
 _TracePart = tuple[Annotated[int, msgspec.Meta(ge=1)], Annotated[str, msgspec.Meta(pattern=TRACE_PART_FULL)]]
+_TraceState = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TRACESTATE, pattern=TRACESTATE_FULL)]
+_TraceStateEntry = Annotated[str, msgspec.Meta(max_length=MAX_TRACESTATE, pattern=TRACESTATE_FULL)]  # "": none
 _Shape = Annotated[list[Annotated[int, msgspec.Meta(ge=0, le=MAX_DIM)]], msgspec.Meta(max_length=MAX_DIMS)]
 _BundleId = Annotated[str, msgspec.Meta(min_length=BUNDLE_ID_CHARS, max_length=BUNDLE_ID_CHARS)]  # no regex: cheap
 _Path = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TEXT)]
@@ -68,6 +72,8 @@ class Header(msgspec.Struct, tag_field="kind"):
     # the trace context (docs/protocol.md, *Trace context*); absent: "" and () (no allocation per message)
     traceparent: _TraceParent = ""
     trace_parts: Annotated[tuple[_TracePart, ...], msgspec.Meta(min_length=1, max_length=MAX_TRACE_PARTS)] = ()
+    tracestate: _TraceState = ""  # beside traceparent: the W3C tracestate, passed on unchanged
+    trace_states: Annotated[tuple[_TraceStateEntry, ...], msgspec.Meta(min_length=1, max_length=MAX_TRACE_PARTS)] = ()
     want_logits: bool = False  # infer/forward: the result also carries the answering exit's logits (N, C)
     # bundle identity (docs/protocol.md, *Bundle identity*): forward, result, switch, drop; an infer may name one
     bundle: _BundleId = ""

@@ -148,7 +148,7 @@ class ZmqTransport:
         return [TensorInfo.from_json(t) for t in status.get("inputs") or []]
 
     def encode(self, x: np.ndarray, input_name: str) -> dict[str, np.ndarray]:
-        from cis.runtime.client import request_array
+        from cis.runtime.client_checks import request_array
 
         return {input_name: request_array(x)}
 

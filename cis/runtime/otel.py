@@ -7,6 +7,8 @@ upward in its ``traceparent``, so the node's spans are recorded already and need
 span (a tracer's ``start_span`` costs several times as much, in the node's loop). A
 ``BatchSpanProcessor`` takes them and its thread exports them to the OTLP/HTTP endpoint; a span
 whose context is not sampled (flags 00) is dropped there, as the SDK's default sampler would.
+A span whose trace came with a ``tracestate`` has it as its context's trace state (as the SDK
+parses it: one with a duplicate key exports none).
 The exporter and the processor read the standard ``OTEL_*`` variables (headers, timeout,
 compression, ``OTEL_BSP_*`` batching, ``OTEL_RESOURCE_ATTRIBUTES``); ``service.name`` is
 ``OTEL_SERVICE_NAME``, else ``cis-<node id>``.
@@ -14,6 +16,7 @@ compression, ``OTEL_BSP_*`` batching, ``OTEL_RESOURCE_ATTRIBUTES``); ``service.n
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -24,7 +27,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export import BatchSpanProcessor
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
-from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
 
 from cis.core.logs import event
 from cis.core.version import __version__
@@ -52,7 +55,8 @@ class OtlpSink:
         ones: the flags of the request's context)."""
         for r, extra in spans:
             trace_id, flags = int(r.trace_id, 16), TraceFlags(int(extra.get("cis.flags", "01"), 16))
-            context = SpanContext(trace_id, int(r.span_id, 16), is_remote=False, trace_flags=flags)
+            state = _trace_state(r.tracestate) if r.tracestate else None
+            context = SpanContext(trace_id, int(r.span_id, 16), is_remote=False, trace_flags=flags, trace_state=state)
             parent = None
             if r.parent_id is not None:  # the request span's parent is the asker's span; the others' the request's
                 parent = SpanContext(trace_id, int(r.parent_id, 16), is_remote=r.kind == "request", trace_flags=flags)
@@ -95,3 +99,8 @@ class OtlpSink:
 
 def _ns(seconds: float) -> int:
     return int(seconds * 1e9)
+
+
+@functools.lru_cache(maxsize=256)  # a request's four spans, and the requests of one caller, share one
+def _trace_state(header: str) -> TraceState:
+    return TraceState.from_header([header])

@@ -11,8 +11,9 @@ import msgspec
 KINDS = ("request", "queue", "compute", "forward")
 
 
-class SpanRecord(msgspec.Struct):
-    """One line of a spans file (the format agreed with the twin of issue 36), in this key order."""
+class SpanRecord(msgspec.Struct, omit_defaults=True):
+    """One line of a spans file (the format agreed with the twin of issue 36), in this key order; ``tracestate``
+    only when the span's trace came with one (absent, as in older files and the twin's: "")."""
 
     trace_id: str  # 32 hex
     span_id: str  # 16 hex
@@ -26,6 +27,7 @@ class SpanRecord(msgspec.Struct):
     batch: int  # samples in the micro-batch the request ran in; 0: it never ran
     stage_from: int  # the stages this node runs for the request
     stage_to: int
+    tracestate: str = ""  # the W3C tracestate that came with the request's traceparent, as it came
 
 
 LINE_ENCODER = msgspec.json.Encoder()

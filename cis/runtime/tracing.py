@@ -11,13 +11,16 @@ variables) records four kinds of span per request (docs/runtime.md, *Tracing*)::
 
 and sends ``00-<trace id>-<forward span id>-<flags>`` upward, so the parent's request span
 is a child of this node's forward span: a forwarded request is one trace with spans from
-every node it visited. A node without a tracer passes the context it got on unchanged.
+every node it visited. A node without a tracer passes the context it got on unchanged. A
+``tracestate`` that came with a traceparent goes upward unchanged beside it, from every node
+(no node owns an entry in it: W3C's rule for such a participant), and is on each of its spans.
 
 A forward carries the undecided samples of a whole batch, several requests' worth; each
 request's samples keep their own trace: the forward's ``trace_parts`` lists, in carry order,
-[samples, traceparent] per request (a *segment* here), and the parent records each segment's
-spans in its own trace. Everything here runs only for a request that carries a context or at
-a node that traces: elsewhere the cost is a None check per request.
+[samples, traceparent] per request (a *segment* here), ``trace_states`` their tracestates
+in the same order, and the parent records each segment's spans in its own trace. Everything
+here runs only for a request that carries a context or at a node that traces: elsewhere the
+cost is a None check per request.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ import numpy as np
 from cis.core.errors import CisError
 from cis.core.logs import event
 from cis.runtime.spans import LINE_ENCODER, SpanRecord
-from cis.runtime.wire import MAX_TRACE_PARTS, is_traceparent
+from cis.runtime.wire import MAX_TRACE_PARTS, STATE_RULE, is_traceparent, is_tracestate
 
 if TYPE_CHECKING:
     from cis.runtime.requests import Request
@@ -63,13 +66,38 @@ def check_traceparent(value: str, where: str = "traceparent") -> str:
     return value
 
 
+def check_tracestate(value: str, where: str = "tracestate") -> str:
+    """``value`` if it is a W3C tracestate the wire carries (docs/protocol.md, *Trace context*), else a one-line
+    CisError (clients and commands)."""
+    if not is_tracestate(value):
+        raise CisError(f"{where} is {value!r:.80}; expected a W3C tracestate: {STATE_RULE}, e.g. "
+                       "congo=t61rcWkgMzE,rojo=00f067aa0ba902b7")  # fmt: skip
+    return value
+
+
+_NO_FIELDS: dict[str, str] = {}  # a request without a context: nothing to add (never changed)
+
+
+def trace_fields(traceparent: str | None, tracestate: str | None) -> dict[str, str]:
+    """A client request's trace header fields, each checked (one line); a tracestate only beside a traceparent."""
+    if traceparent is None:
+        if tracestate is not None:
+            raise CisError(f"tracestate is {tracestate!r:.80} without a traceparent; expected a traceparent beside it "
+                           "(a tracestate belongs to its traceparent's trace)")  # fmt: skip
+        return _NO_FIELDS
+    if tracestate is None:
+        return {"traceparent": check_traceparent(traceparent)}
+    return {"traceparent": check_traceparent(traceparent), "tracestate": check_tracestate(tracestate)}
+
+
 class Segment:
     """The samples of one trace within a request at this node: all of it, or one request's share of a forward."""
 
-    __slots__ = ("n", "incoming", "trace_id", "parent_id", "flags", "span_id", "forward_id", "forwarded")
+    __slots__ = ("n", "incoming", "state", "trace_id", "parent_id", "flags", "span_id", "forward_id", "forwarded")
 
-    def __init__(self, n: int, incoming: str) -> None:
+    def __init__(self, n: int, incoming: str, state: str = "") -> None:
         self.n, self.incoming = n, incoming  # incoming: the context it came with ("" for none)
+        self.state = state  # the tracestate that came with it ("" for none): passed on and recorded unchanged
         self.trace_id = self.parent_id = self.span_id = self.forward_id = ""
         self.flags = "01"
         self.forwarded = 0  # samples of it sent to the parent
@@ -151,22 +179,23 @@ class Tracer:
         node, rid, stage, last, batch, new = self.node_id, req.req_id, req.stage, self.exit, tr.batch, self.span_id
         first = 0
         for seg in tr.segments:  # positional: the fields in SpanRecord's order
-            tid, sid, n = seg.trace_id, seg.span_id, seg.n
+            tid, sid, n, st = seg.trace_id, seg.span_id, seg.n, seg.state
             flags = {"cis.flags": seg.flags}  # for OTLP: the context's sampled flag (the file does not keep it)
             attrs: dict[str, Any] = {"cis.outcome": outcome, **flags}
             if exits is not None and n:
                 attrs["cis.exit"] = int(exits[first]) if n == 1 else int(exits[first : first + n].max())
             first += n
             spans.append((SpanRecord(tid, sid, seg.parent_id or None, node, "request", t0, end, rid, n, batch, stage,
-                                     last), attrs))  # fmt: skip
+                                     last, st), attrs))  # fmt: skip
             queued = end if started is None else started
-            spans.append((SpanRecord(tid, new(), sid, node, "queue", t0, queued, rid, n, batch, stage, last), flags))
+            spans.append((SpanRecord(tid, new(), sid, node, "queue", t0, queued, rid, n, batch, stage, last, st),
+                          flags))  # fmt: skip
             if started is not None:
                 spans.append((SpanRecord(tid, new(), sid, node, "compute", started, computed, rid, n, batch, stage,
-                                         last), flags))  # fmt: skip
+                                         last, st), flags))  # fmt: skip
             if tr.sent is not None and seg.forward_id:
                 spans.append((SpanRecord(tid, seg.forward_id, sid, node, "forward", tr.sent + off, back, rid,
-                                         seg.forwarded, batch, stage, last), flags))  # fmt: skip
+                                         seg.forwarded, batch, stage, last, st), flags))  # fmt: skip
         for sink in self.sinks:
             try:
                 sink.write(spans)
@@ -191,24 +220,44 @@ def _exits(req: Request) -> np.ndarray:
 
 
 def admitted(tracer: Tracer | None, head: Any, n: int) -> Trace | str:
-    """The trace state of a request being admitted (its header's ``traceparent`` or ``trace_parts``), or the
-    reason it is a ``bad_message``. A context that is not a valid traceparent (a front door's header
-    passed on as it came) starts a new trace, as W3C asks."""
+    """The trace state of a request being admitted (its header's ``traceparent`` and ``tracestate``, or
+    ``trace_parts`` and ``trace_states``), or the reason it is a ``bad_message``. A context that is not a valid
+    traceparent (a front door's header passed on as it came) starts a new trace, as W3C asks."""
     parts = head.trace_parts
+    if head.tracestate and not head.traceparent:
+        return "the header has tracestate without traceparent; expected it only beside a traceparent"
+    if head.trace_states and not parts:
+        return "the header has trace_states without trace_parts; expected them only beside trace_parts"
     if parts:
         if head.traceparent:
             return "the header has both traceparent and trace_parts; expected one of them"
         total = sum(c for c, _ in parts)
         if total != n:
             return f"trace_parts count {total} samples; the request has {n}"
-        segments = [Segment(c, tp) for c, tp in parts]
+        states = _states(head, parts)
+        if type(states) is str:
+            return states
+        segments = [Segment(c, tp, st) for (c, tp), st in zip(parts, states)]
     else:
         tp = head.traceparent
-        segments = [Segment(n, tp if is_traceparent(tp) else "")]
+        segments = [Segment(n, tp, head.tracestate) if is_traceparent(tp) else Segment(n, "")]
     if tracer is not None:
         for seg in segments:
             tracer.open(seg)
     return Trace(segments)
+
+
+def _states(head: Any, parts: Sequence[tuple[int, str]]) -> Sequence[str] | str:
+    """The tracestate of each ``trace_parts`` pair (its ``trace_states``; none: ""), or why they do not fit."""
+    states = head.trace_states
+    if not states:
+        return [""] * len(parts)
+    if len(states) != len(parts):
+        return f"trace_states has {len(states)} entries, trace_parts {len(parts)} pairs; expected one entry per pair"
+    for i, ((_, tp), st) in enumerate(zip(parts, states)):
+        if st and not tp:
+            return f'trace_states entry {i} is a tracestate for a pair without a traceparent; expected ""'
+    return states
 
 
 def started(batch: Sequence[Request], now: float, samples: int) -> None:
@@ -240,14 +289,16 @@ def forward_fields(
     parts: Sequence[tuple[Request, np.ndarray | None]], tracer: Tracer | None, now: float
 ) -> dict[str, Any]:
     """The trace fields of a forward of ``parts`` (request, its samples; None: all) about to be sent at
-    ``now``: ``traceparent`` when its samples are one trace, ``trace_parts`` when they are several, none
-    when no sample has a context. A tracing node names its own forward span as the parent (and starts
-    it); another passes the context on as it came."""
+    ``now``: ``traceparent`` (and ``tracestate``) when its samples are one trace, ``trace_parts`` (and
+    ``trace_states`` when one of them has a tracestate) when they are several, none when no sample has a
+    context. A tracing node names its own forward span as the parent (and starts it); another passes the
+    context on as it came. Every node passes the tracestate on as it came."""
     out: list[list] = []
+    states: list[str] = []  # parallel to out
     for req, idx in parts:
         tr = req.trace
         if tr is None:
-            _add(out, req.n if idx is None else len(idx), "")
+            _add(out, states, req.n if idx is None else len(idx), "", "")
             continue
         tr.sent = now
         for seg, count in zip(tr.segments, tr.counts(idx)):
@@ -256,21 +307,23 @@ def forward_fields(
             seg.forwarded = count
             if tracer is not None:
                 seg.forward_id = tracer.span_id()
-                _add(out, count, traceparent(seg.trace_id, seg.forward_id, seg.flags))
+                _add(out, states, count, traceparent(seg.trace_id, seg.forward_id, seg.flags), seg.state)
             else:
-                _add(out, count, seg.incoming)
+                _add(out, states, count, seg.incoming, seg.state)
     if len(out) == 1:
-        return {"traceparent": out[0][1]} if out[0][1] else {}
+        tp, st = out[0][1], states[0]
+        return ({"traceparent": tp, "tracestate": st} if st else {"traceparent": tp}) if tp else {}
     if len(out) > MAX_TRACE_PARTS:  # a batch of thousands of requests: its context stays here
         return {}
-    return {"trace_parts": out}
+    return {"trace_parts": out, "trace_states": states} if any(states) else {"trace_parts": out}
 
 
-def _add(out: list[list], count: int, tp: str) -> None:
-    if out and not tp and not out[-1][1]:  # neighbours without a context are one entry
+def _add(out: list[list], states: list[str], count: int, tp: str, st: str) -> None:
+    if out and not tp and not out[-1][1]:  # neighbours without a context are one entry (and have no tracestate)
         out[-1][0] += count
     else:
         out.append([count, tp])
+        states.append(st)
 
 
 def finish(tracer: Tracer | None, req: Request, outcome: str, now: float | None = None) -> None:

@@ -87,6 +87,14 @@ TRACEPARENT_PATTERN = r"00-(?!0{32})[0-9a-f]{32}-(?!0{16})[0-9a-f]{16}-[0-9a-f]{
 TRACEPARENT_FULL = r"\A" + TRACEPARENT_PATTERN + r"\Z"  # one whole string: no trailing newline
 TRACE_PART_FULL = r"\A(?:" + TRACEPARENT_PATTERN + r")?\Z"  # a trace_parts entry's context: one, or "" for none
 MAX_TRACE_PARTS = 4096  # entries of trace_parts: the traced requests whose samples one forward carries
+# a W3C tracestate, passed on unchanged beside its traceparent: W3C's list grammar, spaces (not tabs) around members,
+# blank members allowed, at most 32 members; duplicate keys are not looked for. Its length is checked apart:
+# 1..MAX_TRACESTATE characters for ``tracestate``, 0..MAX_TRACESTATE for an entry of ``trace_states`` ("": none)
+MAX_TRACESTATE = 512  # W3C: what every participant must be able to pass on
+_STATE_KEY = r"(?:[a-z][a-z0-9_\-*/]{0,255}|[a-z0-9][a-z0-9_\-*/]{0,240}@[a-z][a-z0-9_\-*/]{0,13})"
+_STATE_VALUE = r"[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"  # no "," or "=", no end space
+_STATE_MEMBER = r" *(?:" + _STATE_KEY + "=" + _STATE_VALUE + r" *)?"  # one parse only: no backtracking blow-up
+TRACESTATE_FULL = r"\A" + _STATE_MEMBER + r"(?:," + _STATE_MEMBER + r"){0,31}\Z"
 RESULT_TENSORS = {"class": "int64", "confidence": "float32", "exit": "int32", "flags": "uint8"}
 RESULT_LOGITS = "logits"  # the fifth result tensor, float32 (N, C), only for a request whose header has want_logits
 TENSOR_KINDS = (INFER, FORWARD, RESULT)  # the other kinds carry no tensors
@@ -131,6 +139,15 @@ _TRACEPARENT = re.compile(TRACEPARENT_FULL)
 def is_traceparent(v: Any) -> bool:
     """A W3C traceparent string: ``00-<32 hex>-<16 hex>-<2 hex>``, lowercase, trace and span id not all zero."""
     return type(v) is str and _TRACEPARENT.match(v) is not None
+
+
+_TRACESTATE = re.compile(TRACESTATE_FULL)
+STATE_RULE = f"1..{MAX_TRACESTATE} printable ASCII characters, at most 32 comma-separated members key=value"
+
+
+def is_tracestate(v: Any, empty: bool = False) -> bool:
+    """A W3C tracestate string of 1..512 characters (``empty``: 0..512, an entry of ``trace_states``)."""
+    return type(v) is str and (empty or v != "") and len(v) <= MAX_TRACESTATE and _TRACESTATE.match(v) is not None
 
 
 def is_trace_part(v: Any) -> bool:
@@ -211,7 +228,8 @@ def check_update(h: dict) -> None:
 
 
 def check_trace(h: dict) -> None:
-    """``traceparent`` and ``trace_parts`` (docs/protocol.md, *Trace context*): present means valid."""
+    """``traceparent``, ``trace_parts``, ``tracestate`` and ``trace_states`` (docs/protocol.md, *Trace context*):
+    present means valid (which of them may come together is the node's check: :func:`cis.runtime.tracing.admitted`)."""
     tp = h.get("traceparent")
     if "traceparent" in h and not is_traceparent(tp):
         fail(
@@ -227,6 +245,15 @@ def check_trace(h: dict) -> None:
             "bad_message",
             f"trace_parts is {show(parts)}; expected 1..{MAX_TRACE_PARTS} pairs [samples >= 1, traceparent or \"\"]",
         )
+    ts = h.get("tracestate")
+    if "tracestate" in h and not is_tracestate(ts):
+        fail("bad_message", f"tracestate is {show(ts)}; expected a W3C tracestate: {STATE_RULE}")
+    states = h.get("trace_states")
+    if "trace_states" in h and not (
+        type(states) is list and 0 < len(states) <= MAX_TRACE_PARTS and all(is_tracestate(s, True) for s in states)
+    ):
+        fail("bad_message", f"trace_states is {show(states)}; expected 1..{MAX_TRACE_PARTS} entries, each \"\" or a "
+             f"W3C tracestate ({STATE_RULE})")  # fmt: skip
 
 
 def check_tensors(h: dict, n_frames: int, max_bytes: int | None) -> list[tuple[str, str, list]]:

@@ -70,6 +70,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="W3C trace context 00-<32 hex>-<16 hex>-<2 hex> that every request joins (default: the TRACEPARENT "
         "environment variable); the nodes that trace record their spans in that trace",
     )
+    p.add_argument(
+        "--tracestate",
+        help="W3C tracestate that goes with the traceparent, e.g. congo=t61rcWkgMzE (default: the TRACESTATE "
+        "environment variable, when the traceparent is TRACEPARENT's); every node passes it on and records it on "
+        "its spans",
+    )
     p.add_argument("--curve-key", help="own CurveZMQ .key_secret")
     p.add_argument("--server-key", help="the node's public .key")
     p.add_argument(
@@ -133,16 +139,23 @@ def writable_file(path: str, flag: str) -> None:
 
 
 def _traceparent(args: argparse.Namespace) -> None:
-    """--traceparent, else the TRACEPARENT variable (OpenTelemetry's carrier for a process's context), checked."""
-    if args.traceparent is None and os.environ.get("TRACEPARENT", "").strip():
-        args.traceparent = os.environ["TRACEPARENT"].strip()
-        where = "the TRACEPARENT variable"
-    else:
-        where = "--traceparent"
-    if args.traceparent is not None:
-        from cis.runtime.tracing import check_traceparent
+    """--traceparent, else the TRACEPARENT variable (OpenTelemetry's carrier for a process's context), and
+    --tracestate, else the TRACESTATE variable when the traceparent is TRACEPARENT's (the two variables are one
+    context), checked; --tracestate without a traceparent is one line."""
+    from cis.runtime.tracing import check_traceparent, check_tracestate
 
+    where, state_where = "--traceparent", "--tracestate"
+    if args.traceparent is None and os.environ.get("TRACEPARENT", "").strip():
+        args.traceparent, where = os.environ["TRACEPARENT"].strip(), "the TRACEPARENT variable"
+        if args.tracestate is None and os.environ.get("TRACESTATE", "").strip():
+            args.tracestate, state_where = os.environ["TRACESTATE"].strip(), "the TRACESTATE variable"
+    if args.traceparent is not None:
         check_traceparent(args.traceparent, where)
+    if args.tracestate is not None:
+        if args.traceparent is None:
+            raise CisError(f"--tracestate is {args.tracestate!r:.80} without a traceparent; expected --traceparent "
+                           "(or the TRACEPARENT variable) beside it")  # fmt: skip
+        check_tracestate(args.tracestate, state_where)
 
 
 def _curve(args: argparse.Namespace):
@@ -163,7 +176,7 @@ def _send(args: argparse.Namespace, x) -> tuple[Sequence[Result | None], list[st
         with Client(addresses, timeout=args.timeout, curve=_curve(args), retry_after=retry) as c:
             results = c.infer_many(
                 x, batch_size=args.batch_size, window=args.window, rate=args.rate, timeout=args.timeout,
-                traceparent=args.traceparent,
+                traceparent=args.traceparent, tracestate=args.tracestate,
             )  # fmt: skip
             return results, entry
     from cis.core.policy.exit_policy import assign_entries
@@ -178,7 +191,10 @@ def _send(args: argparse.Namespace, x) -> tuple[Sequence[Result | None], list[st
             if where is None:
                 raise CisError(f"{args.spec}: node {nid!r} has no address")
             clients[nid] = Client(where, timeout=args.timeout, curve=_curve(args), retry_after=retry)
-        spread = infer_spread(clients, x, entries, args.window, args.rate, args.timeout, traceparent=args.traceparent)
+        spread = infer_spread(
+            clients, x, entries, args.window, args.rate, args.timeout, traceparent=args.traceparent,
+            tracestate=args.tracestate,
+        )  # fmt: skip
     finally:
         for c in clients.values():
             c.close()

@@ -132,6 +132,7 @@ class InferRequest:
     binary: frozenset[str] = frozenset()  # outputs sent as raw bytes (HTTP's binary tensor data extension)
     timeout: float | None = None  # seconds (the request parameter "timeout", in microseconds as Triton's)
     traceparent: str | None = None  # W3C trace context of the caller (HTTP header / gRPC metadata "traceparent")
+    tracestate: str = ""  # its W3C tracestate ("tracestate"), kept only when valid beside a valid traceparent
     version: str | None = None  # the model version its answer names (the newest the node holds)
 
     @property

@@ -37,6 +37,7 @@ from cis.core.logs import event
 from cis.runtime import protocol as P
 from cis.runtime.oip.codec import VERSION, InferRequest
 from cis.runtime.requests import Request
+from cis.runtime.wire import is_traceparent, is_tracestate
 
 if TYPE_CHECKING:
     from cis.runtime.node_config import NodeConfig
@@ -127,6 +128,20 @@ def trace_context(value: bytes | str | None) -> str | None:
 
 
 _HEX2 = re.compile(r"[0-9a-f]{2}")
+
+
+def trace_state(traceparent: str | None, lines: list[bytes] | list[str]) -> str:
+    """A caller's ``tracestate`` as the node carries it beside ``traceparent`` (as :func:`trace_context` took
+    it): its header lines (gRPC: metadata values) joined with commas (HTTP's rule for a list), the spaces and
+    tabs around each member taken off (W3C's optional whitespace). "" (dropped; W3C: a tracestate that cannot
+    be parsed must not fail the request) when the traceparent is none or not valid (W3C: no tracestate
+    without it), or when that is not a tracestate the wire carries (docs/protocol.md, *Trace context*), over
+    512 characters included (W3C would let a participant cut whole members off; this door drops it all)."""
+    if not lines or traceparent is None or not is_traceparent(traceparent):
+        return ""
+    texts = (v.decode("latin-1") if isinstance(v, bytes) else v for v in lines)
+    text = ",".join(member.strip(" \t") for t in texts for member in t.split(","))
+    return text if is_tracestate(text) else ""
 
 
 def versions(node: Any) -> list[str]:
@@ -246,12 +261,13 @@ def result_arrays(req: Request) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.
 def message(request: InferRequest) -> P.Message:
     """The INFER message a door request becomes: stage 1, the request's tensors, its deadline (from the
     request's timeout), the caller's ``traceparent`` as it came (the node's tracing starts a new trace when it
-    is not a valid one), ``want_logits`` when it names ``logits`` or ``probabilities``. The node sees it as it
-    sees a decoded ZeroMQ INFER."""
+    is not a valid one) and its ``tracestate`` (only beside a valid traceparent: :func:`trace_state`),
+    ``want_logits`` when it names ``logits`` or ``probabilities``. The node sees it as it sees a decoded ZeroMQ
+    INFER."""
     deadline = time.time() + request.timeout if request.timeout else 0.0
     head = P.InferHeader(
         v=1, id=next(_wire_ids), deadline=deadline, traceparent=request.traceparent or "",
-        want_logits=request.wants_logits,
+        tracestate=request.tracestate, want_logits=request.wants_logits,
     )  # fmt: skip
     return P.Message(head, tensors=request.tensors)
 

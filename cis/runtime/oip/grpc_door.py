@@ -400,7 +400,9 @@ class GrpcDoor:
         left = context.time_remaining()
         if left is not None and left < 1e6:
             req.timeout = max(min(left, req.timeout or left), 1e-6)
-        req.traceparent = door.trace_context(dict(context.invocation_metadata()).get("traceparent"))
+        metadata = context.invocation_metadata()
+        req.traceparent = door.trace_context(dict(metadata).get("traceparent"))
+        req.tracestate = door.trace_state(req.traceparent, [v for k, v in metadata if k == "tracestate"])
         req.version = versions[-1]
         self._post(ticket)
         return self._answer(call, context, req)

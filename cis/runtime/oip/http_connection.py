@@ -118,7 +118,10 @@ class Connection:
         self._count(len(url))
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers[name.lower()] = value
+        name = name.lower()
+        if name == b"tracestate" and name in self.headers:  # several lines are one list, joined (RFC 9110 5.3)
+            value = self.headers[name] + b"," + value
+        self.headers[name] = value
         self._count(len(name) + len(value))
 
     def _count(self, n: int) -> None:

@@ -181,6 +181,7 @@ class Requests:
         except Exception as exc:  # whatever else a hostile body raises in decoding: a bad request all the same
             return door.refuse(self.node, ticket, "bad_message", f"inference request cannot be decoded ({exc!r:.200})")
         request.traceparent = door.trace_context(conn.headers.get(b"traceparent"))
+        request.tracestate = door.trace_state(request.traceparent, [conn.headers.get(b"tracestate", b"")])
         request.version = versions[-1]
         ticket.request = request
         door.submit(self.node, ticket)

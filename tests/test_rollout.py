@@ -319,3 +319,18 @@ def test_the_issues_mixed_tree_is_degraded_not_wrong(bundles, digits, tmp_path):
     finally:
         codes = [stop(p) for p in procs]
     assert codes == [0, 0, 0]
+
+
+def test_a_new_launcher_serves_its_own_bundle_not_an_earlier_launchers_rollout(bundles, served, tmp_path):
+    """LOG_DIR/rollout.json lasts one launcher: a `cis serve --all` started again with the same --log-dir serves
+    the bundle it was given, not the one an earlier rollout left named there (found by a hunt: silently)."""
+    from cis.core.spec import CisSpec, Node, validate
+
+    one, two = bundles
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    (logs / ROLLOUT_FILE).write_text(json.dumps({"bundle": str(two)}))
+    s = served(one, spec=validate(CisSpec((Node("cloud", 3),), 3, name="root")))
+    assert not (logs / ROLLOUT_FILE).exists()
+    assert {st["bundle"] for st in s.statuses().values()} == {load_bundle(one).id}
+    assert json.loads((logs / "cluster.json").read_text())["bundle"] == str(one)

@@ -219,6 +219,8 @@ class Cluster:
         return self.procs[node_id]
 
     def start_all(self) -> None:
+        if self.log_dir:  # an earlier launcher's rollout.json: this one serves the bundle it was given
+            (Path(self.log_dir) / ROLLOUT_FILE).unlink(missing_ok=True)
         for rid in processes(self.spec):  # the root first: children find their parent sooner
             self.start(rid)
 

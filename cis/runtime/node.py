@@ -221,7 +221,7 @@ class Node:
         if not events:
             events = self._wait(self._poll_timeout_ms())
             self.seen_empty = time.monotonic()
-        self.busy = False
+        self.busy, self.upstream.listened = False, time.monotonic()  # pongs waiting now are read below
         if events:
             self._read(events)
         ex = self.executor
@@ -372,6 +372,9 @@ class Node:
             req.req_id, req.n, req.cls, req.conf, req.exit, req.flags, req.served_by, self.cfg.node_id, req.logits,
             req.version.id, req.v,
         )  # fmt: skip
+        if frames is not None and len(frames[0]) > P.MAX_HEADER_BYTES:  # served_by: a node id per sample
+            return self.error(req, "too_large", f"the result of {req.n} samples needs a {len(frames[0])}-byte header "
+                              f"(a node id per sample), over {P.MAX_HEADER_BYTES}; send fewer samples a request")
         now = time.monotonic()
         seconds = now - req.t0  # counted before it leaves: whoever gets it sees it in the metrics
         self.latency.add(seconds)
@@ -433,7 +436,8 @@ class Node:
             self.next_ping = now + self.cfg.heartbeat
             up.heartbeat(now, lambda: P.encode(P.PING, next(self.up_ids), node=self.cfg.name))
         if self.pending:
-            for fid in [f for f, p in self.pending.items() if p.expires <= now] + up.take_orphans():
+            # past its wait as the node last listened: an answer that came during a long batch is read first
+            for fid in [f for f, p in self.pending.items() if p.expires <= up.listened] + up.take_orphans():
                 if fid in self.pending:
                     up.done(fid)
                     self.executor.fallback(self.pending.pop(fid))

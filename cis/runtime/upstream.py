@@ -46,6 +46,11 @@ class Upstream:
         self.socks: list[zmq.Socket] = []
         self.index: dict[zmq.Socket, int] = {}
         self.last_pong = [-math.inf] * n  # -inf: no answer yet, or a send found no connection since
+        # silence is counted from the first ping after a replica's last answer (inf: none asked since), up to the
+        # node's last look at its sockets: a node busy in a long batch, or stopped, reads no pong meanwhile and
+        # sends no ping, and that is not its parent's silence (the node sets ``listened`` after each poll)
+        self.asked = [math.inf] * n
+        self.listened = now
         self.outstanding = [0] * n  # forwarded samples each replica has not answered yet
         self.in_flight: dict[int, tuple[int, list, int]] = {}  # forward id -> (replica, its frames, samples)
         self.orphans: list[int] = []  # forwards whose replica went down with no other up: served here
@@ -80,7 +85,8 @@ class Upstream:
     # ------------------------------------------------------------ state
 
     def is_up(self, i: int, now: float) -> bool:
-        return now - self.last_pong[i] < self.cfg.heartbeat_timeout
+        """Answered once, and not silent for ``heartbeat_timeout`` since a ping, as the node last listened."""
+        return self.last_pong[i] > -math.inf and min(now, self.listened) - self.asked[i] < self.cfg.heartbeat_timeout
 
     def any_up(self, now: float) -> bool:
         return any(self.is_up(i, now) for i in range(len(self.addresses)))
@@ -88,7 +94,7 @@ class Upstream:
     def answered(self, sock: zmq.Socket, now: float) -> None:
         """Any reply from a replica (a pong, a result) shows it alive; a pong after a down also says so at once."""
         i = self.index[sock]
-        self.last_pong[i] = now
+        self.last_pong[i], self.asked[i] = now, math.inf
         if self.watches[i].up is not True:
             self.watches[i].check(True, now)
 
@@ -150,8 +156,10 @@ class Upstream:
     def heartbeat(self, now: float, ping: Callable[[], list]) -> None:
         """Ping every replica; one without a connection, or silent for heartbeat_timeout, is down."""
         for i in range(len(self.addresses)):
-            if self._send(i, ping(), now) and not self.is_up(i, now):  # a failed send marked it down already
-                self._down(i, now, connected=True)
+            if self._send(i, ping(), now):  # a failed send marked it down already
+                self.asked[i] = min(self.asked[i], now)
+                if not self.is_up(i, now):
+                    self._down(i, now, connected=True)
 
 
 def least_outstanding(outstanding: Sequence[int], up: Sequence[bool], turn: int) -> int | None:

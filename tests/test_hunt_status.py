@@ -92,8 +92,17 @@ def test_rollout_takes_cluster_json_and_says_how_to_get_a_bundle_that_fits(bundl
     (tmp_path / "cluster.json").write_text(json.dumps({"nodes": nodes, "spec": str(spec)}))
     res = run_cli("rollout", bundle_dir, "--cluster", tmp_path / "cluster.json", "--timeout", "1")
     (line,) = res.err.strip().splitlines()
-    assert res.code == 2 and "does not fit spec 'paper-17'" in line, res.err  # the file was read: it got this far
-    assert "cis export RUN --spec SPEC" in line and "nothing was changed" in line
+    # the file was read: its first node's address is asked (the fit is checked once the nodes answered, with
+    # each node's --threshold from its status)
+    assert res.code == 2 and f"node {ids[0]} at tcp://127.0.0.1:9000 does not answer" in line, res.err
+    assert "nothing was changed" in line
+    from cis.core.bundle import load_bundle
+    from cis.runtime.rollout import check_fits
+
+    with pytest.raises(CisError) as got:
+        check_fits(load_bundle(bundle_dir), make_spec("paper-17", "60-30-10"), dict.fromkeys(ids))
+    assert "does not fit spec 'paper-17'" in str(got.value) and "cis export RUN --spec SPEC" in str(got.value)
+    assert "nothing was changed" in str(got.value)
 
 
 def test_rollout_server_key_without_curve_key_is_one_line(bundle_dir, tmp_path, run_cli):  # noqa: F811

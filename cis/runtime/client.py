@@ -359,7 +359,7 @@ class Client:
                 raise ServerError(msg.head.code, msg.head.message)
             if isinstance(msg.head, P.StatusReplyHeader):
                 return msg.head.status
-        what = "status" if kind in ("", P.STATUS) else "an answer to " + kind
+        what = "status" if kind in ("", P.STATUS) else "answer to " + kind
         raise TimeoutError(f"no {what} from {self.address} within {timeout:.1f} s")
 
     def close(self) -> None:

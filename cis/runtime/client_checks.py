@@ -57,8 +57,8 @@ def request_samples(tensors: dict) -> int:
 
 def check_connection_options(curve: object, retry_after: object) -> None:
     """One line (for :class:`cis.runtime.entries.Entries`, a Client's sockets) for a ``curve`` that is not a
-    :class:`~cis.runtime.security.CurveConfig` (None: no CurveZMQ) or a ``retry_after`` that is not seconds >= 0
-    (None or 0: no retries)."""
+    :class:`~cis.runtime.security.CurveConfig` (None: no CurveZMQ) or a ``retry_after`` that is not seconds >= 0 and
+    finite (None or 0: no retries)."""
     from cis.runtime.security import CurveConfig
 
     if curve is not None and not isinstance(curve, CurveConfig):
@@ -66,7 +66,8 @@ def check_connection_options(curve: object, retry_after: object) -> None:
                        "(or None: no CurveZMQ)")  # fmt: skip
     seconds = float(retry_after) if isinstance(retry_after, Real) and not isinstance(retry_after, bool) else None
     if retry_after is not None and not (seconds is not None and math.isfinite(seconds) and seconds >= 0):
-        raise CisError(f"Client: retry_after is {retry_after!r}; expected seconds >= 0 (None or 0: no retries)")
+        raise CisError(f"Client: retry_after is {retry_after!r}; expected seconds >= 0 and finite (None or 0: no "
+                       "retries)")  # fmt: skip
 
 
 def check_pacing(window: int, rate: float | None, batch_size: int = 1, timeout: float | None = None) -> None:

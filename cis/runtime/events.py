@@ -15,6 +15,7 @@ import math
 import time
 from collections.abc import Mapping
 
+from cis.core.bundle import ID_DIGITS
 from cis.core.logs import Every, event
 from cis.core.version import __version__
 from cis.runtime.node_config import NodeConfig
@@ -33,7 +34,7 @@ def started(cfg: NodeConfig, metrics_url: str | None) -> None:
         logging.INFO,
         "node_start",
         f"node {cfg.name} (exit {cfg.exit}) at {cfg.bind}{up}"
-        + (f"; bundle {cfg.bundle} (sha256 {cfg.bundle_sha256[:12]})" if cfg.bundle else "")
+        + (f"; bundle {cfg.bundle_sha256[:ID_DIGITS] or '?'} ({cfg.bundle})" if cfg.bundle else "")
         + (f"; stages on {backend.describe()}" if backend is not None else "")
         + (f"; metrics {metrics_url}" if metrics_url else ""),
         node=cfg.name,

@@ -84,6 +84,7 @@ def build_node(
         **options,
     )
     built = Node(cfg, stages)
+    built.updates.threshold = given  # in its status: cis rollout checks a new bundle's fit with it too
     built.updates.loader = functools.partial(load_version, spec=spec, node_id=node_id, threshold=given,
                                              provider=provider, threads=threads, trust=cfg.trust,
                                              name=name)  # fmt: skip

@@ -1,7 +1,7 @@
 """A node's front socket: the ROUTER its children, clients and operators reach, with its limits and security.
 
 A bind that fails (the address is taken, or names no interface of this machine) stops the node with one line
-naming the node and the address, not a traceback.
+naming the node (a replica by its own id, e.g. cloud#1) and the address, not a traceback.
 """
 
 from __future__ import annotations
@@ -31,6 +31,6 @@ def bind_front(ctx: zmq.Context, cfg: NodeConfig) -> zmq.Socket:
         front.close(0)
         why = zmq.strerror(exc.errno) if exc.errno is not None else str(exc)
         raise CisError(
-            f"node {cfg.node_id}: cannot bind {cfg.bind} ({why}); expected a free port on an address of this machine"
+            f"node {cfg.name}: cannot bind {cfg.bind} ({why}); expected a free port on an address of this machine"
         ) from None
     return front

@@ -14,8 +14,11 @@ The order makes sure that no carry ever meets a node without its bundle (docs/ru
 
 A node that dies meanwhile (``cis serve --all`` restarts it with the bundle on its command line) is
 waited for and brought to the phase again; one that does not come back within the timeout rolls the
-rollout back. With the launcher's log folder, ``LOG_DIR/rollout.json`` names the new bundle once every
-node serves it, so the launcher restarts nodes with it from then on (:mod:`cis.runtime.launcher`).
+rollout back, and so does an interrupted one (Ctrl-C; SIGTERM in ``cis rollout``): :class:`Interrupted` then says
+what became of the nodes. A load still running when the rollout rolls back (it passed the timeout) is waited
+for once more, up to the timeout, and its bundle dropped. With the launcher's log folder,
+``LOG_DIR/rollout.json`` names the new bundle once every node serves it, so the launcher restarts nodes with it
+from then on (:mod:`cis.runtime.launcher`).
 """
 
 from __future__ import annotations
@@ -23,12 +26,14 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 from cis.core.bundle import Bundle
 from cis.core.errors import CisError
+from cis.core.replicas import split_replica_id
 from cis.core.spec import CisSpec
 from cis.runtime import protocol as P
 from cis.runtime.client import Client, ServerError
@@ -40,6 +45,11 @@ log = logging.getLogger(__name__)
 POLL = 0.05  # seconds between looks at a node that drains
 SLICE = 1.0  # seconds to wait for an answer before looking whether the node was restarted meanwhile
 RESTART_SLACK = 1.0  # seconds two statuses' start times may differ and still come from one process
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C (or the SIGTERM that ``cis rollout`` turns into one) stopped the rollout; ``str()`` is one line that
+    says what became of the nodes (rolled back, or what may be left)."""
 
 
 @dataclass
@@ -54,7 +64,8 @@ class Target:
 
 @dataclass
 class Rollout:
-    """One rollout of ``bundle`` (verified) to ``targets``; :meth:`run` does it and returns the report."""
+    """One rollout of ``bundle`` (verified) to ``targets``; :meth:`run` does it and returns the report. With
+    ``spec`` (the one the nodes serve), it first checks that the bundle fits each node (:func:`check_fits`)."""
 
     bundle: Bundle
     targets: list[Target]
@@ -62,6 +73,7 @@ class Rollout:
     curve: CurveConfig | None = None
     log_dir: str | None = None  # the launcher's log folder: rollout.json goes there
     say: Callable[[str], None] = log.info  # progress lines
+    spec: CisSpec | None = None  # the spec the nodes serve: the bundle must fit each of its nodes
     previous: dict[str, str] = field(default_factory=dict)  # node -> the bundle it served before
     restarted: set[str] = field(default_factory=set)  # nodes found restarted and brought back to the phase
     phases: dict[str, float] = field(default_factory=dict)  # seconds per phase
@@ -71,21 +83,35 @@ class Rollout:
         return self.bundle.id
 
     def run(self) -> dict:
+        """The rollout; its report. A failure raises :class:`CisError`, Ctrl-C :class:`Interrupted` (each after
+        the roll-back, in the load and switch phases), with one line that says what became of the nodes."""
         start = time.monotonic()
-        self._survey()
+        try:
+            self._survey()
+            if self.spec is not None:  # with each node's --threshold, as the node's own load checks it
+                check_fits(self.bundle, self.spec, {t.node: self._overrides[t.node] for t in self.targets})
+        except KeyboardInterrupt:
+            raise Interrupted("interrupted; nothing was changed") from None
         if all(old == self.new for old in self.previous.values()):
             self.say(f"every node serves bundle {self.new} already")
             return self.report(start, "unchanged")
         top_down = sorted(self.targets, key=lambda t: t.depth)
-        done: list[Target] = []
         try:
-            self._phase("load", top_down, self._load, done)
-            done = []
-            self._phase("switch", top_down, self._switch, done)
+            self._phase("load", top_down, self._load, [])
+            self._phase("switch", top_down, self._switch, [])
         except CisError as exc:
-            self._roll_back(str(exc))
+            self._roll_back(str(exc), CisError)
+        except KeyboardInterrupt:
+            self._roll_back("interrupted", Interrupted)
         self._record()
-        self._phase("drop", top_down[::-1], self._drop, [])
+        dropped: list[Target] = []
+        try:
+            self._phase("drop", top_down[::-1], self._drop, dropped)
+        except KeyboardInterrupt:
+            left = ", ".join(t.node for t in top_down[::-1] if t not in dropped)
+            more = f"; {left} may still hold the one it served before: drop it with the 'drop' message" if left else ""
+            what = f"interrupted while dropping the old bundles: every node serves bundle {self.new}{more}"
+            raise Interrupted(what) from None
         return self.report(start, "done")
 
     # ------------------------------------------------------------ the phases
@@ -120,34 +146,62 @@ class Rollout:
         self._gone(t, old, f"the new bundle {self.new} serves everywhere; drop it later with the 'drop' message")
 
     def _gone(self, t: Target, ids: Sequence[str], then: str) -> None:
-        """Drop ``ids`` at ``t`` (those not retiring yet) and wait until the node no longer holds them."""
-        end = time.monotonic() + self.timeout
+        """Drop ``ids`` at ``t`` (those not retiring yet) and wait until the node no longer holds them; a load
+        of the new bundle still running there (it passed the timeout) is waited for first."""
+        end, path, waited = time.monotonic() + self.timeout, str(self.bundle.root), False
         while True:
             st = self._status(t)
             left = [h for h in st["bundles"] if h["id"] in ids]
-            if not left:
+            loads = self.new in ids and st.get("loading") == path
+            if not left and not loads:
                 return
+            if loads and not waited:
+                waited = True
+                self.say(f"node {t.node} still loads {path}; waiting up to {self.timeout:g} s to drop it")
             for h in left:
                 if h["state"] == "held":
                     self._ask(t, P.DROP, bundle=h["id"])
+            if time.monotonic() > end and loads:
+                raise CisError(f"node {t.node} still loads {path} after {self.timeout:g} s more: it will hold bundle "
+                               f"{self.new} beside its own; drop it then with the 'drop' message")  # fmt: skip
             if time.monotonic() > end:
                 names = ", ".join(h["id"] for h in left)
                 raise CisError(f"node {t.node}: bundle {names} still in use after {self.timeout:g} s; {then}")
             time.sleep(POLL)
 
-    def _roll_back(self, why: str) -> None:
-        """Every node back to the bundle it served, the new one dropped where it is not served; then the error."""
-        for t in sorted(self.targets, key=lambda t: -t.depth):
-            try:
-                st = self._status(t)
-                old = self.previous[t.node]
-                if st.get("bundle") == self.new and old in _ids(st):
-                    self._ask(t, P.SWITCH, bundle=old)
-                if old != self.new:
-                    self._gone(t, [self.new], "it serves the bundle it served before")
-            except CisError as exc:
-                self.say(f"rollback: {exc}")
-        raise CisError(f"{why}; rolled back: every node serves the bundle it served before")
+    def _roll_back(self, why: str, error: type[CisError] | type[Interrupted]) -> NoReturn:
+        """Every node back to the bundle it served (children first), the new one dropped where it is not served;
+        then ``error`` with one line: ``why``, and every node as before, or what is left. A second Ctrl-C stops
+        the roll-back: :class:`Interrupted` names the nodes it did not reach."""
+        left: list[str] = []
+        done: list[Target] = []
+        try:
+            self.say(f"rolling back: {why}")
+            for t in sorted(self.targets, key=lambda t: -t.depth):
+                try:
+                    self._undo(t)
+                except CisError as exc:
+                    self.say(f"rollback: {exc}")
+                    left.append(str(exc))
+                done.append(t)
+        except KeyboardInterrupt:
+            rest = ", ".join(u.node for u in sorted(self.targets, key=lambda t: -t.depth) if u not in done)
+            raise Interrupted(
+                f"{why}; interrupted again while rolling back: {rest} may still hold bundle {self.new} (those that "
+                "switched serve it): switch them back and drop it with the 'switch' and 'drop' messages"
+            ) from None
+        if left:
+            raise error(f"{why}; rolled back, except: {'; '.join(left)}")
+        raise error(f"{why}; rolled back: every node serves the bundle it served before")
+
+    def _undo(self, t: Target) -> None:
+        """``t`` back to the bundle it served before the rollout, the new one dropped there."""
+        st = self._status(t)
+        old = self.previous[t.node]
+        if st.get("bundle") == self.new and old in _ids(st):
+            self._ask(t, P.SWITCH, bundle=old)
+        if old != self.new:
+            self._gone(t, [self.new], "it serves the bundle it served before")
 
     # ------------------------------------------------------------ talking to one node
 
@@ -165,6 +219,8 @@ class Rollout:
                 )
             self.previous[t.node] = st["bundle"]
             self._born[t.node] = _born(st)
+            override = st.get("threshold_override")  # the node's --threshold (None from a node before it)
+            self._overrides[t.node] = None if override is None else float(override)
 
     def _status(self, t: Target) -> dict:
         """The node's status; waits (up to the timeout) for a node that restarts, and notes a restart."""
@@ -229,6 +285,7 @@ class Rollout:
     def __post_init__(self) -> None:
         self._clients: dict[str, Client] = {}
         self._born: dict[str, float] = {}  # node -> when its process started (wall clock, from its status)
+        self._overrides: dict[str, float | None] = {}  # node -> its --threshold (None: the bundle policy's)
 
     def close(self) -> None:
         for c in self._clients.values():
@@ -267,11 +324,13 @@ def _born(status: dict) -> float:
     return time.time() - float(status.get("uptime", 0.0))
 
 
-def check_fits(bundle: Bundle, spec: CisSpec, nodes: Sequence[str]) -> None:
-    """One line (CisError) if ``bundle`` does not fit a node of ``spec`` it would be rolled out to."""
-    for nid in nodes:
+def check_fits(bundle: Bundle, spec: CisSpec, thresholds: Mapping[str, float | None]) -> None:
+    """One line (CisError) if ``bundle`` does not fit a node process of ``spec`` it would be rolled out to.
+    ``thresholds``: each process (a replica's id for a node with replicas) and its ``--threshold`` (None: the
+    bundle's policy must have one), the rule of the node's own ``load`` (:func:`cis.runtime.factory.fit`)."""
+    for name, threshold in thresholds.items():
         try:
-            fit(bundle, spec, nid)
+            fit(bundle, spec, split_replica_id(name)[0], threshold)
         except CisError as exc:
             raise CisError(f"{bundle.root} does not fit spec {spec.name!r}: {exc}; nothing was changed") from None
 

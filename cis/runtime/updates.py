@@ -28,6 +28,7 @@ from typing import Any
 
 from cis.core.errors import CisError
 from cis.core.logs import event
+from cis.core.records import json_float
 from cis.runtime import protocol as P
 from cis.runtime.events import log
 from cis.runtime.versions import Version
@@ -43,6 +44,7 @@ class Updates:
     def __init__(self, node: Any) -> None:
         self.node = node  # the cis.runtime.node.Node (which imports this module)
         self.loader: Callable[[str], Version] | None = None
+        self.threshold: float | None = None  # the node's --threshold, which the loader gives every bundle (status)
         self.thread: threading.Thread | None = None  # the load in progress
         self.loading: tuple[str, bool, Sequence[Any], int, int] | None = None  # path, reload, asker, id, version
         self.loaded: Version | BaseException | None = None  # what the thread left
@@ -143,10 +145,10 @@ class Updates:
             return self._fail_early(prefix, rid, v, "bad_bundle", f"node {nid}: cannot load {path}: {problem}")
         assert isinstance(got, Version)
         versions = node.executor.versions
+        held = got.id in versions.held
         version = versions.add(got)
-        event(log, logging.INFO, "bundle_loaded", f"node {nid}: loaded bundle {version.id} ({version.path}) beside "
-              f"{', '.join(b for b in versions.ids if b != version.id) or 'none'}", node=nid, bundle=version.id,
-              path=version.path)  # fmt: skip
+        event(log, logging.INFO, "bundle_loaded", f"node {nid}: " + _loaded(got, versions.current.id, held,
+              [b for b in versions.ids if b != got.id]), node=nid, bundle=got.id, path=got.path)  # fmt: skip
         if reload and version is not versions.current:
             old = [b for b in versions.ids if b != version.id]
             self.switch(version.id)
@@ -192,17 +194,29 @@ class Updates:
         self.soon(0.0)  # the loop's timers run at its next turn
 
     def status(self) -> dict:
-        """``status`` keys: the bundle new requests go to, every held one, the mismatches counted."""
+        """``status`` keys: the bundle new requests go to, every held one, the node's ``--threshold`` (which a
+        bundle loaded needs no threshold of its own for), the mismatches counted."""
         ex = self.node.executor
         return {
             "bundle": ex.versions.current.id,
             "bundles": ex.versions.describe(),
             "loading": None if self.loading is None else self.loading[0],
+            "threshold_override": None if self.threshold is None else json_float(self.threshold),
             "bundle_mismatch": {
                 "refused": ex.counters["bundle_mismatch"],
                 "parent": ex.counters["bundle_mismatch_parent"],
             },
         }
+
+
+def _loaded(got: Version, current: str, held: bool, others: list[str]) -> str:
+    """What a finished load did: a new bundle held beside the others, or one the node held already (a SIGHUP or
+    reload of an unchanged folder: nothing changed), which it keeps (no longer retiring)."""
+    if not held:
+        return f"loaded bundle {got.id} ({got.path}) beside {', '.join(others)}"
+    if got.id == current:
+        return f"{got.path} is bundle {got.id}, the one it serves; nothing changed"
+    return f"{got.path} is bundle {got.id}, which it holds already beside {current} (the one it serves); it stays held"
 
 
 def _tensor(t: Any) -> str:

@@ -8,6 +8,7 @@ writes requests.csv (:mod:`cis.core.records`' layout) and bench.json. docs/runti
 from __future__ import annotations
 
 import argparse
+import math
 
 from cis.cli.main import print_result, seed
 from cis.core.errors import CisError
@@ -51,8 +52,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from cis.runtime.loadgen import run_load
 
-    if not args.timeout > 0:
-        raise CisError(f"--timeout {args.timeout:g}: expected seconds > 0")
+    if not 0 < args.timeout < math.inf:
+        raise CisError(f"--timeout {args.timeout:g}: expected seconds > 0 and finite")
     if args.out:
         check_folder(args.out, "--out")  # before the load: a run is not lost to a bad path
     x = labels = None

@@ -15,6 +15,7 @@ an input), and where the transfer cap kept samples from being forwarded (``cappe
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -58,12 +59,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--window", type=int, default=32, help="requests in flight per node (default 32)")
     p.add_argument("--batch-size", type=int, default=1, help="samples per request with --connect (default 1)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds before a request counts as lost")
-    p.add_argument(
+    retry = p.add_mutually_exclusive_group()
+    retry.add_argument(
         "--retry-after", type=float, default=RETRY_AFTER, metavar="S",
         help="send a request once more (same id; to another entry node, or to the same once it is back) when no "
         f"reply came within S seconds; also at once when its entry node's connection closes (default {RETRY_AFTER:g})",
     )  # fmt: skip
-    p.add_argument("--no-retry", action="store_true", help="never send a request twice")
+    retry.add_argument("--no-retry", action="store_true", help="never send a request twice")
     p.add_argument("--seed", type=seed, default=0, help="data split seed and entry assignment seed")
     p.add_argument(
         "--traceparent",
@@ -96,10 +98,10 @@ def _check_numbers(args: argparse.Namespace) -> None:
             raise CisError(f"{flag} is {value}; expected {what} >= 1")
     if args.rate is not None and not args.rate > 0:
         raise CisError(f"--rate is {args.rate:g}; expected requests per second > 0 (none: as fast as --window allows)")
-    if not args.timeout > 0:
-        raise CisError(f"--timeout is {args.timeout:g}; expected seconds > 0")
-    if args.retry_after <= 0 and not args.no_retry:
-        raise CisError(f"--retry-after is {args.retry_after:g}; expected seconds > 0 (or --no-retry)")
+    if not 0 < args.timeout < math.inf:
+        raise CisError(f"--timeout is {args.timeout:g}; expected seconds > 0 and finite")
+    if not 0 < args.retry_after < math.inf:  # NaN too
+        raise CisError(f"--retry-after is {args.retry_after:g}; expected seconds > 0 and finite (or --no-retry)")
     if args.connect is not None and not args.connect.replace(",", "").strip():
         raise CisError(f"--connect {args.connect!r}: no address; expected a node's address, e.g. tcp://HOST:PORT "
                        "(several separated by commas)")

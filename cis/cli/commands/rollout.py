@@ -1,15 +1,17 @@
 """``cis rollout NEW_BUNDLE --spec SPEC`` (or ``--cluster LOG_DIR``): a new bundle on every node, no downtime.
 
-Checks the new bundle here first (sha256 of every file, ``--trust``'s signature, that it fits every node
-of the spec) and that every node answers, then loads it on every node (parents first), switches them
-(parents first) and drops the old bundle (children first); a failed load or a node that does not come
-back rolls everything back. The order and its guarantees: :mod:`cis.runtime.rollout`, docs/runtime.md,
+Checks the new bundle here first (sha256 of every file, ``--trust``'s signature), that every node answers
+and that the bundle fits every node of the spec (with the node's ``--threshold``, from its status), then
+loads it on every node (parents first), switches them (parents first) and drops the old bundle (children
+first); a failed load or a node that does not come back rolls everything back, and so does Ctrl-C or
+SIGTERM (exit 130, one line). The order and its guarantees: :mod:`cis.runtime.rollout`, docs/runtime.md,
 *Updating a model*.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from cis.cli.main import print_result, seconds
@@ -21,8 +23,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "rollout",
         help="put a new bundle on every node of a running tree without downtime",
         description="Load NEW_BUNDLE beside the served one on every node (parents first), switch every node to it "
-        "between two batches (parents first), drop the old bundle (children first). A failed load or verification "
-        "rolls back: every node serves as before. NEW_BUNDLE must be at the same path on every node's machine.",
+        "between two batches (parents first), drop the old bundle (children first). A failed load or verification, "
+        "or Ctrl-C, rolls back: every node serves as before. NEW_BUNDLE must be at the same path on every node's "
+        "machine.",
     )
     p.add_argument("bundle", metavar="NEW_BUNDLE", help="the new bundle folder (written by 'cis export')")
     p.add_argument("--spec", help="the spec the nodes serve: the tree, and the nodes' addresses")
@@ -47,23 +50,31 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import logging
 
+    from cis.cli.interrupt import sigterm_as_interrupt
     from cis.core.bundle import load_bundle
-    from cis.runtime.rollout import Rollout, check_fits, targets_of
+    from cis.runtime.rollout import Interrupted, Rollout, targets_of
     from cis.runtime.security import CurveConfig
 
     if args.server_key and not args.curve_key:
         raise CisError("rollout: --server-key goes with --curve-key (CurveZMQ needs this client's own key too)")
-    bundle = load_bundle(Path(args.bundle).resolve(), trust=args.trust)  # every file's sha256, the signature
+    try:
+        bundle = load_bundle(Path(args.bundle).resolve(), trust=args.trust)  # every file's sha256, the signature
+    except CisError as exc:
+        raise CisError(f"{exc}; nothing was changed") from None
     spec, addresses = _tree(args)
-    check_fits(bundle, spec, spec.ids)
     curve = CurveConfig(args.curve_key, None, args.server_key) if args.curve_key else None
     say = logging.getLogger("cis.cli.commands.rollout").info
     cluster = Path(args.cluster) if args.cluster else None  # LOG_DIR, or its cluster.json: rollout.json goes beside
     log_dir = None if cluster is None else str(cluster if cluster.is_dir() else cluster.parent)
-    rollout = Rollout(bundle, targets_of(spec, addresses), args.timeout, curve, log_dir, say)
+    rollout = Rollout(bundle, targets_of(spec, addresses), args.timeout, curve, log_dir, say, spec)
+    restore = sigterm_as_interrupt()  # a SIGTERM rolls back too, as Ctrl-C does
     try:
-        report = rollout.run()
+        report = rollout.run()  # checks that the bundle fits each node (its --threshold from its status) first
+    except Interrupted as exc:  # rolled back, or what is left: said in one line
+        print(f"cis rollout: {exc}", file=sys.stderr)
+        return 130
     finally:
+        restore()
         rollout.close()
     human = (
         f"bundle {report['bundle']} serves on {len(report['nodes'])} nodes ({report['outcome']}, "

@@ -271,6 +271,19 @@ def verdict(c: dict) -> str:
     return f"{numbers}: not significant; the seeds cannot tell this effect from zero (a non-rejection, not 'no effect')"
 
 
+REPRO_MACHINE = "factorial_repro_machine.json"  # one committed run retrained on another machine (--reproduce)
+
+
+def machine_noise() -> dict | None:
+    """The committed run retrained on another machine: its run, cell and accuracy before and after (None: none)."""
+    path = RESULTS / REPRO_MACHINE
+    if not path.is_file():
+        return None
+    r, cell = json.loads(path.read_text()), "5-15-80"
+    return {"run": r["run"], "cell": cell, "committed": r["committed"]["cis_accuracy"][cell],
+            "retrained": r["today"]["cis_accuracy"][cell], "identical": r["identical"]}  # fmt: skip
+
+
 def findings(result: dict) -> list[str]:
     """The findings, every number read from ``result``, a non-rejection said as one."""
     lines = ["## Findings (written by bench/factorial.py from factorial.json)\n"]
@@ -293,6 +306,13 @@ def findings(result: dict) -> list[str]:
             seeds = ",".join(map(str, r["seeds"]))
             lines.append(f"- {name} {cell}{where}: {r['regret']:+.2f} (auto {r['auto_mean']:.2f}; best fixed "
                          f"{r['best_fixed']} {r['best_mean']:.2f}; seeds {seeds}).")  # fmt: skip
+    m = result.get("machine_noise")
+    if m and not m["identical"]:
+        lines.append(f"\nRuns are deterministic on one machine, but the same seed trains to other numbers on another "
+                     f"CPU kind ({REPRO_MACHINE}: {m['run']} at {m['cell']}, {m['committed']:.2f} committed, "
+                     f"{m['retrained']:.2f} retrained). The runs span several sessions and machines, so a seed's runs "
+                     "made in different sessions differ by that noise as well; run files record their CPU from "
+                     "2026-11-30 on.")  # fmt: skip
     return lines
 
 
@@ -309,6 +329,7 @@ def report(seeds: list[int]) -> dict:
         "effects": effects(acc, seeds),
         "root_sgd_steps": steps,
         "auto_regret": auto_regret(acc),
+        "machine_noise": machine_noise(),
     }
     result["findings"] = "\n".join(findings(result))
     RESULTS.mkdir(parents=True, exist_ok=True)

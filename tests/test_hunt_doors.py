@@ -159,3 +159,11 @@ def test_a_json_value_past_its_datatypes_range_says_the_range_may_be_why():
     with pytest.raises(OipError, match=r"data is not a flat or nested list of FP32 values \(of the shape, each "
                                        r"within FP32's range\)"):  # fmt: skip
         from_json(b"[1.0, " + b"9" * 400 + b"]", Tensor("input", "FP32", (-1, 2)), (1, 2))
+
+
+def test_a_null_timeout_is_refused_as_any_timeout_that_is_not_an_integer():
+    """Present means valid (docs/runtime.md: a timeout that is not an integer > 0 and < 2**63 is 400)."""
+    body = _body().replace(b'"inputs"', b'"parameters": {"timeout": null}, "inputs"', 1)
+    with pytest.raises(codec.OipError) as err:
+        codec.decode_json(body, MODEL)
+    assert err.value.code == "bad_message" and "parameter timeout is None" in err.value.message

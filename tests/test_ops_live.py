@@ -131,7 +131,8 @@ def test_config_file_and_variables_take_effect_and_text_lines_say_so(bundle_dir,
     try:
         line = read_until(proc.stderr, proc, "node_start")[-1]
         assert " INFO cis.runtime.node node_start: node cloud (exit 3) at " + address + " (root)" in line
-        assert line.rstrip().endswith(f"metrics http://127.0.0.1:{metrics}/metrics") and f"; bundle {load_bundle(bundle_dir).id} (" in line
+        assert line.rstrip().endswith(f"metrics http://127.0.0.1:{metrics}/metrics")
+        assert f"; bundle {load_bundle(bundle_dir).id} (" in line
         url = f"http://127.0.0.1:{metrics}/metrics"
         assert health(url, "/readyz") == (200, {"node": "cloud", "state": "serving"})
         assert scrape(url)[("cis_queue_limit", ())] == 7

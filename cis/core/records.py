@@ -9,8 +9,9 @@
   ``time.monotonic``); people read milliseconds, so text output goes through :func:`format_ms`.
   :class:`LatencyWindow` keeps the last results' latencies (a node's ``status``).
 - **requests.csv** (:data:`REQUEST_COLUMNS`, :func:`write_requests`, :func:`read_requests`): one
-  row per request, the same layout for the simulator (``cis simulate --out``) and a runtime replay
-  (``cis demo``'s ``runtime/``).
+  row per request, the same layout and cell rules for the simulator (``cis simulate --out``), a load
+  (``cis bench --out``) and a runtime replay (``cis demo``'s ``runtime/``).
+  :func:`percentile_all` takes the same percentile over every request, an unanswered one (inf) the latest.
 - **JSON numbers** (:func:`json_float`): JSON has no infinity; +-inf are written "inf" / "-inf".
 - **Latency CDF** (:func:`draw_latency_cdf`): the one plot of latency distributions.
 
@@ -47,6 +48,17 @@ def latency_summary(seconds: Sequence[float] | np.ndarray) -> dict[str, Any]:
     }
 
 
+def percentile_all(seconds: Sequence[float] | np.ndarray, q: float) -> float:
+    """The ``q``-th percentile of every request's latency, taken as :func:`latency_summary` takes its own (numpy's
+    linear interpolation between ranks), a request without an answer (inf) later than any: inf once the two
+    ranks it falls between reach one; with every latency finite, exactly ``latency_summary``'s. NaN: none."""
+    s = np.sort(np.asarray(seconds, dtype=float))
+    if not len(s):
+        return math.nan
+    hi = s[math.ceil(q / 100 * (len(s) - 1))]
+    return float(np.percentile(np.minimum(s, hi), q)) if math.isfinite(hi) else math.inf
+
+
 class LatencyWindow:
     """Seconds from a request's arrival at the node to its result, over the last ``size`` results."""
 
@@ -80,18 +92,22 @@ REQUEST_COLUMNS = ("id", "entry", "node", "exit", "outcome", "correct", "arrive_
 served (or dropped); exit: the exit that served it (empty unless served); outcome: served | dropped (a full
 queue, simulator) | error (no answer, runtime); correct: 1 or 0 (empty when unknown); arrive_s, finish_s: the
 simulator's clock (a runtime replay: arrive_s is the send time from the first send, finish_s empty);
-latency_s: end to end (to the drop for a dropped request; empty when unknown); flags: the runtime reply's
-flags (1 degraded, 2 capped; empty for the simulator)."""
+latency_s: end to end (to the drop for a dropped request; empty when unknown); flags: a served request's reply
+flags as an integer (1 degraded, 2 capped, 3 both, 0 none), empty for a request with no answer (dropped, error):
+:func:`write_requests` writes them so whatever a writer hands in."""
 OUTCOMES = ("served", "dropped", "error")
 _TIME_COLUMNS = frozenset(c for c in REQUEST_COLUMNS if c.endswith("_s"))
 
 
 def write_requests(path: str | Path, columns: Mapping[str, Sequence[Any]]) -> None:
-    """Write requests.csv from columns of equal length (a missing column or a None value: an empty cell)."""
+    """Write requests.csv from columns of equal length (a missing column or a None value: an empty cell; the
+    ``flags`` of a ``served`` row an integer, 0 for none or None, and of any other row empty)."""
     unknown = sorted(set(columns) - set(REQUEST_COLUMNS))
     if unknown:
         raise ValueError(f"requests.csv: unknown columns {unknown}; expected some of {REQUEST_COLUMNS}")
     n = len(next(iter(columns.values()))) if columns else 0
+    flags, outcomes = columns.get("flags", [None] * n), columns.get("outcome", [None] * n)
+    columns = {**columns, "flags": [int(f or 0) if o == "served" else None for f, o in zip(flags, outcomes)]}
     cols = [columns.get(c, [None] * n) for c in REQUEST_COLUMNS]
     times = [c in _TIME_COLUMNS for c in REQUEST_COLUMNS]
     with open(path, "w", newline="") as f:

@@ -36,7 +36,7 @@ from cis.core.arrivals import deterministic, poisson
 from cis.core.arrivals import send_offsets as arrival_offsets  # loadgen's own send_offsets checks the flags
 from cis.core.errors import CisError
 from cis.core.policy.exit_policy import assign_entries
-from cis.core.records import json_float, latency_summary, write_requests
+from cis.core.records import json_float, latency_summary, percentile_all, write_requests
 from cis.core.spec import CisSpec
 from cis.runtime.load_transports import TRANSPORTS, Answer, Refused, Transport, make_transport, sample_inputs
 
@@ -142,7 +142,6 @@ class LoadResult:
         span = float(self.sent.max()) if n else 0.0
         sent_rate = (n - 1) / span if span > 0 else None
         lags = self.sent - self.due
-        every = np.sort(np.where(ok, self.latency, np.inf))
         exits = [a.exit for a, good in zip(self.answers, ok) if good and a is not None and a.exit > 0]
         out = {
             "addresses": self.addresses,
@@ -158,7 +157,7 @@ class LoadResult:
             "wall_s": self.wall_s,
             "lag_p99_s": float(np.percentile(lags, 99)) if n else 0.0,
             "latency": latency_summary(self.latency[ok]),
-            "p99_all_s": json_float(float(every[min(n - 1, math.ceil(0.99 * n) - 1)])) if n else None,
+            "p99_all_s": json_float(percentile_all(np.where(ok, self.latency, np.inf), 99)) if n else None,
             "served_share_per_exit": {str(e): exits.count(e) / len(exits) for e in sorted(set(exits))},
         }
         correct = [c for c in self.columns()["correct"] if c is not None]

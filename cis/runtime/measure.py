@@ -9,8 +9,8 @@ calculus (:func:`cis.core.rates.compare_rates`) sets them beside a spec. A SOURC
   the launcher started, asked for its ``status``;
 - addresses (``cis rates --connect``): a ZeroMQ address is asked for its ``status``, an
   ``http://HOST:PORT/metrics`` URL is scraped (:mod:`cis.runtime.live_counts`);
-- a requests file (``.csv``): ``cis infer --out``, or the requests.csv of ``cis simulate --out``
-  and ``cis demo``;
+- a requests file (``.csv``): ``cis infer --out``, or the requests.csv of ``cis simulate --out``,
+  ``cis bench --out`` (its ``entry`` an address: the spec's node, or replica, at that address) and ``cis demo``;
 - a saved measurement (``.json``): what ``cis rates --measured SOURCE --json`` printed.
 
 Per node it counts ``served`` (samples answered there, per exit), ``forwarded`` (samples sent
@@ -167,11 +167,14 @@ def read_requests_file(path: str | Path, spec: CisSpec, window: float | None = N
     keep, seconds, how = _requests_window(path, np.array([c[3] for c in cells], dtype=float), time_col, window)
     pairs: dict[tuple[str, str], dict[int, int]] = {}
     arrived = {i: 0 for i in spec.ids}
+    entries = _entry_names(spec)
     for k, (entry, node, ex, _) in enumerate(cells):
         if not keep[k]:
             continue
-        if entry not in arrived:
-            raise CisError(f"{path}: row {k + 2}: entry {entry!r} is not a node of spec {spec.name!r}")
+        if entry not in entries:
+            raise CisError(f"{path}: row {k + 2}: entry {entry!r} is not a node of spec {spec.name!r}, nor the "
+                           "address of a node or replica in it; expected a node id or an address the spec gives")
+        entry = entries[entry]
         if node and ex > 0:
             arrived[entry] += 1
             per = pairs.setdefault((entry, node), {})
@@ -179,6 +182,13 @@ def read_requests_file(path: str | Path, spec: CisSpec, window: float | None = N
     served, forwarded = _walked(path, spec, pairs)
     tree = {n.id: (n.exit, n.parent) for n in spec.nodes}
     return from_counts(str(path), "requests", how, seconds, tree, spec.num_exits, served, forwarded, arrived)
+
+
+def _entry_names(spec: CisSpec) -> dict[str, str]:
+    """What a requests file's ``entry`` may hold, to the node it names: a node id, or the address of a node or
+    of one of its replicas (``cis bench`` writes the address it sent to)."""
+    names = {a: n.id for n in spec.nodes for a in n.replica_addresses or ()}
+    return {**names, **{i: i for i in spec.ids}}
 
 
 def _requests_rows(path: Path) -> tuple[list[dict[str, str]], str]:

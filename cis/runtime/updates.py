@@ -29,6 +29,7 @@ from typing import Any
 from cis.core.errors import CisError
 from cis.core.logs import event
 from cis.core.records import json_float
+from cis.core.stages.contract import LOGITS
 from cis.runtime import protocol as P
 from cis.runtime.events import log
 from cis.runtime.versions import Version
@@ -170,6 +171,9 @@ class Updates:
                 f"its stage 1 takes {', '.join(_tensor(t) for t in new)}; the bundle it serves takes "
                 f"{', '.join(_tensor(t) for t in old)}: clients would be refused"
             )
+        width, serving = _classes(got), _classes(self.node.executor.versions.current)
+        if width != serving:  # the door's metadata and every client's reading of the logits assume the classes
+            return f"its logits have {width} classes; the bundle it serves has {serving}: clients would misread them"
         return None
 
     def switch(self, bundle_id: str) -> None:
@@ -217,6 +221,12 @@ def _loaded(got: Version, current: str, held: bool, others: list[str]) -> str:
     if got.id == current:
         return f"{got.path} is bundle {got.id}, the one it serves; nothing changed"
     return f"{got.path} is bundle {got.id}, which it holds already beside {current} (the one it serves); it stays held"
+
+
+def _classes(version: Version) -> Any:
+    """The width of a version's logits (every exit has the model's classes; None where no stage says)."""
+    widths = [t.shape[-1] for s in version.stages.values() for t in s.outputs if t.name == LOGITS and t.shape]
+    return widths[0] if widths else None
 
 
 def _tensor(t: Any) -> str:

@@ -17,7 +17,7 @@ from cis.core.policy.transfer_cap import TokenBucket
 from cis.core.spec import CisSpec, Node
 from cis.core.streams import indices, spawn, uniforms, unit_exponentials
 from cis.sim.arrivals import deterministic, mmpp, poisson, read_trace
-from cis.sim.config import SimConfig
+from cis.sim.config import SimConfig, run_heartbeat_timeout
 from cis.sim.cores import Machine
 from cis.sim.links import Uplink
 from cis.sim.model import EVENTS_PER_UPDATE, LOOPBACK, Model, Plan, source
@@ -64,7 +64,7 @@ def build(plan: Plan) -> tuple[Model, list[tuple[Station, Iterator[float], Itera
     messages = plan.messages if plan.messages is not None else plan.payloads
     model = Model(
         env, stations, machine, messages, plan.reply_bytes, correct, limit, horizon, hops, plan.exit_at,
-        config.forward_timeout, config.heartbeat_timeout, SpanLog() if config.spans else None, entries,
+        config.forward_timeout, run_heartbeat_timeout(config), SpanLog() if config.spans else None, entries,
     )
     return model, feeds
 

@@ -91,12 +91,12 @@ class SimConfig:
     link_burst: float = 0.0
     # Scheduled link faults (cis.core.faults) and the runtime's timers that decide what a fault costs:
     # a forward waits forward_timeout per tier above; a child pings its parent every heartbeat s
-    # and calls it down after heartbeat_timeout s unheard; TCP retries a lost segment after rto s,
-    # doubling.
+    # and calls it down once a ping stayed unanswered for heartbeat_timeout s (None: cis serve's rule,
+    # max(1, 5 x heartbeat)); TCP retries a lost segment after rto s, doubling.
     faults: tuple[Fault, ...] = ()
     forward_timeout: float = node_default("forward_timeout")
     heartbeat: float = node_default("heartbeat")
-    heartbeat_timeout: float = heartbeat_timeout(node_default("heartbeat"))
+    heartbeat_timeout: float | None = None
     rto: float = 0.2
     # Record each request's visit per node as spans (queue, compute, forward, request: cis.sim.spans), the
     # runtime's tracing kinds; off: nothing recorded.
@@ -127,6 +127,7 @@ def check_config(config: SimConfig, spec: CisSpec, with_bundle: bool) -> SimConf
         faults=tuple(sorted(config.faults, key=lambda f: f.at)),
         idle_slowdown=tuple((float(g), float(f)) for g, f in config.idle_slowdown),
         service_spread=tuple(float(v) for v in config.service_spread),
+        heartbeat_timeout=run_heartbeat_timeout(config),
     )
 
 
@@ -209,11 +210,16 @@ def _check_links(config: SimConfig, spec: CisSpec) -> None:
     for value, flag in (
         (config.forward_timeout, "--forward-timeout"),
         (config.heartbeat, "--heartbeat"),
-        (config.heartbeat_timeout, "--heartbeat-timeout"),
+        (run_heartbeat_timeout(config), "--heartbeat-timeout"),
         (config.rto, "rto"),
     ):
         check_positive(value, flag)
     check_faults(config.faults, spec, "simulate: --faults")
+
+
+def run_heartbeat_timeout(config: SimConfig) -> float:
+    """The run's heartbeat timeout: the one given, else cis serve's rule for the run's heartbeat."""
+    return heartbeat_timeout(config.heartbeat) if config.heartbeat_timeout is None else config.heartbeat_timeout
 
 
 def _check_decision(config: SimConfig, spec: CisSpec, with_bundle: bool) -> None:

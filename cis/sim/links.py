@@ -162,6 +162,16 @@ class Uplink:
             return now
         return self.down.send(now, nbytes) + self.latency
 
+    def up_at(self, listened: float, answered: float, timeout: float) -> bool:
+        """The runtime's heartbeat rule (cis.runtime.upstream): the parent is down once the first ping after its
+        last answer (a pong, or ``answered``: a forward's reply) stayed unanswered for ``timeout`` seconds, as of
+        when the child last looked at its sockets (``listened``). Without outages it is always up."""
+        if not self.outages:
+            return True
+        last = max(self.heard(listened), answered)
+        asked = self.phase + (math.floor((last - self.phase) / self.heartbeat) + 1) * self.heartbeat
+        return listened - asked < timeout
+
     def heard(self, t: float) -> float:
         """When the child last heard its parent answer a heartbeat, as of ``t`` (pongs come back at once)."""
         last_beat = self.phase + math.floor((t - self.phase) / self.heartbeat) * self.heartbeat

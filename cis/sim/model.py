@@ -159,26 +159,27 @@ def request(env: simpy.Environment, model: Model, rid: int, station: Station, ro
             spans.add(rid, station.index, QUEUE, entered, begin, n, (first, station.exit))
             spans.add(rid, station.index, COMPUTE, begin, env.now, n, (first, station.exit))
         done = station.exit
-        moved, flags = yield from _up(env, model, (rid, row), station, trail, (entered, first), half)
+        moved, flags = yield from _up(env, model, (rid, row), station, trail, (entered, first, start, n), half)
         if not moved:
             break
         assert station.parent is not None  # it moved up: it has a parent
         station = station.parent
     yield from _answer(env, model, rid, entry, arrived, station, row, flags, trail, (half, outer),
-                       (entered, env.now, first))
+                       (entered, env.now, first, n))
 
 
-def _up(env, model: Model, ids: tuple[int, int], station: Station, trail: list, visit: tuple[float, int],
-        half: float):
+def _up(env, model: Model, ids: tuple[int, int], station: Station, trail: list,
+        visit: tuple[float, int, float, int], half: float):
     """Forward the request from ``station`` to its parent when the policy, the parent's heartbeat, the
     transfer cap and the link let it: ``(True, 0)`` once it reached the parent (the node joins the trail), or
     ``(False, flags)`` when ``station`` serves it (flagged capped or degraded, or 0: its policy keeps it).
-    ``visit``: when the request came in at ``station`` and the first stage it ran there."""
+    ``visit``: when the request came in at ``station``, the first stage it ran there, when its batch started
+    (the node's last look at its sockets, as of which it judges its parent) and the batch's size."""
     rid, row = ids
     now = env.now
     if station.parent is None or station.keeps(row):
         return False, 0
-    if not station.parent_up(now, model.heartbeat_timeout):
+    if not station.parent_up(visit[2], model.heartbeat_timeout):
         station.degraded += 1
         return False, FLAG_DEGRADED
     if not station.take_token(now):
@@ -190,10 +191,10 @@ def _up(env, model: Model, ids: tuple[int, int], station: Station, trail: list, 
     if reach is None:  # lost in an outage: the node waits, then serves it here
         station.degraded += 1
         if model.spans is not None:
-            model.spans.add(rid, station.index, FORWARD, now, giveup, 0, (visit[1], station.exit))
+            model.spans.add(rid, station.index, FORWARD, now, giveup, visit[3], (visit[1], station.exit))
         yield env.timeout(giveup - now)
         return False, FLAG_DEGRADED
-    trail.append(Hop(station, giveup, now, *visit))
+    trail.append(Hop(station, giveup, now, visit[0], visit[1], visit[3]))
     yield env.timeout(reach - now + half)
     return True, 0
 
@@ -212,31 +213,32 @@ def _refused(env, model: Model, ids: tuple[int, int, float, int], full: Station,
     back = back if back is not None and back <= hop.giveup else hop.giveup
     yield env.timeout(back - env.now + half)
     if model.spans is not None:
-        model.spans.add(rid, station.index, FORWARD, hop.sent, env.now, 0, (first, station.exit))
+        model.spans.add(rid, station.index, FORWARD, hop.sent, env.now, hop.batch, (first, station.exit))
     yield from _answer(env, model, rid, entry, arrived, station, row, FLAG_DEGRADED, trail, halves,
-                       (entered, env.now, first))
+                       (entered, env.now, first, hop.batch))
 
 
 class Hop:
     """A node that forwarded a request: when it gives up waiting, when it sent it, when the request came in,
-    the first stage it ran there."""
+    the first stage it ran there, the size of the batch it ran in there."""
 
-    __slots__ = ("station", "giveup", "sent", "entered", "first")
+    __slots__ = ("station", "giveup", "sent", "entered", "first", "batch")
 
-    def __init__(self, station: Station, giveup: float, sent: float, entered: float, first: int):
+    def __init__(self, station: Station, giveup: float, sent: float, entered: float, first: int, batch: int):
         self.station, self.giveup, self.sent, self.entered, self.first = station, giveup, sent, entered, first
+        self.batch = batch
 
 
 def _answer(env, model: Model, rid, entry, arrived, station: Station, row, flags, trail, halves, visit):
     """Serve at ``station`` and carry the answer down the trail to the client (``visit``: when the request
-    came in at ``station``, when its answer left, the first stage it ran there; ``halves``: a forward's
-    messaging on its way down, the client's)."""
+    came in at ``station``, when its answer left, the first stage it ran there, its batch's size; ``halves``: a
+    forward's messaging on its way down, the client's)."""
     half, outer = halves
     station.served += 1
     server, t = station, env.now
     spans = model.spans
     if spans is not None:
-        spans.add(rid, station.index, REQUEST, visit[0], visit[1], 0, (visit[2], station.exit))
+        spans.add(rid, station.index, REQUEST, visit[0], visit[1], visit[3], (visit[2], station.exit))
     exit_ = server.exit if flags & FLAG_DEGRADED else model.served_exit(row, server.exit)
     for hop in reversed(trail):
         child, giveup = hop.station, hop.giveup
@@ -252,8 +254,8 @@ def _answer(env, model: Model, rid, entry, arrived, station: Station, row, flags
             t = came = back
             came += half  # the answer's way down to the child
         if spans is not None:
-            spans.add(rid, child.index, FORWARD, hop.sent, came, 0, (hop.first, child.exit))
-            spans.add(rid, child.index, REQUEST, hop.entered, came, 0, (hop.first, child.exit))
+            spans.add(rid, child.index, FORWARD, hop.sent, came, hop.batch, (hop.first, child.exit))
+            spans.add(rid, child.index, REQUEST, hop.entered, came, hop.batch, (hop.first, child.exit))
         t += half
     t += outer
     if t > env.now and model.reply_bytes:  # replies share the links' wires: keep their order in time

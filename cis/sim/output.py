@@ -10,6 +10,7 @@ import numpy as np
 
 from cis.core.records import draw_latency_cdf, write_requests
 
+PLOTS = ("latency_cdf.png", "utilisation.png")
 NODE_COLUMNS = (
     "exit", "workers", "replicas", "queue_limit", "arrival_rate", "incoming_rate", "served_rate", "forwarded_rate",
     "capped_rate", "dropped", "refused", "degraded", "batches", "utilisation", "mean_queue", "max_queue",
@@ -34,7 +35,7 @@ def write_requests_csv(path: Path, requests: dict[str, np.ndarray], node_ids: li
         "arrive_s": requests["arrive"].tolist(),
         "finish_s": requests["finish"].tolist(),
         "latency_s": (requests["finish"] - requests["arrive"]).tolist(),
-        "flags": [f or None for f in requests["flags"].tolist()],
+        "flags": requests["flags"].tolist(),
     })
 
 
@@ -70,7 +71,7 @@ def write_plots(out: Path, summary: dict, requests: dict[str, np.ndarray]) -> li
     latency = (requests["finish"] - requests["arrive"])[served]
     draw_latency_cdf(ax, {"simulator": (latency, requests["exit"][served])}, f"{summary['spec']}: latency CDF")
     fig.tight_layout()
-    fig.savefig(out / "latency_cdf.png", dpi=120)
+    fig.savefig(out / PLOTS[0], dpi=120)
     plt.close(fig)
 
     names = list(summary["nodes"])
@@ -82,7 +83,7 @@ def write_plots(out: Path, summary: dict, requests: dict[str, np.ndarray]) -> li
     )
     ax.tick_params(axis="x", rotation=45)
     fig.tight_layout()
-    fig.savefig(out / "utilisation.png", dpi=120)
+    fig.savefig(out / PLOTS[1], dpi=120)
     plt.close(fig)
     return []
 
@@ -91,7 +92,9 @@ def write_outputs(
     out: str | Path, summary: dict, requests: dict[str, np.ndarray], spans: dict[str, np.ndarray] | None = None,
     parents: dict[str, str | None] | None = None,
 ) -> list[str]:
-    """Write every output file of one run (spans.jsonl when the run recorded spans); returns notes for the user."""
+    """Write every output file of one run (spans.jsonl when the run recorded spans); returns notes for the user.
+    A file of an earlier run's that this one does not write (spans.jsonl without spans, the plots when they are
+    skipped) is removed, so the folder holds one run's files."""
     from cis.sim.spans import span_records, write_spans
 
     out = Path(out)
@@ -101,4 +104,8 @@ def write_outputs(
     write_nodes_csv(out / "nodes.csv", summary)
     if spans is not None:
         write_spans(out / "spans.jsonl", span_records(spans, list(summary["nodes"]), parents))
-    return write_plots(out, summary, requests)
+    notes = write_plots(out, summary, requests)
+    stale = (["spans.jsonl"] if spans is None else []) + (list(PLOTS) if notes else [])
+    for name in stale:
+        (out / name).unlink(missing_ok=True)
+    return notes

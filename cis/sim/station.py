@@ -169,12 +169,10 @@ class Station:
             for event, _, _ in batch:
                 event.succeed(ran)
 
-    def parent_up(self, now: float, timeout: float) -> bool:
-        """The runtime's heartbeat rule: the parent answered within ``timeout`` seconds."""
-        up = self.uplink
-        if up is None or not up.outages:
-            return True
-        return now - max(up.heard(now), self.last_reply) < timeout
+    def parent_up(self, listened: float, timeout: float) -> bool:
+        """The runtime's heartbeat rule (:meth:`Uplink.up_at`) as of ``listened``, when the node last read its
+        sockets: the start of the batch it decides after (a batch's own length is not the parent's silence)."""
+        return self.uplink is None or self.uplink.up_at(listened, self.last_reply, timeout)
 
     def take_token(self, now: float) -> bool:
         """The transfer cap: a token lets the request go, else it is served here (capped)."""

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 from cis.cli.main import print_result
 from cis.core.errors import CisError
+from cis.core.paths import check_folder
 from cis.core.spec import PROVIDERS
 
 
@@ -79,7 +80,8 @@ def config_flags() -> dict[str, Flag]:
         "forward_timeout": Flag(float, "seconds a forward waits per tier above"),
         "heartbeat": Flag(float, "seconds between heartbeats to the parent"),
         "heartbeat_timeout": Flag(
-            float, "a parent unheard for this long is down (cis serve's default heartbeat gives the default)"
+            float, "a parent is down once a ping stays unanswered this long (default: cis serve's, max(1, 5 x "
+            "--heartbeat))",
         ),
     }
 
@@ -274,6 +276,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.provider is not None and not args.bundle:
         raise CisError("simulate: --provider picks a bundle's latency profile; expected --bundle with it")
+    if args.out:
+        check_folder(args.out, "--out")  # before the run: a long run or sweep is not lost to a bad path
     spec = override_nodes(
         load_spec(args.spec), workers=args.workers, queue_limit=args.queue_limit, provider=args.provider
     )

@@ -22,6 +22,12 @@ def _num(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
+def _requests(r: Mapping[str, Any] | None) -> str:
+    """A simulation's request counts, e.g. "6043 arrived, 6043 served, 0 dropped"."""
+    r = r or {}
+    return ", ".join(f"{r.get(k, '-')} {k}" for k in ("arrived", "served", "dropped"))
+
+
 def _lat(lat: Mapping[str, Any] | None, *keys: str) -> str:
     """``mean 1.84 p50 1.42 ...``: the named latency summary values in ms."""
     lat = lat or {}
@@ -100,7 +106,7 @@ def text_summary(report: Mapping[str, Any]) -> str:
     if "sim" in report:
         s = report["sim"]
         shares = [f"exit {e} {_pct(x['share'])} (calculus {_pct(x['calculus_share'])})" for e, x in s["exits"].items()]
-        lines += [f"simulation {s['path']}: {s['requests']}, accuracy {_pct(s['accuracy'])}, "
+        lines += [f"simulation {s['path']}: requests {_requests(s['requests'])}; accuracy {_pct(s['accuracy'])}, "
                   f"latency ms {_lat(s['latency'], 'mean_s', 'p50_s', 'p99_s')}",
                   f"served per exit: {', '.join(shares)}"]
     if "runtime" in report:
@@ -240,7 +246,8 @@ def _sim_md(s: Mapping[str, Any], title: str, plots: Mapping[str, str]) -> list[
     node_keys = ("incoming_rate", "served_rate", "forwarded_rate", "capped_rate", "utilisation")
     md = [
         f"## {title}\n",
-        f"`{s['path']}`: requests {s['requests']}, accuracy {_pct(s['accuracy'])}, drops {_pct(s['drop_share'])}; "
+        f"`{s['path']}`: requests {_requests(s['requests'])}; accuracy {_pct(s['accuracy'])}, "
+        f"drops {_pct(s['drop_share'])}; "
         f"config {config}.\n",
         _table(["exit", "share", "calculus share", "accuracy"],
                [[e, _pct(x["share"]), _pct(x["calculus_share"]), _pct(x["accuracy"])] for e, x in s["exits"].items()]),

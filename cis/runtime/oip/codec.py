@@ -133,7 +133,7 @@ class InferRequest:
     timeout: float | None = None  # seconds (the request parameter "timeout", in microseconds as Triton's)
     traceparent: str | None = None  # W3C trace context of the caller (HTTP header / gRPC metadata "traceparent")
     tracestate: str = ""  # its W3C tracestate ("tracestate"), kept only when valid beside a valid traceparent
-    version: str | None = None  # the model version its answer names (the newest the node holds)
+    version: str | None = None  # the model version its answer names (the bundle that answered it)
 
     @property
     def wants_logits(self) -> bool:
@@ -310,9 +310,9 @@ def _check_output(name: str, before: Sequence[str]) -> None:
 
 def timeout_of(params: Mapping[str, Any]) -> float | None:
     """Seconds of the request parameter ``timeout`` (Triton's: microseconds, an integer > 0), or None."""
-    t = params.get("timeout")
-    if t is None:
+    if "timeout" not in params:
         return None
+    t = params["timeout"]  # present means valid: a JSON null is no timeout given, so it is refused too
     if type(t) is not int or not 0 < t < 2**63:  # an int64 (gRPC's int64_param), so seconds are a float
         shown = f"an integer of {t.bit_length()} bits" if type(t) is int and t >= 2**63 else repr(t)
         expected = "expected microseconds, an integer > 0 and < 2**63"

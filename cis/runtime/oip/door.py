@@ -166,6 +166,8 @@ def announce(door: str, node_id: str, where: str, cfg: DoorConfig, model: str) -
     note = ""
     if not cfg.host and host == LOOPBACK:
         note = f"; binds {LOOPBACK} only (no TLS and bearer token): --http-host HOST opens it"
+    elif host in ("0.0.0.0", "::", ""):  # the URL shown is loopback's, one that connects from here
+        note = f"; listens on every interface ({host or '0.0.0.0'})"
     elif host not in (LOOPBACK, "::1", "localhost") and not (cfg.tls and cfg.token):
         missing = " and ".join(w for w, ok in (("TLS", cfg.tls), ("a bearer token", cfg.token)) if not ok)
         event(
@@ -247,6 +249,13 @@ class DoorNode(Protocol):
     def admit(self, prefix: Any, msg: P.Message) -> None: ...
 
     def refuse(self, prefix: Any, req_id: int, code: str, message: str, kind: str | None, v: int = ...) -> None: ...
+
+
+def answered_by(req: Request, named: str | None) -> str | None:
+    """The ``model_version`` of a door's reply: the bundle that answered (the one the request was admitted with),
+    not the newest held (during a rollout's load phase that one is held but does not serve yet)."""
+    version = getattr(req.version, "id", "")
+    return version or named
 
 
 def result_arrays(req: Request) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import collections
 import socket
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -52,6 +53,21 @@ CONTENTS = {
     "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
     "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents",
 }  # fmt: skip
+
+
+class _Health(health.HealthServicer):
+    """The standard health service; Check answers from the node's state when asked: NOT_SERVING from the moment
+    the node stops (its status for Watch follows the door's ticks, which the node runs at once when it stops)."""
+
+    def __init__(self, serving: Callable[[], bool]) -> None:
+        super().__init__()
+        self._serving = serving
+
+    def Check(self, request: Any, context: Any) -> Any:
+        reply = super().Check(request, context)
+        if reply.status == health_pb2.HealthCheckResponse.SERVING and not self._serving():
+            reply.status = health_pb2.HealthCheckResponse.NOT_SERVING
+        return reply
 
 
 class _Call:
@@ -185,7 +201,7 @@ class GrpcDoor:
         self.calls = 0  # ModelInfer calls in progress
         self.lock = threading.Lock()  # refused and calls, from grpcio's threads
         self.readers = threading.BoundedSemaphore(READERS)
-        self.health = health.HealthServicer()
+        self.health = _Health(self.serving)
         self.serves: bool | None = None  # what the health service says now
         self.credentials = None
         if cfg.cert:
@@ -289,6 +305,8 @@ class GrpcDoor:
 
     def result(self, ticket: Ticket, req: Request) -> None:
         call = ticket.handle
+        if ticket.request is not None:
+            ticket.request.version = door.answered_by(req, ticket.request.version)
         call.answer = ("ok", *door.result_arrays(req), req.served_by, req.logits)
         call.done.set()
 

@@ -38,6 +38,7 @@ class Requests:
             self.node.counters["undeliverable"] += 1
             return
         assert ticket.request is not None
+        ticket.request.version = door.answered_by(req, ticket.request.version)
         body, header_length = codec.encode_json(
             self.model, ticket.request, *door.result_arrays(req), req.served_by, req.logits
         )

@@ -179,7 +179,8 @@ class Node:
                         self.stopping = True
                     if self.stopping:
                         if drain_until is None:
-                            drain_until, self.door_due = time.monotonic() + self.cfg.drain_timeout, 0.0  # doors: now
+                            drain_until = time.monotonic() + self.cfg.drain_timeout
+                            self.door_due = 0.0 if self.doors else math.inf  # doors tick at once: NOT_SERVING
                             events.shutdown(self.cfg, self.executor.queued, sum(p.n for p in self.pending.values()))
                         if not self.pending and (not self.executor.queue or time.monotonic() > drain_until):
                             self._read(_poll(self.poll_items, 0))  # what waits unread: 'shutting_down', not silence

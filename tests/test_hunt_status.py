@@ -142,3 +142,12 @@ def test_the_launcher_does_not_take_another_process_at_a_nodes_address_for_ready
         finally:
             started.kill()
             started.wait()
+
+
+def test_status_takes_addresses_separated_by_commas_as_cis_infer_does(run_cli):
+    from cis.runtime.launcher import free_port
+
+    a, b = (f"tcp://127.0.0.1:{free_port()}" for _ in range(2))
+    res = run_cli("status", "--connect", f"{a},{b}", "--timeout", "0.2", "--json")
+    assert res.code == 1, res.err  # nobody answers: a row each, not an address error
+    assert {k: v["live"] for k, v in json.loads(res.out)["nodes"].items()} == {a: False, b: False}

@@ -23,7 +23,7 @@ from cis.core.records import format_ms
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("status", help="show the counters of live nodes (and restarts / down nodes of 'serve --all')")
     p.add_argument("--spec", help="spec file: ask every node at its address")
-    p.add_argument("--connect", action="append", help="a node address (repeatable)")
+    p.add_argument("--connect", action="append", help="a node address (repeatable, or ADDR,ADDR,...)")
     p.add_argument(
         "--cluster", help="the --log-dir of 'cis serve --all' (or its cluster.json): its nodes and their restarts"
     )
@@ -73,7 +73,7 @@ def run(args: argparse.Namespace) -> int:
     if args.cluster:
         launcher = _cluster(args.cluster)
         targets.update({nid: v["address"] for nid, v in launcher.items()})
-    for a in args.connect or []:
+    for a in (part.strip() for given in args.connect or [] for part in given.split(",")):
         targets[a] = a
     if not targets:
         raise CisError("status: nothing to ask; pass --spec SPEC, --cluster LOG_DIR or --connect ADDR")

@@ -139,7 +139,7 @@ class LoadResult:
         """The JSON of ``cis bench --json`` (docs/runtime.md, "Load: cis bench")."""
         n = len(self.due)
         ok = np.array([e is None for e in self.errors], bool)
-        span = float(self.sent.max()) if n else 0.0
+        span = float(self.sent.max() - self.sent.min()) if n else 0.0  # from the first send, not the start
         sent_rate = (n - 1) / span if span > 0 else None
         lags = self.sent - self.due
         exits = [a.exit for a, good in zip(self.answers, ok) if good and a is not None and a.exit > 0]
@@ -217,7 +217,8 @@ def run_load(
     ``address``: one address or several (request i goes to ``address[entries[i]]``, or round robin without
     ``entries``), called ``names`` in ``targets`` and requests.csv (default: the addresses); ``x``: the samples
     (None: made from the input the first address says its model takes, random floats or zero integers);
-    ``input_name``: the input's name (None: asked of the first address); ``options`` go to the transport
+    ``input_name``: the input's name (None: asked of the first address; then every other address is asked too, so
+    a dead one stops the load with one line before its first send); ``options`` go to the transport
     (``model``, ``binary``, ``curve``: :func:`cis.runtime.load_transports.make_transport`). Bad input raises
     :class:`cis.core.errors.CisError`."""
     addresses = [address] if isinstance(address, str) else list(address)
@@ -256,6 +257,10 @@ async def _load(tr: Transport, first: str, x: np.ndarray | None, input_name: str
                 offsets: Iterator[float], timeout: float) -> tuple:  # fmt: skip
     try:
         inputs = await tr.describe(first) if x is None or input_name is None else []
+        if x is None or input_name is None:  # every address up front: a dead one is one line, not a run of errors
+            for other in dict.fromkeys(targets):
+                if other != first:
+                    await tr.describe(other)
         if x is None:
             x = sample_inputs(inputs, first)
         name = input_name or (inputs[0].name if inputs else "input")

@@ -151,6 +151,9 @@ def _check_load(config: SimConfig, spec: CisSpec) -> None:
         raise CisError(f"spec {spec.name!r}: no node has an arrival_rate > 0; expected requests to arrive somewhere")
     check_positive(config.mmpp_ratio, "--mmpp-ratio")
     check_positive(config.mmpp_dwell, "--mmpp-dwell")
+    for name, flag in (("mmpp_ratio", "--mmpp-ratio"), ("mmpp_dwell", "--mmpp-dwell")):
+        if config.arrivals != "mmpp" and _given(config, name):
+            raise CisError(f"simulate: {flag} shapes mmpp arrivals; expected --arrivals mmpp with it")
 
 
 def _check_costs(config: SimConfig) -> None:
@@ -179,24 +182,30 @@ def _check_costs(config: SimConfig) -> None:
 
 
 def _is_seconds(v: object) -> bool:
-    return isinstance(v, (int, float)) and math.isfinite(v) and v >= 0
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
 
 
-def _check_batches(config: SimConfig, spec: CisSpec) -> None:
-    """What a batch costs per node, and how large a batch may be."""
-    for node_id, work in config.batch_overhead.items():
+def check_batch_overhead(overhead: dict, spec: CisSpec, where: str = "--batch-overhead") -> None:
+    """A one-line :class:`CisError` for a batch overhead of no node of ``spec`` or not seconds; ``where`` names
+    the flag or file it came from."""
+    for node_id, work in overhead.items():
         if node_id != "*" and node_id not in spec.ids:
             raise CisError(
-                f"simulate: --batch-overhead {node_id}={work}: no node {node_id!r} in spec {spec.name!r}; expected "
+                f"simulate: {where} {node_id}={work}: no node {node_id!r} in spec {spec.name!r}; expected "
                 f"one of {', '.join(spec.ids)}"
             )
         points = [(0.0, work)] if isinstance(work, (int, float)) else work
         if not points or not all(isinstance(p, (tuple, list)) and len(p) == 2 and all(map(_is_seconds, p))
                                  for p in points):  # fmt: skip
             raise CisError(
-                f"simulate: --batch-overhead {node_id}={work!r}; expected seconds >= 0, or [[idle seconds, "
+                f"simulate: {where} {node_id}={work!r}; expected seconds >= 0, or [[idle seconds, "
                 "seconds], ...] (both >= 0)"
             )
+
+
+def _check_batches(config: SimConfig, spec: CisSpec) -> None:
+    """What a batch costs per node, and how large a batch may be."""
+    check_batch_overhead(config.batch_overhead, spec)
     if config.max_batch is not None and (isinstance(config.max_batch, bool) or config.max_batch < 1):
         raise CisError(f"simulate: --max-batch is {config.max_batch}; expected an integer >= 1")
 
@@ -241,6 +250,17 @@ def _check_decision(config: SimConfig, spec: CisSpec, with_bundle: bool) -> None
                        "with it")
     if config.shares and with_bundle:
         raise CisError("simulate: --share applies without a bundle; with --bundle the thresholds decide")
+    for name, flag in (("service_mean", "--service-mean"), ("payload_bytes", "--payload-bytes")):
+        if with_bundle and _given(config, name):
+            raise CisError(f"simulate: {flag} applies without a bundle; with --bundle its profiles give the "
+                           "stage times and payloads")
+    if config.calibrate and config.threshold is not None:
+        raise CisError("simulate: --calibrate and --threshold both set the thresholds; expected one of them")
+
+
+def _given(config: SimConfig, name: str) -> bool:
+    """Whether the config's field differs from its default (a flag given with a value of its own)."""
+    return getattr(config, name) != SimConfig.__dataclass_fields__[name].default
 
 
 def check_positive(value: float, flag: str) -> None:

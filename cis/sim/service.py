@@ -76,7 +76,8 @@ def check_stage_profiles(profile: dict, num_exits: int, where: str) -> list[dict
     for stage in range(1, num_exits + 1):
         points = profile.get(stage, {})
         t = points.get(1)
-        if t is None or not all(isinstance(v, (int, float)) and np.isfinite(v) and v >= 0 for v in points.values()):
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in points.values())
+        if t is None or not numbers or not all(np.isfinite(v) and v >= 0 for v in points.values()):
             raise CisError(
                 f"{where}: stage {stage} has batch-1 time {t!r}; expected seconds >= 0 for every stage 1..{num_exits} "
                 "and batch size"

@@ -37,8 +37,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
                                   "y) or an image folder, as cis infer reads them; default: random samples of the "
                                   "input the node says it takes")  # fmt: skip
     p.add_argument("--bundle", help="bundle whose normalisation and input size apply to --data images or arrays")
-    p.add_argument("--model-name", default="cis", help="http/grpc: the model's name (cis serve --model-name; "
-                                                       "default cis)")  # fmt: skip
+    p.add_argument("--model-name", help="http/grpc: the model's name (cis serve --model-name; default cis)")
     p.add_argument("--binary", action="store_true", help="http: inputs as raw bytes (Triton's binary extension)")
     p.add_argument("--timeout", type=float, default=10.0, help="seconds before a request counts as lost (default 10)")
     p.add_argument("--seed", type=seed, default=0, help="seed of the Poisson arrivals and the random samples")
@@ -54,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 < args.timeout < math.inf:
         raise CisError(f"--timeout {args.timeout:g}: expected seconds > 0 and finite")
+    _check_transport_flags(args)
     if args.out:
         check_folder(args.out, "--out")  # before the load: a run is not lost to a bad path
     x = labels = None
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
         data = load_inputs(args.data, load_bundle(args.bundle) if args.bundle else None)
         x, labels = data.x, data.y
-    options: dict = {"model": args.model_name, "binary": args.binary}
+    options: dict = {"model": args.model_name or "cis", "binary": args.binary}
     if args.curve_key:
         from cis.runtime.security import CurveConfig
 
@@ -79,6 +79,20 @@ def run(args: argparse.Namespace) -> int:
     return 0 if summary["answered"] else 1
 
 
+def _check_transport_flags(args: argparse.Namespace) -> None:
+    """A one-line :class:`CisError` for a flag that the chosen transport would not use."""
+    if args.binary and args.transport != "http":
+        raise CisError(f"--binary: HTTP inputs as raw bytes; expected --transport http with it, not {args.transport}")
+    if args.model_name is not None and args.transport == "zmq":
+        raise CisError("--model-name: the Open Inference Protocol's model; expected --transport http or grpc with it")
+    for flag, value in (("--curve-key", args.curve_key), ("--server-key", args.server_key)):
+        if value is not None and args.transport != "zmq":
+            raise CisError(f"{flag}: CurveZMQ; expected --transport zmq with it, not {args.transport}")
+    if args.server_key is not None and args.curve_key is None:
+        raise CisError("--server-key: the node's public key for CurveZMQ; expected --curve-key (your secret key) "
+                       "with it")
+
+
 def human(s: dict) -> str:
     """The summary for people: the load, what it held, latency, errors."""
     lat = s["latency"]
@@ -86,7 +100,8 @@ def human(s: dict) -> str:
     lines = [
         f"{s['requests']} requests to {', '.join(s['addresses'])} over {s['transport']}, {s['arrivals']} arrivals at "
         f"{s['rate']:g}/s for {s['duration_s']:.1f} s",
-        f"sent {rate(s['sent_rate'])} (generator late by {format_ms(s['lag_p99_s'])} ms at p99); held "
+        ("sent 1 request (no rate over a single send)" if s["requests"] == 1 else f"sent {rate(s['sent_rate'])}")
+        + f" (generator late by {format_ms(s['lag_p99_s'])} ms at p99); held "
         f"{rate(s['held_rate'])}: {s['answered']} answered; errors: "
         + (", ".join(f"{k} {v}" for k, v in s["errors"].items()) or "none"),
         f"latency ms: p50 {format_ms(lat['p50_s'])}  p99 {format_ms(lat['p99_s'])}  mean {format_ms(lat['mean_s'])}  "

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from cis.cli.main import print_result
 from cis.core.errors import CisError
 from cis.core.paths import check_folder
-from cis.core.spec import PROVIDERS
+from cis.core.spec import PROVIDERS, CisSpec
 
 
 class Flag(NamedTuple):
@@ -236,22 +237,27 @@ def parse_visit_cost(value: str | None, flag: str = "--visit-cost") -> tuple[flo
     return tuple(out)
 
 
+def _number(value: object) -> float:
+    """A JSON number as a float; a TypeError for anything else (``true`` is no number of seconds)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{json.dumps(value)} is not a number")
+    return float(value)
+
+
 def read_latency_profile(path: str | None) -> dict:
     """``--latency-profile FILE`` as SimConfig fields: ``latency_profile``, ``idle_slowdown``, ``service_spread``,
     ``interference``, ``message_work``, ``batch_overhead``."""
     if path is None:
         return {}
-    import json
-
     try:
         data = json.loads(Path(path).read_text())
-        stages = {int(k): {int(b): float(t) for b, t in v.items()} for k, v in data["stages"].items()}
-        slowdown = tuple((float(g), float(f)) for g, f in data.get("idle_slowdown", []))
-        spread = tuple(float(v) for v in data.get("spread", []))
-        work = {str(k): float(v) if isinstance(v, (int, float)) else tuple((float(g), float(w)) for g, w in v)
+        stages = {int(k): {int(b): _number(t) for b, t in v.items()} for k, v in data["stages"].items()}
+        slowdown = tuple((_number(g), _number(f)) for g, f in data.get("idle_slowdown", []))
+        spread = tuple(_number(v) for v in data.get("spread", []))
+        work = {str(k): _number(v) if isinstance(v, (int, float)) else tuple((_number(g), _number(w)) for g, w in v)
                 for k, v in data.get("batch_overhead", {}).items()}
-        interference = float(data.get("interference", 0.0))
-        message_work = float(data.get("message_work", 0.0))
+        interference = _number(data.get("interference", 0.0))
+        message_work = _number(data.get("message_work", 0.0))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise CisError(
             f"--latency-profile {path}: cannot read ({exc.__class__.__name__}: {exc}); expected JSON "
@@ -262,6 +268,17 @@ def read_latency_profile(path: str | None) -> dict:
     out = {"latency_profile": stages, "idle_slowdown": slowdown, "service_spread": spread,
            "interference": interference, "message_work": message_work}
     return out | ({"batch_overhead": work} if work else {})
+
+
+def check_latency_profile(measured: dict, path: str, spec: CisSpec) -> None:
+    """A one-line :class:`CisError`, naming the file, for a stage or a node that ``spec`` does not have."""
+    from cis.sim.config import check_batch_overhead
+
+    beyond = sorted(k for k in measured["latency_profile"] if not 1 <= k <= spec.num_exits)
+    if beyond:
+        raise CisError(f"--latency-profile {path}: \"stages\" has stage {beyond[0]}; expected stages 1.."
+                       f"{spec.num_exits} (spec {spec.name!r} has {spec.num_exits} exits)")
+    check_batch_overhead(measured.get("batch_overhead", {}), spec, f"--latency-profile {path}: batch_overhead")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -284,6 +301,8 @@ def run(args: argparse.Namespace) -> int:
     bundle = load_bundle(args.bundle) if args.bundle else None
     kind, _, trace = args.arrivals.partition(":")
     measured = read_latency_profile(args.latency_profile)
+    if measured:
+        check_latency_profile(measured, args.latency_profile, spec)
     work = measured.pop("batch_overhead", {}) | parse_batch_overhead(args.batch_overhead)  # the flag wins
     config = SimConfig(
         requests=args.requests,
@@ -300,6 +319,8 @@ def run(args: argparse.Namespace) -> int:
         **measured,
     )
     if args.sweep:
+        if args.spans:
+            raise CisError("simulate: --spans records one run; expected no --sweep with it")
         swept = sweep(spec, config, parse_sweep(args.sweep), args.bundle, args.slo_p99, args.jobs)
         if args.out:
             write_sweep(args.out, swept)

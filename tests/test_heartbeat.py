@@ -7,6 +7,7 @@ Real ZeroMQ sockets; the clock is the node's ``now`` and ``listened``, given exp
 
 from __future__ import annotations
 
+import pytest
 import zmq
 
 from cis.runtime import protocol as P
@@ -15,7 +16,9 @@ from cis.runtime.ports import free_port
 from cis.runtime.upstream import Upstream
 
 
-def _link():
+@pytest.fixture
+def link():
+    """A node's Upstream to one parent (a real ROUTER), and the parent: (parent, upstream, its DEALER)."""
     port = free_port()
     ctx = zmq.Context()
     parent = ctx.socket(zmq.ROUTER)
@@ -23,7 +26,10 @@ def _link():
     cfg = NodeConfig("device", 1, parent=f"tcp://127.0.0.1:{port}", parent_id="cloud")
     up = Upstream(cfg, 0.0)
     (sock,) = up.open(ctx)
-    return ctx, parent, up, sock
+    yield parent, up, sock
+    up.close()
+    parent.close(0)
+    ctx.term()
 
 
 def _ping_pong(parent, up, sock, now: float) -> None:
@@ -41,52 +47,37 @@ def _ping_pong(parent, up, sock, now: float) -> None:
     up.answered(sock, now)
 
 
-def test_a_long_batch_of_the_node_is_not_its_parents_silence():
-    ctx, parent, up, sock = _link()
-    try:
-        timeout = up.cfg.heartbeat_timeout
-        assert not up.is_up(0, 0.0), "down until it first answers"
-        _ping_pong(parent, up, sock, 0.0)
-        assert up.is_up(0, 0.0)
-        # a ping goes out just before a batch of 3 timeouts; the node reads nothing until the batch ends
-        up.heartbeat(0.1, lambda: P.encode(P.PING, 2, node="device"))
-        assert up.is_up(0, 0.1 + 3 * timeout), "its own batch: the parent's pong waits unread"
-        # the node looks again: the pong was there, so the parent was up all along
-        _ping_pong(parent, up, sock, 0.2 + 3 * timeout)
-        assert up.is_up(0, 0.2 + 3 * timeout)
-    finally:
-        up.close()
-        parent.close(0)
-        ctx.term()
+def test_a_long_batch_of_the_node_is_not_its_parents_silence(link):
+    parent, up, sock = link
+    timeout = up.cfg.heartbeat_timeout
+    assert not up.is_up(0, 0.0), "down until it first answers"
+    _ping_pong(parent, up, sock, 0.0)
+    assert up.is_up(0, 0.0)
+    # a ping goes out just before a batch of 3 timeouts; the node reads nothing until the batch ends
+    up.heartbeat(0.1, lambda: P.encode(P.PING, 2, node="device"))
+    assert up.is_up(0, 0.1 + 3 * timeout), "its own batch: the parent's pong waits unread"
+    # the node looks again: the pong was there, so the parent was up all along
+    _ping_pong(parent, up, sock, 0.2 + 3 * timeout)
+    assert up.is_up(0, 0.2 + 3 * timeout)
 
 
-def test_a_node_that_was_stopped_does_not_call_its_parent_down_before_it_asks():
-    ctx, parent, up, sock = _link()
-    try:
-        _ping_pong(parent, up, sock, 0.0)
-        later = 10 * up.cfg.heartbeat_timeout  # SIGSTOP, or a batch: no ping went out meanwhile
-        up.listened = later
-        assert up.is_up(0, later), "not asked since its last answer: still up"
-    finally:
-        up.close()
-        parent.close(0)
-        ctx.term()
+def test_a_node_that_was_stopped_does_not_call_its_parent_down_before_it_asks(link):
+    parent, up, sock = link
+    _ping_pong(parent, up, sock, 0.0)
+    later = 10 * up.cfg.heartbeat_timeout  # SIGSTOP, or a batch: no ping went out meanwhile
+    up.listened = later
+    assert up.is_up(0, later), "not asked since its last answer: still up"
 
 
-def test_a_parent_that_stops_answering_while_the_node_listens_is_down():
-    ctx, parent, up, sock = _link()
-    try:
-        timeout = up.cfg.heartbeat_timeout
-        _ping_pong(parent, up, sock, 0.0)
-        t = 0.0
-        while up.is_up(0, t):  # pings every 0.2 s, none answered, the node listening between them
-            t += 0.2
-            up.listened = t
-            up.heartbeat(t, lambda: P.encode(P.PING, 3, node="device"))
-            assert t < 3 * timeout, "never called down"
-        assert timeout <= t <= timeout + 0.2 + 1e-9, "down one timeout after the first unanswered ping"
-        assert up.watches[0].up is False
-    finally:
-        up.close()
-        parent.close(0)
-        ctx.term()
+def test_a_parent_that_stops_answering_while_the_node_listens_is_down(link):
+    parent, up, sock = link
+    timeout = up.cfg.heartbeat_timeout
+    _ping_pong(parent, up, sock, 0.0)
+    t = 0.0
+    while up.is_up(0, t):  # pings every 0.2 s, none answered, the node listening between them
+        t += 0.2
+        up.listened = t
+        up.heartbeat(t, lambda: P.encode(P.PING, 3, node="device"))
+        assert t < 3 * timeout, "never called down"
+    assert timeout <= t <= timeout + 0.2 + 1e-9, "down one timeout after the first unanswered ping"
+    assert up.watches[0].up is False

@@ -18,21 +18,11 @@ pytest.importorskip("onnx")
 pytest.importorskip("httptools")
 
 from cli_process import read_until, start, stop  # noqa: E402
+from test_rollout import bundles  # noqa: E402,F401 (the two bundles of two trainings)
 
 from cis.core.bundle import load_bundle  # noqa: E402
 from cis.runtime.client import Client  # noqa: E402
 from cis.runtime.launcher import free_port  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def bundles(tmp_path_factory):
-    from cis.exporter.bundle_writer import export_bundle
-    from cis.exporter.fixture_bundle import make_demo_bundle, make_demo_run
-
-    root = tmp_path_factory.mktemp("doors-fleet")
-    one = make_demo_bundle(root / "one", steps=20)
-    export_bundle(make_demo_run(root / "two" / "run", steps=20, seed=1), root / "two" / "bundle", latency_repeats=2)
-    return one, root / "two" / "bundle"
 
 
 def _model_version(url: str) -> str:
@@ -43,7 +33,7 @@ def _model_version(url: str) -> str:
         return json.loads(r.read())["model_version"]
 
 
-def test_a_door_reply_names_the_bundle_that_answered_not_a_held_one(bundles):
+def test_a_door_reply_names_the_bundle_that_answered_not_a_held_one(bundles):  # noqa: F811
     one, two = bundles
     b1, b2 = load_bundle(one).id, load_bundle(two).id
     zmq = f"tcp://127.0.0.1:{free_port()}"
@@ -61,7 +51,7 @@ def test_a_door_reply_names_the_bundle_that_answered_not_a_held_one(bundles):
         assert stop(proc) == 0
 
 
-def test_a_bundle_of_other_classes_is_not_loaded_beside_the_served_one(bundles, tmp_path, monkeypatch):
+def test_a_bundle_of_other_classes_is_not_loaded_beside_the_served_one(bundles, tmp_path, monkeypatch):  # noqa: F811
     """Same stage-1 input, 12 classes instead of 10: a load (so a rollout) is refused with the reason, the node
     serves as before (found: a rollout put a 12-class bundle on a 10-class tree, the doors' metadata stale)."""
     import cis

@@ -44,6 +44,10 @@ def read_until(stream, proc: subprocess.Popen, wanted: str, timeout: float = 90)
         elif proc.poll() is not None:
             break
     said = text[-3000:]
+    try:  # its output ended: it is exiting, so its error line (on stderr, read below) is there in a moment
+        proc.wait(5)
+    except subprocess.TimeoutExpired:
+        pass
     if proc.poll() is not None and proc.stderr is not None and stream is not proc.stderr:
         err = proc.stderr.read()
         said += (err if isinstance(err, str) else err.decode(errors="replace"))[-3000:]

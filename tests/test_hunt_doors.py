@@ -74,6 +74,23 @@ def test_the_grpc_timeout_parameter_is_the_requests_deadline_and_checked():
         assert err.value.code == "bad_message" and "expected microseconds, an integer > 0" in err.value.message
 
 
+def test_a_timeout_in_tritons_other_parameter_fields_is_read_or_refused_not_ignored():
+    """Triton's proto also has double_param (4) and uint64_param (5): a timeout sent in one is not dropped."""
+    service_pb2 = pytest.importorskip("tritonclient.grpc.service_pb2")
+
+    def ours(kind, value):
+        theirs = service_pb2.ModelInferRequest(model_name="cis")
+        setattr(theirs.parameters["timeout"], kind, value)
+        req = _grpc_request()
+        req.MergeFromString(theirs.SerializeToString())
+        return grpc_door.decode(req, MODEL)
+
+    assert ours("uint64_param", 250_000).timeout == 0.25
+    with pytest.raises(codec.OipError) as err:
+        ours("double_param", 250_000.0)
+    assert err.value.code == "bad_message" and "parameter timeout is 250000.0; expected microseconds" in err.value.message
+
+
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
     from cis.exporter.fixture_bundle import make_demo_bundle

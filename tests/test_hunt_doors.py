@@ -88,7 +88,8 @@ def test_a_timeout_in_tritons_other_parameter_fields_is_read_or_refused_not_igno
     assert ours("uint64_param", 250_000).timeout == 0.25
     with pytest.raises(codec.OipError) as err:
         ours("double_param", 250_000.0)
-    assert err.value.code == "bad_message" and "parameter timeout is 250000.0; expected microseconds" in err.value.message
+    assert err.value.code == "bad_message"
+    assert "parameter timeout is 250000.0; expected microseconds" in err.value.message
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,8 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-SEPARATOR = "#"  # between a node id and a replica's index: cloud#1
+SEPARATOR = "#"  # between a node id and a replica's index: cloud#1; reserved: no node id holds it
+MAX_ID_CHARS = 128  # a node or replica id on the wire (route, sender, node: docs/protocol.md; wire.MAX_NAME)
 _TCP = re.compile(r"^(tcp://.+):(\d+)$")
 MAX_PORT = 65535
 
@@ -32,6 +33,22 @@ def replica_id(node_id: str, index: int, count: int) -> str:
 def replica_ids(node_id: str, count: int) -> list[str]:
     """Every replica's id, in index order."""
     return [replica_id(node_id, i, count) for i in range(count)]
+
+
+def id_problem(node_id: str, count: int) -> str | None:
+    """Why ``node_id`` (of a node with ``count`` replicas) cannot be served, or None: the wire carries node and
+    replica ids of 1..MAX_ID_CHARS characters (any characters), and SEPARATOR names replicas."""
+    if not isinstance(node_id, str) or not node_id:
+        return f"id is {node_id!r}; expected a non-empty string"
+    if SEPARATOR in node_id:
+        return (f"id holds {SEPARATOR!r}, which is reserved for replica ids (ID{SEPARATOR}i: replica i of a node with "
+                f"replicas > 1, such as cloud{SEPARATOR}1); expected an id without {SEPARATOR!r}")
+    longest = replica_id(node_id, count - 1, count)
+    if len(longest) > MAX_ID_CHARS:
+        what = "id" if count == 1 else f"replica id {longest[:40]!r}{'...' if len(longest) > 40 else ''}"
+        return (f"{what} is {len(longest)} characters; expected 1..{MAX_ID_CHARS} characters (the longest node or "
+                "replica id the wire carries: docs/protocol.md)")
+    return None
 
 
 def split_replica_id(name: str) -> tuple[str, int | None]:

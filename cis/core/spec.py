@@ -44,7 +44,7 @@ from typing import Any
 import tomli_w
 
 from cis.core.errors import SpecError
-from cis.core.replicas import derived_address, parse_addresses, replica_addresses, replica_ids
+from cis.core.replicas import derived_address, id_problem, parse_addresses, replica_addresses, replica_ids
 from cis.core.spec_file import read_spec_tables
 
 CONFIDENCE_MEASURES = ("max_softmax", "entropy", "margin")
@@ -236,7 +236,9 @@ def parse_spec(data: dict, source: str = "<spec>") -> CisSpec:
         raise SpecError(f"{source}: no [[nodes]]; expected at least one node")
     nodes = [_parse_node(raw, i, source) for i, raw in enumerate(raw_nodes)]
     hosts = _parse_hosts(data.get("hosts", {}), source)
-    name = str(cis_table.get("name", Path(source).stem))
+    name = cis_table.get("name", Path(source).stem)
+    if not isinstance(name, str):
+        raise SpecError(f"{source}: [cis] name is {name!r}; expected a string (a label such as \"paper-7\")")
     spec = CisSpec(tuple(nodes), num_exits, num_classes, confidence, name, hosts)
     return validate(spec, source)
 
@@ -339,9 +341,14 @@ def _check_addresses(spec: CisSpec, source: str) -> None:
 
 
 def _check_nodes(spec: CisSpec, source: str) -> None:
-    """Unique ids, exits in range, parents that exist and are not the node itself."""
+    """Ids the wire carries, without '#' (cis.core.replicas.id_problem) and unique; exits in range; parents that
+    exist and are not the node itself."""
     seen: set[str] = set()
     for n in spec.nodes:
+        why = id_problem(n.id, n.replicas)
+        if why is not None:  # the id of a node, or a replica's, that cannot be served or named
+            shown = n.id[:40] + "..." if isinstance(n.id, str) and len(n.id) > 40 else n.id
+            raise SpecError(f"{_where(source, shown)}: {why}")
         if n.id in seen:
             raise SpecError(f"{_where(source, n.id)}: duplicate id; every node needs a unique id")
         seen.add(n.id)

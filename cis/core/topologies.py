@@ -37,7 +37,9 @@ EDGE_LINK = Link(bandwidth=1.25e7, latency=0.020)
 
 
 def parse_serving(text: str, num_exits: int | None = None) -> list[float]:
-    """Parse "80-15-5" into shares that sum to 1 (33-33-33 is read as thirds)."""
+    """Parse "80-15-5" into shares that sum to 1. The numbers are percentages that add up to 100, or whole-number
+    roundings of such (33-33-33 is read as thirds): each x is read as x * 100 / sum, and a setting where that
+    moves a share by half a point or more (80-15-6: 79.2-14.9-5.9) is refused, not rescaled."""
     parts = str(text).split("-")
     try:
         values = [float(p) for p in parts]
@@ -48,6 +50,9 @@ def parse_serving(text: str, num_exits: int | None = None) -> list[float]:
     if num_exits is not None and len(values) != num_exits:
         raise CisError(f"serving setting {text!r}: has {len(values)} shares; expected one per exit ({num_exits})")
     total = sum(values)
+    if max(values) * abs(total - 100.0) / total >= 0.5:  # x - x * 100 / total: no share moves half a point
+        raise CisError(f"serving setting {text!r}: the shares add up to {total:g}; expected percentages that add up "
+                       "to 100 (whole-number roundings such as 33-33-33 are read as thirds)")
     return [v / total for v in values]
 
 

@@ -263,7 +263,7 @@ class Node:
                         self.door_fds[sock].on_ready()
                         continue
                     try:
-                        frames, total, count = P.recv(sock, max_bytes)
+                        frames, total, count = P.recv(sock, max_bytes, routed=sock is front)
                     except zmq.Again:
                         continue
                     if sock is front:

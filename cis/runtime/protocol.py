@@ -326,6 +326,8 @@ def _checked(head: memoryview, frames: Sequence[Any], max_bytes, total, count, k
         check_common(header, kinds)
         check_fields(header)
         described = check_tensors(header, (len(frames) if count is None else count) - 1, max_bytes)
+        if len(frames) - 1 < len(described):  # recv kept only the frames within the limit: never serve fewer
+            fail("too_large", f"message is over {max_bytes} bytes; this node accepts at most {max_bytes}")
         tensors: dict[str, np.ndarray] = {}
         for (name, dt, shape), frame in zip(described, frames[1:]):
             buf = _buffer(frame)
@@ -349,11 +351,12 @@ def _checked(head: memoryview, frames: Sequence[Any], max_bytes, total, count, k
     return Message(h, [_buffer(f) for f in frames[1 : len(tensors) + 1]], head, header, tensors)
 
 
-def recv(sock: Any, max_bytes: int, keep: int = MAX_TENSORS + 3) -> tuple[list, int, int]:
+def recv(sock: Any, max_bytes: int, keep: int = MAX_TENSORS + 3, routed: bool = False) -> tuple[list, int, int]:
     """Read one multipart message frame by frame (non-blocking; raises zmq.Again when none waits).
 
     Returns (frames, total bytes, number of frames). Frames are kept while the running total stays within
-    ``max_bytes`` and at most ``keep`` frames; beyond, each further frame is read and
+    ``max_bytes`` (not counting the first frame when ``routed``: a ROUTER's peer identity, which the
+    message's size leaves out) and at most ``keep`` frames; beyond, each further frame is read and
     dropped at once, so the node never holds more than the limit (the first three
     frames, where the identity and header are, are always kept for the error reply).
     ZeroMQ itself holds a whole multipart message before its first frame can be read;
@@ -361,11 +364,12 @@ def recv(sock: Any, max_bytes: int, keep: int = MAX_TENSORS + 3) -> tuple[list, 
     """
     frame = sock.recv(zmq.NOBLOCK, copy=False)
     frames, total, count = [frame], len(frame), 1
+    limit = max_bytes + len(frame) if routed else max_bytes
     while frame.more:
         frame = sock.recv(copy=False)  # the rest of a multipart message is already there
         total += len(frame)
         count += 1
-        if count <= 3 or (total <= max_bytes and count <= keep):
+        if count <= 3 or (total <= limit and count <= keep):
             frames.append(frame)
     return frames, total, count
 

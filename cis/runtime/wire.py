@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+import reprlib
 from collections.abc import Sequence
 from typing import Any, TypeGuard
 
@@ -155,8 +156,20 @@ def is_trace_part(v: Any) -> bool:
     return type(v) is list and len(v) == 2 and is_int(v[0], 1, MAX_ID) and (v[1] == "" or is_traceparent(v[1]))
 
 
+def _bounded_repr() -> reprlib.Repr:
+    """A repr that stops at a few levels and items: a value nested 1,000 deep (1 KB of msgpack) would make
+    the plain repr recurse past Python's limit and kill the node instead of answering the error."""
+    r = reprlib.Repr()
+    r.maxlevel, r.maxdict, r.maxlist, r.maxtuple, r.maxset = 4, 12, 12, 12, 12
+    r.maxstring = r.maxlong = r.maxother = 200  # past the 60 characters shown, so a shallow value reads as repr's
+    return r
+
+
+_REPR = _bounded_repr()
+
+
 def show(v: Any) -> str:
-    text = repr(v)
+    text = _REPR.repr(v)
     return text if len(text) <= 60 else text[:57] + "..."
 
 

@@ -9,7 +9,7 @@
 set -uo pipefail
 py="${1:-.venv/bin/python}"
 "$py" "$(dirname "$0")/fast_pip.py" -q "torch==2.13.0" 2>&1 | grep -v '^WARNING: Location'
-if "$py" -c "import sys, torch; sys.exit(torch.version.cuda is not None)"; then
+if "$py" -W ignore -c "import sys, torch; sys.exit(torch.version.cuda is not None)"; then  # numpy may come later
   "$py" -m pip install -q --no-deps --timeout 10 --retries 0 --index-url https://download.pytorch.org/whl/cpu \
     "torchvision==0.28.0+cpu" >/dev/null 2>&1 \
     && echo "torchvision 0.28.0+cpu (CPU build) installed" \

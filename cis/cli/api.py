@@ -89,6 +89,7 @@ def train(stages: Any, train_data: Any, *, spec: Any = None, val_data: Any = Non
 
     _check_path(spec, "cis.train: spec", "a spec file (TOML) or a CisSpec", CisSpec)
     _check_path(out, "cis.train: out", "a folder for the run")
+    _check_settings(settings)
     if out is not None:
         check_folder(out, "cis.train: out (the run dir)")
     folder = Path(out) if out is not None else Path(tempfile.mkdtemp(prefix="cis-run-"))
@@ -115,6 +116,22 @@ def _check_path(value: Any, what: str, expected: str, *kinds: type) -> None:
     """One line unless ``value`` is None, a path (a str or a Path) or one of ``kinds``."""
     if value is not None and not isinstance(value, (str, Path, *kinds)):
         raise CisError(f"{what} is a {type(value).__name__} ({value!r:.60}); expected {expected}")
+
+
+def _check_settings(settings: dict[str, Any]) -> None:
+    """One line for a setting that is no field of RunConfig, naming the known ones."""
+    import dataclasses
+    import difflib
+
+    from cis.training.config import RunConfig
+
+    known = sorted(f.name for f in dataclasses.fields(RunConfig))
+    for name in settings:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise CisError(f"cis.train: unknown setting {name!r}{hint}; expected a field of "
+                           f"cis.training.config.RunConfig: {', '.join(known)}")  # fmt: skip
 
 
 def _model_settings(stages: Any) -> dict[str, Any]:
@@ -149,12 +166,13 @@ def _data_reference(folder: Path, train_data: Any, val_data: Any, test_data: Any
         raise CisError("cis.train: val_data without test_data; expected test_data too (or neither: a seeded split)")
     parts = [("train", train_data), ("val", val_data), ("test", test_data)]
     tables = [(code, _table(data, name)) for code, (name, data) in enumerate(parts) if data is not None]
+    names = classes if classes is not None else tables[0][1][2]
+    _check_parts([(parts[code][0], t[0], t[1]) for code, t in tables], names)
     arrays: dict[str, np.ndarray] = {
         "x": np.concatenate([t[0] for _, t in tables]), "y": np.concatenate([t[1] for _, t in tables]),
     }
     if len(tables) > 1:
         arrays["split"] = np.concatenate([np.full(len(t[1]), code, np.int64) for code, t in tables])
-    names = classes if classes is not None else tables[0][1][2]
     if names is not None:
         arrays["classes"] = np.array([str(c) for c in names])
     folder.mkdir(parents=True, exist_ok=True)
@@ -169,13 +187,46 @@ def _table(data: Any, part: str) -> tuple[np.ndarray, np.ndarray, list[str] | No
         raise CisError(f"cis.train {part}_data: a {type(data).__name__}; expected a tuple (x, y) of arrays or tensors "
                        "(a dict's arrays as (d['x'], d['y'])), a map-style dataset (len(ds), ds[i] -> (x, y)) or a "
                        "--data reference (digits, FILE.npz, DIR, hf:DIR, PATH.py:FACTORY)")  # fmt: skip
-    if isinstance(data, tuple) and len(data) == 2 and all(hasattr(a, "shape") for a in data):
-        x, y = (np.asarray(a.detach().cpu() if hasattr(a, "detach") else a) for a in data)
-        return x, y, None
+    from cis.training.data.dataset import checked_labels, checked_x
     from cis.training.data.sources import materialise
 
-    table = materialise(data, f"cis.train {part}_data", part if part != "train" else "")
-    return table.x, table.y, table.classes
+    where = f"cis.train {part}_data"
+    if isinstance(data, tuple) and not all(isinstance(d, (tuple, list)) and len(d) == 2 for d in data):
+        if len(data) != 2 or not all(hasattr(a, "shape") for a in data):  # not samples, nor (x, y) of arrays
+            kinds = ", ".join(type(a).__name__ for a in data[:4]) + (", ..." if len(data) > 4 else "")
+            raise CisError(f"{where}: a tuple of {len(data)} ({kinds}); expected a tuple (x, y) of two arrays "
+                           "or tensors (np.asarray(...) of lists) or a map-style dataset (len(ds), ds[i] -> (x, y))")
+        x, y = (np.asarray(a.detach().cpu() if hasattr(a, "detach") else a) for a in data)
+        names = None
+    else:
+        table = _named(materialise, data, where, part if part != "train" else "")
+        x, y, names = table.x, table.y, table.classes
+    x = _named(checked_x, x, where)
+    return x, _named(checked_labels, y, len(x), where), names
+
+
+def _named(check: Any, *args: Any) -> Any:
+    """``check(*args)``, its one line naming the argument (``cis.train train_data: ...``), not ``data ...``."""
+    try:
+        return check(*args)
+    except CisError as exc:
+        raise CisError(str(exc).removeprefix("data ")) from None
+
+
+def _check_parts(parts: list[tuple[str, np.ndarray, np.ndarray]], names: Sequence[str] | None) -> None:
+    """Across the parts (name, x, y): one sample shape, labels below the class names' count, two classes present."""
+    from cis.training.data.dataset import check_classes_present
+
+    for part, x, y in parts:
+        if x.shape[1:] != parts[0][1].shape[1:]:
+            raise CisError(f"cis.train {part}_data: samples of shape {x.shape[1:]}, {parts[0][0]}_data's "
+                           f"{parts[0][1].shape[1:]}; expected one shape")  # fmt: skip
+        if names is not None and int(y.max()) >= len(names):
+            i = int(np.argmax(y >= len(names)))
+            raise CisError(f"cis.train {part}_data: sample {i} has label {int(y[i])}; expected labels "
+                           f"0..{len(names) - 1} ({len(names)} class names)")  # fmt: skip
+    where = "cis.train " + ", ".join(f"{part}_data" for part, _, _ in parts)
+    _named(check_classes_present, np.concatenate([y for _, _, y in parts]), where)
 
 
 def export(run: Run | str | Path, out: str | Path | None = None, **options: Any) -> Path:

@@ -9,7 +9,7 @@ optionally, a ``node`` and a ``split`` per sample, checked once here:
   0..K-1, K >= 2: the number of class names where the data names them, else the spec's ``classes``
   where ``cis train --spec`` gives one, else max(y) + 1; with K guessed from the largest label, a
   class no sample has is a mistake too (a stray label 9 among 0..2, or labels 0 and 2 only); with K
-  stated, a class without samples is logged as a warning;
+  stated, a class without samples is logged as a warning, but samples of at least two classes must be there;
 - ``x`` holds numbers with no NaN or inf; floats become float32, integers and booleans int64
   (token ids, for instance);
 
@@ -168,6 +168,9 @@ def checked_x(x: np.ndarray, where: str, origin: Origin = ()) -> np.ndarray:
     x = np.asarray(x)
     if x.ndim < 2:
         raise CisError(f"data {where}: x has shape {x.shape}; expected one row per sample, (N, ...) with N >= 1")
+    if not len(x):
+        raise CisError(f"data {where}: x has no samples (shape {x.shape}); expected one row per sample, (N, ...) "
+                       "with N >= 1")  # fmt: skip
     if np.issubdtype(x.dtype, np.floating):
         bad = ~np.isfinite(x)
         if bad.any():
@@ -212,6 +215,7 @@ def class_names(names: list[str] | None, y: np.ndarray, where: str, origin: Orig
         )
     if k < 2:
         raise CisError(f"data {where}: {k} class; expected at least 2 classes")
+    check_classes_present(y, where, said)
     absent = np.flatnonzero(np.bincount(y, minlength=k) == 0).tolist()
     if absent and said is None:  # K guessed from the largest label, and labels below it unused
         last = int(np.argmax(y == k - 1))
@@ -223,6 +227,15 @@ def class_names(names: list[str] | None, y: np.ndarray, where: str, origin: Orig
     if absent:
         logger.warning("data %s: no sample has label %s of the %d classes (%s)", where, listed(absent), k, said)
     return [str(c) for c in names] if names is not None else [str(c) for c in range(k)]
+
+
+def check_classes_present(y: np.ndarray, where: str, said: str | None = None) -> None:
+    """One line unless samples of at least two classes are present (whatever K the names or a spec state)."""
+    present = np.unique(y).tolist()
+    if len(present) < 2:
+        stated = f" of {said}" if said else ""
+        raise CisError(f"data {where}: every sample has label {present[0]} (1 class present{stated}); expected "
+                       "samples of at least 2 classes")  # fmt: skip
 
 
 def listed(values: Sequence[object], most: int = 6) -> str:

@@ -1,10 +1,11 @@
 """Image folders: ``DIR/<class>/*`` or ``DIR/{train,test}[,val]/<class>/*``, decoded to uint8 (N, C, H, W).
 
 Classes are the class folders in alphabetical order (those of ``train/`` in the split layout, which
-``test/`` and ``val/`` repeat); at least two, each with images. Images are png, jpg, bmp, gif,
-tif or webp (what ``cis infer`` reads too). Unless the caller fixes them (CIFAR: 32x32 RGB), the size
-is the most common one among the images (the others are resized to it, bilinear) and the channels
-are 1 when every image is greyscale, else 3 (RGB).
+``test/`` and ``val/`` repeat); at least two, each with images. Hidden (dot) folders and files, such as
+``.ipynb_checkpoints``, are skipped; split folders without both ``train/`` and ``test/`` are an error.
+Images are png, jpg, bmp, gif, tif or webp (what ``cis infer`` reads too). Unless the caller fixes
+them (CIFAR: 32x32 RGB), the size is the most common one among the images (the others are resized to
+it, bilinear) and the channels are 1 when every image is greyscale, else 3 (RGB).
 
 Decoded folders are cached as ``.npz`` under ``$CIS_CACHE_DIR`` (default ``~/.cache/cis``), keyed by
 the folder's path and its files' sizes and mtimes; the folder itself is never written to.
@@ -67,6 +68,7 @@ def read_image_folder(
 def _listing(root: Path) -> tuple[list[tuple[Path, int]], np.ndarray, list[str]]:
     """Every image with its label, the split code of each, and the classes."""
     if not has_split_layout(root):
+        _check_no_half_split(root)
         classes = _class_dirs(root)
         files = _class_files(root, classes)
         return files, np.full(len(files), -1, np.int64), classes
@@ -76,7 +78,7 @@ def _listing(root: Path) -> tuple[list[tuple[Path, int]], np.ndarray, list[str]]
         folder = root / name
         if not folder.is_dir():
             continue
-        extra = sorted({p.name for p in folder.iterdir() if p.is_dir()} - set(classes))
+        extra = sorted(set(_subfolders(folder)) - set(classes))
         if extra:
             raise CisError(f"image folder {folder}: classes {extra} are not in train/, expected the same classes")
         part = _class_files(folder, classes)
@@ -85,8 +87,28 @@ def _listing(root: Path) -> tuple[list[tuple[Path, int]], np.ndarray, list[str]]
     return files, np.array(split, np.int64), classes
 
 
+def _visible(path: Path) -> bool:
+    """Not a hidden (dot) file or folder: .ipynb_checkpoints, .DS_Store, macOS's ._ files are not data."""
+    return not path.name.startswith(".")
+
+
+def _subfolders(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.is_dir() and _visible(p))
+
+
+def _check_no_half_split(root: Path) -> None:
+    """Split folders (train/, val/, test/) without both train/ and test/ are not classes: one line."""
+    found = _subfolders(root)
+    if found and set(found) <= set(SPLIT_DIRS):
+        listing = ", ".join(f"{name}/" for name in found)
+        raise CisError(
+            f"image folder {root}: {listing} without {'test/' if 'train' in found else 'train/'}; expected train/ and "
+            f"test/ together ({root}/{{train,test}}[,val]/<class>/*.png) or class folders ({root}/<class>/*.png)"
+        )
+
+
 def _class_dirs(folder: Path) -> list[str]:
-    classes = sorted(p.name for p in folder.iterdir() if p.is_dir())
+    classes = _subfolders(folder)
     if len(classes) < 2:
         found = f"1 class folder ({classes[0]}/)" if classes else "no class folders"
         raise CisError(f"image folder {folder}: {found}; expected at least 2 classes, {folder}/<class>/*.png")
@@ -100,7 +122,9 @@ def _class_files(folder: Path, classes: list[str]) -> list[tuple[Path, int]]:
         cls_dir = folder / cls
         if not cls_dir.is_dir():
             raise CisError(f"image folder {folder}: class folder {cls!r} not found, expected the classes of train/")
-        images = sorted(p for p in cls_dir.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+        images = sorted(
+            p for p in cls_dir.iterdir() if p.is_file() and _visible(p) and p.suffix.lower() in IMAGE_SUFFIXES
+        )
         if not images:
             raise CisError(f"image folder {cls_dir}: no images, expected {', '.join(IMAGE_SUFFIXES)} files")
         files.extend((p, label) for p in images)

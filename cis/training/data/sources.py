@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from cis.core.errors import CisError
+from cis.core.errors import CisError, error_line
 from cis.core.extras import require
 from cis.core.user_code import call
 from cis.training.data.data_ref import DataRef
@@ -86,22 +86,26 @@ def read_hf(ref: DataRef) -> Table:
         ) from None
     if isinstance(loaded, datasets.DatasetDict):
         parts = _named_parts(dict(loaded), ref.text, "DatasetDict")
-        return _concat([None if d is None else _hf_table(d, ref) for d in parts], ref.text)
+        return _concat([None if d is None else _hf_table(d, ref, part) for d, part in zip(parts, SPLITS)], ref.text)
     return _hf_table(loaded, ref)
 
 
-def _hf_table(ds: Any, ref: DataRef) -> Table:
+def _hf_table(ds: Any, ref: DataRef, part: str = "") -> Table:
     names = list(ds.column_names)
+    for axis in ("x", "y"):
+        if ref.options.get(axis) and ref.options[axis] not in names:
+            raise CisError(f"data {ref.text}: no column {ref.options[axis]!r} for {axis} (columns {names}); "
+                           f"expected ?{axis}= one of them")  # fmt: skip
     y_col = ref.options.get("y") or next((c for c in HF_LABELS if c in names), None)
-    if y_col is None or y_col not in names:
+    if y_col is None:
         raise CisError(f"data {ref.text}: no label column (columns {names}); expected 'label' or 'labels', or ?y=COL")
     x_col = ref.options.get("x") or next(
         (c for c in names if c not in (y_col, "node", "split") and _array_like(ds.features[c])), None
     )
-    if x_col is None or x_col not in names:
+    if x_col is None:
         raise CisError(f"data {ref.text}: no column of arrays or images for x (columns {names}); expected ?x=COL")
     image = type(ds.features[x_col]).__name__ == "Image"
-    x = _hf_images(ds[x_col], ref.text) if image else np.asarray(ds.with_format("numpy")[x_col])
+    x = _hf_images(ds[x_col], ref.text) if image else _hf_arrays(ds.with_format("numpy")[x_col], x_col, ref.text, part)
     label = ds.features[y_col]
     classes = list(label.names) if hasattr(label, "names") else None
     extra = {c: np.asarray(ds[c]) if c in names else None for c in ("node", "split")}
@@ -112,6 +116,28 @@ def _array_like(feature: Any) -> bool:
     kind = type(feature).__name__
     return kind in ("Image", "Sequence", "List", "LargeList", "Array2D", "Array3D", "Array4D", "Array5D") or (
         kind == "Value" and str(getattr(feature, "dtype", "")).startswith(("float", "int", "uint", "bool"))
+    )
+
+
+def _hf_arrays(column: Any, name: str, where: str, part: str) -> np.ndarray:
+    """A column of arrays as one array (N, ...); one line naming two rows whose lengths differ (ragged sequences)."""
+    try:
+        x = np.asarray(column)
+    except ValueError:
+        x = np.empty(0, object)
+    if x.dtype != object:
+        return x
+    rows = list(column)
+    shapes = [np.shape(np.asarray(r, dtype=object)) for r in rows]
+    i = next((i for i, s in enumerate(shapes) if s != shapes[0]), 0)
+    if not i:
+        return np.asarray(rows, dtype=object)  # one shape, not numbers: the checks name the dtype
+    label = (part + " sample") if part else "sample"
+    lengths = len(shapes[0]) == len(shapes[i]) == 1  # sequences: say their lengths
+    what, first, other = ("length", shapes[0][0], shapes[i][0]) if lengths else ("shape", shapes[0], shapes[i])
+    raise CisError(
+        f"data {where}: column {name!r} holds rows of different lengths ({label} 0 has {what} {first}, {label} {i} "
+        f"has {what} {other}); expected rows of one length (pad the sequences to one length)"
     )
 
 
@@ -166,8 +192,8 @@ def materialise(ds: Any, where: str, part: str) -> Table:
     xs: list[np.ndarray] = []
     ys: list[np.ndarray] = []
     name = (part + " sample") if part else "sample"
-    for i in range(len(ds)):
-        item = ds[i]
+    for i in range(_length(ds, where, part)):
+        item = _item(ds, i, where, name)
         if not isinstance(item, (tuple, list)) or len(item) != 2:
             raise CisError(f"data {where}: {name} {i} is a {type(item).__name__}; expected a pair (x, y)")
         x, y = np.asarray(item[0]), np.asarray(item[1])
@@ -186,6 +212,25 @@ def materialise(ds: Any, where: str, part: str) -> Table:
         raise CisError(f"data {where}: an empty dataset; expected samples (x, y)")
     classes = getattr(ds, "classes", None)
     return Table(np.stack(xs), np.stack(ys), [str(c) for c in classes] if isinstance(classes, list) else None)
+
+
+def _length(ds: Any, where: str, part: str) -> int:
+    """``len(ds)``; what the user's ``__len__`` raises is one line."""
+    try:
+        return int(len(ds))
+    except Exception as exc:  # noqa: BLE001  the user's code
+        dataset = f"the {part} dataset" if part else "the dataset"
+        raise CisError(f"data {where}: len() of {dataset} raised {error_line(exc)}; expected its number of "
+                       "samples") from None  # fmt: skip
+
+
+def _item(ds: Any, i: int, where: str, name: str) -> Any:
+    """``ds[i]``; what the user's ``__getitem__`` raises is one line naming the sample."""
+    try:
+        return ds[i]
+    except Exception as exc:  # noqa: BLE001  the user's code
+        raise CisError(f"data {where}: reading {name} {i} (ds[{i}]) raised {error_line(exc)}; expected a pair "
+                       "(x, y) for every index 0..len(ds)-1") from None  # fmt: skip
 
 
 def _kind(a: np.ndarray) -> str:

@@ -14,6 +14,9 @@ data (J = ceil(local_epochs * max_i |S_i| / batch)), so a node with less data
 does proportionally more epochs over its own (the paper's "local epochs scaled
 by largest / own dataset"). Batches walk through seeded permutations of the
 node's data; a node with fewer samples than the batch size uses all of them.
+
+A loss that is NaN or infinite (training that diverged, or a model whose output is not finite) is
+:class:`NonFiniteLoss`, a one-line error; the engine names the round, node and exit it happened in.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Protocol
 import torch
 from torch import Tensor
 
+from cis.core.errors import CisError
 from cis.training.cis_options import OPTIMIZERS
 from cis.training.data.loading import augment_batch
 from cis.training.graphs import exit_loss
@@ -45,6 +49,22 @@ class Client:
     @property
     def size(self) -> int:
         return len(self.y)
+
+
+class NonFiniteLoss(CisError):
+    """A local step's loss is NaN or infinite: training diverged (too high a learning rate) or the model's output
+    is not finite. One line; the engine adds where (round, node, exit) and the run fails with exit status 2."""
+
+
+def finite_loss(loss: Tensor | float, lr: float, where: str = "") -> float:
+    """``loss`` as a float; :class:`NonFiniteLoss` where it is NaN or infinite (``where``: e.g. which step)."""
+    value = float(loss.detach()) if isinstance(loss, Tensor) else float(loss)
+    if not math.isfinite(value):
+        raise NonFiniteLoss(
+            f"the training loss is {value}{where} at lr {lr:g}; expected a finite loss: training diverged, try a lower "
+            "--lr (or --clip-grad-norm), or, where the model's own output is NaN or inf, fix the model"
+        )
+    return value
 
 
 class LocalTrainer(Protocol):
@@ -118,6 +138,7 @@ class LocalSGD:
         self.batch_size, self.steps, self.total_rounds = batch_size, steps, total_rounds
         self.schedule, self.augment = schedule, augment
         self.optimizer, self.clip_grad_norm = optimizer, clip_grad_norm
+        self.step_loss = 0.0  # the last descend's loss
 
     def lr_at(self, round: int) -> float:
         return cosine_lr(self.lr, round, self.total_rounds, self.schedule)
@@ -131,16 +152,20 @@ class LocalSGD:
 
     def descend(self, opt: torch.optim.Optimizer, loss: Tensor, model: torch.nn.Module) -> None:
         """One step down ``loss``: gradients, clipped to ``clip_grad_norm`` (their total norm) where set, then
-        the optimizer's step."""
+        the optimizer's step. Sets ``step_loss`` (the loss as a float); a NaN or infinite loss raises
+        :class:`NonFiniteLoss`."""
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if self.clip_grad_norm is not None:
             torch.nn.utils.clip_grad_norm_(model.parameters(), self.clip_grad_norm)
         opt.step()
+        # read once the step is queued (no extra wait); a NaN or inf loss is NonFiniteLoss, one line
+        self.step_loss = finite_loss(loss, opt.param_groups[0]["lr"])
 
     def round_stats(self, total_loss: float, client: Client, lr: float, steps: int | None = None) -> dict:
         """What a round of ``steps`` (default J) local steps reports: mean loss, steps, samples seen, lr."""
         steps = self.steps if steps is None else steps
+        finite_loss(total_loss, lr, f" (summed over the round's {steps} steps)")
         samples = steps * min(self.batch_size, client.size)
         return {"loss": total_loss / steps, "steps": steps, "samples": samples, "lr": lr}
 
@@ -173,7 +198,7 @@ class ExitSGDTrainer(LocalSGD):
                 xb = augment_batch(xb, gen, **self.augment)
             loss = self.exit_loss(model, xb, yb, exit)
             self.descend(opt, loss, model)
-            total += float(loss.detach())
+            total += self.step_loss
         return self.round_stats(total, client, lr, steps)
 
     # Resume: only tensors. Per node, its optimizer's per-parameter state as "<parameter index>.<name>"

@@ -5,7 +5,7 @@ The file is read with ``torch.load(..., weights_only=True)`` (tensors only, neve
 Lightning-style checkpoint). A tensor loads where its name is the model's, or, for a model whose stages came
 from one backbone (:func:`cis.training.models.backbone.with_exits`, or any ``(body, head)`` pairs), where its name is
 the backbone's own: the model's ``stage_list.K.body.NAME`` takes the file's ``NAME`` (where no other body has
-a ``NAME``). A partial load says so in one line each: which of the model's tensors the file did not give
+a ``NAME``). A partial load says so in one line each, as warnings: which of the model's tensors the file did not give
 (missing, e.g. the new exit heads) and which of the file's the model has no place for (unexpected, e.g. the
 backbone's own classifier). A tensor whose shape differs from the model's, or a file none of whose tensors
 fit, is one line and exit 2.
@@ -17,6 +17,7 @@ and where nothing fits, the line names the prefix whose stripping would make the
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -25,6 +26,8 @@ import torch
 from torch import Tensor, nn
 
 from cis.core.errors import CisError, error_line
+
+logger = logging.getLogger(__name__)
 
 _BODY = re.compile(r"^stage_list\.\d+\.body\.")
 _SHOWN = 6
@@ -92,10 +95,26 @@ def fitting_prefix(model_keys: list[str], file_keys: list[str]) -> str:
     return ""
 
 
+def _warning(log: Callable[[str], None]) -> Callable[[str], None]:
+    """Where a partial load's lines go: WARNING records (``--log-level warning`` and ``--json`` still show them on
+    stderr), of ``log``'s own logger where it is a logger's method, and to ``log`` too where it is not (a caller
+    that collects the lines)."""
+    owner = getattr(log, "__self__", None)
+    if isinstance(owner, logging.Logger):
+        return owner.warning
+
+    def both(line: str) -> None:
+        logger.warning(line)
+        log(line)
+
+    return both
+
+
 def load_weights(model: nn.Module, path: str | Path, log: Callable[[str], None],
                  prefix: str | None = None) -> dict[str, list[str]]:
     """Load the file's tensors into ``model`` in place (``prefix`` stripped from their names first); log what
-    loaded, what is missing, what is unexpected (one line each); returns {"loaded", "missing", "unexpected"}
+    loaded, what is missing, what is unexpected (one line each: WARNING records where the load is partial);
+    returns {"loaded", "missing", "unexpected"}
     (model keys, model keys, file keys)."""
     state = read_state_dict(path)
     if prefix:
@@ -121,9 +140,10 @@ def load_weights(model: nn.Module, path: str | Path, log: Callable[[str], None],
     used = set(pairs.values())
     missing = [k for k in own if k not in pairs]
     unexpected = [k for k in state if k not in used]
-    log(f"--weights {path}: loaded {len(pairs)} of the model's {len(own)} tensors")
+    say = _warning(log) if missing or unexpected else log
+    say(f"--weights {path}: loaded {len(pairs)} of the model's {len(own)} tensors")
     if missing:
-        log(f"--weights {path}: missing {len(missing)} (the model's own start): {_listing(missing)}")
+        say(f"--weights {path}: missing {len(missing)} (the model's own start): {_listing(missing)}")
     if unexpected:
-        log(f"--weights {path}: unexpected {len(unexpected)} (not used): {_listing(unexpected)}")
+        say(f"--weights {path}: unexpected {len(unexpected)} (not used): {_listing(unexpected)}")
     return {"loaded": list(pairs), "missing": missing, "unexpected": unexpected}

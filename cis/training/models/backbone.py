@@ -111,11 +111,16 @@ def split_after(backbone: nn.Module, after: Sequence[str]) -> list[fx.GraphModul
     after = list(after)
     modules = dict(backbone.named_modules())
     unknown = [a for a in after if a not in modules or not a]
-    if unknown or len(set(after)) != len(after) or not after:
+    twice = [a for k, a in enumerate(after) if a in after[:k]]
+    if unknown or twice or not after:
         top = ", ".join(n for n, _ in backbone.named_children())
+        what = (
+            "no names" if not after else f"first unknown: {unknown[0] or repr('')}" if unknown
+            else f"{twice[0]} named twice"
+        )
         raise CisError(
             f"with_exits: after={after!r}; expected distinct names of the backbone's modules "
-            f"(first unknown: {unknown[0] if unknown else '-'}; its top-level modules: {top})"
+            f"({what}; its top-level modules: {top})"
         )
     was_training = backbone.training
     backbone.eval()

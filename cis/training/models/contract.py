@@ -245,7 +245,8 @@ def check_chain(model: EarlyExitNet, x: Tensor, num_classes: int | None = None, 
     """Run one small batch ``x`` through every body and head (eval mode, no gradient) before training.
 
     One line names the stage (and the stage before it) and the shapes where a body cannot take the carry,
-    a body returns something other than one tensor, or a head's logits are not (N, num_classes)."""
+    a body returns something other than one tensor, or a head's logits are not (N, num_classes), not
+    floating-point, or NaN or inf."""
     was_training = model.training
     model.eval()
     try:
@@ -279,13 +280,37 @@ def check_chain(model: EarlyExitNet, x: Tensor, num_classes: int | None = None, 
                         f"({error_line(exc)})"
                     ) from None
                 carry = features
-            if not isinstance(logits, Tensor) or logits.dim() != 2 or logits.shape[0] != n or (
-                num_classes is not None and logits.shape[1] != num_classes
-            ):
-                want = f"({n}, {num_classes})" if num_classes is not None else f"({n}, classes)"
-                raise CisError(f"{where}: stage {k}'s head returned {_describe(logits)}; expected logits {want}")
+            _check_logits(logits, k, n, num_classes, where, carry if isinstance(stage, Stage) else None)
     finally:
         model.train(was_training)
+
+
+def _check_logits(logits: Any, k: int, n: int, num_classes: int | None, where: str, features: Any = None) -> None:
+    """Stage ``k``'s head output on the check batch of ``n``: floating-point logits (N, num_classes), none NaN or
+    +inf (-inf, a class masked out, is fine); one line otherwise (``features``: its body's output, if known)."""
+    want = f"({n}, {num_classes})" if num_classes is not None else f"({n}, classes)"
+    if not isinstance(logits, Tensor) or logits.dim() != 2 or logits.shape[0] != n or (
+        num_classes is not None and logits.shape[1] != num_classes
+    ):
+        raise CisError(f"{where}: stage {k}'s head returned {_describe(logits)}; expected logits {want}")
+    if not logits.is_floating_point():
+        raise CisError(
+            f"{where}: stage {k}'s head returned {_describe(logits)}; expected floating-point logits {want} "
+            "(training takes the cross-entropy of float logits)"
+        )
+    bad = torch.isnan(logits) | torch.isposinf(logits)
+    if bool(bad.any()):
+        kind = "NaN" if bool(torch.isnan(logits).any()) else "inf"
+        first = int(bad.any(dim=1).nonzero()[0, 0])
+        body = (
+            "; its body's output holds NaN or inf already"
+            if isinstance(features, Tensor) and features.is_floating_point() and not bool(features.isfinite().all())
+            else ""
+        )
+        raise CisError(
+            f"{where}: stage {k}'s head returned {kind} logits (check sample {first} of {n}{body}); expected finite "
+            "logits before training (look for a division by zero, a log of 0 or a NaN constant in the model)"
+        )
 
 
 @torch.no_grad()

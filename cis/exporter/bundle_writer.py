@@ -55,10 +55,10 @@ from cis.exporter.onnx_export import export_stage, resolve_exporter, tensor_info
 from cis.exporter.profile import LATENCY_BATCHES, random_feeds
 from cis.exporter.quantize import FEATURE_DTYPES, apply_feature_dtype, calibrate_int8, check_feature_dtype
 from cis.exporter.recalibration import Recalibration, previous_thresholds
-from cis.exporter.verify import DEFAULT_ATOL, ODD_BATCH, verify_stages
+from cis.exporter.verify import DEFAULT_ATOL, ODD_BATCH, torch_stages, verify_stages
 from cis.training.models.contract import is_int
 from cis.training.models.flops import count_flops
-from cis.training.models.stage_plan import StagePlan, describe_stages, run_plan
+from cis.training.models.stage_plan import StagePlan, describe_stages
 
 VAL_BATCH = 64
 Progress = Callable[[str], None]
@@ -167,6 +167,7 @@ def _load_run(run_dir: Path, spec: str | Path | CisSpec | dict | None, say: Prog
     from cis.training.checkpoint import check_spec_fits, checkpoint_files, load_checkpoint
     from cis.training.data.loading import load_run_data
 
+    _check_model_file(run_dir)
     model, meta, _ = load_checkpoint(run_dir, allow_model_change)  # said once read: a mistake is the only line
     say(f"loaded checkpoint {run_dir}")
     weights_path, meta_path = checkpoint_files(run_dir)
@@ -195,12 +196,30 @@ def _load_run(run_dir: Path, spec: str | Path | CisSpec | dict | None, say: Prog
     return ExportRun(weights_path.parent, model, meta, weights_path, spec_obj, val, plan)  # the run folder
 
 
+def _check_model_file(run_dir: Path) -> None:
+    """A user model whose file is gone since the run: one line naming the path the run recorded and what to do
+    (the rebuild's own line names a --model flag that cis export does not have)."""
+    from cis.training.checkpoint import read_meta
+
+    meta, meta_path = read_meta(run_dir)
+    record = meta.get("model")
+    ref = record.get("reference") if isinstance(record, dict) else None
+    head, sep, _ = str(ref).rpartition(":")
+    if not isinstance(ref, str) or not sep or not head.endswith(".py") or Path(head).expanduser().is_file():
+        return
+    fix = "restore it there, or train again with --model pointing where it is now"
+    if not Path(head).expanduser().is_absolute():
+        fix = f"run cis export from the folder the run was trained in (the path is relative to it), {fix}"
+    raise CisError(f"{meta_path}: the run's model file {head} (model {ref}) is not there; expected the file the "
+                   f"run was trained with, which the export rebuilds the model from: {fix}")
+
+
 def _export_stages(
     plan: StagePlan, gen: torch.Generator, opset: int, exporter: str, say: Progress
 ) -> tuple[list[onnx.ModelProto], list[int], list[int]]:
     """Step 3: every stage to a static fp32 ONNX graph; with its FLOPs and parameter count."""
     example = plan.example_inputs(2, gen)
-    torch_chain = run_plan(plan, example)
+    torch_chain = torch_stages(plan, example)
     models, flops, params = [], [], []
     carry = dict(example)
     for st, touts in zip(plan.stages, torch_chain):
@@ -238,10 +257,11 @@ def _feature_dtypes(
     say("calibrating int8 carries and comparing feature dtypes on validation data")
     samples: dict[str, list[np.ndarray]] = {}
     for start in range(0, len(val), 256):
-        outs = run_plan(plan, {INPUT: torch.from_numpy(val.x[start : start + 256])})
+        outs = torch_stages(plan, {INPUT: torch.from_numpy(val.x[start : start + 256])})
         for st, o in zip(plan.stages, outs):
             for n in st.carry:
-                samples.setdefault(n, []).append(o[n].numpy())
+                if o[n].dtype == torch.float32:  # the variants convert only float32 carries
+                    samples.setdefault(n, []).append(o[n].numpy())
     qparams = calibrate_int8(samples)
     del samples
     report: dict[str, Any] = {}
@@ -268,6 +288,9 @@ def _feature_dtypes(
             "max_abs_logit_diff_vs_fp32": {str(e): float(np.max(np.abs(logits[e] - fp32_logits[e]))) for e in logits},
             "bytes_per_forwarded_request": {str(i.exit): i.carry_bytes_per_sample() for i in infos if i.carry_outputs},
         }
+        as_is = {t.name: t.dtype for i in infos for t in i.carry_outputs if t.dtype != FEATURE_DTYPES[name]}
+        if as_is and name != "fp32":  # not float32: every variant forwards them as they are (cis/exporter/quantize.py)
+            report[name]["carries_as_is"] = as_is
         if name == feature_dtype:
             chosen = (models, infos, logits)
     assert chosen is not None
@@ -321,7 +344,7 @@ def export_bundle(
     out_dir: str | Path,
     spec: str | Path | CisSpec | dict | None = None,
     feature_dtype: str = "fp32",
-    opset: int = 17,
+    opset: int | None = None,
     trt: bool = False,
     trt_fp16: bool = True,
     exporter: str = "auto",
@@ -343,10 +366,9 @@ def export_bundle(
     updated with the measured arrival rates (:func:`cis.runtime.measure.update_spec`). ``val``: the validation samples
     to verify, calibrate and profile on, a :class:`cis.training.data.dataset.Dataset` (``load_dataset(REF).val``;
     default: the run's dataset's validation split, rebuilt from its seed). ``allow_model_change``: rebuild a user
-    model whose file changed since the run.
-
-    Returns the report: the manifest's main fields plus verification figures,
-    per-feature-dtype accuracy and bytes, and the calibrated shares.
+    model whose file changed since the run. ``opset``: None gives 17 (18 with the dynamo exporter, which refuses
+    a lower one). Returns the report: the manifest's main fields plus verification figures, per-feature-dtype
+    accuracy and bytes, and the calibrated shares.
     """
     say = progress or _noop
     out_dir = Path(out_dir)
@@ -390,7 +412,7 @@ def _stages(run, how: tuple[int, str], atol: float, feature_dtype: str, threads:
     return models, infos, logits, verification, dtype_report, (flops, params)
 
 
-def _check_before_export(out_dir: Path, feature_dtype: str, exporter: str, opset: int, trt: bool,
+def _check_before_export(out_dir: Path, feature_dtype: str, exporter: str, opset: int | None, trt: bool,
                          latency_repeats: int) -> tuple[str, int]:
     """What can be refused before the slow part (the feature dtype, exporter, --out, TensorRT, the latency
     repeats); the exporter and opset resolved."""
@@ -398,7 +420,7 @@ def _check_before_export(out_dir: Path, feature_dtype: str, exporter: str, opset
         raise CisError(f"--latency-repeats is {latency_repeats!r}; expected an integer >= 1 (timed runs per stage "
                        "and batch size)")
     check_feature_dtype(feature_dtype)
-    exporter, opset = resolve_exporter(exporter, opset)
+    exporter, opset = resolve_exporter(exporter, opset, strict=True)  # dynamo with opset < 18: refused
     _prepare_out(out_dir)
     if trt:
         from cis.exporter.tensorrt import require_tensorrt

@@ -55,17 +55,29 @@ class ExportError(CisError):
     """The torch-to-ONNX conversion failed or produced a graph we cannot serve."""
 
 
-def resolve_exporter(exporter: str, opset: int) -> tuple[str, int]:
-    """The exporter to use and the opset it will write."""
+def resolve_exporter(exporter: str, opset: int | None, strict: bool = False) -> tuple[str, int]:
+    """The exporter to use and the opset it will write (``opset`` None: the exporter's lowest, 17 or 18). The
+    dynamo exporter writes opset 18 or newer: a lower ``opset`` is raised to 18, or refused with ``strict``
+    (``cis export --opset``, :func:`cis.exporter.bundle_writer.export_bundle`: an opset asked for is the one
+    written)."""
     if exporter not in EXPORTERS:
         raise CisError(f"exporter {exporter!r}: unknown; expected one of {', '.join(EXPORTERS)}")
-    if isinstance(opset, bool) or not isinstance(opset, int) or opset < MIN_OPSET:
+    if opset is not None and (isinstance(opset, bool) or not isinstance(opset, int) or opset < MIN_OPSET):
         raise CisError(f"opset {opset!r}: expected an integer >= {MIN_OPSET}")
+    chosen = exporter
     if exporter == "auto":
-        exporter = "torchscript" if _has_torchscript_exporter() else "dynamo"
-    if exporter == "dynamo":
-        opset = max(opset, DYNAMO_MIN_OPSET)
-    return exporter, opset
+        chosen = "torchscript" if _has_torchscript_exporter() else "dynamo"
+    if chosen != "dynamo":
+        return chosen, MIN_OPSET if opset is None else opset
+    if strict and opset is not None and opset < DYNAMO_MIN_OPSET:
+        how = "the dynamo exporter"
+        if exporter == "auto":
+            how = "auto picks the dynamo exporter (this torch has no other), which"
+        raise CisError(
+            f"--opset {opset}: {how} writes opset {DYNAMO_MIN_OPSET} or newer; expected --opset >= {DYNAMO_MIN_OPSET} "
+            f"(or no --opset) with it, or --exporter torchscript for opset {opset}"
+        )
+    return chosen, DYNAMO_MIN_OPSET if opset is None else max(opset, DYNAMO_MIN_OPSET)
 
 
 def _has_torchscript_exporter() -> bool:
@@ -134,7 +146,7 @@ def _traceable():
 
 
 def export_stage(
-    stage: ExportStage, example: tuple[torch.Tensor, ...], opset: int = MIN_OPSET, exporter: str = "auto"
+    stage: ExportStage, example: tuple[torch.Tensor, ...], opset: int | None = MIN_OPSET, exporter: str = "auto"
 ) -> onnx.ModelProto:
     """Trace ``stage.module`` on ``example`` and return its ONNX model (checked)."""
     exporter, opset = resolve_exporter(exporter, opset)
@@ -254,14 +266,38 @@ def check_graph(model: onnx.ModelProto, stage: ExportStage, opset: int | None = 
             f"-> {list(stage.outputs)}"
         )
     for vi in list(model.graph.input) + list(model.graph.output):
-        dims = vi.type.tensor_type.shape.dim
-        if not dims or not dims[0].dim_param or dims[0].dim_value:
-            raise ExportError(f"{where}: tensor {vi.name!r} has no dynamic batch dimension")
-        rest = [d for d in dims[1:] if not d.dim_value]
-        if rest:
-            raise ExportError(
-                f"{where}: tensor {vi.name!r} has dynamic dimensions beyond the batch; expected static shapes"
-            )
+        _check_dims(where, vi)
+
+
+_DIMS_EXPECTED = "expected the batch on axis 0 of every input, output and carry and every other dimension fixed"
+
+
+def _check_dims(where: str, vi: onnx.ValueInfoProto) -> None:
+    """A dynamic batch on axis 0 and fixed sizes elsewhere; else one line naming the tensor, its shape in the
+    graph, the likely cause and the usual fix."""
+    dims = vi.type.tensor_type.shape.dim
+    shape = "(" + ", ".join(d.dim_param or (str(d.dim_value) if d.dim_value else "?") for d in dims) + ")"
+    what = f"{where}: tensor {vi.name!r} has shape {shape} in the exported graph"
+    moved = [i for i, d in enumerate(dims) if i and d.dim_param == BATCH]
+    if moved or (dims and dims[0].dim_value and any(d.dim_param and not d.dim_value for d in dims[1:])):
+        axis = f"axis {moved[0]}" if moved else "another axis"
+        raise ExportError(
+            f"{what}: the batch is on {axis}; {_DIMS_EXPECTED}: return it batch-first (batch_first=True for "
+            "an RNN or attention layer, or .transpose back to put the batch first before the body returns; the "
+            "next body transposes again)"
+        )
+    if not dims or not dims[0].dim_param or dims[0].dim_value:
+        raise ExportError(
+            f"{what}: no dynamic batch dimension; {_DIMS_EXPECTED}: keep axis 0 the batch (no reduction over it, "
+            "no reshape that folds it into another axis)"
+        )
+    rest = [i for i, d in enumerate(dims) if i and not d.dim_value]
+    if rest:
+        raise ExportError(
+            f"{what}: dimension {rest[0]} is not fixed; {_DIMS_EXPECTED}: a size the exporter cannot prove "
+            "constant comes from an operator such as torch.sort, topk or nonzero, or from a size computed from "
+            "the data; rewrite it with fixed sizes, or try --exporter dynamo (its shape analysis proves more)"
+        )
 
 
 def tensor_infos(values) -> tuple[TensorInfo, ...]:

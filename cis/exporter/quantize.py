@@ -12,6 +12,10 @@ states:
   (asymmetric, so a ReLU feature map uses all 256 levels). They are stored in the
   manifest beside each carry tensor (``scale``, ``zero_point``).
 
+Only float32 carries are converted: a carry of another dtype (a bool mask, int64 ids, a float64 tensor)
+and a passthrough input that is not float32 cross the boundary as they are in every variant (the manifest
+states each tensor's dtype, so the runtime forwards them as they are).
+
 The graphs are rewritten, not re-exported: every tensor of the exported graph
 gets a prefix, and conversion (or Identity) nodes join the new boundary names
 to the old ones, so any graph shape (features, token state, passthrough input)
@@ -71,7 +75,11 @@ def apply_feature_dtype(
 ) -> onnx.ModelProto:
     """The stage graph with its carry inputs and outputs in ``feature_dtype``."""
     check_feature_dtype(feature_dtype)
-    if feature_dtype == "fp32" or not (carry_in or carry_out):
+    if feature_dtype == "fp32":
+        return model
+    carry_in = convertible(model.graph.input, carry_in)
+    carry_out = convertible(model.graph.output, carry_out)
+    if not (carry_in or carry_out):
         return model
     if feature_dtype == "int8":
         missing = [n for n in (*carry_in, *carry_out) if n not in (qparams or {})]
@@ -94,6 +102,13 @@ def apply_feature_dtype(
     out.ir_version = model.ir_version
     onnx.checker.check_model(out)
     return out
+
+
+def convertible(values, carries: tuple[str, ...]) -> tuple[str, ...]:
+    """The carries among a graph's inputs or outputs (``values``) that a variant converts: the float32 ones."""
+    return tuple(
+        vi.name for vi in values if vi.name in carries and vi.type.tensor_type.elem_type == TensorProto.FLOAT
+    )
 
 
 class _CarryConversion:

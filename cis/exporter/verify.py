@@ -7,10 +7,15 @@ batch of validation data):
 - *chain vs full*: the graphs chained through :func:`cis.core.stages.runner.run_stages`
   against the full torch model's logits at every exit.
 
-Every output's max absolute difference must stay within ``atol`` (1e-4 for
-fp32) and the argmax of the logits must agree; a disagreement counts only
+Every float output's max absolute difference must stay within ``atol`` (1e-4 for
+fp32), every other output (a bool mask, int64 ids) must match exactly, and the argmax
+of the logits must agree; a disagreement counts only
 where torch's top two logits differ by more than ``atol`` (an exact tie may go
 either way). A failed check raises :class:`VerificationError` with the numbers.
+
+The torch side runs each stage on copies of its inputs (:func:`torch_stages`), so a body that changes its
+input in place (``nn.ReLU(inplace=True)`` first, ``x.mul_(2)``) leaves the tensors the previous stage returned
+as they were.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ import torch
 from cis.core.errors import CisError
 from cis.core.stages.contract import LOGITS
 from cis.core.stages.runner import StageRunner, run_stages
-from cis.training.models.stage_plan import StagePlan, run_plan
+from cis.training.models.stage_plan import StagePlan
 
 DEFAULT_ATOL = 1e-4
 ODD_BATCH = 17  # the odd batch size every check runs at besides 1 (catches batch-dependent shapes)
@@ -35,6 +40,45 @@ class VerificationError(CisError):
 
 def _np(t: torch.Tensor) -> np.ndarray:
     return t.detach().cpu().numpy()
+
+
+def torch_stages(plan: StagePlan, feeds: Mapping[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    """Each torch stage's named outputs, the stages chained as :func:`cis.training.models.stage_plan.run_plan`
+    does, but every stage fed copies: a stage that writes to its input in place changes neither ``feeds`` nor
+    what the stage before returned."""
+    carry = dict(feeds)
+    outs = []
+    with torch.no_grad():
+        for st in plan.stages:
+            values = st.module(*[carry[n].clone() for n in st.inputs])
+            if isinstance(values, torch.Tensor):
+                values = (values,)
+            if len(values) != len(st.outputs):
+                raise CisError(
+                    f"stage plan: stage {st.index} returned {len(values)} tensors; expected {len(st.outputs)} "
+                    f"{st.outputs}"
+                )
+            named = dict(zip(st.outputs, values))
+            outs.append(named)
+            carry = {n: named[n] for n in st.carry}
+    return outs
+
+
+def _is_float(a: np.ndarray) -> bool:
+    return np.issubdtype(a.dtype, np.floating)
+
+
+def _output_diff(name: str, got: np.ndarray, ref: np.ndarray) -> tuple[float, str | None]:
+    """(max abs difference of a float output, why a non-float one differs): a float output is compared with
+    the tolerance, any other (bool, integer) exactly."""
+    if _is_float(got) and _is_float(ref):
+        return (float(np.max(np.abs(got - ref))) if got.size else 0.0), None
+    if got.shape != ref.shape:
+        return 0.0, f"output {name!r} has shape {got.shape}, torch's {ref.shape}"
+    if np.array_equal(got, ref):
+        return 0.0, None
+    wrong = int(np.sum(got != ref))
+    return 0.0, f"output {name!r} ({ref.dtype}) differs in {wrong} of {ref.size} values; expected an exact match"
 
 
 def _argmax_mismatch(reference: np.ndarray, got: np.ndarray, atol: float) -> tuple[int, int]:
@@ -70,19 +114,23 @@ def verify_stages(
     report: dict = {"atol": atol, "batches": {}, "stage_max_abs_diff": {}, "chain_max_abs_diff": {}}
     failures: list[str] = []
     for label, feeds in batches.items():
-        torch_outs = run_plan(plan, feeds)
+        torch_outs = torch_stages(plan, feeds)
         with torch.no_grad():
-            full = [_np(t) for t in plan.reference(feeds)]
+            full = [_np(t) for t in plan.reference({k: v.clone() for k, v in feeds.items()})]
         n = len(next(iter(feeds.values())))
         entry: dict = {"size": n, "stages": {}, "chain": {}}
         # stage vs torch: each graph on its torch inputs
         carry = {k: _np(v) for k, v in feeds.items()}
         for st, runner, touts in zip(plan.stages, runners, torch_outs):
             got = runner.run({name: carry[name] for name in st.inputs})
-            diff = max(float(np.max(np.abs(got[name] - _np(touts[name])))) if got[name].size else 0.0
-                       for name in st.outputs)
-            entry["stages"][st.index] = _check(f"stage {st.index} vs torch at {label}", diff, _np(touts[LOGITS]),
-                                               got[LOGITS], atol, n, failures)
+            what = f"stage {st.index} vs torch at {label}"
+            diff = 0.0
+            for name in st.outputs:
+                d, exact = _output_diff(name, got[name], _np(touts[name]))
+                diff = max(diff, d)
+                if exact:
+                    failures.append(f"{what} (batch {n}): {exact}")
+            entry["stages"][st.index] = _check(what, diff, _np(touts[LOGITS]), got[LOGITS], atol, n, failures)
             report["stage_max_abs_diff"][st.index] = max(report["stage_max_abs_diff"].get(st.index, 0.0), diff)
             carry = {name: _np(touts[name]) for name in st.carry}
         # chain vs full

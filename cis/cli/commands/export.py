@@ -35,7 +35,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--window", type=float, metavar="SECONDS", help="with --rates-from: live, two snapshots SECONDS apart "
         "(default: since the nodes started); a requests file, its last SECONDS (default: all of it)"
     )
-    p.add_argument("--opset", type=int, default=17, help="ONNX opset, >= 17 (default 17)")
+    p.add_argument(
+        "--opset", type=int, help="ONNX opset, >= 17 (default 17; the dynamo exporter writes 18 or newer, its "
+        "default 18; a lower --opset with it is refused)"
+    )
     p.add_argument(
         "--feature-dtype",
         choices=["fp32", "fp16", "int8"],

@@ -93,6 +93,9 @@ def run_update(args: argparse.Namespace) -> int:
     from cis.core.rates import compute_rates
     from cis.runtime.measure import rates_from, updated_spec_text
 
+    if args.out and _same_file(args.out, args.design):  # before anything is measured or written
+        raise CisError(f"-o {args.out} is the design {args.design} itself, which cis spec update leaves as it is; "
+                       "expected another file (e.g. -o design-measured.toml)")
     design = load_spec(args.design)
     m, updated = rates_from(args.rates_from, design, args.design, args.window, args.caps)
     text = updated_spec_text(design, updated, m, args.caps, args.design)
@@ -113,3 +116,14 @@ def run_update(args: argparse.Namespace) -> int:
         + " % at the exits",
     )
     return 0
+
+
+def _same_file(a: str, b: str) -> bool:
+    """Whether the paths name one file: the same path once resolved, or one file under two names (a link)."""
+    pa, pb = Path(a), Path(b)
+    if pa.resolve() == pb.resolve():
+        return True
+    try:
+        return pa.samefile(pb)
+    except OSError:  # the output does not exist yet
+        return False

@@ -50,9 +50,13 @@ def _serve_node_actions() -> list[argparse.Action]:
 
 def run(args: argparse.Namespace) -> int:
     from cis.cli.commands import serve
+    from cis.cli.main import NEEDS
+    from cis.core.extras import require
     from cis.core.faults import read_faults
     from cis.runtime.testbed import bed, net
 
+    for extra in NEEDS["serve"]:  # the onnxruntime the nodes run on, checked as cis serve checks it: before any
+        require(extra)  # namespace is made
     net.require_tools()  # before the bundle is read: one line where a testbed cannot run
     faults = read_faults(args.faults) if args.faults else ()
     args.all, args.node, args.bind, args.parent, args.free_ports, args.restarts = True, None, None, None, False, 0

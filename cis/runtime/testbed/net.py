@@ -70,8 +70,9 @@ def has_netem() -> bool:
 
 
 def caller_routes() -> list[str]:
-    """Destinations of the caller's IPv4 routes (to refuse a subnet that would clash with them)."""
-    return [r.get("dst", "") for r in json.loads(run("ip", "-j", "-4", "route", "show") or "[]")]
+    """Destinations of the caller's IPv4 routes in every table (to refuse a subnet that would clash with them): the
+    main table's, and the local table's too, where loopback (127.0.0.0/8) and the machine's own addresses are."""
+    return [r.get("dst", "") for r in json.loads(run("ip", "-j", "-4", "route", "show", "table", "all") or "[]")]
 
 
 def shape(ns: str, dev: str, bandwidth: float, latency: float = 0.0, netem: bool = False, change: bool = False) -> None:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from cis.cli.commands.deploy import files, plan
-from cis.cli.commands.deploy.kubernetes import BUNDLE_VOLUMES, IMAGE_UID, KubeOptions
+from cis.cli.commands.deploy.kubernetes import BUNDLE_VOLUMES, IMAGE_UID, KubeOptions, check_domain
 from cis.cli.commands.deploy.systemd import UnitOptions
 from cis.cli.main import print_result
 from cis.core.bundle import Bundle, load_bundle
@@ -103,6 +103,8 @@ def run(args: argparse.Namespace) -> int:
         raise CisError(f"{flag} is an option of cis deploy {TARGETS[args.target == 'kubernetes']}, not {args.target}")
     if not 0 < args.metrics_port < 65536:
         raise CisError(f"--metrics-port {args.metrics_port}; expected a port 1..65535")
+    if args.cluster_domain is not None:  # "" too: not the default in disguise
+        check_domain(args.cluster_domain)
     spec = load_spec(args.spec)
     ends = plan.endpoints(spec, args.spec)
     sets = plan.parse_sets(args.set)
@@ -154,6 +156,7 @@ def _kubernetes(
     options = KubeOptions(**given, prefix=args.name or "cis", metrics_port=args.metrics_port, sets=sets,
                           selectors=kubernetes.parse_selectors(args.node_selector or [], spec))
     resources, notes = node_resources(spec, bundle, headroom, sets)
+    notes += kubernetes.door_notes(sets)
     objects = kubernetes.manifests(spec, _spec_text(spec, args.spec), bundle.sha256, ends, resources, options)
     texts = {name: dump_all(docs) for name, docs in objects.items()}
     image = kubernetes.bundle_image(bundle.sha256, options)

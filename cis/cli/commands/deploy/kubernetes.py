@@ -21,6 +21,7 @@ SPEC_DIR = "/etc/cis"  # the ConfigMap's spec.toml
 IMAGE_UID = 10001  # the non-root user of the images (deploy/Dockerfile.cpu, .gpu)
 LABEL = "cis-inference.io"  # the prefix of cis's own labels and annotations
 _NAME = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")  # a DNS-1035 label: what a Service name must be
+_DOMAIN_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")  # an RFC 1123 label, as Kubernetes takes it
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,13 @@ def object_names(spec: CisSpec, prefix: str) -> dict[str, str]:
             raise CisError(f"nodes {other!r} and {n.id!r} both make the object name {name!r}; rename one")
         out[n.id] = name
     return out
+
+
+def check_domain(domain: str) -> None:
+    """``--cluster-domain``: a DNS name (RFC 1123 labels), since it goes into every child's parent address."""
+    if len(domain) > 253 or not all(_DOMAIN_LABEL.fullmatch(label) for label in domain.split(".")):
+        raise CisError(f"--cluster-domain {domain!r}; expected a DNS name: dot-separated labels of lower-case "
+                       "letters, digits and '-' (e.g. cluster.local)")
 
 
 def service_address(name: str, options: KubeOptions, port: int) -> str:
@@ -207,6 +215,20 @@ def _ports(port: int, options: KubeOptions) -> dict[str, int]:
         if not 0 < number < 65536:
             raise CisError(f"--set {door}_port={number}; expected a port 1..65535 (a pod's port is fixed)")
     return {"zmq": port, "metrics": options.metrics_port, **doors}
+
+
+def door_notes(sets: dict[str, str]) -> list[str]:
+    """A front door that ``--set`` opens but that binds loopback in its pod (serve's default host): the Service
+    cannot reach it."""
+    if sets.get("http_host"):
+        return []
+    shut = [d for d in ("http", "grpc") if f"{d}_port" in sets
+            and not (sets.get(f"{d}_tls_cert") and sets.get("auth_token_file"))]  # TLS and a token: every interface
+    return [
+        f"--set {d}_port={sets[f'{d}_port']}: the door binds 127.0.0.1 in each pod, which its Service cannot reach; "
+        "add --set http_host=0.0.0.0 (or TLS and a token: docs/runtime.md, Open Inference Protocol)"
+        for d in shut
+    ]
 
 
 def _pod(node: Node, name: str, container: dict, res: Resources, sha: str, options: KubeOptions) -> dict:

@@ -31,8 +31,14 @@ class Endpoint:
 
     @property
     def connectable(self) -> bool:
-        """Whether children can connect to it (``*`` and ``0.0.0.0`` only bind)."""
-        return self.host not in ("*", "0.0.0.0", "::", "")
+        """Whether children can connect to it (``*``, ``0.0.0.0`` and ``[::]``, any unspecified address, only bind)."""
+        host = self.host.strip("[]")
+        if host in ("*", ""):
+            return False
+        try:
+            return not ipaddress.ip_address(host).is_unspecified
+        except ValueError:  # a host name
+            return True
 
     def bind(self) -> str:
         """The address the node binds where it runs: the spec's when its host is an IP address or ``*``; a

@@ -11,14 +11,15 @@ The rule (docs/deploy.md, *Resources*), per replica of node i:
   + 3 x the bytes of its stage files (onnxruntime's copy of the weights and its arenas)
   + (max_batch + queue_limit) x the largest tensor per sample among its stages' inputs and outputs
   (a full queue and a batch in flight); memory limit = 2 x the request;
-- a node whose provider is ``cuda`` or ``tensorrt`` asks for one ``nvidia.com/gpu``.
+- a node whose provider (the spec's, or every node's with ``--set provider=``) is ``cuda`` or ``tensorrt`` asks for
+  one ``nvidia.com/gpu``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from cis.core.bundle import Bundle
 from cis.core.errors import CisError
@@ -67,6 +68,8 @@ def node_resources(
     notes: list[str] = []
     out = {}
     for n in spec.nodes:
+        if sets.get("provider"):  # --set provider: every node's, as its CIS_PROVIDER overrides the spec's
+            n = replace(n, provider=sets["provider"])
         backend = node_backend(n)
         if backend not in profiles:
             try:

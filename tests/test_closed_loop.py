@@ -88,6 +88,23 @@ def test_export_rates_from_calibrates_each_node_to_the_measured_rates(loop, run_
     assert "points off at worst" in human.out and "device0" in human.out
 
 
+def test_a_node_no_measured_request_reached_keeps_the_designs_threshold(loop, run_cli):
+    """Found by a hunt: an idle node's threshold was +inf (forward everything, the 0/0 share), so traffic that
+    came there later was all forwarded. It keeps the design's threshold (docs/closed-loop.md)."""
+    tmp = loop["tmp"]
+    lines = loop["requests"].read_text().splitlines()
+    idle = ("device2", "device3")  # their requests left out: nothing reaches them
+    kept = [lines[0], *(row for row in lines[1:] if row.split(",")[1] not in idle)]
+    (tmp / "idle.csv").write_text("\n".join(kept) + "\n")
+    r = run_cli("export", tmp / "base", "--out", tmp / "b_idle", "--rates-from", tmp / "idle.csv",
+                "--latency-repeats", "1", "--json")
+    assert r.code == 0, r.err
+    base = json.loads((tmp / "bundle" / "manifest.json").read_text())["nodes"]
+    for nid in idle:
+        assert r.json()["nodes"][nid]["threshold"] == base[nid]["threshold"] != "inf"
+    assert r.json()["nodes"]["device0"]["threshold"] != base["device0"]["threshold"]  # measured ones move
+
+
 def test_train_init_continues_the_run_with_the_measured_serving_rates(loop, run_cli):
     import torch
 

@@ -54,7 +54,7 @@ from cis.exporter.bundle_files import ExportRun, write_bundle
 from cis.exporter.onnx_export import export_stage, resolve_exporter, tensor_infos, thread_count
 from cis.exporter.profile import LATENCY_BATCHES, random_feeds
 from cis.exporter.quantize import FEATURE_DTYPES, apply_feature_dtype, calibrate_int8, check_feature_dtype
-from cis.exporter.recalibration import Recalibration, previous_thresholds
+from cis.exporter.recalibration import Recalibration, keep_unmeasured, previous_thresholds
 from cis.exporter.verify import DEFAULT_ATOL, ODD_BATCH, torch_stages, verify_stages
 from cis.training.models.contract import is_int
 from cis.training.models.flops import count_flops
@@ -310,7 +310,10 @@ def _decide(
     nodes = {n.id: {"exit": n.exit, "stages": list(range(1, n.exit + 1))} for n in spec.nodes}
     if patience is None:
         say("calibrating thresholds per node" + (" to the measured rates" if rates else ""))
-        policy = calibrate_thresholds(spec, exit_confidences(logits, measure), rates=rates)
+        conf = exit_confidences(logits, measure)
+        policy = calibrate_thresholds(spec, conf, rates=rates)
+        if recalibration is not None:
+            policy = keep_unmeasured(policy, recalibration, conf)
         evaluation = evaluate_cis(spec, logits, labels, policy=policy)
         for n in spec.nodes:
             nodes[n.id]["threshold"] = json_float(policy.thresholds[n.id])

@@ -32,6 +32,18 @@ class Recalibration:
     measurement: dict
 
 
+def keep_unmeasured(policy: ExitPolicy, rec: Recalibration, conf: dict[int, np.ndarray]) -> ExitPolicy:
+    """A node that no measured request reached (served + forwarded = 0, so no share to calibrate to) keeps the
+    design's threshold rather than +inf (forward everything): traffic that appears there later is served as
+    designed. The root serves everything either way."""
+    idle = [i for i, r in rec.rates.incoming.items() if r <= 0 and policy.thresholds.get(i, -math.inf) != -math.inf]
+    if not idle:
+        return policy
+    design = calibrate_thresholds(rec.previous, conf, measure=policy.measure).thresholds
+    kept = {i: (design.get(i, t) if i in idle else t) for i, t in policy.thresholds.items()}
+    return ExitPolicy(policy.measure, kept, policy.patience)
+
+
 def previous_thresholds(
     rec: Recalibration, spec: CisSpec, logits: dict[int, np.ndarray], labels: np.ndarray, policy: ExitPolicy,
     measure: str,

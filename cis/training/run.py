@@ -18,7 +18,8 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -48,12 +49,12 @@ from cis.training.data.dataset import listed
 from cis.training.data.loading import Dataset, DataSplits, augment_options, load_run_data
 from cis.training.device import apply_compute_options, describe, run_device, with_amp
 from cis.training.evaluate import cis_report, predict_exits
-from cis.training.federated import FederatedEngine
+from cis.training.federated import FederatedEngine, StepFailed
 from cis.training.grad_variance import gradient_variance
 from cis.training.local import Client, local_steps
 from cis.training.methods.static_bn import refresh_statistics
 from cis.training.models.contract import EarlyExitNet
-from cis.training.run_dir import check_out_folder, discard_unstarted, failed_run, open_run_dir
+from cis.training.run_dir import check_out_folder, discard_unstarted, failed_run, files_before, open_run_dir
 from cis.training.run_weights import appendix_c_sigma, model_has_exit_gradients, run_weights
 from cis.training.warm_start import warm_start
 
@@ -238,8 +239,10 @@ def train_run(
     stop_after: int | None = None,
     log: Callable[[str], None] = logger.info,
 ) -> dict:
-    """Train (or resume) a run into ``out``; returns the summary (or a partial result when stopped)."""
+    """Train (or resume) a run into ``out``; returns the summary (or a partial result when stopped). A new run
+    that fails before its first checkpoint removes the files it wrote (only those: run_dir.py)."""
     out = Path(out)
+    before = files_before(out)  # what a failed new run leaves as it was
     s = build_setup(config, spec=open_run_dir(out, resume), log=log, resume=resume)
     for earlier in ([out] if resume else []) + ([Path(config.init)] if config.init and not resume else []):
         same_data(s, earlier)
@@ -255,13 +258,14 @@ def train_run(
         stopped = _train_rounds(s, out, progress, stop_after)
         if stopped is not None:
             return {"stopped_after_round": stopped}
-        summary = run_summary(s)
+        with stage(f"round {s.engine.round}, testing the final model"):
+            summary = run_summary(s)
     except CisError:
         if not resume:  # a new run's files, unless it saved a checkpoint: nothing --resume would take for a run
-            discard_unstarted(out)
+            discard_unstarted(out, before)
         raise
     except Exception as exc:  # the model or the data failed mid-run: one line, and no run dir --resume would trust
-        raise failed_run(out, s.engine.round + 1, exc) from None
+        raise failed_run(out, s.engine.round + 1, exc, None if resume else before) from None
     write_json(out / "summary.json", summary)
     return summary
 
@@ -322,6 +326,18 @@ def _restore(s: Setup, out: Path, log: Callable[[str], None]) -> None:
     log(f"resuming after round {s.engine.round} of {s.config.rounds}")
 
 
+@contextmanager
+def stage(where: str) -> Iterator[None]:
+    """A step after a round's training (its validation, its checkpoint, the final test): an error other than a
+    CisError is a StepFailed that names it (``round 3, validating``), not the round that has not begun."""
+    try:
+        yield
+    except CisError:
+        raise
+    except Exception as exc:
+        raise StepFailed(where) from exc
+
+
 def is_due(t: int, every: int, rounds: int) -> bool:
     """Whether round ``t`` validates (or checkpoints) at every ``every`` rounds: always at the last."""
     return t % every == 0 or t == rounds
@@ -349,8 +365,10 @@ def _train_rounds(s: Setup, out: Path, progress: bool, stop_after: int | None) -
     )
     with bar, open(out / "metrics.jsonl", "a") as metrics:
         while s.engine.round < rounds:
-            line = metrics_line(s, s.engine.run_round())
-            t = line["round"]
+            r = s.engine.run_round()
+            t = r["round"]
+            with stage(f"round {t}, validating"):
+                line = metrics_line(s, r)
             if "eval_seconds" in line:
                 bar.set_postfix(
                     val=" ".join(f"{100 * v:.0f}" for v in line["val_exit_accuracy"].values()),
@@ -359,7 +377,8 @@ def _train_rounds(s: Setup, out: Path, progress: bool, stop_after: int | None) -
             metrics.write(json.dumps(line) + "\n")
             metrics.flush()
             if is_due(t, config.checkpoint_every, rounds):
-                save_checkpoint(out, served_model(s), checkpoint_meta(s), {"engine": s.engine.state_dict()})
+                with stage(f"round {t}, saving its checkpoint"):
+                    save_checkpoint(out, served_model(s), checkpoint_meta(s), {"engine": s.engine.state_dict()})
             bar.update(1)
             if stop_after is not None and t >= stop_after and t < rounds:
                 return t

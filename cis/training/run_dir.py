@@ -1,9 +1,17 @@
 """A run dir's life around ``cis train``: opened (a new run's made only once its data and model are built, so a
 bad input leaves nothing), and cleaned up after a run that failed mid-way, so nothing is left that ``--resume``
-would take for a run (cis/training/run.py writes the files)."""
+would take for a run (cis/training/run.py writes the files).
+
+The clean-up removes only what the run made: the files of :data:`RUN_START_FILES` that were not in the folder
+before it began (:func:`files_before`), and the folder when the run made it and that leaves it empty. A new run
+whose input (its ``--spec``, ``--config`` ...) is a file it would write in ``--out`` is refused before anything is
+written (:func:`check_inputs_apart`): it would overwrite it, and remove it if it failed; so is an ``--out`` that
+holds such a file but no run (:func:`check_foreign_files`)."""
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from cis.core.errors import CisError, error_line
@@ -15,11 +23,49 @@ from cis.training.federated import StepFailed
 RUN_START_FILES = ("config.json", "spec.toml", "metrics.jsonl", "weights.json", "measured-spec.toml",
                    "measurement.json")
 """What a run writes before its first checkpoint (run.py's write_run_start and train_run; cis train --rates-from)."""
+RUN_FILES = (*RUN_START_FILES, "checkpoint.pt", "checkpoint.json", "summary.json")
+"""Every file a run writes in its dir."""
 
 
 def check_out_folder(out: Path) -> None:
     """One line where ``out``, or a folder above it, is a file: a run directory is a folder."""
     check_folder(out, "the run directory (--out)")
+
+
+def check_inputs_apart(out: Path, inputs: Mapping[str, object]) -> None:
+    """One line where an input file (``inputs``: what names it -> its path; None: not given) is a file the run
+    writes in ``out``: the run would overwrite it (and remove it, failing before its first checkpoint)."""
+    written = {(out / name).resolve(): name for name in RUN_FILES}
+    for what, path in inputs.items():
+        if not isinstance(path, (str, os.PathLike)) or not str(path):
+            continue  # not given (a value of the wrong kind is the config's line)
+        if name := written.get(Path(path).expanduser().resolve()):
+            raise CisError(
+                f"--out {out}: the run writes its own {name} there, and {path} is the {what} it reads; "
+                "expected an --out apart from the run's inputs (a folder of its own)"
+            )
+
+
+def check_foreign_files(out: Path) -> None:
+    """One line where ``out`` holds a file a new run writes but is not a run of cis (whose config.json and
+    metrics.jsonl every run writes first; one stopped before its first checkpoint starts over): the run would
+    overwrite a file of the user's own."""
+    if (out / "config.json").is_file() and (out / "metrics.jsonl").is_file():
+        return
+    held = [name for name in RUN_FILES if (out / name).exists()]
+    if held:
+        raise CisError(
+            f"--out {out}: holds {held[0]} but no run of cis (no config.json and metrics.jsonl); a new run would "
+            "overwrite it; expected a new or empty folder, or a run's"
+        )
+
+
+def files_before(out: Path) -> frozenset[str] | None:
+    """The run files already in ``out`` before a run begins (None: no folder ``out`` yet): what its clean-up
+    keeps."""
+    if not out.is_dir():
+        return None
+    return frozenset(name for name in RUN_START_FILES if (out / name).exists())
 
 
 def open_run_dir(out: Path, resume: bool) -> CisSpec | None:
@@ -34,28 +80,31 @@ def open_run_dir(out: Path, resume: bool) -> CisSpec | None:
     return None  # made by write_run_start once the model and data are built: a bad input leaves nothing
 
 
-def failed_run(out: Path, round_: int, exc: Exception) -> CisError:
+def failed_run(out: Path, round_: int, exc: Exception, before: frozenset[str] | None = None) -> CisError:
     """The one line of a run that failed in round ``round_`` while training or evaluating, after cleaning up:
-    without a checkpoint the files it wrote are removed (and its dir, if that leaves it empty), so nothing is
-    left that ``--resume`` would take for a run; with one, the checkpoint stays (a round that finished) and
-    ``--resume`` continues from it."""
+    without a checkpoint the files it wrote are removed (and its dir, if it made it and that leaves it empty), so
+    nothing is left that ``--resume`` would take for a run; with one, the checkpoint stays (a round that
+    finished) and ``--resume`` continues from it. ``before``: :func:`files_before` as the run began."""
     cause = exc.__cause__ if isinstance(exc, StepFailed) and exc.__cause__ is not None else exc
     where = str(exc) if isinstance(exc, StepFailed) else f"round {round_}"
     if (out / "checkpoint.json").is_file():
         saved = read_json(out / "checkpoint.json").get("round")
         kept = f"{out} keeps round {saved}'s checkpoint ('cis train --out {out} --resume' continues from it)"
     else:
-        discard_unstarted(out)
-        kept = f"nothing kept (no checkpoint yet; {out} removed)"
+        discard_unstarted(out, before)
+        gone = f"{out} removed" if not out.exists() else f"the files it wrote removed from {out}"
+        kept = f"nothing kept (no checkpoint yet; {gone})"
     return CisError(f"training stopped in {where}: {error_line(cause)}; {kept}")
 
 
-def discard_unstarted(out: Path) -> None:
-    """A run without a checkpoint: the files it wrote removed (and its dir, if that leaves it empty), so nothing
-    is left that ``--resume`` would take for a run; a run with one keeps it."""
-    if (out / "checkpoint.json").is_file():
+def discard_unstarted(out: Path, before: frozenset[str] | None = None) -> None:
+    """A run without a checkpoint: the files it wrote removed (those not in ``before``, :func:`files_before` as
+    it began), and its dir when ``before`` is None (the run made it) and that leaves it empty, so nothing is left
+    that ``--resume`` would take for a run; a run with one keeps it."""
+    if (out / "checkpoint.json").is_file() or not out.is_dir():
         return
     for name in RUN_START_FILES:
-        (out / name).unlink(missing_ok=True)
-    if out.is_dir() and not any(out.iterdir()):
+        if before is None or name not in before:
+            (out / name).unlink(missing_ok=True)
+    if before is None and not any(out.iterdir()):
         out.rmdir()

@@ -51,23 +51,19 @@ def run(args: argparse.Namespace) -> int:
         return _measure_grad_variance(args, flags, options)
     if not args.out:
         raise CisError("missing --out RUN_DIR; expected a directory for the run")
-    from cis.training.run_dir import check_out_folder
+    from cis.training.run_dir import check_out_folder, discard_unstarted, files_before
 
-    check_out_folder(Path(args.out))  # a file in the way: one line before anything is built
-    if args.window is not None and not args.rates_from:
-        raise CisError("--window goes with --rates-from SOURCE")
-    if args.resume and (args.init or args.rates_from):
-        raise CisError("--resume continues a run as it was configured; drop --init and --rates-from")
-    flower_flags = [f for f in ("mode", "superlink", "root_certificates") if getattr(args, f"flower_{f}") is not None]
-    if flower_flags and args.engine != "flower":
-        named = ", ".join("--flower-" + f.replace("_", "-") for f in flower_flags)
-        raise CisError(f"{named} goes with --engine flower (this run uses the built-in engine)")
-    config = _resumed_config(args, flags, options) if args.resume else _new_config(args, flags, options)
-    log = (lambda s: None) if args.json else logging.getLogger(__name__).info
-    from cis.training.device import run_device
-
-    run_device(config)  # --device cuda without a GPU: one line before anything is written
-    result = _flower_run(args, config, log) if args.engine == "flower" else _builtin_run(args, config, log)
+    out = Path(args.out)
+    check_out_folder(out)  # a file in the way: one line before anything is built
+    _check_flags_go_together(args)
+    before = files_before(out)  # a new run that fails removes what it wrote, and only that (run_dir.py)
+    try:
+        config = _resumed_config(args, flags, options) if args.resume else _new_config(args, flags, options)
+        result = _train(args, config)
+    except CisError:
+        if not args.resume:  # --rates-from's files too, written before a later check failed
+            discard_unstarted(out, before)
+        raise
     if "stopped_after_round" in result:
         print_result(args, result, f"stopped after round {result['stopped_after_round']} (resume with --resume)")
         return 0
@@ -89,6 +85,25 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _check_flags_go_together(args: argparse.Namespace) -> None:
+    if args.window is not None and not args.rates_from:
+        raise CisError("--window goes with --rates-from SOURCE")
+    if args.resume and (args.init or args.rates_from):
+        raise CisError("--resume continues a run as it was configured; drop --init and --rates-from")
+    flower_flags = [f for f in ("mode", "superlink", "root_certificates") if getattr(args, f"flower_{f}") is not None]
+    if flower_flags and args.engine != "flower":
+        named = ", ".join("--flower-" + f.replace("_", "-") for f in flower_flags)
+        raise CisError(f"{named} goes with --engine flower (this run uses the built-in engine)")
+
+
+def _train(args: argparse.Namespace, config: RunConfig) -> dict:
+    log = (lambda s: None) if args.json else logging.getLogger(__name__).info
+    from cis.training.device import run_device
+
+    run_device(config)  # --device cuda without a GPU: one line before the run trains
+    return _flower_run(args, config, log) if args.engine == "flower" else _builtin_run(args, config, log)
+
+
 def centralised_steps_line(steps: dict[str, Any]) -> str:
     """How a centralised run's SGD steps compare with the federated run's at the same flags, and the
     ``--local-steps`` that matches it."""
@@ -104,6 +119,8 @@ def _config_flags(args: argparse.Namespace) -> dict[str, Any]:
     """The config settings the flags give (--exit-weights implies --strategy explicit; --spec, --model's file and
     --weights made absolute; --model-arg's values parsed)."""
     flags = {key: getattr(args, key) for key in CONFIG_KEYS if getattr(args, key) is not None}
+    if args.model is not None:
+        _check_model_method(args)  # a method with its own architecture: said before --model's file is looked for
     if args.weights is not None and "strategy" not in flags:
         flags["strategy"] = "explicit"
     if args.model is not None or args.model_arg:
@@ -123,6 +140,18 @@ def _config_flags(args: argparse.Namespace) -> dict[str, Any]:
 
         flags["dataset"] = absolute_ref(args.dataset)
     return flags
+
+
+def _check_model_method(args: argparse.Namespace) -> None:
+    """One line where --model comes with a method (--method, else the --config file's) that trains its own
+    architecture."""
+    from cis.training.methods.registry import check_user_model
+
+    method = args.method
+    if method is None and args.config:
+        method = read_config_file(args.config).get("method")
+    if isinstance(method, str):
+        check_user_model(method)
 
 
 def _weights_file(text: str) -> str:
@@ -207,9 +236,20 @@ def _new_config(args: argparse.Namespace, flags: dict, options: dict) -> RunConf
         if model != inherited.get("model"):  # another model: the earlier run's arguments and hash are not its
             inherited = {k: v for k, v in inherited.items() if k not in ("model_args", "model_sha256", "model_root")}
         file_values = {**inherited, **file_values}
-    if args.rates_from:
-        flags = {**flags, **_measured_rates(args, {**file_values, **flags})}
-    return make_config(*_with_options(file_values, flags, options))
+    values = {**file_values, **flags}
+    from cis.training.run_dir import check_foreign_files, check_inputs_apart
+
+    check_inputs_apart(Path(args.out), {  # the run would overwrite them: one line before anything is written
+        "spec file": values.get("spec"), "--config file": args.config, "--rates-from source": args.rates_from,
+        "--weights file": values.get("weights_file"),
+    })
+    check_foreign_files(Path(args.out))
+    if not args.rates_from:
+        return make_config(*_with_options(file_values, flags, options))
+    measured, write = _measured_rates(args, values)
+    config = make_config(*_with_options(file_values, {**flags, **measured}, options))  # checked before it writes
+    write()
+    return config
 
 
 def _builtin_run(args: argparse.Namespace, config: RunConfig, log: Callable[[str], None]) -> dict:
@@ -244,8 +284,9 @@ def _flower_run(args: argparse.Namespace, config: RunConfig, log: Callable[[str]
     return result
 
 
-def _measured_rates(args: argparse.Namespace, values: dict) -> dict:
-    """--rates-from: measure, write the updated design into the run dir; the config keys that point to it."""
+def _measured_rates(args: argparse.Namespace, values: dict) -> tuple[dict, Callable[[], None]]:
+    """--rates-from: measure; the config keys that point to the updated design in the run dir, and what writes
+    it there (with the measurement), called once the config is checked."""
     from cis.runtime.measure import rates_from, updated_spec_text
 
     design_file = values.get("spec")
@@ -256,16 +297,19 @@ def _measured_rates(args: argparse.Namespace, values: dict) -> dict:
         raise CisError(f"{out}: already holds a run; use --resume to continue it or choose another --out")
     design = load_spec(design_file)
     m, updated = rates_from(args.rates_from, design, str(design_file), args.window)
-    out.mkdir(parents=True, exist_ok=True)
     spec_file = out / "measured-spec.toml"
-    spec_file.write_text(updated_spec_text(design, updated, m, False, str(design_file)))
-    (out / "measurement.json").write_text(json.dumps(m.to_json(), indent=2))
+
+    def write() -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        spec_file.write_text(updated_spec_text(design, updated, m, False, str(design_file)))
+        (out / "measurement.json").write_text(json.dumps(m.to_json(), indent=2))
+
     lam = m.rates().exit_serving_rate
     return {
         "spec": str(spec_file.resolve()),
         "rates_from": str(args.rates_from),
         "exit_rates": [lam[e] for e in range(1, design.num_exits + 1)],
-    }
+    }, write
 
 
 def _option_flags(args: argparse.Namespace) -> dict:

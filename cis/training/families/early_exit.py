@@ -92,6 +92,8 @@ def build_pieces(config, spec, model: EarlyExitNet, clients: list[Client], sgd: 
     flame = config.method == "flame"
     matrix = sampling_matrix([E if flame else c.max_exit for c in clients], E, 0.0)
     weights = weights_for(model, matrix)
+    if config.method == "exclusivefl":  # its only trained exit at weight 0 trains nothing: refused
+        bl.check_exclusive_weights(weights, E, config.rounds)
     if flame:
         log(f"flame: the {options['flame_aggregation']!r} aggregation rule sets the clients' weights; "
             f"--strategy {config.strategy} is recorded but not applied")

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import cast
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -63,6 +63,19 @@ class BudgetChooser:
     def choose(self, round: int, gen: torch.Generator) -> list[tuple[int, int]]:
         picked = choose_participants(len(self.eligible), self.participation, gen)
         return [(self.eligible[k], self.max_exits[self.eligible[k]]) for k in picked]
+
+
+def check_exclusive_weights(weights, num_exits: int, rounds: int) -> None:
+    """ExclusiveFL trains only the clients of the full model (exit E), each weighing Lambda~_E(t) |S_i|: in a round
+    where Lambda~_E is 0 the average keeps the old values, the round's update thrown away. Such weights (the last
+    exit serving no requests under serving-rate, auto ...) are refused before training (a ValueError: one line)."""
+    for t in range(1, rounds + 1):
+        if not float(weights.at(t)[num_exits - 1]) > 0:
+            raise ValueError(
+                f"only the clients of exit {num_exits} (the full model) train, and the {weights.strategy} weights "
+                f"give exit {num_exits} weight 0 in round {t}, so their updates would be thrown away; expected "
+                f"weights with exit {num_exits} above 0 (a spec whose last exit serves requests, or --strategy equal)"
+            )
 
 
 def _set_lr(opt: torch.optim.Optimizer, lr: float) -> None:
@@ -112,7 +125,7 @@ class MultiExitTrainer(ExitSGDTrainer):
         model.train()
         running = distill.RunningLoss()
         eta = self.kd_weight(round) if self.loss != "all" else 0.0
-        total = 0.0
+        total, per_exit = 0.0, torch.zeros(exit)
         try:
             for idx in batch_indices(client.size, self.batch_size, self.steps, gen):
                 xb, yb = client.x[idx], client.y[idx]
@@ -120,27 +133,38 @@ class MultiExitTrainer(ExitSGDTrainer):
                     xb = augment_batch(xb, gen, **self.augment)
                 logits = model(xb, upto=exit)
                 ce = distill.exit_cross_entropies(logits, yb)
+                per_exit += ce.detach().float().cpu()
                 loss = ce.sum()
                 if self.loss == "reefl":
                     running.update(ce.detach())
                 if eta > 0 and len(logits) > 1:
                     loss = loss + eta * self._kd(logits, running)
-                if self.clip_value is not None:  # a method's own rule: each gradient value clipped
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    torch.nn.utils.clip_grad_value_(model.parameters(), self.clip_value)
-                    opt.step()
-                else:
-                    self.descend(opt, loss, model)
+                self.descend(opt, loss, model)
                 total += float(loss.detach())
         finally:
             if self.widths is not None:
                 cast(ViTEE, model).set_width(1.0)
-        stats = {"loss": total / self.steps, "steps": self.steps, "lr": lr, "kd_weight": eta}
+        stats: dict[str, Any] = {"loss": total / self.steps, "steps": self.steps, "lr": lr, "kd_weight": eta}
+        stats["exit_loss"] = (per_exit / self.steps).tolist()  # each exit's cross-entropy (metrics.jsonl's loss)
         if self.loss == "reefl" and running.value is not None:
             self.teachers[client.id] = running.teacher() + 1
             stats["teacher"] = self.teachers[client.id]
         return stats
+
+    def descend(self, opt: torch.optim.Optimizer, loss: Tensor, model: torch.nn.Module) -> None:
+        """One step down ``loss``: the gradients clipped by value first (option ``clip_value``, the method's own
+        rule: each entry to [-v, v], as ``clip_grad_value_`` does, by a hook on each parameter while its gradient
+        is made), then :meth:`LocalSGD.descend`'s: to the total norm ``clip_grad_norm`` (--clip-grad-norm, the
+        run's: a bound on the step taken), the optimizer's step."""
+        if self.clip_value is None:
+            return super().descend(opt, loss, model)
+        v = self.clip_value
+        hooks = [p.register_hook(lambda g: g.clamp(-v, v)) for p in model.parameters() if p.requires_grad]
+        try:
+            super().descend(opt, loss, model)
+        finally:
+            for hook in hooks:
+                hook.remove()
 
     def _kd(self, logits: list[Tensor], running: distill.RunningLoss) -> Tensor:
         if self.loss == "reefl":

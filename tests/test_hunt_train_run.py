@@ -203,3 +203,16 @@ def test_a_methods_model_conflict_is_said_before_the_models_file_is_looked_for(t
     said = one_line(run_cli("train", "--config", cfg, "--model", tmp_path / "missing.py:make", *FAST,
                             "--out", tmp_path / "run"))
     assert said.startswith("--model: method 'scalefl'")
+
+
+@pytest.mark.parametrize("inside", ["", "runs/a"])
+def test_out_in_the_data_folder_is_refused_before_anything_is_written(tmp_path, run_cli, inside):
+    """Found by a hunt: `--data img --out img` trained, and its files changed the data (export then said the data
+    changed since the run)."""
+    data = tmp_path / "img"
+    (data / "cat").mkdir(parents=True)
+    (data / "dog").mkdir()
+    out = data / inside if inside else data
+    r = run_cli("train", "--data", data, "--out", out, "--rounds", "1", "--no-progress")
+    assert r.code == 2 and "the data folder" in r.err and "expected an --out outside it" in r.err
+    assert sorted(p.name for p in data.iterdir()) == ["cat", "dog"]

@@ -19,6 +19,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from cis.core.errors import CisError
 from cis.training.models.contract import EarlyExitNet
 
 
@@ -29,14 +30,23 @@ def gradient_variance(
     batch_size: int = 128,
     max_batches: int | None = 50,
     seed: int = 0,
+    what: str = "the per-exit gradient variance (Appendix C)",
 ) -> list[float]:
-    """sigma_e^2 for e = 1..E (mean point-wise variance of the mini-batch gradient)."""
+    """sigma_e^2 for e = 1..E (mean point-wise variance of the mini-batch gradient). A variance needs at least two
+    full mini-batches: fewer (little data, a large batch) is one line saying ``what`` needs them."""
+    n_batches = len(y) // batch_size
+    if max_batches is not None:
+        n_batches = min(n_batches, max_batches)
+    if n_batches < 2:
+        raise CisError(
+            f"{what} needs at least 2 mini-batches of the training data; its {len(y)} samples at batch size "
+            f"{batch_size} give {len(y) // batch_size}"
+            + (f" (sigma_batches {max_batches})" if max_batches is not None and max_batches < 2 else "")
+            + "; expected a smaller --batch-size or more data"
+        )
     work = copy.deepcopy(model).train()
     gen = torch.Generator().manual_seed(seed)
     order = torch.randperm(len(y), generator=gen)
-    n_batches = max(1, len(y) // batch_size)
-    if max_batches is not None:
-        n_batches = min(n_batches, max_batches)
     params = [work.exit_params(e) for e in range(1, work.num_exits + 1)]
     sums = [[torch.zeros_like(p) for p in ps] for ps in params]
     sqs = [[torch.zeros_like(p) for p in ps] for ps in params]

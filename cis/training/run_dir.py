@@ -46,6 +46,23 @@ def check_inputs_apart(out: Path, inputs: Mapping[str, object]) -> None:
             )
 
 
+def check_out_outside_data(out: Path, dataset: object) -> None:
+    """One line where ``out`` is the data folder (an image folder, a saved Hugging Face set) or inside it: the
+    run's files would change the data, whose hash the run records (export then says the data changed)."""
+    if not isinstance(dataset, str):
+        return
+    text = dataset[3:] if dataset.startswith("hf:") else dataset.split(":", 1)[-1] if ":" in dataset else dataset
+    data = Path(text.split("?", 1)[0]).expanduser()
+    if not data.is_dir():
+        return
+    here, there = out.expanduser().resolve(), data.resolve()
+    if here == there or there in here.parents:
+        raise CisError(
+            f"--out {out}: is {'the data folder' if here == there else 'inside the data folder'} {dataset}; the "
+            "run's files would change the data; expected an --out outside it"
+        )
+
+
 def check_foreign_files(out: Path) -> None:
     """One line where ``out`` holds a file a new run writes but is not a run of cis (whose config.json and
     metrics.jsonl every run writes first; one stopped before its first checkpoint starts over): the run would

@@ -11,7 +11,7 @@ from cis.core.errors import CisError
 from cis.core.rates import compute_rates
 from cis.core.spec import CisSpec
 from cis.training.aggregation.weights import Weights, make_weights
-from cis.training.config import RunConfig
+from cis.training.config import SIGMA_STRATEGIES, RunConfig
 from cis.training.grad_variance import gradient_variance
 from cis.training.models.contract import EarlyExitNet
 from cis.training.models.flops import exit_costs
@@ -31,12 +31,15 @@ def run_weights(
     if len(lam) != spec.num_exits:
         raise CisError(f"config: exit_rates has {len(lam)} values; spec {spec.name!r} has {spec.num_exits} exits")
     sigma = config.sigma
-    needs_sigma = config.strategy in ("balanced-adj", "balanced-ramp")
+    needs_sigma = config.strategy in SIGMA_STRATEGIES
+    if sigma is not None and len(sigma) != spec.num_exits:
+        raise CisError(f"config: sigma has {len(sigma)} values; strategy {config.strategy!r} takes one gradient std "
+                       f"per exit, and spec {spec.name!r} has {spec.num_exits} exits")
     authors = config.algorithm == "authors-code"
     if needs_sigma and sigma is None and authors:
         sigma = appendix_c_sigma(model)
         log(
-            "balanced-adj (authors-code): "
+            f"{config.strategy} (authors-code): "
             + (
                 "the Appendix-C constants " + ", ".join(map(str, sigma))
                 if sigma
@@ -44,16 +47,7 @@ def run_weights(
             )
         )
     if needs_sigma and sigma is None:
-        if not model_has_exit_gradients(model):
-            raise CisError(
-                f"--strategy balanced-adj: method {config.method!r} trains nested sub-models, whose per-exit gradient "
-                "variance cannot be measured on one shared graph; give 'sigma' in the config file or pick another "
-                "strategy"
-            )
-        batch = cast(int, config.batch_size)  # resolved() set it
-        var = gradient_variance(model, train.x, train.y, batch, config.sigma_batches, config.seed)
-        sigma = [float(np.sqrt(v)) for v in var]
-        log("gradient variance per exit (Appendix C): " + ", ".join(f"{v:.3g}" for v in var))
+        sigma = measured_sigma(config, model, train, log)
     flops = [c["flops"] for c in exit_costs(model)] if config.strategy in ("flops", "auto") else None
     return make_weights(
         config.strategy,
@@ -68,6 +62,24 @@ def run_weights(
         balanced_rule=config.algorithm,
         node_exits=[n.exit for n in spec.nodes],
     )
+
+
+def measured_sigma(config: RunConfig, model: EarlyExitNet, train, log: Callable[[str], None]) -> list[float]:
+    """sigma_e measured on the initial model (Appendix C), for the strategy's one line where it cannot be."""
+    if not model_has_exit_gradients(model):
+        raise CisError(
+            f"--strategy {config.strategy}: method {config.method!r} trains nested sub-models, whose per-exit "
+            "gradient variance cannot be measured on one shared graph; give 'sigma' in the config file or pick "
+            "another strategy"
+        )
+    batch = cast(int, config.batch_size)  # resolved() set it
+    try:
+        var = gradient_variance(model, train.x, train.y, batch, config.sigma_batches, config.seed,
+                                f"--strategy {config.strategy}: the per-exit gradient variance (Appendix C)")
+    except CisError as exc:
+        raise CisError(f"{exc} (or give 'sigma' in the config file)") from None
+    log("gradient variance per exit (Appendix C): " + ", ".join(f"{v:.3g}" for v in var))
+    return [float(np.sqrt(v)) for v in var]
 
 
 def appendix_c_sigma(model: EarlyExitNet) -> list[float] | None:

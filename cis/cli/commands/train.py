@@ -237,13 +237,14 @@ def _new_config(args: argparse.Namespace, flags: dict, options: dict) -> RunConf
             inherited = {k: v for k, v in inherited.items() if k not in ("model_args", "model_sha256", "model_root")}
         file_values = {**inherited, **file_values}
     values = {**file_values, **flags}
-    from cis.training.run_dir import check_foreign_files, check_inputs_apart
+    from cis.training.run_dir import check_foreign_files, check_inputs_apart, check_out_outside_data
 
     check_inputs_apart(Path(args.out), {  # the run would overwrite them: one line before anything is written
         "spec file": values.get("spec"), "--config file": args.config, "--rates-from source": args.rates_from,
         "--weights file": values.get("weights_file"),
     })
     check_foreign_files(Path(args.out))
+    check_out_outside_data(Path(args.out), values.get("dataset"))
     if not args.rates_from:
         return make_config(*_with_options(file_values, flags, options))
     measured, write = _measured_rates(args, values)

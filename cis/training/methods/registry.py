@@ -33,6 +33,7 @@ weighting. FLAME is the exception: every client trains the full model, and
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -70,6 +71,9 @@ NESTED_LAYOUTS = ("digits", "resnet20", "resnet56")
 NEFL_MODES = ("W", "D", "WD")
 NEFL_STEP_INITS = ("D", "D0")
 TIER_MODES = ("fixed", "dynamic")
+VIT_OPTIONS = ("dim", "depth", "heads", "patch", "mlp_ratio", "vit_exits")  # what sizes the built-in ViT
+VIT_DIMS = {"digits": 32, "other": 64}  # the ViT's token width by default (families/early_exit.py: vit_config)
+RATIO_OPTIONS = ("gammas", "budgets")  # ratios of the full model: in (0, 1] (a larger one would be clamped to 1)
 
 _EE, _NESTED = EARLY_EXIT_METHODS, NESTED_METHODS
 _BOOL = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False, "on": True, "off": False}
@@ -330,11 +334,61 @@ def resolve_options(method: str, given: dict[str, Any] | None) -> dict[str, Any]
             out[name] = opt.coerce(given[name])
         except (ValueError, TypeError):
             raise CisError(f"option {name}={given[name]!r}: expected {opt.expected()} ({opt.help})") from None
-        if opt.kind in ("int", "ints") and out[name] is not None and min(np.atleast_1d(out[name])) < 1:
-            raise CisError(f"option {name}={given[name]!r}: expected positive integers ({opt.help})")
-        if opt.kind in ("float", "floats") and out[name] is not None and min(np.atleast_1d(out[name])) <= 0:
-            raise CisError(f"option {name}={given[name]!r}: expected positive numbers ({opt.help})")
+        if out[name] is not None and (expected := _out_of_range(opt, out[name])):
+            raise CisError(f"option {name}={given[name]!r}: expected {expected} ({opt.help})")
+    _check_together(out)
     return out
+
+
+def _out_of_range(opt: Option, value: Any) -> str | None:
+    """What a coerced number (or list) of ``opt`` must be where it is not; None where it is fine."""
+    values = list(np.atleast_1d(value)) if opt.kind in ("int", "ints", "float", "floats") else []
+    if opt.kind in ("int", "ints") and min(values) < 1:
+        return "positive integers"
+    if opt.name in RATIO_OPTIONS and not all(math.isfinite(v) and 0 < v <= 1 for v in values):
+        return "ratios in (0, 1] separated by commas, 1 being the full model"
+    if opt.kind in ("float", "floats") and not all(math.isfinite(v) and v > 0 for v in values):
+        return "a finite positive number" if opt.kind == "float" else "finite positive numbers separated by commas"
+    return None
+
+
+def _changed(options: dict[str, Any], name: str) -> bool:
+    """The option is the method's and differs from its default (a value the user chose)."""
+    return name in options and options[name] != OPTIONS[name].default
+
+
+def _check_together(options: dict[str, Any]) -> None:
+    """Options that another option's value makes a no-op are refused, one line each, not silently dropped."""
+    if options.get("arch") == "cnn" and (sized := [n for n in VIT_OPTIONS if _changed(options, n)]):
+        raise CisError(f"option {sized[0]}={options[sized[0]]!r}: sizes the ViT; arch=cnn trains the dataset's CNN "
+                       "(drop it, or arch=vit)")
+    if options.get("tiers") == "fixed" and _changed(options, "tier_spread"):
+        raise CisError(f"option tier_spread={options['tier_spread']!r}: goes with tiers=dynamic; tiers=fixed trains "
+                       "each node's own sub-model (add --option tiers=dynamic, or drop it)")
+    if options.get("nefl_mode") == "W" and options.get("nefl_init") == "D0":
+        raise CisError("option nefl_init='D0': gives skipped blocks' steps to the kept ones; nefl_mode=W skips no "
+                       "block (use nefl_mode D or WD, or drop it)")
+    dim, heads = options.get("dim"), options.get("heads")
+    if options.get("arch", "vit") == "vit" and dim is not None and heads is not None and dim % heads:
+        raise CisError(f"option dim={dim}: expected a multiple of heads {heads} (each head takes dim/heads channels)")
+
+
+def builtin_model_options(options: dict[str, Any] | None) -> list[str]:
+    """The options given (not at their defaults) that size a method's built-in model, which ``--model`` replaces."""
+    return [n for n in ("arch", *VIT_OPTIONS) if _changed(options or {}, n)]
+
+
+def check_vit_width(method: str, options: dict[str, Any], width: float, digits: bool) -> None:
+    """One line where the heads chosen outnumber the ViT's channels (dim x --width), which would widen dim to heads."""
+    if method not in EARLY_EXIT_METHODS or options.get("arch", "vit") != "vit":
+        return
+    heads, dim = options.get("heads", OPTIONS["heads"].default), options.get("dim")
+    base = dim or VIT_DIMS["digits" if digits else "other"]
+    if heads > base * width and (dim is not None or _changed(options, "heads")):
+        raise CisError(
+            f"option heads={heads}: more attention heads than the ViT's {base * width:g} channels (dim {base} x "
+            f"--width {width:g}); expected heads <= {max(1, math.floor(base * width))} or a larger dim"
+        )
 
 
 def parse_option_flags(items: Sequence[str]) -> dict[str, str]:

@@ -216,3 +216,24 @@ def test_out_in_the_data_folder_is_refused_before_anything_is_written(tmp_path, 
     r = run_cli("train", "--data", data, "--out", out, "--rounds", "1", "--no-progress")
     assert r.code == 2 and "the data folder" in r.err and "expected an --out outside it" in r.err
     assert sorted(p.name for p in data.iterdir()) == ["cat", "dog"]
+
+
+@pytest.mark.parametrize("flag", [("--serving", "80-15-5"), ("--topology", "paper-17")])
+def test_serving_or_topology_beside_a_spec_is_refused_not_recorded(tmp_path, run_cli, flag):
+    """Found by a hunt: `--spec S --serving X` trained for S and recorded X in config.json."""
+    spec = tmp_path / "s.toml"
+    assert run_cli("spec", "new", "--topology", "paper-7", "--serving", "60-30-10", "-o", spec).code == 0
+    r = run_cli("train", "--spec", spec, *flag, "--rounds", "1", "--out", tmp_path / "r", "--no-progress")
+    assert r.code == 2 and f"{flag[0]} build the built-in topology's spec" in r.err
+    assert not (tmp_path / "r").exists()
+
+
+def test_init_with_a_new_strategy_leaves_the_runs_weights_behind(tmp_path, run_cli, one_torch_thread):
+    """An explicit-weights run fine-tuned with --strategy equal: the earlier vector is not carried into a
+    strategy that refuses one."""
+    small = ("--rounds", "1", "--local-steps", "1", "--no-progress", "--json")
+    assert run_cli("train", "--exit-weights", "1,2,3", "--out", tmp_path / "a", *small).code == 0
+    r = run_cli("train", "--init", tmp_path / "a", "--strategy", "equal", "--out", tmp_path / "b", *small)
+    assert r.code == 0, r.err
+    config = json.loads((tmp_path / "b" / "config.json").read_text())
+    assert config["strategy"] == "equal" and config["weights"] is None

@@ -235,8 +235,11 @@ def _new_config(args: argparse.Namespace, flags: dict, options: dict) -> RunConf
         model = flags.get("model", file_values.get("model", inherited.get("model")))
         if model != inherited.get("model"):  # another model: the earlier run's arguments and hash are not its
             inherited = {k: v for k, v in inherited.items() if k not in ("model_args", "model_sha256", "model_root")}
+        if "strategy" in flags or "strategy" in file_values:  # a new strategy: the run's vector and sigma were its
+            inherited = {k: v for k, v in inherited.items() if k not in ("weights", "sigma")}
         file_values = {**inherited, **file_values}
     values = {**file_values, **flags}
+    _check_built_in_flags(flags, values)
     from cis.training.run_dir import check_foreign_files, check_inputs_apart, check_out_outside_data
 
     check_inputs_apart(Path(args.out), {  # the run would overwrite them: one line before anything is written
@@ -251,6 +254,18 @@ def _new_config(args: argparse.Namespace, flags: dict, options: dict) -> RunConf
     config = make_config(*_with_options(file_values, {**flags, **measured}, options))  # checked before it writes
     write()
     return config
+
+
+def _check_built_in_flags(flags: dict, values: dict) -> None:
+    """--serving and --topology build the built-in spec: one line where a spec (--spec, the --config file's, or
+    --init's run's) decides instead, rather than a run that trains for the spec and records the flag."""
+    named = [f"--{k}" for k in ("serving", "topology") if k in flags]
+    if named and values.get("spec") is not None:
+        raise CisError(
+            f"{' and '.join(named)} build the built-in topology's spec, but this run trains for the spec "
+            f"{values['spec']} (--spec, the --config file's or --init's run's); expected one of them: drop "
+            f"{' and '.join(named)}, or give the spec you want as --spec"
+        )
 
 
 def _builtin_run(args: argparse.Namespace, config: RunConfig, log: Callable[[str], None]) -> dict:

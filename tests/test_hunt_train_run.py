@@ -237,3 +237,17 @@ def test_init_with_a_new_strategy_leaves_the_runs_weights_behind(tmp_path, run_c
     assert r.code == 0, r.err
     config = json.loads((tmp_path / "b" / "config.json").read_text())
     assert config["strategy"] == "equal" and config["weights"] is None
+
+
+@pytest.mark.parametrize("method", ["reefl", "nefl", "flame", "depthfl"])
+@pytest.mark.parametrize("shape", [(12,), (1, 8, 12), (2, 16)])
+def test_other_methods_refuse_data_their_built_in_models_cannot_take(tmp_path, run_cli, method, shape):
+    """Found by a hunt: token ids gave an IndexError traceback, 8x12 images a torch error in round 1."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    x = rng.integers(0, 50, (120, *shape)).astype(np.int64 if len(shape) == 1 else np.float32)
+    np.savez(tmp_path / "d.npz", x=x, y=rng.integers(0, 3, 120))
+    r = run_cli("train", "--data", tmp_path / "d.npz", "--method", method, "--rounds", "1", "--out",
+                tmp_path / "r", "--no-progress")  # fmt: skip
+    assert r.code == 2 and f"--method {method} trains its built-in models, which take square images" in r.err

@@ -34,7 +34,7 @@ from cis.training.aggregation.averages import (
     patience_term,
 )
 from cis.training.aggregation.weights import Weights
-from cis.training.data.loading import image_family
+from cis.training.data.loading import check_square_images, image_family
 from cis.training.federated import MethodSetup
 from cis.training.local import Client, ExitSGDTrainer
 from cis.training.methods import baselines as bl
@@ -49,6 +49,7 @@ from cis.training.sampling import sampling_matrix
 def model_config(config, options: dict[str, Any], num_exits: int, train) -> dict[str, Any]:
     """The config of the method's model for the dataset: the ViT of :func:`vit_config`, or the dataset's CNN
     (option arch=cnn); ``cis.training.models.model_ref.build_model`` builds it."""
+    check_square_images(train.input_shape, config.method)
     in_channels, size = int(train.x.shape[1]), int(train.x.shape[2])
     if options["arch"] == "cnn":
         base = default_model_config(image_family(config.dataset_name, train.input_shape), config.width)

@@ -21,6 +21,7 @@ import numpy as np
 
 from cis.core.errors import CisError
 from cis.training.aggregation.aggregators import SubsetAggregator
+from cis.training.data.loading import check_square_images
 from cis.training.federated import ExitSampler, MethodSetup
 from cis.training.local import Client
 from cis.training.methods.nested import NestedNet, nefl_specs
@@ -39,6 +40,7 @@ def model_config(config, options: dict[str, Any], num_exits: int, train) -> dict
             f"option gammas: {len(options['gammas'])} values; expected one parameter ratio per sub-model (E "
             f"= {num_exits})"
         )
+    check_square_images(train.input_shape, config.method)
     base = LAYOUTS[options["layout"] or ("digits" if config.dataset_name == "digits" else "resnet20")]
     layout = dataclasses.replace(
         base, in_channels=int(train.x.shape[1]), input_size=int(train.x.shape[2]), num_classes=train.num_classes,

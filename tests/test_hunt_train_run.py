@@ -250,4 +250,4 @@ def test_other_methods_refuse_data_their_built_in_models_cannot_take(tmp_path, r
     np.savez(tmp_path / "d.npz", x=x, y=rng.integers(0, 3, 120))
     r = run_cli("train", "--data", tmp_path / "d.npz", "--method", method, "--rounds", "1", "--out",
                 tmp_path / "r", "--no-progress")  # fmt: skip
-    assert r.code == 2 and f"--method {method} trains its built-in models, which take square images" in r.err
+    assert r.code == 2 and f"--method {method}'s built-in models take square images" in r.err

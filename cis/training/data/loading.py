@@ -99,16 +99,6 @@ def image_family(name: str, input_shape: tuple[int, ...]) -> str:
     return "digits" if input_shape[1] <= 16 else "cifar10"
 
 
-def check_square_images(input_shape: tuple[int, ...], method: str) -> None:
-    """One line where ``method`` (one that trains only its built-in models) meets data that is not square images."""
-    if len(input_shape) != 3 or input_shape[1] != input_shape[2]:
-        raise CisError(
-            f"data of shape {input_shape} per sample: --method {method} trains its built-in models, which take "
-            "square images (C, H, W); other data needs your own model, which --method cis trains (--model "
-            "PATH.py:FACTORY, docs/your-model.md)"
-        )
-
-
 def augment_options(name: str) -> dict[str, int | bool]:
     """Keyword arguments of :func:`augment_batch` suited to dataset ``name``.
 

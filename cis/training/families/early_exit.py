@@ -34,11 +34,17 @@ from cis.training.aggregation.averages import (
     patience_term,
 )
 from cis.training.aggregation.weights import Weights
-from cis.training.data.loading import check_square_images, image_family
+from cis.training.data.loading import image_family
 from cis.training.federated import MethodSetup
 from cis.training.local import Client, ExitSGDTrainer
 from cis.training.methods import baselines as bl
-from cis.training.methods.registry import EARLY_EXIT_METHODS, FLAME_AGGREGATIONS, FLAME_ALIASES, FLAME_SETTING_A
+from cis.training.methods.registry import (
+    EARLY_EXIT_METHODS,
+    FLAME_AGGREGATIONS,
+    FLAME_ALIASES,
+    FLAME_SETTING_A,
+    check_square_images,
+)
 from cis.training.methods.vit import ViTEE
 from cis.training.models.cnns import default_model_config
 from cis.training.models.contract import EarlyExitNet

@@ -21,11 +21,10 @@ import numpy as np
 
 from cis.core.errors import CisError
 from cis.training.aggregation.aggregators import SubsetAggregator
-from cis.training.data.loading import check_square_images
 from cis.training.federated import ExitSampler, MethodSetup
 from cis.training.local import Client
 from cis.training.methods.nested import NestedNet, nefl_specs
-from cis.training.methods.registry import NESTED_METHODS, OPTIONS
+from cis.training.methods.registry import NESTED_METHODS, OPTIONS, check_square_images
 from cis.training.methods.resnet import LAYOUTS, ResNetLayout
 from cis.training.methods.static_bn import mark_stale_
 from cis.training.methods.subfl import DeviceModel, FjordDevice, GroupDevice, NestedDevice, SltDevice, SubsetTrainer

@@ -305,6 +305,18 @@ def check_user_model(method: str) -> None:
         )
 
 
+def check_square_images(input_shape: tuple[int, ...], method: str) -> None:
+    """One line where ``method`` (one that trains only its built-in models) meets data that is not square images."""
+    if len(input_shape) != 3 or input_shape[1] != input_shape[2]:
+        yours = "pass your own model (--model PATH.py:FACTORY, docs/your-model.md)"
+        if method not in USER_MODEL_METHODS:
+            yours = f"it needs your own model, which --method {', '.join(USER_MODEL_METHODS)} train (your-model.md)"
+        raise CisError(
+            f"data of shape {input_shape} per sample: --method {method}'s built-in models take square images "
+            f"(C, H, W); {yours}"
+        )
+
+
 def check_method(method: Any) -> str:
     if method not in METHODS:
         raise CisError(f"config: field 'method' is {method!r}; expected one of {', '.join(METHODS)}")

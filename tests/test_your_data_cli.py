@@ -109,7 +109,7 @@ def test_centralised_weights_are_the_federated_runs(tmp_path):
         (lambda p: _nan(p), (), "NaN or inf"),
         (lambda p: tiny_images(p, node=np.arange(N) % 9), ("--partition", "node"), "node index [78]; the spec has 7"),
         (lambda p: tiny_images(p), ("--partition", "node"), "has no node column"),
-        (lambda p: tiny_images(p, n=8), (), "5 training samples for 7 nodes"),
+        (lambda p: tiny_images(p, n=8), (), r"5 training samples \(what the validation split leaves\) for 7 nodes"),
         (lambda p: tiny_images(p), ("--centralised", "--dirichlet", "0.5"), "dirichlet"),
         (lambda p: tiny_images(p), ("--centralised", "--method", "depthfl"), "centralised trains method 'cis'"),
         (lambda p: _bad_split(p), (), "split value 'dev'"),

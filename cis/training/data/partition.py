@@ -129,7 +129,8 @@ def node_sizes(num_samples: int, nodes: Sequence[NodeLike], scheme: str | Sequen
         raise CisError("partition nodes: none given, expected at least one node")
     if num_samples < len(nodes):
         raise CisError(
-            f"partition: {num_samples} training samples for {len(nodes)} nodes; expected at least one sample per node"
+            f"partition: {num_samples} training sample{'' if num_samples == 1 else 's'} (what the validation split "
+            f"leaves) for {len(nodes)} nodes; expected at least one sample per node (a smaller val_size, or more data)"
         )
     ids = [n.id for n in nodes]
     if len(set(ids)) != len(ids):

@@ -251,3 +251,9 @@ def test_other_methods_refuse_data_their_built_in_models_cannot_take(tmp_path, r
     r = run_cli("train", "--data", tmp_path / "d.npz", "--method", method, "--rounds", "1", "--out",
                 tmp_path / "r", "--no-progress")  # fmt: skip
     assert r.code == 2 and f"--method {method}'s built-in models take square images" in r.err
+
+
+@pytest.mark.parametrize("flags", [("--out", "x"), ("--resume",), ("--engine", "flower")])
+def test_measure_grad_variance_refuses_flags_it_would_ignore(run_cli, flags):
+    r = run_cli("train", "--measure-grad-variance", *flags)
+    assert r.code == 2 and "--measure-grad-variance measures the initial model and trains nothing; drop" in r.err

@@ -170,6 +170,10 @@ def _weights_file(text: str) -> str:
 def _measure_grad_variance(args: argparse.Namespace, flags: dict, options: dict) -> int:
     from cis.training.run import measure_grad_variance
 
+    ignored = [f for f, given in (("--out", args.out), ("--resume", args.resume), ("--init", args.init),
+               ("--rates-from", args.rates_from), ("--engine flower", args.engine == "flower")) if given]  # fmt: skip
+    if ignored:
+        raise CisError(f"--measure-grad-variance measures the initial model and trains nothing; drop {ignored[0]}")
     config = make_config(*_with_options(read_config_file(args.config) if args.config else {}, flags, options))
     var = measure_grad_variance(config)
     result: dict[str, Any] = {

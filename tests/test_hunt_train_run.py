@@ -257,3 +257,11 @@ def test_other_methods_refuse_data_their_built_in_models_cannot_take(tmp_path, r
 def test_measure_grad_variance_refuses_flags_it_would_ignore(run_cli, flags):
     r = run_cli("train", "--measure-grad-variance", *flags)
     assert r.code == 2 and "--measure-grad-variance measures the initial model and trains nothing; drop" in r.err
+
+
+@pytest.mark.parametrize("method", ["flame", "nefl"])
+def test_a_diverging_run_of_the_other_trainers_stops_in_one_line(tmp_path, run_cli, method, one_torch_thread):
+    """FLAME's and the nested methods' trainers compute their own loss: a NaN one stops the run there too."""
+    r = run_cli("train", "--method", method, "--lr", "1e8", "--rounds", "2", "--local-steps", "3", "--out",
+                tmp_path / "r", "--no-progress")  # fmt: skip
+    assert r.code == 2 and "NonFiniteLoss: the training loss is nan" in r.err

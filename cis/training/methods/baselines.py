@@ -25,7 +25,7 @@ from torch import Tensor
 
 from cis.training.aggregation.averages import Holds, key_exit
 from cis.training.data.loading import augment_batch
-from cis.training.local import Client, ExitSGDTrainer, batch_indices
+from cis.training.local import Client, ExitSGDTrainer, batch_indices, finite_loss
 from cis.training.methods import distill, flame
 from cis.training.methods.registry import FLAME_GROUP_STEPS, FLAME_GROUPINGS, FLAME_OPTIMIZERS, KD_RAMP_ROUNDS
 from cis.training.methods.vit import Block, ViTEE, qkv_rows, width_counts
@@ -236,7 +236,7 @@ class FlameTrainer(ExitSGDTrainer):
                     p.grad = g
                 opt.step()
                 updates += 1
-            total += float(F.cross_entropy(exit_logits.detach(), yb))  # the batch's mean loss at the samples' exits
+            total += finite_loss(F.cross_entropy(exit_logits.detach(), yb), lr)  # the batch's mean loss at its exits
             flops += flame.training_flops(exits, self.forward_flops)
             exit_counts += np.bincount(exits, minlength=model.num_exits + 1)[1:]
         avg_exit = float((exit_counts * np.arange(1, model.num_exits + 1)).sum() / max(exit_counts.sum(), 1))

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from cis.training.data.loading import augment_batch
-from cis.training.local import Client, LocalSGD, batch_indices
+from cis.training.local import Client, LocalSGD, batch_indices, finite_loss
 from cis.training.methods import slt as slt_mod
 from cis.training.methods import widthfl
 from cis.training.methods.nested import NestedNet
@@ -152,7 +152,7 @@ class SubsetTrainer(LocalSGD):
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
-            total += float(loss.detach())
+            total += finite_loss(loss, lr)
             if self.device.per_batch or step == self.steps - 1:
                 compact = net.state_dict()
                 scatter_(state, compact, upload)

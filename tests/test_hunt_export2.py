@@ -324,3 +324,13 @@ def test_a_run_whose_model_file_is_gone_names_the_recorded_path(run_cli, tmp_pat
         from cis.exporter.bundle_writer import export_bundle
 
         export_bundle(run, tmp_path / "b")
+
+
+def test_evaluate_of_a_run_whose_model_file_is_gone_names_the_run_not_a_flag(run_cli, tmp_path):
+    """evaluate, --resume and --init rebuild the recorded model the same way (model_ref.user_model)."""
+    run = saved_run(tmp_path, "plain")
+    (tmp_path / "models.py").unlink()
+    r = run_cli("evaluate", run)
+    assert r.code == 2 and len(r.err.strip().splitlines()) == 1 and "Traceback" not in r.err, r.err
+    assert "--model '" not in r.err and f"the run's model '{tmp_path / 'models.py'}:plain'" in r.err
+    assert "restore it there, or train again with --model" in r.err

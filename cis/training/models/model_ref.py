@@ -69,13 +69,17 @@ def is_own(ref: Reference) -> bool:
     return ref.module is not None and ref.module.split(".")[0] in OWN_PACKAGES
 
 
-def parse_reference(text: str) -> Reference:
+def parse_reference(text: str, recorded: bool = False) -> Reference:
     """``PATH.py:FACTORY`` (a file that must exist, made absolute) or ``pkg.module:FACTORY``
-    (:func:`cis.core.user_code.parse_reference`, the one parser of references); one line when it is neither."""
-    ref = user_code.parse_reference(text, "--model")
+    (:func:`cis.core.user_code.parse_reference`, the one parser of references); one line when it is neither.
+    ``recorded``: the reference a run recorded (evaluate, --resume, --init), not a --model flag."""
+    ref = user_code.parse_reference(text, "the run's model" if recorded else "--model")
     if ref.path is None:
         return ref
     path = ref.path.resolve()
+    if not path.is_file() and recorded:
+        raise CisError(f"the run's model {text!r}: file {path} not found; expected the file the run was trained "
+                       "with (restore it there, or train again with --model where it is now)")  # fmt: skip
     if not path.is_file():
         raise CisError(f"--model {text!r}: file {path} not found; expected a Python file")
     return Reference(f"{path}:{ref.name}", ref.name, path=path)
@@ -231,7 +235,7 @@ def user_model(reference: str, model_args: dict[str, Any] | None, context: dict[
     (``num_classes``, ``num_exits``, ``input_shape``); its record kept as ``model.config()``. ``root``: the
     folder a ``pkg.module`` reference was imported from when the run started (put on ``sys.path`` first, so the
     run rebuilds from any working directory)."""
-    ref = parse_reference(reference)
+    ref = parse_reference(reference, recorded=sha256 is not None)
     if ref.module is not None and root and root not in sys.path:
         sys.path.insert(0, root)
     now = check_source(ref, sha256, allow_changed)

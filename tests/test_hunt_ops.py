@@ -190,3 +190,11 @@ def test_a_testbed_without_an_onnxruntime_says_serves_one_line(tmp_path):
         "cis testbed: needs the 'cpu' extra: pip install 'cis-inference[cpu]' (or 'cis-inference[gpu]' for "
         "onnxruntime-gpu on an NVIDIA GPU) (not installed: onnxruntime)"
     ]
+
+
+@pytest.mark.parametrize("flag", ["--namespace", "--image-cpu", "--image-gpu"])
+def test_an_empty_deploy_option_is_one_line_not_the_default(run_cli, kube, tmp_path, flag):
+    out = tmp_path / "k8s"
+    res = run_cli("deploy", "kubernetes", kube["spec"], kube["bundle"], "-o", out, f"{flag}=")
+    _one_line(res, f"{flag} '' is empty", "expected a value")
+    assert not out.exists()

@@ -151,8 +151,13 @@ def _kubernetes(
     for flag, mode in (("bundle_image", "image"), ("bundle_claim", "pvc"), ("bundle_path", "hostpath")):
         if getattr(args, flag) is not None and volume != mode:
             raise CisError(f"--{flag.replace('_', '-')} goes with --bundle-volume {mode}, not {volume}")
-    given = {k: getattr(args, k) for k in ("namespace", "image_cpu", "image_gpu", "bundle_volume", "bundle_image",
-                                           "bundle_claim", "bundle_path", "cluster_domain") if getattr(args, k)}
+    named = ("namespace", "image_cpu", "image_gpu", "bundle_volume", "bundle_image", "bundle_claim", "bundle_path",
+             "cluster_domain")
+    given = {k: getattr(args, k) for k in named if getattr(args, k) is not None}
+    for k, v in given.items():  # an empty value is a mistake, not the default
+        if not str(v).strip():
+            raise CisError(f"--{k.replace('_', '-')} {v!r} is empty; expected a value, or the flag left out for its "
+                           "default")
     options = KubeOptions(**given, prefix=args.name or "cis", metrics_port=args.metrics_port, sets=sets,
                           selectors=kubernetes.parse_selectors(args.node_selector or [], spec))
     resources, notes = node_resources(spec, bundle, headroom, sets)

@@ -26,6 +26,7 @@ from cis.training.data.loading import load_dataset  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 TEXT_MODEL = f"{ROOT / 'examples' / 'text' / 'model.py'}:make"  # vocab 64 by default
 TRAIN = ("--serving", "60-30-10", "--rounds", "1", "--local-steps", "1", "--no-progress", "--log-level", "warning")
+WITH_SPEC = TRAIN[2:]  # a spec decides the serving rates itself: --serving beside it is refused
 
 
 def ids(n: int = 300, seed: int = 0, classes: int = 4) -> tuple[np.ndarray, np.ndarray]:
@@ -180,7 +181,7 @@ def test_a_stray_label_is_named_with_a_spec_and_without(tmp_path, run_cli):
     y[17] = 9
     data = labelled(tmp_path, "stray.npz", y)
     assert run_cli("spec", "new", "--serving", "60-30-10", "--classes", "3", "-o", tmp_path / "s3.toml").code == 0
-    r = run_cli("train", "--model", TEXT_MODEL, "--data", data, *TRAIN, "--spec", tmp_path / "s3.toml",
+    r = run_cli("train", "--model", TEXT_MODEL, "--data", data, *WITH_SPEC, "--spec", tmp_path / "s3.toml",
                 "--out", tmp_path / "a")
     assert error(r) == f"data {data}: sample 17 has label 9; expected labels 0..2 (the spec's classes = 3)"
     r = run_cli("train", "--model", TEXT_MODEL, "--data", data, *TRAIN, "--out", tmp_path / "b")
@@ -224,7 +225,7 @@ def test_spec_new_takes_the_classes_from_the_data_and_a_spec_without_them_from_t
     assert "classes = 3" in (tmp_path / "from-data.toml").read_text()
     r = run_cli("spec", "new", "--serving", "60-30-10", "-o", tmp_path / "plain.toml")
     assert r.code == 0 and "classes" not in (tmp_path / "plain.toml").read_text()
-    r = run_cli("train", "--model", TEXT_MODEL, "--data", data, *TRAIN, "--spec", tmp_path / "plain.toml",
+    r = run_cli("train", "--model", TEXT_MODEL, "--data", data, *WITH_SPEC, "--spec", tmp_path / "plain.toml",
                 "--out", tmp_path / "run", "--json")
     assert r.code == 0, r.err
     assert "classes = 3" in (tmp_path / "run" / "spec.toml").read_text()

@@ -66,6 +66,8 @@ def tree(tmp_path_factory):
     assert bundle.spec is not None
     layer = {n.id: n.exit for n in bundle.spec.nodes}
     manifest["policy"]["thresholds"] = {nid: {1: device, 2: edge, 3: "-inf"}[e] for nid, e in layer.items()}
+    for nid, t in manifest["policy"]["thresholds"].items():  # the nodes table agrees (a contradiction is refused)
+        manifest["nodes"][nid]["threshold"] = t
     write_manifest(bundle_dir, manifest)
     proc = start(
         "serve", bundle_dir, "--all", "--free-ports", "--http-port", 0, "--grpc-port", 0, "--json",

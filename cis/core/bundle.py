@@ -26,7 +26,13 @@ from typing import Any
 import numpy as np
 
 from cis.core.errors import BundleError
-from cis.core.manifest_checks import SCHEMA_VERSION, check_manifest
+from cis.core.manifest_checks import (
+    CONFIDENCE_PROFILE,
+    LATENCY_PROFILE,
+    SCHEMA_VERSION,
+    check_against_spec,
+    check_manifest,
+)
 from cis.core.policy.exit_policy import ExitPolicy
 from cis.core.spec import CisSpec, parse_spec
 from cis.core.stages.contract import LOGITS
@@ -35,8 +41,6 @@ from cis.core.user_code import sha256_file  # also what export and the tests imp
 ID_DIGITS = 16  # a bundle's id: the first 16 hex digits of its manifest.json's sha256 (Bundle.id)
 MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig"  # cis.core.signing.signature_path(MANIFEST): written after the manifest, never listed in it
-CONFIDENCE_PROFILE = "profiles/confidence.npz"
-LATENCY_PROFILE = "profiles/latency.json"
 
 
 @dataclass(frozen=True)
@@ -197,6 +201,8 @@ def load_bundle(path: str | Path, verify: bool = True, trust: str | Path | None 
         manifest = check_manifest(json.loads(raw.decode()), mpath)
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BundleError(f"{mpath}: not valid JSON ({exc})") from None
+    bundle = Bundle(root, manifest, hashlib.sha256(raw).hexdigest())  # parses the spec and the policy
+    check_against_spec(manifest, bundle.spec, mpath)  # the nodes table, the policy, the profiles: the spec's
     if verify:
         for rel, digest in manifest["files"].items():
             f = root / rel
@@ -208,7 +214,7 @@ def load_bundle(path: str | Path, verify: bool = True, trust: str | Path | None 
                     f"{f}: sha256 is {actual[:16]}..., manifest says {digest[:16]}...; the file was changed after "
                     "export"
                 )
-    return Bundle(root, manifest, hashlib.sha256(raw).hexdigest())
+    return bundle
 
 
 def write_manifest(root: str | Path, manifest: dict[str, Any]) -> Path:

@@ -94,7 +94,7 @@ def load_npz(path: str | Path, bundle: Bundle | None = None, entry: TensorInfo |
     x, y = arrays["x"], arrays.get("y")
     if y is not None and (x.ndim < 1 or y.shape != (len(x),) or not np.issubdtype(y.dtype, np.integer)):
         raise CisError(f"{path}: 'y' has shape {y.shape} and dtype {y.dtype}; expected {len(x)} integer labels")
-    labels = None if y is None else y.astype(np.int64)
+    labels = None if y is None else check_labels(y.astype(np.int64), bundle, str(path))
     if bundle is None and entry is None:
         if x.ndim != 4 or not (np.issubdtype(x.dtype, np.floating) or x.dtype == np.uint8):
             raise CisError(
@@ -122,9 +122,54 @@ def entry_array(x: np.ndarray, bundle: Bundle | None, where: str, info: TensorIn
     if want.kind in "iu" and np.issubdtype(x.dtype, np.integer):
         if x.size and (x.min() < np.iinfo(want).min or x.max() > np.iinfo(want).max):
             raise CisError(f"{where}: 'x' holds values outside {want}'s range; the bundle's model takes {want}")
+        check_ids(x, index_range(bundle, info.name) if bundle is not None else False, where)
         return np.ascontiguousarray(x, dtype=want)
     kind = "uint8 pixels or floats" if want.kind == "f" else "integers (e.g. token ids)"
     raise CisError(f"{where}: 'x' has dtype {x.dtype}; the bundle's model takes {want} ({kind})")
+
+
+def index_range(bundle: Bundle, name: str) -> list[int] | None | bool:
+    """The ids request tensor ``name`` takes, as the manifest's ``inputs`` record them (``index_range`` [low, high]:
+    ids low..high-1, the model's input embedding's rows); None where the bundle says none applies (no embedding
+    reads the input as it is), False where it does not say (a bundle written before the range was recorded)."""
+    entry = next((t for t in bundle.manifest.get("inputs") or [] if t.get("name") == name), None)
+    if entry is None or "index_range" not in entry:
+        return False
+    return entry["index_range"]
+
+
+def check_ids(x: np.ndarray, ids: list[int] | None | bool, where: str) -> None:
+    """Integer inputs (token ids) within the range the bundle records (``ids``: [low, high], None: any value, False:
+    not recorded, then ids are 0 or more: onnxruntime's Gather reads a negative id from the end of the table,
+    a silently wrong answer); one line naming the file, the sample and the value."""
+    if ids is None or not x.size:
+        return
+    low, high = (int(ids[0]), int(ids[1])) if isinstance(ids, list) else (0, None)
+    flat = x.reshape(len(x), -1)
+    bad = (flat < low) | (flat >= high) if high is not None else flat < low
+    if not bad.any():
+        return
+    i, j = (int(v) for v in np.argwhere(bad)[0])
+    takes = (f"the bundle's model takes token ids {low}..{high - 1} (its input embedding's rows: the manifest's "
+             "inputs index_range)" if high is not None else
+             "token ids are 0 or more (the model's embedding would read a negative id from the end of its table)")
+    raise CisError(f"{where}: sample {i} holds {int(flat[i, j])} at position {j} of x; {takes}")
+
+
+def check_labels(y: np.ndarray, bundle: Bundle | None, where: str) -> np.ndarray:
+    """Labels ``y`` as class indices of the bundle (0..K-1, K its class names; without a bundle, 0 or more): one
+    line naming the file and the labels outside that range, which no answer could match (an accuracy of them would
+    say nothing about the model)."""
+    classes = (bundle.manifest.get("classes") or []) if bundle is not None else []
+    bad = (y < 0) | (y >= len(classes)) if classes else y < 0
+    if bad.any():
+        values = sorted(set(y[bad].tolist()))
+        shown = ", ".join(map(str, values[:5])) + (f" and {len(values) - 5} more" if len(values) > 5 else "")
+        expected = (f"the bundle's {len(classes)} classes, 0..{len(classes) - 1} in its class order" if classes
+                    else "class indices 0 or more")
+        first = int(np.argmax(bad))
+        raise CisError(f"{where}: 'y' holds labels {shown} (first at sample {first}); expected {expected}")
+    return y
 
 
 def entry_input(bundle: Bundle) -> TensorInfo:
@@ -166,14 +211,21 @@ def load_image_folder(path: str | Path, bundle: Bundle | None = None) -> Inputs:
 def normalise_pixels(pixels: np.ndarray, bundle: Bundle, where: str) -> np.ndarray:
     """uint8 (N, C, H, W) -> float32 (x / 255 - mean) / std with the bundle's normalisation."""
     norm = bundle.manifest.get("normalisation") or {}
-    mean = np.asarray(norm.get("mean", []), np.float32)
-    std = np.asarray(norm.get("std", []), np.float32)
+    if not norm.get("mean") or not norm.get("std"):  # null (or []): data used as given
+        raise CisError(f"{where}: raw uint8 pixels, but the bundle {bundle.root} has no pixel normalisation (its "
+                       "model was trained on arrays used as given), so they cannot be converted; expected float32 "
+                       "input, as the model was trained on")
+    mean = np.asarray(norm["mean"], np.float32)
+    std = np.asarray(norm["std"], np.float32)
     channels = pixels.shape[1]
     if mean.shape != (channels,) or std.shape != (channels,):
         raise CisError(
             f"{where}: {channels} channels, but the bundle's normalisation has "
             f"mean {norm.get('mean')} std {norm.get('std')}"
         )
+    if not (np.all(np.isfinite(mean)) and np.all(np.isfinite(std)) and np.all(std > 0)):
+        raise CisError(f"{where}: the bundle {bundle.root}'s normalisation has mean {norm['mean']} std {norm['std']}; "
+                       "expected finite numbers, std > 0 (pixels are divided by it)")
     return ((pixels.astype(np.float32) / 255.0 - mean[None, :, None, None]) / std[None, :, None, None]).astype(
         np.float32
     )

@@ -20,7 +20,7 @@ import numpy as np
 
 from cis.core.errors import BundleError
 from cis.core.policy.patience import MEASURE as PATIENCE
-from cis.core.spec import CONFIDENCE_MEASURES
+from cis.core.spec import CONFIDENCE_MEASURES, CisSpec
 from cis.core.stages.contract import LOGITS
 
 SCHEMA_VERSION = 1
@@ -59,6 +59,7 @@ def check_manifest(manifest: Any, mpath: Path) -> dict:
     if manifest.get("feature_dtype", "fp32") not in FEATURE_DTYPES:
         raise BundleError(f"{mpath}: feature_dtype is {_short(manifest['feature_dtype'])}; expected one of "
                           f"{', '.join(FEATURE_DTYPES)}")
+    check_cross_fields(manifest, mpath)
     return manifest
 
 
@@ -164,6 +165,11 @@ def _inputs_fit(inputs: list | None, stages: list[dict], mpath: Path) -> None:
         return
     for j, t in enumerate(inputs):
         _tensor(t, f"inputs[{j}]", mpath)
+        ids = t.get("index_range")
+        if ids is not None and not (isinstance(ids, list) and len(ids) == 2 and all(map(_is_int, ids))
+                                    and ids[0] < ids[1] and str(t["dtype"]).startswith(("int", "uint"))):
+            raise BundleError(f"{mpath}: inputs[{j}].index_range is {_short(ids)} for a {t['dtype']} input; expected "
+                              "[low, high] (integer ids low..high-1) on an integer input, or null")
     got = [f"{t['name']} {t['dtype']} {json.dumps(t['shape'])}" for t in inputs]
     want = [f"{t['name']} {t['dtype']} {json.dumps(t['shape'])}" for t in stages[0]["inputs"]]
     if got != want:
@@ -222,3 +228,172 @@ def _policy(policy: Any, mpath: Path) -> None:
                                                                           and patience >= 1):
         raise BundleError(f"{mpath}: policy.patience is {_short(patience)}; expected an integer >= 1 with measure "
                           f"{PATIENCE!r}, else none")
+
+
+# ---------------------------------------------------------------- fields that must agree with each other
+
+CONFIDENCE_PROFILE = "profiles/confidence.npz"  # the paths a bundle reads its profiles from (cis.core.bundle)
+LATENCY_PROFILE = "profiles/latency.json"
+
+
+def check_cross_fields(manifest: dict, mpath: Path) -> None:
+    """Fields that restate each other agree (a hand edit of one is a contradiction the runtime would act on): each
+    stage's file is its own and its sha256 the files table's, each stage returns ``logits`` and stage k+1 takes
+    exactly the carry stage k returns, the profiles are where the bundle reads them, a node's exit and stages
+    agree, and the request's preprocessing is the normalisation's."""
+    stages = manifest["stages"]
+    seen: dict[str, int] = {}
+    for k, stage in enumerate(stages):
+        digest = stage.get("sha256")
+        if digest is not None and digest != manifest["files"][stage["file"]]:
+            raise BundleError(f"{mpath}: stages[{k}].sha256 is {_short(digest)}; files[{stage['file']!r}] says "
+                              f"{manifest['files'][stage['file']][:16]}...; expected the same hash of the stage's file")
+        if stage["file"] in seen:
+            raise BundleError(f"{mpath}: stages[{k}].file {stage['file']!r} is stages[{seen[stage['file']]}]'s too; "
+                              "expected one graph file per stage")
+        seen[stage["file"]] = k
+        _logits_out(stage, k, mpath)
+        if k:
+            _carry_fits(stages[k - 1], stage, k, mpath)
+    profiles = manifest.get("profiles") or {}
+    for key, where in (("confidence", CONFIDENCE_PROFILE), ("latency", LATENCY_PROFILE)):
+        if profiles.get(key) is not None and profiles[key] != where:
+            raise BundleError(f"{mpath}: profiles.{key} is {_short(profiles[key])}; expected {where!r} (the file "
+                              "the bundle's profile is read from)")
+    for nid, node in (manifest.get("nodes") or {}).items():
+        if node.get("exit") is not None and node["stages"] != list(range(1, node["exit"] + 1)):
+            raise BundleError(f"{mpath}: nodes[{nid!r}].stages is {node['stages']}; its exit is {node['exit']}; "
+                              f"expected stages {list(range(1, node['exit'] + 1))} (a node holds stages 1..its exit)")
+    _preprocessing(manifest, mpath)
+
+
+def _describe(t: dict) -> str:
+    q = f" scale {t['scale']} zero_point {t.get('zero_point')}" if t.get("scale") is not None else ""
+    return f"{t['name']} {t['dtype']} {json.dumps(t['shape'])}{q}"
+
+
+def _logits_out(stage: dict, k: int, mpath: Path) -> None:
+    names = [t["name"] for t in stage["outputs"]]
+    if names.count(LOGITS) != 1:
+        raise BundleError(f"{mpath}: stages[{k}].outputs are {_short(names)}; expected one {LOGITS!r} tensor (the "
+                          f"exit's logits, which a node reads by that name)")
+
+
+def _carry_fits(sender: dict, receiver: dict, k: int, mpath: Path) -> None:
+    """Stage k+1 (``receiver``, stages[k]) takes exactly the carry stage k returns: names, dtypes, shapes, int8
+    scales (the runtime passes the arrays on by name and never converts them). A stage that declares no inputs
+    is one only the simulator reads (it never opens the graphs; a node refuses it when it opens the stage)."""
+    sent = {t["name"]: _describe(t) for t in sender["outputs"] if t["name"] != LOGITS}
+    taken = {t["name"]: _describe(t) for t in receiver["inputs"]}
+    if sent == taken or not taken:
+        return
+    for j, t in enumerate(receiver["inputs"]):
+        if sent.get(t["name"]) != taken[t["name"]]:
+            what = sent.get(t["name"], f"no {t['name']!r} (it returns {', '.join(sent) or 'no carry'})")
+            raise BundleError(f"{mpath}: stages[{k}].inputs[{j}] is {taken[t['name']]}; stages[{k - 1}] returns "
+                              f"{what}; expected stage {k + 1} to take exactly the carry stage {k} returns "
+                              "(name dtype shape)")
+    missing = next(name for name in sent if name not in taken)
+    raise BundleError(f"{mpath}: stages[{k}].inputs has no {missing!r}, which stages[{k - 1}] returns; expected stage "
+                      f"{k + 1} to take exactly the carry stage {k} returns")
+
+
+def _numbers(value: Any) -> bool:
+    return isinstance(value, list) and bool(value) and all(_is_number(v) and math.isfinite(v) for v in value)
+
+
+def _preprocessing(manifest: dict, mpath: Path) -> None:
+    """``normalisation``: both null, or per-channel ``mean`` and ``std`` (std > 0); each request tensor's
+    ``preprocessing`` is what that normalisation makes of it (``normalise`` for float (N, C, H, W) images with
+    one, with its numbers, else ``none``)."""
+    norm: dict[str, Any] = manifest.get("normalisation") or {}
+    mean: Any = norm.get("mean")
+    std: Any = norm.get("std")
+    if mean or std:  # null or [] for data without one (token ids, arrays used as given)
+        if not (_numbers(mean) and _numbers(std) and len(mean) == len(std)):
+            raise BundleError(f"{mpath}: normalisation is {_short(norm)}; expected mean and std, lists of as many "
+                              "numbers as the input has channels (or both null or empty)")
+        if min(std) <= 0:
+            raise BundleError(f"{mpath}: normalisation.std is {_short(std)}; expected numbers > 0 (inputs are "
+                              "divided by them)")
+    for j, t in enumerate(manifest.get("inputs") or []):
+        pre = t.get("preprocessing")
+        if pre is None:
+            continue
+        image = str(t["dtype"]).startswith("float") and len(t["shape"]) == 4 and bool(mean) and bool(std)
+        want = {"kind": "normalise", "scale": 1 / 255, "mean": mean, "std": std} if image else {"kind": "none"}
+        if image and t["shape"][1] is not None and len(mean) != t["shape"][1]:
+            raise BundleError(f"{mpath}: normalisation has {len(mean)} channels; inputs[{j}] {t['name']!r} has "
+                              f"{t['shape'][1]} (shape {json.dumps(t['shape'])}); expected one mean and std per "
+                              "channel")
+        if not isinstance(pre, dict) or {k: pre.get(k) for k in want} != want or (not image and len(pre) != 1):
+            raise BundleError(f"{mpath}: inputs[{j}].preprocessing is {_short(pre)}; the normalisation makes it "
+                              f"{_short(want)}; expected the two to agree (docs/bundle.md)")
+
+
+def check_against_spec(manifest: dict, spec: CisSpec | None, mpath: Path) -> None:
+    """The nodes table, the policy and the profiles agree with the bundle's spec (``spec``, parsed from the
+    manifest; None: with each other only): its nodes are the nodes table's with their exits, every node's
+    threshold in the nodes table is the policy's (the runtime serves the policy's, ``cis inspect`` shows the
+    table's), and the policy measures the spec's confidence, as its profile does."""
+    nodes, policy = manifest.get("nodes"), manifest.get("policy")
+    if spec is not None and nodes is not None:
+        _nodes_are_spec(nodes, spec, len(manifest["stages"]), mpath)
+    measure = spec.confidence if spec is not None else (manifest.get("profiles") or {}).get("measure")
+    whose = "the spec's [cis] confidence" if spec is not None else "profiles.measure"
+    profiled = (manifest.get("profiles") or {}).get("measure")
+    if spec is not None and profiled is not None and profiled != measure:
+        raise BundleError(f"{mpath}: profiles.measure is {profiled!r}; {whose} is {measure!r}; expected the measure "
+                          "the bundle was calibrated with")
+    if not policy or policy["measure"] == PATIENCE:
+        return
+    if measure is not None and policy["measure"] != measure:
+        raise BundleError(f"{mpath}: policy.measure is {policy['measure']!r}; {whose} is {measure!r}; expected the "
+                          "measure the thresholds were calibrated on")
+    _thresholds_agree(nodes or {}, policy["thresholds"], spec, len(manifest["stages"]), mpath)
+
+
+def _nodes_are_spec(nodes: dict, spec: CisSpec, num_stages: int, mpath: Path) -> None:
+    """One entry per spec node, with its exit and stages 1..exit (a node whose exit the bundle has no stage for
+    may be left out: the bundle does not fit it, which serving it says)."""
+    ids = spec.ids
+    extra = [nid for nid in nodes if nid not in ids]
+    missing = [n.id for n in spec.nodes if n.id not in nodes and n.exit <= num_stages]
+    if extra or missing:
+        got = f"nodes[{extra[0]!r}] is not a node of the spec" if extra else f"nodes has no {missing[0]!r}"
+        raise BundleError(f"{mpath}: {got}; expected one entry per spec node ({', '.join(ids)})")
+    for n in spec.nodes:
+        if n.id not in nodes:
+            continue
+        if nodes[n.id].get("exit") is not None and nodes[n.id]["exit"] != n.exit:
+            raise BundleError(f"{mpath}: nodes[{n.id!r}].exit is {nodes[n.id]['exit']}; the spec's node {n.id!r} has "
+                              f"exit {n.exit}; expected the spec's")
+        if nodes[n.id]["stages"] != list(range(1, n.exit + 1)):
+            raise BundleError(f"{mpath}: nodes[{n.id!r}].stages is {nodes[n.id]['stages']}; the spec's node {n.id!r} "
+                              f"has exit {n.exit}; expected stages {list(range(1, n.exit + 1))}")
+
+
+def _thresholds_agree(nodes: dict, thresholds: dict, spec: CisSpec | None, num_stages: int, mpath: Path) -> None:
+    """The policy's thresholds are for nodes of the bundle, and where the nodes table states a node's threshold,
+    it is the policy's (a node without either is served with --threshold or calibrated by the simulator; the root
+    serves everything, whatever either says)."""
+    if spec is not None:
+        ids, roots = spec.ids, {n.id for n in spec.nodes if n.parent is None}
+    else:
+        ids, roots = list(nodes), {nid for nid, n in nodes.items() if n.get("exit") == num_stages}
+    for nid in thresholds:
+        if ids and nid not in ids:
+            raise BundleError(f"{mpath}: policy.thresholds[{nid!r}] is for no node of the bundle; expected one of "
+                              f"{', '.join(ids)}")
+    for nid in ids:
+        if nid in roots:
+            continue
+        stated = (nodes.get(nid) or {}).get("threshold")
+        if stated is not None and nid not in thresholds:
+            raise BundleError(f"{mpath}: policy.thresholds has no {nid!r}; nodes[{nid!r}].threshold is {stated}; "
+                              "expected one threshold (the runtime serves the policy's, cis inspect shows the nodes "
+                              "table's)")
+        if stated is not None and float(stated) != float(thresholds[nid]):
+            raise BundleError(f"{mpath}: nodes[{nid!r}].threshold is {stated}; policy.thresholds[{nid!r}] is "
+                              f"{thresholds[nid]}; expected one threshold (the runtime serves the policy's, cis "
+                              "inspect shows the nodes table's)")

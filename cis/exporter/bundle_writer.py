@@ -172,7 +172,7 @@ def _load_run(run_dir: Path, spec: str | Path | CisSpec | dict | None, say: Prog
     say(f"loaded checkpoint {run_dir}")
     weights_path, meta_path = checkpoint_files(run_dir)
     spec_obj, where = _resolve_spec(spec, meta, meta_path)
-    check_spec_fits(spec_obj, model, meta, run_dir)
+    spec_obj = check_spec_fits(spec_obj, model, meta, run_dir, spec if isinstance(spec, (str, Path)) else None)
     if not any(n.arrival_rate > 0 for n in spec_obj.nodes):
         raise CisError(f"{where}: no node has an arrival_rate > 0; expected requests to arrive somewhere (the "
                        "thresholds are calibrated to the shares they serve)")

@@ -17,6 +17,7 @@ trainer state such as optimizer moments), so it loads with
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import Any
 import torch
 
 from cis.core.errors import CisError, error_line
-from cis.core.spec import CisSpec, parse_spec
+from cis.core.spec import CisSpec, parse_spec, states_classes
 from cis.training.models.contract import EarlyExitNet, is_int
 from cis.training.models.model_ref import build_model
 
@@ -122,16 +123,25 @@ def run_spec(meta: dict[str, Any], meta_path: str | Path) -> CisSpec:
     return parse_spec(meta["spec"], f"{meta_path}: spec")
 
 
-def check_spec_fits(spec: CisSpec, model: EarlyExitNet, meta: dict[str, Any], where: str | Path) -> None:
-    """One line where ``spec`` does not fit the run's model (in ``where``): its exits, its classes."""
+def check_spec_fits(
+    spec: CisSpec, model: EarlyExitNet, meta: dict[str, Any], where: str | Path, source: str | Path | None = None
+) -> CisSpec:
+    """``spec`` as it fits the run's model (in ``where``); one line where it does not: its exits, its classes.
+
+    ``source``: the spec file ``spec`` was read from (``--spec FILE``). A file whose ``[cis]`` table does not
+    state ``classes`` takes the count from the data (docs/spec.md), so it fits any class count: the returned spec
+    has the run's (``spec`` itself says the parser's default, not the file)."""
     if spec.num_exits != model.num_exits:
         raise CisError(
             f"spec {spec.name!r}: [cis] exits is {spec.num_exits}; the model in {where} has {model.num_exits} exits"
         )
+    if source is not None and not states_classes(source):
+        return dataclasses.replace(spec, num_classes=len(meta["classes"]))
     if spec.num_classes != len(meta["classes"]):
         raise CisError(
             f"spec {spec.name!r}: [cis] classes is {spec.num_classes}; the model in {where} has {len(meta['classes'])}"
         )
+    return spec
 
 
 @torch.no_grad()

@@ -420,11 +420,10 @@ def sgd_steps(s: Setup) -> dict[str, Any]:
 
 
 def evaluate_run(run_dir: str | Path, spec: CisSpec | None = None, measure: str | None = None,
-                 allow_model_change: bool = False) -> dict:
-    """Evaluate a finished (or checkpointed) run under any spec without retraining."""
+                 allow_model_change: bool = False, spec_file: str | Path | None = None) -> dict:
+    """Evaluate a finished (or checkpointed) run under any spec (read from ``spec_file``) without retraining."""
     model, meta, _ = load_checkpoint(run_dir, allow_model_change)
-    spec = spec or run_spec(meta, checkpoint_files(run_dir)[1])
-    check_spec_fits(spec, model, meta, run_dir)
+    spec = check_spec_fits(spec or run_spec(meta, checkpoint_files(run_dir)[1]), model, meta, run_dir, spec_file)
     splits = load_run_data(meta, str(run_dir))
     val = predict_exits(model, splits.val.x)
     test = predict_exits(model, splits.test.x)

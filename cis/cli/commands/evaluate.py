@@ -37,7 +37,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.serving is not None:  # '' too: parse_serving refuses it
         base = run_spec(*read_meta(args.run_dir))
         spec = apply_serving(base, parse_serving(args.serving, base.num_exits))
-    result = evaluate_run(args.run_dir, spec, args.confidence, args.allow_model_change)
+    result = evaluate_run(args.run_dir, spec, args.confidence, args.allow_model_change, args.spec)
     human = f"{args.run_dir} (round {result['round']}) under {result['spec']}" + (
         f" serving {args.serving}" if args.serving else ""
     )

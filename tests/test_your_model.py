@@ -285,7 +285,7 @@ def test_a_token_id_model_trains_exports_with_int64_inputs_and_takes_an_int_npz(
     manifest = json.loads((tmp_path / "bundle" / "manifest.json").read_text())
     assert manifest["stages"][0]["inputs"] == [{"name": "input", "shape": [None, 6], "dtype": "int64"}]
     assert manifest["inputs"] == [{"name": "input", "dtype": "int64", "shape": [None, 6],
-                                   "preprocessing": {"kind": "none"}}]
+                                   "preprocessing": {"kind": "none"}, "index_range": [0, 16]}]  # the embedding's
     assert manifest["model"]["reference"] == ref and manifest["model"]["input_dtype"] == "int64"
     from cis.core.bundle import load_bundle
 
@@ -297,6 +297,9 @@ def test_a_token_id_model_trains_exports_with_int64_inputs_and_takes_an_int_npz(
     with torch.no_grad():
         want = s.engine.model.eval()(torch.from_numpy(got.x))
     np.testing.assert_allclose(logits[3], want[2].numpy(), atol=1e-4)
+    np.savez(tmp_path / "oov.npz", x=np.full((2, 6), 16, np.int64), y=np.zeros(2, np.int64))
+    with pytest.raises(CisError, match=r"holds 16 at position 0 of x; the bundle.s model takes token ids 0\.\.15"):
+        load_npz(tmp_path / "oov.npz", bundle)
     np.savez(tmp_path / "floats.npz", x=splits.test.x.astype(np.float32))
     with pytest.raises(CisError, match="has dtype float32; the bundle's model takes int64"):
         load_npz(tmp_path / "floats.npz", bundle)

@@ -120,10 +120,14 @@ def write_bundle(
     return latency, stages, trt_report
 
 
-def request_inputs(stage1_inputs: list[dict[str, Any]], normalisation: dict | None) -> list[dict[str, Any]]:
+def request_inputs(
+    stage1_inputs: list[dict[str, Any]], normalisation: dict | None, ids: tuple[str, int] | None = None
+) -> list[dict[str, Any]]:
     """The manifest's ``inputs``: what a request carries (stage 1's inputs: name, dtype, shape with null for the
     batch) and the preprocessing that turns raw data into it: ``normalise`` (x / 255 - mean) / std per channel
-    for images, ``none`` for anything else (token ids, sequences, already normalised arrays)."""
+    for images, ``none`` for anything else (token ids, sequences, already normalised arrays). An integer input
+    gets ``index_range``: [0, num_embeddings] where an embedding reads it (``ids``: the model's
+    :func:`cis.training.models.contract.input_index_range`), else null (any value; docs/bundle.md)."""
     norm = normalisation or {}
     mean, std = norm.get("mean"), norm.get("std")
     out = []
@@ -133,7 +137,10 @@ def request_inputs(stage1_inputs: list[dict[str, Any]], normalisation: dict | No
             pre: dict[str, Any] = {"kind": "normalise", "scale": 1 / 255, "mean": list(mean), "std": list(std)}
         else:
             pre = {"kind": "none"}
-        out.append({"name": t["name"], "dtype": t["dtype"], "shape": list(t["shape"]), "preprocessing": pre})
+        entry = {"name": t["name"], "dtype": t["dtype"], "shape": list(t["shape"]), "preprocessing": pre}
+        if str(t["dtype"]).startswith(("int", "uint")):
+            entry["index_range"] = [0, ids[1]] if ids is not None and len(stage1_inputs) == 1 else None
+        out.append(entry)
     return out
 
 
@@ -155,6 +162,14 @@ def gpu_profiles(
     return out
 
 
+def _index_range(run: ExportRun) -> tuple[str, int] | None:
+    """The input embedding's rows, for a model of integer inputs (token ids)."""
+    from cis.training.models.contract import input_index_range
+
+    x = np.ascontiguousarray(run.val.x[:1])
+    return input_index_range(run.model, torch.from_numpy(x)) if x.dtype.kind in "iu" else None
+
+
 def manifest(run: ExportRun, report: dict[str, Any], fields: dict[str, Any], stages: list[dict],
               trt_report: dict | None) -> dict[str, Any]:
     meta = run.meta
@@ -164,7 +179,7 @@ def manifest(run: ExportRun, report: dict[str, Any], fields: dict[str, Any], sta
         "model": run.model.config(),
         "classes": list(meta["classes"]),
         "normalisation": meta["normalisation"],
-        "inputs": request_inputs(stages[0]["inputs"], meta.get("normalisation")),
+        "inputs": request_inputs(stages[0]["inputs"], meta.get("normalisation"), _index_range(run)),
         "dataset": meta["dataset"],
         "seed": int(meta.get("seed", 0)),
         **{k: report[k] for k in ("feature_dtype", "opset", "exporter")},

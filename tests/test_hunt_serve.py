@@ -255,3 +255,41 @@ def test_all_passes_a_threshold_of_minus_inf_as_its_nodes_can_read_it():
         serve._run_all(args, make_spec("paper-7", "60-30-10"), stop)
     node = build_parser().parse_args(["serve", "b", "--node", "edge0", *given["edge0"]])
     assert node.threshold == -math.inf
+
+
+@pytest.fixture(scope="module")
+def demo_bundle(tmp_path_factory):
+    pytest.importorskip("onnx")
+    from cis.exporter.fixture_bundle import make_demo_bundle
+
+    return make_demo_bundle(tmp_path_factory.mktemp("fit"), steps=20)
+
+
+def _moved_device(spec):
+    """device0 moved to exit 2 under the cloud: the bundle's threshold for it was calibrated at exit 1."""
+    import dataclasses
+
+    return spec.replace_nodes(dataclasses.replace(n, exit=2, parent="cloud") if n.id == "device0" else n
+                              for n in spec.nodes)  # fmt: skip
+
+
+def test_serve_refuses_a_spec_the_bundle_does_not_fit_as_deploy_does(demo_bundle, run_cli, tmp_path):
+    """Found by a hunt: serve --all served device0 at exit 2 with the threshold calibrated for exit 1, and a
+    2-exit spec on a 3-stage bundle (its root answering at exit 2); deploy refused both."""
+    from cis.core.bundle import load_bundle
+    from cis.core.spec import write_spec
+    from cis.runtime.factory import fit
+
+    bundle = load_bundle(demo_bundle)
+    moved = _moved_device(bundle.spec)
+    with pytest.raises(CisError, match="node 'device0': exit 2 in the spec, but the bundle's threshold for it was"):
+        fit(bundle, moved, "device0")
+    assert fit(bundle, moved, "device0", threshold=0.5) == 0.5  # a threshold of its own: the operator's choice
+    write_spec(moved, tmp_path / "moved.toml")
+    r = run_cli("serve", demo_bundle, "--all", "--spec", tmp_path / "moved.toml", "--free-ports")
+    assert r.code == 2 and "calibrated at exit 1" in r.err
+    from cis.core.spec import CisSpec, Node, validate
+
+    two = validate(CisSpec((Node("cloud", 2), Node("device0", 1, parent="cloud", arrival_rate=10.0)), 2))
+    with pytest.raises(CisError, match="2 exits, but the bundle has 3 stages"):
+        fit(bundle, two, "cloud")

@@ -97,6 +97,18 @@ def fit(bundle: Bundle, spec: CisSpec, node_id: str, threshold: float | None = N
     node = spec.node(node_id)
     if node.exit > bundle.num_exits:
         raise CisError(f"node {node_id!r}: exit {node.exit} but the bundle has {bundle.num_exits} stages")
+    if spec.num_exits != bundle.num_exits:  # its root would answer at an exit before the model's last
+        raise CisError(
+            f"spec {spec.name!r}: {spec.num_exits} exits, but the bundle has {bundle.num_exits} stages (one per "
+            "exit); expected a spec of the bundle's exits (the one it was exported for: 'cis inspect BUNDLE')"
+        )
+    held = (bundle.manifest.get("nodes") or {}).get(node_id) or {}
+    if threshold is None and node.parent is not None and held.get("exit") not in (None, node.exit):
+        raise CisError(
+            f"node {node_id!r}: exit {node.exit} in the spec, but the bundle's threshold for it was calibrated at "
+            f"exit {held['exit']}; expected a bundle exported for this spec ('cis export RUN --spec SPEC'), or "
+            "'cis serve --threshold T' for this node"
+        )
     return _threshold(bundle, node, threshold)
 
 

@@ -98,7 +98,7 @@ def test_the_text_example_runs_end_to_end(tmp_path):
     assert data["x"].dtype == np.int64 and data["x"].shape == (240, 16) and set(data["node"]) <= set(range(7))
     manifest = check_pipeline(out, stdout, 30, f"{ROOT / 'examples' / 'text' / 'model.py'}:make")
     assert manifest["inputs"] == [{"name": "input", "dtype": "int64", "shape": [None, 16],
-                                   "preprocessing": {"kind": "none"}}]
+                                   "preprocessing": {"kind": "none"}, "index_range": [0, 64]}]  # its vocabulary
 
 
 # ---- the tutorial ----------------------------------------------------------------------------------------

@@ -58,8 +58,9 @@ def test_a_token_id_outside_the_vocabulary_is_bad_input_with_the_reason_and_the_
     x = np.random.default_rng(1).integers(30, 64, (20, 16))
     x[3, 2] = 1000
     np.savez(d / "oov.npz", x=x)
-    r = run_cli("infer", "--connect", nodes["device0"], "--dataset", d / "oov.npz", "--bundle", d / "bundle",
-                "--window", "1")
+    r = run_cli("infer", "--connect", nodes["device0"], "--dataset", d / "oov.npz", "--bundle", d / "bundle")
+    assert r.code == 2 and "sample 3 holds 1000 at position 2 of x; the bundle's model takes token ids 0..63" in r.err
+    r = run_cli("infer", "--connect", nodes["device0"], "--dataset", d / "oov.npz", "--window", "1")  # the node's
     assert r.code == 1
     first = r.out.splitlines()[0]
     assert first.startswith("19 of 20 samples answered; errors: bad_input 1 (node device0: stage 1 cannot take this "

@@ -8,19 +8,11 @@ import re
 from dataclasses import fields
 
 import pytest
+from test_hunt_training import refused  # one helper: cis train refused in one line, nothing written
 
 from cis.core.errors import CisError
 from cis.training.config import RunConfig, make_config
 from cis.training.methods.registry import resolve_options
-
-
-def refused(run_cli, out, *argv) -> str:
-    """``cis train`` with ``argv`` into ``out``: exit status 2, one line, no traceback, nothing written."""
-    r = run_cli("train", "--rounds", "1", "--local-steps", "1", "--no-progress", "--out", out, *argv)
-    assert r.code == 2, r.err
-    assert "Traceback" not in r.err and len(r.err.strip().splitlines()) == 1, r.err
-    assert not out.exists()
-    return r.err
 
 
 def config_error(file_values: dict | None = None, overrides: dict | None = None) -> str:

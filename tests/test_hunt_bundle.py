@@ -85,6 +85,9 @@ CONTRADICTIONS = {
     "norm_channels": (_set("normalisation", {"mean": [0.1, 0.2, 0.3], "std": [1.0, 1.0, 1.0]}), "normalisation"),
     "preprocessing": (_set("inputs/0/preprocessing", {"kind": "none"}), "inputs[0].preprocessing"),
     "index_range_on_floats": (_set("inputs/0/index_range", [0, 64]), "inputs[0].index_range"),
+    "model_classes": (_set("model/num_classes", 7), "model.num_classes"),
+    "model_exits": (_set("model/exits", [1, 2]), "model.exits"),
+    "feature_dtype": (_set("feature_dtype", "int8"), "feature_dtype"),
 }
 
 

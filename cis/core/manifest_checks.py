@@ -265,6 +265,27 @@ def check_cross_fields(manifest: dict, mpath: Path) -> None:
             raise BundleError(f"{mpath}: nodes[{nid!r}].stages is {node['stages']}; its exit is {node['exit']}; "
                               f"expected stages {list(range(1, node['exit'] + 1))} (a node holds stages 1..its exit)")
     _preprocessing(manifest, mpath)
+    _model_fits(manifest, mpath)
+
+
+def _model_fits(manifest: dict, mpath: Path) -> None:
+    """The model record and the feature dtype agree with the stages: ``model.num_classes`` the class names,
+    ``model.exits`` one per stage, and a variant (``fp16``, ``int8``) carries no float32 tensor (it converts every
+    one; other dtypes pass as they are)."""
+    model, stages = manifest.get("model") or {}, manifest["stages"]
+    classes = manifest.get("classes")
+    if isinstance(model, dict) and _is_int(model.get("num_classes")) and isinstance(classes, list):
+        if model["num_classes"] != len(classes):
+            raise BundleError(f"{mpath}: model.num_classes is {model['num_classes']}; classes names {len(classes)}; "
+                              "expected the same count")  # fmt: skip
+    if isinstance(model, dict) and isinstance(model.get("exits"), list) and len(model["exits"]) != len(stages):
+        raise BundleError(f"{mpath}: model.exits is {_short(model['exits'])}; the bundle has {len(stages)} stages; "
+                          "expected one exit per stage")  # fmt: skip
+    feature = manifest.get("feature_dtype", "fp32")
+    carries = [t for st in stages[:-1] for t in st["outputs"] if t["name"] != LOGITS]
+    if feature != "fp32" and any(t["dtype"] == "float32" for t in carries):
+        raise BundleError(f"{mpath}: feature_dtype is {_short(feature)}, but the stages carry float32 tensors; "
+                          "expected the variant's carries (fp16: float16, int8: int8) or feature_dtype fp32")
 
 
 def _describe(t: dict) -> str:

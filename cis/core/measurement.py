@@ -14,6 +14,7 @@ from cis.core.errors import CisError
 from cis.core.rates import Rates
 from cis.core.spec import CisSpec
 
+KINDS = ("status", "metrics", "requests", "saved")  # where a measurement's counts came from
 Tree = dict[str, tuple[int, "str | None"]]  # node id -> (its exit, its parent's id)
 
 
@@ -61,7 +62,11 @@ class Measurement:
         )
 
     def check_tree(self, spec: CisSpec, where: str) -> None:
-        """The measured nodes must be the spec's, with the same exits."""
+        """The measured nodes must be the spec's, with the same exits (none beyond the spec's 1..E: a measurement's
+        every exit is in its own 1..``num_exits``, :func:`_check_node`)."""
+        if self.num_exits > spec.num_exits:
+            raise CisError(f"{self.source}: the measurement has {self.num_exits} exits; expected exits "
+                           f"1..{spec.num_exits} as {where} has")
         missing = [i for i in spec.ids if i not in self.nodes]
         extra = [i for i in self.nodes if i not in spec.ids]
         if missing or extra:
@@ -103,6 +108,9 @@ def from_json(data: dict, source: str) -> Measurement:
             )
             for i, n in data["nodes"].items()
         }
+        if head["kind"] not in KINDS:
+            raise CisError(f"{source}: measurement.kind is {head['kind']!r}; expected one of {', '.join(KINDS)} "
+                           "(the JSON of 'cis rates --measured SOURCE --json')")
         m = Measurement(source, "saved", f"{head['window']} (saved from {head['source']})", float(head["seconds"]),
                         int(head["exits"]), nodes)
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
@@ -130,8 +138,34 @@ def from_counts(
 
 
 def _checked(m: Measurement) -> Measurement:
+    if m.num_exits < 1:
+        raise CisError(f"{m.source}: the measurement has {m.num_exits} exits; expected at least 1")
+    for i, n in m.nodes.items():
+        _check_node(m, i, n)
     if not (math.isfinite(m.seconds) and m.seconds > 0):
         raise CisError(f"{m.source}: the window is {m.seconds!r} s; expected a positive length of time")
     if m.served <= 0:
         raise CisError(f"{m.source}: no request was served in the window ({m.window}); expected traffic to measure")
     return m
+
+
+def _check_node(m: Measurement, i: str, n: NodeCounts) -> None:
+    """One node's counts: its exit and every exit it served at in 1..E, its parent a measured node (or none),
+    no negative count (``arrived`` may be: a sample in flight at a snapshot), served the sum over its exits."""
+    where = f"{m.source}: node {i!r}"
+    if not 1 <= n.exit <= m.num_exits:
+        raise CisError(f"{where}: exit {n.exit}; expected an exit in 1..{m.num_exits}")
+    if n.parent is not None and (not isinstance(n.parent, str) or n.parent not in m.nodes):
+        raise CisError(f"{where}: parent {n.parent!r} is not a node of the measurement; expected one of "
+                       f"{', '.join(m.nodes)} or null (the root)")
+    for e, k in n.served_per_exit.items():
+        if not 1 <= e <= m.num_exits:
+            raise CisError(f"{where}: served_per_exit has exit {e}; expected exits in 1..{m.num_exits}")
+        if k < 0:
+            raise CisError(f"{where}: served_per_exit[{e}] is {k}; expected a count >= 0")
+    for name, k in (("served", n.served), ("forwarded", n.forwarded)):
+        if k < 0:
+            raise CisError(f"{where}: {name} is {k}; expected a count >= 0")
+    if n.served != sum(n.served_per_exit.values()):
+        raise CisError(f"{where}: served is {n.served} but served_per_exit adds up to "
+                       f"{sum(n.served_per_exit.values())}; expected the same count")

@@ -40,10 +40,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
+import tomli_w
 
 from cis.core.errors import CisError
 from cis.core.measurement import Measurement, from_counts, from_json
-from cis.core.spec import CisSpec, dumps_spec, load_spec
+from cis.core.spec import CisSpec, load_spec, spec_to_dict
 from cis.runtime import live_counts as live
 
 CLUSTER_FILE = "cluster.json"  # cis.runtime.launcher.CLUSTER_FILE (not imported: the launcher pulls in subprocess)
@@ -74,9 +75,7 @@ def measure(
         if source is not None:
             raise CisError("--measured SOURCE and --connect ADDR: give one of them")
         return live.measure_addresses(list(connect), spec, window, timeout)
-    if source is None:
-        raise CisError("nothing to measure; expected --measured SOURCE or --connect ADDR")
-    path = Path(source)
+    source, path = _source_path(source)
     if path.is_dir() or path.name == CLUSTER_FILE:
         cluster = _cluster_file(path)
         nodes = _cluster_nodes(cluster)
@@ -104,6 +103,16 @@ def measure(
         targets.update(zip(n.replica_ids, n.replica_addresses))  # a node's replicas add up (live_counts)
     tree = {n.id: (n.exit, n.parent) for n in live_spec.nodes}
     return live.measure_status(source, targets, tree, window, timeout)
+
+
+def _source_path(source: str | None) -> tuple[str, Path]:
+    """SOURCE as a path: none, or an empty one (which would name the working folder), is one line."""
+    if source is None:
+        raise CisError("nothing to measure; expected --measured SOURCE or --connect ADDR")
+    if not source.strip():
+        raise CisError(f"the source to measure is empty ({source!r}); expected a spec (.toml), a log folder of "
+                       "'cis serve --all', a requests file (.csv) or a saved measurement (.json)")
+    return source, Path(source)
 
 
 def design_of(source: str | None) -> tuple[CisSpec, str] | None:
@@ -163,7 +172,7 @@ def read_requests_file(path: str | Path, spec: CisSpec, window: float | None = N
     or failed one is in no node's served or forwarded count, so it is not counted as arrived either)."""
     path = Path(path)
     rows, time_col = _requests_rows(path)
-    cells = [_row_cells(path, k + 2, r, time_col) for k, r in enumerate(rows)]
+    cells = [_row_cells(path, k + 2, r, time_col, spec) for k, r in enumerate(rows)]
     keep, seconds, how = _requests_window(path, np.array([c[3] for c in cells], dtype=float), time_col, window)
     pairs: dict[tuple[str, str], dict[int, int]] = {}
     arrived = {i: 0 for i in spec.ids}
@@ -207,9 +216,10 @@ def _requests_rows(path: Path) -> tuple[list[dict[str, str]], str]:
     return rows, time_col
 
 
-def _row_cells(path: Path, line: int, row: dict, time_col: str) -> tuple[str, str, int, float]:
+def _row_cells(path: Path, line: int, row: dict, time_col: str, spec: CisSpec) -> tuple[str, str, int, float]:
     """A row's (entry, node, exit, time): exit 0 when empty (not served), time NaN when empty (unknown);
-    one line naming the file, the row and the column of a short row or a cell that is not a number."""
+    one line naming the file, the row and the column of a short row, a cell that is not a number, an exit
+    outside the spec's 1..E or a serving node the spec does not have."""
     if None in row:
         raise CisError(f"{path}: row {line}: {len(row[None])} cell(s) more than the header's {len(row) - 1} "
                        "columns; expected one cell per column")
@@ -223,6 +233,12 @@ def _row_cells(path: Path, line: int, row: dict, time_col: str) -> tuple[str, st
     except ValueError:
         raise CisError(f"{path}: row {line}, column 'exit': {ex!r} is not an exit number; expected an integer "
                        "(empty: not served)") from None
+    if ex and not 1 <= exit_ <= spec.num_exits:
+        raise CisError(f"{path}: row {line}, column 'exit': {exit_} is not an exit of spec {spec.name!r}; expected "
+                       f"1..{spec.num_exits} (empty: not served)")
+    if exit_ and row["node"] and row["node"] not in spec.ids:
+        raise CisError(f"{path}: row {line}, column 'node': {row['node']!r} is not a node of spec {spec.name!r}; "
+                       f"expected one of {', '.join(spec.ids)}")
     try:
         when = float(t) if t else math.nan
     except ValueError:
@@ -294,8 +310,20 @@ def update_spec(design: CisSpec, m: Measurement, caps: bool = False, where: str 
     return replace(design.replace_nodes(nodes), name=f"{design.name}-measured")
 
 
-def updated_spec_text(design: CisSpec, updated: CisSpec, m: Measurement, caps: bool, where: str) -> str:
-    """The updated spec as TOML, its header saying where every number came from."""
+def updated_tables(updated: CisSpec, classes: bool = True) -> dict:
+    """The updated spec's TOML tables; without ``classes`` (the design left it out: the data says) no
+    ``classes`` key, as in the design."""
+    tables = spec_to_dict(updated)
+    if not classes:
+        tables["cis"].pop("classes", None)
+    return tables
+
+
+def updated_spec_text(
+    design: CisSpec, updated: CisSpec, m: Measurement, caps: bool, where: str, classes: bool = True
+) -> str:
+    """The updated spec as TOML, its header saying where every number came from; ``classes`` False: the
+    design does not state its class count, so neither does the copy."""
     lines = [
         "# A CIS spec updated from a measurement ('cis spec update'; docs/closed-loop.md).",
         f"# arrival rates: measured from {m.source} ({m.kind}; {m.window}; {m.served} samples served in "
@@ -308,4 +336,4 @@ def updated_spec_text(design: CisSpec, updated: CisSpec, m: Measurement, caps: b
             f"# {d.id:<12}{d.exit:>5}{d.arrival_rate:>16.3f}{u.arrival_rate:>11.3f}"
             f"{d.max_transfer_rate:>12.3f}{u.max_transfer_rate:>11.3f}"
         )
-    return "\n".join(lines) + "\n\n" + dumps_spec(updated)
+    return "\n".join(lines) + "\n\n" + tomli_w.dumps(updated_tables(updated, classes))

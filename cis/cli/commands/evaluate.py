@@ -38,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
         base = run_spec(*read_meta(args.run_dir))
         spec = apply_serving(base, parse_serving(args.serving, base.num_exits))
     result = evaluate_run(args.run_dir, spec, args.confidence, args.allow_model_change, args.spec)
-    human = f"{args.run_dir} (round {result['round']}) under {result['spec']}" + (
+    round_ = f" (round {result['round']})" if result.get("round") is not None else ""
+    human = f"{args.run_dir}{round_} under {result['spec']}" + (
         f" serving {args.serving}" if args.serving else ""
     )
     print_result(args, result, human + "\n" + format_cis_report(result))

@@ -37,6 +37,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    for flag, value in (("SPEC", args.spec), ("--measured", args.measured)):
+        if value is not None and not value.strip():
+            raise CisError(f"{flag} is empty ({value!r}); expected a path")
     spec = load_spec(args.spec) if args.spec else None
     if args.measured is None and not args.connect:
         if spec is None:

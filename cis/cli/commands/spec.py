@@ -59,6 +59,7 @@ def run(args: argparse.Namespace) -> int:
         raise CisError(f"--total-rate is {args.total_rate}; expected requests per second >= 0")
     if args.classes is not None and args.classes < 2:
         raise CisError(f"--classes is {args.classes}; expected at least 2 classes")
+    _check_out(args.out)
     classes = data_classes(args.data) if args.data else args.classes
     spec = make_spec(args.topology, args.serving, args.total_rate, **({"num_classes": classes} if classes else {}))
     tables = spec_to_dict(spec)
@@ -91,15 +92,21 @@ def data_classes(ref: str) -> int:
 
 def run_update(args: argparse.Namespace) -> int:
     from cis.core.rates import compute_rates
-    from cis.runtime.measure import rates_from, updated_spec_text
+    from cis.core.spec import states_classes
+    from cis.runtime.measure import rates_from, updated_spec_text, updated_tables
 
+    _check_out(args.out)
+    if not args.rates_from.strip():
+        raise CisError(f"--rates-from is empty ({args.rates_from!r}); expected a spec (.toml), a log folder of "
+                       "'cis serve --all', a requests file (.csv) or a saved measurement (.json)")
     if args.out and _same_file(args.out, args.design):  # before anything is measured or written
         raise CisError(f"-o {args.out} is the design {args.design} itself, which cis spec update leaves as it is; "
                        "expected another file (e.g. -o design-measured.toml)")
     design = load_spec(args.design)
     m, updated = rates_from(args.rates_from, design, args.design, args.window, args.caps)
-    text = updated_spec_text(design, updated, m, args.caps, args.design)
-    result = {"written": args.out, "spec": spec_to_dict(updated), **m.to_json()}
+    classes = states_classes(args.design)  # a design without classes takes them from the data; so does its copy
+    text = updated_spec_text(design, updated, m, args.caps, args.design, classes)
+    result = {"written": args.out, "spec": updated_tables(updated, classes), **m.to_json()}
     if not args.out:
         print_result(args, result, text.rstrip())
         return 0
@@ -116,6 +123,17 @@ def run_update(args: argparse.Namespace) -> int:
         + " % at the exits",
     )
     return 0
+
+
+def _check_out(out: str | None) -> None:
+    """``-o FILE``: a path to a file (None: stdout); an empty one or a folder is one line."""
+    if out is None:
+        return
+    if not out.strip():
+        raise CisError(f"-o is empty ({out!r}); expected a file to write the spec to (leave -o out for stdout)")
+    if Path(out).is_dir():
+        raise CisError(f"-o {out} is a folder; expected a file to write the spec to "
+                       f"(e.g. -o {Path(out) / 'spec.toml'})")
 
 
 def _same_file(a: str, b: str) -> bool:

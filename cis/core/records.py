@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from cis.core.errors import CisError
+
 PERCENTILES = (50, 95, 99)
 LATENCY_KEYS = ("count", "mean_s", *(f"p{q}_s" for q in PERCENTILES), "max_s")
 
@@ -119,24 +121,33 @@ def write_requests(path: str | Path, columns: Mapping[str, Sequence[Any]]) -> No
 
 def read_requests(path: str | Path) -> dict[str, np.ndarray]:
     """The columns of a requests.csv as arrays: ``exit`` int (0: not served), ``correct`` int (-1: unknown),
-    ``flags`` int (0 when empty), the ``_s`` columns float (NaN: unknown), the others str."""
+    ``flags`` int (0 when empty), the ``_s`` columns float (NaN: unknown), the others str. A file without the
+    header row, or a cell that is not what its column holds: a :class:`CisError` of one line naming the file, the
+    line and the column."""
     with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
-
-    def column(name: str) -> list[str]:
-        return [r.get(name) or "" for r in rows]
-
+        reader = csv.DictReader(f)
+        missing = [c for c in REQUEST_COLUMNS if c not in (reader.fieldnames or ())]
+        if missing:
+            raise CisError(f"{path}: line 1 has no column {', '.join(missing)}; expected the header row "
+                           f"{','.join(REQUEST_COLUMNS)}")
+        rows = list(reader)
+    kinds = {**{c: float for c in _TIME_COLUMNS}, "exit": int, "flags": int, "correct": int}
+    empty = {"exit": 0, "flags": 0, "correct": -1}
     out: dict[str, np.ndarray] = {}
     for name in REQUEST_COLUMNS:
-        cells = column(name)
-        if name in _TIME_COLUMNS:
-            out[name] = np.array([float(v) if v else np.nan for v in cells], dtype=float)
-        elif name in ("exit", "flags"):
-            out[name] = np.array([int(v) if v else 0 for v in cells], dtype=int)
-        elif name == "correct":
-            out[name] = np.array([int(v) if v else -1 for v in cells], dtype=int)
-        else:
+        cells = [r.get(name) or "" for r in rows]
+        kind = kinds.get(name)
+        if kind is None:
             out[name] = np.array(cells, dtype=str)
+            continue
+        values = []
+        for k, v in enumerate(cells):
+            try:
+                values.append(kind(v) if v else empty.get(name, np.nan))
+            except ValueError:
+                raise CisError(f"{path}: line {k + 2}: {name} is {v!r}; expected "
+                               f"{'seconds' if kind is float else 'an integer'} or an empty cell") from None
+        out[name] = np.array(values, dtype=kind)
     return out
 
 

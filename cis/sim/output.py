@@ -11,6 +11,9 @@ import numpy as np
 from cis.core.records import draw_latency_cdf, write_requests
 
 PLOTS = ("latency_cdf.png", "utilisation.png")
+RUN_FILES = ("result.json", "requests.csv", "nodes.csv", "spans.jsonl", *PLOTS)
+"""Every file one run writes with ``--out``: a sweep into the same folder removes them (and a run a sweep's)."""
+SWEEP_FILES = ("sweep.json", "sweep.csv")
 NODE_COLUMNS = (
     "exit", "workers", "replicas", "queue_limit", "arrival_rate", "incoming_rate", "served_rate", "forwarded_rate",
     "capped_rate", "dropped", "refused", "degraded", "batches", "utilisation", "mean_queue", "max_queue",
@@ -94,7 +97,7 @@ def write_outputs(
 ) -> list[str]:
     """Write every output file of one run (spans.jsonl when the run recorded spans); returns notes for the user.
     A file of an earlier run's that this one does not write (spans.jsonl without spans, the plots when they are
-    skipped) is removed, so the folder holds one run's files."""
+    skipped, an earlier sweep's sweep.json and sweep.csv) is removed, so the folder holds one run's files."""
     from cis.sim.spans import span_records, write_spans
 
     out = Path(out)
@@ -105,7 +108,7 @@ def write_outputs(
     if spans is not None:
         write_spans(out / "spans.jsonl", span_records(spans, list(summary["nodes"]), parents))
     notes = write_plots(out, summary, requests)
-    stale = (["spans.jsonl"] if spans is None else []) + (list(PLOTS) if notes else [])
+    stale = (["spans.jsonl"] if spans is None else []) + (list(PLOTS) if notes else []) + list(SWEEP_FILES)
     for name in stale:
         (out / name).unlink(missing_ok=True)
     return notes

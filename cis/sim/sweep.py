@@ -25,7 +25,7 @@ from cis.core.errors import CisError
 from cis.core.records import format_ms
 from cis.core.spec import CisSpec
 from cis.sim.config import SimConfig, check_positive, override_nodes
-from cis.sim.output import write_json
+from cis.sim.output import RUN_FILES, write_json
 from cis.sim.simulation import simulate
 
 SLO_QUANTILE = 0.99
@@ -191,8 +191,12 @@ def capacity_table(result: dict) -> str:
 
 
 def write_sweep(out: str | Path, result: dict) -> None:
+    """sweep.json and sweep.csv; an earlier single run's files there (:data:`cis.sim.output.RUN_FILES`) are
+    removed, so the folder holds this sweep's files."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)
     write_json(out / "sweep.json", result)
     with open(out / "sweep.csv", "w", newline="") as f:
         w = csv.writer(f)

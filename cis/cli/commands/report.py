@@ -25,7 +25,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from cis.cli.reports.builder import build_report, write_report
     from cis.cli.reports.render import text_summary
+    from cis.core.errors import CisError
 
+    if args.out is not None and not args.out.strip():
+        raise CisError("report: --out is an empty path; expected a file for the markdown report (e.g. report.md)")
     report = build_report(args.path)
     notes = write_report(report, args.out) if args.out else []
     human = text_summary(report) + "".join(f"\nnote: {n}" for n in notes)

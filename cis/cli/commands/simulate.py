@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -49,7 +50,8 @@ def config_flags() -> dict[str, Flag]:
         ),
         "service_mean": Flag(float, "without a bundle: mean seconds per stage at speed 1"),
         "payload_bytes": Flag(int, "without a bundle: bytes per forwarded request"),
-        "burst": Flag(float, "token bucket depth in seconds of each node's transfer cap (default: the exit policy's)"),
+        "burst": Flag(float, "token bucket depth in seconds of each node's transfer cap (default: 10, the transfer "
+                             "cap's; at least one request)"),
         "threshold": Flag(
             float, "with --bundle: every non-root node's threshold instead of the policy's, as cis serve --all "
             "--threshold (inf: every request goes to the root)",
@@ -244,6 +246,10 @@ def _number(value: object) -> float:
     return float(value)
 
 
+PROFILE_KEYS = ("stages", "idle_slowdown", "spread", "batch_overhead", "interference", "message_work")
+"""The keys of a ``--latency-profile`` file (docs/simulator.md); any other is refused."""
+
+
 def read_latency_profile(path: str | None) -> dict:
     """``--latency-profile FILE`` as SimConfig fields: ``latency_profile``, ``idle_slowdown``, ``service_spread``,
     ``interference``, ``message_work``, ``batch_overhead``."""
@@ -251,6 +257,12 @@ def read_latency_profile(path: str | None) -> dict:
         return {}
     try:
         data = json.loads(Path(path).read_text())
+        if not isinstance(data, dict):
+            raise TypeError(f"a JSON {type(data).__name__}, not an object")
+        unknown = sorted(set(data) - set(PROFILE_KEYS))
+        if unknown:
+            raise CisError(f"--latency-profile {path}: unknown key {unknown[0]!r}; expected some of "
+                           f"{', '.join(PROFILE_KEYS)} (stages required)")
         stages = {int(k): {int(b): _number(t) for b, t in v.items()} for k, v in data["stages"].items()}
         slowdown = tuple((_number(g), _number(f)) for g, f in data.get("idle_slowdown", []))
         spread = tuple(_number(v) for v in data.get("spread", []))
@@ -278,7 +290,41 @@ def check_latency_profile(measured: dict, path: str, spec: CisSpec) -> None:
     if beyond:
         raise CisError(f"--latency-profile {path}: \"stages\" has stage {beyond[0]}; expected stages 1.."
                        f"{spec.num_exits} (spec {spec.name!r} has {spec.num_exits} exits)")
+    _check_stage_times(measured["latency_profile"], path, spec.num_exits)
+    _check_profile_costs(measured, path)
     check_batch_overhead(measured.get("batch_overhead", {}), spec, f"--latency-profile {path}: batch_overhead")
+
+
+def _check_stage_times(stages: dict, path: str, num_exits: int) -> None:
+    """Every stage 1..E with a batch-1 time, every batch size >= 1 and every time seconds >= 0, else one line
+    naming the file, the stage and the batch."""
+    for stage in range(1, num_exits + 1):
+        points = stages.get(stage, {})
+        bad = [(b, t) for b, t in sorted(points.items()) if b < 1 or not (math.isfinite(t) and t >= 0)]
+        if bad and bad[0][0] < 1:
+            raise CisError(f"simulate: --latency-profile: stage {stage} has batch {bad[0][0]} in {path}; expected "
+                           "batch sizes >= 1")
+        if bad or 1 not in points:
+            b, t = bad[0] if bad else (1, None)
+            raise CisError(f"simulate: --latency-profile: stage {stage} has batch-{b} time {t!r} in {path}; "
+                           f"expected seconds >= 0 for every stage 1..{num_exits} and batch size (batch 1 required)")
+
+
+def _check_profile_costs(measured: dict, path: str) -> None:
+    """idle_slowdown, spread, interference and message_work of the file: one line naming the file."""
+    where = f"--latency-profile {path}"
+    for name in ("interference", "message_work"):
+        value = measured[name]
+        if not (math.isfinite(value) and value >= 0):
+            raise CisError(f"{where}: {name} is {value}; expected "
+                           f"{'seconds' if name == 'message_work' else 'a number'} >= 0")
+    for point in measured["idle_slowdown"]:
+        if len(point) != 2 or not all(math.isfinite(v) and v >= 0 for v in point):
+            raise CisError(f"{where}: idle_slowdown point {list(point)}; expected [idle seconds >= 0, extra "
+                           "seconds >= 0]")
+    for value in measured["service_spread"]:
+        if not (math.isfinite(value) and value > 0):
+            raise CisError(f"{where}: spread has {value}; expected multipliers > 0 (each call's time over the mean)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -293,6 +339,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.provider is not None and not args.bundle:
         raise CisError("simulate: --provider picks a bundle's latency profile; expected --bundle with it")
+    if args.out is not None and not args.out.strip():
+        raise CisError("simulate: --out is an empty path; expected a folder for result.json, requests.csv, ...")
     if args.out:
         check_folder(args.out, "--out")  # before the run: a long run or sweep is not lost to a bad path
     spec = override_nodes(

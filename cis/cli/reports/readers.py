@@ -22,7 +22,7 @@ from cis.core.records import latency_summary, read_requests, served_latencies
 log = logging.getLogger(__name__)
 INPUTS = {
     "run": ("config.json", "summary.json", "metrics.jsonl", "checkpoint.json"),
-    "sim": ("result.json",),
+    "sim": ("result.json", "requests.csv"),
     "runtime": ("summary.json", "requests.csv"),
     "demo": ("comparison.json",),
 }
@@ -94,16 +94,53 @@ def detect_kind(path: Path) -> str:
     )
 
 
+def _expect(path: Path, value: Any, kind: type, what: str) -> Any:
+    """``value`` when it is a ``kind`` (None: absent, as it is); else one line naming the file."""
+    if value is not None and (not isinstance(value, kind) or (kind is not bool and isinstance(value, bool))):
+        raise CisError(f"{path}: {what} is {json.dumps(value, default=str)[:60]}; expected {_KINDS[kind]}")
+    return value
+
+
+_KINDS = {dict: "a JSON object", list: "a JSON list", str: "a string", int: "an integer", float: "a number",
+          (int, float): "a number"}
+
+
+def _metrics_row(path: Path, k: int, r: dict) -> None:
+    where = f"line {k + 1}"
+    _expect(path, r.get("round"), int, f"{where}: round")
+    for key in ("loss", "val_exit_accuracy"):
+        for e, v in (_expect(path, r.get(key), dict, f"{where}: {key}") or {}).items():
+            _expect(path, v, (int, float), f"{where}: {key}.{e}")
+            if not str(e).lstrip("-").isdigit():
+                raise CisError(f"{path}: {where}: {key} has exit {e!r}; expected exit numbers 1..E as keys")
+    for key in ("val_cis_accuracy", "seconds"):
+        _expect(path, r.get(key), (int, float), f"{where}: {key}")
+
+
+def _run_settings(path: Path) -> dict:
+    """config.json (or, without it, checkpoint.json's dataset and method): a JSON object."""
+    for name in ("config.json", "checkpoint.json"):
+        if (path / name).is_file():
+            return {**_expect(path / name, read_json(path / name), dict, "the file"), "from": name}
+    return {}
+
+
 def run_section(path: Path) -> dict:
     """A training run: settings, final accuracies and the per-round curves."""
-    config = read_json(path / "config.json") if (path / "config.json").is_file() else {}
+    config = _run_settings(path)
+    if config.get("from") != "config.json":
+        config = {k: config.get(k) for k in ("dataset", "method") if config.get(k) is not None}
     summary = read_json(path / "summary.json") if (path / "summary.json").is_file() else None
+    _expect(path / "summary.json", summary, dict, "the file")
     rows = read_jsonl(path / "metrics.jsonl") if (path / "metrics.jsonl").is_file() else []
-    exits = sorted({e for r in rows for e in list(r.get("loss", {})) + list(r.get("val_exit_accuracy", {}))}, key=int)
+    for k, r in enumerate(rows):
+        _metrics_row(path / "metrics.jsonl", k, r)
+    exits = sorted({e for r in rows for e in list(r.get("loss") or {}) + list(r.get("val_exit_accuracy") or {})},
+                   key=int)
     curves = {
         "round": [r.get("round") for r in rows],
-        "loss": {e: [r.get("loss", {}).get(e) for r in rows] for e in exits},
-        "val_exit_accuracy": {e: [r.get("val_exit_accuracy", {}).get(e) for r in rows] for e in exits},
+        "loss": {e: [(r.get("loss") or {}).get(e) for r in rows] for e in exits},
+        "val_exit_accuracy": {e: [(r.get("val_exit_accuracy") or {}).get(e) for r in rows] for e in exits},
         "val_cis_accuracy": [r.get("val_cis_accuracy") for r in rows],
         "seconds": [r.get("seconds") for r in rows],
     }
@@ -116,17 +153,25 @@ def run_section(path: Path) -> dict:
         "rounds_done": len(rows),
         "train_seconds": float(sum(s or 0.0 for s in curves["seconds"])),
         "curves": curves,
+        "missing": [n for n in ("config.json", "metrics.jsonl") if not (path / n).is_file()],
     }
     if summary is not None:
-        test = summary.get("test", {})
-        out["final"] = {
-            "exit_accuracy": test.get("exit_accuracy"),
-            "cis_accuracy_quota": test.get("cis_accuracy"),
-            "served_share_quota": test.get("served_shares") or test.get("exit_shares"),
-            "calibrated": test.get("calibrated"),
-            "weights": summary.get("weights"),
-        }
+        out["final"] = _final(path / "summary.json", summary)
     return out
+
+
+def _final(path: Path, summary: dict) -> dict:
+    test = _expect(path, summary.get("test"), dict, "test") or {}
+    for key in ("exit_accuracy", "served_shares", "exit_shares"):
+        _expect(path, test.get(key), dict, f"test.{key}")
+    _expect(path, test.get("cis_accuracy"), (int, float), "test.cis_accuracy")
+    return {
+        "exit_accuracy": test.get("exit_accuracy"),
+        "cis_accuracy_quota": test.get("cis_accuracy"),
+        "served_share_quota": test.get("served_shares") or test.get("exit_shares"),
+        "calibrated": test.get("calibrated"),
+        "weights": summary.get("weights"),
+    }
 
 
 def bundle_section(path: Path) -> dict:
@@ -173,7 +218,7 @@ def bundle_section(path: Path) -> dict:
 
 
 def sim_section(path: Path) -> dict:
-    r = read_json(path / "result.json")
+    r = _sim_result(path / "result.json")
     exit_keys = ("share", "calculus_share", "rate", "calculus_rate", "accuracy")
     node_keys = ("incoming_rate", "served_rate", "forwarded_rate", "capped_rate", "utilisation", "dropped")
     return {
@@ -189,6 +234,22 @@ def sim_section(path: Path) -> dict:
     }
 
 
+def _sim_result(path: Path) -> dict:
+    """result.json of ``cis simulate --out``: a JSON object with its requests, exits and nodes."""
+    r = _expect(path, read_json(path), dict, "the file")
+    missing = [k for k in ("requests", "exits", "nodes") if k not in r]
+    if missing:
+        raise CisError(f"{path}: no {', '.join(missing)}; expected the result.json of cis simulate --out (requests, "
+                       "exits, nodes, latency, ...)")
+    for key in ("exits", "nodes"):
+        for name, x in _expect(path, r[key], dict, key).items():
+            _expect(path, x, dict, f"{key}.{name}")
+    for key in ("latency", "config"):
+        _expect(path, r.get(key), dict, key)
+    _expect(path, r.get("requests"), dict, "requests")
+    return r
+
+
 def _sim_config(c: Mapping[str, Any]) -> dict:
     out = {k: c.get(k) for k in ("arrivals", "requests", "duration", "seed", "service", "loopback", "visit_overhead")}
     rtt = c.get("hop_rtt") or []
@@ -197,7 +258,7 @@ def _sim_config(c: Mapping[str, Any]) -> dict:
 
 
 def runtime_section(path: Path) -> dict:
-    s = read_json(path / "summary.json")
+    s = _expect(path / "summary.json", read_json(path / "summary.json"), dict, "the file")
     latency, _ = served_latencies(read_requests(path / "requests.csv"))
     return {
         "path": str(path),

@@ -62,9 +62,18 @@ def comparison_lines(c: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def _run_head(r: Mapping[str, Any], of: str) -> str:
+    """dataset, method, strategy and rounds, what is unknown said so (the file it comes from missing)."""
+    missing = r.get("missing") or []
+    unknown = "unknown (no config.json)" if "config.json" in missing else "unknown"
+    rounds = (f"{r['rounds_done']}{of}{'?' if r['rounds'] is None else r['rounds']} rounds"
+              if "metrics.jsonl" not in missing else "no rounds recorded (no metrics.jsonl)")
+    return (f"{r['dataset'] or 'dataset ' + unknown}, method {r['method']}, strategy {r['strategy'] or unknown}, "
+            f"{rounds}")
+
+
 def _run_text(r: Mapping[str, Any]) -> list[str]:
-    lines = [f"run {r['path']}: {r['dataset']}, method {r['method']}, {r['strategy']}, "
-             f"{r['rounds_done']}/{r['rounds']} rounds, {r['train_seconds']:.1f} s"]
+    lines = [f"run {r['path']}: {_run_head(r, '/')}, {r['train_seconds']:.1f} s"]
     f = r.get("final")
     if f:
         per_exit = [f"exit {e} {_pct(a)}" for e, a in (f["exit_accuracy"] or {}).items()]
@@ -184,8 +193,7 @@ def _demo_md(report: Mapping[str, Any], plots: Mapping[str, str]) -> list[str]:
 def _run_md(r: Mapping[str, Any], plots: Mapping[str, str]) -> list[str]:
     md = [
         "## Training\n",
-        f"`{r['path']}`: {r['dataset']}, method {r['method']}, strategy {r['strategy']}, "
-        f"{r['rounds_done']} of {r['rounds']} rounds, {r['train_seconds']:.1f} s of training and evaluation.\n",
+        f"`{r['path']}`: {_run_head(r, ' of ')}, {r['train_seconds']:.1f} s of training and evaluation.\n",
     ]
     f = r.get("final")
     if f:

@@ -59,3 +59,14 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@pytest.fixture
+def paper7(tmp_path):
+    """The paper's 7-node tree at 60-30-10, written as a spec file."""
+    from cis.core.spec import write_spec
+    from cis.core.topologies import make_spec
+
+    path = tmp_path / "paper7.toml"
+    write_spec(make_spec("paper-7", "60-30-10"), path)
+    return path

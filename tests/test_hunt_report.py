@@ -11,17 +11,8 @@ from pathlib import Path
 import pytest
 
 from cis.core.policy.transfer_cap import DEFAULT_BURST_SECONDS
-from cis.core.spec import write_spec
-from cis.core.topologies import make_spec
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-
-
-@pytest.fixture
-def paper7(tmp_path):
-    path = tmp_path / "paper7.toml"
-    write_spec(make_spec("paper-7", "60-30-10"), path)
-    return path
 
 
 @pytest.fixture

@@ -13,20 +13,12 @@ import numpy as np
 import pytest
 
 from cis.core.errors import CisError
-from cis.core.spec import write_spec
 from cis.core.topologies import make_spec
 from cis.runtime.loadgen import LoadResult, run_load
 from cis.runtime.ports import free_port
 from cis.sim.config import SimConfig, check_config
 
 DOCS = Path(__file__).resolve().parent.parent / "docs"
-
-
-@pytest.fixture
-def paper7(tmp_path):
-    path = tmp_path / "paper7.toml"
-    write_spec(make_spec("paper-7", "60-30-10"), path)
-    return path
 
 
 def _profile(tmp_path, **extra) -> Path:

@@ -7,16 +7,6 @@ import json
 
 import pytest
 
-from cis.core.spec import write_spec
-from cis.core.topologies import make_spec
-
-
-@pytest.fixture
-def paper7(tmp_path):
-    path = tmp_path / "paper7.toml"
-    write_spec(make_spec("paper-7", "60-30-10"), path)
-    return path
-
 
 def test_summary_json_and_output_files(run_cli, paper7, tmp_path):
     out = tmp_path / "run"

@@ -7,17 +7,6 @@ import json
 
 import pytest
 
-from cis.core.spec import write_spec
-from cis.core.topologies import make_spec
-
-
-@pytest.fixture
-def paper7(tmp_path):
-    path = tmp_path / "paper7.toml"
-    write_spec(make_spec("paper-7", "60-30-10"), path)
-    return path
-
-
 COMMON = ("--requests", 3000, "--seed", 2, "--service", "deterministic", "--service-mean", 0.001, "--json")
 
 

@@ -16,7 +16,7 @@ UNREAD_REPLIES = 10000  # replies held for a peer that does not read them; beyon
 
 
 def bind_front(ctx: zmq.Context, cfg: NodeConfig) -> zmq.Socket:
-    """The node's ROUTER, bound to ``cfg.bind``."""
+    """The node's ROUTER, bound to ``cfg.bind`` (port 0: ``cfg.bind`` becomes the endpoint bound)."""
     front = ctx.socket(zmq.ROUTER)
     front.linger = 0
     front.maxmsgsize = cfg.max_message_bytes  # per frame: a bigger one is never valid; ZeroMQ drops the peer
@@ -33,4 +33,6 @@ def bind_front(ctx: zmq.Context, cfg: NodeConfig) -> zmq.Socket:
         raise CisError(
             f"node {cfg.name}: cannot bind {cfg.bind} ({why}); expected a free port on an address of this machine"
         ) from None
+    if cfg.bind.strip().rpartition(":")[2] == "0":  # a free port: node_start and status say the one bound
+        cfg.bind = front.last_endpoint.decode()
     return front

@@ -94,10 +94,13 @@ def _seconds(v: Any) -> bool:
 SECONDS = "a finite number of seconds > 0"
 # the settings a node cannot work with outside a range: field -> (holds, what is expected); cis serve checks its
 # flags, variables and --config keys by the same rules (cis.cli.commands.serve_config), before any node starts
+C_INT_MAX = 2**31 - 1  # ZMQ_RCVHWM and ZMQ_RCVBUF are C ints; ZMQ_MAXMSGSIZE an int64 (pyzmq overflows beyond)
+INT64_MAX = 2**63 - 1
 LIMITS: dict[str, tuple[Callable[[Any], bool], str]] = {
-    **{name: (lambda v: v >= 1, "an integer >= 1") for name in ("max_batch", "queue_limit", "rcv_hwm",
-                                                                 "max_message_bytes")},
-    "rcv_buf": (lambda v: v >= -1, "bytes >= 0, or -1 (the OS's)"),
+    **{name: (lambda v: v >= 1, "an integer >= 1") for name in ("max_batch", "queue_limit")},
+    "rcv_hwm": (lambda v: 1 <= v <= C_INT_MAX, f"an integer >= 1, at most {C_INT_MAX} (a C int)"),
+    "max_message_bytes": (lambda v: 1 <= v <= INT64_MAX, f"an integer >= 1, at most {INT64_MAX} (an int64)"),
+    "rcv_buf": (lambda v: -1 <= v <= C_INT_MAX, f"bytes >= 0, or -1 (the OS's); at most {C_INT_MAX} (a C int)"),
     "max_wait": (lambda v: math.isfinite(v) and v >= 0, "a finite number of seconds >= 0 (0: run when idle)"),
     "forward_timeout": (_seconds, SECONDS),
     "heartbeat": (_seconds, SECONDS),

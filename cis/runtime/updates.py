@@ -91,20 +91,20 @@ class Updates:
         nid = self.node.cfg.name
         if self.loader is None or not path:
             text = f"node {nid} was started without a bundle folder: it cannot load one"
-            return self._fail_early(prefix, rid, v, "bad_bundle", text)
+            return self._fail_early(prefix, rid, v, "bad_bundle", text, path or None)
         if self.loading is not None:
             text = f"node {nid} is loading {self.loading[0]}; ask again once that load is answered"
-            return self._fail_early(prefix, rid, v, "busy", text)
+            return self._fail_early(prefix, rid, v, "busy", text, path)
         self.loading, self.loaded = (path, reload, prefix, rid, v), None
         self.thread = threading.Thread(target=self._load, args=(path,), name="cis-load", daemon=True)
         self.thread.start()
         self.soon(time.monotonic() + POLL_LOADING)
 
-    def _fail_early(self, prefix: Sequence[Any], rid: int, v: int, code: str, text: str) -> None:
+    def _fail_early(self, prefix: Sequence[Any], rid: int, v: int, code: str, text: str, path: str | None) -> None:
         if prefix:
             self.node.refuse(prefix, rid, code, text, "other", v)
         else:  # SIGHUP: nobody to answer
-            event(log, logging.WARNING, "bundle_load_failed", text, node=self.node.cfg.name, path=None, why=text)
+            event(log, logging.WARNING, "bundle_load_failed", text, node=self.node.cfg.name, path=path, why=text)
 
     def _load(self, path: str) -> None:
         """The loader thread: the node's loop picks its result up in :meth:`tick`."""
@@ -143,7 +143,9 @@ class Updates:
         if problem is not None:
             event(log, logging.WARNING, "bundle_load_failed", f"node {nid}: cannot load {path}: {problem}; "
                   "it serves as before", node=nid, path=path, why=problem)  # fmt: skip
-            return self._fail_early(prefix, rid, v, "bad_bundle", f"node {nid}: cannot load {path}: {problem}")
+            if prefix:  # logged once, above; the asker gets the same line
+                node.refuse(prefix, rid, "bad_bundle", f"node {nid}: cannot load {path}: {problem}", "other", v)
+            return None
         assert isinstance(got, Version)
         versions = node.executor.versions
         held = got.id in versions.held

@@ -63,8 +63,6 @@ def _serve(args: argparse.Namespace, stop: StopAsked) -> int:
         _check_fit(args, bundle, spec)
         _check_spans_files(args, spec)
         return _run_all(args, spec, stop)
-    if args.log_dir:
-        raise CisError("--log-dir goes with --all; a single node writes to its own stderr")
     return _run_node(args, bundle, spec, doors, stop)
 
 

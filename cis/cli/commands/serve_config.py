@@ -314,6 +314,7 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
     env = {o.name: _from_env(o, environ) for o in OPTIONS if environ.get(o.env, "").strip()}
     path = args.config or environ.get(ENV_PREFIX + "CONFIG", "").strip() or None
     file = read_file(path) if path else {}
+    flags = {o.name for o in OPTIONS if getattr(args, o.name) is not None}
     for o in OPTIONS:
         if getattr(args, o.name) is None:
             setattr(args, o.name, env.get(o.name, file.get(o.name, o.default)))
@@ -321,6 +322,11 @@ def resolve(args: argparse.Namespace, environ: Mapping[str, str] = os.environ) -
         args.node = args.bind = args.parent = None
     elif args.node is None:
         raise CisError("no node to serve: give --node ID (or CIS_NODE, or node in the --config file) or --all")
+    for name, why in (("log_dir", "a single node writes to its own stderr"),
+                      ("free_ports", "a single node binds its --bind (port 0: a free one)")):
+        if not args.all and getattr(args, name):  # named where it came from: the flag, the variable or the file
+            where = BY_NAME[name].flag if name in flags else BY_NAME[name].env if name in env else f"{path}: {name}"
+            raise CisError(f"{where} goes with --all; {why}")
     # the file's log keys rank below the flags and the variables: they act as variables that are not set
     below = {logs.ENV_LEVEL: file.get("log_level", ""), logs.ENV_FORMAT: file.get("log_format", "")}
     return logs.resolve(args.log_level, args.log_format, {**below, **{k: v for k, v in environ.items() if v.strip()}})
@@ -352,7 +358,8 @@ def read_file(path: str | Path) -> dict[str, Any]:
         o = BY_NAME.get(key)
         if o is None:
             near = _near(key, LOG_KEYS)
-            raise CisError(f"{p}: unknown key {key!r}{near}; expected serve's options: {', '.join(BY_NAME)}")
+            known = ", ".join([*BY_NAME, *LOG_KEYS])
+            raise CisError(f"{p}: unknown key {key!r}{near}; expected serve's options: {known}")
         value = _check(o, value, f"{p}: {key}")
         out[key] = str(p.parent / value) if o.kind == "path" and not Path(value).is_absolute() else value
     return out

@@ -18,12 +18,13 @@ from cis.runtime.node_config import SECONDS, setting_expected
 
 PORT = (lambda v: 0 <= v <= MAX_PORT, f"a port 0 (a free one) to {MAX_PORT}")
 ADDRESSES = (lambda v: all(port_fits(a) for a in v.split(",")), PORT_EXPECTED)  # --parent: one per replica
+BIND = (ADDRESSES[0], f"{PORT_EXPECTED}, or 0 (a free one)")  # a bind may ask for a free port
 RULES: dict[str, tuple[Callable[[Any], bool], str]] = {  # option -> (holds, what is expected)
     "threshold": (is_threshold, THRESHOLD_EXPECTED),
     "metrics_port": PORT,
     "http_port": PORT,
     "grpc_port": PORT,
-    "bind": ADDRESSES,
+    "bind": BIND,
     "parent": ADDRESSES,
     # the front doors' limits (docs/runtime.md, *Limits of the front door*)
     "http_timeout": (lambda v: math.isfinite(v) and v > 0, SECONDS),

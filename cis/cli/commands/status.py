@@ -28,6 +28,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--cluster", help="the --log-dir of 'cis serve --all' (or its cluster.json): its nodes and their restarts"
     )
     p.add_argument("--timeout", type=seconds, default=1.0, help="seconds to wait for each node (default 1)")
+    p.add_argument("--curve-key", help="own CurveZMQ .key_secret, for nodes that run CurveZMQ")
+    p.add_argument("--server-key", help="the nodes' public .key")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=run)
 
@@ -59,7 +61,11 @@ def _cluster(path: str) -> dict[str, dict]:
 
 def run(args: argparse.Namespace) -> int:
     from cis.runtime.client import Client, ServerError
+    from cis.runtime.security import CurveConfig
 
+    if args.server_key and not args.curve_key:
+        raise CisError("status: --server-key goes with --curve-key (CurveZMQ needs this client's own key too)")
+    curve = CurveConfig(args.curve_key, None, args.server_key) if args.curve_key else None
     targets: dict[str, str] = {}
     launcher: dict[str, dict] = {}
     if args.spec:
@@ -79,7 +85,7 @@ def run(args: argparse.Namespace) -> int:
         raise CisError("status: nothing to ask; pass --spec SPEC, --cluster LOG_DIR or --connect ADDR")
     result: dict[str, dict] = {}
     for key, addr in targets.items():
-        with Client(addr) as c:
+        with Client(addr, curve=curve) as c:
             try:
                 result[key] = {"address": addr, "live": True, **c.status(args.timeout)}
             except TimeoutError:
@@ -106,7 +112,7 @@ def _table(result: dict[str, dict]) -> str:
         if not st["live"]:
             seen = (
                 f"; launcher: {sup['state']}, pid {sup['pid']}, restarts {sup['restarts']}, "
-                f"last exit {sup['last_exit']}"
+                f"last exit {'-' if sup['last_exit'] is None else sup['last_exit']}"
                 if sup
                 else ""
             )

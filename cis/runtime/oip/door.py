@@ -168,10 +168,11 @@ def announce(door: str, node_id: str, where: str, cfg: DoorConfig, model: str) -
         note = f"; binds {LOOPBACK} only (no TLS and bearer token): --http-host HOST opens it"
     elif host in ("0.0.0.0", "::", ""):  # the URL shown is loopback's, one that connects from here
         note = f"; listens on every interface ({host or '0.0.0.0'})"
-    elif host not in (LOOPBACK, "::1", "localhost") and not (cfg.tls and cfg.token):
+    if host not in (LOOPBACK, "::1", "localhost") and not (cfg.tls and cfg.token):
         missing = " and ".join(w for w, ok in (("TLS", cfg.tls), ("a bearer token", cfg.token)) if not ok)
         event(
-            log, logging.WARNING, "door_open", f"node {node_id}: {door} front door on {host} without {missing}",
+            log, logging.WARNING, "door_open",
+            f"node {node_id}: {door} front door on {host or '0.0.0.0'} without {missing}",
             node=node_id, door=door, host=host,
         )  # fmt: skip
     event(

@@ -182,6 +182,8 @@ def _unfit(src: Path, dst: Path) -> Path:
     manifest = json.loads((dst / MANIFEST).read_text())
     manifest["stages"] = manifest["stages"][:2]
     manifest["nodes"] = {nid: n for nid, n in manifest.get("nodes", {}).items() if n["exit"] <= 2}
+    if isinstance(manifest["model"].get("exits"), list):  # the model record too: one exit per stage
+        manifest["model"]["exits"] = manifest["model"]["exits"][:2]
     (dst / MANIFEST).write_text(json.dumps(manifest))
     return dst
 

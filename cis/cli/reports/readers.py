@@ -94,7 +94,7 @@ def detect_kind(path: Path) -> str:
     )
 
 
-def _expect(path: Path, value: Any, kind: type, what: str) -> Any:
+def _expect(path: Path, value: Any, kind: type | tuple[type, ...], what: str) -> Any:
     """``value`` when it is a ``kind`` (None: absent, as it is); else one line naming the file."""
     if value is not None and (not isinstance(value, kind) or (kind is not bool and isinstance(value, bool))):
         raise CisError(f"{path}: {what} is {json.dumps(value, default=str)[:60]}; expected {_KINDS[kind]}")
